@@ -1,0 +1,297 @@
+"""The cluster config: a YAML file validated with pydantic; unknown keys are errors.
+
+Every problem names the file, the key path and the line. `load_config` raises `ConfigError` with all the
+problems it found at once; `ftconsole config check` prints them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from ClusterShell.NodeSet import NodeSet, NodeSetParseError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
+from scheduler import yamlfile
+from scheduler.errors import ConfigError, Problem
+
+DEFAULT_CONFIG_PATHS = (
+    "./ftconsole.yaml",
+    "~/.config/ftconsole/cluster.yaml",
+    "/etc/ftconsole/cluster.yaml",
+)
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def parse_duration(value: Any) -> float:
+    """'90s', '5m', '12h', '1.5d', '250ms' or a bare number of seconds -> seconds."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a duration such as 30s, 5m or 12h, got {value!r}")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        match = _DURATION.match(str(value))
+        if not match:
+            raise ValueError(f"expected a duration such as 30s, 5m or 12h, got {value!r}")
+        seconds = float(match.group(1)) * _UNITS[match.group(2)]
+    if seconds < 0:
+        raise ValueError("a duration cannot be negative")
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+def expand_nodeset(expr: str) -> list[str]:
+    """Expand a node set expression ('gpu[01-16],login1') in its written order; ValueError if invalid."""
+    try:
+        nodes = list(NodeSet(expr, autostep=None))
+    except NodeSetParseError as exc:
+        raise ValueError(f"invalid node set expression {expr!r}: {exc}") from None
+    if not nodes:
+        raise ValueError(f"node set expression {expr!r} names no node")
+    return nodes
+
+
+def fold_nodeset(names: list[str]) -> str:
+    return str(NodeSet.fromlist(names)) if names else ""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SSHSettings(_Strict):
+    user: str | None = None
+    port: int = Field(22, ge=1, le=65535)
+    identity_file: str | None = None
+    known_hosts: str = "~/.ssh/known_hosts"
+    host_key_policy: Literal["strict", "accept-new"] = "strict"
+    config_file: str | None = "~/.ssh/config"
+    connect_timeout: Duration = 10.0
+    command_timeout: Duration = 60.0
+    keepalive_interval: Duration = 15.0
+    max_parallel: int = Field(64, ge=1, le=4096)
+    python: str = "python3"
+
+    @field_validator("connect_timeout", "command_timeout")
+    @classmethod
+    def _positive(cls, v: float) -> float:
+        if v <= 0:
+            raise ValueError("must be greater than 0")
+        return v
+
+
+class Thresholds(_Strict):
+    """Pass conditions of the checks; defaults are seed 000's."""
+
+    disk_root_gb: float = 32.0
+    disk_shm_gb: float = 1.0
+    disk_cache_gb: float = 32.0
+    ulimit_memlock_kb: int = 16000
+    ulimit_nofile: int = 1_000_000
+    ulimit_stack_kb: int = 8000
+    ulimit_nproc: int = 1_000_000
+    gpus_expected: int | None = Field(None, ge=0)
+    gpu_temp_warn_c: float = 85.0
+    gpu_temp_fail_c: float = 95.0
+    mem_available_warn_pct: float = 5.0
+    load_warn_per_cpu: float = 2.0
+
+
+class PartialThresholds(_Strict):
+    """Per-pool overrides: only the keys given replace the cluster-wide values."""
+
+    disk_root_gb: float | None = None
+    disk_shm_gb: float | None = None
+    disk_cache_gb: float | None = None
+    ulimit_memlock_kb: int | None = None
+    ulimit_nofile: int | None = None
+    ulimit_stack_kb: int | None = None
+    ulimit_nproc: int | None = None
+    gpus_expected: int | None = Field(None, ge=0)
+    gpu_temp_warn_c: float | None = None
+    gpu_temp_fail_c: float | None = None
+    mem_available_warn_pct: float | None = None
+    load_warn_per_cpu: float | None = None
+
+
+class ProbeSettings(_Strict):
+    interval: Duration = 60.0
+    timeout: Duration = 30.0
+    cache_dir: str = "/cache"
+    dns_names: list[str] = []
+    recover_after: int = Field(2, ge=1, le=100)
+    thresholds: Thresholds = Thresholds()
+
+
+class PoolSettings(_Strict):
+    description: str = ""
+    schedule_degraded: bool = False
+    thresholds: PartialThresholds = PartialThresholds()
+
+
+class NodeGroup(_Strict):
+    name: str
+    host: str | None = None
+    port: int | None = Field(None, ge=1, le=65535)
+    user: str | None = None
+    pool: str = "default"
+    labels: dict[str, str] = {}
+
+    @model_validator(mode="after")
+    def _expressions(self) -> NodeGroup:
+        names = expand_nodeset(self.name)
+        if self.host is not None:
+            hosts = expand_nodeset(self.host)
+            if len(hosts) != len(names):
+                raise ValueError(
+                    f"host expands to {len(hosts)} host(s) but name expands to {len(names)} node(s); "
+                    "they are paired in order, so the counts must match"
+                )
+        return self
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node of the cluster, with its group's settings resolved."""
+
+    name: str
+    host: str
+    port: int
+    user: str | None
+    pool: str
+    labels: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
+
+
+class ClusterConfig(_Strict):
+    state_dir: str = "~/.local/state/ftconsole"
+    ssh: SSHSettings = SSHSettings()
+    nodes: list[NodeGroup] = []
+    pools: dict[str, PoolSettings] = {}
+    admins: list[str] = []
+    probes: ProbeSettings = ProbeSettings()
+
+    def cross_problems(self) -> list[tuple[tuple[Any, ...], str]]:
+        """Problems that span several keys, as (key path, message); pydantic checks each key alone."""
+        out: list[tuple[tuple[Any, ...], str]] = []
+        seen: dict[str, int] = {}
+        for i, group in enumerate(self.nodes):
+            for name in expand_nodeset(group.name):
+                if name in seen:
+                    out.append((("nodes", i, "name"), f"node {name} is already defined in nodes[{seen[name]}]"))
+                else:
+                    seen[name] = i
+            if self.pools and group.pool not in self.pools:
+                out.append(
+                    (
+                        ("nodes", i, "pool"),
+                        f"pool {group.pool!r} is not defined under pools (defined: {', '.join(sorted(self.pools))})",
+                    )
+                )
+        for admin in self.admins:
+            if not admin or any(c.isspace() for c in admin):
+                out.append((("admins",), f"invalid user name {admin!r}"))
+        return out
+
+    # -- derived views -------------------------------------------------------------------------------------
+
+    def node_list(self) -> list[Node]:
+        out = []
+        for group in self.nodes:
+            names = expand_nodeset(group.name)
+            hosts = expand_nodeset(group.host) if group.host is not None else names
+            for name, host in zip(names, hosts, strict=True):
+                out.append(
+                    Node(
+                        name=name,
+                        host=host,
+                        port=group.port or self.ssh.port,
+                        user=group.user or self.ssh.user,
+                        pool=group.pool,
+                        labels=dict(group.labels),
+                    )
+                )
+        return out
+
+    def thresholds_for(self, pool: str) -> Thresholds:
+        base = self.probes.thresholds
+        settings = self.pools.get(pool)
+        if settings is None:
+            return base
+        overrides = settings.thresholds.model_dump(exclude_none=True)
+        return base.model_copy(update=overrides)
+
+    def path(self, value: str) -> Path:
+        return Path(os.path.expanduser(value))
+
+    @property
+    def state_path(self) -> Path:
+        return self.path(self.state_dir)
+
+
+@dataclass(frozen=True)
+class LoadedConfig:
+    """A validated config and the file it came from (relative paths in it are relative to that file)."""
+
+    cluster: ClusterConfig
+    file: Path
+
+    def resolve(self, value: str | None) -> Path | None:
+        if value is None:
+            return None
+        p = Path(os.path.expanduser(value))
+        return p if p.is_absolute() else (self.file.parent / p)
+
+    @property
+    def state_dir(self) -> Path:
+        resolved = self.resolve(self.cluster.state_dir)
+        assert resolved is not None
+        return resolved
+
+
+def find_config(explicit: str | None) -> Path:
+    if explicit:
+        return Path(explicit)
+    env = os.environ.get("FTCONSOLE_CONFIG")
+    if env:
+        return Path(env)
+    for candidate in DEFAULT_CONFIG_PATHS:
+        p = Path(os.path.expanduser(candidate))
+        if p.is_file():
+            return p
+    raise ConfigError(
+        [
+            Problem(
+                "<config>",
+                None,
+                "",
+                "no cluster config found: pass --config FILE, set FTCONSOLE_CONFIG, or create one of "
+                + ", ".join(DEFAULT_CONFIG_PATHS)
+                + " (see config/cluster.example.yaml); for the local lab cluster run `ftconsole lab up`",
+            )
+        ]
+    )
+
+
+def load_config(path: Path) -> LoadedConfig:
+    data, marks = yamlfile.load(path)
+    cluster = yamlfile.validate(ClusterConfig, data, str(path), marks)
+    problems = [
+        Problem(str(path), yamlfile.line_of(marks, loc), yamlfile.dotted(loc), msg) for loc, msg in cluster.cross_problems()
+    ]
+    if problems:
+        raise ConfigError(problems)
+    return LoadedConfig(cluster=cluster, file=path.resolve())

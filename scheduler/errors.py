@@ -1,0 +1,113 @@
+"""The one exception root of ftconsole, and its domain subclasses.
+
+Each error carries a short user-facing ``title``; the CLI prints ``title: message`` to stderr and exits with
+``exit_code``. Errors from asyncssh, aiosqlite and NVML are translated into these at the boundary
+(``raise Ours(...) from exc``), so callers never see a library's exception types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class FtError(Exception):
+    """Root of every error ftconsole raises on purpose."""
+
+    title = "error"
+    exit_code = 1
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class UsageError(FtError):
+    """Bad input on the command line or in a file the user gave us."""
+
+    title = "bad input"
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One problem found in a file: where it is and what is wrong."""
+
+    file: str
+    line: int | None
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line else self.file
+        key = f" {self.path}:" if self.path else ""
+        return f"{where}:{key} {self.message}"
+
+
+class ConfigError(UsageError):
+    """The cluster config (or another YAML file) is invalid; carries every problem found."""
+
+    title = "invalid config"
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = problems
+        super().__init__("\n".join(str(p) for p in problems))
+
+
+class SSHError(FtError):
+    """A node could not be reached or a command on it could not be run."""
+
+    title = "ssh"
+
+    def __init__(self, node: str, message: str) -> None:
+        self.node = node
+        super().__init__(f"{node}: {message}")
+        self.reason = message
+
+
+class UnreachableError(SSHError):
+    """Connect refused, timed out, or the connection was lost."""
+
+    title = "unreachable"
+
+
+class HostKeyError(SSHError):
+    """The node's host key is unknown or has changed: nothing is run there."""
+
+    title = "host key"
+
+    def __init__(self, node: str, message: str, *, changed: bool) -> None:
+        super().__init__(node, message)
+        self.changed = changed
+
+
+class AuthError(SSHError):
+    """The node refused our credentials."""
+
+    title = "authentication"
+
+
+class CommandTimeout(SSHError):
+    """A command on a node ran past its timeout."""
+
+    title = "timeout"
+
+
+class StoreError(FtError):
+    """The state store could not be opened, migrated or written."""
+
+    title = "state store"
+
+
+class NotFound(UsageError):
+    """A node, job or other object named by the user does not exist."""
+
+    title = "not found"
+
+
+class LabError(FtError):
+    """The local lab cluster could not be started, stopped or read."""
+
+    title = "lab"
