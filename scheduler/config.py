@@ -74,8 +74,8 @@ class _Strict(BaseModel):
 
 
 class SSHSettings(_Strict):
-    user: str | None = None
-    port: int = Field(22, ge=1, le=65535)
+    user: str | None = None  # default: ~/.ssh/config's User, else the local user
+    port: int | None = Field(None, ge=1, le=65535)  # default: ~/.ssh/config's Port, else 22
     identity_file: str | None = None
     known_hosts: str = "~/.ssh/known_hosts"
     host_key_policy: Literal["strict", "accept-new"] = "strict"
@@ -170,7 +170,7 @@ class Node:
 
     name: str
     host: str
-    port: int
+    port: int | None
     user: str | None
     pool: str
     labels: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
@@ -290,7 +290,8 @@ def load_config(path: Path) -> LoadedConfig:
     data, marks = yamlfile.load(path)
     cluster = yamlfile.validate(ClusterConfig, data, str(path), marks)
     problems = [
-        Problem(str(path), yamlfile.line_of(marks, loc), yamlfile.dotted(loc), msg) for loc, msg in cluster.cross_problems()
+        Problem(str(path), yamlfile.line_of(marks, loc), yamlfile.dotted(loc), msg)
+        for loc, msg in cluster.cross_problems()
     ]
     if problems:
         raise ConfigError(problems)

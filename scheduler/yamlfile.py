@@ -34,12 +34,19 @@ def _construct(node: yaml.Node, path: tuple[Any, ...], marks: Marks, file: str, 
         for key_node, value_node in node.value:
             key = _scalar(key_node)
             if key_node.tag == "tag:yaml.org,2002:merge":
-                problems.append(Problem(file, key_node.start_mark.line + 1, dotted(path), "'<<' merge keys are not supported"))
+                problems.append(
+                    Problem(file, key_node.start_mark.line + 1, dotted(path), "'<<' merge keys are not supported")
+                )
                 continue
             child = (*path, key)
             if key in out:
                 problems.append(
-                    Problem(file, key_node.start_mark.line + 1, dotted(child), "duplicate key (an earlier one is overridden)")
+                    Problem(
+                        file,
+                        key_node.start_mark.line + 1,
+                        dotted(child),
+                        "duplicate key (an earlier one is overridden)",
+                    )
                 )
             marks[child] = key_node.start_mark.line + 1
             out[key] = _construct(value_node, child, marks, file, problems)

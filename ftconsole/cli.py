@@ -1,0 +1,331 @@
+"""The `ftconsole` command line.
+
+Every listing takes `--json`. Errors go to stderr as `ftconsole: <title>: <message>`; bad input or config
+exits 2, other failures 1. `probe` exits 1 when a probed node is not healthy, so it works as a check in
+scripts and monitoring.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from scheduler.config import LoadedConfig, find_config, load_config
+from scheduler.errors import ConfigError, FtError
+from scheduler.service import ClusterService
+from scheduler.ssh import local_user
+
+PROG = "ftconsole"
+
+
+# -- output helpers ------------------------------------------------------------------------------------------
+
+
+def print_json(value: Any) -> None:
+    json.dump(value, sys.stdout, indent=2, sort_keys=False, default=str)
+    sys.stdout.write("\n")
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    for row in cells:
+        line = "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True))
+        print(line.rstrip())
+
+
+def age(seconds: float | None) -> str:
+    if seconds is None:
+        return "never"
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f}m"
+    if seconds < 86400:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"
+
+
+def gpu_summary(gpus: Sequence[dict[str, Any]]) -> str:
+    if not gpus:
+        return "-"
+    names = {g.get("name") or "?" for g in gpus}
+    name = names.pop() if len(names) == 1 else "mixed"
+    short = name.replace("NVIDIA ", "")
+    return f"{len(gpus)}x {short}"
+
+
+# -- commands ------------------------------------------------------------------------------------------------
+
+
+def _loaded(args: argparse.Namespace) -> LoadedConfig:
+    return load_config(find_config(args.config))
+
+
+def cmd_config_check(args: argparse.Namespace) -> int:
+    path = find_config(args.config)
+    loaded = load_config(path)  # raises ConfigError with every problem
+    nodes = loaded.cluster.node_list()
+    pools = sorted({n.pool for n in nodes})
+    if args.json:
+        print_json({"file": str(path), "ok": True, "nodes": len(nodes), "pools": pools, "problems": []})
+    else:
+        print(f"{path}: ok ({len(nodes)} nodes in {len(pools)} pool(s): {', '.join(pools) or '-'})")
+    return 0
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    loaded = _loaded(args)
+    checks = [c.strip() for c in args.checks.split(",")] if args.checks else None
+
+    async def go() -> list[dict[str, Any]]:
+        async with ClusterService.open(loaded) as svc:
+            outcomes = await svc.probe(args.nodeset, checks=checks)
+            return [o.to_json() for o in outcomes]
+
+    results = asyncio.run(go())
+    if args.json:
+        print_json(results)
+    else:
+        rows = []
+        for r in results:
+            if r["error"]:
+                detail = f"{r['error']['kind']}: {r['error']['message']}"
+            else:
+                bad = [c for c in r["checks"] if c["status"] in ("fail", "warn")]
+                detail = "; ".join(f"{c['name']} {c['status']}: {c['message']}" for c in bad) or "all checks pass"
+            rows.append([r["name"], r["state"], gpu_summary(r["gpus"]), f"{r['duration_s'] or 0:.2f}s", detail])
+        print_table(["NODE", "STATE", "GPUS", "TIME", "DETAIL"], rows)
+    return 0 if all(r["state"] == "healthy" for r in results) else 1
+
+
+def cmd_nodes(args: argparse.Namespace) -> int:
+    loaded = _loaded(args)
+
+    async def go() -> list[dict[str, Any]]:
+        async with ClusterService.open(loaded) as svc:
+            return [v.to_json() for v in await svc.nodes(args.nodeset)]
+
+    views = asyncio.run(go())
+    if args.state:
+        views = [v for v in views if v["state"] in args.state]
+    if args.json:
+        print_json(views)
+        return 0
+    rows = [
+        [
+            v["name"],
+            v["state"],
+            v["pool"],
+            gpu_summary(v["gpus"]),
+            age(v["last_probe_age_s"]),
+            "; ".join(v["reasons"]) or "-",
+        ]
+        for v in views
+    ]
+    print_table(["NODE", "STATE", "POOL", "GPUS", "PROBED", "REASONS"], rows)
+    return 0
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    return _admin(args, lambda svc: svc.drain(args.node, reason=args.reason or "", by=local_user()))
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    return _admin(args, lambda svc: svc.resume(args.node, by=local_user()))
+
+
+def _admin(args: argparse.Namespace, action: Callable[[ClusterService], Any]) -> int:
+    loaded = _loaded(args)
+
+    async def go() -> list[Any]:
+        async with ClusterService.open(loaded) as svc:
+            return list(await action(svc))
+
+    healths = asyncio.run(go())
+    if args.json:
+        print_json([{"name": h.node, "state": h.state.value, "reasons": list(h.all_reasons())} for h in healths])
+    else:
+        for h in healths:
+            print(f"{h.node}: {h.state.value}" + (f" ({h.admin_reason})" if h.admin_reason else ""))
+    return 0
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    loaded = _loaded(args)
+
+    async def go() -> list[dict[str, Any]]:
+        async with ClusterService.open(loaded) as svc:
+            return [e.to_json() for e in await svc.events(node=args.node, limit=args.limit)]
+
+    events = asyncio.run(go())
+    if args.json:
+        print_json(events)
+    else:
+        rows = [
+            [
+                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["time"])),
+                e["node"] or e["job"] or "-",
+                e["kind"],
+                e["message"],
+            ]
+            for e in events
+        ]
+        print_table(["TIME", "OBJECT", "KIND", "MESSAGE"], rows)
+    return 0
+
+
+def cmd_lab(args: argparse.Namespace) -> int:
+    from ftconsole import lab
+
+    lab_dir = Path(args.dir).expanduser() if args.dir else lab.default_lab_dir()
+    if args.lab_command == "up":
+        layout = Path(args.layout) if args.layout else None
+        info = lab.lab_up(lab_dir, layout, nodes=args.nodes)
+        if args.json:
+            print_json(info.to_json())
+        else:
+            print(f"lab running: {len(info.nodes)} nodes, pid {info.pid}")
+            print(f"config: {info.config_path}")
+            print(f"try:    ftconsole --config {info.config_path} probe")
+        return 0
+    if args.lab_command == "down":
+        was_running = lab.lab_down(lab_dir)
+        if args.json:
+            print_json({"stopped": was_running})
+        else:
+            print("lab stopped" if was_running else "lab was not running")
+        return 0
+    status = lab.lab_status(lab_dir)
+    if args.json:
+        print_json(status.to_json() if status else {"running": False})
+    elif status is None:
+        print("lab is not running")
+    else:
+        print(f"lab running: pid {status.pid}, config {status.config_path}")
+        print_table(
+            ["NODE", "PORT", "UP"],
+            [[n.name, n.port, "yes" if n.up else "NO"] for n in status.nodes],
+        )
+    return 0 if status is not None or args.lab_command != "status" else 3
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from ftconsole import lab
+
+    lab_dir = Path(args.dir).expanduser() if args.dir else lab.default_lab_dir()
+    info = lab.lab_up(lab_dir, None, nodes=args.nodes)
+    print(f"lab cluster up: {len(info.nodes)} nodes; config {info.config_path}", file=sys.stderr)
+    return run_console(load_config(info.config_path), readonly=False)
+
+
+def cmd_console(args: argparse.Namespace) -> int:
+    return run_console(_loaded(args), readonly=args.readonly)
+
+
+def run_console(loaded: LoadedConfig, *, readonly: bool) -> int:
+    from ftconsole.app import ConsoleApp
+
+    app = ConsoleApp(loaded, readonly=readonly)
+    app.run()
+    return app.return_code or 0
+
+
+# -- parser --------------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    config_help = "cluster config (default: $FTCONSOLE_CONFIG, ./ftconsole.yaml, ~/.config/ftconsole/cluster.yaml)"
+    # --config is accepted before or after the command; the subcommand's copy must not reset it to None.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", "-c", metavar="FILE", default=argparse.SUPPRESS, help=config_help)
+    listing = argparse.ArgumentParser(add_help=False)
+    listing.add_argument("--json", action="store_true", help="print JSON for scripts")
+
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Fault-tolerant job scheduler and on-call console for SSH-only GPU clusters. "
+        "Without a command, opens the console.",
+    )
+    parser.add_argument("--config", "-c", metavar="FILE", help=config_help)
+    parser.add_argument("--readonly", action="store_true", help="console: hide every action that changes anything")
+    parser.set_defaults(func=cmd_console)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    config = sub.add_parser("config", help="work with the cluster config")
+    config_sub = config.add_subparsers(dest="config_command", metavar="SUBCOMMAND", required=True)
+    check = config_sub.add_parser("check", parents=[common, listing], help="validate the config, list every problem")
+    check.set_defaults(func=cmd_config_check)
+
+    probe = sub.add_parser("probe", parents=[common, listing], help="run the node checks now and print results")
+    probe.add_argument("nodeset", nargs="?", help="node set expression, e.g. gpu[01-04] (default: all)")
+    probe.add_argument("--checks", metavar="LIST", help="comma-separated check names (default: all)")
+    probe.set_defaults(func=cmd_probe)
+
+    nodes = sub.add_parser("nodes", parents=[common, listing], help="node list with state, reasons, GPUs, last checks")
+    nodes.add_argument("nodeset", nargs="?", help="node set expression (default: all)")
+    nodes.add_argument("--state", action="append", metavar="STATE", help="only nodes in this state (repeatable)")
+    nodes.set_defaults(func=cmd_nodes)
+
+    drain = sub.add_parser("drain", parents=[common, listing], help="take nodes out of scheduling, with a reason")
+    drain.add_argument("node", help="node name or node set expression")
+    drain.add_argument("--reason", "-r", required=True, help="why (shown to everyone on call)")
+    drain.set_defaults(func=cmd_drain)
+
+    resume = sub.add_parser("resume", parents=[common, listing], help="put drained or isolated nodes back")
+    resume.add_argument("node", help="node name or node set expression")
+    resume.set_defaults(func=cmd_resume)
+
+    events = sub.add_parser("events", parents=[common, listing], help="the cluster's timeline")
+    events.add_argument("--node", help="only events of this node")
+    events.add_argument("--limit", type=int, default=100, help="at most this many, newest last (default 100)")
+    events.set_defaults(func=cmd_events)
+
+    lab_parser = sub.add_parser("lab", help="the local lab cluster (SSH servers on 127.0.0.1)")
+    lab_sub = lab_parser.add_subparsers(dest="lab_command", metavar="SUBCOMMAND", required=True)
+    for name, text in (("up", "start the lab"), ("down", "stop the lab"), ("status", "is the lab running")):
+        p = lab_sub.add_parser(name, parents=[listing], help=text)
+        p.add_argument("--dir", help="lab folder (default: $FTCONSOLE_LAB_DIR or ~/.local/state/ftconsole/lab)")
+        if name == "up":
+            p.add_argument("--nodes", type=int, help="number of nodes (default: the layout's)")
+            p.add_argument("--layout", help="lab layout file (default: config/lab.yaml)")
+        p.set_defaults(func=cmd_lab)
+
+    demo = sub.add_parser("demo", help="start the local lab cluster and open the console on it")
+    demo.add_argument("--dir", help="lab folder")
+    demo.add_argument("--nodes", type=int, help="number of nodes (default: the layout's 8)")
+    demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "nodes", None) is not None and isinstance(args.nodes, int) and args.nodes < 1:
+        parser.error("--nodes must be at least 1")
+    try:
+        return int(args.func(args))
+    except ConfigError as exc:
+        print(f"{PROG}: {exc.title}:", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return exc.exit_code
+    except FtError as exc:
+        print(f"{PROG}: {exc.title}: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""The health state machine of a node: pure, data in, decision out.
+
+A node's *health* follows its observations (probe reports or the reason it could not be probed); an
+operator's *admin state* (drained) or the recovery policy's (isolated) overlays it. The state shown
+everywhere is the overlay when set, else the health.
+
+Damping against flapping: a worse state applies at once (a failing node must stop taking work now), a
+better one only after `recover_after` consecutive observations at least that good. A node never probed,
+or whose last probe is older than `stale_after`, is `unknown`, never `healthy`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+
+from probes.results import CheckStatus, ProbeReport
+
+
+class NodeState(StrEnum):
+    UNKNOWN = "unknown"
+    HEALTHY = "healthy"
+    DEGRADED = "degraded"
+    UNHEALTHY = "unhealthy"
+    UNREACHABLE = "unreachable"
+    DRAINED = "drained"
+    ISOLATED = "isolated"
+
+
+# Severity of observed states; worse applies at once, better needs a streak.
+_SEVERITY = {
+    NodeState.UNKNOWN: 0,
+    NodeState.HEALTHY: 1,
+    NodeState.DEGRADED: 2,
+    NodeState.UNHEALTHY: 3,
+    NodeState.UNREACHABLE: 4,
+}
+ADMIN_STATES = (NodeState.DRAINED, NodeState.ISOLATED)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One probe of one node: a report, or why there is none."""
+
+    time: float
+    report: ProbeReport | None = None
+    error: str | None = None  # e.g. "connect timed out after 2s", "host key changed: ..."
+
+    def __post_init__(self) -> None:
+        if (self.report is None) == (self.error is None):
+            raise ValueError("an observation has either a report or an error")
+
+
+@dataclass(frozen=True)
+class NodeEvent:
+    time: float
+    node: str
+    kind: str  # state-changed | rebooted | drained | resumed | isolated
+    message: str
+    data: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NodeHealth:
+    node: str
+    health: NodeState = NodeState.UNKNOWN
+    reasons: tuple[str, ...] = ("not probed yet",)
+    since: float | None = None
+    admin: NodeState | None = None
+    admin_reason: str = ""
+    admin_since: float | None = None
+    admin_by: str = ""
+    pending: NodeState | None = None  # a better state seen `good_streak` times in a row, not yet confirmed
+    good_streak: int = 0
+    boot_id: str | None = None
+    last_probe: float | None = None
+
+    @property
+    def state(self) -> NodeState:
+        return self.admin or self.health
+
+    def all_reasons(self) -> tuple[str, ...]:
+        if self.admin is None:
+            return self.reasons
+        return (
+            f"{self.admin.value}: {self.admin_reason}" if self.admin_reason else self.admin.value,
+            *self.reasons,
+        )
+
+    def schedulable(self, allow_degraded: bool = False) -> bool:
+        if self.admin is not None:
+            return False
+        return self.health is NodeState.HEALTHY or (allow_degraded and self.health is NodeState.DEGRADED)
+
+
+def classify(obs: Observation) -> tuple[NodeState, tuple[str, ...]]:
+    """The state one observation points to, with its reasons (failing checks first)."""
+    if obs.report is None:
+        return NodeState.UNREACHABLE, (obs.error or "unreachable",)
+    fails = [c for c in obs.report.checks if c.status is CheckStatus.FAIL]
+    warns = [c for c in obs.report.checks if c.status is CheckStatus.WARN]
+    reasons = tuple(f"{c.name}: {c.message}" if c.message else c.name for c in fails + warns)
+    if fails:
+        return NodeState.UNHEALTHY, reasons
+    if warns:
+        return NodeState.DEGRADED, reasons
+    return NodeState.HEALTHY, ()
+
+
+def observe(h: NodeHealth, obs: Observation, *, recover_after: int = 2) -> tuple[NodeHealth, list[NodeEvent]]:
+    """Fold one observation into a node's health; return the new health and the events it caused."""
+    target, reasons = classify(obs)
+    events: list[NodeEvent] = []
+    boot_id = h.boot_id
+    if obs.report is not None and obs.report.facts.boot_id:
+        new_boot = obs.report.facts.boot_id
+        if boot_id is not None and new_boot != boot_id:
+            events.append(NodeEvent(obs.time, h.node, "rebooted", "node rebooted (boot id changed)"))
+        boot_id = new_boot
+    base = replace(h, boot_id=boot_id, last_probe=obs.time)
+
+    if target is h.health:
+        return replace(base, reasons=reasons, pending=None, good_streak=0), events
+
+    worse = _SEVERITY[target] > _SEVERITY[h.health]
+    if worse or h.health is NodeState.UNKNOWN:
+        return _move(base, target, reasons, obs.time, events), events
+
+    # Better than now: confirm over a streak of consecutive observations pointing to the same state.
+    streak = h.good_streak + 1 if h.pending is target else 1
+    if streak >= recover_after:
+        return _move(base, target, reasons, obs.time, events), events
+    note = f"recovering: {streak} of {recover_after} probes {target.value}"
+    kept = tuple(r for r in h.reasons if not r.startswith("recovering: "))
+    return replace(base, reasons=(*kept, note), pending=target, good_streak=streak), events
+
+
+def _move(
+    h: NodeHealth, target: NodeState, reasons: tuple[str, ...], now: float, events: list[NodeEvent]
+) -> NodeHealth:
+    why = "; ".join(reasons) if reasons else "all checks pass"
+    events.append(
+        NodeEvent(
+            now,
+            h.node,
+            "state-changed",
+            f"{h.health.value} -> {target.value}: {why}",
+            {"from": h.health.value, "to": target.value},
+        )
+    )
+    return replace(h, health=target, reasons=reasons, since=now, pending=None, good_streak=0)
+
+
+def stale(h: NodeHealth, now: float, stale_after: float) -> NodeHealth:
+    """A node whose last probe is too old reads `unknown`: old good news is no news."""
+    if h.last_probe is None or now - h.last_probe <= stale_after or h.health is NodeState.UNKNOWN:
+        return h
+    return replace(h, health=NodeState.UNKNOWN, reasons=(f"last probe {now - h.last_probe:.0f}s ago",))
+
+
+def set_admin(
+    h: NodeHealth, state: NodeState | None, reason: str, by: str, now: float
+) -> tuple[NodeHealth, list[NodeEvent]]:
+    """Drain, isolate or resume a node (state None = resume)."""
+    if state is not None and state not in ADMIN_STATES:
+        raise ValueError(f"{state} is not an admin state")
+    if state is None:
+        if h.admin is None:
+            return h, []
+        event = NodeEvent(now, h.node, "resumed", f"resumed by {by} (was {h.admin.value}: {h.admin_reason})")
+        return replace(h, admin=None, admin_reason="", admin_since=None, admin_by=""), [event]
+    event = NodeEvent(now, h.node, state.value, f"{state.value} by {by}: {reason}", {"reason": reason})
+    return replace(h, admin=state, admin_reason=reason, admin_since=now, admin_by=by), [event]

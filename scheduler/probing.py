@@ -1,0 +1,101 @@
+"""Running the probe agent on nodes: one SSH round trip per node per sweep.
+
+The agent (`probes/agent.py`, stdlib-only) is sent on standard input to `python3 -`, preceded by one line
+that sets its parameters; nothing is installed on the node. The parameters travel inside the script as a
+Python string literal (`repr` of a JSON document), never through a shell.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import probes
+from probes.results import AgentOutputError, ProbeReport, parse_report
+from scheduler.config import ClusterConfig, Node
+from scheduler.errors import AuthError, CommandTimeout, FtError, HostKeyError, SSHError, UnreachableError
+from scheduler.ssh import Transport
+
+
+@functools.cache
+def agent_source() -> str:
+    return (Path(probes.__file__).parent / "agent.py").read_text(encoding="utf-8")
+
+
+def agent_params(config: ClusterConfig, node: Node, *, checks: Sequence[str] | None = None) -> dict[str, Any]:
+    params: dict[str, Any] = {
+        "cache_dir": config.probes.cache_dir,
+        "dns_names": list(config.probes.dns_names),
+        "thresholds": config.thresholds_for(node.pool).model_dump(),
+        "timeout": max(1.0, config.probes.timeout / 2),
+    }
+    if checks is not None:
+        params["checks"] = list(checks)
+    return params
+
+
+def agent_script(params: dict[str, Any]) -> str:
+    header = f"import json\nPARAMS = json.loads({json.dumps(params)!r})\n"
+    return header + agent_source()
+
+
+@dataclass(frozen=True)
+class ProbeFailure:
+    """Why a node gave no report: its kind is one word scripts can match on."""
+
+    kind: str  # unreachable | host-key-unknown | host-key-changed | auth | timeout | agent | ssh
+    message: str
+
+
+async def probe_node(
+    transport: Transport, config: ClusterConfig, node: Node, *, checks: Sequence[str] | None = None
+) -> ProbeReport:
+    """Run the agent on one node; raise SSHError (cannot run) or AgentOutputError (ran, but no report)."""
+    script = agent_script(agent_params(config, node, checks=checks))
+    result = await transport.run(node, [config.ssh.python, "-"], input=script, timeout=config.probes.timeout)
+    if not result.ok and not result.stdout.strip():
+        raise AgentOutputError(f"probe agent failed on {node.name}: {result.describe_failure()}")
+    try:
+        return parse_report(result.stdout)
+    except AgentOutputError as exc:
+        raise AgentOutputError(f"{node.name}: {exc}") from exc
+
+
+async def sweep(
+    transport: Transport,
+    config: ClusterConfig,
+    nodes: Iterable[Node],
+    *,
+    checks: Sequence[str] | None = None,
+    limit: int = 512,
+) -> dict[str, ProbeReport | ProbeFailure]:
+    """Probe every node concurrently; a node that hangs costs its own timeout, not the sweep's."""
+    slots = asyncio.Semaphore(limit)
+
+    async def one(node: Node) -> tuple[str, ProbeReport | ProbeFailure]:
+        async with slots:
+            try:
+                return node.name, await probe_node(transport, config, node, checks=checks)
+            except FtError as exc:
+                return node.name, failure_of(exc)
+
+    return dict(await asyncio.gather(*(one(n) for n in nodes)))
+
+
+def failure_of(exc: FtError) -> ProbeFailure:
+    if isinstance(exc, HostKeyError):
+        return ProbeFailure("host-key-changed" if exc.changed else "host-key-unknown", exc.reason)
+    if isinstance(exc, UnreachableError):
+        return ProbeFailure("unreachable", exc.reason)
+    if isinstance(exc, AuthError):
+        return ProbeFailure("auth", exc.reason)
+    if isinstance(exc, CommandTimeout):
+        return ProbeFailure("timeout", exc.reason)
+    if isinstance(exc, SSHError):
+        return ProbeFailure("ssh", exc.reason)
+    return ProbeFailure("agent", str(exc))

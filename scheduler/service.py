@@ -1,0 +1,208 @@
+"""The scheduler's client interface for nodes: what the CLI and the console call.
+
+`ClusterService` runs in the caller's process (embedded). Every method returns plain records with a
+`to_json`, so the same calls can later travel over the daemon's socket unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from probes.health import NodeEvent, NodeHealth, NodeState, Observation, observe, set_admin, stale
+from probes.results import ProbeReport
+from scheduler.config import LoadedConfig, Node, expand_nodeset
+from scheduler.errors import NotFound, UsageError
+from scheduler.probing import ProbeFailure, sweep
+from scheduler.ssh import SSHPool, Transport
+from scheduler.store import Store, StoredEvent, StoredProbe
+
+STALE_AFTER_INTERVALS = 3
+
+
+def _node_json(node: Node) -> dict[str, Any]:
+    return {"name": node.name, "host": node.host, "port": node.port, "pool": node.pool, "labels": node.labels}
+
+
+def _health_json(h: NodeHealth, now: float) -> dict[str, Any]:
+    return {
+        "state": h.state.value,
+        "health": h.health.value,
+        "reasons": list(h.all_reasons()),
+        "since": h.since,
+        "admin": h.admin.value if h.admin else None,
+        "admin_reason": h.admin_reason or None,
+        "admin_by": h.admin_by or None,
+        "last_probe": h.last_probe,
+        "last_probe_age_s": round(now - h.last_probe, 1) if h.last_probe is not None else None,
+    }
+
+
+@dataclass(frozen=True)
+class ProbeOutcome:
+    node: Node
+    report: ProbeReport | None
+    failure: ProbeFailure | None
+    health: NodeHealth
+    time: float
+
+    @property
+    def ok(self) -> bool:
+        return self.report is not None and self.health.state is NodeState.HEALTHY
+
+    def to_json(self) -> dict[str, Any]:
+        out = {**_node_json(self.node), **_health_json(self.health, self.time)}
+        out["reachable"] = self.report is not None
+        out["error"] = None if self.failure is None else {"kind": self.failure.kind, "message": self.failure.message}
+        if self.report is not None:
+            out.update(self.report.to_json())
+        else:
+            out.update({"facts": None, "gpus": [], "checks": [], "duration_s": None})
+        return out
+
+
+@dataclass(frozen=True)
+class NodeView:
+    node: Node
+    health: NodeHealth
+    probe: StoredProbe | None
+    now: float
+
+    def to_json(self) -> dict[str, Any]:
+        out = {**_node_json(self.node), **_health_json(self.health, self.now)}
+        report = self.probe.report if self.probe else None
+        out["facts"] = report.get("facts") if report else None
+        out["gpus"] = report.get("gpus", []) if report else []
+        out["checks"] = report.get("checks", []) if report else []
+        out["last_error"] = self.probe.error if self.probe else None
+        return out
+
+
+class ClusterService:
+    def __init__(
+        self,
+        loaded: LoadedConfig,
+        store: Store,
+        transport: Transport,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.loaded = loaded
+        self.config = loaded.cluster
+        self.store = store
+        self.transport = transport
+        self.clock = clock
+        self._nodes = {n.name: n for n in self.config.node_list()}
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def open(cls, loaded: LoadedConfig) -> AsyncIterator[ClusterService]:
+        store = await Store.open(loaded.state_dir / "state.db")
+        pool = SSHPool.from_config(loaded)
+        try:
+            yield cls(loaded, store, pool)
+        finally:
+            await pool.close()
+            await store.close()
+
+    # -- selecting nodes ---------------------------------------------------------------------------------
+
+    @property
+    def all_nodes(self) -> list[Node]:
+        return list(self._nodes.values())
+
+    def select(self, nodeset: str | Sequence[str] | None) -> list[Node]:
+        """Nodes named by a node set expression (or a list of names); every name must be configured."""
+        if nodeset is None:
+            return self.all_nodes
+        names: list[str] = []
+        for expr in [nodeset] if isinstance(nodeset, str) else nodeset:
+            try:
+                names.extend(expand_nodeset(expr))
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
+        unknown = [n for n in names if n not in self._nodes]
+        if unknown:
+            raise NotFound(f"not in the cluster config: {', '.join(unknown)}")
+        return [self._nodes[n] for n in dict.fromkeys(names)]
+
+    # -- probing -----------------------------------------------------------------------------------------
+
+    async def probe(self, nodeset: str | None = None, *, checks: Sequence[str] | None = None) -> list[ProbeOutcome]:
+        """Probe nodes now; fold the results into their health and persist both, with the events."""
+        nodes = self.select(nodeset)
+        results = await sweep(self.transport, self.config, nodes, checks=checks)
+        now = self.clock()
+        current = await self.store.all_node_health()
+        changes: list[tuple[NodeHealth, Sequence[NodeEvent]]] = []
+        stored: list[StoredProbe] = []
+        outcomes: list[ProbeOutcome] = []
+        for node in nodes:
+            result = results[node.name]
+            if isinstance(result, ProbeReport):
+                obs = Observation(now, report=result)
+                stored.append(StoredProbe(node.name, now, None, result.to_json()))
+            else:
+                obs = Observation(now, error=f"{result.kind}: {result.message}")
+                stored.append(StoredProbe(node.name, now, obs.error, None))
+            health, events = observe(
+                current.get(node.name) or NodeHealth(node.name),
+                obs,
+                recover_after=self.config.probes.recover_after,
+            )
+            changes.append((health, events))
+            outcomes.append(
+                ProbeOutcome(
+                    node=node,
+                    report=result if isinstance(result, ProbeReport) else None,
+                    failure=result if isinstance(result, ProbeFailure) else None,
+                    health=health,
+                    time=now,
+                )
+            )
+        await self.store.save_nodes(changes, stored)
+        return outcomes
+
+    # -- listing -----------------------------------------------------------------------------------------
+
+    async def nodes(self, nodeset: str | None = None) -> list[NodeView]:
+        nodes = self.select(nodeset)
+        now = self.clock()
+        healths = await self.store.all_node_health()
+        probes = await self.store.latest_probes()
+        stale_after = self.config.probes.interval * STALE_AFTER_INTERVALS
+        return [
+            NodeView(
+                node=n,
+                health=stale(healths.get(n.name) or NodeHealth(n.name), now, stale_after),
+                probe=probes.get(n.name),
+                now=now,
+            )
+            for n in nodes
+        ]
+
+    async def events(self, *, node: str | None = None, limit: int = 100) -> list[StoredEvent]:
+        if node is not None:
+            self.select(node)
+        return await self.store.events(node=node, limit=limit)
+
+    # -- admin -------------------------------------------------------------------------------------------
+
+    async def drain(self, nodeset: str, *, reason: str, by: str) -> list[NodeHealth]:
+        if not reason.strip():
+            raise UsageError("drain needs a reason (--reason), so the next person on call knows why")
+        return await self._set_admin(nodeset, NodeState.DRAINED, reason.strip(), by)
+
+    async def resume(self, nodeset: str, *, by: str) -> list[NodeHealth]:
+        return await self._set_admin(nodeset, None, "", by)
+
+    async def _set_admin(self, nodeset: str, state: NodeState | None, reason: str, by: str) -> list[NodeHealth]:
+        nodes = self.select(nodeset)
+        now = self.clock()
+        current = await self.store.all_node_health()
+        changes = [set_admin(current.get(n.name) or NodeHealth(n.name), state, reason, by, now) for n in nodes]
+        await self.store.save_nodes(changes)
+        return [h for h, _ in changes]

@@ -1,0 +1,373 @@
+"""The SSH layer: one narrow seam (`Transport.run`) in front of every remote command.
+
+`SSHPool` keeps one persistent asyncssh connection per node, with keepalives, reconnects with exponential
+backoff, bounds the number of concurrent connection attempts (`ssh.max_parallel`), and puts a timeout on
+every connect and every command, so a sweep over a thousand nodes is never held up by one that hangs.
+
+Host keys are verified against `known_hosts`. An unknown host or a changed key raises `HostKeyError` and
+nothing runs there; with `host_key_policy: accept-new` a first-seen key is recorded (as OpenSSH's
+StrictHostKeyChecking=accept-new does) but a changed key is still refused.
+
+Remote commands are argv lists, joined with `shlex.join`: no value is ever glued into a shell string.
+asyncssh's exceptions are translated here into ours (`scheduler.errors`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import os
+import random
+import shlex
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, TypeVar
+
+import asyncssh
+
+from scheduler.config import LoadedConfig, Node, SSHSettings
+from scheduler.errors import AuthError, CommandTimeout, HostKeyError, SSHError, UnreachableError
+
+BACKOFF_BASE_S = 1.0
+BACKOFF_MAX_S = 60.0
+KEEPALIVE_COUNT_MAX = 3
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    node: str
+    argv: tuple[str, ...]
+    exit_status: int | None
+    signal: str | None
+    stdout: str
+    stderr: str
+    duration_s: float
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_status == 0
+
+    def describe_failure(self) -> str:
+        how = f"killed by {self.signal}" if self.signal else f"exit status {self.exit_status}"
+        tail = self.stderr.strip().splitlines()[-3:]
+        return f"{how}" + (f": {' / '.join(tail)}" if tail else "")
+
+
+class Transport(Protocol):
+    """Run one command on one node. The only way the scheduler touches a node."""
+
+    async def run(
+        self, node: Node, argv: Sequence[str], *, input: str | None = None, timeout: float | None = None
+    ) -> CommandResult: ...
+
+    async def close(self) -> None: ...
+
+
+def remote_command(argv: Sequence[str]) -> str:
+    """The command line sent to the node's shell: every argument quoted."""
+    if not argv:
+        raise ValueError("empty argv")
+    return shlex.join(str(a) for a in argv)
+
+
+# -- host keys -----------------------------------------------------------------------------------------------
+
+
+class KnownHosts:
+    """known_hosts, loaded once and reloaded when the file changes; appends first-seen keys in accept-new."""
+
+    def __init__(self, path: Path, policy: str) -> None:
+        self.path = path
+        self.policy = policy
+        self._mtime: float | None = None
+        self._hosts: asyncssh.SSHKnownHosts = asyncssh.import_known_hosts("")
+
+    def current(self) -> asyncssh.SSHKnownHosts:
+        try:
+            mtime = self.path.stat().st_mtime
+        except FileNotFoundError:
+            self._mtime, self._hosts = None, asyncssh.import_known_hosts("")
+            return self._hosts
+        if mtime != self._mtime:
+            self._hosts = asyncssh.read_known_hosts(str(self.path))
+            self._mtime = mtime
+        return self._hosts
+
+    def has_keys_for(self, host: str, addr: str, port: int | None) -> bool:
+        host_keys, ca_keys, *_ = self.current().match(host, addr, None if port == 22 else port)
+        return bool(host_keys or ca_keys)
+
+    def record(self, host: str, port: int | None, key: asyncssh.SSHKey) -> None:
+        pattern = host if port in (None, 22) else f"[{host}]:{port}"
+        alg, b64 = key.export_public_key("openssh").decode().split()[:2]
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            fh.write(f"{pattern} {alg} {b64}\n")
+        self._mtime = None
+
+
+@dataclass
+class _Verdict:
+    """What our host key check decided for one connection attempt."""
+
+    changed: bool = False
+    unknown: bool = False
+    recorded: bool = False
+
+
+class _Client(asyncssh.SSHClient):
+    def __init__(self, known: KnownHosts, verdict: _Verdict) -> None:
+        self._known = known
+        self._verdict = verdict
+
+    def validate_host_public_key(self, host: str, addr: str, port: int, key: asyncssh.SSHKey) -> bool:
+        # asyncssh calls this only for a key that is not among the trusted keys of this host.
+        if self._known.has_keys_for(host, addr, port):
+            self._verdict.changed = True
+            return False
+        if self._known.policy == "accept-new":
+            self._known.record(host, port, key)
+            self._verdict.recorded = True
+            return True
+        self._verdict.unknown = True
+        return False
+
+
+# -- the pool ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _NodeConn:
+    conn: asyncssh.SSHClientConnection | None = None
+    lock: asyncio.Lock | None = None
+    failures: int = 0
+    retry_at: float = 0.0
+    last_error: SSHError | None = None
+
+
+class SSHPool:
+    """The real Transport: asyncssh, one persistent connection per node."""
+
+    def __init__(
+        self,
+        settings: SSHSettings,
+        *,
+        known_hosts: Path,
+        identity_file: Path | None = None,
+        config_file: Path | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.known = KnownHosts(known_hosts, settings.host_key_policy)
+        self.identity_file = identity_file
+        self.config_file = config_file
+        self._clock = clock
+        self._conns: dict[str, _NodeConn] = {}
+        self._connect_slots = asyncio.Semaphore(settings.max_parallel)
+        self._closed = False
+
+    @classmethod
+    def from_config(cls, loaded: LoadedConfig) -> SSHPool:
+        s = loaded.cluster.ssh
+        known = loaded.resolve(s.known_hosts)
+        assert known is not None
+        config_file = loaded.resolve(s.config_file)
+        if config_file is not None and not config_file.exists():
+            config_file = None
+        return cls(s, known_hosts=known, identity_file=loaded.resolve(s.identity_file), config_file=config_file)
+
+    async def run(
+        self, node: Node, argv: Sequence[str], *, input: str | None = None, timeout: float | None = None
+    ) -> CommandResult:
+        command = remote_command(argv)
+        limit = timeout if timeout is not None else self.settings.command_timeout
+        conn = await self._connection(node)
+        started = time.monotonic()
+        try:
+            result = await conn.run(command, input=input, check=False, timeout=limit)
+        except asyncssh.TimeoutError as exc:
+            raise CommandTimeout(node.name, f"command timed out after {limit:g}s: {argv[0]}") from exc
+        except (asyncssh.ChannelOpenError, asyncssh.ConnectionLost, asyncssh.DisconnectError, OSError) as exc:
+            self._drop(node.name)
+            raise UnreachableError(node.name, f"connection lost: {_reason(exc)}") from exc
+        return CommandResult(
+            node=node.name,
+            argv=tuple(argv),
+            exit_status=result.exit_status,
+            signal=result.exit_signal[0] if result.exit_signal else None,
+            stdout=_text(result.stdout),
+            stderr=_text(result.stderr),
+            duration_s=time.monotonic() - started,
+        )
+
+    async def close(self) -> None:
+        self._closed = True
+        conns = [c.conn for c in self._conns.values() if c.conn is not None]
+        self._conns.clear()
+        for conn in conns:
+            conn.close()
+        for conn in conns:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(conn.wait_closed(), timeout=2)
+
+    async def __aenter__(self) -> SSHPool:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def forget(self, node_name: str) -> None:
+        """Drop the connection and the backoff state of a node (after an operator fixed it)."""
+        self._drop(node_name)
+        self._conns.pop(node_name, None)
+
+    # -- connecting ---------------------------------------------------------------------------------------
+
+    def _state(self, name: str) -> _NodeConn:
+        state = self._conns.get(name)
+        if state is None:
+            state = self._conns[name] = _NodeConn(lock=asyncio.Lock())
+        return state
+
+    def _drop(self, name: str) -> None:
+        state = self._conns.get(name)
+        if state is not None and state.conn is not None:
+            state.conn.close()
+            state.conn = None
+
+    async def _connection(self, node: Node) -> asyncssh.SSHClientConnection:
+        if self._closed:
+            raise UnreachableError(node.name, "SSH pool is closed")
+        state = self._state(node.name)
+        assert state.lock is not None
+        async with state.lock:
+            if state.conn is not None and not state.conn.is_closed():
+                return state.conn
+            now = self._clock()
+            if state.last_error is not None and now < state.retry_at:
+                raise _again(state.last_error, state.retry_at - now)
+            try:
+                async with self._connect_slots:
+                    state.conn = await self._connect(node)
+            except SSHError as exc:
+                state.failures += 1
+                delay = min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** (state.failures - 1))
+                state.retry_at = self._clock() + delay * random.uniform(0.8, 1.0)
+                state.last_error = exc
+                raise
+            state.failures, state.retry_at, state.last_error = 0, 0.0, None
+            return state.conn
+
+    def _connect_options(self, node: Node) -> dict[str, object]:
+        s = self.settings
+        options: dict[str, object] = {
+            "connect_timeout": s.connect_timeout,
+            "login_timeout": s.connect_timeout,
+            "keepalive_interval": s.keepalive_interval,
+            "keepalive_count_max": KEEPALIVE_COUNT_MAX,
+            "config": [str(self.config_file)] if self.config_file else [],
+        }
+        if node.port is not None:
+            options["port"] = node.port
+        if node.user:
+            options["username"] = node.user
+        if self.identity_file is not None:
+            options["client_keys"] = [str(self.identity_file)]
+        return options
+
+    async def _connect(self, node: Node) -> asyncssh.SSHClientConnection:
+        verdict = _Verdict()
+        known = self.known.current()
+        try:
+            conn, _ = await asyncio.wait_for(
+                asyncssh.create_connection(
+                    lambda: _Client(self.known, verdict),
+                    node.host,
+                    known_hosts=known,
+                    **self._connect_options(node),  # type: ignore[arg-type]
+                ),
+                timeout=self.settings.connect_timeout + 1,
+            )
+            return conn
+        except asyncssh.HostKeyNotVerifiable as exc:
+            if verdict.changed:
+                raise HostKeyError(
+                    node.name,
+                    f"host key changed: the key of {node.host} does not match {self.known.path}; "
+                    "nothing was run there (if the node was reinstalled, remove its old key)",
+                    changed=True,
+                ) from exc
+            raise HostKeyError(
+                node.name,
+                f"unknown host key: {node.host} is not in {self.known.path}; nothing was run there "
+                "(add its key, or set ssh.host_key_policy: accept-new)",
+                changed=False,
+            ) from exc
+        except asyncssh.PermissionDenied as exc:
+            raise AuthError(node.name, f"authentication refused: {_reason(exc)}") from exc
+        except (TimeoutError, asyncssh.misc.ConnectionLost) as exc:
+            raise UnreachableError(node.name, f"connect timed out after {self.settings.connect_timeout:g}s") from exc
+        except asyncssh.DisconnectError as exc:
+            raise UnreachableError(node.name, f"disconnected: {_reason(exc)}") from exc
+        except (OSError, asyncssh.Error) as exc:
+            raise UnreachableError(node.name, _reason(exc)) from exc
+        except ValueError as exc:  # asyncssh raises ValueError for bad options (e.g. an unreadable key file)
+            raise SSHError(node.name, f"cannot connect: {exc}") from exc
+
+
+def _again(err: SSHError, wait_s: float) -> SSHError:
+    """The error of the last attempt, raised again while the node is in backoff."""
+    if isinstance(err, HostKeyError):
+        return HostKeyError(err.node, err.reason, changed=err.changed)
+    return type(err)(err.node, f"{err.reason} (next retry in {wait_s:.0f}s)")
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, asyncssh.Error):
+        return exc.reason or type(exc).__name__
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror.lower()
+    return str(exc) or type(exc).__name__
+
+
+def _text(value: str | bytes | None) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return value
+
+
+# -- fan-out -------------------------------------------------------------------------------------------------
+
+
+T = TypeVar("T")
+
+
+async def run_on_all(
+    nodes: Iterable[Node], action: Callable[[Node], Awaitable[T]], *, limit: int = 256
+) -> dict[str, T | SSHError]:
+    """Run `action` on every node concurrently (at most `limit` at once); collect results or our errors."""
+    slots = asyncio.Semaphore(limit)
+
+    async def one(node: Node) -> tuple[str, T | SSHError]:
+        async with slots:
+            try:
+                return node.name, await action(node)
+            except SSHError as exc:
+                return node.name, exc
+
+    pairs = await asyncio.gather(*(one(n) for n in nodes))
+    return dict(pairs)
+
+
+def local_user() -> str:
+    import getpass
+
+    return os.environ.get("USER") or getpass.getuser()
