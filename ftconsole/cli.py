@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ftconsole.format import age, gpu_summary
 from scheduler.config import LoadedConfig, find_config, load_config
 from scheduler.errors import ConfigError, FtError
 from scheduler.service import ClusterService
@@ -39,27 +40,6 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     for row in cells:
         line = "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True))
         print(line.rstrip())
-
-
-def age(seconds: float | None) -> str:
-    if seconds is None:
-        return "never"
-    if seconds < 60:
-        return f"{seconds:.0f}s"
-    if seconds < 3600:
-        return f"{seconds / 60:.0f}m"
-    if seconds < 86400:
-        return f"{seconds / 3600:.1f}h"
-    return f"{seconds / 86400:.1f}d"
-
-
-def gpu_summary(gpus: Sequence[dict[str, Any]]) -> str:
-    if not gpus:
-        return "-"
-    names = {g.get("name") or "?" for g in gpus}
-    name = names.pop() if len(names) == 1 else "mixed"
-    short = name.replace("NVIDIA ", "")
-    return f"{len(gpus)}x {short}"
 
 
 # -- commands ------------------------------------------------------------------------------------------------
