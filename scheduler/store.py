@@ -7,10 +7,11 @@ scripts; a store newer than this program is refused rather than guessed at.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -166,8 +167,7 @@ class Store:
         probes: Iterable[StoredProbe] = (),
     ) -> None:
         """Write node states with their events (and the probe results behind them) in one transaction."""
-        try:
-            await self._db.execute("BEGIN IMMEDIATE")
+        async with self._transaction("write node state"):
             for health, events in changes:
                 await self._db.execute(_UPSERT_NODE, _health_row(health))
                 for ev in events:
@@ -185,11 +185,23 @@ class Store:
                     "(SELECT id FROM probe_results WHERE node = ? ORDER BY id DESC LIMIT ?)",
                     (p.node, p.node, PROBE_HISTORY_PER_NODE),
                 )
-            await self._db.execute("COMMIT")
+
+    @contextlib.asynccontextmanager
+    async def _transaction(self, what: str) -> AsyncIterator[None]:
+        """BEGIN IMMEDIATE ... COMMIT; any exception rolls the whole transaction back."""
+        try:
+            await self._db.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
+            raise StoreError(f"cannot {what} in {self.path}: {exc}") from exc
+        try:
+            yield
+            await self._db.execute("COMMIT")
+        except BaseException as exc:
             if self._db.in_transaction:
                 await self._db.execute("ROLLBACK")
-            raise StoreError(f"cannot write node state to {self.path}: {exc}") from exc
+            if isinstance(exc, sqlite3.Error):
+                raise StoreError(f"cannot {what} in {self.path}: {exc}") from exc
+            raise
 
     async def latest_probes(self) -> dict[str, StoredProbe]:
         sql = (
