@@ -1,0 +1,24 @@
+"""Shared fixtures. Tests never see the developer's own config, lab or ssh settings."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.sshd_cluster import sshd_cluster_fixture  # noqa: F401  (provides the `sshd_cluster` fixture)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_environment(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.delenv("FTCONSOLE_CONFIG", raising=False)
+    monkeypatch.setenv("FTCONSOLE_LAB_DIR", str(tmp_path_factory.mktemp("lab-default")))
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    monkeypatch.setenv("NO_COLOR", "1")
+    yield
+
+
+@pytest.fixture
+def repo_root() -> Path:
+    return Path(__file__).resolve().parents[1]
