@@ -24,7 +24,7 @@ class Server:
     connections: list[object]
 
 
-async def _handle(process: asyncssh.SSHServerProcess) -> None:
+async def _handle(process: asyncssh.SSHServerProcess, spawned: list[asyncio.subprocess.Process]) -> None:
     """A tiny 'node': runs the command line with /bin/sh, like sshd does."""
     command = process.command or ""
     proc = await asyncio.create_subprocess_exec(
@@ -35,6 +35,7 @@ async def _handle(process: asyncssh.SSHServerProcess) -> None:
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
+    spawned.append(proc)
     data = await process.stdin.read() if command.startswith("cat") else ""
     out, err = await proc.communicate(data.encode() if data else None)
     process.stdout.write(out.decode())
@@ -50,14 +51,23 @@ async def server(tmp_path: Path) -> AsyncIterator[tuple[Server, Path]]:
     host_key = asyncssh.generate_private_key("ssh-ed25519")
     commands: list[str] = []
     connections: list[object] = []
+    spawned: list[asyncio.subprocess.Process] = []
 
     class Tracking(asyncssh.SSHServer):
         def connection_made(self, conn: object) -> None:
             connections.append(conn)
 
+    handlers: set[asyncio.Task[None]] = set()
+
     async def handle(process: asyncssh.SSHServerProcess) -> None:
         commands.append(process.command or "")
-        await _handle(process)
+        task = asyncio.current_task()
+        assert task is not None
+        handlers.add(task)
+        try:
+            await _handle(process, spawned)
+        except (asyncssh.Error, BrokenPipeError):
+            pass  # the client went away (e.g. after its command timed out)
 
     acceptor = await asyncssh.listen(
         "127.0.0.1",
@@ -73,6 +83,11 @@ async def server(tmp_path: Path) -> AsyncIterator[tuple[Server, Path]]:
     finally:
         acceptor.close()
         await acceptor.wait_closed()
+        for proc in spawned:  # e.g. the `sleep` left behind by the timeout test
+            if proc.returncode is None:
+                proc.kill()
+        if handlers:
+            await asyncio.wait(handlers, timeout=5)
 
 
 def known_hosts_line(port: int, key: asyncssh.SSHKey) -> str:
@@ -171,8 +186,10 @@ async def test_refused_port_is_unreachable_and_backs_off(tmp_path: Path) -> None
 
 async def test_silent_server_times_out_within_connect_timeout(tmp_path: Path) -> None:
     # A listener that accepts TCP but never speaks SSH: what a SIGSTOPped sshd looks like.
+    writers: list[asyncio.StreamWriter] = []
+
     async def mute(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await asyncio.sleep(30)
+        writers.append(writer)
 
     srv = await asyncio.start_server(mute, "127.0.0.1", 0)
     port = srv.sockets[0].getsockname()[1]
@@ -186,7 +203,7 @@ async def test_silent_server_times_out_within_connect_timeout(tmp_path: Path) ->
                     await pool.run(node(port), ["true"])
     finally:
         srv.close()
-        for task in asyncio.all_tasks():
-            if task is not asyncio.current_task() and "mute" in repr(task.get_coro()):
-                task.cancel()
+        for writer in writers:
+            writer.close()
+            await writer.wait_closed()
         await srv.wait_closed()
