@@ -180,7 +180,8 @@ def parse_report(text: str) -> ProbeReport:
 def parse_document(doc: dict[str, Any]) -> ProbeReport:
     if doc.get("agent") != AGENT_PROTOCOL:
         raise AgentOutputError(f"unknown agent protocol {doc.get('agent')!r} (expected {AGENT_PROTOCOL})")
-    f = doc.get("facts") if isinstance(doc.get("facts"), dict) else {}
+    raw_facts = doc.get("facts")
+    f: dict[str, Any] = raw_facts if isinstance(raw_facts, dict) else {}
     facts = NodeFacts(
         hostname=_str(f.get("hostname")),
         boot_id=_str(f.get("boot_id")),
@@ -222,7 +223,7 @@ def parse_document(doc: dict[str, Any]) -> ProbeReport:
         if not isinstance(c, dict) or not isinstance(c.get("name"), str):
             continue
         try:
-            status = CheckStatus(c.get("status"))
+            status = CheckStatus(str(c.get("status")))
         except ValueError:
             status = CheckStatus.FAIL
             c = {**c, "message": f"agent reported unknown status {c.get('status')!r}: {c.get('message', '')}"}
