@@ -80,6 +80,7 @@ class NodesTable(DataTable[Any]):
             self.add_column(label, key=key)
 
     def apply(self, views: list[dict[str, Any]], now: float) -> None:
+        selected = self.selected_node()
         wanted = {v["name"]: node_cells(v, now) for v in views}
         present = {str(k.value) for k in self.rows}
         for name in present - wanted.keys():
@@ -90,9 +91,11 @@ class NodesTable(DataTable[Any]):
                 continue
             for key, _ in COLUMNS:
                 if self.get_cell(name, key) != cells[key]:
-                    self.update_cell(name, key, cells[key])
+                    self.update_cell(name, key, cells[key], update_width=True)
         order = {s: i for i, s in enumerate(STATE_ORDER)}
-        self.sort("state", key=lambda s: (order.get(str(s), 99), str(s)))
+        self.sort("state", "node", key=lambda row: (order.get(str(row[0]), 99), str(row[1])))
+        if selected is not None and selected in wanted:  # the cursor follows its node, not its row number
+            self.move_cursor(row=self.get_row_index(selected), animate=False)
 
     def selected_node(self) -> str | None:
         if self.row_count == 0:
