@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shlex
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -64,10 +65,8 @@ async def server(tmp_path: Path) -> AsyncIterator[tuple[Server, Path]]:
         task = asyncio.current_task()
         assert task is not None
         handlers.add(task)
-        try:
+        with contextlib.suppress(asyncssh.Error, BrokenPipeError):  # the client went away (a timed-out command)
             await _handle(process, spawned)
-        except (asyncssh.Error, BrokenPipeError):
-            pass  # the client went away (e.g. after its command timed out)
 
     acceptor = await asyncssh.listen(
         "127.0.0.1",
@@ -91,7 +90,8 @@ async def server(tmp_path: Path) -> AsyncIterator[tuple[Server, Path]]:
 
 
 def known_hosts_line(port: int, key: asyncssh.SSHKey) -> str:
-    return f"[127.0.0.1]:{port} {key.export_public_key().decode().split()[0]} {key.export_public_key().decode().split()[1]}\n"
+    alg, b64 = key.export_public_key().decode().split()[:2]
+    return f"[127.0.0.1]:{port} {alg} {b64}\n"
 
 
 def make_pool(tmp_path: Path, key_path: Path, **settings: object) -> SSHPool:
@@ -162,7 +162,7 @@ async def test_command_timeout(server, tmp_path: Path) -> None:
     srv, key = server
     (tmp_path / "known_hosts").write_text(known_hosts_line(srv.port, srv.host_key))
     async with make_pool(tmp_path, key) as pool:
-        with pytest.raises(CommandTimeout, match="timed out after 0.5s"):
+        with pytest.raises(CommandTimeout, match=r"timed out after 0\.5s"):
             await pool.run(node(srv.port), ["sleep", "5"], timeout=0.5)
 
 
@@ -180,7 +180,7 @@ async def test_refused_port_is_unreachable_and_backs_off(tmp_path: Path) -> None
         with pytest.raises(UnreachableError, match="next retry in"):
             await pool.run(node(port), ["true"])
         pool.forget("n1")
-        with pytest.raises(UnreachableError, match="refused$"):
+        with pytest.raises(UnreachableError, match=r"refused$"):
             await pool.run(node(port), ["true"])
 
 
