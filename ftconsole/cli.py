@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 import time
@@ -17,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ftconsole.format import age, gpu_summary
+from ftconsole.format import age, gpu_summary, print_json, print_table
 from scheduler.config import LoadedConfig, find_config, load_config
 from scheduler.errors import ConfigError, FtError
 from scheduler.service import ClusterService
@@ -27,19 +26,6 @@ PROG = "ftconsole"
 
 
 # -- output helpers ------------------------------------------------------------------------------------------
-
-
-def print_json(value: Any) -> None:
-    json.dump(value, sys.stdout, indent=2, sort_keys=False, default=str)
-    sys.stdout.write("\n")
-
-
-def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    for row in cells:
-        line = "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True))
-        print(line.rstrip())
 
 
 # -- commands ------------------------------------------------------------------------------------------------

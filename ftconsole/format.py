@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,3 +27,16 @@ def gpu_summary(gpus: Sequence[dict[str, Any]]) -> str:
     name = names.pop() if len(names) == 1 else "mixed"
     short = name.replace("NVIDIA ", "")
     return f"{len(gpus)}x {short}"
+
+
+def print_json(value: Any) -> None:
+    json.dump(value, sys.stdout, indent=2, sort_keys=False, default=str)
+    sys.stdout.write("\n")
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    for row in cells:
+        line = "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True))
+        print(line.rstrip())
