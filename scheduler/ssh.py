@@ -301,11 +301,16 @@ class SSHPool:
                     "nothing was run there (if the node was reinstalled, remove its old key)",
                     changed=True,
                 ) from exc
+            if verdict.unknown:
+                raise HostKeyError(
+                    node.name,
+                    f"unknown host key: {node.host} is not in {self.known.path}; nothing was run there "
+                    "(add its key, or set ssh.host_key_policy: accept-new)",
+                    changed=False,
+                ) from exc
+            # Our check was never reached: a ProxyJump hop refused, verified per the ssh config's known hosts.
             raise HostKeyError(
-                node.name,
-                f"unknown host key: {node.host} is not in {self.known.path}; nothing was run there "
-                "(add its key, or set ssh.host_key_policy: accept-new)",
-                changed=False,
+                node.name, f"jump host (ProxyJump) key not verified: {_reason(exc)}", changed=False
             ) from exc
         except asyncssh.PermissionDenied as exc:
             raise AuthError(node.name, f"authentication refused: {_reason(exc)}") from exc

@@ -191,3 +191,27 @@ def test_cli_probe_nodes_drain_resume(sshd_cluster, tmp_path: Path) -> None:
     assert missing.returncode == 2 and "node09" in missing.stderr and missing.stdout == ""
     no_reason = ftconsole("drain", "node01", "--reason", " ", config=config)
     assert no_reason.returncode == 2 and "reason" in no_reason.stderr
+
+
+async def test_ssh_config_aliases_and_proxyjump_are_honoured(sshd_cluster, tmp_path: Path) -> None:
+    """Nodes named only by an alias: HostName, Port, User, IdentityFile and ProxyJump come from ssh_config."""
+    cluster: SshdCluster = sshd_cluster(2)
+    bastion, target = cluster["node01"], cluster["node02"]
+    ssh_config = tmp_path / "ssh_config"
+    # jump hosts are verified the way OpenSSH does: with the ssh config's own known hosts file
+    common = f"  User {cluster.user}\n  IdentityFile {cluster.key}\n  UserKnownHostsFile {cluster.known_hosts}\n"
+    ssh_config.write_text(
+        f"Host bastion\n  HostName {bastion.address}\n  Port {bastion.port}\n{common}"
+        f"Host gpu-behind\n  HostName {target.address}\n  Port {target.port}\n  ProxyJump bastion\n{common}"
+    )
+    config = cluster.write_config(
+        tmp_path / "cluster.yaml",
+        nodes=[{"name": "gpu-behind"}],
+        ssh={"user": None, "identity_file": None, "config_file": str(ssh_config)},
+    )
+    async with ClusterService.open(load_config(config)) as svc:
+        (outcome,) = await svc.probe()
+    assert outcome.failure is None, outcome.failure
+    assert outcome.health.state.value == "healthy"
+    # the agent ran on the target (its simulated GPUs), reached through the bastion
+    assert outcome.report is not None and len(outcome.report.gpus) == 8
