@@ -1,0 +1,657 @@
+"""The job spec: what a user submits (a YAML file), validated with pydantic; unknown keys are errors.
+
+`load_jobspec` / `parse_jobspec` raise `ConfigError` with every problem at once, each naming the file, the
+line and the key path. Checks of one key live on the models; checks that span several keys (seed 003's
+rules: node names not together with driver version or pool, fault restart and checkpoint resume mutually
+exclusive, ...) live in `cross_problems`, which works on the raw YAML data so that they are reported even
+when other keys are invalid, and which the model also runs, so a `JobSpec` built from JSON obeys them too.
+
+The command of a job (and of each batch task) is run directly, as an argument vector, not by a shell:
+`check_command` rejects what only a shell would understand (`KEY=VALUE cmd`, `a && b`, pipes,
+redirections, command substitution) and says how to write it instead (`env:`, `bash -c "..."`).
+
+Pure code: the only I/O is reading the YAML file in `load_jobspec`.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping
+from enum import StrEnum
+from pathlib import Path, PurePosixPath
+from typing import Annotated, Any, NamedTuple
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+from scheduler import yamlfile
+from scheduler.config import Duration, expand_nodeset
+from scheduler.errors import ConfigError, Problem
+
+Loc = tuple[Any, ...]
+
+# -- enums -------------------------------------------------------------------------------------------------
+
+
+class JobMode(StrEnum):
+    """How the ranks of a job are started (see the launcher)."""
+
+    SINGLE = "single"
+    PYTORCH = "pytorch"
+    PYTORCH_DEEPSPEED = "pytorch-deepspeed"
+    HOROVOD = "horovod"
+    MPICH = "mpich"
+    TENSORFLOW = "tensorflow"
+
+
+class Priority(StrEnum):
+    """Queue priority; the scheduler allows `very-urgent` to admins only."""
+
+    NORMAL = "normal"
+    URGENT = "urgent"
+    VERY_URGENT = "very-urgent"
+
+
+class Access(StrEnum):
+    """What other users may do with the job."""
+
+    READ_WRITE = "read-write"
+    READ_ONLY = "read-only"
+    NONE = "none"
+
+
+class JobType(StrEnum):
+    """A regular job runs `command`; a batch job runs each of its `tasks`."""
+
+    REGULAR = "regular"
+    BATCH = "batch"
+
+
+# -- the command -------------------------------------------------------------------------------------------
+
+# Longest first: the scanner takes the first operator that matches at a position.
+_OPERATORS = (
+    "&>>",
+    "<<<",
+    "&&",
+    "||",
+    ";;",
+    "|&",
+    "&>",
+    ">>",
+    ">&",
+    ">|",
+    "<<",
+    "<&",
+    "<>",
+    "<(",
+    ">(",
+    "$(",
+    "|",
+    "&",
+    ";",
+    ">",
+    "<",
+    "(",
+    ")",
+    "`",
+    "\n",
+)
+_SEPARATORS = {"&&", "||", ";", ";;", "\n"}
+_PIPES = {"|", "|&"}
+_SUBSTITUTIONS = {"$(", "`", "<(", ">("}
+_SUBSHELL = {"(", ")"}
+_BLANKS = " \t\r"
+_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\[[^\]]*\])?\+?=")
+_SHELL_KEYWORDS = frozenset(
+    {"if", "then", "else", "elif", "fi", "case", "esac", "for", "select", "while", "until", "do", "done"}
+    | {"function", "{", "}", "[[", "]]", "!"}
+)
+_SHELL_BUILTINS = frozenset(
+    {"source", ".", "alias", "unset", "set", "eval", "exec", "ulimit", "umask", "pushd", "popd", "declare"}
+    | {"local", "readonly", "trap", "shopt", "typeset"}
+)
+
+
+def _wrapped(command: str) -> str:
+    """`bash -c "..."` around `command`, quoted so that it splits back to exactly `command`."""
+    if '"' not in command and "\\" not in command:
+        return f'bash -c "{command}"'
+    return f"bash -c {shlex.quote(command)}"
+
+
+def _operator_at(text: str, i: int) -> str | None:
+    return next((op for op in _OPERATORS if text.startswith(op, i)), None)
+
+
+def _operator_problem(op: str, prefix: str, command: str) -> str:
+    """The message for a shell operator `op` found outside quotes (`prefix`: the digits of `2>`)."""
+    wrap = f"wrap it: {_wrapped(command)}"
+    if op == "\n":
+        return "one statement only: found a line break outside quotes; write one line, or run a script"
+    if op in _SEPARATORS:
+        return f"one statement only: found '{op}' outside quotes; {wrap}"
+    if op in _PIPES:
+        return f"one statement only: found a pipe '{op}' outside quotes; {wrap}"
+    if op == "&":
+        return f"one statement only: found '&' outside quotes (it runs a command in the background); {wrap}"
+    if op in _SUBSTITUTIONS:
+        return f"found the substitution '{op}' outside quotes, but the command is not run by a shell; {wrap}"
+    if op in _SUBSHELL:
+        return f"found '{op}' outside quotes (a shell subshell), but the command is not run by a shell; {wrap}"
+    return (
+        f"found the redirection '{prefix}{op}' outside quotes: the command is not run by a shell and its output "
+        f"is captured already (see output:); {wrap}"
+    )
+
+
+def _scan(command: str) -> str | None:
+    """Walk `command` as a shell would, quote-aware; the first shell-only construct outside quotes, if any."""
+    quote: str | None = None
+    opened = 0
+    word = ""  # the unquoted characters of the current word so far
+    i = 0
+    while i < len(command):
+        c = command[i]
+        if quote == "'":
+            quote = None if c == "'" else quote
+        elif quote == '"':
+            if c == "\\":
+                i += 1
+            elif c == '"':
+                quote = None
+        elif c == "\\":
+            if i + 1 == len(command):
+                return "the command ends with a backslash: remove it or quote it"
+            if command[i + 1] == "\n":
+                return "line continuation ('\\' at the end of a line): write the command on one line"
+            word += command[i : i + 2]
+            i += 1
+        elif c in "'\"":
+            quote, opened = c, i
+            word += "\0"  # a quoted part: the word is no longer a plain file-descriptor number
+        elif c in _BLANKS:
+            word = ""
+        elif c == "#" and not word:
+            return "found '#' outside quotes, which a shell reads as a comment; quote it, or remove the comment"
+        elif (op := _operator_at(command, i)) is not None:
+            prefix = word if word.isdigit() and op[0] in "<>" else ""
+            return _operator_problem(op, prefix, command)
+        else:
+            word += c
+        i += 1
+    if quote is not None:
+        kind = "single" if quote == "'" else "double"
+        return f"unclosed quote: the {kind} quote ({quote}) at column {opened + 1} is never closed"
+    return None
+
+
+def _first_word_problem(command: str) -> str | None:
+    """The command must start with an executable, not a variable assignment or a shell keyword or builtin."""
+    if _ASSIGNMENT.match(command):
+        return (
+            f"the command must start with an executable, but {command.split()[0]!r} sets a shell variable: "
+            "set variables in env: instead"
+        )
+    try:
+        first = shlex.split(command)[0]
+    except ValueError as exc:  # the scanner and shlex disagree on some escape inside double quotes
+        return f"cannot split the command into words: {exc}"
+    if first == "":
+        return "the command must start with an executable, not an empty word"
+    if first == "cd":
+        return "'cd' is a shell builtin, not an executable: set workdir: instead"
+    if first == "export":
+        return "'export' is a shell builtin, not an executable: set variables in env: instead"
+    if first in _SHELL_KEYWORDS or first in _SHELL_BUILTINS:
+        kind = "keyword" if first in _SHELL_KEYWORDS else "builtin"
+        return f"'{first}' is a shell {kind}, not an executable; wrap it: {_wrapped(command)}"
+    return None
+
+
+def check_command(command: str) -> str | None:
+    """Why `command` cannot be run as a job's command, or None if it can.
+
+    It must start with an executable and be exactly one statement: shell operators (`&&`, `||`, `;`, `|`,
+    `&`, redirections, `$(...)`, backticks) are allowed only inside quotes, e.g. in `bash -c "a && b"`.
+    """
+    text = command.strip()
+    if not text:
+        return "the command is empty"
+    return _scan(text) or _first_word_problem(text)
+
+
+def _valid_command(value: str) -> str:
+    problem = check_command(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value.strip()
+
+
+# -- field types -------------------------------------------------------------------------------------------
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+RESERVED_ENV = frozenset(
+    {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "SLOTS", "CUDA_VISIBLE_DEVICES"}
+    | {"TF_CONFIG", "OMPI_MCA_orte_default_hostfile", "HYDRA_HOST_FILE"}
+)
+"""Variables the launcher sets for each rank; a job may not set them (nor any FT_ variable)."""
+
+
+def _valid_name(value: str) -> str:
+    if not _NAME.match(value):
+        raise ValueError(
+            f"invalid name {value!r}: use 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit"
+        )
+    return value
+
+
+def _not_blank(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be empty")
+    return value
+
+
+def _positive(seconds: float) -> float:
+    if seconds <= 0:
+        raise ValueError("must be greater than 0")
+    return seconds
+
+
+def _valid_nodeset(value: str) -> str:
+    expand_nodeset(value)
+    return value
+
+
+def _version_text(value: Any) -> Any:
+    """Driver versions are text; YAML reads `535` as a number (fine) and `550.50` as a float (ambiguous)."""
+    if isinstance(value, float):
+        raise ValueError(f"write the version in quotes ('{value}'): YAML reads it as a number")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return value
+
+
+def _env_value(value: Any) -> Any:
+    """`OMP_NUM_THREADS: 4` is fine: numbers become text; booleans are ambiguous (`yes`, `on`) and refused."""
+    if isinstance(value, bool):
+        raise ValueError("write the value in quotes: YAML reads it as a boolean")
+    if isinstance(value, int | float):
+        return str(value)
+    return value
+
+
+def _unique(values: list[str]) -> list[str]:
+    repeated = sorted({v for v in values if values.count(v) > 1})
+    if repeated:
+        raise ValueError(f"each entry must be unique: {', '.join(repeated)} given more than once")
+    return values
+
+
+def _sub_folder(value: str) -> str:
+    path = PurePosixPath(value)
+    if value.startswith(("/", "~")):
+        raise ValueError(f"{value!r} must be a sub-folder, relative to the job's output folder")
+    if ".." in path.parts:
+        raise ValueError(f"{value!r} must stay inside the job's output folder: '..' is not allowed")
+    if str(path) == ".":
+        raise ValueError("name a sub-folder of the job's output folder, not the folder itself")
+    return value
+
+
+Name = Annotated[str, AfterValidator(_valid_name)]
+Text = Annotated[str, AfterValidator(_not_blank)]
+Command = Annotated[str, AfterValidator(_valid_command)]
+NodeSetExpr = Annotated[str, AfterValidator(_valid_nodeset)]
+Version = Annotated[str, BeforeValidator(_version_text), AfterValidator(_not_blank)]
+EnvValue = Annotated[str, BeforeValidator(_env_value)]
+SubFolder = Annotated[str, AfterValidator(_not_blank), AfterValidator(_sub_folder)]
+PositiveDuration = Annotated[Duration, AfterValidator(_positive)]
+
+
+# -- models ------------------------------------------------------------------------------------------------
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Task(_Strict):
+    """One task of a batch job: its own command, writing into its own sub-folder of the job's output."""
+
+    name: Name
+    command: Command
+    output: SubFolder
+
+    def argv(self) -> list[str]:
+        return shlex.split(self.command)
+
+
+class Hooks(_Strict):
+    """Lifecycle scripts run on the job's first node before it starts and after it ends."""
+
+    before: Text | None = None
+    after: Text | None = None
+
+
+class CheckpointResume(_Strict):
+    """On a hardware fault, signal the job to save a checkpoint, wait `grace_period`, reschedule it."""
+
+    max_resumes: int = Field(ge=0)
+    grace_period: Duration = 30.0
+
+
+class Elastic(_Strict):
+    """Run on as few as `min_nodes` when nodes fail, growing back up to `max_nodes` (default: `nodes`)."""
+
+    min_nodes: int = Field(ge=1, strict=True)
+    max_nodes: int | None = Field(None, ge=1, strict=True)
+
+
+class FaultTolerance(_Strict):
+    """`retries`: pre-check and resubmit (0 = neither); fault restart (`max_restarts`, `restart_exit_codes`)
+    or `checkpoint_resume`, not both; `elastic` resizing."""
+
+    retries: int = Field(0, ge=0, le=3)
+    max_restarts: int | None = Field(None, ge=0)
+    restart_exit_codes: list[Annotated[int, Field(ge=1, le=255)]] | None = None
+    checkpoint_resume: CheckpointResume | None = None
+    elastic: Elastic | None = None
+
+
+class GpuRequest(NamedTuple):
+    """One candidate resource request: a named spec (resolved by the scheduler) or a GPU count per node."""
+
+    spec: str | None
+    gpus_per_node: int | None
+
+
+_RESOURCE_KEYS = ("gpus_per_node", "spec", "specs")
+
+
+class JobSpec(_Strict):
+    """A job as submitted. `spec` / `specs` name node specs of the cluster config: only their format is
+    checked here; the scheduler resolves them (the first of `specs` that can start wins)."""
+
+    name: Name
+    mode: JobMode = JobMode.SINGLE
+    type: JobType = JobType.REGULAR
+    nodes: int = Field(1, ge=1, strict=True)
+    gpus_per_node: int | None = Field(None, ge=0, le=64)
+    spec: Name | None = None
+    specs: Annotated[list[Name], AfterValidator(_unique)] | None = Field(None, min_length=1)
+    node_names: NodeSetExpr | None = None
+    driver_version: Version | None = None
+    pool: Text | None = None
+    gpu_model: Text | None = None
+    ps_count: int | None = Field(None, ge=0)
+    command: Command | None = None
+    tasks: list[Task] | None = Field(None, min_length=1)
+    workdir: Text = "~"
+    env: dict[str, EnvValue] = {}
+    priority: Priority = Priority.NORMAL
+    project: Name = "default"
+    max_runtime: PositiveDuration | None = None
+    hang_detect: PositiveDuration | None = None
+    access: Access = Access.NONE
+    output: Text | None = None
+    hooks: Hooks = Hooks()
+    fault_tolerance: FaultTolerance = FaultTolerance()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_gpus(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and all(data.get(key) is None for key in _RESOURCE_KEYS):
+            return {**data, "gpus_per_node": 1}
+        return data
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> JobSpec:
+        problems = cross_problems(self.model_dump(mode="json", exclude_none=True))
+        if problems:
+            raise ValueError("; ".join(f"{yamlfile.dotted(loc)}: {msg}" for loc, msg in problems))
+        return self
+
+    # -- derived views -------------------------------------------------------------------------------------
+
+    @property
+    def gpu_request(self) -> list[GpuRequest]:
+        """The candidate requests in order of preference: the named specs, or one GPU count."""
+        if self.specs is not None:
+            return [GpuRequest(spec, None) for spec in self.specs]
+        if self.spec is not None:
+            return [GpuRequest(self.spec, None)]
+        return [GpuRequest(None, self.gpus_per_node)]
+
+    def argv(self) -> list[str]:
+        """The command as an argument vector; a batch job has none (see `tasks[i].argv()`)."""
+        if self.command is None:
+            raise ValueError(f"job {self.name} is a batch job: it has no command of its own, only tasks")
+        return shlex.split(self.command)
+
+    def node_list(self) -> list[str]:
+        """The expanded `node_names`, or [] when the scheduler picks the nodes."""
+        return expand_nodeset(self.node_names) if self.node_names else []
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready data (durations in seconds) that `from_json` turns back into an equal spec."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> JobSpec:
+        return cls.model_validate(data)
+
+
+# -- checks across keys ------------------------------------------------------------------------------------
+
+
+def _given(data: Mapping[str, Any], key: str) -> bool:
+    return data.get(key) is not None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _mode(data: Mapping[str, Any]) -> JobMode | None:
+    """The job's mode, or None when the value is invalid (the model reports that)."""
+    value = data.get("mode", JobMode.SINGLE.value)
+    return JobMode(value) if value in [m.value for m in JobMode] else None
+
+
+def _job_type(data: Mapping[str, Any]) -> JobType | None:
+    value = data.get("type", JobType.REGULAR.value)
+    return JobType(value) if value in [t.value for t in JobType] else None
+
+
+def _resource_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
+    given = [key for key in data if key in _RESOURCE_KEYS and _given(data, key)]
+    return [((key,), f"give only one of gpus_per_node, spec, specs: {given[0]} is given already") for key in given[1:]]
+
+
+def _placement_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
+    if not _given(data, "node_names"):
+        return []
+    out: list[tuple[Loc, str]] = [
+        (("node_names",), f"node_names cannot be combined with {key}: the named nodes are used as they are")
+        for key in ("driver_version", "pool")
+        if _given(data, key)
+    ]
+    nodes = _int(data.get("nodes", 1))
+    try:
+        named = len(expand_nodeset(str(data["node_names"])))
+    except ValueError:
+        return out  # the model reports the invalid expression
+    if nodes is not None and named < nodes:
+        out.append((("node_names",), f"node_names names {named} node(s) but the job needs nodes: {nodes}"))
+    return out
+
+
+def _mode_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
+    mode = _mode(data)
+    if mode is None:
+        return []
+    out: list[tuple[Loc, str]] = []
+    nodes = _int(data.get("nodes", 1))
+    if mode is JobMode.SINGLE and nodes is not None and nodes != 1:
+        out.append((("nodes",), "mode single runs on one node: set nodes: 1 or choose a distributed mode"))
+    if _given(data, "ps_count") and mode is not JobMode.TENSORFLOW:
+        out.append((("ps_count",), f"ps_count (parameter servers) is only for mode tensorflow, not {mode}"))
+    return out
+
+
+def _task_problems(tasks: list[Any]) -> list[tuple[Loc, str]]:
+    out: list[tuple[Loc, str]] = []
+    names: dict[str, int] = {}
+    folders: dict[str, int] = {}
+    for i, task in enumerate(tasks):
+        task = _mapping(task)
+        name, output = task.get("name"), task.get("output")
+        if isinstance(name, str):
+            if name in names:
+                out.append((("tasks", i, "name"), f"duplicate task name {name!r} (also tasks[{names[name]}])"))
+            names.setdefault(name, i)
+        if isinstance(output, str) and output.strip():
+            folder = str(PurePosixPath(output))
+            if folder in folders:
+                out.append(
+                    (("tasks", i, "output"), f"output folder {folder!r} is used by tasks[{folders[folder]}] already")
+                )
+            folders.setdefault(folder, i)
+    return out
+
+
+def _type_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
+    job_type = _job_type(data)
+    if job_type is JobType.BATCH:
+        out: list[tuple[Loc, str]] = []
+        if _given(data, "command"):
+            out.append((("command",), "a batch job runs its tasks' commands: move this command into tasks"))
+        if not _given(data, "tasks"):
+            out.append((("type",), "a batch job needs tasks: a list of {name, command, output}"))
+        tasks = data.get("tasks")
+        return out + (_task_problems(tasks) if isinstance(tasks, list) else [])
+    if job_type is JobType.REGULAR:
+        if _given(data, "tasks"):
+            return [(("tasks",), "tasks are for type: batch; a regular job runs command")]
+        if not _given(data, "command"):
+            return [(("command",), "command is required (unless type: batch)")]
+    return []
+
+
+def _env_problem(key: str) -> str | None:
+    if not _ENV_NAME.match(key):
+        return f"invalid variable name {key!r}: use letters, digits and '_', not starting with a digit"
+    if key.startswith("FT_"):
+        return "FT_ variables are reserved for ftconsole"
+    if key in RESERVED_ENV:
+        return f"{key} is set by the launcher (from nodes, GPUs and mode); remove it"
+    return None
+
+
+def _env_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
+    out: list[tuple[Loc, str]] = []
+    for key in _mapping(data.get("env")):
+        problem = _env_problem(key) if isinstance(key, str) else None
+        if problem is not None:
+            out.append((("env", key), problem))
+    return out
+
+
+def _elastic_problems(data: Mapping[str, Any], elastic: Mapping[str, Any]) -> list[tuple[Loc, str]]:
+    loc: Loc = ("fault_tolerance", "elastic")
+    if _mode(data) is JobMode.SINGLE:
+        return [(loc, "elastic needs a distributed mode (mode single runs on one node)")]
+    nodes = _int(data.get("nodes", 1))
+    low, high = _int(elastic.get("min_nodes")), _int(elastic.get("max_nodes"))
+    if nodes is None:
+        return []
+    out: list[tuple[Loc, str]] = []
+    if low is not None and low > nodes:
+        out.append(((*loc, "min_nodes"), f"min_nodes ({low}) must not exceed nodes ({nodes})"))
+    if high is not None and high < nodes:
+        out.append(((*loc, "max_nodes"), f"max_nodes ({high}) must be at least nodes ({nodes})"))
+    return out
+
+
+def _fault_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
+    ft = _mapping(data.get("fault_tolerance"))
+    out: list[tuple[Loc, str]] = []
+    if _given(ft, "checkpoint_resume") and (_given(ft, "max_restarts") or _given(ft, "restart_exit_codes")):
+        out.append(
+            (
+                ("fault_tolerance", "checkpoint_resume"),
+                "fault restart (max_restarts) and checkpoint resume are mutually exclusive: choose one",
+            )
+        )
+    if _given(ft, "restart_exit_codes") and not _given(ft, "max_restarts"):
+        out.append(
+            (("fault_tolerance", "restart_exit_codes"), "restart_exit_codes needs max_restarts (how many restarts)")
+        )
+    if _given(ft, "elastic"):
+        out.extend(_elastic_problems(data, _mapping(ft["elastic"])))
+    return out
+
+
+def cross_problems(data: Any) -> list[tuple[Loc, str]]:
+    """Problems that span several keys, as (key path, message), from raw (unvalidated) job data.
+
+    Values of the wrong type are skipped here: the model reports them.
+    """
+    if not isinstance(data, Mapping):
+        return []
+    return [
+        *_resource_problems(data),
+        *_placement_problems(data),
+        *_mode_problems(data),
+        *_type_problems(data),
+        *_env_problems(data),
+        *_fault_problems(data),
+    ]
+
+
+# -- loading -----------------------------------------------------------------------------------------------
+
+
+def _related(a: str, b: str) -> bool:
+    """Whether key paths `a` and `b` are the same key or one lies inside the other."""
+    short, long = sorted((a, b), key=len)
+    return long == short or long.startswith((short + ".", short + "["))
+
+
+def _merge(problems: list[Problem], data: Any, file: str, marks: yamlfile.Marks) -> list[Problem]:
+    """The model's problems plus the cross-key ones, without repeating a key the model already faulted."""
+    by_key = [p for p in problems if p.path]
+    cross = [
+        Problem(file, yamlfile.line_of(marks, loc), yamlfile.dotted(loc), msg)
+        for loc, msg in cross_problems(data)
+        if not any(_related(yamlfile.dotted(loc), p.path) for p in by_key)
+    ]
+    # A problem without a key is either the top level's or the model's own cross check, which `cross` restates.
+    top = [p for p in problems if not p.path] if not cross else []
+    return sorted([*by_key, *cross, *top], key=lambda p: p.line or 0)
+
+
+def _build(data: Any, file: str, marks: yamlfile.Marks) -> JobSpec:
+    try:
+        return yamlfile.validate(JobSpec, data, file, marks)
+    except ConfigError as exc:
+        raise ConfigError(_merge(exc.problems, data, file, marks)) from exc
+
+
+def parse_jobspec(text: str, file: str = "<job>") -> JobSpec:
+    """Parse and validate job YAML; raise ConfigError naming file, line and key of every problem."""
+    data, marks = yamlfile.parse(text, file)
+    return _build(data, file, marks)
+
+
+def load_jobspec(path: str | Path) -> JobSpec:
+    """Read, parse and validate a job file; raise ConfigError naming file, line and key of every problem."""
+    path = Path(path)
+    data, marks = yamlfile.load(path)
+    return _build(data, str(path), marks)

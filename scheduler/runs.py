@@ -1,0 +1,136 @@
+"""Console side of the run supervisor: start, read and stop runs on a node, one SSH command each.
+
+The supervisor (`scheduler/supervisor.py`, stdlib-only) is sent to `python3 -` with its parameters in a
+prepended line, exactly like the probe agent; `status` reads every run of a node in one round trip.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from scheduler.config import Node
+from scheduler.errors import FtError
+from scheduler.ssh import Transport
+
+SUPERVISOR_PROTOCOL = 1
+DEFAULT_RUN_ROOT = "~/.ftconsole/runs"
+
+
+class SupervisorError(FtError):
+    title = "run supervisor"
+
+
+@functools.cache
+def supervisor_source() -> str:
+    return (Path(__file__).parent / "supervisor.py").read_text(encoding="utf-8")
+
+
+def supervisor_script(params: dict[str, Any]) -> str:
+    return f"import json\nPARAMS = json.loads({json.dumps(params)!r})\n" + supervisor_source()
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """What status.json of one run says (see supervisor.py)."""
+
+    state: str  # starting | running | exited | failed | lost
+    pid: int | None = None
+    started: float | None = None
+    ended: float | None = None
+    exit_code: int | None = None
+    signal: str | None = None
+    stop_requested: float | None = None
+    error: str | None = None
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> RunStatus:
+        return cls(
+            state=str(doc.get("state", "lost")),
+            pid=doc.get("pid"),
+            started=doc.get("started"),
+            ended=doc.get("ended"),
+            exit_code=doc.get("exit_code"),
+            signal=doc.get("signal"),
+            stop_requested=doc.get("stop_requested"),
+            error=doc.get("error"),
+        )
+
+    @property
+    def finished(self) -> bool:
+        return self.state in ("exited", "failed", "lost")
+
+    @property
+    def succeeded(self) -> bool:
+        return self.state == "exited" and self.exit_code == 0
+
+
+@dataclass(frozen=True)
+class NodeRun:
+    job: str
+    attempt: str
+    rank: str
+    status: RunStatus
+
+
+async def _call(
+    transport: Transport, node: Node, python: str, params: dict[str, Any], timeout: float
+) -> dict[str, Any]:
+    result = await transport.run(node, [python, "-"], input=supervisor_script(params), timeout=timeout)
+    line = next((ln for ln in reversed(result.stdout.splitlines()) if ln.startswith("{")), None)
+    if line is None:
+        raise SupervisorError(f"{node.name}: supervisor printed nothing ({result.describe_failure()})")
+    doc = json.loads(line)
+    if doc.get("supervisor") != SUPERVISOR_PROTOCOL:
+        raise SupervisorError(f"{node.name}: unknown supervisor protocol {doc.get('supervisor')!r}")
+    if "error" in doc:
+        raise SupervisorError(f"{node.name}: {params['action']} failed: {doc['error']}")
+    return doc  # type: ignore[no-any-return]
+
+
+async def start_run(
+    transport: Transport,
+    node: Node,
+    *,
+    run_dir: str,
+    argv: Sequence[str],
+    env: dict[str, str],
+    workdir: str,
+    files: dict[str, bytes] | None = None,
+    grace: float = 30.0,
+    python: str = "python3",
+    timeout: float = 30.0,
+) -> tuple[bool, RunStatus]:
+    """Start a detached run; (False, its status) when the run folder already had one (never twice)."""
+    params = {
+        "action": "start",
+        "run_dir": run_dir,
+        "argv": list(argv),
+        "env": env,
+        "workdir": workdir,
+        "files": {name: data.decode("utf-8") for name, data in (files or {}).items()},
+        "grace": grace,
+    }
+    doc = await _call(transport, node, python, params, timeout)
+    return bool(doc["started"]), RunStatus.from_json(doc["status"])
+
+
+async def node_runs(
+    transport: Transport, node: Node, *, root: str = DEFAULT_RUN_ROOT, python: str = "python3", timeout: float = 30.0
+) -> list[NodeRun]:
+    doc = await _call(transport, node, python, {"action": "status", "root": root}, timeout)
+    return [
+        NodeRun(job=r["job"], attempt=r["attempt"], rank=r["rank"], status=RunStatus.from_json(r["status"]))
+        for r in doc["runs"]
+    ]
+
+
+async def stop_runs(
+    transport: Transport, node: Node, run_dirs: Sequence[str], *, python: str = "python3", timeout: float = 30.0
+) -> list[dict[str, Any]]:
+    doc = await _call(transport, node, python, {"action": "stop", "run_dirs": list(run_dirs)}, timeout)
+    return list(doc["stopped"])

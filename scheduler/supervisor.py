@@ -1,0 +1,262 @@
+"""The run supervisor: node side, standard library only, Python 3.8.
+
+Sent like the probe agent, to `python3 -` over SSH with one prepended line that sets PARAMS (a JSON
+document in a Python string literal). PARAMS["action"] is one of:
+
+start   {run_dir, argv, env, workdir, files, grace}
+        Create the run folder, write the files (hostfile...), argv.json and env.json, then detach a supervisor
+        (double fork, new session, stdio on /dev/null) that starts the command in its own process group
+        with stdout and stderr in output.log, and keeps status.json up to date. Idempotent: a run folder that
+        already has a status.json is never started again; its status is returned instead.
+status  {root}
+        Every run under root (<root>/<job>/<attempt>/<rank>/status.json) in one JSON document; a run whose
+        supervisor died without writing an end reads state "lost".
+stop    {run_dirs, grace?}
+        Ask each run's supervisor to stop: it sends SIGTERM to the command's process group, waits the grace
+        period, then SIGKILL. Returns at once.
+
+status.json: {"state": "starting"|"running"|"exited"|"failed", "supervisor_pid", "pid", "pgid", "started",
+"ended", "exit_code", "signal", "stop_requested", "error"}. Each action prints one JSON line.
+"""
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+PROTOCOL = 1
+STATUS = "status.json"
+
+
+def _expand(path):
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def _write_json(path, doc):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(doc, fh, separators=(",", ":"))
+    os.replace(tmp, path)
+
+
+def _read_json(path):
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pid):
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open("/proc/%d/stat" % pid) as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+# -- start -----------------------------------------------------------------------------------------------------
+
+
+def _prepare(run_dir, params):
+    os.makedirs(run_dir, exist_ok=True)
+    for name, content in sorted((params.get("files") or {}).items()):
+        target = os.path.normpath(os.path.join(run_dir, name))
+        if not target.startswith(run_dir + os.sep):
+            raise ValueError("file outside the run folder: %r" % name)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open(target, "w") as fh:
+            fh.write(content)
+    _write_json(os.path.join(run_dir, "argv.json"), params["argv"])
+    _write_json(os.path.join(run_dir, "env.json"), params.get("env") or {})
+
+
+def _child_env(params):
+    env = dict(os.environ)
+    env.update({str(k): str(v) for k, v in (params.get("env") or {}).items()})
+    return env
+
+
+def _supervise(run_dir, params):
+    """Runs in the detached grandchild: start the command, record its life in status.json."""
+    status_path = os.path.join(run_dir, STATUS)
+    status = _read_json(status_path) or {}
+    grace = float(params.get("grace") or 30)
+    state = {"child": None, "stopping": False}
+
+    def on_stop(signum, frame):
+        status["stop_requested"] = time.time()
+        _write_json(status_path, status)
+        state["stopping"] = True
+        child = state["child"]
+        if child is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGTERM)
+            signal.signal(signal.SIGALRM, on_grace_over)
+            signal.setitimer(signal.ITIMER_REAL, grace)
+
+    def on_grace_over(signum, frame):
+        child = state["child"]
+        if child is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+
+    signal.signal(signal.SIGTERM, on_stop)
+    signal.signal(signal.SIGINT, on_stop)
+    log = open(os.path.join(run_dir, "output.log"), "ab")  # noqa: SIM115  (open for the command's whole life)
+    try:
+        workdir = _expand(params.get("workdir") or "~")
+        child = subprocess.Popen(
+            [os.path.expanduser(a) if a.startswith("~/") else a for a in params["argv"]],
+            cwd=workdir,
+            env=_child_env(params),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    except (OSError, ValueError) as exc:
+        log.write(("ftconsole: cannot start %s: %s\n" % (params["argv"][0], exc)).encode())
+        log.close()
+        status.update(state="failed", ended=time.time(), error="cannot start %s: %s" % (params["argv"][0], exc))
+        _write_json(status_path, status)
+        return
+    state["child"] = child
+    status.update(state="running", pid=child.pid, pgid=child.pid, started=time.time())
+    _write_json(status_path, status)
+    if state["stopping"]:
+        on_stop(signal.SIGTERM, None)
+    while True:
+        try:
+            code = child.wait()
+            break
+        except InterruptedError:
+            continue
+    log.close()
+    # the process group may outlive its leader: finish it off so nothing of the run is left behind
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(child.pid, signal.SIGKILL)
+    status.update(state="exited", ended=time.time())
+    if code < 0:
+        status.update(exit_code=None, signal=signal.Signals(-code).name)
+    else:
+        status.update(exit_code=code, signal=None)
+    _write_json(status_path, status)
+
+
+def start(params):
+    run_dir = _expand(params["run_dir"])
+    status_path = os.path.join(run_dir, STATUS)
+    existing = _read_json(status_path)
+    if existing is not None:
+        return {"started": False, "run_dir": run_dir, "status": existing}
+    _prepare(run_dir, params)
+    _write_json(status_path, {"state": "starting", "supervisor_pid": None, "stop_requested": None})
+    pid = os.fork()
+    if pid == 0:  # first child: new session, fork again so the supervisor is not a session leader
+        os.setsid()
+        if os.fork() != 0:
+            os._exit(0)
+        _detach_stdio()
+        status = _read_json(status_path) or {}
+        status["supervisor_pid"] = os.getpid()
+        _write_json(status_path, status)
+        try:
+            _supervise(run_dir, params)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    deadline = time.time() + 10
+    status = _read_json(status_path) or {}
+    while status.get("state") == "starting" and time.time() < deadline:
+        time.sleep(0.01)
+        status = _read_json(status_path) or {}
+    return {"started": True, "run_dir": run_dir, "status": status}
+
+
+def _detach_stdio():
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
+
+
+# -- status and stop -------------------------------------------------------------------------------------------
+
+
+def _with_liveness(status):
+    if status.get("state") in ("starting", "running") and not _alive(status.get("supervisor_pid")):
+        status = dict(status, state="lost")
+    return status
+
+
+def runs(params):
+    root = _expand(params.get("root") or "~/.ftconsole/runs")
+    out = []
+    if not os.path.isdir(root):
+        return {"root": root, "runs": out}
+    for job in sorted(os.listdir(root)):
+        job_dir = os.path.join(root, job)
+        if not os.path.isdir(job_dir):
+            continue
+        for attempt in sorted(os.listdir(job_dir)):
+            attempt_dir = os.path.join(job_dir, attempt)
+            if not os.path.isdir(attempt_dir):
+                continue
+            for rank in sorted(os.listdir(attempt_dir)):
+                status = _read_json(os.path.join(attempt_dir, rank, STATUS))
+                if status is not None:
+                    out.append({"job": job, "attempt": attempt, "rank": rank, "status": _with_liveness(status)})
+    return {"root": root, "runs": out}
+
+
+def stop(params):
+    out = []
+    for run_dir in params.get("run_dirs") or []:
+        run_dir = _expand(run_dir)
+        status = _read_json(os.path.join(run_dir, STATUS))
+        if status is None:
+            out.append({"run_dir": run_dir, "signalled": False, "reason": "no such run"})
+            continue
+        pid = status.get("supervisor_pid")
+        if status.get("state") not in ("starting", "running") or not _alive(pid):
+            out.append({"run_dir": run_dir, "signalled": False, "reason": "not running"})
+            continue
+        os.kill(pid, signal.SIGTERM)
+        out.append({"run_dir": run_dir, "signalled": True})
+    return {"stopped": out}
+
+
+ACTIONS = {"start": start, "status": runs, "stop": stop}
+
+
+def main(params):
+    action = ACTIONS.get(params.get("action"))
+    if action is None:
+        doc = {"supervisor": PROTOCOL, "error": "unknown action %r" % params.get("action")}
+    else:
+        try:
+            doc = dict(action(params), supervisor=PROTOCOL)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            doc = {"supervisor": PROTOCOL, "error": "%s: %s" % (type(exc).__name__, exc)}
+    sys.stdout.write(json.dumps(doc, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+    return 0 if "error" not in doc else 1
+
+
+if __name__ == "__main__":
+    _params = globals().get("PARAMS")
+    if _params is None:
+        _params = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
+    sys.exit(main(_params))

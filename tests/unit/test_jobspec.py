@@ -1,0 +1,399 @@
+"""Job spec: command rules, every problem named by file, line and key path, the example job files."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from scheduler.errors import ConfigError
+from scheduler.jobspec import (
+    GpuRequest,
+    JobMode,
+    JobSpec,
+    JobType,
+    Priority,
+    check_command,
+    cross_problems,
+    load_jobspec,
+    parse_jobspec,
+)
+
+# -- commands ----------------------------------------------------------------------------------------------
+
+ACCEPTED_COMMANDS = [
+    "python3 train.py",
+    "python train.py --lr 3e-4",
+    "torchrun --nproc_per_node 8 train.py",
+    "/opt/conda/bin/python -m trainer.main --config cfg.yaml",
+    "./run.sh",
+    'bash -c "a && b"',
+    'bash -c "KEY=VALUE python3 train.py && python3 evaluate.py"',
+    "python -c 'print(1|2)'",
+    "python -c 'import sys; sys.exit(0)'",
+    """python -c "print('a; b')" """,
+    'echo "$(date)"',
+    "echo '`uname`'",
+    "echo 'a > b' \"c < d\"",
+    r"echo \&\& \| \;",
+    "echo a#b",
+    "echo '#not-a-comment'",
+    "python train.py --name=run1",
+    "env KEY=VALUE python3 train.py",
+    "python3 train.py --tag KEY=VALUE",
+    "python3 train.py --data $DATA",
+    "python3 train.py --glob 'data/*.bin'",
+    "echo 'it''s'",
+    "echo \"say 'hi' & leave\"",
+    "  python3 train.py  \n",
+    "mpirun -np 16 python3 train_hvd.py",
+    "deepspeed --hostfile hostfile train.py",
+]
+
+REJECTED_COMMANDS = [
+    ("", "empty"),
+    ("   \n ", "empty"),
+    ("KEY=VALUE python3 train.py", "set variables in env: instead"),
+    ("A_1+=x python3 train.py", "set variables in env: instead"),
+    ("python3 train.py && python3 evaluate.py", "found '&&' outside quotes"),
+    ("a || b", "found '||' outside quotes"),
+    ("a; b", "found ';' outside quotes"),
+    ("a | tee log", "pipe '|'"),
+    ("a |& tee log", "pipe '|&'"),
+    ("python3 train.py &", "background"),
+    ("python3 train.py > log", "redirection '>'"),
+    ("python3 train.py >> log", "redirection '>>'"),
+    ("python3 train.py < input", "redirection '<'"),
+    ("python3 train.py 2> err", "redirection '2>'"),
+    ("python3 train.py 2>&1", "redirection '2>&'"),
+    ("python3 train.py &> log", "redirection '&>'"),
+    ("echo `date`", "substitution '`'"),
+    ("echo $(date)", "substitution '$('"),
+    ("diff <(a) <(b)", "substitution '<('"),
+    ("(cd x; python3 a.py)", "subshell"),
+    ("python3 'train.py", "unclosed quote: the single quote"),
+    ('python3 "train.py', "unclosed quote: the double quote"),
+    ('bash -c "a && b\\"', "unclosed quote"),
+    ("python3 train.py # run it", "comment"),
+    ("python3 train.py\npython3 eval.py", "line break"),
+    ("python3 train.py \\\n  --lr 3", "line continuation"),
+    ("python3 train.py \\", "backslash"),
+    ("cd /data && python3 a.py", "found '&&'"),
+    ("cd /data", "set workdir: instead"),
+    ("export A=1", "set variables in env: instead"),
+    ("source env.sh", "shell builtin"),
+    ("if true", "shell keyword"),
+    ('"" python3', "empty word"),
+]
+
+
+@pytest.mark.parametrize("command", ACCEPTED_COMMANDS)
+def test_accepted_commands(command: str) -> None:
+    assert check_command(command) is None
+
+
+@pytest.mark.parametrize(("command", "fragment"), REJECTED_COMMANDS)
+def test_rejected_commands(command: str, fragment: str) -> None:
+    problem = check_command(command)
+    assert problem is not None
+    assert fragment in problem
+
+
+def test_rejected_command_suggests_bash_c() -> None:
+    assert check_command("a && b") == "one statement only: found '&&' outside quotes; wrap it: bash -c \"a && b\""
+
+
+@pytest.mark.parametrize("command", ["a && b", 'python -c "print(1)" | cat', "echo 'x' > \"y z\"", "a\\ b; c"])
+def test_suggested_wrapping_splits_back_to_the_command(command: str) -> None:
+    problem = check_command(command)
+    assert problem is not None
+    suggestion = problem.split("wrap it: ", 1)[1]
+    assert shlex.split(suggestion) == ["bash", "-c", command]
+    assert check_command(suggestion) is None
+
+
+# -- valid specs -------------------------------------------------------------------------------------------
+
+
+def test_minimal_spec_and_defaults() -> None:
+    spec = parse_jobspec("name: j\ncommand: python3 train.py --lr 3e-4\n")
+    assert spec.mode is JobMode.SINGLE
+    assert spec.type is JobType.REGULAR
+    assert spec.priority is Priority.NORMAL
+    assert (spec.nodes, spec.gpus_per_node, spec.workdir, spec.project) == (1, 1, "~", "default")
+    assert spec.access == "none"
+    assert spec.max_runtime is None and spec.hang_detect is None
+    assert spec.fault_tolerance.retries == 0
+    assert spec.argv() == ["python3", "train.py", "--lr", "3e-4"]
+    assert spec.gpu_request == [GpuRequest(None, 1)]
+
+
+def test_design_example() -> None:
+    spec = parse_jobspec(
+        "name: llama-ft\nmode: pytorch\nnodes: 2\ngpus_per_node: 8\npriority: normal\n"
+        "command: python train.py --lr 3e-4\nworkdir: /data/me/llama\nenv: {NCCL_DEBUG: INFO}\n"
+        "max_runtime: 12h\nfault_tolerance: {retries: 2}\n"
+    )
+    assert (spec.mode, spec.nodes, spec.gpus_per_node) == (JobMode.PYTORCH, 2, 8)
+    assert spec.max_runtime == 12 * 3600
+    assert spec.env == {"NCCL_DEBUG": "INFO"}
+
+
+@pytest.mark.parametrize(
+    ("resources", "expected"),
+    [
+        ("gpus_per_node: 0", [GpuRequest(None, 0)]),
+        ("spec: h100-8", [GpuRequest("h100-8", None)]),
+        ("specs: [h100-8, a100-8]", [GpuRequest("h100-8", None), GpuRequest("a100-8", None)]),
+    ],
+)
+def test_gpu_request(resources: str, expected: list[GpuRequest]) -> None:
+    spec = parse_jobspec(f"name: j\ncommand: a\n{resources}\n")
+    assert spec.gpu_request == expected
+
+
+def test_env_numbers_become_text() -> None:
+    spec = parse_jobspec("name: j\ncommand: a\nenv: {OMP_NUM_THREADS: 8, SCALE: 0.5}\n")
+    assert spec.env == {"OMP_NUM_THREADS": "8", "SCALE": "0.5"}
+
+
+def test_block_command_is_stripped() -> None:
+    spec = parse_jobspec("name: j\ncommand: |\n  python3 train.py\n")
+    assert spec.command == "python3 train.py"
+
+
+def test_node_names() -> None:
+    spec = parse_jobspec("name: j\nmode: pytorch\nnodes: 2\nnode_names: gpu[01-03]\ncommand: a\n")
+    assert spec.node_list() == ["gpu01", "gpu02", "gpu03"]
+
+
+def test_batch_tasks_argv() -> None:
+    spec = parse_jobspec("name: j\ntype: batch\ntasks:\n  - {name: a, command: 'python3 a.py --x 1', output: out/a}\n")
+    assert spec.tasks is not None and spec.tasks[0].argv() == ["python3", "a.py", "--x", "1"]
+    with pytest.raises(ValueError, match="batch job"):
+        spec.argv()
+
+
+def test_json_round_trip() -> None:
+    spec = load_jobspec(Path(__file__).resolve().parents[2] / "config" / "jobs" / "horovod.yaml")
+    data = spec.to_json()
+    assert data["fault_tolerance"]["checkpoint_resume"] == {"max_resumes": 3, "grace_period": 120.0}
+    assert JobSpec.from_json(data) == spec
+
+
+def test_model_enforces_cross_rules_too() -> None:
+    with pytest.raises(ValidationError, match="mode single runs on one node"):
+        JobSpec.model_validate({"name": "j", "command": "a", "nodes": 2})
+
+
+def test_spec_is_frozen() -> None:
+    spec = parse_jobspec("name: j\ncommand: a\n")
+    with pytest.raises(ValidationError):
+        spec.nodes = 3  # type: ignore[misc]
+
+
+# -- invalid specs -----------------------------------------------------------------------------------------
+
+BASE = "name: j\ncommand: python3 train.py\n"  # lines 1-2; cases add from line 3
+
+INVALID = [
+    (BASE + "bogus: 1\n", 3, "bogus", "unknown key"),
+    (BASE + "fault_tolerance:\n  retry: 1\n", 4, "fault_tolerance.retry", "unknown key"),
+    (BASE + "mode: pytorc\n", 3, "mode", "'pytorch'"),
+    (BASE + "nodes: 2\n", 3, "nodes", "mode single runs on one node"),
+    (BASE + "nodes: 0\n", 3, "nodes", "greater than or equal to 1"),
+    (BASE + "mode: pytorch\nnodes: '2'\n", 4, "nodes", "valid integer"),
+    (BASE + "gpus_per_node: 8\nspecs: [a]\n", 4, "specs", "give only one of gpus_per_node, spec, specs"),
+    (BASE + "spec: a\ngpus_per_node: 8\n", 4, "gpus_per_node", "spec is given already"),
+    (BASE + "gpus_per_node: 65\n", 3, "gpus_per_node", "less than or equal to 64"),
+    (BASE + "specs: []\n", 3, "specs", "at least 1 item"),
+    (BASE + "specs: [a, b, a]\n", 3, "specs", "unique: a given more than once"),
+    (BASE + "spec: 'h100 x8'\n", 3, "spec", "invalid name"),
+    (BASE + "node_names: gpu01\npool: fast\n", 3, "node_names", "cannot be combined with pool"),
+    (BASE + "driver_version: '550.54'\nnode_names: gpu01\n", 4, "node_names", "cannot be combined with driver"),
+    (BASE + "node_names: gpu[01-\n", 3, "node_names", "invalid node set"),
+    (BASE + "mode: pytorch\nnodes: 2\nnode_names: gpu01\n", 5, "node_names", "names 1 node(s)"),
+    (BASE + "driver_version: 550.50\n", 3, "driver_version", "in quotes"),
+    (BASE + "mode: pytorch\nps_count: 1\n", 4, "ps_count", "only for mode tensorflow"),
+    (BASE + "fault_tolerance:\n  retries: 4\n", 4, "fault_tolerance.retries", "less than or equal to 3"),
+    (
+        BASE + "fault_tolerance:\n  max_restarts: 2\n  checkpoint_resume:\n    max_resumes: 1\n",
+        5,
+        "fault_tolerance.checkpoint_resume",
+        "mutually exclusive",
+    ),
+    (
+        BASE + "fault_tolerance:\n  restart_exit_codes: [1]\n",
+        4,
+        "fault_tolerance.restart_exit_codes",
+        "needs max_restarts",
+    ),
+    (
+        BASE + "fault_tolerance:\n  max_restarts: 1\n  restart_exit_codes: [0]\n",
+        5,
+        "fault_tolerance.restart_exit_codes[0]",
+        "greater than or equal to 1",
+    ),
+    (
+        BASE + "mode: pytorch\nnodes: 2\nfault_tolerance:\n  elastic: {min_nodes: 3}\n",
+        6,
+        "fault_tolerance.elastic.min_nodes",
+        "must not exceed nodes (2)",
+    ),
+    (
+        BASE + "mode: pytorch\nnodes: 4\nfault_tolerance:\n  elastic:\n    min_nodes: 2\n    max_nodes: 3\n",
+        8,
+        "fault_tolerance.elastic.max_nodes",
+        "at least nodes (4)",
+    ),
+    (BASE + "fault_tolerance:\n  elastic: {min_nodes: 1}\n", 4, "fault_tolerance.elastic", "distributed mode"),
+    (
+        BASE + "fault_tolerance:\n  checkpoint_resume: {max_resumes: 1, grace_period: soon}\n",
+        4,
+        "fault_tolerance.checkpoint_resume.grace_period",
+        "duration",
+    ),
+    (BASE + "env:\n  MASTER_ADDR: x\n", 4, "env.MASTER_ADDR", "set by the launcher"),
+    (BASE + "env:\n  OK: a\n  FT_JOB: x\n", 5, "env.FT_JOB", "reserved for ftconsole"),
+    (BASE + "env:\n  2FAST: x\n", 4, "env.2FAST", "invalid variable name"),
+    (BASE + "env:\n  FLAG: yes\n", 4, "env.FLAG", "boolean"),
+    (BASE + "type: batch\n", 2, "command", "batch job runs its tasks' commands"),
+    ("name: j\ntype: batch\n", 2, "type", "needs tasks"),
+    ("name: j\ntype: batch\ntasks: []\n", 3, "tasks", "at least 1 item"),
+    (BASE + "tasks:\n  - {name: a, command: b, output: a}\n", 3, "tasks", "tasks are for type: batch"),
+    ("name: j\n", 1, "command", "command is required"),
+    ("command: a\n", 1, "name", "Field required"),
+    (
+        "name: j\ntype: batch\ntasks:\n  - name: a\n    command: a\n    output: ../x\n",
+        6,
+        "tasks[0].output",
+        "'..' is not allowed",
+    ),
+    (
+        "name: j\ntype: batch\ntasks:\n  - {name: a, command: a, output: /abs}\n",
+        4,
+        "tasks[0].output",
+        "must be a sub-folder",
+    ),
+    (
+        "name: j\ntype: batch\ntasks:\n  - {name: a, command: a, output: a}\n  - {name: a, command: b, output: b}\n",
+        5,
+        "tasks[1].name",
+        "duplicate task name 'a' (also tasks[0])",
+    ),
+    (
+        "name: j\ntype: batch\ntasks:\n  - {name: a, command: a, output: x}\n  - {name: b, command: b, output: x/}\n",
+        5,
+        "tasks[1].output",
+        "used by tasks[0]",
+    ),
+    (
+        "name: j\ntype: batch\ntasks:\n  - name: a\n    command: a && b\n    output: a\n",
+        5,
+        "tasks[0].command",
+        "found '&&'",
+    ),
+    (BASE.replace("python3 train.py", "KEY=VALUE python3 train.py"), 2, "command", "set variables in env"),
+    (BASE + "max_runtime: 12 hours\n", 3, "max_runtime", "duration"),
+    (BASE + "max_runtime: 0s\n", 3, "max_runtime", "greater than 0"),
+    (BASE + "hang_detect: -5\n", 3, "hang_detect", "negative"),
+    (BASE + "hang_detect: -5m\n", 3, "hang_detect", "duration"),
+    ("name: 'my job'\ncommand: a\n", 1, "name", "invalid name"),
+    ("name: " + "x" * 65 + "\ncommand: a\n", 1, "name", "invalid name"),
+    ("name: -j\ncommand: a\n", 1, "name", "starting with a letter or digit"),
+    (BASE + "priority: asap\n", 3, "priority", "'very-urgent'"),
+    (BASE + "access: everyone\n", 3, "access", "'read-only'"),
+    (BASE + "type: cron\n", 3, "type", "'batch'"),
+    (BASE + "hooks:\n  during: x\n", 4, "hooks.during", "unknown key"),
+    (BASE + "workdir: ''\n", 3, "workdir", "must not be empty"),
+    (BASE + "name: k\n", 3, "name", "duplicate key"),
+    ("- a\n- b\n", 1, "", "mapping"),
+    ("name: [\n", 2, "", "YAML syntax"),
+]
+
+
+@pytest.mark.parametrize(("text", "line", "path", "message"), INVALID)
+def test_problems_name_file_line_and_key(tmp_path: Path, text: str, line: int, path: str, message: str) -> None:
+    p = tmp_path / "job.yaml"
+    p.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_jobspec(p)
+    problems = info.value.problems
+    assert any(pr.line == line and pr.path == path and message in pr.message for pr in problems), problems
+    assert all(pr.file == str(p) for pr in problems)
+
+
+def test_all_problems_reported_at_once() -> None:
+    text = (
+        "name: j\n"  # 1
+        "mode: pytorch\n"  # 2
+        "nodes: 2\n"  # 3
+        "gpus_per_node: 8\n"  # 4
+        "specs: [a]\n"  # 5
+        "ps_count: 1\n"  # 6
+        "env: {RANK: '0'}\n"  # 7
+        "command: a && b\n"  # 8
+        "fault_tolerance:\n"  # 9
+        "  retries: 4\n"  # 10
+        "  max_restarts: 1\n"  # 11
+        "  checkpoint_resume: {max_resumes: 1}\n"  # 12
+        "max_runtime: forever\n"  # 13
+    )
+    with pytest.raises(ConfigError) as info:
+        parse_jobspec(text, "job.yaml")
+    found = [(p.line, p.path) for p in info.value.problems]
+    assert found == [
+        (5, "specs"),
+        (6, "ps_count"),
+        (7, "env.RANK"),
+        (8, "command"),
+        (10, "fault_tolerance.retries"),
+        (12, "fault_tolerance.checkpoint_resume"),
+        (13, "max_runtime"),
+    ]
+    assert all(p.file == "job.yaml" for p in info.value.problems)
+    assert "job.yaml:8: command: one statement only" in str(info.value)
+
+
+def test_a_key_faulted_by_the_model_is_not_faulted_again() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_jobspec("name: j\ncommand: a\nnodes: 0\n")
+    assert [p.path for p in info.value.problems] == ["nodes"]
+
+
+def test_cross_problems_skip_values_of_the_wrong_type() -> None:
+    data = {"mode": ["x"], "type": ["batch"], "nodes": "2", "fault_tolerance": 3, "env": [1], "node_names": 5}
+    assert cross_problems(data) == []
+    data = {"type": "batch", "tasks": ["x", {"name": 1, "output": None}], "fault_tolerance": {"elastic": 1}}
+    assert cross_problems(data) == [
+        (("fault_tolerance", "elastic"), "elastic needs a distributed mode (mode single runs on one node)")
+    ]
+    assert cross_problems(["not", "a", "mapping"]) == []
+
+
+def test_missing_file() -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_jobspec("/nonexistent/job.yaml")
+
+
+# -- example job files -------------------------------------------------------------------------------------
+
+JOB_FILES = sorted((Path(__file__).resolve().parents[2] / "config" / "jobs").glob("*.yaml"))
+
+
+def test_example_job_files_exist() -> None:
+    names = {p.name for p in JOB_FILES}
+    assert {"pytorch.yaml", "single.yaml", "batch.yaml", "horovod.yaml", "tensorflow-ps.yaml"} <= names
+
+
+@pytest.mark.parametrize("path", JOB_FILES, ids=lambda p: p.name)
+def test_example_job_file_loads(path: Path) -> None:
+    spec = load_jobspec(path)
+    assert JobSpec.from_json(spec.to_json()) == spec
+
+
+def test_pytorch_example_is_two_nodes_of_eight() -> None:
+    spec = load_jobspec(Path(__file__).resolve().parents[2] / "config" / "jobs" / "pytorch.yaml")
+    assert (spec.mode, spec.nodes, spec.gpu_request) == (JobMode.PYTORCH, 2, [GpuRequest(None, 8)])
