@@ -84,12 +84,12 @@ async def _call(
     line = next((ln for ln in reversed(result.stdout.splitlines()) if ln.startswith("{")), None)
     if line is None:
         raise SupervisorError(f"{node.name}: supervisor printed nothing ({result.describe_failure()})")
-    doc = json.loads(line)
+    doc: dict[str, Any] = json.loads(line)
     if doc.get("supervisor") != SUPERVISOR_PROTOCOL:
         raise SupervisorError(f"{node.name}: unknown supervisor protocol {doc.get('supervisor')!r}")
     if "error" in doc:
         raise SupervisorError(f"{node.name}: {params['action']} failed: {doc['error']}")
-    return doc  # type: ignore[no-any-return]
+    return doc
 
 
 async def start_run(

@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any, Dict, List  # noqa: F401  (used in type comments: this file runs on Python 3.8)
 
 PROTOCOL = 1
 STATUS = "status.json"
@@ -93,7 +94,7 @@ def _supervise(run_dir, params):
     status_path = os.path.join(run_dir, STATUS)
     status = _read_json(status_path) or {}
     grace = float(params.get("grace") or 30)
-    state = {"child": None, "stopping": False}
+    state = {"child": None, "stopping": False}  # type: Dict[str, Any]
 
     def on_stop(signum, frame):
         status["stop_requested"] = time.time()
@@ -203,7 +204,7 @@ def _with_liveness(status):
 
 def runs(params):
     root = _expand(params.get("root") or "~/.ftconsole/runs")
-    out = []
+    out = []  # type: List[Dict[str, Any]]
     if not os.path.isdir(root):
         return {"root": root, "runs": out}
     for job in sorted(os.listdir(root)):
@@ -222,7 +223,7 @@ def runs(params):
 
 
 def stop(params):
-    out = []
+    out = []  # type: List[Dict[str, Any]]
     for run_dir in params.get("run_dirs") or []:
         run_dir = _expand(run_dir)
         status = _read_json(os.path.join(run_dir, STATUS))
