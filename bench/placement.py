@@ -1,0 +1,161 @@
+"""Benchmark: one full placement pass over a large cluster and a long queue.
+
+    .venv/bin/python bench/placement.py [--nodes 1000] [--jobs 10000] [--repeat 5] [--seed 1] [--profile]
+
+Builds N nodes of 8 GPUs (four pools, three GPU models, two drivers, a few unhealthy; about 40% of the nodes
+partly or fully used by running jobs, most with an end time, some without; then the same cluster idle) and a
+queue of mixed jobs (1, 2, 4 or 8 GPUs per node on 1..16 nodes, mostly small; normal, urgent and very-urgent;
+some requeued, some with two candidate specs, pool, model or driver constraints, most with a max_runtime).
+It times `plan` (median of `--repeat` passes; each pass starts from the same state) and prints:
+
+- pass s: the median wall time of one pass;
+- placed: jobs the pass starts now; waiting: the others (with a reason each);
+- placed/s: jobs placed per second of pass time; decided/s: jobs decided (placed or waiting) per second;
+- slurm ref/s: Slurm's documented sustained rate of about 500 jobs/s, for scale (its figure is for a whole
+  scheduler with launches, this one for the placement decision alone).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from ftconsole.format import print_table  # noqa: E402
+from scheduler.placement import (  # noqa: E402
+    Allocation,
+    Candidate,
+    ClusterState,
+    JobRequest,
+    NodeSlot,
+    Place,
+    Priority,
+    plan,
+)
+
+POOLS = ("train", "train", "research", "infer", "dev")
+MODELS = ("H100", "H100", "A100", "H200")
+DRIVERS = ("550.54.15", "535.161.08")
+SLURM_JOBS_PER_S = 500
+NOW = 1_000_000.0
+
+
+def build_cluster(count: int, rng: random.Random, busy: float = 0.4) -> ClusterState:
+    nodes, allocations = [], []
+    for i in range(count):
+        name = f"gpu{i:04d}"
+        nodes.append(
+            NodeSlot(
+                name,
+                rng.choice(POOLS),
+                rng.choice(MODELS),
+                rng.choice(DRIVERS),
+                8,
+                state_ok=rng.random() > 0.03,
+            )
+        )
+        if rng.random() < busy:
+            used = rng.choice([1, 2, 4, 6, 8])
+            ends = None if rng.random() < 0.1 else NOW + rng.uniform(60, 48 * 3600)
+            priority = Priority.URGENT if rng.random() < 0.05 else Priority.NORMAL
+            allocations.append(Allocation(f"run{i}", name, tuple(range(used)), ends, f"proj{i % 20}", priority))
+    return ClusterState(tuple(nodes), tuple(allocations))
+
+
+def build_queue(count: int, rng: random.Random) -> list[JobRequest]:
+    return [build_job(i, rng) for i in range(count)]
+
+
+def build_job(i: int, rng: random.Random) -> JobRequest:
+    gpus = rng.choices([1, 2, 4, 8], weights=[3, 2, 2, 3])[0]
+    nodes = 1 if gpus < 8 and rng.random() < 0.7 else rng.choices([1, 2, 4, 8, 16], weights=[4, 3, 2, 1, 1])[0]
+    model = rng.choice([None, None, *MODELS])
+    candidates = [Candidate(f"{gpus}x{model or 'any'}", gpus, model)]
+    if rng.random() < 0.15:
+        candidates.append(Candidate("fallback", max(1, gpus // 2), rng.choice(MODELS)))
+    return JobRequest(
+        id=f"job{i:05d}",
+        priority=rng.choices(list(Priority), weights=[85, 12, 3])[0],
+        submitted_at=NOW - rng.uniform(0, 7 * 86400),
+        requeued=rng.random() < 0.02,
+        project=f"proj{rng.randrange(20)}",
+        nodes=nodes,
+        candidates=tuple(candidates),
+        pool=rng.choice([None, None, *POOLS]),
+        driver_version=rng.choice([None, None, None, *DRIVERS]),
+        max_runtime=None if rng.random() < 0.2 else rng.uniform(600, 24 * 3600),
+    )
+
+
+def time_pass(state: ClusterState, queue: list[JobRequest], repeat: int) -> tuple[float, int, int]:
+    times = []
+    placed = decided = 0
+    for _ in range(repeat):
+        start = time.perf_counter()
+        decisions = plan(state, queue, NOW, urgent_cap=3)
+        times.append(time.perf_counter() - start)
+        placed = sum(1 for d in decisions if isinstance(d, Place))
+        decided = len(decisions)
+    return statistics.median(times), placed, decided
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--profile", action="store_true", help="print a cProfile of one pass")
+    args = parser.parse_args()
+
+    rows = []
+    for label, busy in (("40% busy", 0.4), ("idle", 0.0)):
+        rng = random.Random(args.seed)
+        state = build_cluster(args.nodes, rng, busy)
+        queue = build_queue(args.jobs, rng)
+        if args.profile:
+            print(f"--- {label}")
+            profiler = cProfile.Profile()
+            profiler.runcall(plan, state, queue, NOW, urgent_cap=3)
+            pstats.Stats(profiler).sort_stats("cumulative").print_stats(15)
+        seconds, placed, decided = time_pass(state, queue, args.repeat)
+        rows.append(
+            [
+                label,
+                args.nodes,
+                8 * args.nodes,
+                args.jobs,
+                f"{seconds:.3f}",
+                placed,
+                decided - placed,
+                f"{placed / seconds:,.0f}",
+                f"{decided / seconds:,.0f}",
+                SLURM_JOBS_PER_S,
+            ]
+        )
+    headers = [
+        "cluster",
+        "nodes",
+        "gpus",
+        "jobs",
+        "pass s",
+        "placed",
+        "waiting",
+        "placed/s",
+        "decided/s",
+        "slurm ref/s",
+    ]
+    print_table(headers, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
