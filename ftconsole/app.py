@@ -242,6 +242,8 @@ class ConsoleApp(App[int]):
     def _tick(self) -> None:
         if self.data_time is None:
             return
+        with self.batch_update():  # ages move on between refreshes; only the changed cells are touched
+            self.query_one(NodesTable).apply(list(self.views.values()), time.time())
         counts: dict[str, int] = {}
         for v in self.views.values():
             counts[v["state"]] = counts.get(v["state"], 0) + 1

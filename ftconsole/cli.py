@@ -67,8 +67,10 @@ def cmd_probe(args: argparse.Namespace) -> int:
             else:
                 bad = [c for c in r["checks"] if c["status"] in ("fail", "warn")]
                 detail = "; ".join(f"{c['name']} {c['status']}: {c['message']}" for c in bad) or "all checks pass"
-            rows.append([r["name"], r["state"], gpu_summary(r["gpus"]), f"{r['duration_s'] or 0:.2f}s", detail])
-        print_table(["NODE", "STATE", "GPUS", "TIME", "DETAIL"], rows)
+            rows.append(
+                [r["name"], r["state"], gpu_summary(r["gpus"]), f"{(r['duration_s'] or 0) * 1000:.0f}ms", detail]
+            )
+        print_table(["NODE", "STATE", "GPUS", "AGENT", "DETAIL"], rows)
     return 0 if all(r["state"] == "healthy" for r in results) else 1
 
 

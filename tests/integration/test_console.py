@@ -67,6 +67,9 @@ async def test_readonly_console_cannot_drain(tmp_path: Path) -> None:
         app = ConsoleApp(load_config(lab.config_path), readonly=True)
         async with app.run_test(size=SIZE) as pilot:
             await wait_for(pilot, lambda: set(states(app).values()) == {"healthy"}, "the first probe")
+            # the probe age moves on by itself between probes (the interval is a minute)
+            table = app.query_one(NodesTable)
+            await wait_for(pilot, lambda: table.get_cell("lab01", "probed") not in ("0s", "never"), "the age to tick")
             await pilot.press("d")
             await pilot.pause(0.2)
             assert not any(v["state"] == "drained" for v in app.views.values())
