@@ -102,6 +102,43 @@ def cmd_nodes(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_predict(args: argparse.Namespace) -> int:
+    from scheduler.jobspec import load_jobspec
+    from scheduler.placement import Place
+
+    spec = load_jobspec(Path(args.job))  # ConfigError: every problem with its line, exit 2
+    loaded = _loaded(args)
+
+    async def go() -> Any:
+        async with ClusterService.open(loaded) as svc:
+            return await svc.predict(spec)
+
+    decision = asyncio.run(go())
+    if isinstance(decision, Place):
+        nodes = [{"node": node, "gpus": list(gpus)} for node, gpus in decision.nodes]
+        if args.json:
+            print_json({"job": spec.name, "starts_now": True, "nodes": nodes})
+        else:
+            where = ", ".join(f"{n['node']} (GPUs {','.join(map(str, n['gpus']))})" for n in nodes)
+            print(f"{spec.name}: starts now on {where}")
+        return 0
+    if args.json:
+        print_json(
+            {
+                "job": spec.name,
+                "starts_now": False,
+                "reason": decision.reason,
+                "cause": decision.cause.value,
+                "position": decision.position,
+                "ahead": list(decision.ahead),
+                "earliest_start": decision.earliest_start,
+            }
+        )
+    else:
+        print(f"{spec.name}: would wait (queue position {decision.position}): {decision.reason}")
+    return 0
+
+
 def cmd_drain(args: argparse.Namespace) -> int:
     return _admin(args, lambda svc: svc.drain(args.node, reason=args.reason or "", by=local_user()))
 
@@ -241,6 +278,10 @@ def build_parser() -> argparse.ArgumentParser:
     nodes.add_argument("nodeset", nargs="?", help="node set expression (default: all)")
     nodes.add_argument("--state", action="append", metavar="STATE", help="only nodes in this state (repeatable)")
     nodes.set_defaults(func=cmd_nodes)
+
+    predict = sub.add_parser("predict", parents=[common, listing], help="would a job start now, or why it would wait")
+    predict.add_argument("job", metavar="JOB.yaml", help="job spec file")
+    predict.set_defaults(func=cmd_predict)
 
     drain = sub.add_parser("drain", parents=[common, listing], help="take nodes out of scheduling, with a reason")
     drain.add_argument("node", help="node name or node set expression")

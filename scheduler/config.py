@@ -143,6 +143,15 @@ class PoolSettings(_Strict):
     thresholds: PartialThresholds = PartialThresholds()
 
 
+class NodeSpecSettings(_Strict):
+    """A named node spec that jobs ask for with `spec:` / `specs:` (seed 003)."""
+
+    gpus_per_node: int = Field(ge=1, le=64)
+    gpu_model: str | None = None
+    pool: str | None = None
+    description: str = ""
+
+
 class NodeGroup(_Strict):
     name: str
     host: str | None = None
@@ -182,6 +191,7 @@ class ClusterConfig(_Strict):
     nodes: list[NodeGroup] = []
     pools: dict[str, PoolSettings] = {}
     admins: list[str] = []
+    specs: dict[str, NodeSpecSettings] = {}
     probes: ProbeSettings = ProbeSettings()
 
     def cross_problems(self) -> list[tuple[tuple[Any, ...], str]]:
@@ -201,6 +211,9 @@ class ClusterConfig(_Strict):
                         f"pool {group.pool!r} is not defined under pools (defined: {', '.join(sorted(self.pools))})",
                     )
                 )
+        for name, spec in self.specs.items():
+            if spec.pool is not None and self.pools and spec.pool not in self.pools:
+                out.append((("specs", name, "pool"), f"pool {spec.pool!r} is not defined under pools"))
         for admin in self.admins:
             if not admin or any(c.isspace() for c in admin):
                 out.append((("admins",), f"invalid user name {admin!r}"))

@@ -1,0 +1,69 @@
+"""From what users and probes say to what placement reads (pure conversions).
+
+`job_request` turns a job spec into a placement `JobRequest`, resolving named specs against the cluster
+config; `node_slot` turns a node's stored view (state and last probe) into a `NodeSlot`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scheduler.config import ClusterConfig, expand_nodeset
+from scheduler.errors import UsageError
+from scheduler.jobspec import JobSpec
+from scheduler.placement import Candidate, JobRequest, NodeSlot, Priority
+
+
+def candidates(spec: JobSpec, config: ClusterConfig) -> tuple[Candidate, ...]:
+    out = []
+    for request in spec.gpu_request:
+        if request.spec is None:
+            gpus = request.gpus_per_node or 0
+            if gpus < 1:
+                raise UsageError(f"job {spec.name}: placement needs at least 1 GPU per node (gpus_per_node: {gpus})")
+            out.append(Candidate(None, gpus, spec.gpu_model))
+            continue
+        named = config.specs.get(request.spec)
+        if named is None:
+            defined = ", ".join(sorted(config.specs)) or "none"
+            raise UsageError(
+                f"job {spec.name}: spec {request.spec!r} is not defined in the cluster config (defined: {defined})"
+            )
+        out.append(Candidate(request.spec, named.gpus_per_node, named.gpu_model or spec.gpu_model))
+    return tuple(out)
+
+
+def job_request(spec: JobSpec, config: ClusterConfig, *, job_id: str, now: float, requeued: bool = False) -> JobRequest:
+    pool = spec.pool
+    if pool is None and spec.spec is not None:
+        pool = config.specs[spec.spec].pool if spec.spec in config.specs else None
+    return JobRequest(
+        id=job_id,
+        priority=Priority.parse(spec.priority.value),
+        submitted_at=now,
+        requeued=requeued,
+        project=spec.project,
+        nodes=spec.nodes,
+        candidates=candidates(spec, config),
+        pool=pool,
+        node_names=frozenset(expand_nodeset(spec.node_names)) if spec.node_names else None,
+        driver_version=spec.driver_version,
+        max_runtime=spec.max_runtime,
+    )
+
+
+def node_slot(view: dict[str, Any]) -> NodeSlot:
+    """A node as placement sees it, from `NodeView.to_json()`: GPUs and driver from its last report."""
+    gpus = view.get("gpus") or []
+    models = {g.get("name") for g in gpus if g.get("name")}
+    facts = view.get("facts") or {}
+    return NodeSlot(
+        name=view["name"],
+        pool=view["pool"],
+        gpu_model=models.pop() if len(models) == 1 else "",
+        driver_version=facts.get("driver_version") or "",
+        gpus_total=len(gpus),
+        state_ok=view["state"] == "healthy",
+        labels=frozenset(f"{k}={v}" for k, v in (view.get("labels") or {}).items()),
+        degraded=view["state"] == "degraded",
+    )
