@@ -51,7 +51,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import fcntl
-import getpass
 import json
 import logging
 import os
@@ -76,6 +75,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from scheduler import yamlfile
 from scheduler.config import ClusterConfig, expand_nodeset
 from scheduler.errors import ConfigError, FtError, LabError, Problem
+from scheduler.ssh import local_user
 
 log = logging.getLogger("ftconsole.lab")
 
@@ -517,13 +517,6 @@ def _write_atomic(path: Path, text: str | bytes, mode: int = 0o644) -> None:
     finally:
         os.close(fd)
     os.replace(tmp, path)
-
-
-def _current_user() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return str(os.getuid())
 
 
 def _load_or_create_key(path: Path, *, public: Path | None = None) -> asyncssh.SSHKey:
@@ -1088,8 +1081,8 @@ class LabNode:
         self._host_key: asyncssh.SSHKey | None = None
         self._env = {
             **{k: os.environ[k] for k in _INHERITED_ENV if k in os.environ},
-            "USER": _current_user(),
-            "LOGNAME": _current_user(),
+            "USER": local_user(),
+            "LOGNAME": local_user(),
             "HOME": str(self.home),
             "FTCONSOLE_SIM_GPUS": str(self.gpus_path),
             "FTCONSOLE_LAB_NODE": spec.name,
@@ -1217,7 +1210,7 @@ class LabCluster:
             LabNode(spec, self.paths, self.layout.driver_version) for spec in plan_nodes(self.layout, nodes)
         )
         self.started = ""
-        self.user = _current_user()
+        self.user = local_user()
         self._lock = PidLock(self.paths.lock)
         self._authorized: asyncssh.SSHAuthorizedKeys | None = None
         self._running = False

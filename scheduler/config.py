@@ -247,13 +247,6 @@ class ClusterConfig(_Strict):
         overrides = settings.thresholds.model_dump(exclude_none=True)
         return base.model_copy(update=overrides)
 
-    def path(self, value: str) -> Path:
-        return Path(os.path.expanduser(value))
-
-    @property
-    def state_path(self) -> Path:
-        return self.path(self.state_dir)
-
 
 @dataclass(frozen=True)
 class LoadedConfig:

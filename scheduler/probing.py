@@ -7,9 +7,7 @@ Python string literal (`repr` of a JSON document), never through a shell.
 
 from __future__ import annotations
 
-import asyncio
 import functools
-import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +17,7 @@ import probes
 from probes.results import AgentOutputError, ProbeReport, parse_report
 from scheduler.config import ClusterConfig, Node
 from scheduler.errors import AuthError, CommandTimeout, FtError, HostKeyError, SSHError, UnreachableError
-from scheduler.ssh import Transport
+from scheduler.ssh import Transport, python_stdin_script, run_on_all
 
 
 @functools.cache
@@ -40,8 +38,7 @@ def agent_params(config: ClusterConfig, node: Node, *, checks: Sequence[str] | N
 
 
 def agent_script(params: dict[str, Any]) -> str:
-    header = f"import json\nPARAMS = json.loads({json.dumps(params)!r})\n"
-    return header + agent_source()
+    return python_stdin_script(agent_source(), params)
 
 
 @dataclass(frozen=True)
@@ -75,16 +72,8 @@ async def sweep(
     limit: int = 512,
 ) -> dict[str, ProbeReport | ProbeFailure]:
     """Probe every node concurrently; a node that hangs costs its own timeout, not the sweep's."""
-    slots = asyncio.Semaphore(limit)
-
-    async def one(node: Node) -> tuple[str, ProbeReport | ProbeFailure]:
-        async with slots:
-            try:
-                return node.name, await probe_node(transport, config, node, checks=checks)
-            except FtError as exc:
-                return node.name, failure_of(exc)
-
-    return dict(await asyncio.gather(*(one(n) for n in nodes)))
+    results = await run_on_all(nodes, lambda node: probe_node(transport, config, node, checks=checks), limit=limit)
+    return {name: failure_of(r) if isinstance(r, FtError) else r for name, r in results.items()}
 
 
 def failure_of(exc: FtError) -> ProbeFailure:

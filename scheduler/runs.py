@@ -15,7 +15,7 @@ from typing import Any
 
 from scheduler.config import Node
 from scheduler.errors import FtError
-from scheduler.ssh import Transport
+from scheduler.ssh import Transport, python_stdin_script
 
 SUPERVISOR_PROTOCOL = 1
 DEFAULT_RUN_ROOT = "~/.ftconsole/runs"
@@ -31,7 +31,7 @@ def supervisor_source() -> str:
 
 
 def supervisor_script(params: dict[str, Any]) -> str:
-    return f"import json\nPARAMS = json.loads({json.dumps(params)!r})\n" + supervisor_source()
+    return python_stdin_script(supervisor_source(), params)
 
 
 @dataclass(frozen=True)

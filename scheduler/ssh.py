@@ -17,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import getpass
+import json
 import os
 import random
 import shlex
@@ -29,7 +31,7 @@ from typing import Protocol, TypeVar
 import asyncssh
 
 from scheduler.config import LoadedConfig, Node, SSHSettings
-from scheduler.errors import AuthError, CommandTimeout, HostKeyError, SSHError, UnreachableError
+from scheduler.errors import AuthError, CommandTimeout, FtError, HostKeyError, SSHError, UnreachableError
 
 BACKOFF_BASE_S = 1.0
 BACKOFF_MAX_S = 60.0
@@ -71,6 +73,11 @@ def remote_command(argv: Sequence[str]) -> str:
     if not argv:
         raise ValueError("empty argv")
     return shlex.join(str(a) for a in argv)
+
+
+def python_stdin_script(source: str, params: dict[str, object]) -> str:
+    """A node-side program for `python3 -`, its parameters prepended as a Python string literal (no shell)."""
+    return f"import json\nPARAMS = json.loads({json.dumps(params)!r})\n" + source
 
 
 # -- host keys -----------------------------------------------------------------------------------------------
@@ -357,15 +364,17 @@ T = TypeVar("T")
 
 async def run_on_all(
     nodes: Iterable[Node], action: Callable[[Node], Awaitable[T]], *, limit: int = 256
-) -> dict[str, T | SSHError]:
-    """Run `action` on every node concurrently (at most `limit` at once); collect results or our errors."""
+) -> dict[str, T | FtError]:
+    """Run `action` on every node concurrently (at most `limit` at once); collect results or our errors.
+
+    A node that hangs costs its own timeout, not the others'."""
     slots = asyncio.Semaphore(limit)
 
-    async def one(node: Node) -> tuple[str, T | SSHError]:
+    async def one(node: Node) -> tuple[str, T | FtError]:
         async with slots:
             try:
                 return node.name, await action(node)
-            except SSHError as exc:
+            except FtError as exc:
                 return node.name, exc
 
     pairs = await asyncio.gather(*(one(n) for n in nodes))
@@ -373,6 +382,8 @@ async def run_on_all(
 
 
 def local_user() -> str:
-    import getpass
-
-    return os.environ.get("USER") or getpass.getuser()
+    """Who runs this process: $USER, else the password database, else the numeric uid."""
+    try:
+        return os.environ.get("USER") or getpass.getuser()
+    except (KeyError, OSError):
+        return str(os.getuid())

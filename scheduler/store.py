@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
-import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -215,14 +214,6 @@ class Store:
         }
 
     # -- events ------------------------------------------------------------------------------------------
-
-    async def add_event(
-        self, kind: str, message: str, *, node: str | None = None, job: str | None = None, **data: Any
-    ) -> None:
-        await self._db.execute(
-            "INSERT INTO events (time, kind, node, job, message, data) VALUES (?, ?, ?, ?, ?, ?)",
-            (time.time(), kind, node, job, message, json.dumps(data)),
-        )
 
     async def events(self, *, node: str | None = None, job: str | None = None, limit: int = 100) -> list[StoredEvent]:
         where, args = [], []

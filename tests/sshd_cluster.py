@@ -33,7 +33,6 @@ Or, in a test, the ``sshd_cluster`` fixture (``tests/conftest.py`` imports ``ssh
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import os
 import pwd
@@ -51,6 +50,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from ftconsole.lab import deep_merge
 
 SSHD = "/usr/sbin/sshd"
 SSHD_MISSING = "OpenSSH sshd not installed (/usr/sbin/sshd); apt-get install openssh-server"
@@ -92,17 +93,6 @@ def gpu_data(count: int, *, driver_version: str = DRIVER_VERSION, **fields: Any)
         gpu.update(fields)
         gpus.append(gpu)
     return {"driver_version": driver_version, "gpus": gpus}
-
-
-def deep_merge(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of `base` with `overrides` merged in: mappings are merged key by key, anything else replaces."""
-    out = copy.deepcopy(dict(base))
-    for key, value in overrides.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = deep_merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
 
 
 def current_user() -> str:

@@ -64,7 +64,7 @@ def test_write_config_is_a_valid_cluster_config(sshd_cluster, tmp_path: Path) ->
     assert [(n.name, n.host, n.port, n.user) for n in loaded.node_list()] == [
         (n.name, n.address, n.port, cluster.user) for n in cluster
     ]
-    assert loaded.state_path == cluster.state_dir
+    assert load_config(path).state_dir == cluster.state_dir
 
 
 def test_hang_and_unhang(sshd_cluster) -> None:
