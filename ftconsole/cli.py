@@ -11,11 +11,11 @@ import argparse
 import asyncio
 import os
 import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ftconsole import jobs_cli
 from ftconsole.format import age, gpu_summary, print_json, print_table
 from scheduler.config import LoadedConfig, find_config, load_config
 from scheduler.errors import ConfigError, FtError
@@ -102,43 +102,6 @@ def cmd_nodes(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_predict(args: argparse.Namespace) -> int:
-    from scheduler.jobspec import load_jobspec
-    from scheduler.placement import Place
-
-    spec = load_jobspec(Path(args.job))  # ConfigError: every problem with its line, exit 2
-    loaded = _loaded(args)
-
-    async def go() -> Any:
-        async with ClusterService.open(loaded) as svc:
-            return await svc.predict(spec)
-
-    decision = asyncio.run(go())
-    if isinstance(decision, Place):
-        nodes = [{"node": node, "gpus": list(gpus)} for node, gpus in decision.nodes]
-        if args.json:
-            print_json({"job": spec.name, "starts_now": True, "nodes": nodes})
-        else:
-            where = ", ".join(f"{n['node']} (GPUs {','.join(map(str, n['gpus']))})" for n in nodes)
-            print(f"{spec.name}: starts now on {where}")
-        return 0
-    if args.json:
-        print_json(
-            {
-                "job": spec.name,
-                "starts_now": False,
-                "reason": decision.reason,
-                "cause": decision.cause.value,
-                "position": decision.position,
-                "ahead": list(decision.ahead),
-                "earliest_start": decision.earliest_start,
-            }
-        )
-    else:
-        print(f"{spec.name}: would wait (queue position {decision.position}): {decision.reason}")
-    return 0
-
-
 def cmd_drain(args: argparse.Namespace) -> int:
     return _admin(args, lambda svc: svc.drain(args.node, reason=args.reason or "", by=local_user()))
 
@@ -160,30 +123,6 @@ def _admin(args: argparse.Namespace, action: Callable[[ClusterService], Any]) ->
     else:
         for h in healths:
             print(f"{h.node}: {h.state.value}" + (f" ({h.admin_reason})" if h.admin_reason else ""))
-    return 0
-
-
-def cmd_events(args: argparse.Namespace) -> int:
-    loaded = _loaded(args)
-
-    async def go() -> list[dict[str, Any]]:
-        async with ClusterService.open(loaded) as svc:
-            return [e.to_json() for e in await svc.events(node=args.node, limit=args.limit)]
-
-    events = asyncio.run(go())
-    if args.json:
-        print_json(events)
-    else:
-        rows = [
-            [
-                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["time"])),
-                e["node"] or e["job"] or "-",
-                e["kind"],
-                e["message"],
-            ]
-            for e in events
-        ]
-        print_table(["TIME", "OBJECT", "KIND", "MESSAGE"], rows)
     return 0
 
 
@@ -279,10 +218,6 @@ def build_parser() -> argparse.ArgumentParser:
     nodes.add_argument("--state", action="append", metavar="STATE", help="only nodes in this state (repeatable)")
     nodes.set_defaults(func=cmd_nodes)
 
-    predict = sub.add_parser("predict", parents=[common, listing], help="would a job start now, or why it would wait")
-    predict.add_argument("job", metavar="JOB.yaml", help="job spec file")
-    predict.set_defaults(func=cmd_predict)
-
     drain = sub.add_parser("drain", parents=[common, listing], help="take nodes out of scheduling, with a reason")
     drain.add_argument("node", help="node name or node set expression")
     drain.add_argument("--reason", "-r", required=True, help="why (shown to everyone on call)")
@@ -292,10 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     resume.add_argument("node", help="node name or node set expression")
     resume.set_defaults(func=cmd_resume)
 
-    events = sub.add_parser("events", parents=[common, listing], help="the cluster's timeline")
-    events.add_argument("--node", help="only events of this node")
-    events.add_argument("--limit", type=int, default=100, help="at most this many, newest last (default 100)")
-    events.set_defaults(func=cmd_events)
+    jobs_cli.add_parsers(sub, common, listing)
 
     lab_parser = sub.add_parser("lab", help="the local lab cluster (SSH servers on 127.0.0.1)")
     lab_sub = lab_parser.add_subparsers(dest="lab_command", metavar="SUBCOMMAND", required=True)

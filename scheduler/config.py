@@ -152,6 +152,29 @@ class NodeSpecSettings(_Strict):
     description: str = ""
 
 
+class SchedulerSettings(_Strict):
+    """The control loop and how runs are started and stopped on nodes."""
+
+    tick: Duration = 2.0  # how often run states are read and queued jobs placed
+    stop_grace: Duration = 30.0  # SIGTERM to a run's process group, then SIGKILL after this (seed 003)
+    run_root: str = "~/.ftconsole/runs"  # run folders on the nodes: <run_root>/<job>/<attempt>/<rank>
+    urgent_cap: int | None = Field(None, ge=0)  # urgent jobs (running + queued) per project; None: no cap
+
+    @field_validator("tick")
+    @classmethod
+    def _positive_tick(cls, v: float) -> float:
+        if v <= 0:
+            raise ValueError("must be greater than 0")
+        return v
+
+
+class ApiSettings(_Strict):
+    """The local API socket that `ftconsole serve` (or the console) serves and the CLI calls."""
+
+    socket: str | None = None  # default: <state_dir>/ftconsole.sock
+    group: str | None = None  # group that may connect (mode 0660); default: the scheduler's own group
+
+
 class NodeGroup(_Strict):
     name: str
     host: str | None = None
@@ -193,6 +216,8 @@ class ClusterConfig(_Strict):
     admins: list[str] = []
     specs: dict[str, NodeSpecSettings] = {}
     probes: ProbeSettings = ProbeSettings()
+    scheduler: SchedulerSettings = SchedulerSettings()
+    api: ApiSettings = ApiSettings()
 
     def cross_problems(self) -> list[tuple[tuple[Any, ...], str]]:
         """Problems that span several keys, as (key path, message); pydantic checks each key alone."""
@@ -266,6 +291,10 @@ class LoadedConfig:
         resolved = self.resolve(self.cluster.state_dir)
         assert resolved is not None
         return resolved
+
+    @property
+    def socket_path(self) -> Path:
+        return self.resolve(self.cluster.api.socket) or self.state_dir / "ftconsole.sock"
 
 
 def find_config(explicit: str | None) -> Path:

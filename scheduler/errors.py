@@ -111,3 +111,21 @@ class LabError(FtError):
     """The local lab cluster could not be started, stopped or read."""
 
     title = "lab"
+
+
+class AlreadyRunning(FtError):
+    """Another scheduler already holds this state directory or answers on this API socket."""
+
+    title = "already running"
+
+
+class NotRunning(FtError):
+    """No scheduler answers on the API socket: the CLI has nothing to talk to."""
+
+    title = "not running"
+
+
+class PermissionDenied(FtError):
+    """The caller may not act on this object (for example, another user's job)."""
+
+    title = "permission denied"

@@ -6,6 +6,7 @@ prepended line, exactly like the probe agent; `status` reads every run of a node
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from collections.abc import Sequence
@@ -38,7 +39,7 @@ def supervisor_script(params: dict[str, Any]) -> str:
 class RunStatus:
     """What status.json of one run says (see supervisor.py)."""
 
-    state: str  # starting | running | exited | failed | lost
+    state: str  # starting | running | exited | failed | lost | absent (no status.json in a run folder asked for)
     pid: int | None = None
     started: float | None = None
     ended: float | None = None
@@ -46,6 +47,7 @@ class RunStatus:
     signal: str | None = None
     stop_requested: float | None = None
     error: str | None = None
+    run_dir: str | None = None  # the run folder's absolute path on the node, where the supervisor said it
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> RunStatus:
@@ -62,7 +64,7 @@ class RunStatus:
 
     @property
     def finished(self) -> bool:
-        return self.state in ("exited", "failed", "lost")
+        return self.state in ("exited", "failed", "lost", "absent")
 
     @property
     def succeeded(self) -> bool:
@@ -116,7 +118,8 @@ async def start_run(
         "grace": grace,
     }
     doc = await _call(transport, node, python, params, timeout)
-    return bool(doc["started"]), RunStatus.from_json(doc["status"])
+    status = dataclasses.replace(RunStatus.from_json(doc["status"]), run_dir=doc.get("run_dir"))
+    return bool(doc["started"]), status
 
 
 async def node_runs(
@@ -127,6 +130,43 @@ async def node_runs(
         NodeRun(job=r["job"], attempt=r["attempt"], rank=r["rank"], status=RunStatus.from_json(r["status"]))
         for r in doc["runs"]
     ]
+
+
+async def prepare_run(
+    transport: Transport,
+    node: Node,
+    *,
+    run_dir: str,
+    argv: Sequence[str],
+    env: dict[str, str],
+    files: dict[str, bytes] | None = None,
+    python: str = "python3",
+    timeout: float = 30.0,
+) -> str:
+    """Write a run folder without starting anything (a rank that mpirun starts); its absolute path."""
+    params = {
+        "action": "prepare",
+        "run_dir": run_dir,
+        "argv": list(argv),
+        "env": env,
+        "files": {name: data.decode("utf-8") for name, data in (files or {}).items()},
+    }
+    doc = await _call(transport, node, python, params, timeout)
+    return str(doc["run_dir"])
+
+
+async def run_states(
+    transport: Transport, node: Node, run_dirs: Sequence[str], *, python: str = "python3", timeout: float = 30.0
+) -> dict[str, RunStatus]:
+    """The status of the given run folders of one node, in one round trip, keyed by run folder as given."""
+    doc = await _call(transport, node, python, {"action": "status", "run_dirs": list(run_dirs)}, timeout)
+    return {r["run_dir"]: RunStatus.from_json(r["status"]) for r in doc["runs"]}
+
+
+async def free_port(transport: Transport, node: Node, *, python: str = "python3", timeout: float = 30.0) -> int:
+    """A TCP port free on the node now (for MASTER_PORT)."""
+    doc = await _call(transport, node, python, {"action": "port"}, timeout)
+    return int(doc["port"])
 
 
 async def stop_runs(

@@ -7,11 +7,13 @@ scripts; a store newer than this program is refused rather than guessed at.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import sqlite3
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,8 @@ import aiosqlite
 
 from probes.health import NodeEvent, NodeHealth, NodeState
 from scheduler.errors import StoreError
+from scheduler.jobs import Attempt, Job, JobStatus, Run, StopReason
+from scheduler.jobspec import JobSpec
 
 MIGRATIONS: tuple[str, ...] = (
     # 1: nodes, probe results, events
@@ -56,6 +60,83 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX events_node ON events (node, id);
     CREATE INDEX events_job ON events (job, id);
+    """,
+    # 2: jobs, their attempts, the runs (one per rank: node, GPUs, run folder, state), alerts
+    """
+    CREATE TABLE jobs (
+        id          INTEGER PRIMARY KEY AUTOINCREMENT,   -- never reused, even after delete
+        name        TEXT NOT NULL,
+        owner       TEXT NOT NULL,
+        uid         INTEGER NOT NULL,
+        spec        TEXT NOT NULL,          -- JSON (JobSpec.to_json)
+        status      TEXT NOT NULL,          -- queued | running | error | stopped | expired | succeeded
+        priority    TEXT NOT NULL,          -- normal | urgent | very-urgent (changeable while queued)
+        project     TEXT NOT NULL,
+        access      TEXT NOT NULL,
+        submitted   REAL NOT NULL,
+        started     REAL,
+        ended       REAL,
+        attempt     INTEGER NOT NULL DEFAULT 0,
+        requeued    INTEGER NOT NULL DEFAULT 0,
+        extra_runtime REAL NOT NULL DEFAULT 0,
+        stop_requested REAL,
+        stop_reason TEXT,                   -- stopped | expired | error
+        stop_by     TEXT,
+        message     TEXT NOT NULL DEFAULT '',
+        exit_code   INTEGER,
+        deleted     INTEGER NOT NULL DEFAULT 0,
+        cloned_from INTEGER
+    );
+    CREATE INDEX jobs_status ON jobs (status);
+    CREATE TABLE attempts (
+        job         INTEGER NOT NULL REFERENCES jobs (id),
+        number      INTEGER NOT NULL,
+        spec_name   TEXT,
+        gpus_per_node INTEGER NOT NULL,
+        master_port INTEGER NOT NULL,
+        created     REAL NOT NULL,
+        started     REAL,
+        ended       REAL,
+        result      TEXT,
+        message     TEXT NOT NULL DEFAULT '',
+        PRIMARY KEY (job, number)
+    );
+    CREATE TABLE runs (
+        job         INTEGER NOT NULL,
+        attempt     INTEGER NOT NULL,
+        rank        INTEGER NOT NULL,
+        node        TEXT NOT NULL,
+        gpus        TEXT NOT NULL,          -- JSON list of GPU indexes held
+        run_dir     TEXT NOT NULL,
+        launch      INTEGER NOT NULL,
+        state       TEXT NOT NULL,          -- intent | prepared | starting | running | exited | failed | lost | absent
+        pid         INTEGER,
+        exit_code   INTEGER,
+        signal      TEXT,
+        started     REAL,
+        ended       REAL,
+        error       TEXT,
+        stop_sent   REAL,
+        released    INTEGER NOT NULL DEFAULT 0,   -- 1: its GPUs are free again
+        PRIMARY KEY (job, attempt, rank),
+        FOREIGN KEY (job, attempt) REFERENCES attempts (job, number)
+    );
+    CREATE INDEX runs_held ON runs (released, node);
+    CREATE TABLE alerts (
+        id          INTEGER PRIMARY KEY,
+        time        REAL NOT NULL,
+        kind        TEXT NOT NULL,
+        severity    TEXT NOT NULL,
+        job         INTEGER,
+        node        TEXT,
+        message     TEXT NOT NULL,
+        state       TEXT NOT NULL DEFAULT 'open',   -- open | acknowledged | resolved
+        acked_by    TEXT,
+        acked_at    REAL,
+        resolved_at REAL,
+        data        TEXT NOT NULL DEFAULT '{}'
+    );
+    CREATE INDEX alerts_state ON alerts (state, id);
     """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -96,6 +177,7 @@ class Store:
     def __init__(self, db: aiosqlite.Connection, path: Path) -> None:
         self._db = db
         self.path = path
+        self._writing = asyncio.Lock()  # one connection: transactions must not interleave
 
     @classmethod
     async def open(cls, path: Path) -> Store:
@@ -188,19 +270,26 @@ class Store:
     @contextlib.asynccontextmanager
     async def _transaction(self, what: str) -> AsyncIterator[None]:
         """BEGIN IMMEDIATE ... COMMIT; any exception rolls the whole transaction back."""
-        try:
-            await self._db.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as exc:
-            raise StoreError(f"cannot {what} in {self.path}: {exc}") from exc
-        try:
-            yield
-            await self._db.execute("COMMIT")
-        except BaseException as exc:
-            if self._db.in_transaction:
-                await self._db.execute("ROLLBACK")
-            if isinstance(exc, sqlite3.Error):
+        async with self._writing:
+            try:
+                await self._db.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
                 raise StoreError(f"cannot {what} in {self.path}: {exc}") from exc
-            raise
+            try:
+                yield
+                await self._db.execute("COMMIT")
+            except BaseException as exc:
+                if self._db.in_transaction:
+                    await self._db.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.Error):
+                    raise StoreError(f"cannot {what} in {self.path}: {exc}") from exc
+                raise
+
+    @contextlib.asynccontextmanager
+    async def jobs_tx(self, what: str) -> AsyncIterator[JobTx]:
+        """A transaction over jobs, attempts, runs, alerts and events: all of it is written, or none."""
+        async with self._transaction(what):
+            yield JobTx(self._db)
 
     async def latest_probes(self) -> dict[str, StoredProbe]:
         sql = (
@@ -233,6 +322,302 @@ class Store:
             StoredEvent(id=r[0], time=r[1], kind=r[2], node=r[3], job=r[4], message=r[5], data=json.loads(r[6]))
             for r in reversed(list(rows))
         ]
+
+    # -- jobs --------------------------------------------------------------------------------------------------
+
+    async def jobs(self, *, statuses: Iterable[JobStatus] | None = None, deleted: bool = False) -> list[Job]:
+        sql = "SELECT * FROM jobs WHERE deleted <= ?"
+        args: list[Any] = [1 if deleted else 0]
+        if statuses is not None:
+            wanted = [s.value for s in statuses]
+            sql += f" AND status IN ({','.join('?' * len(wanted))})"
+            args.extend(wanted)
+        async with self._db.execute(sql + " ORDER BY id", args) as cur:
+            rows = await cur.fetchall()
+        return [_job_from_row(r) for r in rows]
+
+    async def job(self, job_id: int) -> Job | None:
+        async with self._db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)) as cur:
+            row = await cur.fetchone()
+        return _job_from_row(row) if row else None
+
+    async def attempts(self, job_id: int) -> list[Attempt]:
+        async with self._db.execute("SELECT * FROM attempts WHERE job = ? ORDER BY number", (job_id,)) as cur:
+            rows = await cur.fetchall()
+        return [_attempt_from_row(r) for r in rows]
+
+    async def attempt(self, job_id: int, number: int) -> Attempt | None:
+        async with self._db.execute("SELECT * FROM attempts WHERE job = ? AND number = ?", (job_id, number)) as cur:
+            row = await cur.fetchone()
+        return _attempt_from_row(row) if row else None
+
+    async def runs(self, *, job: int | None = None, held: bool | None = None) -> list[Run]:
+        """Runs of one job (every attempt) or of all jobs; `held`: only those whose GPUs are not released."""
+        where, args = [], []
+        if job is not None:
+            where.append("job = ?")
+            args.append(job)
+        if held is not None:
+            where.append("released = ?")
+            args.append(0 if held else 1)
+        sql = "SELECT * FROM runs" + (" WHERE " + " AND ".join(where) if where else "")
+        async with self._db.execute(sql + " ORDER BY job, attempt, rank", args) as cur:
+            rows = await cur.fetchall()
+        return [_run_from_row(r) for r in rows]
+
+    async def alerts(self, *, states: Iterable[str] = ("open", "acknowledged"), limit: int = 200) -> list[StoredAlert]:
+        wanted = list(states)
+        sql = f"SELECT * FROM alerts WHERE state IN ({','.join('?' * len(wanted))}) ORDER BY id DESC LIMIT ?"
+        async with self._db.execute(sql, (*wanted, limit)) as cur:
+            rows = await cur.fetchall()
+        return [_alert_from_row(r) for r in reversed(list(rows))]
+
+
+@dataclass(frozen=True)
+class StoredAlert:
+    id: int
+    time: float
+    kind: str
+    severity: str
+    job: int | None
+    node: str | None
+    message: str
+    state: str
+    acked_by: str | None
+    data: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "time": self.time,
+            "kind": self.kind,
+            "severity": self.severity,
+            "job": self.job,
+            "node": self.node,
+            "message": self.message,
+            "state": self.state,
+            "acked_by": self.acked_by,
+            "data": self.data,
+        }
+
+
+class Conflict(StoreError):
+    """A conditional write found the row changed since it was read (e.g. a job stopped while being placed)."""
+
+    title = "conflict"
+
+
+_JOB_COLUMNS = frozenset(
+    {
+        "status",
+        "priority",
+        "started",
+        "ended",
+        "attempt",
+        "requeued",
+        "extra_runtime",
+        "stop_requested",
+        "stop_reason",
+        "stop_by",
+        "message",
+        "exit_code",
+        "deleted",
+    }
+)
+_ATTEMPT_COLUMNS = frozenset({"started", "ended", "result", "message"})
+_RUN_COLUMNS = frozenset(
+    {"state", "pid", "exit_code", "signal", "started", "ended", "error", "stop_sent", "released", "run_dir"}
+)
+
+
+class JobTx:
+    """The writes of one jobs transaction (see `Store.jobs_tx`)."""
+
+    def __init__(self, db: aiosqlite.Connection) -> None:
+        self._db = db
+
+    async def add_job(self, job: Job) -> int:
+        cur = await self._db.execute(
+            "INSERT INTO jobs (name, owner, uid, spec, status, priority, project, access, submitted, cloned_from) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                job.name,
+                job.owner,
+                job.uid,
+                json.dumps(job.spec.to_json()),
+                job.status.value,
+                job.priority,
+                job.project,
+                job.access,
+                job.submitted,
+                job.cloned_from,
+            ),
+        )
+        assert cur.lastrowid is not None
+        return cur.lastrowid
+
+    async def update_job(self, job_id: int, *, expect: Iterable[JobStatus] | None = None, **fields: Any) -> None:
+        """Set columns of a job; with `expect`, only while its status is one of those (else `Conflict`)."""
+        sql, args = _set_clause("jobs", _JOB_COLUMNS, fields)
+        sql += " WHERE id = ?"
+        args.append(job_id)
+        if expect is not None:
+            wanted = [s.value for s in expect]
+            sql += f" AND status IN ({','.join('?' * len(wanted))})"
+            args.extend(wanted)
+        cur = await self._db.execute(sql, args)
+        if cur.rowcount != 1:
+            raise Conflict(f"job {job_id} changed meanwhile (expected status {', '.join(map(str, expect or ()))})")
+
+    async def add_attempt(self, attempt: Attempt, runs: Iterable[Run]) -> None:
+        await self._db.execute(
+            "INSERT INTO attempts (job, number, spec_name, gpus_per_node, master_port, created) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (
+                attempt.job,
+                attempt.number,
+                attempt.spec_name,
+                attempt.gpus_per_node,
+                attempt.master_port,
+                attempt.created,
+            ),
+        )
+        for r in runs:
+            await self._db.execute(
+                "INSERT INTO runs (job, attempt, rank, node, gpus, run_dir, launch, state) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (r.job, r.attempt, r.rank, r.node, json.dumps(list(r.gpus)), r.run_dir, int(r.launch), r.state),
+            )
+
+    async def update_attempt(self, job_id: int, number: int, **fields: Any) -> None:
+        sql, args = _set_clause("attempts", _ATTEMPT_COLUMNS, fields)
+        await self._db.execute(sql + " WHERE job = ? AND number = ?", (*args, job_id, number))
+
+    async def update_run(self, run: Run, **fields: Any) -> None:
+        sql, args = _set_clause("runs", _RUN_COLUMNS, fields)
+        await self._db.execute(
+            sql + " WHERE job = ? AND attempt = ? AND rank = ?", (*args, run.job, run.attempt, run.rank)
+        )
+
+    async def release_runs(self, job_id: int) -> None:
+        await self._db.execute("UPDATE runs SET released = 1 WHERE job = ?", (job_id,))
+
+    async def event(
+        self,
+        time: float,
+        kind: str,
+        message: str,
+        *,
+        job: int | None = None,
+        node: str | None = None,
+        data: dict[str, Any] | None = None,
+    ) -> None:
+        await self._db.execute(
+            "INSERT INTO events (time, kind, node, job, message, data) VALUES (?, ?, ?, ?, ?, ?)",
+            (time, kind, node, None if job is None else str(job), message, json.dumps(data or {})),
+        )
+
+    async def alert(
+        self, time: float, kind: str, severity: str, message: str, *, job: int | None = None, node: str | None = None
+    ) -> None:
+        await self._db.execute(
+            "INSERT INTO alerts (time, kind, severity, job, node, message) VALUES (?, ?, ?, ?, ?, ?)",
+            (time, kind, severity, job, node, message),
+        )
+
+
+def _set_clause(table: str, allowed: frozenset[str], fields: dict[str, Any]) -> tuple[str, list[Any]]:
+    unknown = set(fields) - allowed
+    if unknown or not fields:
+        raise ValueError(f"cannot set {sorted(unknown) or 'nothing'} on {table}")
+    args = [_column_value(v) for v in fields.values()]
+    return f"UPDATE {table} SET " + ", ".join(f"{k} = ?" for k in fields), args
+
+
+def _column_value(value: Any) -> Any:
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, Enum):
+        return value.value
+    return value
+
+
+def _job_from_row(row: sqlite3.Row) -> Job:
+    return Job(
+        id=row["id"],
+        name=row["name"],
+        owner=row["owner"],
+        uid=row["uid"],
+        spec=JobSpec.from_json(json.loads(row["spec"])),
+        status=JobStatus(row["status"]),
+        priority=row["priority"],
+        project=row["project"],
+        access=row["access"],
+        submitted=row["submitted"],
+        started=row["started"],
+        ended=row["ended"],
+        attempt=row["attempt"],
+        requeued=bool(row["requeued"]),
+        extra_runtime=row["extra_runtime"],
+        stop_requested=row["stop_requested"],
+        stop_reason=StopReason(row["stop_reason"]) if row["stop_reason"] else None,
+        stop_by=row["stop_by"],
+        message=row["message"],
+        exit_code=row["exit_code"],
+        deleted=bool(row["deleted"]),
+        cloned_from=row["cloned_from"],
+    )
+
+
+def _attempt_from_row(row: sqlite3.Row) -> Attempt:
+    return Attempt(
+        job=row["job"],
+        number=row["number"],
+        spec_name=row["spec_name"],
+        gpus_per_node=row["gpus_per_node"],
+        master_port=row["master_port"],
+        created=row["created"],
+        started=row["started"],
+        ended=row["ended"],
+        result=row["result"],
+        message=row["message"],
+    )
+
+
+def _run_from_row(row: sqlite3.Row) -> Run:
+    return Run(
+        job=row["job"],
+        attempt=row["attempt"],
+        rank=row["rank"],
+        node=row["node"],
+        gpus=tuple(json.loads(row["gpus"])),
+        run_dir=row["run_dir"],
+        launch=bool(row["launch"]),
+        state=row["state"],
+        pid=row["pid"],
+        exit_code=row["exit_code"],
+        signal=row["signal"],
+        started=row["started"],
+        ended=row["ended"],
+        error=row["error"],
+        stop_sent=row["stop_sent"],
+        released=bool(row["released"]),
+    )
+
+
+def _alert_from_row(row: sqlite3.Row) -> StoredAlert:
+    return StoredAlert(
+        id=row["id"],
+        time=row["time"],
+        kind=row["kind"],
+        severity=row["severity"],
+        job=row["job"],
+        node=row["node"],
+        message=row["message"],
+        state=row["state"],
+        acked_by=row["acked_by"],
+        data=json.loads(row["data"]),
+    )
 
 
 _UPSERT_NODE = """

@@ -8,21 +8,30 @@ start   {run_dir, argv, env, workdir, files, grace}
         (double fork, new session, stdio on /dev/null) that starts the command in its own process group
         with stdout and stderr in output.log, and keeps status.json up to date. Idempotent: a run folder that
         already has a status.json is never started again; its status is returned instead.
-status  {root}
-        Every run under root (<root>/<job>/<attempt>/<rank>/status.json) in one JSON document; a run whose
-        supervisor died without writing an end reads state "lost".
+prepare {run_dir, argv, env, files}
+        Write the run folder (files, argv.json, env.json) without starting anything: the ranks of an MPI job
+        that mpirun starts itself, so a debug shell on them still finds the hostfile and env.
+status  {root} or {run_dirs}
+        Every run under root (<root>/<job>/<attempt>/<rank>/status.json), or only the given run folders, in
+        one JSON document; a run whose supervisor died without writing an end reads state "lost". A given
+        run folder without status.json reads state "absent".
+port    {}
+        A TCP port free on this node now (bound to port 0 and released), for MASTER_PORT.
 stop    {run_dirs, grace?}
         Ask each run's supervisor to stop: it sends SIGTERM to the command's process group, waits the grace
         period, then SIGKILL. Returns at once.
 
 status.json: {"state": "starting"|"running"|"exited"|"failed", "supervisor_pid", "pid", "pgid", "started",
 "ended", "exit_code", "signal", "stop_requested", "error"}. Each action prints one JSON line.
+
+Paths: run_dir, workdir, argv entries and env values that start with "~/" are expanded with the node's HOME.
 """
 
 import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -83,9 +92,13 @@ def _prepare(run_dir, params):
     _write_json(os.path.join(run_dir, "env.json"), params.get("env") or {})
 
 
+def _tilde(value):
+    return os.path.expanduser(value) if value.startswith("~/") else value
+
+
 def _child_env(params):
     env = dict(os.environ)
-    env.update({str(k): str(v) for k, v in (params.get("env") or {}).items()})
+    env.update({str(k): _tilde(str(v)) for k, v in (params.get("env") or {}).items()})
     return env
 
 
@@ -119,7 +132,7 @@ def _supervise(run_dir, params):
     try:
         workdir = _expand(params.get("workdir") or "~")
         child = subprocess.Popen(
-            [os.path.expanduser(a) if a.startswith("~/") else a for a in params["argv"]],
+            [_tilde(a) for a in params["argv"]],
             cwd=workdir,
             env=_child_env(params),
             stdin=subprocess.DEVNULL,
@@ -186,6 +199,18 @@ def start(params):
     return {"started": True, "run_dir": run_dir, "status": status}
 
 
+def prepare(params):
+    run_dir = _expand(params["run_dir"])
+    _prepare(run_dir, params)
+    return {"run_dir": run_dir}
+
+
+def free_port(params):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return {"port": sock.getsockname()[1]}
+
+
 def _detach_stdio():
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
@@ -203,8 +228,23 @@ def _with_liveness(status):
 
 
 def runs(params):
-    root = _expand(params.get("root") or "~/.ftconsole/runs")
     out = []  # type: List[Dict[str, Any]]
+    if params.get("run_dirs") is not None:
+        for given in params["run_dirs"]:
+            run_dir = _expand(given)
+            status = _read_json(os.path.join(run_dir, STATUS))
+            parts = run_dir.rstrip("/").split("/")
+            out.append(
+                {
+                    "run_dir": given,
+                    "job": parts[-3],
+                    "attempt": parts[-2],
+                    "rank": parts[-1],
+                    "status": _with_liveness(status) if status is not None else {"state": "absent"},
+                }
+            )
+        return {"runs": out}
+    root = _expand(params.get("root") or "~/.ftconsole/runs")
     if not os.path.isdir(root):
         return {"root": root, "runs": out}
     for job in sorted(os.listdir(root)):
@@ -239,7 +279,7 @@ def stop(params):
     return {"stopped": out}
 
 
-ACTIONS = {"start": start, "status": runs, "stop": stop}
+ACTIONS = {"start": start, "prepare": prepare, "status": runs, "stop": stop, "port": free_port}
 
 
 def main(params):

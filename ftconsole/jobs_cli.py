@@ -1,0 +1,329 @@
+"""The job commands of the CLI: serve, submit, predict, jobs, show, stop, delete, clone, priority, extend, logs,
+alerts. They talk to the scheduler through `scheduler.client` (its socket, or in-process when none runs)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ftconsole.format import age, print_json, print_table
+from scheduler.client import Client, open_client
+from scheduler.config import LoadedConfig, find_config, format_duration, load_config
+from scheduler.daemon import WRITE_OPS
+
+T = TypeVar("T")
+
+
+def _loaded(args: argparse.Namespace) -> LoadedConfig:
+    return load_config(find_config(args.config))
+
+
+def _with_client(args: argparse.Namespace, op: str, action: Callable[[Client], Awaitable[T]]) -> T:
+    loaded = _loaded(args)
+
+    async def go() -> T:
+        async with open_client(loaded) as client:
+            if client.embedded and op in WRITE_OPS:
+                print(
+                    f"ftconsole: warning: no scheduler is running on {loaded.state_dir}; the change is recorded and "
+                    "takes effect when `ftconsole serve` or the console starts",
+                    file=sys.stderr,
+                )
+            return await action(client)
+
+    return asyncio.run(go())
+
+
+def _when(ts: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
+
+
+def _shape(job: dict[str, Any]) -> str:
+    gpus = job["gpus_per_node"]
+    what = "/".join(job["specs"]) if job["specs"] else f"{gpus} GPU" if gpus is not None else "?"
+    return f"{job['nodes']}x{what}"
+
+
+def _runtime(job: dict[str, Any]) -> str:
+    used = age(job["runtime_s"]) if job["runtime_s"] is not None else "-"
+    limit = job["max_runtime_s"]
+    return f"{used}/{format_duration(limit)}" if limit else used
+
+
+# -- serve -----------------------------------------------------------------------------------------------------
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import logging
+
+    from scheduler.daemon import serve_until_signalled
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("asyncssh").setLevel(logging.WARNING)
+    loaded = _loaded(args)
+    print(f"ftconsole serve: state {loaded.state_dir}, API {loaded.socket_path}", file=sys.stderr)
+    asyncio.run(serve_until_signalled(loaded))
+    return 0
+
+
+# -- submit, predict -------------------------------------------------------------------------------------------
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from scheduler.jobspec import load_jobspec
+
+    spec = load_jobspec(Path(args.job))  # ConfigError: every problem with its line, exit 2
+
+    async def go(client: Client) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        job = await client.call("submit", spec=spec.to_json())
+        if not args.wait:
+            return job, None
+        if not args.json:
+            print(job["id"], flush=True)
+        if client.embedded:
+            print("ftconsole: --wait needs a running scheduler (`ftconsole serve` or the console)", file=sys.stderr)
+            return job, None
+        final = job
+        async for state in client.stream("wait", job=job["id"]):
+            final = state
+            if not args.json:
+                detail = f": {state['message']}" if state["message"] else ""
+                print(f"job {state['id']} {state['status']}{detail}", file=sys.stderr)
+        return job, final
+
+    job, final = _with_client(args, "submit", go)
+    shown = final or job
+    if args.json:
+        print_json({"id": shown["id"], "status": shown["status"], "message": shown["message"]})
+    elif not args.wait:
+        print(shown["id"])
+    if final is None:
+        return 0
+    return 0 if final["status"] == "succeeded" else 1
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from scheduler.jobspec import load_jobspec
+
+    spec = load_jobspec(Path(args.job))
+    decision = _with_client(args, "predict", lambda c: c.call("predict", spec=spec.to_json()))
+    if args.json:
+        print_json({"job": spec.name, **decision})
+    elif decision["starts_now"]:
+        where = ", ".join(f"{n['node']} (GPUs {','.join(map(str, n['gpus']))})" for n in decision["nodes"])
+        print(f"{spec.name}: starts now on {where}")
+    else:
+        ahead = f"; ahead: jobs {', '.join(decision['ahead'])}" if decision["ahead"] else ""
+        print(f"{spec.name}: would wait (queue position {decision['position']}): {decision['reason']}{ahead}")
+    return 0
+
+
+# -- listing ---------------------------------------------------------------------------------------------------
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    jobs = _with_client(
+        args,
+        "jobs",
+        lambda c: c.call(
+            "jobs", status=args.status, name=args.name, owner=args.owner, spec=args.spec, output=args.output
+        ),
+    )
+    if args.json:
+        print_json(jobs)
+        return 0
+    rows = [
+        [
+            j["id"],
+            j["name"],
+            j["owner"],
+            j["status"] + (" (stopping)" if j["stop_reason"] and j["status"] == "running" else ""),
+            j["priority"],
+            j["mode"],
+            _shape(j),
+            _runtime(j),
+            j["message"] or "-",
+        ]
+        for j in jobs
+    ]
+    print_table(["ID", "NAME", "OWNER", "STATUS", "PRIORITY", "MODE", "SHAPE", "RUNTIME", "MESSAGE"], rows)
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    job = _with_client(args, "show", lambda c: c.call("show", job=args.job))
+    if args.json:
+        print_json(job)
+        return 0
+    print(f"job {job['id']}: {job['name']}  ({job['status']})")
+    for key in ("owner", "priority", "project", "access", "mode", "message", "exit_code"):
+        if job.get(key) not in (None, ""):
+            print(f"  {key + ':':<11} {job[key]}")
+    print(f"  {'shape:':<11} {_shape(job)}")
+    print(f"  {'runtime:':<11} {_runtime(job)}")
+    print(f"  {'submitted:':<11} {_when(job['submitted'])}")
+    print(f"  {'command:':<11} {job['spec'].get('command', '(batch tasks)')}")
+    for attempt in job["attempts"]:
+        result = attempt["result"] or "in progress"
+        print(f"  attempt {attempt['number']} (port {attempt['master_port']}): {result}")
+        for run in attempt["runs"]:
+            how = run["state"]
+            if run["state"] == "exited":
+                how += f" ({run['signal']})" if run["signal"] else f" (code {run['exit_code']})"
+            gpus = ",".join(map(str, run["gpus"]))
+            print(f"    rank {run['rank']}  {run['node']}  GPUs {gpus or '-'}  {how}  {run['run_dir']}")
+    print("  conditions:")
+    for c in job["conditions"]:
+        print(f"    {_when(c['time'])}  {c['type']:<10} {c['message']}")
+    return 0
+
+
+# -- actions ---------------------------------------------------------------------------------------------------
+
+
+def _print_jobs(jobs: list[dict[str, Any]], args: argparse.Namespace, verb: str) -> int:
+    if args.json:
+        print_json(jobs)
+    else:
+        for j in jobs:
+            stopping = " (stopping)" if j["status"] == "running" and j["stop_reason"] else ""
+            print(f"job {j['id']} {j['name']}: {verb}, {j['status']}{stopping}")
+    return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    jobs = _with_client(args, "stop", lambda c: c.call("stop", jobs=args.jobs))
+    return _print_jobs(jobs, args, "stop requested")
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    jobs = _with_client(args, "delete", lambda c: c.call("delete", jobs=args.jobs))
+    return _print_jobs(jobs, args, "deleted")
+
+
+def cmd_clone(args: argparse.Namespace) -> int:
+    job = _with_client(args, "clone", lambda c: c.call("clone", job=args.job))
+    if args.json:
+        print_json({"id": job["id"], "status": job["status"], "cloned_from": job["cloned_from"]})
+    else:
+        print(job["id"])
+    return 0
+
+
+def cmd_priority(args: argparse.Namespace) -> int:
+    job = _with_client(args, "priority", lambda c: c.call("priority", job=args.job, level=args.level))
+    return _print_jobs([job], args, f"priority {job['priority']}")
+
+
+def cmd_extend(args: argparse.Namespace) -> int:
+    job = _with_client(args, "extend", lambda c: c.call("extend", job=args.job, duration=args.duration))
+    return _print_jobs([job], args, f"max_runtime now {format_duration(job['max_runtime_s'])}")
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    async def go(client: Client) -> None:
+        async for chunk in client.stream(
+            "logs", job=args.job, rank=args.rank, attempt=args.attempt, follow=args.follow, tail=args.tail
+        ):
+            sys.stdout.write(chunk)
+            sys.stdout.flush()
+
+    _with_client(args, "logs", go)
+    return 0
+
+
+def cmd_job_events(args: argparse.Namespace) -> int:
+    events = _with_client(args, "events", lambda c: c.call("events", job=args.job, node=args.node, limit=args.limit))
+    if args.json:
+        print_json(events)
+        return 0
+    rows = [[_when(e["time"]), e["node"] or e["job"] or "-", e["kind"], e["message"]] for e in events]
+    print_table(["TIME", "OBJECT", "KIND", "MESSAGE"], rows)
+    return 0
+
+
+def cmd_alerts(args: argparse.Namespace) -> int:
+    alerts = _with_client(args, "alerts", lambda c: c.call("alerts"))
+    if args.json:
+        print_json(alerts)
+        return 0
+    rows = [
+        [a["id"], _when(a["time"]), a["severity"], a["kind"], a["job"] or a["node"] or "-", a["message"]]
+        for a in alerts
+    ]
+    print_table(["ID", "TIME", "SEVERITY", "KIND", "OBJECT", "MESSAGE"], rows)
+    return 0
+
+
+# -- parser ----------------------------------------------------------------------------------------------------
+
+
+def add_parsers(sub: Any, common: argparse.ArgumentParser, listing: argparse.ArgumentParser) -> None:
+    parents = [common, listing]
+    p = sub.add_parser("serve", parents=[common], help="run the scheduler without a UI (for systemd)")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("submit", parents=parents, help="queue a job from a YAML spec; prints its id")
+    p.add_argument("job", metavar="JOB.yaml", help="job spec file")
+    p.add_argument("--wait", action="store_true", help="wait for the job to end; exit 0 only if it succeeded")
+    p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser("predict", parents=parents, help="would a job start now, or its queue position and why")
+    p.add_argument("job", metavar="JOB.yaml", help="job spec file")
+    p.set_defaults(func=cmd_predict)
+
+    p = sub.add_parser("jobs", parents=parents, help="the queue and every job")
+    p.add_argument("--status", action="append", metavar="S", help="only this status (repeatable)")
+    p.add_argument("--name", help="only names containing this")
+    p.add_argument("--owner", help="only this user's jobs")
+    p.add_argument("--spec", help="only jobs asking for this node spec")
+    p.add_argument("--output", help="only jobs whose output path contains this")
+    p.set_defaults(func=cmd_jobs)
+
+    p = sub.add_parser("show", parents=parents, help="a job with its attempts, runs and conditions")
+    p.add_argument("job", metavar="JOB", help="job id")
+    p.set_defaults(func=cmd_show)
+
+    for name, func, text in (
+        ("stop", cmd_stop, "stop jobs (SIGTERM to each run's process group, SIGKILL after the grace period)"),
+        ("delete", cmd_delete, "delete jobs (stopping them first); their events stay in the timeline"),
+    ):
+        p = sub.add_parser(name, parents=parents, help=text)
+        p.add_argument("jobs", metavar="JOB", nargs="+", help="job ids")
+        p.set_defaults(func=func)
+
+    p = sub.add_parser("clone", parents=parents, help="submit a copy of a job; prints the new id")
+    p.add_argument("job", metavar="JOB", help="job id")
+    p.set_defaults(func=cmd_clone)
+
+    p = sub.add_parser("priority", parents=parents, help="change a queued job's priority")
+    p.add_argument("job", metavar="JOB", help="job id")
+    p.add_argument("level", choices=["normal", "urgent", "very-urgent"], help="new level (very-urgent: admins)")
+    p.set_defaults(func=cmd_priority)
+
+    p = sub.add_parser("extend", parents=parents, help="lengthen a job's max_runtime")
+    p.add_argument("job", metavar="JOB", help="job id")
+    p.add_argument("duration", help="how much longer, e.g. 30m or 2h")
+    p.set_defaults(func=cmd_extend)
+
+    p = sub.add_parser("logs", parents=[common], help="a job's output.log, from its node")
+    p.add_argument("job", metavar="JOB", help="job id")
+    p.add_argument("--rank", type=int, default=0, help="which rank (node) of the job (default 0)")
+    p.add_argument("--attempt", type=int, help="which attempt (default: the latest)")
+    p.add_argument("--tail", type=int, metavar="N", help="only the last N lines")
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing until the run ends")
+    p.set_defaults(func=cmd_logs)
+
+    p = sub.add_parser("events", parents=parents, help="the cluster's timeline, or one job's")
+    p.add_argument("job", metavar="JOB", nargs="?", help="only this job's events")
+    p.add_argument("--node", help="only events of this node")
+    p.add_argument("--limit", type=int, default=100, help="at most this many, newest last (default 100)")
+    p.set_defaults(func=cmd_job_events)
+
+    p = sub.add_parser("alerts", parents=parents, help="open alerts")
+    p.set_defaults(func=cmd_alerts)

@@ -1,0 +1,384 @@
+"""The local API: how the CLI, and any other local tool, talks to a running scheduler.
+
+The scheduler (``ftconsole serve``, or the console in embedded mode) listens on a Unix socket, mode 0660 and
+optionally owned by a configured group: who may connect at all is decided by the file system. Who is calling is
+taken from the connection's kernel peer credentials (``SO_PEERCRED``), never from anything in a request.
+
+Protocol: newline-delimited JSON objects, UTF-8, at most 16 MiB a line. A connection carries requests one after
+another; each is answered before the next is read::
+
+    request  {"id": 1, "op": "show", "args": {"job": "j-12"}}
+    result   {"id": 1, "result": <any JSON value>}
+    error    {"id": 1, "error": {"type": "NotFound", "title": "not found", "message": "...", "exit_code": 2}}
+    stream   {"id": 1, "item": <JSON value>} ... then {"id": 1, "end": true}, or an error reply in place of the end
+
+``id`` is echoed as given (``null`` when a request could not be read). ``type`` names the error class (see
+``scheduler.errors``); a ``ConfigError`` also carries ``"problems": [{"file", "line", "path", "message"}]``.
+Which ops answer with a stream (``logs --follow``, ``wait``) is up to the op. While a stream runs the connection
+carries nothing else, and a client ends a stream early by closing the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import grp
+import json
+import logging
+import os
+import pwd
+import socket
+import stat
+import struct
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from scheduler import errors
+from scheduler.errors import AlreadyRunning, ConfigError, FtError, NotRunning, Problem, UsageError
+
+log = logging.getLogger("ftconsole.api")
+
+MAX_LINE = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who is on the other end of a connection, as the kernel reports it."""
+
+    uid: int
+    gid: int
+    pid: int
+    user: str  # the passwd name, or str(uid) when the uid has none
+
+
+# (caller, op, args) -> a JSON value, or an AsyncIterator of JSON values for a streaming op; raises FtError to refuse
+Handler = Callable[[Caller, str, dict[str, Any]], Awaitable[Any]]
+
+
+class ApiServer:
+    """Serves ``handler`` on the Unix socket at ``path`` until closed."""
+
+    def __init__(self, path: Path, handler: Handler, *, group: str | None = None, mode: int = 0o660) -> None:
+        self.path = path
+        self._handler = handler
+        self._group = group
+        self._mode = mode
+        self._server: asyncio.Server | None = None
+        self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
+
+    async def start(self) -> None:
+        gid = None
+        if self._group is not None:
+            try:
+                gid = grp.getgrnam(self._group).gr_gid
+            except KeyError:
+                raise UsageError(f"unknown group {self._group!r} for the API socket {self.path}") from None
+        await _clear_stale_socket(self.path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old_umask = os.umask(0o177)  # nobody else can connect in the instant before the chmod below
+        try:
+            sock.bind(str(self.path))
+        except OSError as exc:
+            sock.close()
+            raise FtError(f"cannot listen on {self.path}: {exc.strerror or exc}") from exc
+        finally:
+            os.umask(old_umask)
+        try:
+            os.chmod(self.path, self._mode)
+            if gid is not None:
+                os.chown(self.path, -1, gid)
+            self._server = await asyncio.start_unix_server(self._accept, sock=sock, limit=MAX_LINE)
+        except BaseException as exc:
+            sock.close()
+            self.path.unlink(missing_ok=True)
+            if isinstance(exc, OSError):
+                raise FtError(f"cannot set up the API socket {self.path}: {exc.strerror or exc}") from exc
+            raise
+
+    async def close(self) -> None:
+        """Stop accepting, end every connection and running stream, remove the socket file."""
+        if self._server is None:
+            return
+        server, self._server = self._server, None
+        server.close()
+        connections = dict(self._connections)
+        for task in connections:
+            task.cancel()
+        await asyncio.gather(*connections, return_exceptions=True)
+        for writer in connections.values():  # a task cancelled before it ran never closed its writer
+            writer.close()
+        await server.wait_closed()
+        self.path.unlink(missing_ok=True)
+
+    async def __aenter__(self) -> ApiServer:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.create_task(self._serve(reader, writer))
+        self._connections[task] = writer
+        task.add_done_callback(lambda t: self._connections.pop(t, None))
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            caller = _peer(writer)
+            while True:
+                try:
+                    line = await reader.readline()
+                except ValueError:  # a line over MAX_LINE: the stream is out of step, answer and hang up
+                    writer.write(_error_reply(None, UsageError(f"bad request: a line over {MAX_LINE} bytes")))
+                    await writer.drain()
+                    return
+                if not line:
+                    return
+                writer.write(await self._answer(caller, line, reader, writer))
+                await writer.drain()
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+
+    async def _answer(
+        self, caller: Caller, line: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> bytes:
+        """The reply to one request line (for a stream: after sending its items)."""
+        rid = None
+        try:
+            try:
+                request = json.loads(line)
+            except ValueError as exc:  # not JSON, not UTF-8
+                raise UsageError(f"bad request: {exc}") from None
+            if not isinstance(request, dict):
+                raise UsageError("bad request: not a JSON object")
+            rid, op, args = request.get("id"), request.get("op"), request.get("args", {})
+            if not isinstance(op, str) or not isinstance(args, dict):
+                raise UsageError('bad request: needs "op" (a string) and "args" (an object)')
+            result = await self._handler(caller, op, args)
+            if isinstance(result, AsyncIterator):
+                return await _stream(rid, result, reader, writer)
+            return _encode({"id": rid, "result": result})
+        except Exception as exc:
+            return _error_reply(rid, exc)
+
+
+class ApiClient:
+    """A connection to a running scheduler. Use ``connect``; ``call`` for one result, ``stream`` for a stream."""
+
+    def __init__(self, path: Path, timeout: float) -> None:
+        self.path = path
+        self._timeout = timeout
+        self._conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        self._lock = asyncio.Lock()
+        self._next_id = 0
+        self._streams: set[asyncio.StreamWriter] = set()
+
+    @classmethod
+    async def connect(cls, path: Path, *, timeout: float = 5.0) -> ApiClient:
+        """Connect to the scheduler at ``path``; NotRunning when nothing listens there."""
+        client = cls(path, timeout)
+        client._conn = await _open(path, timeout)
+        return client
+
+    async def call(self, op: str, **args: Any) -> Any:
+        """Send one request and return its result; raises the FtError the scheduler raised."""
+        async with self._lock:
+            if self._conn is None:  # dropped after an interrupted call, whose reply would come out of step
+                self._conn = await _open(self.path, self._timeout)
+            reader, writer = self._conn
+            self._next_id += 1
+            try:
+                await _send(writer, {"id": self._next_id, "op": op, "args": args})
+                reply = await _receive(reader, self.path)
+                if "item" in reply or "end" in reply:  # the rest of the stream would come out of step
+                    raise UsageError(f"{op} answers with a stream: use stream()")
+            except BaseException:
+                self._conn = None
+                writer.close()
+                raise
+        return _unwrap(reply)
+
+    async def stream(self, op: str, **args: Any) -> AsyncGenerator[Any, None]:
+        """Yield the items of a streaming op until the scheduler ends it. Runs on a connection of its own."""
+        reader, writer = await _open(self.path, self._timeout)
+        self._streams.add(writer)
+        try:
+            await _send(writer, {"id": 1, "op": op, "args": args})
+            while True:
+                reply = await _receive(reader, self.path)
+                if reply.get("end"):
+                    return
+                yield reply["item"] if "item" in reply else _unwrap(reply)
+        finally:
+            self._streams.discard(writer)
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+
+    async def close(self) -> None:
+        writers = [*self._streams, *([self._conn[1]] if self._conn else [])]
+        self._conn = None
+        for writer in writers:
+            writer.close()
+        for writer in writers:
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+
+    async def __aenter__(self) -> ApiClient:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+
+def _peer(writer: asyncio.StreamWriter) -> Caller:
+    sock = writer.get_extra_info("socket")
+    pid, uid, gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    try:
+        user = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        user = str(uid)
+    return Caller(uid=uid, gid=gid, pid=pid, user=user)
+
+
+async def _stream(
+    rid: Any, items: AsyncIterator[Any], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> bytes:
+    """Send a stream's items; return its last line (the end, or an error). Always closes ``items``.
+
+    The client sends nothing while a stream runs, so anything read meanwhile (EOF, mostly) means it has given up:
+    this task is then cancelled wherever it waits, which ends the stream and the connection.
+    """
+    me = asyncio.current_task()
+    assert me is not None
+
+    def give_up(_: asyncio.Future[bytes]) -> None:
+        me.cancel()
+
+    gone = asyncio.ensure_future(reader.read(1))
+    gone.add_done_callback(give_up)
+    try:
+        while True:
+            try:
+                data = _encode({"id": rid, "item": await anext(items)})
+            except StopAsyncIteration:
+                return _encode({"id": rid, "end": True})
+            except Exception as exc:
+                return _error_reply(rid, exc)
+            writer.write(data)
+            await writer.drain()
+    finally:
+        gone.remove_done_callback(give_up)
+        gone.cancel()
+        try:
+            if (aclose := getattr(items, "aclose", None)) is not None:
+                await aclose()
+        finally:
+            await asyncio.wait([gone])  # it must stop waiting on the reader before the next readline
+            if not gone.cancelled():
+                gone.exception()  # retrieved: a reset connection is no error worth logging
+
+
+async def _clear_stale_socket(path: Path) -> None:
+    """Remove a socket file nobody listens on any more; refuse when something answers there or it is no socket."""
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise UsageError(f"{path} exists and is not a socket; remove it, or give the API socket another path")
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_unix_connection(str(path)), timeout=2.0)
+    except (ConnectionRefusedError, FileNotFoundError):
+        path.unlink(missing_ok=True)
+        return
+    except (OSError, TimeoutError):
+        writer = None  # it exists and does not refuse: treat it as alive
+    pid = None
+    if writer is not None:
+        pid = _peer(writer).pid
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+    who = f"another scheduler (pid {pid})" if pid else "another scheduler"
+    raise AlreadyRunning(f"{who} already answers on {path}; stop it first, or use the CLI and console against it")
+
+
+async def _open(path: Path, timeout: float) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    try:
+        return await asyncio.wait_for(asyncio.open_unix_connection(str(path), limit=MAX_LINE), timeout)
+    except (FileNotFoundError, ConnectionRefusedError) as exc:
+        raise NotRunning(f"no scheduler answers on {path}; start `ftconsole serve` or the console") from exc
+    except TimeoutError as exc:
+        raise FtError(f"the scheduler at {path} did not accept a connection within {timeout:g} s") from exc
+    except OSError as exc:
+        raise FtError(f"cannot connect to {path}: {exc.strerror or exc}") from exc
+
+
+async def _send(writer: asyncio.StreamWriter, message: dict[str, Any]) -> None:
+    writer.write(_encode(message))
+    await writer.drain()
+
+
+async def _receive(reader: asyncio.StreamReader, path: Path) -> dict[str, Any]:
+    try:
+        line = await reader.readline()
+    except (ConnectionError, ValueError) as exc:
+        raise FtError(f"lost the connection to the scheduler at {path}: {exc}") from exc
+    if not line:
+        raise FtError(f"the scheduler at {path} closed the connection")
+    try:
+        reply = json.loads(line)
+    except ValueError:
+        reply = None
+    if not isinstance(reply, dict):
+        raise FtError(f"the scheduler at {path} sent a reply that is not a JSON object")
+    return reply
+
+
+def _encode(message: dict[str, Any]) -> bytes:
+    return json.dumps(message, separators=(",", ":")).encode() + b"\n"
+
+
+def _error_reply(rid: Any, exc: Exception) -> bytes:
+    if not isinstance(exc, FtError):
+        log.exception("the API handler failed", exc_info=exc)
+        exc = FtError(f"internal error: {type(exc).__name__}: {exc}")
+        exc.title = "internal error"
+    body: dict[str, Any] = {"type": type(exc).__name__, "title": exc.title, "message": exc.message}
+    body["exit_code"] = exc.exit_code
+    if isinstance(exc, ConfigError):
+        body["problems"] = [dataclasses.asdict(p) for p in exc.problems]
+    return _encode({"id": rid, "error": body})
+
+
+def _unwrap(reply: dict[str, Any]) -> Any:
+    """The result of a reply, or the FtError it carries raised again, as the same class where we know it."""
+    if "error" not in reply:
+        return reply.get("result")
+    body = reply["error"]
+    cls = getattr(errors, str(body.get("type")), None)
+    message = str(body.get("message", ""))
+    exc: FtError
+    if cls is ConfigError:
+        exc = ConfigError([Problem(**p) for p in body.get("problems", [])])
+    elif isinstance(cls, type) and issubclass(cls, FtError) and cls.__init__ is FtError.__init__:
+        exc = cls(message)
+    else:  # a class we cannot rebuild (or do not know): keep what the user sees
+        exc = FtError(message)
+    exc.title = str(body.get("title", exc.title))
+    exc.exit_code = int(body.get("exit_code", exc.exit_code))
+    raise exc

@@ -1,0 +1,224 @@
+"""The scheduler as a service: the control loop plus the local API, one per state directory.
+
+`serve` (behind `ftconsole serve`, and the console in embedded mode) takes the state_dir lock, opens the
+store and the SSH pool, serves `Operations` on the API socket, and runs the loop until stopped. Jobs keep
+running on their nodes while it is down: their supervisors are detached, and the next start reads them back.
+
+`Operations` maps API ops to `Scheduler` methods and turns their results into JSON. The CLI uses the same
+mapping in-process (`client.LocalClient`) when no scheduler runs, so a reply never depends on the path taken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from scheduler import placement
+from scheduler.api import ApiServer, Caller
+from scheduler.config import LoadedConfig, parse_duration
+from scheduler.engine import Scheduler
+from scheduler.errors import UsageError
+from scheduler.jobs import JobStatus
+from scheduler.lock import StateLock
+from scheduler.service import ClusterService
+
+log = logging.getLogger("ftconsole.daemon")
+
+# ops that change something (the CLI warns when no scheduler runs to act on them)
+WRITE_OPS = frozenset({"submit", "stop", "delete", "clone", "priority", "extend"})
+
+
+class Operations:
+    """The API handler: (caller, op, args) -> JSON, or an async iterator of JSON for `logs` and `wait`."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        self._ops: dict[str, Callable[[Caller, dict[str, Any]], Awaitable[Any]]] = {
+            "whoami": self._whoami,
+            "status": self._status,
+            "submit": self._submit,
+            "predict": self._predict,
+            "jobs": self._jobs,
+            "show": self._show,
+            "stop": self._stop,
+            "delete": self._delete,
+            "clone": self._clone,
+            "priority": self._priority,
+            "extend": self._extend,
+            "logs": self._logs,
+            "wait": self._wait,
+            "events": self._events,
+            "alerts": self._alerts,
+            "nodes": self._nodes,
+        }
+
+    async def __call__(self, caller: Caller, op: str, args: dict[str, Any]) -> Any:
+        handler = self._ops.get(op)
+        if handler is None:
+            raise UsageError(f"unknown op {op!r} (known: {', '.join(sorted(self._ops))})")
+        try:
+            return await handler(caller, args)
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, UsageError):
+                raise
+            raise UsageError(f"bad arguments for {op}: {exc}") from None
+
+    @property
+    def now(self) -> float:
+        return self.scheduler.clock()
+
+    async def _whoami(self, caller: Caller, args: dict[str, Any]) -> Any:
+        return {"user": caller.user, "uid": caller.uid, "pid": caller.pid, "admin": self.scheduler.is_admin(caller)}
+
+    async def _status(self, caller: Caller, args: dict[str, Any]) -> Any:
+        jobs = await self.scheduler.store.jobs()
+        counts = {s.value: sum(1 for j in jobs if j.status is s) for s in JobStatus}
+        return {"pid": os.getpid(), "looping": self.scheduler.looping, "jobs": counts}
+
+    async def _submit(self, caller: Caller, args: dict[str, Any]) -> Any:
+        return (await self.scheduler.submit(caller, args["spec"])).to_json(self.now)
+
+    async def _predict(self, caller: Caller, args: dict[str, Any]) -> Any:
+        return decision_json(await self.scheduler.predict(args["spec"]))
+
+    async def _jobs(self, caller: Caller, args: dict[str, Any]) -> Any:
+        jobs = await self.scheduler.jobs(
+            caller,
+            status=args.get("status"),
+            name=args.get("name"),
+            owner=args.get("owner"),
+            spec=args.get("spec"),
+            output=args.get("output"),
+        )
+        return [j.to_json(self.now) for j in jobs]
+
+    async def _show(self, caller: Caller, args: dict[str, Any]) -> Any:
+        return await self.scheduler.show(caller, args["job"])
+
+    async def _stop(self, caller: Caller, args: dict[str, Any]) -> Any:
+        return [j.to_json(self.now) for j in await self.scheduler.stop(caller, _ids(args))]
+
+    async def _delete(self, caller: Caller, args: dict[str, Any]) -> Any:
+        return [j.to_json(self.now) for j in await self.scheduler.delete(caller, _ids(args))]
+
+    async def _clone(self, caller: Caller, args: dict[str, Any]) -> Any:
+        return (await self.scheduler.clone(caller, args["job"])).to_json(self.now)
+
+    async def _priority(self, caller: Caller, args: dict[str, Any]) -> Any:
+        return (await self.scheduler.set_priority(caller, args["job"], str(args["level"]))).to_json(self.now)
+
+    async def _extend(self, caller: Caller, args: dict[str, Any]) -> Any:
+        seconds = parse_duration(args["duration"])
+        return (await self.scheduler.extend(caller, args["job"], seconds)).to_json(self.now)
+
+    async def _logs(self, caller: Caller, args: dict[str, Any]) -> AsyncIterator[str]:
+        stream = self.scheduler.logs(
+            caller,
+            args["job"],
+            rank=int(args.get("rank") or 0),
+            attempt=args.get("attempt"),
+            follow=bool(args.get("follow")),
+            tail=args.get("tail"),
+        )
+        return await _primed(stream)
+
+    async def _wait(self, caller: Caller, args: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        return await _primed(self.scheduler.wait(caller, args["job"]))
+
+    async def _events(self, caller: Caller, args: dict[str, Any]) -> Any:
+        limit = int(args.get("limit") or 100)
+        job = args.get("job")
+        if job is not None:
+            shown = await self.scheduler.show(caller, job)  # the permission check of `show`
+            return shown["events"][-limit:]
+        events = await self.scheduler.service.events(node=args.get("node"), limit=limit)
+        return [e.to_json() for e in events]
+
+    async def _alerts(self, caller: Caller, args: dict[str, Any]) -> Any:
+        return [a.to_json() for a in await self.scheduler.store.alerts()]
+
+    async def _nodes(self, caller: Caller, args: dict[str, Any]) -> Any:
+        return [v.to_json() for v in await self.scheduler.service.nodes(args.get("nodeset"))]
+
+
+async def _primed(stream: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """Run a stream up to its first item now, so refusals (no such job, no permission) come back as errors."""
+    iterator = aiter(stream)
+    try:
+        first = await anext(iterator)
+    except StopAsyncIteration:
+        first = _EMPTY
+
+    async def rest() -> AsyncIterator[Any]:
+        try:
+            if first is not _EMPTY:
+                yield first
+                async for item in iterator:
+                    yield item
+        finally:
+            aclose = getattr(iterator, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    return rest()
+
+
+_EMPTY = object()
+
+
+def _ids(args: dict[str, Any]) -> list[Any]:
+    ids = args["jobs"]
+    if not isinstance(ids, list) or not ids:
+        raise UsageError("give at least one job id")
+    return ids
+
+
+def decision_json(decision: placement.Decision) -> dict[str, Any]:
+    if isinstance(decision, placement.Place):
+        return {"starts_now": True, "nodes": [{"node": n, "gpus": list(g)} for n, g in decision.nodes]}
+    return {
+        "starts_now": False,
+        "reason": decision.reason,
+        "cause": decision.cause.value,
+        "position": decision.position,
+        "ahead": list(decision.ahead),
+        "earliest_start": decision.earliest_start,
+    }
+
+
+async def serve(
+    loaded: LoadedConfig,
+    stop: asyncio.Event,
+    *,
+    ready: Callable[[Scheduler], None] | None = None,
+    probe: bool = True,
+) -> None:
+    """Run the scheduler with its API until `stop` is set. AlreadyRunning when another one holds state_dir."""
+    with StateLock(loaded.state_dir):
+        async with ClusterService.open(loaded) as service:
+            scheduler = Scheduler(service)
+            async with ApiServer(loaded.socket_path, Operations(scheduler), group=loaded.cluster.api.group):
+                log.info("serving %s on %s", loaded.state_dir, loaded.socket_path)
+                if ready is not None:
+                    ready(scheduler)
+                await scheduler.run(stop, probe=probe)
+
+
+async def serve_until_signalled(loaded: LoadedConfig) -> None:
+    """`ftconsole serve`: SIGTERM or SIGINT stops it cleanly (jobs keep running on their nodes)."""
+    import signal
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await serve(loaded, stop)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(Exception):
+                loop.remove_signal_handler(sig)
