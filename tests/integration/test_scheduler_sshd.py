@@ -1,0 +1,271 @@
+"""The scheduler end to end on real sshd nodes: `serve` with its socket, jobs placed, run, stopped, expired.
+
+Every job here runs as real processes on the nodes through the run supervisor; the tests talk to the
+scheduler only through its API socket, as the CLI does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import pwd
+import shutil
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scheduler.api import ApiClient
+from scheduler.config import LoadedConfig, load_config
+from scheduler.daemon import serve
+from scheduler.engine import Scheduler
+from scheduler.errors import AlreadyRunning, UsageError
+from tests.sshd_cluster import SshdCluster, pid_alive
+
+pytestmark = pytest.mark.sshd
+WAIT = 60.0
+
+
+@pytest.fixture
+def sock_dir() -> Any:
+    path = Path(tempfile.mkdtemp(prefix="ft-", dir="/tmp"))  # socket paths are limited to 107 bytes
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def write_config(cluster: SshdCluster, root: Path, sock_dir: Path, **overrides: Any) -> LoadedConfig:
+    settings = {
+        "ssh": {"python": sys.executable},
+        "scheduler": {"tick": "0.3s", "stop_grace": "2s"},
+        "api": {"socket": str(sock_dir / "ft.sock")},
+    }
+    for key, value in overrides.items():
+        settings[key] = {**settings.get(key, {}), **value}
+    return load_config(cluster.write_config(root / "cluster.yaml", **settings))
+
+
+@contextlib.asynccontextmanager
+async def running(loaded: LoadedConfig) -> AsyncIterator[tuple[Scheduler, ApiClient]]:
+    """`serve` in this process (real lock, store, SSH pool and socket); a client connected to it."""
+    stop = asyncio.Event()
+    ready: asyncio.Future[Scheduler] = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(serve(loaded, stop, ready=ready.set_result))
+    try:
+        scheduler = await asyncio.wait_for(asyncio.shield(ready), WAIT)
+        async with await ApiClient.connect(loaded.socket_path) as client:
+            yield scheduler, client
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, WAIT)
+
+
+def job(name: str, command: str, **fields: Any) -> dict[str, Any]:
+    return {"name": name, "command": command, **fields}
+
+
+async def until(client: ApiClient, job_id: int, done: Callable[[dict[str, Any]], bool], what: str) -> dict[str, Any]:
+    shown: dict[str, Any] = {}
+    for _ in range(int(WAIT / 0.1)):
+        shown = await client.call("show", job=job_id)
+        if done(shown):
+            return shown
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}: {json.dumps(shown, indent=1)[:3000]}")
+
+
+async def finished(client: ApiClient, job_id: int) -> dict[str, Any]:
+    return await until(client, job_id, lambda j: j["status"] not in ("queued", "running"), f"job {job_id} to end")
+
+
+async def log_of(client: ApiClient, job_id: int, rank: int = 0) -> str:
+    return "".join([chunk async for chunk in client.stream("logs", job=job_id, rank=rank)])
+
+
+async def test_two_node_pytorch_job_gets_env_and_hostfile_on_each_node(sshd_cluster, tmp_path, sock_dir) -> None:
+    cluster: SshdCluster = sshd_cluster(2, gpus=4)
+    loaded = write_config(cluster, tmp_path, sock_dir)
+    hosts = {n.name: n.address for n in cluster}
+    command = "sh -c 'env | sort; echo HOSTFILE; cat \"$FT_HOSTFILE\"; echo; pwd'"
+    async with running(loaded) as (_, client):
+        submitted = await client.call(
+            "submit", spec=job("envdump", command, mode="pytorch", nodes=2, gpus_per_node=2, workdir="/tmp")
+        )
+        assert submitted["status"] == "queued"
+        shown = await finished(client, submitted["id"])
+        assert shown["status"] == "succeeded", shown["message"]
+        runs = shown["attempts"][0]["runs"]
+        port = shown["attempts"][0]["master_port"]
+        assert [r["rank"] for r in runs] == [0, 1]
+        assert sorted(r["node"] for r in runs) == sorted(hosts)
+        master = hosts[runs[0]["node"]]
+        for run in runs:
+            text = await log_of(client, submitted["id"], run["rank"])
+            env_part, hostfile = text.split("HOSTFILE\n", 1)
+            env = dict(line.split("=", 1) for line in env_part.splitlines() if "=" in line)
+            node_home = cluster.node(run["node"]).home
+            run_dir = f"{node_home}/.ftconsole/runs/{submitted['id']}/1/{run['rank']}"
+            assert run["run_dir"] == run_dir
+            assert env["MASTER_ADDR"] == master
+            assert env["MASTER_PORT"] == str(port)
+            assert env["WORLD_SIZE"] == "2"
+            assert env["RANK"] == str(run["rank"])
+            assert env["SLOTS"] == "2"
+            assert env["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, run["gpus"]))
+            assert env["FT_JOB_ID"] == str(submitted["id"])
+            assert env["FT_ATTEMPT"] == "1"
+            assert env["FT_HOSTFILE"] == f"{run_dir}/hostfile"
+            assert env["FT_OUTPUT_DIR"] == f"{run_dir}/output"
+            expected = "".join(f"{hosts[r['node']]} slots=2\n" for r in runs)
+            assert hostfile.startswith(expected)
+            assert hostfile.rstrip().endswith("/tmp")  # the workdir
+        conditions = [c["type"] for c in shown["conditions"]]
+        assert conditions[:2] == ["Pending", "Creating"] and conditions[-1] == "Succeeded"
+        assert "Running" in conditions
+
+
+async def test_wrong_command_ends_in_error_with_a_clear_message(sshd_cluster, tmp_path, sock_dir) -> None:
+    cluster: SshdCluster = sshd_cluster(1, gpus=2)
+    loaded = write_config(cluster, tmp_path, sock_dir)
+    async with running(loaded) as (_, client):
+        missing = await client.call("submit", spec=job("typo", "pyhton3 train.py"))
+        failing = await client.call("submit", spec=job("fails", "sh -c 'echo boom >&2; exit 7'"))
+        shown = await finished(client, missing["id"])
+        assert shown["status"] == "error"
+        assert "cannot start pyhton3" in shown["message"] and "No such file" in shown["message"]
+        assert shown["conditions"][-1]["type"] == "Failed"
+        shown = await finished(client, failing["id"])
+        assert (shown["status"], shown["exit_code"]) == ("error", 7)
+        assert shown["message"].endswith("exited with code 7")
+        assert "boom" in await log_of(client, failing["id"])
+        # the GPUs are free again: a job needing both starts
+        again = await client.call("submit", spec=job("after", "true", gpus_per_node=2))
+        assert (await finished(client, again["id"]))["status"] == "succeeded"
+
+
+async def test_stop_reaches_the_whole_process_group(sshd_cluster, tmp_path, sock_dir) -> None:
+    cluster: SshdCluster = sshd_cluster(1, gpus=1)
+    loaded = write_config(cluster, tmp_path, sock_dir)
+    async with running(loaded) as (_, client):
+        submitted = await client.call("submit", spec=job("tree", "sh -c 'sleep 300 & echo child $!; wait'"))
+        job_id = submitted["id"]
+        await until(client, job_id, lambda j: any(c["type"] == "Running" for c in j["conditions"]), "Running")
+        text = ""
+        for _ in range(100):
+            text = await log_of(client, job_id)
+            if "child" in text:
+                break
+            await asyncio.sleep(0.1)
+        child = int(text.split("child", 1)[1].split()[0])
+        leader = (await client.call("show", job=job_id))["attempts"][0]["runs"][0]["pid"]
+        assert pid_alive(child) and pid_alive(leader)
+        stopped = await client.call("stop", jobs=[job_id])
+        assert stopped[0]["stop_reason"] == "stopped"
+        shown = await finished(client, job_id)
+        assert shown["status"] == "stopped"
+        assert shown["attempts"][0]["runs"][0]["signal"] == "SIGTERM"
+        assert not pid_alive(child), "the command's child outlived the stop"
+        assert not pid_alive(leader)
+        assert [c["type"] for c in shown["conditions"]][-2:] == ["Stopping", "Stopped"]
+        with pytest.raises(UsageError, match="only change while it is queued"):
+            await client.call("priority", job=job_id, level="urgent")
+
+
+async def test_max_runtime_expires_the_job_and_extend_lengthens_it(sshd_cluster, tmp_path, sock_dir) -> None:
+    cluster: SshdCluster = sshd_cluster(1, gpus=2)
+    loaded = write_config(cluster, tmp_path, sock_dir)
+    async with running(loaded) as (_, client):
+        short = await client.call("submit", spec=job("short", "sleep 60", max_runtime="1s"))
+        extended = await client.call("submit", spec=job("extended", "sleep 3", max_runtime="1s"))
+        await client.call("extend", job=extended["id"], duration="30s")
+        shown = await finished(client, short["id"])
+        assert shown["status"] == "expired"
+        assert shown["stop_by"] == "scheduler"
+        assert any(c["type"] == "Stopping" and "max_runtime 1s reached" in c["message"] for c in shown["conditions"])
+        shown = await finished(client, extended["id"])
+        assert shown["status"] == "succeeded"
+        assert shown["max_runtime_s"] == 31
+        with pytest.raises(UsageError, match="no max_runtime"):
+            await client.call(
+                "extend", job=(await client.call("submit", spec=job("free", "true")))["id"], duration="1h"
+            )
+
+
+# A client as another user: the plain socket module, one request, prints the reply as one JSON line.
+AS_OTHER_USER = """
+import json, socket, sys
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+sock.settimeout(30)
+sock.connect(sys.argv[1])
+sock.sendall(sys.argv[2].encode() + b"\\n")
+print(sock.makefile("rb").readline().decode().strip())
+"""
+
+
+async def as_nobody(path: Path, op: str, **args: Any) -> dict[str, Any]:
+    request = json.dumps({"id": 1, "op": op, "args": args})
+    for python in dict.fromkeys([sys.executable, getattr(sys, "_base_executable", ""), "/usr/bin/python3"]):
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                python, "-I", "-c", AS_OTHER_USER, str(path), request, stdout=asyncio.subprocess.PIPE,
+                user=65534, group=65534, extra_groups=[0], cwd="/",
+            )  # fmt: skip
+        except (PermissionError, FileNotFoundError):
+            continue
+        out, _ = await asyncio.wait_for(proc.communicate(), WAIT)
+        assert proc.returncode == 0
+        return dict(json.loads(out))
+    pytest.skip("no Python interpreter that uid 65534 may run")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="acting as another user needs root")
+async def test_only_owner_admins_and_access_decide_who_acts(sshd_cluster, tmp_path, sock_dir) -> None:
+    cluster: SshdCluster = sshd_cluster(1, gpus=2)
+    loaded = write_config(cluster, tmp_path, sock_dir)
+    sock_dir.chmod(0o755)
+    async with running(loaded) as (_, client):
+        shared = await client.call("submit", spec=job("shared", "sleep 300", access="read-only"))
+        private = await client.call("submit", spec=job("private", "sleep 300"))
+        await until(client, shared["id"], lambda j: j["status"] == "running", "running")
+
+        refused = await as_nobody(loaded.socket_path, "stop", jobs=[shared["id"]])
+        assert refused["error"]["type"] == "PermissionDenied"
+        assert f"may not stop job {shared['id']}: it belongs to root" in refused["error"]["message"]
+        assert (await as_nobody(loaded.socket_path, "show", job=shared["id"]))["result"]["name"] == "shared"
+        refused = await as_nobody(loaded.socket_path, "show", job=private["id"])
+        assert refused["error"]["type"] == "PermissionDenied"
+        refused = await as_nobody(loaded.socket_path, "submit", spec=job("vip", "true", priority="very-urgent"))
+        assert "admins only" in refused["error"]["message"]
+        assert (await client.call("show", job=shared["id"]))["status"] == "running"
+
+        # nobody's own job: nobody may stop it
+        own = (await as_nobody(loaded.socket_path, "submit", spec=job("mine", "sleep 300", gpus_per_node=2)))["result"]
+        assert own["owner"] == pwd.getpwuid(65534).pw_name
+        assert (await as_nobody(loaded.socket_path, "stop", jobs=[own["id"]]))["result"][0]["status"] == "stopped"
+
+        # root is an admin: it may stop anyone's job
+        await client.call("stop", jobs=[shared["id"], private["id"]])
+        assert (await finished(client, shared["id"]))["status"] == "stopped"
+        assert (await finished(client, private["id"]))["status"] == "stopped"
+
+
+async def test_one_scheduler_per_state_dir_and_jobs_survive_its_restart(sshd_cluster, tmp_path, sock_dir) -> None:
+    cluster: SshdCluster = sshd_cluster(1, gpus=1)
+    loaded = write_config(cluster, tmp_path, sock_dir)
+    async with running(loaded) as (_, client):
+        with pytest.raises(AlreadyRunning, match=r"another scheduler \(pid \d+\) already runs"):
+            await asyncio.wait_for(serve(loaded, asyncio.Event()), WAIT)
+        submitted = await client.call("submit", spec=job("survivor", "sh -c 'sleep 2; echo survived'"))
+        await until(client, submitted["id"], lambda j: j["status"] == "running", "running")
+    # the scheduler is down; the run goes on on its node, and the next scheduler reads it back
+    await asyncio.sleep(2.5)
+    async with running(loaded) as (_, client):
+        shown = await finished(client, submitted["id"])
+        assert shown["status"] == "succeeded"
+        assert "survived" in await log_of(client, submitted["id"])
