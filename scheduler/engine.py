@@ -93,7 +93,7 @@ class Scheduler:
 
     async def _job(self, caller: Caller, job_id: int | str, verb: str, *, write: bool) -> Job:
         job = await self.store.job(_job_id(job_id))
-        if job is None or job.deleted:
+        if job is None or (job.deleted and write):  # a deleted job can still be looked at, not acted on
             raise NotFound(f"no job {job_id}")
         self._check(caller, job, verb, write=write)
         return job

@@ -133,6 +133,7 @@ class Job:
             "message": self.message,
             "exit_code": self.exit_code,
             "cloned_from": self.cloned_from,
+            "deleted": self.deleted,
         }
 
 

@@ -14,12 +14,9 @@ from typing import Any
 
 from probes.health import NodeEvent, NodeHealth, NodeState, Observation, observe, set_admin, stale
 from probes.results import ProbeReport
-from scheduler import placement
 from scheduler.config import LoadedConfig, Node, expand_nodeset
 from scheduler.errors import NotFound, UsageError
-from scheduler.jobspec import JobSpec
 from scheduler.probing import ProbeFailure, sweep
-from scheduler.requests import job_request, node_slot
 from scheduler.ssh import SSHPool, Transport
 from scheduler.store import Store, StoredEvent, StoredProbe
 
@@ -191,20 +188,6 @@ class ClusterService:
         if node is not None:
             self.select(node)
         return await self.store.events(node=node, limit=limit)
-
-    # -- jobs --------------------------------------------------------------------------------------------
-
-    async def predict(self, spec: JobSpec) -> placement.Decision:
-        """Would this job start now, on which nodes and GPUs; or why it would wait.
-
-        Reads node states and GPUs from the store (the last probes). Until jobs can be submitted, nothing
-        holds GPUs and no job is queued ahead.
-        """
-        now = self.clock()
-        state = placement.ClusterState(nodes=tuple(node_slot(v.to_json()) for v in await self.nodes()))
-        job = job_request(spec, self.config, job_id=spec.name, now=now)
-        degraded_ok = [name for name, pool in self.config.pools.items() if pool.schedule_degraded]
-        return placement.predict(state, [], job, now, allow_degraded=degraded_ok)
 
     # -- admin -------------------------------------------------------------------------------------------
 

@@ -1,0 +1,155 @@
+"""The job commands of the CLI as a user runs them: `ftconsole serve` in the background, then submit, jobs,
+show, logs, stop, delete, clone, priority, and the errors a user sees."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.sshd_cluster import SshdCluster
+
+pytestmark = pytest.mark.sshd
+TIMEOUT = 60
+
+
+class Cli:
+    def __init__(self, config: Path) -> None:
+        self.env = {**os.environ, "FTCONSOLE_CONFIG": str(config)}
+
+    def __call__(self, *args: str, check: int | None = 0) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            [sys.executable, "-m", "ftconsole.cli", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+        )
+        if check is not None:
+            assert proc.returncode == check, f"{args}: exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+        return proc
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self(*args, "--json").stdout)
+
+    def until(self, job_id: int, statuses: set[str]) -> dict[str, Any]:
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline:
+            shown = self.json("show", str(job_id))
+            if shown["status"] in statuses:
+                return dict(shown)
+            time.sleep(0.2)
+        raise AssertionError(f"job {job_id} never reached {statuses}")
+
+
+@pytest.fixture
+def setup(sshd_cluster, tmp_path: Path) -> Iterator[tuple[Cli, Path, Path]]:
+    cluster: SshdCluster = sshd_cluster(1, gpus=2)
+    sock_dir = Path(tempfile.mkdtemp(prefix="ft-", dir="/tmp"))
+    config = cluster.write_config(
+        tmp_path / "cluster.yaml",
+        ssh={"python": sys.executable},
+        scheduler={"tick": "0.3s", "stop_grace": "2s"},
+        api={"socket": str(sock_dir / "ft.sock")},
+    )
+    try:
+        yield Cli(config), tmp_path, sock_dir
+    finally:
+        shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+def spec(tmp_path: Path, name: str, text: str) -> str:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(f"name: {name}\n{text}")
+    return str(path)
+
+
+def test_cli_job_commands_against_serve(setup) -> None:
+    cli, tmp_path, sock_dir = setup
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "ftconsole.cli", "serve"],
+        env=cli.env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not (sock_dir / "ft.sock").exists():
+            assert serve.poll() is None, serve.stderr.read() if serve.stderr else ""
+            assert time.monotonic() < deadline, "serve never opened its socket"
+            time.sleep(0.1)
+        second = cli("serve", check=1)
+        assert "already running: another scheduler (pid" in second.stderr
+
+        # submit --wait: the id, then the exit status follows the job's
+        ok = cli("submit", spec(tmp_path, "hello", "command: sh -c 'echo hello from $FT_JOB_ID'\n"), "--wait")
+        job_id = int(ok.stdout.split()[0])
+        assert "succeeded" in ok.stderr
+        assert cli("logs", str(job_id)).stdout == f"hello from {job_id}\n"
+        failed = cli("submit", spec(tmp_path, "fails", "command: sh -c 'exit 4'\n"), "--wait", "--json", check=1)
+        assert json.loads(failed.stdout)["status"] == "error"
+
+        long_id = cli.json("submit", spec(tmp_path, "long", "command: sleep 300\ngpus_per_node: 2\n"))["id"]
+        queued_id = cli.json("submit", spec(tmp_path, "next", "command: 'true'\ngpus_per_node: 2\n"))["id"]
+        cli.until(long_id, {"running"})
+        listing = {j["id"]: j for j in cli.json("jobs")}
+        assert listing[long_id]["status"] == "running" and listing[queued_id]["status"] == "queued"
+        assert "position 1" in listing[queued_id]["message"]
+        assert [j["name"] for j in cli.json("jobs", "--status", "queued")] == ["next"]
+        assert [j["name"] for j in cli.json("jobs", "--name", "ell")] == ["hello"]
+        prediction = cli.json("predict", spec(tmp_path, "third", "command: 'true'\ngpus_per_node: 1\n"))
+        assert prediction["starts_now"] is False and prediction["ahead"] == [str(queued_id)]
+
+        assert cli.json("priority", str(queued_id), "urgent")[0]["priority"] == "urgent"
+        table = cli("jobs").stdout
+        assert "ID" in table.splitlines()[0] and "long" in table
+        clone_id = cli.json("clone", str(job_id))["id"]
+        assert cli.json("show", str(clone_id))["cloned_from"] == job_id
+
+        stopped = cli.json("stop", str(long_id))
+        assert stopped[0]["stop_reason"] == "stopped"
+        assert cli.until(long_id, {"stopped"})["conditions"][-1]["type"] == "Stopped"
+        assert cli.until(queued_id, {"succeeded"})["status"] == "succeeded"
+
+        deleted = cli.json("delete", str(job_id), str(long_id))
+        assert [j["id"] for j in deleted] == [job_id, long_id]
+        assert job_id not in [j["id"] for j in cli.json("jobs")]
+
+        # errors: what is wrong, where, and a non-zero exit
+        missing = cli("show", "999", check=2)
+        assert missing.stderr == "ftconsole: not found: no job 999\n"
+        bad = cli("submit", spec(tmp_path, "bad", "command: KEY=1 python3 train.py\n"), check=2)
+        assert "bad.yaml:2: command:" in bad.stderr
+        assert cli("extend", str(queued_id), "1h", check=2).stderr.startswith("ftconsole: bad input: job")
+        events = cli.json("events", str(long_id))
+        assert {"Pending", "Creating", "Stopping", "Stopped", "Deleted"} <= {e["kind"] for e in events}
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        try:
+            serve.wait(TIMEOUT)
+        finally:
+            if serve.stderr:
+                serve.stderr.close()
+    assert serve.returncode == 0
+    assert not (sock_dir / "ft.sock").exists()
+
+
+def test_cli_without_a_scheduler_records_and_warns(setup) -> None:
+    cli, tmp_path, _ = setup
+    submitted = cli("submit", spec(tmp_path, "later", "command: 'true'\n"), "--json")
+    assert "no scheduler is running" in submitted.stderr
+    job_id = json.loads(submitted.stdout)["id"]
+    assert [(j["id"], j["status"]) for j in cli.json("jobs")] == [(job_id, "queued")]
+    assert cli("stop", str(job_id)).stdout.strip() == f"job {job_id} later: stop requested, stopped"
+    assert cli("logs", str(job_id), check=2).stderr.endswith("has not started: no logs yet\n")
