@@ -1,13 +1,16 @@
 """The console: a Textual app for operators on call.
 
-It runs the node side of the scheduler embedded (periodic probe sweeps) and shows the nodes: state with
-reasons, pool, GPUs, last probe age. The table is updated by diff (rows keyed by node name, `update_cell`
-for changed values), so the cursor and scroll never jump. It knows the scheduler only through
-`ClusterService`.
+When no scheduler runs on the config's state_dir, the console runs it embedded (`scheduler.daemon.serve`:
+the control loop, the probes, and the API socket, so the CLI works while the console is open); when
+`ftconsole serve` already runs, it attaches and only reads. It shows the nodes: state with reasons, pool,
+GPUs, last probe age. The table is updated by diff (rows keyed by node name, `update_cell` for changed
+values), so the cursor and scroll never jump.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from typing import Any, ClassVar
 
@@ -20,11 +23,12 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Header, Input, Label, Static
-from textual.worker import Worker, WorkerState
+from textual.worker import Worker, WorkerCancelled, WorkerFailed, WorkerState
 
 from ftconsole.format import age, gpu_summary
 from scheduler.config import LoadedConfig
-from scheduler.errors import FtError
+from scheduler.daemon import serve
+from scheduler.errors import AlreadyRunning, FtError
 from scheduler.service import ClusterService
 from scheduler.ssh import local_user
 
@@ -37,6 +41,7 @@ STATE_STYLE = {
     "isolated": "bold cyan",
     "unknown": "dim",
 }
+REFRESH_S = 2.0  # how often the views are read back from the store (the scheduler writes it)
 # Worst first, so the nodes that need attention are at the top.
 STATE_ORDER = ["unreachable", "unhealthy", "isolated", "degraded", "drained", "unknown", "healthy"]
 
@@ -205,6 +210,8 @@ class ConsoleApp(App[int]):
         self.readonly = readonly
         self.service: ClusterService | None = None
         self._service_cm: Any = None
+        self.scheduler_mode = "starting"  # embedded | attached
+        self._stop_scheduler = asyncio.Event()
         self.views: dict[str, dict[str, Any]] = {}
         self.sub_title = str(loaded.file)
 
@@ -219,10 +226,14 @@ class ConsoleApp(App[int]):
         self.service = await self._service_cm.__aenter__()
         await self.refresh_nodes()
         self.query_one(NodesTable).focus()
-        self.probe_loop()
+        self.run_scheduler()
         self.set_interval(1.0, self._tick)
+        self.set_interval(REFRESH_S, self.refresh_nodes)
 
     async def on_unmount(self) -> None:
+        self._stop_scheduler.set()
+        with contextlib.suppress(WorkerCancelled, WorkerFailed):  # Textual may have cancelled it already
+            await self.workers.wait_for_complete()
         if self._service_cm is not None:
             await self._service_cm.__aexit__(None, None, None)
 
@@ -254,14 +265,20 @@ class ConsoleApp(App[int]):
         parts.append(Text(f"data {age(time.time() - self.data_time)} old", style="dim"))
         self.query_one("#summary", Static).update(Text.assemble(*parts))
 
-    @work(exclusive=True, group="probe-loop", exit_on_error=False)
-    async def probe_loop(self) -> None:
-        import asyncio
-
+    @work(exclusive=True, group="scheduler", exit_on_error=False)
+    async def run_scheduler(self) -> None:
+        """The scheduler embedded (loop, probes, API socket) until the app ends; attach if one already runs."""
         assert self.service is not None
-        while True:
-            await self._probe(None)
-            await asyncio.sleep(self.loaded.cluster.probes.interval)
+
+        def ready(_: object) -> None:
+            self.scheduler_mode = "embedded"
+            self.sub_title = f"{self.loaded.file} · scheduler embedded · API {self.loaded.socket_path}"
+
+        try:
+            await serve(self.loaded, self._stop_scheduler, ready=ready, service=self.service)
+        except AlreadyRunning:
+            self.scheduler_mode = "attached"
+            self.sub_title = f"{self.loaded.file} · attached to the scheduler of {self.loaded.state_dir}"
 
     async def _probe(self, nodeset: str | None) -> None:
         assert self.service is not None

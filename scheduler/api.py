@@ -85,7 +85,9 @@ class ApiServer:
             sock.bind(str(self.path))
         except OSError as exc:
             sock.close()
-            raise FtError(f"cannot listen on {self.path}: {exc.strerror or exc}") from exc
+            hint = " (Unix socket paths are limited to 107 bytes: set api.socket to a shorter path)"
+            too_long = len(os.fsencode(self.path)) > 107
+            raise FtError(f"cannot listen on {self.path}: {exc.strerror or exc}{hint if too_long else ''}") from exc
         finally:
             os.umask(old_umask)
         try:

@@ -196,16 +196,24 @@ async def serve(
     *,
     ready: Callable[[Scheduler], None] | None = None,
     probe: bool = True,
+    service: ClusterService | None = None,
 ) -> None:
-    """Run the scheduler with its API until `stop` is set. AlreadyRunning when another one holds state_dir."""
+    """Run the scheduler with its API until `stop` is set. AlreadyRunning when another one holds state_dir.
+
+    `service`: an open ClusterService to share (the console's); by default one is opened and closed here.
+    """
     with StateLock(loaded.state_dir):
-        async with ClusterService.open(loaded) as service:
+        async with contextlib.AsyncExitStack() as stack:
+            if service is None:
+                service = await stack.enter_async_context(ClusterService.open(loaded))
             scheduler = Scheduler(service)
-            async with ApiServer(loaded.socket_path, Operations(scheduler), group=loaded.cluster.api.group):
-                log.info("serving %s on %s", loaded.state_dir, loaded.socket_path)
-                if ready is not None:
-                    ready(scheduler)
-                await scheduler.run(stop, probe=probe)
+            await stack.enter_async_context(
+                ApiServer(loaded.socket_path, Operations(scheduler), group=loaded.cluster.api.group)
+            )
+            log.info("serving %s on %s", loaded.state_dir, loaded.socket_path)
+            if ready is not None:
+                ready(scheduler)
+            await scheduler.run(stop, probe=probe)
 
 
 async def serve_until_signalled(loaded: LoadedConfig) -> None:

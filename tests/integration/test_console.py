@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from pathlib import Path
+
+import yaml
 
 from ftconsole.app import ConsoleApp, NodeDetail, NodesTable
 from ftconsole.lab import LabCluster
+from scheduler.api import ApiClient
 from scheduler.config import load_config
 from scheduler.service import ClusterService
 
@@ -74,3 +79,31 @@ async def test_readonly_console_cannot_drain(tmp_path: Path) -> None:
             await pilot.pause(0.2)
             assert not any(v["state"] == "drained" for v in app.views.values())
             assert len(app.screen_stack) == 1  # no drain dialog opened
+
+
+async def test_console_runs_the_scheduler_embedded_and_serves_its_socket(tmp_path: Path) -> None:
+    sock_dir = Path(tempfile.mkdtemp(prefix="ft-", dir="/tmp"))
+    try:
+        async with LabCluster(tmp_path / "lab", nodes=2) as lab:
+            config = yaml.safe_load(lab.config_path.read_text())
+            config["api"] = {"socket": str(sock_dir / "ft.sock")}
+            config["scheduler"] = {"tick": "0.3s"}
+            path = tmp_path / "cluster.yaml"
+            path.write_text(yaml.safe_dump(config))
+            loaded = load_config(path)
+            app = ConsoleApp(loaded)
+            async with app.run_test(size=SIZE) as pilot:
+                await wait_for(pilot, lambda: app.scheduler_mode == "embedded", "the embedded scheduler")
+                # the CLI's way in: the socket, while the console runs
+                async with await ApiClient.connect(loaded.socket_path) as client:
+                    job = await client.call("submit", spec={"name": "via-cli", "command": "echo hi"})
+                    final = [s async for s in client.stream("wait", job=job["id"])][-1]
+                    assert final["status"] == "succeeded"
+                    assert "".join([c async for c in client.stream("logs", job=job["id"])]) == "hi\n"
+                # a second console attaches instead of running a second scheduler
+                second = ConsoleApp(loaded, readonly=True)
+                async with second.run_test(size=SIZE) as pilot2:
+                    await wait_for(pilot2, lambda: second.scheduler_mode == "attached", "the second console")
+            assert not loaded.socket_path.exists()
+    finally:
+        shutil.rmtree(sock_dir, ignore_errors=True)
