@@ -59,6 +59,7 @@ from scheduler.store import Conflict, JobTx
 log = logging.getLogger("ftconsole.scheduler")
 
 LOG_POLL_S = 0.5
+MIN_TICK_GAP_S = 0.2
 LOG_CHUNK = 1 << 20
 
 
@@ -412,9 +413,14 @@ class Scheduler:
                 except Exception:
                     log.exception("tick failed")
                 self._wake.clear()
+                # a poke (submit, stop, a probe) brings the next tick forward, but ticks stay MIN_TICK_GAP_S
+                # apart: a burst of submissions is placed in one pass, not one pass each
+                gap = min(MIN_TICK_GAP_S, self.settings.tick)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=gap)
                 waits = [asyncio.ensure_future(self._wake.wait()), asyncio.ensure_future(stop.wait())]
                 try:
-                    await asyncio.wait(waits, timeout=self.settings.tick, return_when=asyncio.FIRST_COMPLETED)
+                    await asyncio.wait(waits, timeout=self.settings.tick - gap, return_when=asyncio.FIRST_COMPLETED)
                 finally:
                     for w in waits:
                         w.cancel()
@@ -672,12 +678,14 @@ class Scheduler:
         decisions = placement.plan(
             state, requests, now, urgent_cap=self.settings.urgent_cap, allow_degraded=self._degraded_ok
         )
+        notes = {}
         for decision in decisions:
             job = by_id[decision.job_id]
             if isinstance(decision, placement.Wait):
-                await self._note(job, f"waiting (position {decision.position}): {decision.reason}")
+                notes[job.id] = f"waiting (position {decision.position}): {decision.reason}"
             else:
                 await self._start(job, decision, now)
+        await self._notes([(by_id[str(i)], text) for i, text in notes.items()])
 
     async def predict(self, spec: JobSpec | dict[str, Any]) -> placement.Decision:
         """Would this job start now, on which nodes and GPUs; or its queue position, why, and the jobs ahead."""
@@ -721,7 +729,7 @@ class Scheduler:
             try:
                 request = job_request(job.spec, self.config, job_id=str(job.id), now=job.submitted)
             except FtError as exc:  # the config changed under a queued job (spec removed): say so, keep it
-                await self._note(job, str(exc))
+                await self._notes([(job, str(exc))])
                 continue
             requests.append(
                 dataclasses.replace(request, priority=placement.Priority.parse(job.priority), requeued=job.requeued)
@@ -729,21 +737,22 @@ class Scheduler:
             by_id[str(job.id)] = job
         return state, requests, by_id
 
-    async def _note(self, job: Job, message: str) -> None:
-        if job.message == message:
+    async def _notes(self, notes: Sequence[tuple[Job, str]]) -> None:
+        """Why queued jobs wait (their message), in one transaction; only the ones that changed."""
+        changed = [(job, text) for job, text in notes if job.message != text]
+        if not changed:
             return
-        try:
-            async with self.store.jobs_tx("note why a job waits") as tx:
-                await tx.update_job(job.id, expect=[JobStatus.QUEUED], message=message)
-        except Conflict:
-            pass
+        async with self.store.jobs_tx("note why jobs wait") as tx:
+            for job, text in changed:
+                with contextlib.suppress(Conflict):  # it left the queue meanwhile
+                    await tx.update_job(job.id, expect=[JobStatus.QUEUED], message=text)
 
     async def _start(self, job: Job, decision: placement.Place, now: float) -> None:
         first = self._nodes[decision.nodes[0][0]]
         try:
             port = await free_port(self.transport, first, python=self.config.ssh.python)
         except FtError as exc:
-            await self._note(job, f"placed, but cannot get a port on {first.name}: {exc}; retrying")
+            await self._notes([(job, f"placed, but cannot get a port on {first.name}: {exc}; retrying")])
             return
         number = job.attempt + 1
         request = job_request(job.spec, self.config, job_id=str(job.id), now=job.submitted)

@@ -178,6 +178,7 @@ class Store:
         self._db = db
         self.path = path
         self._writing = asyncio.Lock()  # one connection: transactions must not interleave
+        self._specs: dict[str, JobSpec] = {}  # spec JSON -> parsed (specs never change once stored)
 
     @classmethod
     async def open(cls, path: Path) -> Store:
@@ -334,12 +335,20 @@ class Store:
             args.extend(wanted)
         async with self._db.execute(sql + " ORDER BY id", args) as cur:
             rows = await cur.fetchall()
-        return [_job_from_row(r) for r in rows]
+        return [self._job_from_row(r) for r in rows]
 
     async def job(self, job_id: int) -> Job | None:
         async with self._db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)) as cur:
             row = await cur.fetchone()
-        return _job_from_row(row) if row else None
+        return self._job_from_row(row) if row else None
+
+    def _job_from_row(self, row: sqlite3.Row) -> Job:
+        spec = self._specs.get(row["spec"])
+        if spec is None:
+            if len(self._specs) > 50_000:
+                self._specs.clear()
+            spec = self._specs[row["spec"]] = JobSpec.from_json(json.loads(row["spec"]))
+        return _job_from_row(row, spec)
 
     async def attempts(self, job_id: int) -> list[Attempt]:
         async with self._db.execute("SELECT * FROM attempts WHERE job = ? ORDER BY number", (job_id,)) as cur:
@@ -542,13 +551,13 @@ def _column_value(value: Any) -> Any:
     return value
 
 
-def _job_from_row(row: sqlite3.Row) -> Job:
+def _job_from_row(row: sqlite3.Row, spec: JobSpec) -> Job:
     return Job(
         id=row["id"],
         name=row["name"],
         owner=row["owner"],
         uid=row["uid"],
-        spec=JobSpec.from_json(json.loads(row["spec"])),
+        spec=spec,
         status=JobStatus(row["status"]),
         priority=row["priority"],
         project=row["project"],
