@@ -260,6 +260,44 @@ def cmd_alerts(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cluster(args: argparse.Namespace) -> int:
+    view = _with_client(args, "cluster", lambda c: c.call("cluster"))
+    if args.json:
+        print_json(view)
+        return 0
+    rows = []
+    for n in view["nodes"]:
+        holders = sorted({g["job"] for g in n["gpus"] if g["job"] is not None})
+        mem = f"{n['mem_total_mib'] / 1024:.0f}G" if n["mem_total_mib"] else "-"
+        rows.append(
+            [
+                n["name"],
+                n["state"],
+                n["pool"],
+                n["os"] or "-",
+                n["kernel"] or "-",
+                n["cpus"] or "-",
+                mem,
+                n["driver_version"] or "-",
+                f"{n['gpus_used']}/{n['gpus_total']} {(n['gpu_model'] or '').replace('NVIDIA ', '')}".strip(),
+                ",".join(map(str, holders)) or "-",
+            ]
+        )
+    print_table(["NODE", "STATE", "POOL", "OS", "KERNEL", "CPUS", "MEM", "DRIVER", "GPUS USED", "JOBS"], rows)
+    print()
+    print_table(
+        ["SPEC", "SHAPE", "NODES", "FREE NODES", "FREE GPUS", "STATE"],
+        [
+            [s["spec"], f"{s['gpus_per_node']} GPU", s["nodes"], s["nodes_free"], s["gpus_free"], s["state"]]
+            for s in view["specs"]
+        ],
+    )
+    if view["queued_demand"]:
+        print()
+        print_table(["QUEUED DEMAND", "GPUS"], sorted(view["queued_demand"].items()))
+    return 0
+
+
 # -- parser ----------------------------------------------------------------------------------------------------
 
 
@@ -324,6 +362,9 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser, listing: argparse.Arg
     p.add_argument("--node", help="only events of this node")
     p.add_argument("--limit", type=int, default=100, help="at most this many, newest last (default 100)")
     p.set_defaults(func=cmd_job_events)
+
+    p = sub.add_parser("cluster", parents=parents, help="nodes with what holds each GPU, specs idle or tight, demand")
+    p.set_defaults(func=cmd_cluster)
 
     p = sub.add_parser("alerts", parents=parents, help="open alerts")
     p.set_defaults(func=cmd_alerts)

@@ -19,6 +19,7 @@ from typing import Any
 
 from scheduler import placement
 from scheduler.api import ApiServer, Caller
+from scheduler.clusterview import cluster_view
 from scheduler.config import LoadedConfig, parse_duration
 from scheduler.engine import Scheduler
 from scheduler.errors import UsageError
@@ -54,6 +55,7 @@ class Operations:
             "events": self._events,
             "alerts": self._alerts,
             "nodes": self._nodes,
+            "cluster": self._cluster,
         }
 
     async def __call__(self, caller: Caller, op: str, args: dict[str, Any]) -> Any:
@@ -143,6 +145,12 @@ class Operations:
 
     async def _nodes(self, caller: Caller, args: dict[str, Any]) -> Any:
         return [v.to_json() for v in await self.scheduler.service.nodes(args.get("nodeset"))]
+
+    async def _cluster(self, caller: Caller, args: dict[str, Any]) -> Any:
+        s = self.scheduler
+        views = [v.to_json() for v in await s.service.nodes()]
+        queued = await s.store.jobs(statuses=[JobStatus.QUEUED])
+        return cluster_view(s.config, views, await s.store.runs(held=True), queued)
 
 
 async def _primed(stream: AsyncIterator[Any]) -> AsyncIterator[Any]:

@@ -24,7 +24,7 @@ from scheduler.api import ApiClient
 from scheduler.config import LoadedConfig, load_config
 from scheduler.daemon import serve
 from scheduler.engine import Scheduler
-from scheduler.errors import AlreadyRunning, UsageError
+from scheduler.errors import AlreadyRunning, NotFound, UsageError
 from tests.sshd_cluster import SshdCluster, pid_alive
 
 pytestmark = pytest.mark.sshd
@@ -269,3 +269,23 @@ async def test_one_scheduler_per_state_dir_and_jobs_survive_its_restart(sshd_clu
         shown = await finished(client, submitted["id"])
         assert shown["status"] == "succeeded"
         assert "survived" in await log_of(client, submitted["id"])
+
+
+async def test_logs_follow_streams_until_the_run_ends(sshd_cluster, tmp_path, sock_dir) -> None:
+    cluster: SshdCluster = sshd_cluster(1, gpus=1)
+    loaded = write_config(cluster, tmp_path, sock_dir)
+    async with running(loaded) as (_, client):
+        command = "sh -c 'echo first; sleep 1.5; printf \"h\\303\\251llo\\n\"; echo last'"
+        submitted = await client.call("submit", spec=job("chatty", command))
+        await until(client, submitted["id"], lambda j: j["attempts"] and j["attempts"][0]["runs"][0]["pid"], "start")
+        chunks = []
+        stream = client.stream("logs", job=submitted["id"], follow=True)
+        async for chunk in stream:
+            chunks.append(chunk)
+        assert "".join(chunks) == "first\nhéllo\nlast\n"
+        assert len(chunks) >= 2  # it arrived while the run was going, not in one piece at the end
+        tail = "".join([c async for c in client.stream("logs", job=submitted["id"], tail=1)])
+        assert tail == "last\n"
+        with pytest.raises(NotFound, match="has no rank 3"):
+            async for _ in client.stream("logs", job=submitted["id"], rank=3):
+                pass
