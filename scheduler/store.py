@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import sqlite3
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiosqlite
 
@@ -551,82 +552,39 @@ def _column_value(value: Any) -> Any:
     return value
 
 
+R = TypeVar("R")
+
+
+def _record(cls: type[R], row: sqlite3.Row, **converted: Any) -> R:
+    """A record dataclass from a row: columns named like its fields, those needing conversion given."""
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    return cls(**{**{k: row[k] for k in names.intersection(row.keys())}, **converted})
+
+
 def _job_from_row(row: sqlite3.Row, spec: JobSpec) -> Job:
-    return Job(
-        id=row["id"],
-        name=row["name"],
-        owner=row["owner"],
-        uid=row["uid"],
+    return _record(
+        Job,
+        row,
         spec=spec,
         status=JobStatus(row["status"]),
-        priority=row["priority"],
-        project=row["project"],
-        access=row["access"],
-        submitted=row["submitted"],
-        started=row["started"],
-        ended=row["ended"],
-        attempt=row["attempt"],
         requeued=bool(row["requeued"]),
-        extra_runtime=row["extra_runtime"],
-        stop_requested=row["stop_requested"],
         stop_reason=StopReason(row["stop_reason"]) if row["stop_reason"] else None,
-        stop_by=row["stop_by"],
-        message=row["message"],
-        exit_code=row["exit_code"],
         deleted=bool(row["deleted"]),
-        cloned_from=row["cloned_from"],
     )
 
 
 def _attempt_from_row(row: sqlite3.Row) -> Attempt:
-    return Attempt(
-        job=row["job"],
-        number=row["number"],
-        spec_name=row["spec_name"],
-        gpus_per_node=row["gpus_per_node"],
-        master_port=row["master_port"],
-        created=row["created"],
-        started=row["started"],
-        ended=row["ended"],
-        result=row["result"],
-        message=row["message"],
-    )
+    return _record(Attempt, row)
 
 
 def _run_from_row(row: sqlite3.Row) -> Run:
-    return Run(
-        job=row["job"],
-        attempt=row["attempt"],
-        rank=row["rank"],
-        node=row["node"],
-        gpus=tuple(json.loads(row["gpus"])),
-        run_dir=row["run_dir"],
-        launch=bool(row["launch"]),
-        state=row["state"],
-        pid=row["pid"],
-        exit_code=row["exit_code"],
-        signal=row["signal"],
-        started=row["started"],
-        ended=row["ended"],
-        error=row["error"],
-        stop_sent=row["stop_sent"],
-        released=bool(row["released"]),
+    return _record(
+        Run, row, gpus=tuple(json.loads(row["gpus"])), launch=bool(row["launch"]), released=bool(row["released"])
     )
 
 
 def _alert_from_row(row: sqlite3.Row) -> StoredAlert:
-    return StoredAlert(
-        id=row["id"],
-        time=row["time"],
-        kind=row["kind"],
-        severity=row["severity"],
-        job=row["job"],
-        node=row["node"],
-        message=row["message"],
-        state=row["state"],
-        acked_by=row["acked_by"],
-        data=json.loads(row["data"]),
-    )
+    return _record(StoredAlert, row, data=json.loads(row["data"]))
 
 
 _UPSERT_NODE = """
