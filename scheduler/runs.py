@@ -1,7 +1,8 @@
 """Console side of the run supervisor: start, read and stop runs on a node, one SSH command each.
 
 The supervisor (`scheduler/supervisor.py`, stdlib-only) is sent to `python3 -` with its parameters in a
-prepended line, exactly like the probe agent; `status` reads every run of a node in one round trip.
+prepended line, exactly like the probe agent; `status` reads every run of a node in one round trip. A run is
+one command, or a sequence of `Step`s (hooks, batch tasks) that the supervisor runs in turn.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,29 @@ DEFAULT_RUN_ROOT = "~/.ftconsole/runs"
 
 class SupervisorError(FtError):
     title = "run supervisor"
+
+
+class StepKind(StrEnum):
+    BEFORE = "before"  # hooks.before: its failure ends the run before the command
+    COMMAND = "command"  # a regular job's command
+    TASK = "task"  # one task of a batch job
+    AFTER = "after"  # hooks.after: runs whatever the outcome (not after a SIGKILL); its failure is only logged
+
+
+@dataclass(frozen=True)
+class Step:
+    """One command of a run's sequence (the supervisor's `steps`); `index` of `count` for a batch task."""
+
+    kind: StepKind
+    name: str
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    index: int | None = None
+    count: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        doc = {"kind": self.kind.value, "name": self.name, "argv": list(self.argv), "env": self.env}
+        return doc if self.index is None else {**doc, "index": self.index, "count": self.count}
 
 
 @functools.cache
@@ -47,6 +72,7 @@ class RunStatus:
     signal: str | None = None
     stop_requested: float | None = None
     error: str | None = None
+    step: str | None = None  # the step running (at the end: the last one run), for a run of several steps
     run_dir: str | None = None  # the run folder's absolute path on the node, where the supervisor said it
 
     @classmethod
@@ -60,6 +86,7 @@ class RunStatus:
             signal=doc.get("signal"),
             stop_requested=doc.get("stop_requested"),
             error=doc.get("error"),
+            step=doc.get("step"),
         )
 
     @property
@@ -103,12 +130,16 @@ async def start_run(
     env: dict[str, str],
     workdir: str,
     files: dict[str, bytes] | None = None,
+    steps: Sequence[Step] | None = None,
     grace: float = 30.0,
     python: str = "python3",
     timeout: float = 30.0,
 ) -> tuple[bool, RunStatus]:
-    """Start a detached run; (False, its status) when the run folder already had one (never twice)."""
-    params = {
+    """Start a detached run; (False, its status) when the run folder already had one (never twice).
+
+    `argv`/`env` are the main command (argv.json, env.json); with `steps`, the run is those steps in turn.
+    """
+    params: dict[str, Any] = {
         "action": "start",
         "run_dir": run_dir,
         "argv": list(argv),
@@ -117,6 +148,8 @@ async def start_run(
         "files": {name: data.decode("utf-8") for name, data in (files or {}).items()},
         "grace": grace,
     }
+    if steps is not None:
+        params["steps"] = [s.to_json() for s in steps]
     doc = await _call(transport, node, python, params, timeout)
     status = dataclasses.replace(RunStatus.from_json(doc["status"]), run_dir=doc.get("run_dir"))
     return bool(doc["started"]), status

@@ -3,14 +3,16 @@
 Sent like the probe agent, to `python3 -` over SSH with one prepended line that sets PARAMS (a JSON
 document in a Python string literal). PARAMS["action"] is one of:
 
-start   {run_dir, argv, env, workdir, files, grace}
-        Create the run folder, write the files (hostfile...), argv.json and env.json, then detach a supervisor
-        (double fork, new session, stdio on /dev/null) that starts the command in its own process group
-        with stdout and stderr in output.log, and keeps status.json up to date. Idempotent: a run folder that
-        already has a status.json is never started again; its status is returned instead.
-prepare {run_dir, argv, env, files}
-        Write the run folder (files, argv.json, env.json) without starting anything: the ranks of an MPI job
-        that mpirun starts itself, so a debug shell on them still finds the hostfile and env.
+start   {run_dir, argv, env, workdir, files, grace, steps?}
+        Create the run folder, write the files (hostfile...), argv.json and env.json (the main command), and
+        steps.json when steps are given, then detach a supervisor (double fork, new session, stdio on
+        /dev/null) that runs the steps one after another, each in its own process group, with stdout and
+        stderr in output.log, and keeps status.json up to date. Without steps, the run is one step: argv with
+        env. Idempotent: a run folder that already has a status.json is never started again; its status is
+        returned instead.
+prepare {run_dir, argv, env, files, steps?}
+        Write the run folder (files, argv.json, env.json, steps.json) without starting anything: the ranks of
+        an MPI job that mpirun starts itself, so a debug shell on them still finds the hostfile and env.
 status  {root} or {run_dirs}
         Every run under root (<root>/<job>/<attempt>/<rank>/status.json), or only the given run folders, in
         one JSON document; a run whose supervisor died without writing an end reads state "lost". A given
@@ -18,16 +20,28 @@ status  {root} or {run_dirs}
 port    {}
         A TCP port free on this node now (bound to port 0 and released), for MASTER_PORT.
 stop    {run_dirs, grace?}
-        Ask each run's supervisor to stop: it sends SIGTERM to the command's process group, waits the grace
-        period, then SIGKILL. Returns at once.
+        Ask each run's supervisor to stop: it sends SIGTERM to the current step's process group (not to the
+        after hook's), runs no further step but the after hook, and once the grace period (counted from the
+        stop) is over SIGKILLs whatever still runs, the after hook included, and skips the after hook if it
+        has not started. Returns at once.
 
-status.json: {"state": "starting"|"running"|"exited"|"failed", "supervisor_pid", "pid", "pgid", "started",
-"ended", "exit_code", "signal", "stop_requested", "error"}. Each action prints one JSON line.
+Steps: [{"kind": "before"|"command"|"task"|"after", "name", "argv", "env", "index"?, "count"?}], in order:
+the before hook, the command or a batch job's tasks (`index` 0-based of `count`), the after hook. A before,
+command or task step that fails (non-zero exit, signal, cannot start) ends the sequence with its result; the
+after step runs whatever the outcome (not after a SIGKILL) and its failure is only logged. With more than one
+step, output.log gets a header line before each (`== ftconsole: task NAME (i/N) ==`, `== ftconsole: before
+hook ==`) and a line for a step that failed (`ftconsole: task NAME exited with code N`, `... killed by SIGTERM`).
+
+status.json: {"state": "starting"|"running"|"exited"|"failed", "supervisor_pid", "pid", "pgid", "step",
+"started", "ended", "exit_code", "signal", "stop_requested", "error"}; pid, pgid and step are the current (at
+the end: the last) step's, exit_code and signal the failing step's, else the last command or task's. Each
+action prints one JSON line.
 
 Paths: run_dir, workdir, argv entries and env values that start with "~/" are expanded with the node's HOME.
 """
 
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -35,10 +49,11 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List  # noqa: F401  (used in type comments: this file runs on Python 3.8)
+from typing import Any, Dict, List, Optional, Tuple  # noqa: F401  (used in type comments: this file runs on Python 3.8)
 
 PROTOCOL = 1
 STATUS = "status.json"
+_WRITES = itertools.count()
 
 
 def _expand(path):
@@ -46,7 +61,7 @@ def _expand(path):
 
 
 def _write_json(path, doc):
-    tmp = path + ".tmp"
+    tmp = "%s.%d.tmp" % (path, next(_WRITES))  # a stop handler may write while the main flow is writing
     with open(tmp, "w") as fh:
         json.dump(doc, fh, separators=(",", ":"))
     os.replace(tmp, path)
@@ -90,82 +105,130 @@ def _prepare(run_dir, params):
             fh.write(content)
     _write_json(os.path.join(run_dir, "argv.json"), params["argv"])
     _write_json(os.path.join(run_dir, "env.json"), params.get("env") or {})
+    if params.get("steps") is not None:
+        _write_json(os.path.join(run_dir, "steps.json"), params["steps"])
 
 
 def _tilde(value):
     return os.path.expanduser(value) if value.startswith("~/") else value
 
 
-def _child_env(params):
+def _child_env(step):
     env = dict(os.environ)
-    env.update({str(k): _tilde(str(v)) for k, v in (params.get("env") or {}).items()})
+    env.update({str(k): _tilde(str(v)) for k, v in (step.get("env") or {}).items()})
     return env
 
 
+def _steps(params):
+    if params.get("steps") is not None:
+        return params["steps"]
+    return [{"kind": "command", "name": "command", "argv": params["argv"], "env": params.get("env") or {}}]
+
+
+def _label(step):
+    return "task " + step["name"] if step["kind"] == "task" else step["name"]
+
+
+def _header(step):
+    if step["kind"] == "task":
+        return "== ftconsole: task %s (%d/%d) ==\n" % (step["name"], step["index"] + 1, step["count"])
+    return "== ftconsole: %s ==\n" % step["name"]
+
+
+def _how(code):
+    return "killed by %s" % signal.Signals(-code).name if code < 0 else "exited with code %d" % code
+
+
 def _supervise(run_dir, params):
-    """Runs in the detached grandchild: start the command, record its life in status.json."""
+    """Runs in the detached grandchild: run the steps in turn, record their life in status.json."""
     status_path = os.path.join(run_dir, STATUS)
     status = _read_json(status_path) or {}
     grace = float(params.get("grace") or 30)
-    state = {"child": None, "stopping": False}  # type: Dict[str, Any]
+    workdir = _expand(params.get("workdir") or "~")
+    steps = _steps(params)
+    state = {"child": None, "kind": None, "stopping": False, "killed": False}  # type: Dict[str, Any]
+
+    def signal_child(sig):
+        child = state["child"]
+        if child is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, sig)
 
     def on_stop(signum, frame):
+        if state["stopping"]:
+            return
+        state["stopping"] = True
         status["stop_requested"] = time.time()
         _write_json(status_path, status)
-        state["stopping"] = True
-        child = state["child"]
-        if child is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(child.pid, signal.SIGTERM)
-            signal.signal(signal.SIGALRM, on_grace_over)
-            signal.setitimer(signal.ITIMER_REAL, grace)
+        if state["kind"] != "after":  # the after hook is not interrupted: the grace period bounds it
+            signal_child(signal.SIGTERM)
+        signal.signal(signal.SIGALRM, on_grace_over)
+        signal.setitimer(signal.ITIMER_REAL, grace)
 
     def on_grace_over(signum, frame):
-        child = state["child"]
-        if child is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(child.pid, signal.SIGKILL)
+        state["killed"] = True
+        signal_child(signal.SIGKILL)
+
+    def run(step):
+        """(returncode, None) once the step ended, or (None, error) when it could not start."""
+        state["kind"] = step["kind"]
+        try:
+            child = subprocess.Popen(
+                [_tilde(a) for a in step["argv"]],
+                cwd=workdir,
+                env=_child_env(step),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except (OSError, ValueError) as exc:
+            error = "cannot start %s: %s" % (step["argv"][0], exc)
+            log.write(("ftconsole: %s\n" % error).encode())
+            return None, error
+        state["child"] = child
+        status.update(state="running", pid=child.pid, pgid=child.pid, step=step["name"])
+        status.setdefault("started", time.time())
+        _write_json(status_path, status)
+        if state["stopping"] and step["kind"] != "after":  # the stop came while it was being started
+            signal_child(signal.SIGTERM)
+        code = child.wait()
+        state["child"] = None
+        # the process group may outlive its leader: finish it off so nothing of the step is left behind
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.pid, signal.SIGKILL)
+        return code, None
 
     signal.signal(signal.SIGTERM, on_stop)
     signal.signal(signal.SIGINT, on_stop)
-    log = open(os.path.join(run_dir, "output.log"), "ab")  # noqa: SIM115  (open for the command's whole life)
-    try:
-        workdir = _expand(params.get("workdir") or "~")
-        child = subprocess.Popen(
-            [_tilde(a) for a in params["argv"]],
-            cwd=workdir,
-            env=_child_env(params),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    except (OSError, ValueError) as exc:
-        log.write(("ftconsole: cannot start %s: %s\n" % (params["argv"][0], exc)).encode())
-        log.close()
-        status.update(state="failed", ended=time.time(), error="cannot start %s: %s" % (params["argv"][0], exc))
-        _write_json(status_path, status)
-        return
-    state["child"] = child
-    status.update(state="running", pid=child.pid, pgid=child.pid, started=time.time())
-    _write_json(status_path, status)
-    if state["stopping"]:
-        on_stop(signal.SIGTERM, None)
-    while True:
-        try:
-            code = child.wait()
-            break
-        except InterruptedError:
+    log = open(os.path.join(run_dir, "output.log"), "ab", buffering=0)  # noqa: SIM115  (open for the whole run)
+    outcome = (None, "stopped before the command started")  # type: Tuple[Optional[int], Optional[str]]
+    failed = False
+    for step in steps:
+        if step["kind"] == "after":
+            if state["killed"]:
+                continue
+        elif failed or state["stopping"]:
             continue
+        if len(steps) > 1:
+            log.write(_header(step).encode())
+        code, error = run(step)
+        if code and len(steps) > 1:
+            log.write(("ftconsole: %s %s\n" % (_label(step), _how(code))).encode())
+        if step["kind"] == "after":
+            continue  # its failure is logged, it does not change the run's outcome
+        if step["kind"] != "before" or code != 0:
+            outcome = (code, error)
+        failed = code != 0
     log.close()
-    # the process group may outlive its leader: finish it off so nothing of the run is left behind
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(child.pid, signal.SIGKILL)
-    status.update(state="exited", ended=time.time())
-    if code < 0:
-        status.update(exit_code=None, signal=signal.Signals(-code).name)
+    code, error = outcome
+    status.update(ended=time.time())
+    if code is None:
+        status.update(state="failed", error=error)
+    elif code < 0:
+        status.update(state="exited", exit_code=None, signal=signal.Signals(-code).name)
     else:
-        status.update(exit_code=code, signal=None)
+        status.update(state="exited", exit_code=code, signal=None)
     _write_json(status_path, status)
 
 

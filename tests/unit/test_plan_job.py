@@ -1,0 +1,142 @@
+"""`scheduler.engine.plan_job`: what each rank runs, in order (command or batch tasks, hooks on rank 0)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from scheduler.engine import plan_job
+from scheduler.jobspec import JobSpec
+from scheduler.launcher import LaunchInput, NodeAssignment
+from scheduler.runs import Step, StepKind
+
+TASKS = [
+    {"name": "prep", "command": "python3 prep.py", "output": "prep"},
+    {"name": "train", "command": "deepspeed train.py", "output": "out/train"},
+]
+HOOKS = {"before": 'mkdir -p /scratch/$FT_JOB_ID && echo "it\'s $(date)" > x', "after": "rm -rf /scratch/$FT_JOB_ID"}
+
+
+def base(mode: str, count: int, output: str | None = None) -> LaunchInput:
+    nodes = tuple(NodeAssignment(f"n{i}", f"10.0.0.{i}", (0, 1)) for i in range(count))
+    return LaunchInput(
+        job_id="7", attempt=1, mode=mode, argv=(), env={"MY": "1"}, workdir="~", nodes=nodes, master_port=29500,
+        run_root="/r", output_dir=output,
+    )  # fmt: skip
+
+
+def spec(mode: str, count: int, **fields: Any) -> JobSpec:
+    command = {} if "tasks" in fields else {"command": "python3 train.py"}
+    return JobSpec.from_json({"name": "j", "mode": mode, "nodes": count, **command, **fields})
+
+
+def summary(step: Step) -> str:
+    """kind:name:FT_OUTPUT_DIR[:FT_TASK,FT_TASK_INDEX] of one step (/r/7/1/ left out)."""
+    task = f":{step.env['FT_TASK']},{step.env['FT_TASK_INDEX']}" if "FT_TASK" in step.env else ""
+    return f"{step.kind.value}:{step.name}:{step.env['FT_OUTPUT_DIR'].removeprefix('/r/7/1/')}{task}"
+
+
+CASES = [
+    ("command", "pytorch", 2, {}, None, {0: ["command:command:0/output"], 1: ["command:command:1/output"]}),
+    (
+        "command with hooks: rank 0 only",
+        "pytorch",
+        2,
+        {"hooks": HOOKS},
+        None,
+        {
+            0: ["before:before hook:0/output", "command:command:0/output", "after:after hook:0/output"],
+            1: ["command:command:1/output"],
+        },
+    ),
+    (
+        "batch: every task, its own sub-folder",
+        "single",
+        1,
+        {"type": "batch", "tasks": TASKS},
+        None,
+        {0: ["task:prep:0/output/prep:prep,0", "task:train:0/output/out/train:train,1"]},
+    ),
+    (
+        "batch with an output folder and an after hook",
+        "single",
+        1,
+        {"type": "batch", "tasks": TASKS, "hooks": {"after": "true"}},
+        "/data/exp",
+        {
+            0: [
+                "task:prep:/data/exp/prep:prep,0",
+                "task:train:/data/exp/out/train:train,1",
+                "after:after hook:/data/exp",
+            ]
+        },
+    ),
+    (
+        "batch under mpirun: rank 0 launches alone",
+        "horovod",
+        2,
+        {"type": "batch", "tasks": TASKS},
+        None,
+        {0: ["task:prep:0/output/prep:prep,0", "task:train:0/output/out/train:train,1"]},
+    ),
+    (
+        "batch under deepspeed: a rank runs only the tasks that launch on it",
+        "pytorch-deepspeed",
+        2,
+        {"type": "batch", "tasks": TASKS},
+        None,
+        {
+            0: ["task:prep:0/output/prep:prep,0", "task:train:0/output/out/train:train,1"],
+            1: ["task:prep:1/output/prep:prep,0"],
+        },
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("mode", "count", "fields", "output", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_steps_per_rank(mode: str, count: int, fields: dict[str, Any], output: str | None, expected: Any) -> None:
+    launch = plan_job(spec(mode, count, **fields), base(mode, count, output))
+    assert {rank: [summary(s) for s in steps] for rank, steps in launch.steps.items()} == expected
+    assert [r.rank for r in launch.launching] == sorted(expected)
+    assert len(launch.plan.ranks) == count
+
+
+def test_each_task_is_planned_for_the_mode_and_the_hooks_are_the_users_own_script() -> None:
+    launch = plan_job(spec("pytorch", 2, type="batch", tasks=TASKS, hooks=HOOKS), base("pytorch", 2))
+    before, prep, train, after = launch.steps[0]
+    assert prep.argv[:3] == ("python3", "-m", "torch.distributed.run") and "--node_rank=0" in prep.argv
+    assert train.argv == ("deepspeed", "train.py")  # pytorch mode leaves other launchers alone
+    assert (prep.index, prep.count, train.index) == (0, 2, 1)
+    assert before.argv == ("sh", "-c", HOOKS["before"]) and after.argv == ("sh", "-c", HOOKS["after"])
+    assert before.env["RANK"] == "0" and before.env["MY"] == "1" and "FT_TASK" not in before.env
+    assert "--node_rank=1" in launch.steps[1][0].argv and [s.name for s in launch.steps[1]] == ["prep", "train"]
+    # the plan of the first task stands for the job (argv.json, env.json, files, which ranks launch)
+    assert launch.plan.ranks[0].argv == prep.argv and launch.plan.ranks[0].env == prep.env
+
+
+def test_mpirun_exports_the_task_variables() -> None:
+    launch = plan_job(spec("horovod", 2, type="batch", tasks=TASKS), base("horovod", 2))
+    argv = launch.steps[0][0].argv
+    assert argv[0] == "mpirun" and argv[-2:] == ("python3", "prep.py")
+    assert {"FT_TASK", "FT_TASK_INDEX", "MY"} <= {argv[i + 1] for i, a in enumerate(argv) if a == "-x"}
+    assert [r.launch for r in launch.plan.ranks] == [True, False]
+
+
+@pytest.mark.parametrize(
+    ("step", "doc"),
+    [
+        (
+            Step(StepKind.COMMAND, "command", ("a", "b"), {"K": "v"}),
+            {"kind": "command", "name": "command", "argv": ["a", "b"], "env": {"K": "v"}},
+        ),
+        (
+            Step(StepKind.TASK, "t", ("a",), {}, 1, 3),
+            {"kind": "task", "name": "t", "argv": ["a"], "env": {}, "index": 1, "count": 3},
+        ),
+    ],
+)
+def test_step_json(step: Step, doc: dict[str, Any]) -> None:
+    assert step.to_json() == doc
