@@ -1,0 +1,45 @@
+"""The run supervisor under Python 3.8 (node side: nodes may have nothing newer): steps, status, exit code."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from scheduler.runs import supervisor_script
+from tests.unit.test_agent import python38
+
+
+def supervise(python: str, params: dict[str, object]) -> dict[str, object]:
+    done = subprocess.run([python, "-"], input=supervisor_script(params), capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def test_supervisor_runs_steps_on_python38(tmp_path: Path) -> None:
+    python = python38()
+    if python is None:
+        pytest.skip("no Python 3.8 interpreter on this machine")
+    run_dir = tmp_path / "runs" / "1" / "1" / "0"
+    step = {"kind": "task", "env": {}, "count": 2}
+    steps = [
+        {**step, "name": "a", "index": 0, "argv": ["sh", "-c", "echo one"]},
+        {**step, "name": "b", "index": 1, "argv": ["sh", "-c", "echo two; exit 3"]},
+    ]
+    started = supervise(python, {"action": "start", "run_dir": str(run_dir), "argv": ["true"], "env": {},
+                                 "workdir": str(tmp_path), "steps": steps})  # fmt: skip
+    assert started["started"] is True
+    deadline = time.monotonic() + 30
+    status: dict[str, object] = {}
+    while time.monotonic() < deadline:
+        runs = supervise(python, {"action": "status", "run_dirs": [str(run_dir)]})["runs"]
+        status = runs[0]["status"]  # type: ignore[index]
+        if status["state"] not in ("starting", "running"):
+            break
+        time.sleep(0.05)
+    assert (status["state"], status["exit_code"]) == ("exited", 3)
+    log = (run_dir / "output.log").read_text()
+    assert "one\n" in log and "two\n" in log and "ftconsole: task b exited with code 3" in log
