@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from ClusterShell.NodeSet import NodeSet, NodeSetParseError
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from scheduler import yamlfile
 from scheduler.errors import ConfigError, Problem
@@ -51,7 +51,14 @@ def format_duration(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
+def _positive(seconds: float) -> float:
+    if seconds <= 0:
+        raise ValueError("must be greater than 0")
+    return seconds
+
+
 Duration = Annotated[float, BeforeValidator(parse_duration)]
+PositiveDuration = Annotated[Duration, AfterValidator(_positive)]
 
 
 def expand_nodeset(expr: str) -> list[str]:
@@ -80,18 +87,11 @@ class SSHSettings(_Strict):
     known_hosts: str = "~/.ssh/known_hosts"
     host_key_policy: Literal["strict", "accept-new"] = "strict"
     config_file: str | None = "~/.ssh/config"
-    connect_timeout: Duration = 10.0
-    command_timeout: Duration = 60.0
+    connect_timeout: PositiveDuration = 10.0
+    command_timeout: PositiveDuration = 60.0
     keepalive_interval: Duration = 15.0
     max_parallel: int = Field(64, ge=1, le=4096)
     python: str = "python3"
-
-    @field_validator("connect_timeout", "command_timeout")
-    @classmethod
-    def _positive(cls, v: float) -> float:
-        if v <= 0:
-            raise ValueError("must be greater than 0")
-        return v
 
 
 class Thresholds(_Strict):
@@ -155,17 +155,10 @@ class NodeSpecSettings(_Strict):
 class SchedulerSettings(_Strict):
     """The control loop and how runs are started and stopped on nodes."""
 
-    tick: Duration = 2.0  # how often run states are read and queued jobs placed
+    tick: PositiveDuration = 2.0  # how often run states are read and queued jobs placed
     stop_grace: Duration = 30.0  # SIGTERM to a run's process group, then SIGKILL after this (seed 003)
     run_root: str = "~/.ftconsole/runs"  # run folders on the nodes: <run_root>/<job>/<attempt>/<rank>
     urgent_cap: int | None = Field(None, ge=0)  # urgent jobs (running + queued) per project; None: no cap
-
-    @field_validator("tick")
-    @classmethod
-    def _positive_tick(cls, v: float) -> float:
-        if v <= 0:
-            raise ValueError("must be greater than 0")
-        return v
 
 
 class ApiSettings(_Strict):

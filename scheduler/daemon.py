@@ -133,11 +133,10 @@ class Operations:
 
     async def _events(self, caller: Caller, args: dict[str, Any]) -> Any:
         limit = int(args.get("limit") or 100)
-        job = args.get("job")
-        if job is not None:
-            shown = await self.scheduler.show(caller, job)  # the permission check of `show`
-            return shown["events"][-limit:]
-        events = await self.scheduler.service.events(node=args.get("node"), limit=limit)
+        if args.get("job") is not None:
+            events = await self.scheduler.job_events(caller, args["job"], limit=limit)
+        else:
+            events = await self.scheduler.service.events(node=args.get("node"), limit=limit)
         return [e.to_json() for e in events]
 
     async def _alerts(self, caller: Caller, args: dict[str, Any]) -> Any:

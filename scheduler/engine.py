@@ -38,6 +38,7 @@ from scheduler.api import Caller
 from scheduler.config import Node, format_duration
 from scheduler.errors import FtError, NotFound, PermissionDenied, UsageError
 from scheduler.jobs import (
+    FINAL_CONDITION,
     TERMINAL,
     AllRunning,
     Attempt,
@@ -57,7 +58,7 @@ from scheduler.requests import job_request, node_slot
 from scheduler.runs import RunStatus, Step, StepKind, free_port, prepare_run, run_states, start_run, stop_runs
 from scheduler.service import ClusterService
 from scheduler.ssh import run_on_all
-from scheduler.store import Conflict, JobTx
+from scheduler.store import Conflict, JobTx, StoredEvent
 
 log = logging.getLogger("ftconsole.scheduler")
 
@@ -219,17 +220,15 @@ class Scheduler:
                     )
                     await tx.event(now, Condition.STOPPED, f"stopped by {caller.user} while queued", job=job.id)
                 elif job.status is JobStatus.RUNNING and job.stop_reason is None:
-                    await tx.update_job(
-                        job.id,
-                        expect=[JobStatus.RUNNING],
-                        stop_requested=now,
-                        stop_reason=reason,
-                        stop_by=caller.user,
-                        **({"deleted": True} if delete else {}),
-                    )
                     grace = format_duration(self.settings.stop_grace)
-                    await tx.event(
-                        now, Condition.STOPPING, f"stop requested by {caller.user}; SIGKILL after {grace}", job=job.id
+                    await _request_stop(
+                        tx,
+                        job,
+                        now,
+                        reason,
+                        caller.user,
+                        f"stop requested by {caller.user}; SIGKILL after {grace}",
+                        **({"deleted": True} if delete else {}),
                     )
                 elif delete:
                     await tx.update_job(job.id, deleted=True)
@@ -294,6 +293,10 @@ class Scheduler:
             )
         return await self._fresh(job.id)
 
+    async def job_events(self, caller: Caller, job_id: int | str, *, limit: int = 100) -> list[StoredEvent]:
+        job = await self._job(caller, job_id, "see", write=False)
+        return await self.store.events(job=str(job.id), limit=limit)
+
     async def wait(self, caller: Caller, job_id: int | str) -> AsyncIterator[dict[str, Any]]:
         """The job now, then each time its status changes, until it ends."""
         job = await self._job(caller, job_id, "see", write=False)
@@ -327,8 +330,7 @@ class Scheduler:
         path = f"{run.run_dir}/output.log"
         offset = 0
         if tail is not None:
-            size = await self._log_size(node, path)
-            offset = max(0, size - await self._tail_bytes(node, path, tail))
+            offset = await self._tail_offset(node, path, tail)
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         while True:
             data = await self._log_read(node, path, offset)
@@ -376,14 +378,11 @@ class Scheduler:
             raise FtError(f"{node.name}: cannot read {path}: {result.describe_failure()}")
         return base64.b64decode(result.stdout)
 
-    async def _log_size(self, node: Node, path: str) -> int:
-        result = await self.transport.run(node, ["sh", "-c", 'test -e "$1" && wc -c < "$1" || echo 0', "sh", path])
-        return int(result.stdout.strip() or 0)
-
-    async def _tail_bytes(self, node: Node, path: str, lines: int) -> int:
-        script = 'test -e "$2" && tail -n "$1" "$2" | wc -c || echo 0'
+    async def _tail_offset(self, node: Node, path: str, lines: int) -> int:
+        """Where the last `lines` lines of the file start, in one round trip (0 when there is no file yet)."""
+        script = 'test -e "$2" || { echo 0; exit; }; echo $(( $(wc -c < "$2") - $(tail -n "$1" "$2" | wc -c) ))'
         result = await self.transport.run(node, ["sh", "-c", script, "sh", str(lines), path])
-        return int(result.stdout.strip() or 0)
+        return max(0, int(result.stdout.strip() or 0))
 
     async def _fresh(self, job_id: int) -> Job:
         job = await self.store.job(job_id)
@@ -562,11 +561,12 @@ class Scheduler:
                 updated[(r.job, r.attempt, r.rank)] = new
                 if new != r:
                     changes.append((r, fields))
+        attempts = await self.store.running_attempts()
         for job in running.values():
             runs = [updated.get((r.job, r.attempt, r.rank), r) for r in held if r.job == job.id]
             if not runs:
                 continue
-            attempt = await self.store.attempt(job.id, job.attempt)
+            attempt = attempts.get(job.id)
             was_running = attempt is not None and attempt.started is not None
             decision = settle(job, runs, was_running=was_running)
             mine = [(r, f) for r, f in changes if r.job == job.id]
@@ -588,15 +588,8 @@ class Scheduler:
             await tx.update_attempt(job.id, job.attempt, started=now)
             await tx.event(now, Condition.RUNNING, f"every rank of attempt {job.attempt} is running", job=job.id)
         elif isinstance(decision, StopOthers):
-            await tx.update_job(
-                job.id,
-                expect=[JobStatus.RUNNING],
-                stop_requested=now,
-                stop_reason=StopReason.ERROR,
-                stop_by="scheduler",
-                message=decision.message,
-            )
-            await tx.event(now, Condition.STOPPING, f"{decision.message}; stopping the other ranks", job=job.id)
+            stopping = f"{decision.message}; stopping the other ranks"
+            await _request_stop(tx, job, now, StopReason.ERROR, "scheduler", stopping, message=decision.message)
         elif isinstance(decision, Finish):
             starts = [r.started for r in runs if r.started is not None]
             if not was_running and starts:  # it ran and ended between two looks: the timeline still says so
@@ -614,13 +607,7 @@ class Scheduler:
                 job.id, job.attempt, ended=now, result=decision.status.value, message=decision.message
             )
             await tx.release_runs(job.id)
-            condition = {
-                JobStatus.SUCCEEDED: Condition.SUCCEEDED,
-                JobStatus.ERROR: Condition.FAILED,
-                JobStatus.STOPPED: Condition.STOPPED,
-                JobStatus.EXPIRED: Condition.EXPIRED,
-            }[decision.status]
-            await tx.event(now, condition, decision.message, job=job.id)
+            await tx.event(now, FINAL_CONDITION[decision.status], decision.message, job=job.id)
 
     # -- 3. expire and stop ---------------------------------------------------------------------------------
 
@@ -632,14 +619,8 @@ class Scheduler:
             limit = format_duration(job.max_runtime or 0)
             try:
                 async with self.store.jobs_tx("expire a job") as tx:
-                    await tx.update_job(
-                        job.id,
-                        expect=[JobStatus.RUNNING],
-                        stop_requested=now,
-                        stop_reason=StopReason.EXPIRED,
-                        stop_by="scheduler",
-                    )
-                    await tx.event(now, Condition.STOPPING, f"max_runtime {limit} reached; stopping", job=job.id)
+                    stopping = f"max_runtime {limit} reached; stopping"
+                    await _request_stop(tx, job, now, StopReason.EXPIRED, "scheduler", stopping)
             except Conflict:
                 continue
 
@@ -677,24 +658,23 @@ class Scheduler:
         if not queued:
             return
         now = self.clock()
-        state, requests, by_id = await self._placement_inputs(queued)
+        state, requests, by_id, notes = await self._placement_inputs(queued)
         decisions = placement.plan(
             state, requests, now, urgent_cap=self.settings.urgent_cap, allow_degraded=self._degraded_ok
         )
-        notes = {}
         for decision in decisions:
-            job = by_id[decision.job_id]
+            job, request = by_id[decision.job_id]
             if isinstance(decision, placement.Wait):
-                notes[job.id] = f"waiting (position {decision.position}): {decision.reason}"
+                notes.append((job, f"waiting (position {decision.position}): {decision.reason}"))
             else:
-                await self._start(job, decision, now)
-        await self._notes([(by_id[str(i)], text) for i, text in notes.items()])
+                await self._start(job, request.candidates[decision.candidate_index], decision, now)
+        await self._notes(notes)
 
     async def predict(self, spec: JobSpec | dict[str, Any]) -> placement.Decision:
         """Would this job start now, on which nodes and GPUs; or its queue position, why, and the jobs ahead."""
         spec = _spec(spec)
         queued = await self.store.jobs(statuses=[JobStatus.QUEUED])
-        state, requests, _ = await self._placement_inputs(queued)
+        state, requests, _, _ = await self._placement_inputs(queued)
         now = self.clock()
         job = job_request(spec, self.config, job_id="(this job)", now=now)
         return placement.predict(
@@ -707,8 +687,14 @@ class Scheduler:
 
     async def _placement_inputs(
         self, queued: Sequence[Job]
-    ) -> tuple[placement.ClusterState, list[placement.JobRequest], dict[str, Job]]:
-        """The nodes as last probed, the GPUs the running jobs hold, and the queue, as placement reads them."""
+    ) -> tuple[
+        placement.ClusterState,
+        list[placement.JobRequest],
+        dict[str, tuple[Job, placement.JobRequest]],
+        list[tuple[Job, str]],
+    ]:
+        """The nodes as last probed, the GPUs the running jobs hold, and the queue, as placement reads them;
+        with the queued jobs that cannot be placed at all, and why."""
         views = await self.service.nodes()
         active = {j.id: j for j in await self.store.jobs(statuses=[JobStatus.RUNNING], deleted=True)}
         allocations = []
@@ -727,18 +713,19 @@ class Scheduler:
         state = placement.ClusterState(
             nodes=tuple(node_slot(v.to_json()) for v in views), allocations=tuple(allocations)
         )
-        requests, by_id = [], {}
+        requests, by_id, unplaceable = [], {}, []
         for job in queued:
             try:
                 request = job_request(job.spec, self.config, job_id=str(job.id), now=job.submitted)
             except FtError as exc:  # the config changed under a queued job (spec removed): say so, keep it
-                await self._notes([(job, str(exc))])
+                unplaceable.append((job, str(exc)))
                 continue
-            requests.append(
-                dataclasses.replace(request, priority=placement.Priority.parse(job.priority), requeued=job.requeued)
+            request = dataclasses.replace(
+                request, priority=placement.Priority.parse(job.priority), requeued=job.requeued
             )
-            by_id[str(job.id)] = job
-        return state, requests, by_id
+            requests.append(request)
+            by_id[str(job.id)] = (job, request)
+        return state, requests, by_id, unplaceable
 
     async def _notes(self, notes: Sequence[tuple[Job, str]]) -> None:
         """Why queued jobs wait (their message), in one transaction; only the ones that changed."""
@@ -750,7 +737,7 @@ class Scheduler:
                 with contextlib.suppress(Conflict):  # it left the queue meanwhile
                     await tx.update_job(job.id, expect=[JobStatus.QUEUED], message=text)
 
-    async def _start(self, job: Job, decision: placement.Place, now: float) -> None:
+    async def _start(self, job: Job, candidate: placement.Candidate, decision: placement.Place, now: float) -> None:
         first = self._nodes[decision.nodes[0][0]]
         try:
             port = await free_port(self.transport, first, python=self.config.ssh.python)
@@ -758,8 +745,6 @@ class Scheduler:
             await self._notes([(job, f"placed, but cannot get a port on {first.name}: {exc}; retrying")])
             return
         number = job.attempt + 1
-        request = job_request(job.spec, self.config, job_id=str(job.id), now=job.submitted)
-        candidate = request.candidates[decision.candidate_index]
         attempt = Attempt(
             job=job.id,
             number=number,
@@ -813,6 +798,16 @@ def _job_id(value: int | str) -> int:
         return int(str(value).strip().removeprefix("#"))
     except ValueError:
         raise UsageError(f"not a job id: {value!r} (job ids are numbers, as `ftconsole jobs` shows)") from None
+
+
+async def _request_stop(
+    tx: JobTx, job: Job, now: float, reason: StopReason, by: str, event: str, **fields: Any
+) -> None:
+    """Record that a running job is to be stopped, with its Stopping condition; the loop sends the signals."""
+    await tx.update_job(
+        job.id, expect=[JobStatus.RUNNING], stop_requested=now, stop_reason=reason, stop_by=by, **fields
+    )
+    await tx.event(now, Condition.STOPPING, event, job=job.id)
 
 
 def _spec(spec: JobSpec | dict[str, Any]) -> JobSpec:

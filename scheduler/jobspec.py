@@ -25,7 +25,7 @@ from typing import Annotated, Any, NamedTuple
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from scheduler import yamlfile
-from scheduler.config import Duration, expand_nodeset
+from scheduler.config import Duration, PositiveDuration, expand_nodeset
 from scheduler.errors import ConfigError, Problem
 
 Loc = tuple[Any, ...]
@@ -253,12 +253,6 @@ def _not_blank(value: str) -> str:
     return value
 
 
-def _positive(seconds: float) -> float:
-    if seconds <= 0:
-        raise ValueError("must be greater than 0")
-    return seconds
-
-
 def _valid_nodeset(value: str) -> str:
     expand_nodeset(value)
     return value
@@ -307,7 +301,6 @@ NodeSetExpr = Annotated[str, AfterValidator(_valid_nodeset)]
 Version = Annotated[str, BeforeValidator(_version_text), AfterValidator(_not_blank)]
 EnvValue = Annotated[str, BeforeValidator(_env_value)]
 SubFolder = Annotated[str, AfterValidator(_not_blank), AfterValidator(_sub_folder)]
-PositiveDuration = Annotated[Duration, AfterValidator(_positive)]
 
 
 # -- models ------------------------------------------------------------------------------------------------

@@ -155,15 +155,7 @@ class StoredEvent:
     data: dict[str, Any]
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "time": self.time,
-            "kind": self.kind,
-            "node": self.node,
-            "job": self.job,
-            "message": self.message,
-            "data": self.data,
-        }
+        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
@@ -356,6 +348,15 @@ class Store:
             rows = await cur.fetchall()
         return [_attempt_from_row(r) for r in rows]
 
+    async def running_attempts(self) -> dict[int, Attempt]:
+        """The current attempt of every running job, by job id, in one query."""
+        sql = (
+            "SELECT a.* FROM attempts a JOIN jobs j ON a.job = j.id AND a.number = j.attempt WHERE j.status = 'running'"
+        )
+        async with self._db.execute(sql) as cur:
+            rows = await cur.fetchall()
+        return {row["job"]: _attempt_from_row(row) for row in rows}
+
     async def attempt(self, job_id: int, number: int) -> Attempt | None:
         async with self._db.execute("SELECT * FROM attempts WHERE job = ? AND number = ?", (job_id, number)) as cur:
             row = await cur.fetchone()
@@ -397,18 +398,7 @@ class StoredAlert:
     data: dict[str, Any]
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "time": self.time,
-            "kind": self.kind,
-            "severity": self.severity,
-            "job": self.job,
-            "node": self.node,
-            "message": self.message,
-            "state": self.state,
-            "acked_by": self.acked_by,
-            "data": self.data,
-        }
+        return dataclasses.asdict(self)
 
 
 class Conflict(StoreError):
