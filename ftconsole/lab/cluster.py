@@ -1,0 +1,233 @@
+"""The lab in this process (`LabCluster`): starts its nodes, writes the client files, stops and kills it all."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import asyncssh
+import yaml
+
+from ftconsole.lab.clusterconfig import check_cluster_config, render_cluster_config
+from ftconsole.lab.files import LabPaths, _write_atomic, default_layout_path
+from ftconsole.lab.keys import _load_or_create_key, _public_line
+from ftconsole.lab.layout import LabLayout, load_layout
+from ftconsole.lab.node import LabNode
+from ftconsole.lab.plan import LAB_HOST, plan_nodes
+from ftconsole.lab.processes import (
+    KILL_GRACE_S,
+    STOP_TIMEOUT_S,
+    PidLock,
+    _raise_nofile_limit,
+    _signal_all,
+    find_lab_processes,
+)
+from ftconsole.lab.records import LabInfo, LabNodeInfo
+from scheduler.errors import LabError
+from scheduler.ssh import local_user
+
+log = logging.getLogger("ftconsole.lab")
+
+
+class LabCluster:
+    """The lab in this process: ``async with LabCluster(lab_dir, layout, nodes=N) as lab: ...``.
+
+    `layout` is a LabLayout, a layout file, or None for the default (config/lab.yaml or the built-in one);
+    `nodes` replaces the layout's nodes by N nodes named lab01.. in the layout's proportions.
+    """
+
+    def __init__(
+        self, lab_dir: Path | str | None = None, layout: LabLayout | Path | str | None = None, nodes: int | None = None
+    ) -> None:
+        self.paths = LabPaths.of(lab_dir)
+        self.layout_path = (
+            None if isinstance(layout, LabLayout) else (Path(layout) if layout else default_layout_path())
+        )
+        self.layout = layout if isinstance(layout, LabLayout) else load_layout(self.layout_path)
+        self.nodes = tuple(
+            LabNode(spec, self.paths, self.layout.driver_version) for spec in plan_nodes(self.layout, nodes)
+        )
+        self.started = ""
+        self.user = local_user()
+        self._lock = PidLock(self.paths.lock)
+        self._authorized: asyncssh.SSHAuthorizedKeys | None = None
+        self._running = False
+
+    async def __aenter__(self) -> LabCluster:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    @property
+    def lab_dir(self) -> Path:
+        return self.paths.root
+
+    @property
+    def config_path(self) -> Path:
+        return self.paths.cluster_config
+
+    def node(self, name: str) -> LabNode:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise LabError(f"no node {name} in the lab")
+
+    async def start(self) -> None:
+        self.paths.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._lock.acquire()
+        try:
+            _raise_nofile_limit()
+            self._authorized = authorized = self._prepare()
+            await self._listen(authorized)
+            self._write_client_files()
+        except BaseException:
+            await self._shutdown()
+            self._lock.release()
+            raise
+        self.started = datetime.now(UTC).isoformat(timespec="seconds")
+        self._running = True
+        log.info("lab up: %d nodes in %s", len(self.nodes), self.lab_dir)
+
+    def _prepare(self) -> asyncssh.SSHAuthorizedKeys:
+        self.paths.state_dir.mkdir(exist_ok=True)
+        pub = self.paths.client_key.with_name("id_ed25519.pub")
+        client = _load_or_create_key(self.paths.client_key, public=pub)
+        if not pub.is_file() or pub.read_text().split()[:2] != _public_line(client).split():
+            _write_atomic(pub, _public_line(client) + " ftconsole-lab\n")
+        for node in self.nodes:
+            node.prepare()
+        return asyncssh.import_authorized_keys(_public_line(client) + "\n")
+
+    def _wanted_ports(self) -> list[int]:
+        if self.layout.base_port is not None:
+            last = self.layout.base_port + len(self.nodes) - 1
+            if last > 65535:
+                raise LabError(f"base_port {self.layout.base_port} + {len(self.nodes)} nodes passes port 65535")
+            return [self.layout.base_port + i for i in range(len(self.nodes))]
+        try:
+            previous = json.loads(self.paths.ports.read_text())
+        except (OSError, ValueError):
+            previous = {}
+        return [int(previous.get(n.name, 0)) if isinstance(previous, dict) else 0 for n in self.nodes]
+
+    async def _listen(self, authorized: asyncssh.SSHAuthorizedKeys) -> None:
+        fixed = self.layout.base_port is not None
+
+        async def one(node: LabNode, port: int) -> None:
+            try:
+                await node.start(authorized, port)
+            except OSError as exc:
+                if fixed or port == 0:
+                    raise LabError(f"{node.name}: cannot listen on {LAB_HOST}:{port}: {exc.strerror or exc}") from exc
+                await node.start(authorized, 0)  # the previous port is taken now
+
+        results = await asyncio.gather(
+            *(one(n, p) for n, p in zip(self.nodes, self._wanted_ports(), strict=True)), return_exceptions=True
+        )
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            raise errors[0]
+
+    def _write_client_files(self) -> None:
+        lines = [f"[{n.host}]:{n.port} {_public_line(n.host_key)}" for n in self.nodes]
+        _write_atomic(self.paths.known_hosts, "\n".join(lines) + "\n")
+        _write_atomic(self.paths.ports, json.dumps({n.name: n.port for n in self.nodes}) + "\n")
+        config = render_cluster_config(self.layout, [(n.spec, n.port) for n in self.nodes], self.paths, self.user)
+        check_cluster_config(config, str(self.paths.cluster_config))
+        header = (
+            "# The ftconsole lab cluster: generated by `ftconsole lab up` (ftconsole/lab/) from the lab layout\n"
+            f"# {self.layout_path or '<built-in lab layout>'}; rewritten at every start of the lab.\n"
+        )
+        _write_atomic(self.paths.cluster_config, header + yaml.safe_dump(config, sort_keys=False, width=110))
+
+    async def stop(self) -> None:
+        """Stop listening, kill every process of every node, close the connections, release the lock."""
+        if not self._running:
+            return
+        self._running = False
+        try:
+            await self._shutdown()
+        finally:
+            self._lock.release()
+            log.info("lab stopped")
+
+    async def _shutdown(self) -> None:
+        await asyncio.gather(*(n.close_listener() for n in self.nodes))
+        await self._kill_processes()
+        await asyncio.gather(*(n.wait_sessions(2.0) for n in self.nodes))
+        await asyncio.gather(*(n.close_connections(2.0) for n in self.nodes))
+
+    async def _kill_processes(self, node: LabNode | None = None) -> None:
+        """SIGTERM the sessions' process groups and every process of the lab (or of one node); then SIGKILL."""
+        nodes = [node] if node is not None else list(self.nodes)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        term_until = time.monotonic() + KILL_GRACE_S
+        sig = signal.SIGTERM
+        while True:
+            for n in nodes:
+                n.signal_sessions(sig)
+            found = find_lab_processes(self.lab_dir, node.name if node is not None else None)
+            _signal_all(found, sig)
+            if not found and not any(n.processes for n in nodes):
+                return
+            if time.monotonic() > deadline:
+                log.warning("lab processes still running after %gs: %s", STOP_TIMEOUT_S, found)
+                return
+            if time.monotonic() > term_until:
+                sig = signal.SIGKILL
+            await asyncio.sleep(0.05)
+
+    async def stop_node(self, name: str, *, kill: bool = False) -> None:
+        """Take one node off the network: its SSH server stops and its connections drop.
+
+        Commands of open sessions get SIGHUP; detached processes (run supervisors) keep running, as on a node
+        that became unreachable. With kill=True every process of the node is killed too (a crashed node).
+        """
+        node = self.node(name)
+        await node.close_listener()
+        await node.close_connections(2.0)
+        if kill:
+            await self._kill_processes(node)
+            await node.wait_sessions(2.0)
+
+    async def start_node(self, name: str) -> None:
+        """Bring a stopped node back on its port, with its host key."""
+        node = self.node(name)
+        if node.listening:
+            return
+        assert self._authorized is not None, "start() first"
+        node.stopping = False
+        try:
+            await node.start(self._authorized, node.port)
+        except OSError as exc:
+            raise LabError(f"{name}: cannot listen on {node.host}:{node.port} again: {exc.strerror or exc}") from exc
+
+    def info(self) -> LabInfo:
+        nodes = tuple(
+            LabNodeInfo(n.name, n.host, n.port, n.spec.pool, n.spec.gpus, n.spec.gpu_model, up=n.listening)
+            for n in self.nodes
+        )
+        layout = str(self.layout_path) if self.layout_path else None
+        return LabInfo(self.lab_dir, os.getpid(), self.started, nodes, layout)
+
+    def connect_options(self, name: str) -> dict[str, Any]:
+        """Keyword arguments for asyncssh.connect to one node, verifying its host key."""
+        node = self.node(name)
+        return {
+            "host": node.host,
+            "port": node.port,
+            "username": self.user,
+            "known_hosts": str(self.paths.known_hosts),
+            "client_keys": [str(self.paths.client_key)],
+            "agent_path": None,
+            "config": [],
+        }
