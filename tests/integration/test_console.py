@@ -1,109 +1,261 @@
-"""The console against a lab cluster: node table, detail, drain and resume, read-only mode."""
+"""The console against a real scheduler on the lab cluster (asyncssh servers running real processes).
+
+Each test drives the app with keys, as an operator would, and checks both the screen's tables and the
+scheduler's own records: submit (with errors shown in place, then the prediction), stop, drain and resume,
+acknowledge and resolve, the selection staying on its row, read-only mode, and attaching to `serve`.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import shutil
 import tempfile
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
+import pytest
 import yaml
 
-from ftconsole.app import ConsoleApp, NodeDetail, NodesTable
 from ftconsole.lab import LabCluster
+from ftconsole.tui.app import ConsoleApp
+from ftconsole.tui.detail import JobScreen, NodeScreen
+from ftconsole.tui.dialogs import ConfirmDialog, PromptDialog, SubmitDialog
+from ftconsole.tui.views import View
 from scheduler.api import ApiClient
-from scheduler.config import load_config
-from scheduler.service import ClusterService
+from scheduler.config import LoadedConfig, load_config
+from scheduler.daemon import serve
 
-SIZE = (140, 30)
+SIZE = (160, 40)
 
 
-async def wait_for(pilot, predicate, what: str, attempts: int = 200) -> None:
-    for _ in range(attempts):
+async def wait_for(pilot: Any, predicate: Callable[[], Any], what: str, timeout: float = 30.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
         if predicate():
             return
         await pilot.pause(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
-def states(app: ConsoleApp) -> dict[str, str]:
-    return {name: view["state"] for name, view in app.views.items()}
-
-
-async def test_console_shows_nodes_detail_and_drains(tmp_path: Path) -> None:
-    async with LabCluster(tmp_path / "lab", nodes=8) as lab:
-        loaded = load_config(lab.config_path)
-        app = ConsoleApp(loaded)
-        async with app.run_test(size=SIZE) as pilot:
-            await wait_for(pilot, lambda: "healthy" in states(app).values(), "the first probe")
-            assert states(app)["lab07"] == "unhealthy"  # the layout's injected ECC fault
-            table = app.query_one(NodesTable)
-            assert table.row_count == 8
-            assert table.get_row_index("lab07") == 0  # worst first
-            table.move_cursor(row=0)
-            await pilot.pause()
-            assert table.selected_node() == "lab07"
-
-            await pilot.press("enter")
-            await wait_for(pilot, lambda: isinstance(app.screen, NodeDetail), "the detail screen")
-            assert "uncorrectable ECC" in " ".join(app.screen.view["reasons"])  # type: ignore[attr-defined]
-            await pilot.press("escape")
-
-            await pilot.press("down", "down", "down")  # a healthy node, far below lab07
-            target = table.selected_node()
-            assert target is not None and target != "lab07"
-            assert table.get_row_index(target) == 3
-            await pilot.press("d")
-            await pilot.press(*"fan alarm", "enter")
-            await wait_for(pilot, lambda: states(app).get(target) == "drained", "the drain")
-            # the drained row moved up to just below lab07, and the cursor moved with it
-            assert table.get_row_index(target) == 1
-            assert table.selected_node() == target
-
-            await pilot.press("r")
-            await wait_for(pilot, lambda: states(app).get(target) == "healthy", "the resume")
-
-    async with ClusterService.open(loaded) as svc:
-        kinds = [e.kind for e in await svc.events(node=target)]
-    assert kinds[-2:] == ["drained", "resumed"]
-
-
-async def test_readonly_console_cannot_drain(tmp_path: Path) -> None:
-    async with LabCluster(tmp_path / "lab", nodes=2) as lab:
-        app = ConsoleApp(load_config(lab.config_path), readonly=True)
-        async with app.run_test(size=SIZE) as pilot:
-            await wait_for(pilot, lambda: set(states(app).values()) == {"healthy"}, "the first probe")
-            # the probe age moves on by itself between probes (the interval is a minute)
-            table = app.query_one(NodesTable)
-            await wait_for(pilot, lambda: table.get_cell("lab01", "probed") not in ("0s", "never"), "the age to tick")
-            await pilot.press("d")
-            await pilot.pause(0.2)
-            assert not any(v["state"] == "drained" for v in app.views.values())
-            assert len(app.screen_stack) == 1  # no drain dialog opened
-
-
-async def test_console_runs_the_scheduler_embedded_and_serves_its_socket(tmp_path: Path) -> None:
+@contextlib.asynccontextmanager
+async def lab(tmp_path: Path, nodes: int = 2) -> AsyncIterator[LoadedConfig]:
+    """A lab cluster and its config, with a short socket path (AF_UNIX) and a fast scheduler tick."""
     sock_dir = Path(tempfile.mkdtemp(prefix="ft-", dir="/tmp"))
     try:
-        async with LabCluster(tmp_path / "lab", nodes=2) as lab:
-            config = yaml.safe_load(lab.config_path.read_text())
+        async with LabCluster(tmp_path / "lab", nodes=nodes) as cluster:
+            config = yaml.safe_load(cluster.config_path.read_text())
             config["api"] = {"socket": str(sock_dir / "ft.sock")}
-            config["scheduler"] = {"tick": "0.3s"}
+            config["scheduler"] = {"tick": "0.3s", "stop_grace": "2s"}
             path = tmp_path / "cluster.yaml"
             path.write_text(yaml.safe_dump(config))
-            loaded = load_config(path)
-            app = ConsoleApp(loaded)
-            async with app.run_test(size=SIZE) as pilot:
-                await wait_for(pilot, lambda: app.scheduler_mode == "embedded", "the embedded scheduler")
-                # the CLI's way in: the socket, while the console runs
-                async with await ApiClient.connect(loaded.socket_path) as client:
-                    job = await client.call("submit", spec={"name": "via-cli", "command": "echo hi"})
-                    final = [s async for s in client.stream("wait", job=job["id"])][-1]
-                    assert final["status"] == "succeeded"
-                    assert "".join([c async for c in client.stream("logs", job=job["id"])]) == "hi\n"
-                # a second console attaches instead of running a second scheduler
-                second = ConsoleApp(loaded, readonly=True)
-                async with second.run_test(size=SIZE) as pilot2:
-                    await wait_for(pilot2, lambda: second.scheduler_mode == "attached", "the second console")
-            assert not loaded.socket_path.exists()
+            yield load_config(path)
     finally:
         shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+def job_file(tmp_path: Path, name: str, body: str) -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(f"name: {name}\n{body}")
+    return path
+
+
+def rows(app: ConsoleApp, view: str) -> dict[str, tuple[str, ...]]:
+    return app.query_one(f"#{view}", View).table.to_rows()
+
+
+def column(app: ConsoleApp, view: str, key: str, name: str) -> str | None:
+    table = app.query_one(f"#{view}", View).table
+    row = table.to_rows().get(key)
+    if row is None:
+        return None
+    return row[[c.key for c in table.spec].index(name)]
+
+
+async def ready(pilot: Any, app: ConsoleApp) -> None:
+    await wait_for(pilot, lambda: app.scheduler_mode in ("embedded", "attached"), "the scheduler")
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30
+    while not (app.feed.nodes and all(n["state"] == "healthy" for n in app.feed.nodes.values())):
+        assert loop.time() < deadline, f"timed out waiting for the first probe: {app.feed.nodes}"
+        await app.refresh_data("nodes")  # the Jobs view alone does not read the nodes
+        await pilot.pause(0.1)
+
+
+async def type_path(pilot: Any, path: Path) -> None:
+    await pilot.press(*str(path), "enter")
+
+
+async def test_submit_with_errors_in_place_then_stop(tmp_path: Path) -> None:
+    bad = job_file(tmp_path, "bad", "command: sleep 60\nnodes: zero\ngpus_per_node: 1\n")
+    good = job_file(tmp_path, "long", "command: sleep 60\ngpus_per_node: 1\n")
+    async with lab(tmp_path) as loaded:
+        app = ConsoleApp(loaded)
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            await pilot.press("n")
+            await wait_for(pilot, lambda: isinstance(app.screen, SubmitDialog), "the submit dialog")
+            dialog = app.screen
+            assert isinstance(dialog, SubmitDialog)
+            await type_path(pilot, bad)
+            await wait_for(pilot, lambda: dialog.problems, "the problems of bad.yaml")
+            assert any("bad.yaml:3" in p and "nodes" in p for p in dialog.problems), dialog.problems
+            shown = str(dialog.query_one("#result").render())
+            assert "nodes: zero" in shown and "^ nodes" in shown  # the problem under its line
+            assert dialog.ready is None
+
+            for _ in str(bad):
+                await pilot.press("backspace")
+            await type_path(pilot, good)
+            await wait_for(pilot, lambda: dialog.ready is not None, "the prediction")
+            assert "would start now on lab0" in str(dialog.query_one("#result").render())
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: len(app.screen_stack) == 1, "the dialog to close")
+            await wait_for(pilot, lambda: any(j["name"] == "long" for j in app.feed.jobs.values()), "the job")
+            job_id = next(j["id"] for j in app.feed.jobs.values() if j["name"] == "long")
+            await wait_for(pilot, lambda: column(app, "jobs", str(job_id), "status") == "running", "running")
+
+            table = app.query_one("#jobs", View).table
+            assert table.select_key(str(job_id))
+            await pilot.press("x")
+            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmDialog), "the confirmation")
+            await pilot.press("n")  # changed my mind: nothing happens
+            await pilot.pause(0.5)
+            assert app.feed.jobs[job_id]["status"] == "running" and not app.feed.jobs[job_id]["stop_requested"]
+            await pilot.press("x", "y")
+            await wait_for(pilot, lambda: column(app, "jobs", str(job_id), "status") == "stopped", "stopped", 30)
+            async with await ApiClient.connect(loaded.socket_path) as client:
+                shown_job = await client.call("show", job=job_id)
+            assert shown_job["stop_reason"] == "stopped" and shown_job["stop_by"]
+
+
+async def test_selection_stays_on_its_job_while_the_queue_changes(tmp_path: Path) -> None:
+    async with lab(tmp_path) as loaded:
+        app = ConsoleApp(loaded)
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            async with await ApiClient.connect(loaded.socket_path) as client:
+                ids = [
+                    (await client.call("submit", spec={"name": f"q{i}", "command": "sleep 60", "gpus_per_node": 8}))[
+                        "id"
+                    ]
+                    for i in range(6)
+                ]
+                await wait_for(pilot, lambda: all(str(i) in rows(app, "jobs") for i in ids), "the jobs")
+                table = app.query_one("#jobs", View).table
+                target = str(ids[-1])  # queued: the last one
+                table.select_key(target)
+                before = table.get_row_index(target)
+                # an urgent job and a failing one arrive: rows move, the cursor stays on its job
+                await client.call("submit", spec={"name": "urgent", "command": "sleep 60", "priority": "urgent",
+                                                  "gpus_per_node": 8})  # fmt: skip
+                await client.call("submit", spec={"name": "boom", "command": "sh -c 'exit 3'"})
+                await wait_for(pilot, lambda: column(app, "jobs", str(ids[-1] + 2), "status") == "error", "the failure")
+                assert table.selected_key() == target
+                assert table.get_row_index(target) != before  # it did move
+                await client.call("stop", jobs=ids)
+
+
+async def test_nodes_drain_resume_probe_and_detail(tmp_path: Path) -> None:
+    async with lab(tmp_path) as loaded:
+        app = ConsoleApp(loaded)
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            await pilot.press("2")
+            await wait_for(pilot, lambda: len(rows(app, "nodes")) == 2, "the node rows")
+            table = app.query_one("#nodes", View).table
+            table.select_key("lab02")
+            await pilot.press("d")
+            await wait_for(pilot, lambda: isinstance(app.screen, PromptDialog), "the drain dialog")
+            await pilot.press("enter")  # no reason: refused in place
+            assert isinstance(app.screen, PromptDialog)
+            await pilot.press(*"fan alarm", "enter")
+            await wait_for(pilot, lambda: column(app, "nodes", "lab02", "state") == "drained", "the drain")
+            assert "fan alarm" in (column(app, "nodes", "lab02", "reasons") or "")
+            assert table.keys[0] == "lab02" and table.selected_key() == "lab02"  # drained goes up, cursor too
+
+            probed_before = app.feed.nodes["lab01"]["last_probe"]
+            table.select_key("lab01")
+            await pilot.press("p")
+            await wait_for(pilot, lambda: app.feed.nodes["lab01"]["last_probe"] != probed_before, "the probe")
+
+            table.select_key("lab02")
+            await pilot.press("r")
+            await wait_for(pilot, lambda: column(app, "nodes", "lab02", "state") == "healthy", "the resume")
+
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: isinstance(app.screen, NodeScreen), "the node screen")
+            screen = app.screen
+            assert isinstance(screen, NodeScreen)
+            await wait_for(pilot, lambda: screen.query_one("#history").row_count >= 2, "the node's history")
+            kinds = [screen.query_one("#history").get_row_at(i)[1] for i in range(2)]
+            assert kinds == ["resumed", "drained"]  # newest first
+            assert screen.query_one("#checks").row_count > 3
+            await pilot.press("escape")
+            assert len(app.screen_stack) == 1
+
+
+async def test_alerts_acknowledge_and_resolve(tmp_path: Path) -> None:
+    async with lab(tmp_path) as loaded:
+        app = ConsoleApp(loaded)
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            async with await ApiClient.connect(loaded.socket_path) as client:
+                job = await client.call("submit", spec={"name": "boom", "command": "sh -c 'echo dying; exit 3'"})
+            await pilot.press("3")
+            await wait_for(pilot, lambda: rows(app, "alerts"), "the job_failed alert")
+            key, row = next(iter(rows(app, "alerts").items()))
+            assert "job_failed" in row and f"job {job['id']}" in row
+            await pilot.press("a")
+            await wait_for(pilot, lambda: (column(app, "alerts", key, "state") or "").startswith("ack"), "the ack")
+            await pilot.press("R", "y")
+            await wait_for(pilot, lambda: key not in rows(app, "alerts"), "the resolve")
+
+            # enter on an alert opens its job; the log tail shows what the job printed
+            async with await ApiClient.connect(loaded.socket_path) as client:
+                await client.call("submit", spec={"name": "boom2", "command": "sh -c 'echo dying; exit 3'"})
+            await wait_for(pilot, lambda: rows(app, "alerts"), "a second alert")
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: isinstance(app.screen, JobScreen), "the job screen")
+            await pilot.press("l")
+            log = app.screen.query_one("#log")
+            await wait_for(pilot, lambda: "dying" in "\n".join(log.lines), "the log tail")
+
+
+async def test_readonly_hides_every_change(tmp_path: Path) -> None:
+    async with lab(tmp_path) as loaded:
+        app = ConsoleApp(loaded, readonly=True)
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            for action in ("stop", "delete", "submit", "drain", "resume", "probe", "ack", "resolve", "priority"):
+                assert app.check_action(action, ()) is False, action
+            await pilot.press("n", "x", "2", "d")
+            await pilot.pause(0.2)
+            assert len(app.screen_stack) == 1  # no dialog opened
+            assert all(n["state"] == "healthy" for n in app.feed.nodes.values())
+
+
+@pytest.mark.parametrize("readonly", [False])
+async def test_attached_to_serve_has_the_same_features(tmp_path: Path, readonly: bool) -> None:
+    async with lab(tmp_path) as loaded:
+        stop = asyncio.Event()
+        server = asyncio.create_task(serve(loaded, stop))
+        try:
+            for _ in range(200):
+                if loaded.socket_path.exists():
+                    break
+                await asyncio.sleep(0.05)
+            app = ConsoleApp(loaded, readonly=readonly)
+            async with app.run_test(size=SIZE) as pilot:
+                await ready(pilot, app)
+                assert app.scheduler_mode == "attached"
+                await pilot.press("2")
+                await wait_for(pilot, lambda: len(rows(app, "nodes")) == 2, "the node rows")
+                app.query_one("#nodes", View).table.select_key("lab01")
+                await pilot.press("d", *"through the socket", "enter")
+                await wait_for(pilot, lambda: column(app, "nodes", "lab01", "state") == "drained", "the drain")
+        finally:
+            stop.set()
+            await asyncio.wait_for(server, 30)

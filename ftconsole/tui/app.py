@@ -1,0 +1,556 @@
+"""The console: a Textual app for operators on call.
+
+It reaches the scheduler only through the client API (`scheduler.client`). When `ftconsole serve` already runs
+on the config's state_dir, it attaches to its socket. Otherwise it runs the scheduler embedded (the control
+loop, the probes and the API socket, so the CLI works while it is open) and calls its operations in-process.
+Both paths give the same features. A client can also be handed in (tests, or a read of the store alone).
+
+Views (number keys): 1 Jobs, 2 Nodes, 3 Alerts, 4 Events, 5 Cluster. Every action is an `action_*` method
+bound in `BINDINGS`; `check_action` hides the ones that do not apply to the view, and every action that
+changes something under `--readonly`. Data is read once a second by a worker, for the visible view, and
+applied by diff (`KeyedTable`), so the cursor and scroll never jump and the UI never waits on SSH.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any, ClassVar
+
+from textual import on, work
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding, BindingType
+from textual.command import DiscoveryHit, Hit, Hits, Provider
+from textual.screen import Screen
+from textual.widgets import ContentSwitcher, DataTable, Footer, Header, Input
+from textual.worker import Worker, WorkerCancelled, WorkerFailed, WorkerState
+
+from ftconsole.tui.detail import JobScreen, NodeScreen
+from ftconsole.tui.dialogs import ChoiceDialog, ConfirmDialog, PromptDialog, SubmitDialog
+from ftconsole.tui.feed import Feed
+from ftconsole.tui.views import AlertsView, ClusterView, EventsView, JobsView, NodesView, View
+from scheduler.config import LoadedConfig, parse_duration
+from scheduler.errors import AlreadyRunning, FtError, NotRunning
+
+REFRESH_S = 1.0
+VIEWS = (("jobs", "1"), ("nodes", "2"), ("alerts", "3"), ("events", "4"), ("cluster", "5"))
+PRIORITIES = ("normal", "urgent", "very-urgent")
+
+# what each action changes (hidden under --readonly) and which kind of row it works on
+WRITES = frozenset(
+    {
+        "stop",
+        "delete",
+        "clone",
+        "priority",
+        "extend",
+        "drain",
+        "resume",
+        "probe",
+        "probe_all",
+        "ack",
+        "resolve",
+        "submit",
+    }
+)
+MAIN_SCREEN_ONLY = frozenset({"view", "filter", "mark", "submit", "probe_all", "escape"})
+ROW_KIND = {
+    "stop": "job",
+    "delete": "job",
+    "clone": "job",
+    "priority": "job",
+    "extend": "job",
+    "logs": "job",
+    "drain": "node",
+    "resume": "node",
+    "probe": "node",
+    "ack": "alert",
+    "resolve": "alert",
+}
+
+
+class JumpProvider(Provider):
+    """`:` (or ctrl+p): jump to a job (by id or name) or a node (by name)."""
+
+    def _targets(self) -> list[tuple[str, str, Callable[[], Any]]]:
+        app = self.app
+        assert isinstance(app, ConsoleApp)
+        out: list[tuple[str, str, Callable[[], Any]]] = []
+        for name in sorted(app.feed.nodes):
+            out.append((f"node {name}", app.feed.nodes[name]["state"], partial(app.open_node, name)))
+        for job_id, job in sorted(app.feed.jobs.items(), reverse=True):
+            out.append((f"job {job_id} {job['name']}", job["status"], partial(app.open_job, job_id)))
+        return out
+
+    async def discover(self) -> Hits:
+        for text, help_, callback in self._targets()[:50]:
+            yield DiscoveryHit(text, callback, help=help_)
+
+    async def search(self, query: str) -> Hits:
+        matcher = self.matcher(query)
+        for text, help_, callback in self._targets():
+            score = matcher.match(text)
+            if score > 0:
+                yield Hit(score, matcher.highlight(text), callback, help=help_)
+
+
+class ConsoleApp(App[int]):
+    TITLE = "ftconsole"
+    COMMANDS = App.COMMANDS | {JumpProvider}
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("q", "quit", "Quit"),
+        Binding("question_mark", "keys", "Keys"),
+        *(Binding(key, f"view('{name}')", name.title(), show=False) for name, key in VIEWS),
+        Binding("slash", "filter", "Filter"),
+        Binding("colon", "command_palette", "Jump", show=False),
+        Binding("escape", "escape", "Back", show=False),
+        Binding("space", "mark", "Mark", show=False),
+        Binding("n", "submit", "New job"),
+        Binding("l", "logs", "Logs"),
+        Binding("s", "shell", "Shell"),
+        Binding("x", "stop", "Stop"),
+        Binding("ctrl+d", "delete", "Delete"),
+        Binding("c", "clone", "Clone"),
+        Binding("plus", "priority", "Priority"),
+        Binding("e", "extend", "Extend"),
+        Binding("d", "drain", "Drain"),
+        Binding("r", "resume", "Resume"),
+        Binding("p", "probe", "Probe"),
+        Binding("P", "probe_all", "Probe all", show=False),
+        Binding("a", "ack", "Ack"),
+        Binding("R", "resolve", "Resolve"),
+    ]
+    CSS = """
+    #filter { dock: bottom; display: none; }
+    #filter.visible { display: block; }
+    """
+
+    def __init__(
+        self,
+        loaded: LoadedConfig,
+        *,
+        readonly: bool = False,
+        client: Any = None,
+        clock: Callable[[], float] = time.time,
+        refresh_s: float = REFRESH_S,
+    ) -> None:
+        super().__init__()
+        self.loaded = loaded
+        self.readonly = readonly
+        self.clock = clock
+        self.refresh_s = refresh_s
+        self.client: Any = client
+        self.scheduler_mode = "given" if client is not None else "starting"  # embedded | attached | given
+        self.feed = Feed(clock=clock)
+        self._stop = asyncio.Event()
+        self._connected = asyncio.Event()
+        self.sub_title = str(loaded.file) + (" · read-only" if readonly else "")
+
+    # -- layout --------------------------------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with ContentSwitcher(initial="jobs", id="views"):
+            yield JobsView(id="jobs")
+            yield NodesView(id="nodes")
+            yield AlertsView(id="alerts")
+            yield EventsView(id="events")
+            yield ClusterView(id="cluster")
+        yield Input(placeholder="filter (regular expression); enter applies, esc cancels, empty clears", id="filter")
+        yield Footer()
+
+    @property
+    def view(self) -> View:
+        switcher = self.query_one("#views", ContentSwitcher)
+        return self.query_one(f"#{switcher.current}", View)
+
+    async def on_mount(self) -> None:
+        if self.client is None:
+            self.connect()
+        else:
+            self._connected.set()
+        self.view.table.focus()
+        self.poll()
+
+    async def on_unmount(self) -> None:
+        self._stop.set()
+        with contextlib.suppress(WorkerCancelled, WorkerFailed):  # Textual may have cancelled them already
+            await self.workers.wait_for_complete()
+
+    # -- reaching the scheduler ----------------------------------------------------------------------------
+
+    @work(exclusive=True, group="scheduler", exit_on_error=False)
+    async def connect(self) -> None:
+        """Attach to a running scheduler, or run one embedded until the app ends."""
+        from scheduler.api import ApiClient
+        from scheduler.client import LocalClient, SocketClient, this_process
+        from scheduler.daemon import Operations, serve
+
+        socket = self.loaded.socket_path
+        try:
+            await self._attach_to(ApiClient, SocketClient)
+            return
+        except NotRunning:
+            pass
+
+        def ready(scheduler: Any) -> None:
+            self.client = LocalClient(Operations(scheduler), this_process())
+            self._mode("embedded", f"scheduler embedded · API {socket}")
+
+        try:
+            await serve(self.loaded, self._stop, ready=ready)
+        except AlreadyRunning:  # another console or `ftconsole serve` started meanwhile
+            await self._attach_to(ApiClient, SocketClient)
+
+    async def _attach_to(self, api_class: Any, client_class: Any) -> None:
+        api = await api_class.connect(self.loaded.socket_path, timeout=2.0)
+        try:
+            self.client = client_class(api)
+            self._mode("attached", f"attached to the scheduler at {self.loaded.socket_path}")
+            await self._stop.wait()
+        finally:
+            await api.close()
+
+    def _mode(self, mode: str, text: str) -> None:
+        self.scheduler_mode = mode
+        self.sub_title = f"{self.loaded.file} · {text}" + (" · read-only" if self.readonly else "")
+        self._connected.set()
+
+    # -- data ----------------------------------------------------------------------------------------------
+
+    @work(exclusive=True, group="poll", exit_on_error=False)
+    async def poll(self) -> None:
+        """Read what the visible view needs once a second and apply it; the clock alone moves ages on."""
+        await self._connected.wait()
+        while not self._stop.is_set():
+            await self.refresh_data()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), self.refresh_s)
+
+    async def refresh_data(self, *sources: str) -> None:
+        if self.client is None:
+            return
+        view = self.view
+        wanted = set(sources or view.sources) | {"alerts"}  # open alerts count in every title
+        await self.feed.refresh(self.client, sorted(wanted))
+        self.apply_view()
+
+    def apply_view(self) -> None:
+        with self.batch_update():
+            self.view.update_view(self.feed, self.clock())
+            alerts = sum(1 for a in self.feed.alerts.values() if a["state"] == "open")
+            self.title = f"ftconsole · {alerts} open alert{'s' * (alerts != 1)}" if alerts else "ftconsole"
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        """The one place where a worker's unexpected error becomes a notification."""
+        if event.state is WorkerState.ERROR and event.worker.error is not None:
+            error = event.worker.error
+            title = error.title if isinstance(error, FtError) else type(error).__name__
+            self.notify(str(error), title=title, severity="error", timeout=10)
+
+    # -- views, filter, marks ------------------------------------------------------------------------------
+
+    def action_view(self, name: str) -> None:
+        if not isinstance(self.screen, Screen) or self.screen is not self.screen_stack[0]:
+            return
+        self.query_one("#views", ContentSwitcher).current = name
+        self.view.table.focus()
+        self.apply_view()  # what we have now, at once; the poll reads the rest
+        self.run_worker(self.refresh_data(), group="view-switch", exclusive=True, exit_on_error=False)
+
+    def action_filter(self) -> None:
+        bar = self.query_one("#filter", Input)
+        bar.value = self.view.pattern.pattern if self.view.pattern else ""
+        bar.add_class("visible")
+        bar.focus()
+
+    @on(Input.Submitted, "#filter")
+    def filter_submitted(self, event: Input.Submitted) -> None:
+        try:
+            self.view.set_filter(event.value.strip())
+        except ValueError as exc:
+            self.notify(str(exc), title="filter", severity="error")
+            return
+        self._close_filter()
+        self.apply_view()
+
+    def _close_filter(self) -> None:
+        bar = self.query_one("#filter", Input)
+        bar.remove_class("visible")
+        self.view.table.focus()
+
+    def action_escape(self) -> None:
+        bar = self.query_one("#filter", Input)
+        if bar.has_class("visible"):
+            self._close_filter()
+        elif self.view.marked:
+            self.view.marked.clear()
+            self.apply_view()
+        elif self.view.pattern is not None:
+            self.view.pattern = None
+            self.apply_view()
+
+    def action_mark(self) -> None:
+        key = self.view.table.selected_key()
+        if key is None or self.view.kind not in ("job", "node", "alert"):
+            return
+        self.view.toggle_mark(key)
+        self.apply_view()
+        self.view.table.action_cursor_down()
+
+    def action_keys(self) -> None:
+        if self.screen.query("HelpPanel"):
+            self.action_hide_help_panel()
+        else:
+            self.action_show_help_panel()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if self.readonly and action in WRITES:
+            return False
+        if action in MAIN_SCREEN_ONLY and self.screen is not self.screen_stack[0]:
+            return False
+        kind = ROW_KIND.get(action)
+        if kind is None:
+            return True
+        if len(self.screen_stack) > 1 and not isinstance(self.screen, (JobScreen, NodeScreen)):
+            return False
+        if isinstance(self.screen, JobScreen):
+            return kind == "job"
+        if isinstance(self.screen, NodeScreen):
+            return kind == "node"
+        view_kind = self.view.kind
+        if action in ("logs", "shell"):
+            return view_kind in ("job", "node") if action == "shell" else view_kind == "job"
+        return view_kind == kind
+
+    # -- opening details -----------------------------------------------------------------------------------
+
+    @on(DataTable.RowSelected)
+    def row_selected(self, event: DataTable.RowSelected) -> None:
+        if self.screen is not self.screen_stack[0] or event.row_key.value is None:
+            return
+        key = str(event.row_key.value)
+        kind = self.view.kind
+        if kind == "job":
+            self.open_job(int(key))
+        elif kind == "node":
+            self.open_node(key)
+        elif kind == "alert":
+            alert = self.feed.alerts.get(int(key))
+            if alert and alert.get("job") is not None:
+                self.open_job(int(alert["job"]))
+            elif alert and alert.get("node"):
+                self.open_node(str(alert["node"]))
+
+    def open_job(self, job_id: int) -> None:
+        if self.client is not None:
+            self.push_screen(JobScreen(self.client, self.clock, job_id))
+
+    def open_node(self, name: str) -> None:
+        if self.client is not None:
+            self.push_screen(NodeScreen(self.client, self.clock, name, lambda: self.feed.nodes))
+
+    # -- targets -------------------------------------------------------------------------------------------
+
+    def _targets(self, kind: str) -> list[str]:
+        if isinstance(self.screen, JobScreen) and kind == "job":
+            return [str(self.screen.job_id)]
+        if isinstance(self.screen, NodeScreen) and kind == "node":
+            return [self.screen.node]
+        if self.view.kind != kind:
+            return []
+        return self.view.targets()
+
+    def _one(self, kind: str) -> str | None:
+        targets = self._targets(kind)
+        if len(targets) > 1:
+            self.notify(f"this acts on one {kind}: unmark the others (esc)", severity="warning")
+            return None
+        return targets[0] if targets else None
+
+    @work(group="act", exit_on_error=False)
+    async def act(self, what: str, op: str, **args: Any) -> Any:
+        """Run one operation; say what happened; read the data again at once."""
+        try:
+            result = await self.client.call(op, **args)
+        except FtError as exc:
+            self.notify(str(exc), title=f"{what}: {exc.title}", severity="error", timeout=10)
+            return None
+        self.notify(what, timeout=3)
+        self.view.marked.clear()
+        await self.refresh_data()
+        return result
+
+    # -- job actions ---------------------------------------------------------------------------------------
+
+    def action_stop(self) -> None:
+        ids = self._targets("job")
+        if ids:
+            self._confirmed(f"Stop {_plural(ids, 'job')}?", "Running ranks get SIGTERM, then SIGKILL.",
+                            lambda: self.act(f"stop requested for {_plural(ids, 'job')}", "stop",
+                                              jobs=[int(i) for i in ids]))  # fmt: skip
+
+    def action_delete(self) -> None:
+        ids = self._targets("job")
+        if ids:
+            self._confirmed(f"Delete {_plural(ids, 'job')}?", "Running ones are stopped first; gone from the queue.",
+                            lambda: self.act(f"deleted {_plural(ids, 'job')}", "delete",
+                                              jobs=[int(i) for i in ids]))  # fmt: skip
+
+    def action_clone(self) -> None:
+        if (job := self._one("job")) is not None:
+            self.act(f"cloned job {job}", "clone", job=int(job))
+
+    def action_priority(self) -> None:
+        ids = self._targets("job")
+        if not ids:
+            return
+        current = self.feed.jobs.get(int(ids[0]), {}).get("priority")
+
+        def chosen(level: str | None) -> None:
+            for job in ids if level else []:
+                self.act(f"job {job} is now {level}", "priority", job=int(job), level=level)
+
+        self.push_screen(ChoiceDialog(f"Priority of {_plural(ids, 'job')}", PRIORITIES, current), chosen)
+
+    def action_extend(self) -> None:
+        ids = self._targets("job")
+        if not ids:
+            return
+
+        def check(value: str) -> str | None:
+            try:
+                parse_duration(value)
+            except (ValueError, FtError) as exc:
+                return str(exc)
+            return None
+
+        def given(value: str | None) -> None:
+            for job in ids if value else []:
+                self.act(f"job {job} extended by {value}", "extend", job=int(job), duration=value)
+
+        self.push_screen(
+            PromptDialog(
+                f"Extend the max runtime of {_plural(ids, 'job')} by", placeholder="e.g. 2h, 30m", check=check
+            ),
+            given,
+        )
+
+    def action_logs(self) -> None:
+        if isinstance(self.screen, JobScreen):
+            self.screen.action_logs()
+        elif (job := self._one("job")) is not None:
+            self.open_job(int(job))
+            assert isinstance(self.screen, JobScreen)
+            self.call_after_refresh(self.screen.action_logs)
+
+    def action_submit(self) -> None:
+        async def predict(spec: dict[str, Any]) -> dict[str, Any]:
+            return dict(await self.client.call("predict", spec=spec))
+
+        def chosen(spec: dict[str, Any] | None) -> None:
+            if spec is not None:
+                self.act(f"submitted {spec.get('name')}", "submit", spec=spec)
+
+        self.push_screen(SubmitDialog(predict, start=Path.cwd()), chosen)
+
+    # -- node actions --------------------------------------------------------------------------------------
+
+    def action_drain(self) -> None:
+        nodes = self._targets("node")
+        if not nodes:
+            return
+
+        def given(reason: str | None) -> None:
+            if reason:
+                self.act(f"drained {','.join(nodes)}: {reason}", "drain", nodeset=",".join(nodes), reason=reason)
+
+        self.push_screen(
+            PromptDialog(
+                f"Drain {','.join(nodes)}: no new work is placed there. Reason:",
+                placeholder="e.g. fan alarm, ticket #123",
+                check=lambda v: None if v else "a reason, so the next person on call knows why",
+            ),
+            given,
+        )
+
+    def action_resume(self) -> None:
+        if nodes := self._targets("node"):
+            self.act(f"resumed {','.join(nodes)}", "resume", nodeset=",".join(nodes))
+
+    def action_probe(self) -> None:
+        if nodes := self._targets("node"):
+            self.notify(f"probing {','.join(nodes)}…", timeout=2)
+            self.act(f"probed {','.join(nodes)}", "probe", nodeset=",".join(nodes))
+
+    def action_probe_all(self) -> None:
+        self.notify("probing every node…", timeout=2)
+        self.act("probed every node", "probe", nodeset=None)
+
+    # -- alert actions -------------------------------------------------------------------------------------
+
+    def action_ack(self) -> None:
+        if ids := self._targets("alert"):
+            self.act(f"acknowledged {_plural(ids, 'alert')}", "ack", alerts=[int(i) for i in ids])
+
+    def action_resolve(self) -> None:
+        ids = self._targets("alert")
+        if ids:
+            self._confirmed(f"Resolve {_plural(ids, 'alert')}?", "They leave the open list.",
+                            lambda: self.act(f"resolved {_plural(ids, 'alert')}", "resolve",
+                                              alerts=[int(i) for i in ids]))  # fmt: skip
+
+    # -- the debug terminal --------------------------------------------------------------------------------
+
+    def action_shell(self) -> None:
+        if isinstance(self.screen, JobScreen):
+            self.open_shell(str(self.screen.job_id), self.screen.rank)
+            return
+        kind = "node" if isinstance(self.screen, NodeScreen) or self.view.kind == "node" else "job"
+        if (target := self._one(kind)) is not None:
+            self.open_shell(target, None)
+
+    @work(exclusive=True, group="terminal", exit_on_error=False)
+    async def open_shell(self, target: str, rank: int | None) -> None:
+        """Suspend the app and run `ssh -t` into the node; the scheduler keeps running meanwhile."""
+        from scheduler.shell import node_shell, shell_target
+
+        try:
+            if target.isdigit():
+                shell = await shell_target(self.client, self.loaded, target, rank=rank)
+            else:
+                shell = node_shell(self.loaded, target)
+        except FtError as exc:
+            self.notify(str(exc), title=f"shell: {exc.title}", severity="error", timeout=10)
+            return
+        # Nothing is drawn while the shell has the terminal (batch_update), and this waits without blocking
+        # the event loop, so the embedded scheduler and its API go on serving.
+        with self.batch_update(), self.suspend():
+            print(f"\n{shell.banner}\n", flush=True)
+            process = await asyncio.create_subprocess_exec(*shell.argv)
+            code = await process.wait()
+        self.refresh(layout=True)
+        if code not in (0, 130):
+            self.notify(f"ssh to {shell.node} ended with exit code {code}", severity="warning")
+
+    # -- helpers -------------------------------------------------------------------------------------------
+
+    def _confirmed(self, question: str, detail: str, then: Callable[[], Any]) -> None:
+        def answered(yes: bool | None) -> None:
+            if yes:
+                then()
+
+        self.push_screen(ConfirmDialog(question, detail), answered)
+
+    def get_system_commands(self, screen: Screen[Any]) -> Any:
+        yield from super().get_system_commands(screen)
+        for name, key in VIEWS:
+            yield SystemCommand(f"View: {name} ({key})", f"Show the {name} view", partial(self.action_view, name))
+
+
+def _plural(items: list[str], word: str) -> str:
+    return f"{word} {items[0]}" if len(items) == 1 else f"{len(items)} {word}s"

@@ -1,0 +1,346 @@
+"""The detail screens: one job, one node. `esc` goes back to the view they were opened from.
+
+Job: its facts, spec, attempts with the node, GPUs, state and exit of every rank, the conditions timeline,
+and a live log tail per rank (`[` and `]` switch rank). Node: every check with value and threshold, its
+GPUs and who holds them, and its history of faults and drains. Both re-read their data every few seconds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+import yaml
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Label, Log, Static, TabbedContent, TabPane
+
+from ftconsole.format import age
+from ftconsole.tui import rows as R
+from scheduler.client import Client
+from scheduler.errors import FtError
+
+DETAIL_REFRESH_S = 2.0
+LOG_TAIL_LINES = 200
+NODE_HISTORY_KINDS = ("unhealthy", "unreachable", "isolated", "drained", "resumed", "healthy", "degraded")
+
+
+def _when(t: float | None) -> str:
+    return "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+class DetailScreen(Screen[None]):
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,q", "app.pop_screen", "Back")]
+    DEFAULT_CSS = """
+    DetailScreen > #head { height: auto; padding: 0 1; background: $boost; }
+    DetailScreen DataTable { height: auto; max-height: 20; }
+    DetailScreen .section { text-style: bold; margin-top: 1; padding: 0 1; }
+    DetailScreen Log { height: 1fr; }
+    """
+
+    def __init__(self, client: Client, clock: Callable[[], float]) -> None:
+        super().__init__()
+        self.client = client
+        self.clock = clock
+        self.data: dict[str, Any] | None = None
+        self.fetched: float | None = None
+        self.error: str | None = None
+
+    def on_mount(self) -> None:
+        self.reload()
+        self.set_interval(DETAIL_REFRESH_S, self.reload)
+
+    @work(exclusive=True, group="detail-reload", exit_on_error=False)
+    async def reload(self) -> None:
+        try:
+            self.data = await self.fetch()
+            self.fetched = self.clock()
+            self.error = None
+        except FtError as exc:
+            self.error = str(exc)
+        if self.data is not None:
+            with self.app.batch_update():
+                self.show(self.data)
+        self.query_one("#head", Static).update(self.head())
+
+    async def fetch(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def show(self, data: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def head(self) -> Text:
+        raise NotImplementedError
+
+    def _age(self) -> Text:
+        if self.error:
+            return Text(f"  {self.error}", style="bold red")
+        if self.fetched is None:
+            return Text("  loading…", style="dim")
+        return Text(f"  data {age(self.clock() - self.fetched)} old", style="dim")
+
+
+def fill(table: DataTable[Any], rows: list[tuple[Any, ...]]) -> None:
+    """Small detail tables: refill only when their content changed, keeping the cursor row."""
+    current = [tuple(table.get_row_at(i)) for i in range(table.row_count)]
+    if current == rows:
+        return
+    row = table.cursor_row
+    table.clear()
+    table.add_rows(rows)
+    if rows:
+        table.move_cursor(row=min(row, len(rows) - 1), animate=False)
+
+
+class JobScreen(DetailScreen):
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("l", "logs", "Logs"),
+        Binding("left_square_bracket", "rank(-1)", "Rank -"),
+        Binding("right_square_bracket", "rank(1)", "Rank +"),
+    ]
+
+    def __init__(self, client: Client, clock: Callable[[], float], job_id: int) -> None:
+        super().__init__(client, clock)
+        self.job_id = job_id
+        self.rank = 0
+        self._streaming: tuple[int, int] | None = None  # (attempt, rank) of the log tail shown
+
+    def compose(self) -> ComposeResult:
+        yield Static("", id="head")
+        with TabbedContent(initial="overview"):
+            with TabPane("Overview", id="overview"), VerticalScroll():
+                yield Static("", id="facts")
+                yield Label("Conditions", classes="section")
+                yield DataTable(id="conditions", cursor_type="row")
+                yield Label("Spec", classes="section")
+                yield Static("", id="spec")
+            with TabPane("Attempts", id="attempts"), Vertical():
+                yield DataTable(id="runs", cursor_type="row")
+            with TabPane("Logs", id="logs"), Vertical():
+                yield Label("", id="log-title")
+                yield Log(id="log", max_lines=5000)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#conditions", DataTable).add_columns("TIME", "CONDITION", "MESSAGE")
+        self.query_one("#runs", DataTable).add_columns(
+            "TRY", "RANK", "NODE", "GPUS", "STATE", "PID", "EXIT", "STARTED", "ENDED", "RUN FOLDER", "ERROR"
+        )
+        super().on_mount()
+
+    async def fetch(self) -> dict[str, Any]:
+        return dict(await self.client.call("show", job=self.job_id))
+
+    def head(self) -> Text:
+        job = self.data
+        if job is None:
+            return Text.assemble((f"job {self.job_id}", "bold"), self._age())
+        state = R.job_state(job, self.clock())
+        return Text.assemble(
+            (f"job {job['id']} ", "bold"),
+            (job["name"], "bold"),
+            "  ",
+            R.styled(state, R.STATUS_STYLE.get(state)),
+            f"  owner {job['owner']}  priority {job['priority']}  try {job['attempt']}  {job['mode']} "
+            f"{job['nodes']}x{job['gpus_per_node']} GPUs",
+            self._age(),
+        )
+
+    def show(self, job: dict[str, Any]) -> None:
+        now = self.clock()
+        facts = [
+            f"submitted {_when(job['submitted'])}   started {_when(job['started'])}   ended {_when(job['ended'])}",
+            f"runtime {age(job['runtime_s']) if job['runtime_s'] is not None else '-'}"
+            f"   max {age(job['max_runtime_s']) if job['max_runtime_s'] else 'none'}"
+            f"   last output {age(now - job['last_output']) + ' ago' if job.get('last_output') else '-'}",
+            f"project {job['project'] or '-'}   access {job['access']}   output {job['output'] or '-'}",
+        ]
+        if job.get("message"):
+            facts.append(f"message: {job['message']}")
+        if job.get("stop_reason"):
+            facts.append(f"stop: {job['stop_reason']} by {job['stop_by']}")
+        self.query_one("#facts", Static).update("\n".join(facts))
+        fill(
+            self.query_one("#conditions", DataTable),
+            [(_when(c["time"]), c["type"], c["message"]) for c in job.get("conditions", [])],
+        )
+        self.query_one("#spec", Static).update(yaml.safe_dump(job.get("spec") or {}, sort_keys=False))
+        runs = []
+        for attempt in reversed(job.get("attempts", [])):
+            for run in attempt["runs"]:
+                runs.append(
+                    (
+                        str(attempt["number"]),
+                        str(run["rank"]),
+                        run["node"],
+                        ",".join(map(str, run["gpus"])),
+                        run["state"],
+                        str(run["pid"] or "-"),
+                        "-" if run["exit_code"] is None else str(run["exit_code"]),
+                        _when(run["started"]),
+                        _when(run["ended"]),
+                        run["run_dir"],
+                        run["error"] or "",
+                    )
+                )
+        fill(self.query_one("#runs", DataTable), runs)
+        if self.query_one(TabbedContent).active == "logs":
+            self._ensure_log()
+
+    # -- logs ----------------------------------------------------------------------------------------------
+
+    def ranks(self) -> list[int]:
+        if not self.data or not self.data.get("attempts"):
+            return []
+        current = [a for a in self.data["attempts"] if a["number"] == self.data["attempt"]] or self.data["attempts"]
+        return sorted(r["rank"] for r in current[-1]["runs"])
+
+    def action_logs(self) -> None:
+        self.query_one(TabbedContent).active = "logs"
+        self._ensure_log()
+
+    def action_rank(self, step: int) -> None:
+        ranks = self.ranks()
+        if not ranks:
+            return
+        i = ranks.index(self.rank) if self.rank in ranks else 0
+        self.rank = ranks[(i + step) % len(ranks)]
+        self.query_one(TabbedContent).active = "logs"
+        self._ensure_log()
+
+    @on(TabbedContent.TabActivated)
+    def tab(self, event: TabbedContent.TabActivated) -> None:
+        if event.pane.id == "logs":
+            self._ensure_log()
+
+    def _ensure_log(self) -> None:
+        if self.data is None:
+            return
+        wanted = (int(self.data["attempt"]), self.rank)
+        if self._streaming == wanted:
+            return
+        self._streaming = wanted
+        self.query_one("#log", Log).clear()
+        ranks = self.ranks()
+        self.query_one("#log-title", Label).update(
+            f"output.log of rank {self.rank} (of {len(ranks) or '?'}), try {wanted[0]}: "
+            f"the last {LOG_TAIL_LINES} lines, then live    [ and ] switch rank"
+        )
+        self.tail_log(wanted[0], self.rank)
+
+    @work(exclusive=True, group="job-log", exit_on_error=False)
+    async def tail_log(self, attempt: int, rank: int) -> None:
+        log = self.query_one("#log", Log)
+        try:
+            async for chunk in self.client.stream(
+                "logs", job=self.job_id, rank=rank, attempt=attempt, follow=True, tail=LOG_TAIL_LINES
+            ):
+                log.write(chunk)
+        except FtError as exc:
+            log.write(f"\n[ftconsole: {exc}]\n")
+        else:
+            log.write("\n[ftconsole: the run ended]\n")
+
+
+class NodeScreen(DetailScreen):
+    def __init__(
+        self, client: Client, clock: Callable[[], float], name: str, nodes: Callable[[], Mapping[str, Any]]
+    ) -> None:
+        super().__init__(client, clock)
+        self.node = name
+        self.nodes = nodes  # the app's latest node data (refreshed by the app's feed)
+        self.history: list[dict[str, Any]] = []
+
+    def compose(self) -> ComposeResult:
+        yield Static("", id="head")
+        with VerticalScroll():
+            yield Static("", id="facts")
+            yield Label("Checks", classes="section")
+            yield DataTable(id="checks", cursor_type="row")
+            yield Label("GPUs", classes="section")
+            yield DataTable(id="gpus", cursor_type="row")
+            yield Label("History: faults, drains and recoveries", classes="section")
+            yield DataTable(id="history", cursor_type="row")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#checks", DataTable).add_columns("CHECK", "STATUS", "VALUE", "THRESHOLD", "MESSAGE")
+        self.query_one("#gpus", DataTable).add_columns("GPU", "NAME", "JOB", "MEM", "UTIL", "TEMP", "ECC", "HEALTHY")
+        self.query_one("#history", DataTable).add_columns("TIME", "EVENT", "MESSAGE")
+        super().on_mount()
+
+    async def fetch(self) -> dict[str, Any]:
+        node = self.nodes().get(self.node)
+        if node is None:
+            views = await self.client.call("nodes", nodeset=self.node)
+            node = views[0]
+        self.history = await self.client.call("events", node=self.node, limit=200)
+        return dict(node)
+
+    def head(self) -> Text:
+        v = self.data
+        if v is None:
+            return Text.assemble((self.node, "bold"), self._age())
+        return Text.assemble(
+            (v["name"], "bold"),
+            "  ",
+            R.styled(v["state"], R.NODE_STATE_STYLE.get(v["state"])),
+            f"  {v['host']}:{v['port'] or 22}  pool {v['pool']}",
+            self._age(),
+        )
+
+    def show(self, v: dict[str, Any]) -> None:
+        facts = v.get("facts") or {}
+        lines = ["; ".join(v.get("reasons") or []) or "no problem reported"]
+        if v.get("admin"):
+            lines.append(f"{v['admin']} by {v.get('admin_by') or '?'}: {v.get('admin_reason') or ''}")
+        lines.append(
+            f"{facts.get('os') or '?'}  kernel {facts.get('kernel') or '?'}  {facts.get('cpus') or '?'} CPUs  "
+            f"{(facts.get('mem_total_mib') or 0) // 1024} GiB  driver {facts.get('driver_version') or '?'}"
+        )
+        last = v.get("last_probe")
+        lines.append(f"last probe {age(self.clock() - last) + ' ago' if last else 'never'}")
+        self.query_one("#facts", Static).update("\n".join(lines))
+        fill(
+            self.query_one("#checks", DataTable),
+            [
+                (
+                    c["name"],
+                    R.styled(c["status"], R.CHECK_STYLE.get(c["status"])),
+                    "n/a" if c["value"] is None else f"{c['value']} {c.get('unit') or ''}".strip(),
+                    "-" if c.get("threshold") is None else str(c["threshold"]),
+                    c.get("message") or "",
+                )
+                for c in v.get("checks") or []
+            ],
+        )
+        holders = {h["gpu"]: h["job"] for h in v.get("held") or []}
+        fill(
+            self.query_one("#gpus", DataTable),
+            [
+                (
+                    str(g["index"]),
+                    g.get("name") or "?",
+                    str(holders.get(g["index"], "-")),
+                    f"{g.get('memory_used_mib') or 0}/{g.get('memory_total_mib') or '?'} MiB",
+                    _na(g.get("utilization"), "%"),
+                    _na(g.get("temperature"), "C"),
+                    _na(g.get("ecc_uncorrectable")),
+                    _na(g.get("healthy")),
+                )
+                for g in v.get("gpus") or []
+            ],
+        )
+        fill(
+            self.query_one("#history", DataTable),
+            [(_when(e["time"]), e["kind"], e["message"]) for e in reversed(self.history)],
+        )
+
+
+def _na(value: Any, unit: str = "") -> str:
+    return "n/a" if value is None else f"{value}{unit}"

@@ -1,0 +1,123 @@
+"""What the console knows about the cluster, and how it keeps it fresh through the client API.
+
+`Feed.refresh` asks the scheduler (`scheduler.client.Client`: the API socket when attached, the same
+operations in-process when embedded) for what the visible view needs: jobs incrementally (`jobs_changed`
+with a cursor, so 10,000 jobs cost only what changed), nodes, open alerts, events, the cluster view. Each
+source keeps the time it was last read and its last error, so every panel can show the age of its data, and
+nodes whose data is too old read `unknown`, never healthy.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduler.client import Client
+from scheduler.errors import FtError
+
+UTIL_HISTORY = 12  # probes of GPU utilisation kept per node for the sparkline
+STALE_AFTER_S = 15.0  # nodes data older than this (the scheduler is not answering) reads `unknown`
+SOURCES = ("jobs", "nodes", "alerts", "events", "cluster")
+
+
+@dataclass
+class Source:
+    fetched: float | None = None
+    error: str | None = None
+
+
+@dataclass
+class Feed:
+    clock: Callable[[], float] = time.time
+    jobs: dict[int, dict[str, Any]] = field(default_factory=dict)
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    alerts: dict[int, dict[str, Any]] = field(default_factory=dict)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    cluster: dict[str, Any] | None = None
+    util: dict[str, deque[float | None]] = field(default_factory=dict)
+    sources: dict[str, Source] = field(default_factory=lambda: {s: Source() for s in SOURCES})
+    events_limit: int = 500
+    _cursor: float | None = None
+    _probe_seen: dict[str, float | None] = field(default_factory=dict)
+
+    async def refresh(self, client: Client, wanted: Iterable[str]) -> set[str]:
+        """Read the wanted sources; return those that changed. A failing source keeps its last data."""
+        changed: set[str] = set()
+        for name in wanted:
+            source = self.sources[name]
+            try:
+                if await getattr(self, f"_read_{name}")(client):
+                    changed.add(name)
+            except FtError as exc:
+                if source.error != str(exc):
+                    changed.add(name)
+                source.error = str(exc)
+                continue
+            except OSError as exc:  # the socket went away under us
+                source.error = f"scheduler not answering: {exc}"
+                changed.add(name)
+                continue
+            source.error = None
+            source.fetched = self.clock()
+        return changed
+
+    def age(self, name: str) -> float | None:
+        fetched = self.sources[name].fetched
+        return None if fetched is None else self.clock() - fetched
+
+    # -- readers -------------------------------------------------------------------------------------------
+
+    async def _read_jobs(self, client: Client) -> bool:
+        reply = await client.call("jobs_changed", since=self._cursor)
+        self._cursor = reply["cursor"]
+        changed = False
+        for job in reply["jobs"]:
+            if job.get("deleted"):
+                changed |= self.jobs.pop(job["id"], None) is not None
+            elif self.jobs.get(job["id"]) != job:
+                self.jobs[job["id"]] = job
+                changed = True
+        return changed
+
+    async def _read_nodes(self, client: Client) -> bool:
+        nodes = {n["name"]: n for n in await client.call("nodes")}
+        for name, node in nodes.items():
+            if self._probe_seen.get(name) != node.get("last_probe"):
+                self._probe_seen[name] = node.get("last_probe")
+                history = self.util.setdefault(name, deque(maxlen=UTIL_HISTORY))
+                utils = [g["utilization"] for g in node.get("gpus") or [] if g.get("utilization") is not None]
+                history.append(sum(utils) / len(utils) if utils else None)
+        changed = nodes != self.nodes
+        self.nodes = nodes
+        return changed
+
+    async def _read_alerts(self, client: Client) -> bool:
+        alerts = {a["id"]: a for a in await client.call("alerts")}
+        changed = alerts != self.alerts
+        self.alerts = alerts
+        return changed
+
+    async def _read_events(self, client: Client) -> bool:
+        events = await client.call("events", limit=self.events_limit)
+        changed = events != self.events
+        self.events = events
+        return changed
+
+    async def _read_cluster(self, client: Client) -> bool:
+        cluster = await client.call("cluster")
+        changed = cluster != self.cluster
+        self.cluster = cluster
+        return changed
+
+    # -- derived -------------------------------------------------------------------------------------------
+
+    def node_views(self) -> list[dict[str, Any]]:
+        """The nodes as last read; when that is too old, every node reads `unknown` with the reason."""
+        age = self.age("nodes")
+        if age is None or age <= STALE_AFTER_S:
+            return list(self.nodes.values())
+        why = f"no data from the scheduler for {age:.0f}s"
+        return [{**n, "state": "unknown", "reasons": [why, *n.get("reasons", [])]} for n in self.nodes.values()]

@@ -1,0 +1,349 @@
+"""What each view shows, as pure functions of the scheduler's JSON and the time: cells, order, styles.
+
+No widgets here, so the console's content is tested from tables of cases and measured in `bench/console.py`
+without a terminal. A cell is a `str` or a `rich.text.Text`; the table widget compares them to decide what to
+redraw, so the same data at the same second gives equal cells.
+
+Styles carry meaning twice: a colour, and a word or a mark that still reads without colour (NO_COLOR) and on
+light terminals (`bold`, `reverse`, `dim` rather than a fixed background).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rich.text import Text
+
+from ftconsole.format import age
+
+Cell = str | Text
+Row = tuple[Cell, ...]
+
+STALL_AFTER_S = 600.0  # a running job without new output for this long is shown as stalled
+FAILED_RECENT_S = 6 * 3600.0  # a job that failed this recently stays among the jobs that need attention
+
+STATUS_STYLE = {
+    "running": "green",
+    "queued": "yellow",
+    "succeeded": "dim green",
+    "error": "bold red",
+    "stopped": "dim",
+    "expired": "magenta",
+    "stopping": "yellow",
+    "stalled": "bold yellow reverse",
+}
+NODE_STATE_STYLE = {
+    "healthy": "green",
+    "degraded": "yellow",
+    "unhealthy": "bold red",
+    "unreachable": "bold magenta",
+    "drained": "cyan",
+    "isolated": "bold cyan reverse",
+    "unknown": "dim",
+}
+SEVERITY_STYLE = {"critical": "bold red reverse", "error": "bold red", "warning": "yellow", "info": "dim"}
+CHECK_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
+# Worst first, so the nodes that need attention are at the top.
+NODE_STATE_ORDER = ("unreachable", "unhealthy", "isolated", "degraded", "drained", "unknown", "healthy")
+PRIORITY_RANK = {"very-urgent": 0, "urgent": 1, "normal": 2}
+SPARK = " ▁▂▃▄▅▆▇█"
+MARK = "●"
+
+
+def styled(value: str, style: str | None) -> Cell:
+    return Text(value, style=style) if style else value
+
+
+@dataclass(frozen=True)
+class Column:
+    key: str
+    label: str
+    width: int | None = None  # None: sized to the content
+
+
+# -- jobs ------------------------------------------------------------------------------------------------------
+
+JOB_COLUMNS = (
+    Column("mark", " ", 1),
+    Column("id", "ID"),
+    Column("name", "NAME"),
+    Column("owner", "OWNER"),
+    Column("status", "STATUS", 9),
+    Column("priority", "PRIO"),
+    Column("mode", "MODE"),
+    Column("shape", "NODESxGPU"),
+    Column("attempt", "TRY"),
+    Column("runtime", "RUNTIME/MAX", 13),
+    Column("output", "OUTPUT", 7),
+    Column("alerts", "ALERTS", 6),
+    Column("where", "NODES"),
+    Column("message", "MESSAGE"),
+)
+
+
+def job_state(job: Mapping[str, Any], now: float) -> str:
+    """The status word a job shows: its status, or `stopping` / `stalled` for running jobs that are."""
+    status = str(job["status"])
+    if status != "running":
+        return status
+    if job.get("stop_requested"):
+        return "stopping"
+    last = job.get("last_output") or job.get("started")
+    if last is not None and now - float(last) > STALL_AFTER_S:
+        return "stalled"
+    return status
+
+
+def job_needs_attention(job: Mapping[str, Any], now: float) -> bool:
+    state = job_state(job, now)
+    if state == "stalled" or (job.get("open_alerts") or 0) > 0:
+        return True
+    return state == "error" and job.get("ended") is not None and now - float(job["ended"]) < FAILED_RECENT_S
+
+
+def job_order(job: Mapping[str, Any], now: float) -> tuple[Any, ...]:
+    """Attention first (stalled, alerted, just failed), then running, queued by priority, then the ended."""
+    status = job["status"]
+    if job_needs_attention(job, now):
+        return (0, -float(job.get("ended") or job.get("started") or 0), job["id"])
+    if status == "running":
+        return (1, PRIORITY_RANK.get(job["priority"], 9), job["id"])
+    if status == "queued":
+        return (2, PRIORITY_RANK.get(job["priority"], 9), job["submitted"], job["id"])
+    return (3, -float(job.get("ended") or 0), -int(job["id"]))
+
+
+def job_cells(job: Mapping[str, Any], now: float, marked: bool = False) -> Row:
+    state = job_state(job, now)
+    runtime: str = "-"
+    started, ended = job.get("started"), job.get("ended")
+    if started is not None:
+        elapsed = (ended if ended is not None else now) - float(started)
+        runtime = age(elapsed)
+    limit = job.get("max_runtime_s")
+    if limit:
+        runtime += f"/{age(float(limit))}"
+    last = job.get("last_output")
+    output: Cell = "-"
+    if last is not None:
+        output = age(now - float(last)) if status_live(job) else "done"
+        if state == "stalled":
+            output = Text(age(now - float(last)), style="bold yellow")
+    alerts = int(job.get("open_alerts") or 0)
+    where = job.get("node_names") or []
+    return (
+        MARK if marked else " ",
+        str(job["id"]),
+        str(job["name"]),
+        str(job["owner"]),
+        styled(state, STATUS_STYLE.get(state)),
+        styled(str(job["priority"]), "bold" if job["priority"] != "normal" else None),
+        str(job["mode"]),
+        f"{job['nodes']}x{job['gpus_per_node']}",
+        str(job.get("attempt") or 0),
+        runtime,
+        output,
+        styled(f"!{alerts}", "bold red") if alerts else "",
+        compress_names(where),
+        str(job.get("message") or ""),
+    )
+
+
+def status_live(job: Mapping[str, Any]) -> bool:
+    return job["status"] == "running"
+
+
+def compress_names(names: Sequence[str], limit: int = 40) -> str:
+    """node01,node02,node03 -> node[01-03] (ClusterShell's folding), cut to `limit` characters."""
+    if not names:
+        return ""
+    from ClusterShell.NodeSet import NodeSet
+
+    text = str(NodeSet.fromlist(list(names)))
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# -- nodes -----------------------------------------------------------------------------------------------------
+
+NODE_COLUMNS = (
+    Column("mark", " ", 1),
+    Column("node", "NODE"),
+    Column("state", "STATE", 11),
+    Column("pool", "POOL"),
+    Column("gpus", "GPUS"),
+    Column("used", "USED"),
+    Column("jobs", "JOBS"),
+    Column("util", "UTIL", 5),
+    Column("spark", "UTIL HISTORY", 12),
+    Column("faults", "FAULTS", 6),
+    Column("probed", "PROBED", 6),
+    Column("reasons", "REASONS"),
+)
+
+
+def node_order(node: Mapping[str, Any]) -> tuple[Any, ...]:
+    state = str(node["state"])
+    rank = NODE_STATE_ORDER.index(state) if state in NODE_STATE_ORDER else len(NODE_STATE_ORDER)
+    return (rank, str(node["name"]))
+
+
+def mean_util(node: Mapping[str, Any]) -> float | None:
+    utils = [g["utilization"] for g in node.get("gpus") or [] if g.get("utilization") is not None]
+    return sum(utils) / len(utils) if utils else None
+
+
+def sparkline(values: Iterable[float | None], width: int = 12) -> str:
+    """Percentages as block characters, newest last; gaps (no reading) as a space."""
+    tail = list(values)[-width:]
+    out = []
+    for v in tail:
+        if v is None:
+            out.append(" ")
+        else:
+            out.append(SPARK[min(len(SPARK) - 1, max(0, round(v / 100 * (len(SPARK) - 1))))])
+    return "".join(out)
+
+
+def node_cells(node: Mapping[str, Any], now: float, history: Sequence[float | None] = (), marked: bool = False) -> Row:
+    gpus = node.get("gpus") or []
+    held = node.get("held") or []
+    util = mean_util(node)
+    last = node.get("last_probe")
+    state = str(node["state"])
+    job_ids = sorted({int(h["job"]) for h in held})
+    faults = int(node.get("faults") or 0)
+    return (
+        MARK if marked else " ",
+        str(node["name"]),
+        styled(state, NODE_STATE_STYLE.get(state)),
+        str(node.get("pool") or ""),
+        _gpu_model(gpus),
+        f"{len(held)}/{len(gpus)}" if gpus else "-",
+        ",".join(str(j) for j in job_ids[:4]) + ("…" if len(job_ids) > 4 else ""),
+        "-" if util is None else f"{util:.0f}%",
+        sparkline(history),
+        styled(str(faults), "yellow") if faults else "0",
+        age(now - float(last)) if last is not None else "never",
+        "; ".join(node.get("reasons") or []),
+    )
+
+
+def _gpu_model(gpus: Sequence[Mapping[str, Any]]) -> str:
+    if not gpus:
+        return "-"
+    names = {str(g.get("name") or "?").replace("NVIDIA ", "") for g in gpus}
+    return f"{len(gpus)}x {names.pop() if len(names) == 1 else 'mixed'}"
+
+
+# -- alerts and events -----------------------------------------------------------------------------------------
+
+ALERT_COLUMNS = (
+    Column("mark", " ", 1),
+    Column("id", "ID"),
+    Column("age", "AGE", 5),
+    Column("severity", "SEVERITY", 8),
+    Column("kind", "KIND"),
+    Column("state", "STATE", 12),
+    Column("subject", "JOB/NODE"),
+    Column("message", "MESSAGE"),
+)
+SEVERITY_RANK = {"critical": 0, "error": 1, "warning": 2, "info": 3}
+
+
+def alert_order(alert: Mapping[str, Any]) -> tuple[Any, ...]:
+    return (alert["state"] != "open", SEVERITY_RANK.get(alert["severity"], 9), -float(alert["time"]))
+
+
+def alert_cells(alert: Mapping[str, Any], now: float, marked: bool = False) -> Row:
+    subject = f"job {alert['job']}" if alert.get("job") is not None else str(alert.get("node") or "")
+    state = str(alert["state"])
+    if state == "acknowledged" and alert.get("acked_by"):
+        state = f"ack {alert['acked_by']}"
+    return (
+        MARK if marked else " ",
+        str(alert["id"]),
+        age(now - float(alert["time"])),
+        styled(str(alert["severity"]), SEVERITY_STYLE.get(str(alert["severity"]))),
+        str(alert["kind"]),
+        styled(state, "bold" if alert["state"] == "open" else "dim"),
+        subject,
+        str(alert["message"]),
+    )
+
+
+EVENT_COLUMNS = (
+    Column("time", "TIME", 8),
+    Column("kind", "KIND"),
+    Column("subject", "JOB/NODE"),
+    Column("message", "MESSAGE"),
+)
+
+
+def event_key(event: Mapping[str, Any]) -> str:
+    return str(event["id"])
+
+
+def event_cells(event: Mapping[str, Any], now: float) -> Row:
+    import time as _time
+
+    when = _time.strftime("%H:%M:%S", _time.localtime(float(event["time"])))
+    subject = f"job {event['job']}" if event.get("job") else str(event.get("node") or "")
+    kind = str(event["kind"])
+    bad = any(w in kind.lower() for w in ("fail", "error", "unhealthy", "unreachable", "isolat"))
+    return (when, styled(kind, "red" if bad else None), subject, str(event["message"]))
+
+
+# -- cluster resources (seed 003) ------------------------------------------------------------------------------
+
+CLUSTER_NODE_COLUMNS = (
+    Column("node", "NODE"),
+    Column("state", "STATE", 11),
+    Column("os", "OS"),
+    Column("kernel", "KERNEL"),
+    Column("cpus", "CPUS"),
+    Column("mem", "MEMORY"),
+    Column("driver", "DRIVER"),
+    Column("model", "GPU"),
+    Column("used", "USED/TOTAL"),
+    Column("holders", "JOBS ON GPUS"),
+)
+
+
+def cluster_node_cells(node: Mapping[str, Any]) -> Row:
+    mem = node.get("mem_total_mib")
+    avail = node.get("mem_available_mib")
+    memory = "?" if mem is None else f"{(avail or 0) // 1024}/{mem // 1024} GiB free"
+    holders = " ".join(f"{g['index']}:{g['job'] if g.get('job') is not None else '-'}" for g in node.get("gpus") or [])
+    state = str(node["state"])
+    return (
+        str(node["name"]),
+        styled(state, NODE_STATE_STYLE.get(state)),
+        str(node.get("os") or "?"),
+        str(node.get("kernel") or "?"),
+        str(node.get("cpus") or "?"),
+        memory,
+        str(node.get("driver_version") or "?"),
+        str(node.get("gpu_model") or "-").replace("NVIDIA ", ""),
+        f"{node.get('gpus_used', 0)}/{node.get('gpus_total', 0)}",
+        holders,
+    )
+
+
+# -- filtering -------------------------------------------------------------------------------------------------
+
+
+def compile_filter(text: str) -> re.Pattern[str] | None:
+    """The `/` filter: a case-insensitive regular expression; ValueError names what is wrong with it."""
+    if not text:
+        return None
+    try:
+        return re.compile(text, re.IGNORECASE)
+    except re.error as exc:
+        raise ValueError(f"not a regular expression: {text!r}: {exc}") from None
+
+
+def row_text(row: Row) -> str:
+    return " ".join(c.plain if isinstance(c, Text) else c for c in row)

@@ -1,0 +1,252 @@
+"""The numbered views: Jobs, Nodes, Alerts, Events, Cluster.
+
+A view is a title line (counts, the `/` filter, the age of its data) over a `KeyedTable`. `update_view` turns
+the feed into rows (`rows.py`), filters them and hands them to the table, which redraws only what changed.
+Rows that cannot change with the clock (a queued or ended job) are built once and reused until their data
+changes, so a tick over 10,000 jobs costs what the running ones cost.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import Static
+
+from ftconsole.format import age
+from ftconsole.tui import rows as R
+from ftconsole.tui.feed import Feed
+from ftconsole.tui.table import KeyedTable
+
+
+class View(Vertical):
+    """Subclasses set `title`, `columns`, `sources` (what the feed must read for it) and `build`."""
+
+    DEFAULT_CSS = """
+    View { height: 1fr; }
+    View > .view-title { height: 1; padding: 0 1; background: $boost; }
+    """
+    title: ClassVar[str] = ""
+    columns: ClassVar[Sequence[R.Column]] = ()
+    sources: ClassVar[tuple[str, ...]] = ()
+    kind: ClassVar[str] = ""  # what a row is: job, node, alert (for the actions that apply)
+
+    def __init__(self, *, id: str) -> None:
+        super().__init__(id=id)
+        self.pattern: re.Pattern[str] | None = None
+        self.marked: set[str] = set()
+        self.table = KeyedTable(self.columns, id=f"{id}-table")
+        self.counts = ""
+
+    def compose(self) -> ComposeResult:
+        yield Static(self.title, classes="view-title")
+        yield self.table
+
+    # -- what subclasses provide ---------------------------------------------------------------------------
+
+    def build(self, feed: Feed, now: float) -> tuple[dict[str, R.Row], list[str]]:
+        raise NotImplementedError
+
+    def summary(self, feed: Feed, now: float) -> Text:
+        return Text("")
+
+    # -- updating ------------------------------------------------------------------------------------------
+
+    def update_view(self, feed: Feed, now: float) -> None:
+        rows, order = self.build(feed, now)
+        total = len(order)
+        if self.pattern is not None:
+            order = [k for k in order if self.pattern.search(R.row_text(rows[k]))]
+            rows = {k: rows[k] for k in order}
+        self.marked &= rows.keys()
+        self.table.apply(rows, order)
+        self._title(feed, now, len(order), total)
+
+    def _title(self, feed: Feed, now: float, shown: int, total: int) -> None:
+        parts: list[str | Text | tuple[str, str]] = [(self.title, "bold"), "  ", self.summary(feed, now)]
+        if self.pattern is not None:
+            parts += ["  ", (f"/{self.pattern.pattern}/ {shown} of {total}", "reverse")]
+        if self.marked:
+            parts += ["  ", (f"{len(self.marked)} marked", "bold")]
+        errors = [feed.sources[s].error for s in self.sources if feed.sources[s].error]
+        if errors:
+            parts += ["  ", (str(errors[0]), "bold red")]
+        ages = [feed.age(s) for s in self.sources]
+        known = [a for a in ages if a is not None]
+        parts += ["  ", (f"data {age(max(known))} old" if len(known) == len(ages) else "loading…", "dim")]
+        self.query_one(".view-title", Static).update(Text.assemble(*parts))
+
+    def set_filter(self, text: str) -> None:
+        """ValueError for an invalid expression (the old filter stays)."""
+        self.pattern = R.compile_filter(text)
+
+    def toggle_mark(self, key: str) -> None:
+        self.marked ^= {key}
+
+    def targets(self) -> list[str]:
+        """What an action applies to: the marked rows, else the row under the cursor."""
+        if self.marked:
+            return [k for k in self.table.keys if k in self.marked]
+        key = self.table.selected_key()
+        return [key] if key is not None else []
+
+
+class JobsView(View):
+    title = "Jobs"
+    columns = R.JOB_COLUMNS
+    sources = ("jobs",)
+    kind = "job"
+
+    def __init__(self, *, id: str) -> None:
+        super().__init__(id=id)
+        # id -> (the job dict the cells came from, marked, cells, order key); reused while both hold still
+        self._cache: dict[int, tuple[Mapping[str, Any], bool, R.Row, tuple[Any, ...]]] = {}
+        self._order_keys: dict[int, tuple[Any, ...]] = {}
+        self._order: list[str] = []
+
+    def build(self, feed: Feed, now: float) -> tuple[dict[str, R.Row], list[str]]:
+        rows: dict[str, R.Row] = {}
+        order_keys: dict[int, tuple[Any, ...]] = {}
+        cache = self._cache
+        fresh: dict[int, tuple[Mapping[str, Any], bool, R.Row, tuple[Any, ...]]] = {}
+        for job_id, job in feed.jobs.items():
+            key = str(job_id)
+            marked = key in self.marked
+            hit = cache.get(job_id)
+            if hit is not None and hit[0] is job and hit[1] == marked and not _ticks(job):
+                fresh[job_id] = hit
+            else:
+                fresh[job_id] = (job, marked, R.job_cells(job, now, marked), R.job_order(job, now))
+            rows[key] = fresh[job_id][2]
+            order_keys[job_id] = fresh[job_id][3]
+        self._cache = fresh
+        if order_keys != self._order_keys:
+            self._order = [str(j) for j in sorted(order_keys, key=order_keys.__getitem__)]
+            self._order_keys = order_keys
+        return rows, self._order
+
+    def summary(self, feed: Feed, now: float) -> Text:
+        counts = Counter(R.job_state(j, now) for j in feed.jobs.values())
+        parts: list[Any] = []
+        for state in ("stalled", "error", "running", "stopping", "queued"):
+            if counts.get(state):
+                parts += [(f"{counts[state]} {state}", R.STATUS_STYLE.get(state, "")), " · "]
+        parts.append(f"{len(feed.jobs)} jobs")
+        return Text.assemble(*parts)
+
+
+def _ticks(job: Mapping[str, Any]) -> bool:
+    """Whether a job's row changes with the clock alone (runtime, output age, the recent-failure window)."""
+    return job["status"] in ("running", "error")
+
+
+class NodesView(View):
+    title = "Nodes"
+    columns = R.NODE_COLUMNS
+    sources = ("nodes",)
+    kind = "node"
+
+    def build(self, feed: Feed, now: float) -> tuple[dict[str, R.Row], list[str]]:
+        nodes = feed.node_views()
+        rows = {n["name"]: R.node_cells(n, now, feed.util.get(n["name"], ()), n["name"] in self.marked) for n in nodes}
+        order = [n["name"] for n in sorted(nodes, key=R.node_order)]
+        return rows, order
+
+    def summary(self, feed: Feed, now: float) -> Text:
+        counts = Counter(n["state"] for n in feed.node_views())
+        parts: list[Any] = []
+        for state in R.NODE_STATE_ORDER:
+            if counts.get(state):
+                parts += [(f"{counts[state]} {state}", R.NODE_STATE_STYLE.get(state, "")), " · "]
+        gpus = sum(len(n.get("gpus") or []) for n in feed.nodes.values())
+        held = sum(len(n.get("held") or []) for n in feed.nodes.values())
+        parts.append(f"{len(feed.nodes)} nodes · GPUs {held}/{gpus} used")
+        return Text.assemble(*parts)
+
+
+class AlertsView(View):
+    title = "Alerts"
+    columns = R.ALERT_COLUMNS
+    sources = ("alerts",)
+    kind = "alert"
+
+    def build(self, feed: Feed, now: float) -> tuple[dict[str, R.Row], list[str]]:
+        alerts = list(feed.alerts.values())
+        rows = {str(a["id"]): R.alert_cells(a, now, str(a["id"]) in self.marked) for a in alerts}
+        return rows, [str(a["id"]) for a in sorted(alerts, key=R.alert_order)]
+
+    def summary(self, feed: Feed, now: float) -> Text:
+        open_ = sum(1 for a in feed.alerts.values() if a["state"] == "open")
+        acked = len(feed.alerts) - open_
+        return Text.assemble((f"{open_} open", "bold red" if open_ else "green"), f" · {acked} acknowledged")
+
+
+class EventsView(View):
+    title = "Events"
+    columns = R.EVENT_COLUMNS
+    sources = ("events",)
+    kind = "event"
+
+    def build(self, feed: Feed, now: float) -> tuple[dict[str, R.Row], list[str]]:
+        events = feed.events
+        rows = {R.event_key(e): R.event_cells(e, now) for e in events}
+        return rows, [R.event_key(e) for e in reversed(events)]  # newest first
+
+    def summary(self, feed: Feed, now: float) -> Text:
+        return Text(f"the latest {len(feed.events)} events, newest first")
+
+
+class ClusterView(View):
+    """Seed 003's resource view: each node's make-up and load, idle or tight per spec, demand per GPU model."""
+
+    title = "Cluster"
+    columns = R.CLUSTER_NODE_COLUMNS
+    sources = ("cluster",)
+    kind = "node"
+
+    def compose(self) -> ComposeResult:
+        yield Static(self.title, classes="view-title")
+        yield Static("", id="cluster-specs", classes="cluster-specs")
+        yield self.table
+
+    DEFAULT_CSS = """
+    ClusterView > .cluster-specs { height: auto; max-height: 12; padding: 0 1; border-bottom: solid $primary; }
+    """
+
+    def build(self, feed: Feed, now: float) -> tuple[dict[str, R.Row], list[str]]:
+        cluster = feed.cluster or {"nodes": []}
+        nodes = cluster.get("nodes") or []
+        self.query_one("#cluster-specs", Static).update(_specs_text(cluster))
+        rows = {n["name"]: R.cluster_node_cells(n) for n in nodes}
+        return rows, [n["name"] for n in sorted(nodes, key=R.node_order)]
+
+    def summary(self, feed: Feed, now: float) -> Text:
+        nodes = (feed.cluster or {}).get("nodes") or []
+        used = sum(n.get("gpus_used", 0) for n in nodes)
+        total = sum(n.get("gpus_total", 0) for n in nodes)
+        return Text(f"{len(nodes)} nodes · GPUs {used}/{total} used")
+
+
+def _specs_text(cluster: Mapping[str, Any]) -> Text:
+    lines: list[Any] = []
+    specs = cluster.get("specs") or []
+    if specs:
+        lines.append(("Specs  ", "bold"))
+        for s in specs:
+            state = str(s.get("state") or "?")
+            lines += [
+                f"{s['spec']} ({s['gpus_per_node']} GPU/node): ",
+                (state, "green" if state == "idle" else "bold yellow"),
+                f" {s['nodes_free']}/{s['nodes']} nodes free, {s['gpus_free']} GPUs   ",
+            ]
+        lines.append("\n")
+    demand = cluster.get("queued_demand") or {}
+    if demand:
+        lines.append(("Queued demand  ", "bold"))
+        lines.append("   ".join(f"{model}: {gpus} GPUs" for model, gpus in demand.items()))
+    return Text.assemble(*lines) if lines else Text("no specs configured, nothing queued", style="dim")

@@ -1,0 +1,141 @@
+"""Fixed data for the console's snapshot tests: a small cluster as the scheduler's API gives it.
+
+`FixedClient` answers the console's read ops from these documents, at a fixed time, so a snapshot never depends
+on the clock or a probe. The live console is tested against a real scheduler on the lab (test_console.py);
+this is only for pictures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from scheduler.config import LoadedConfig, load_config
+from scheduler.errors import UsageError
+
+NOW = 1_800_000_000.0
+GPU = "NVIDIA H100 80GB HBM3"
+
+
+def _gpus(utils: list[int | None]) -> list[dict[str, Any]]:
+    return [
+        {"index": i, "name": GPU, "utilization": u, "memory_used_mib": 1000 * (u or 0), "memory_total_mib": 81559,
+         "temperature": 40 + (u or 0) // 4, "ecc_uncorrectable": 0, "healthy": True}
+        for i, u in enumerate(utils)
+    ]  # fmt: skip
+
+
+def _node(name: str, state: str, reasons: list[str], utils: list[int | None], held: dict[int, int], faults: int):
+    return {
+        "name": name, "host": "10.0.0." + name[-1], "port": 22, "pool": "h100", "labels": {},
+        "state": state, "health": state, "reasons": reasons, "since": NOW - 3600, "admin": None,
+        "admin_reason": None, "admin_by": None, "last_probe": NOW - 12, "last_probe_age_s": 12.0,
+        "facts": {"os": "Ubuntu 22.04.4 LTS", "kernel": "5.15.0-105-generic", "cpus": 96, "mem_total_mib": 1031891,
+                  "mem_available_mib": 900000, "driver_version": "550.54.15"},
+        "gpus": _gpus(utils), "checks": [
+            {"name": "gpu_count", "status": "pass", "value": len(utils), "unit": "", "threshold": "8",
+             "message": "8 GPUs"},
+            {"name": "gpu_temperature", "status": "warn" if state == "degraded" else "pass", "value": 88,
+             "unit": "C", "threshold": "85", "message": "gpu3 88C" if state == "degraded" else "ok"},
+        ],
+        "last_error": None, "held": [{"gpu": g, "job": j} for g, j in sorted(held.items())], "faults": faults,
+    }  # fmt: skip
+
+
+NODES = [
+    _node("gpu01", "healthy", [], [97, 98, 95, 99, 96, 97, 98, 99], {i: 101 for i in range(8)}, 0),
+    _node("gpu02", "healthy", [], [96, 97, 99, 95, 98, 97, 96, 98], {i: 101 for i in range(8)}, 1),
+    _node("gpu03", "degraded", ["gpu3: temperature 88C > 85C"], [12, 0, 0, 40, 0, 0, 0, 0], {0: 104, 3: 104}, 2),
+    _node("gpu04", "unreachable", ["ssh: connection refused"], [], {}, 5),
+    _node("gpu05", "drained", ["drained by ops: fan alarm"], [0] * 8, {}, 0),
+]
+
+
+def _job(id_: int, name: str, status: str, **over: Any) -> dict[str, Any]:
+    base = {
+        "id": id_, "name": name, "owner": "ana", "status": status, "priority": "normal", "project": "llm",
+        "access": "read-only", "mode": "pytorch", "type": "regular", "nodes": 2, "gpus_per_node": 8, "specs": [],
+        "output": None, "submitted": NOW - 7200, "started": None, "ended": None, "runtime_s": None,
+        "max_runtime_s": 86400, "attempt": 0, "stop_requested": None, "stop_reason": None, "stop_by": None,
+        "message": "", "exit_code": None, "cloned_from": None, "deleted": False, "last_output": None,
+        "open_alerts": 0, "node_names": [], "updated": NOW - 60,
+    }  # fmt: skip
+    return base | over
+
+
+JOBS = [
+    _job(101, "llama-70b-pretrain", "running", started=NOW - 5400, attempt=1, last_output=NOW - 3,
+         node_names=["gpu01", "gpu02"]),
+    _job(104, "eval-sweep", "running", started=NOW - 2 * 3600, attempt=2, last_output=NOW - 1500, nodes=1,
+         gpus_per_node=2, node_names=["gpu03"], open_alerts=1, owner="bo"),
+    _job(105, "rlhf-ppo", "queued", priority="urgent", submitted=NOW - 600, message="waits for 4 free nodes"),
+    _job(106, "tokenizer", "queued", nodes=1, gpus_per_node=1, mode="single", submitted=NOW - 300),
+    _job(103, "vit-finetune", "error", started=NOW - 4000, ended=NOW - 900, attempt=1, exit_code=1,
+         message="rank 1 on gpu02: exit code 1", open_alerts=1),
+    _job(102, "bert-base", "succeeded", started=NOW - 9000, ended=NOW - 7000, attempt=1, exit_code=0),
+]  # fmt: skip
+ALERTS = [
+    {"id": 1, "time": NOW - 900, "kind": "job_failed", "severity": "error", "job": 103, "node": None,
+     "message": "job 103 (vit-finetune) failed: rank 1 on gpu02: exit code 1", "state": "open", "acked_by": None,
+     "acked_at": None, "resolved_at": None, "resolved_by": None, "data": {}},
+    {"id": 2, "time": NOW - 400, "kind": "node_unreachable", "severity": "error", "job": None, "node": "gpu04",
+     "message": "gpu04 is unreachable: ssh: connection refused", "state": "acknowledged", "acked_by": "ops",
+     "acked_at": NOW - 300, "resolved_at": None, "resolved_by": None, "data": {}},
+]  # fmt: skip
+EVENTS = [
+    {"id": i + 1, "time": NOW - 1000 + 100 * i, "kind": kind, "node": node, "job": job, "message": msg, "data": {}}
+    for i, (kind, node, job, msg) in enumerate(
+        [
+            ("Running", None, "101", "all 2 ranks running"),
+            ("Failed", None, "103", "rank 1 on gpu02: exit code 1"),
+            ("drained", "gpu05", None, "drained by ops: fan alarm"),
+            ("unreachable", "gpu04", None, "ssh: connection refused"),
+            ("degraded", "gpu03", None, "gpu3: temperature 88C > 85C"),
+        ]
+    )
+]
+CLUSTER = {
+    "nodes": [
+        {"name": n["name"], "state": n["state"], "pool": "h100", "os": n["facts"]["os"], "kernel": n["facts"]["kernel"],
+         "cpus": 96, "mem_total_mib": 1031891, "mem_available_mib": 900000, "driver_version": "550.54.15",
+         "gpu_model": GPU, "gpus_total": len(n["gpus"]) or 8, "gpus_used": len(n["held"]),
+         "gpus": [{"index": g["index"], "job": {h["gpu"]: h["job"] for h in n["held"]}.get(g["index"])}
+                  for g in n["gpus"]]}
+        for n in NODES
+    ],
+    "specs": [{"spec": "h100x8", "gpus_per_node": 8, "gpu_model": GPU, "pool": None, "nodes": 3, "nodes_free": 0,
+               "gpus_free": 6, "state": "tight"}],
+    "queued_demand": {GPU: 17},
+}  # fmt: skip
+
+
+class FixedClient:
+    """The console's read ops over the documents above; anything that would change the cluster is refused."""
+
+    embedded = True
+
+    async def call(self, op: str, **args: Any) -> Any:
+        if op == "jobs_changed":
+            return {"cursor": NOW, "jobs": [] if args.get("since") else JOBS}
+        if op == "show":
+            job = next(j for j in JOBS if j["id"] == int(args["job"]))
+            return job | {"spec": {"name": job["name"], "command": "python train.py"}, "attempts": [],
+                          "conditions": [], "events": []}  # fmt: skip
+        answers = {"nodes": NODES, "alerts": ALERTS, "events": EVENTS, "cluster": CLUSTER}
+        if op not in answers:
+            raise UsageError(f"fixed data: {op} is not answered here")
+        return answers[op]
+
+    async def stream(self, op: str, **args: Any) -> AsyncIterator[Any]:
+        raise UsageError("fixed data: no streams")
+        yield
+
+
+def fixed_config(tmp_path: Path) -> LoadedConfig:
+    path = tmp_path / "cluster.yaml"
+    path.write_text(
+        f"state_dir: {tmp_path / 'state'}\nssh:\n  user: root\n"
+        "nodes:\n  - name: gpu[01-05]\n    host: 10.0.0.[1-5]\n    pool: h100\n"
+    )
+    return load_config(path)

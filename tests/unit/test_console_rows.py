@@ -1,0 +1,152 @@
+"""What the console's views show: cells, order and marks from the scheduler's JSON (pure)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from rich.text import Text
+
+from ftconsole.tui import rows as R
+
+NOW = 1_800_000_000.0
+
+
+def job(**over: Any) -> dict[str, Any]:
+    base = {
+        "id": 7,
+        "name": "train",
+        "owner": "ana",
+        "status": "running",
+        "priority": "normal",
+        "mode": "pytorch",
+        "nodes": 2,
+        "gpus_per_node": 8,
+        "attempt": 1,
+        "submitted": NOW - 4000,
+        "started": NOW - 3600,
+        "ended": None,
+        "max_runtime_s": 7200,
+        "stop_requested": None,
+        "message": "",
+        "last_output": NOW - 5,
+        "open_alerts": 0,
+        "node_names": ["node01", "node02"],
+    }
+    return base | over
+
+
+def plain(row: R.Row) -> list[str]:
+    return [c.plain if isinstance(c, Text) else c for c in row]
+
+
+@pytest.mark.parametrize(
+    ("over", "state"),
+    [
+        ({}, "running"),
+        ({"stop_requested": NOW - 1}, "stopping"),
+        ({"last_output": NOW - R.STALL_AFTER_S - 1}, "stalled"),
+        ({"last_output": None, "started": NOW - R.STALL_AFTER_S - 1}, "stalled"),  # never printed at all
+        ({"status": "queued", "started": None}, "queued"),
+        ({"status": "error", "ended": NOW - 10}, "error"),
+    ],
+)
+def test_job_state(over: dict[str, Any], state: str) -> None:
+    assert R.job_state(job(**over), NOW) == state
+
+
+def test_job_cells() -> None:
+    cells = dict(zip([c.key for c in R.JOB_COLUMNS], plain(R.job_cells(job(), NOW)), strict=True))
+    assert cells["id"] == "7"
+    assert cells["status"] == "running"
+    assert cells["shape"] == "2x8"
+    assert cells["runtime"] == "1.0h/2.0h"
+    assert cells["output"] == "5s"
+    assert cells["where"] == "node[01-02]"
+    assert cells["mark"] == " "
+    assert plain(R.job_cells(job(), NOW, marked=True))[0] == R.MARK
+    alerted = dict(zip([c.key for c in R.JOB_COLUMNS], plain(R.job_cells(job(open_alerts=2), NOW)), strict=True))
+    assert alerted["alerts"] == "!2"
+
+
+def test_same_data_same_second_gives_equal_cells() -> None:
+    assert R.job_cells(job(), NOW) == R.job_cells(job(), NOW)
+    assert R.job_cells(job(), NOW) != R.job_cells(job(), NOW + 60)  # the runtime moved on
+
+
+def test_jobs_that_need_attention_come_first() -> None:
+    jobs = [
+        job(id=1, status="succeeded", ended=NOW - 100, last_output=None),
+        job(id=2, status="queued", started=None, priority="normal", submitted=NOW - 50),
+        job(id=3, status="queued", started=None, priority="urgent", submitted=NOW - 10),
+        job(id=4),
+        job(id=5, last_output=NOW - 2 * R.STALL_AFTER_S),  # stalled
+        job(id=6, status="error", ended=NOW - 60),  # just failed
+        job(id=8, status="error", ended=NOW - 2 * R.FAILED_RECENT_S),  # failed long ago: with the ended
+        job(id=9, open_alerts=1),
+    ]
+    order = [j["id"] for j in sorted(jobs, key=lambda j: R.job_order(j, NOW))]
+    assert order[:3] == [6, 5, 9]  # the latest trouble first
+    assert order[3:] == [4, 3, 2, 1, 8]
+
+
+def test_nodes_worst_first_and_cells() -> None:
+    nodes = [
+        {"name": "b", "state": "healthy"},
+        {"name": "a", "state": "healthy"},
+        {"name": "z", "state": "unreachable"},
+        {"name": "d", "state": "drained"},
+    ]
+    assert [n["name"] for n in sorted(nodes, key=R.node_order)] == ["z", "d", "a", "b"]
+    node = {
+        "name": "node01",
+        "state": "degraded",
+        "pool": "h100",
+        "gpus": [{"index": i, "name": "NVIDIA H100", "utilization": u} for i, u in enumerate([100, 50, 0, None])],
+        "held": [{"gpu": 0, "job": 12}, {"gpu": 1, "job": 12}, {"gpu": 2, "job": 3}],
+        "faults": 2,
+        "last_probe": NOW - 30,
+        "reasons": ["gpu2: 91C"],
+    }
+    cells = dict(zip([c.key for c in R.NODE_COLUMNS], plain(R.node_cells(node, NOW, [0, 50, 100, None])), strict=True))
+    assert cells["gpus"] == "4x H100"
+    assert cells["used"] == "3/4"
+    assert cells["jobs"] == "3,12"
+    assert cells["util"] == "50%"
+    assert cells["spark"] == " ▄█ "
+    assert cells["faults"] == "2"
+    assert cells["probed"] == "30s"
+    assert cells["reasons"] == "gpu2: 91C"
+
+
+def test_unprobed_node_reads_never() -> None:
+    cells = plain(R.node_cells({"name": "n", "state": "unknown"}, NOW))
+    assert "never" in cells and "unknown" in cells
+
+
+def test_alerts_open_first_by_severity() -> None:
+    alerts = [
+        {"id": 1, "state": "acknowledged", "severity": "critical", "time": NOW},
+        {"id": 2, "state": "open", "severity": "warning", "time": NOW},
+        {"id": 3, "state": "open", "severity": "critical", "time": NOW - 10},
+        {"id": 4, "state": "open", "severity": "critical", "time": NOW - 5},
+    ]
+    assert [a["id"] for a in sorted(alerts, key=R.alert_order)] == [4, 3, 2, 1]
+    row = plain(R.alert_cells({**alerts[0], "kind": "host_key", "node": "n1", "message": "m", "acked_by": "bo"}, NOW))
+    assert row[5] == "ack bo" and row[6] == "n1"
+
+
+def test_filter() -> None:
+    pattern = R.compile_filter("TRAIN|node0[2]")
+    assert pattern is not None and pattern.search(R.row_text(R.job_cells(job(), NOW)))
+    assert R.compile_filter("") is None
+    with pytest.raises(ValueError, match="not a regular expression"):
+        R.compile_filter("(")
+
+
+@pytest.mark.parametrize(
+    ("names", "text"),
+    [([], ""), (["n1"], "n1"), (["node01", "node02", "node04"], "node[01-02,04]"), (["x"] * 3, "x")],
+)
+def test_compress_names(names: list[str], text: str) -> None:
+    assert R.compress_names(names) == text

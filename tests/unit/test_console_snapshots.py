@@ -1,0 +1,49 @@
+"""Pictures of the console's main views with fixed data (pytest-textual-snapshot; Textual is pinned).
+
+After a deliberate change to the console's look: `make snapshots` (pytest --snapshot-update), then look at
+the SVGs under __snapshots__/ before committing them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ftconsole.tui.app import ConsoleApp
+from tests.console_data import NOW, FixedClient, fixed_config
+
+SIZE = (160, 24)
+
+
+def app(tmp_path: Path, **kwargs: object) -> ConsoleApp:
+    return ConsoleApp(fixed_config(tmp_path), client=FixedClient(), clock=lambda: NOW, refresh_s=3600, **kwargs)
+
+
+async def _loaded(pilot) -> None:  # type: ignore[no-untyped-def]
+    await pilot.app.refresh_data("jobs", "nodes", "alerts", "events", "cluster")
+    await pilot.pause()
+
+
+@pytest.fixture(autouse=True)
+def _fixed_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NO_COLOR", raising=False)
+
+
+@pytest.mark.parametrize(("key", "view"), [("1", "jobs"), ("2", "nodes"), ("3", "alerts"), ("4", "events"),
+                                           ("5", "cluster")])  # fmt: skip
+def test_view(snap_compare, tmp_path: Path, key: str, view: str) -> None:  # type: ignore[no-untyped-def]
+    assert snap_compare(app(tmp_path), press=[key, "_"], terminal_size=SIZE, run_before=_loaded)
+
+
+def test_jobs_filtered_and_marked(snap_compare, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    press = ["slash", *"running|queued", "enter", "space", "_"]
+    assert snap_compare(app(tmp_path), press=press, terminal_size=SIZE, run_before=_loaded)
+
+
+def test_readonly_hides_actions(snap_compare, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    assert snap_compare(app(tmp_path, readonly=True), press=["2", "_"], terminal_size=SIZE, run_before=_loaded)
+
+
+def test_node_detail(snap_compare, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    assert snap_compare(app(tmp_path), press=["2", "_", "enter", "_", "_"], terminal_size=(160, 40), run_before=_loaded)
