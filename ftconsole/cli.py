@@ -11,16 +11,16 @@ import argparse
 import asyncio
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ftconsole import jobs_cli
+from ftconsole import jobs_cli, shell_cli
 from ftconsole.format import age, gpu_summary, print_json, print_table
+from scheduler.client import open_client
 from scheduler.config import LoadedConfig, find_config, load_config
 from scheduler.errors import ConfigError, FtError
 from scheduler.service import ClusterService
-from scheduler.ssh import local_user
 
 PROG = "ftconsole"
 
@@ -103,26 +103,27 @@ def cmd_nodes(args: argparse.Namespace) -> int:
 
 
 def cmd_drain(args: argparse.Namespace) -> int:
-    return _admin(args, lambda svc: svc.drain(args.node, reason=args.reason or "", by=local_user()))
+    return _admin(args, "drain", nodeset=args.node, reason=args.reason or "")
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    return _admin(args, lambda svc: svc.resume(args.node, by=local_user()))
+    return _admin(args, "resume", nodeset=args.node)
 
 
-def _admin(args: argparse.Namespace, action: Callable[[ClusterService], Any]) -> int:
+def _admin(args: argparse.Namespace, op: str, **call: Any) -> int:
+    """drain and resume, through the scheduler's API (in-process when none runs): admins only."""
     loaded = _loaded(args)
 
-    async def go() -> list[Any]:
-        async with ClusterService.open(loaded) as svc:
-            return list(await action(svc))
+    async def go() -> list[dict[str, Any]]:
+        async with open_client(loaded) as client:
+            return list(await client.call(op, **call))
 
-    healths = asyncio.run(go())
+    views = asyncio.run(go())
     if args.json:
-        print_json([{"name": h.node, "state": h.state.value, "reasons": list(h.all_reasons())} for h in healths])
+        print_json([{"name": v["name"], "state": v["state"], "reasons": v["reasons"]} for v in views])
     else:
-        for h in healths:
-            print(f"{h.node}: {h.state.value}" + (f" ({h.admin_reason})" if h.admin_reason else ""))
+        for v in views:
+            print(f"{v['name']}: {v['state']}" + (f" ({v['admin_reason']})" if v["admin_reason"] else ""))
     return 0
 
 
@@ -167,17 +168,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
     lab_dir = Path(args.dir).expanduser() if args.dir else lab.default_lab_dir()
     info = lab.lab_up(lab_dir, None, nodes=args.nodes)
     print(f"lab cluster up: {len(info.nodes)} nodes; config {info.config_path}", file=sys.stderr)
-    return run_console(load_config(info.config_path), readonly=False)
+    return run_console(load_config(info.config_path), readonly=False, theme=args.theme)
 
 
 def cmd_console(args: argparse.Namespace) -> int:
-    return run_console(_loaded(args), readonly=args.readonly)
+    return run_console(_loaded(args), readonly=args.readonly, theme=args.theme)
 
 
-def run_console(loaded: LoadedConfig, *, readonly: bool) -> int:
-    from ftconsole.app import ConsoleApp
+def run_console(loaded: LoadedConfig, *, readonly: bool, theme: str | None = None) -> int:
+    from ftconsole.tui.app import ConsoleApp
 
-    app = ConsoleApp(loaded, readonly=readonly)
+    app = ConsoleApp(loaded, readonly=readonly, theme=theme or os.environ.get("FTCONSOLE_THEME") or None)
     app.run()
     return app.return_code or 0
 
@@ -200,6 +201,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--config", "-c", metavar="FILE", help=config_help)
     parser.add_argument("--readonly", action="store_true", help="console: hide every action that changes anything")
+    parser.add_argument(
+        "--theme",
+        help="console: light or dark (default: $FTCONSOLE_THEME, else dark), or a Textual theme name; "
+        "NO_COLOR=1 turns colour off",
+    )
     parser.set_defaults(func=cmd_console)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -228,6 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     resume.set_defaults(func=cmd_resume)
 
     jobs_cli.add_parsers(sub, common, listing)
+    shell_cli.add_parser(sub, common)
 
     lab_parser = sub.add_parser("lab", help="the local lab cluster (SSH servers on 127.0.0.1)")
     lab_sub = lab_parser.add_subparsers(dest="lab_command", metavar="SUBCOMMAND", required=True)

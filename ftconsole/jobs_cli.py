@@ -15,6 +15,7 @@ from ftconsole.format import age, print_json, print_table
 from scheduler.client import Client, open_client
 from scheduler.config import LoadedConfig, find_config, format_duration, load_config
 from scheduler.daemon import WRITE_OPS
+from scheduler.errors import UsageError
 
 T = TypeVar("T")
 
@@ -248,15 +249,43 @@ def cmd_job_events(args: argparse.Namespace) -> int:
 
 
 def cmd_alerts(args: argparse.Namespace) -> int:
-    alerts = _with_client(args, "alerts", lambda c: c.call("alerts"))
+    if args.action is None:  # (ids without an action are refused by argparse: "invalid choice")
+        return _list_alerts(args)
+    if not args.ids:
+        raise UsageError(f"alerts {args.action} needs at least one alert id")
+    op = args.action  # the API ops have the same names
+    alerts = _with_client(args, op, lambda c: c.call(op, alerts=args.ids))
+    if args.json:
+        print_json(alerts)
+        return 0
+    for a in alerts:
+        by = a["acked_by"] if a["state"] == "acknowledged" else a["resolved_by"]
+        print(f"alert {a['id']} {a['kind']} ({_alert_object(a)}): {a['state']}" + (f" by {by}" if by else ""))
+    return 0
+
+
+def _alert_object(alert: dict[str, Any]) -> str:
+    return f"job {alert['job']}" if alert["job"] is not None else alert["node"] or "-"
+
+
+def _list_alerts(args: argparse.Namespace) -> int:
+    alerts = _with_client(args, "alerts", lambda c: c.call("alerts", all=args.all))
     if args.json:
         print_json(alerts)
         return 0
     rows = [
-        [a["id"], _when(a["time"]), a["severity"], a["kind"], a["job"] or a["node"] or "-", a["message"]]
+        [
+            a["id"],
+            _when(a["time"]),
+            a["severity"],
+            a["kind"],
+            _alert_object(a),
+            a["state"] + (f" ({a['acked_by']})" if a["state"] == "acknowledged" else ""),
+            a["message"],
+        ]
         for a in alerts
     ]
-    print_table(["ID", "TIME", "SEVERITY", "KIND", "OBJECT", "MESSAGE"], rows)
+    print_table(["ID", "TIME", "SEVERITY", "KIND", "OBJECT", "STATE", "MESSAGE"], rows)
     return 0
 
 
@@ -366,5 +395,13 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser, listing: argparse.Arg
     p = sub.add_parser("cluster", parents=parents, help="nodes with what holds each GPU, specs idle or tight, demand")
     p.set_defaults(func=cmd_cluster)
 
-    p = sub.add_parser("alerts", parents=parents, help="open alerts")
+    p = sub.add_parser(
+        "alerts",
+        parents=parents,
+        help="open alerts; `alerts ack ID...` / `alerts resolve ID...` to acknowledge or resolve them",
+        usage="%(prog)s [--all] [--json] | %(prog)s {ack,resolve} ID [ID ...] [--json]",
+    )
+    p.add_argument("action", nargs="?", choices=["ack", "resolve"], help="acknowledge (on it) or resolve (over)")
+    p.add_argument("ids", metavar="ID", nargs="*", help="alert ids, as the listing shows them")
+    p.add_argument("--all", action="store_true", help="resolved alerts too")
     p.set_defaults(func=cmd_alerts)

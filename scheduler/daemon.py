@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from scheduler import placement
@@ -23,13 +23,15 @@ from scheduler.clusterview import cluster_view
 from scheduler.config import LoadedConfig, parse_duration
 from scheduler.engine import Scheduler
 from scheduler.errors import UsageError
-from scheduler.jobs import JobStatus
+from scheduler.jobs import Job, JobStatus
 from scheduler.lock import StateLock
 from scheduler.service import ClusterService
+from scheduler.store import ALERT_STATES, JobActivity
 
 log = logging.getLogger("ftconsole.daemon")
 
 # ops that change something (the CLI warns when no scheduler runs to act on them)
+# (ack, resolve, drain and resume take effect at once, scheduler or not)
 WRITE_OPS = frozenset({"submit", "stop", "delete", "clone", "priority", "extend"})
 
 
@@ -54,7 +56,13 @@ class Operations:
             "wait": self._wait,
             "events": self._events,
             "alerts": self._alerts,
+            "ack": self._ack,
+            "resolve": self._resolve,
+            "jobs_changed": self._jobs_changed,
             "nodes": self._nodes,
+            "probe": self._probe,
+            "drain": self._drain,
+            "resume": self._resume,
             "cluster": self._cluster,
         }
 
@@ -73,6 +81,16 @@ class Operations:
     def now(self) -> float:
         return self.scheduler.clock()
 
+    async def _json(self, jobs: Sequence[Job], activity: dict[int, JobActivity] | None = None) -> list[dict[str, Any]]:
+        """Job JSON with its activity (`last_output`, `open_alerts`, `node_names`), two queries for all of them."""
+        if activity is None:
+            activity = await self.scheduler.store.job_activity([j.id for j in jobs])
+        now, none = self.now, JobActivity()
+        return [{**j.to_json(now), **activity.get(j.id, none).to_json()} for j in jobs]
+
+    async def _one(self, job: Job) -> dict[str, Any]:
+        return (await self._json([job]))[0]
+
     async def _whoami(self, caller: Caller, args: dict[str, Any]) -> Any:
         return {"user": caller.user, "uid": caller.uid, "pid": caller.pid, "admin": self.scheduler.is_admin(caller)}
 
@@ -82,7 +100,7 @@ class Operations:
         return {"pid": os.getpid(), "looping": self.scheduler.looping, "jobs": counts}
 
     async def _submit(self, caller: Caller, args: dict[str, Any]) -> Any:
-        return (await self.scheduler.submit(caller, args["spec"])).to_json(self.now)
+        return {**(await self.scheduler.submit(caller, args["spec"])).to_json(self.now), **JobActivity().to_json()}
 
     async def _predict(self, caller: Caller, args: dict[str, Any]) -> Any:
         return decision_json(await self.scheduler.predict(args["spec"]))
@@ -96,26 +114,33 @@ class Operations:
             spec=args.get("spec"),
             output=args.get("output"),
         )
-        return [j.to_json(self.now) for j in jobs]
+        return await self._json(jobs)
+
+    async def _jobs_changed(self, caller: Caller, args: dict[str, Any]) -> Any:
+        """{"cursor", "jobs"}: the jobs changed at or after `since` (deleted ones too), or all jobs for null;
+        call again with `since` = the cursor (see `Store.jobs_changed`)."""
+        since = args.get("since")
+        cursor, jobs, activity = await self.scheduler.store.jobs_changed(None if since is None else float(since))
+        return {"cursor": cursor, "jobs": await self._json(jobs, activity)}
 
     async def _show(self, caller: Caller, args: dict[str, Any]) -> Any:
         return await self.scheduler.show(caller, args["job"])
 
     async def _stop(self, caller: Caller, args: dict[str, Any]) -> Any:
-        return [j.to_json(self.now) for j in await self.scheduler.stop(caller, _ids(args))]
+        return await self._json(await self.scheduler.stop(caller, _ids(args)))
 
     async def _delete(self, caller: Caller, args: dict[str, Any]) -> Any:
-        return [j.to_json(self.now) for j in await self.scheduler.delete(caller, _ids(args))]
+        return await self._json(await self.scheduler.delete(caller, _ids(args)))
 
     async def _clone(self, caller: Caller, args: dict[str, Any]) -> Any:
-        return (await self.scheduler.clone(caller, args["job"])).to_json(self.now)
+        return {**(await self.scheduler.clone(caller, args["job"])).to_json(self.now), **JobActivity().to_json()}
 
     async def _priority(self, caller: Caller, args: dict[str, Any]) -> Any:
-        return (await self.scheduler.set_priority(caller, args["job"], str(args["level"]))).to_json(self.now)
+        return await self._one(await self.scheduler.set_priority(caller, args["job"], str(args["level"])))
 
     async def _extend(self, caller: Caller, args: dict[str, Any]) -> Any:
         seconds = parse_duration(args["duration"])
-        return (await self.scheduler.extend(caller, args["job"], seconds)).to_json(self.now)
+        return await self._one(await self.scheduler.extend(caller, args["job"], seconds))
 
     async def _logs(self, caller: Caller, args: dict[str, Any]) -> AsyncIterator[str]:
         stream = self.scheduler.logs(
@@ -140,10 +165,31 @@ class Operations:
         return [e.to_json() for e in events]
 
     async def _alerts(self, caller: Caller, args: dict[str, Any]) -> Any:
-        return [a.to_json() for a in await self.scheduler.store.alerts()]
+        """Open and acknowledged alerts, oldest first; `all`: resolved ones too; `limit` (default 200) newest."""
+        states = ALERT_STATES if args.get("all") else ("open", "acknowledged")
+        alerts = await self.scheduler.store.alerts(states=states, limit=int(args.get("limit") or 200))
+        return [a.to_json() for a in alerts]
+
+    async def _ack(self, caller: Caller, args: dict[str, Any]) -> Any:
+        return [a.to_json() for a in await self.scheduler.ack(caller, _alert_ids(args))]
+
+    async def _resolve(self, caller: Caller, args: dict[str, Any]) -> Any:
+        return [a.to_json() for a in await self.scheduler.resolve(caller, _alert_ids(args))]
 
     async def _nodes(self, caller: Caller, args: dict[str, Any]) -> Any:
         return [v.to_json() for v in await self.scheduler.service.nodes(args.get("nodeset"))]
+
+    async def _probe(self, caller: Caller, args: dict[str, Any]) -> Any:
+        checks = args.get("checks")
+        outcomes = await self.scheduler.probe(caller, args.get("nodeset"), checks=checks)
+        return [o.to_json() for o in outcomes]
+
+    async def _drain(self, caller: Caller, args: dict[str, Any]) -> Any:
+        views = await self.scheduler.drain(caller, str(args["nodeset"]), str(args.get("reason") or ""))
+        return [v.to_json() for v in views]
+
+    async def _resume(self, caller: Caller, args: dict[str, Any]) -> Any:
+        return [v.to_json() for v in await self.scheduler.resume(caller, str(args["nodeset"]))]
 
     async def _cluster(self, caller: Caller, args: dict[str, Any]) -> Any:
         s = self.scheduler
@@ -181,6 +227,13 @@ def _ids(args: dict[str, Any]) -> list[Any]:
     ids = args["jobs"]
     if not isinstance(ids, list) or not ids:
         raise UsageError("give at least one job id")
+    return ids
+
+
+def _alert_ids(args: dict[str, Any]) -> list[Any]:
+    ids = args["alerts"]
+    if not isinstance(ids, list) or not ids:
+        raise UsageError("give at least one alert id")
     return ids
 
 

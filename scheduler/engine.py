@@ -7,7 +7,8 @@ observed state (the run supervisors' status files, one SSH command per node), an
    crash is resolved by starting it: an already started run is found, never started twice); a run is the
    job's command, or a batch job's tasks one after another, between its hooks on rank 0 (`plan_job`);
 2. observe: the runs of running jobs are read, and `jobs.settle` decides what that means (all running,
-   a rank failed, every rank done);
+   a rank failed, every rank done; a job that ends `error` raises a `job_failed` alert); each run's
+   output.log mtime comes along (the progress heartbeat), written only when it moved;
 3. stop: stop requests (users, `max_runtime`, a failed rank) are sent once to the runs still up;
 4. place: one placement pass over the queue; each placed job gets a free port on its first node, then its
    attempt and runs are written as intent (job `running`, condition Creating) and launched.
@@ -56,9 +57,9 @@ from scheduler.jobspec import Access, Hooks, JobSpec, Task
 from scheduler.launcher import LaunchInput, LaunchPlan, NodeAssignment, RankLaunch, plan_launch
 from scheduler.requests import job_request, node_slot
 from scheduler.runs import RunStatus, Step, StepKind, free_port, prepare_run, run_states, start_run, stop_runs
-from scheduler.service import ClusterService
+from scheduler.service import ClusterService, NodeView, ProbeOutcome
 from scheduler.ssh import run_on_all
-from scheduler.store import Conflict, JobTx, StoredEvent
+from scheduler.store import Conflict, JobActivity, JobTx, StoredAlert, StoredEvent
 
 log = logging.getLogger("ftconsole.scheduler")
 
@@ -185,9 +186,11 @@ class Scheduler:
         attempts = await self.store.attempts(job.id)
         runs = await self.store.runs(job=job.id)
         events = await self.store.events(job=str(job.id), limit=1000)
+        activity = (await self.store.job_activity([job.id])).get(job.id, JobActivity())
         conditions = {c.value for c in Condition}
         return {
             **job.to_json(now),
+            **activity.to_json(),
             "spec": job.spec.to_json(),
             "attempts": [
                 {**a.to_json(), "runs": [r.to_json() for r in runs if r.attempt == a.number]} for a in attempts
@@ -296,6 +299,68 @@ class Scheduler:
     async def job_events(self, caller: Caller, job_id: int | str, *, limit: int = 100) -> list[StoredEvent]:
         job = await self._job(caller, job_id, "see", write=False)
         return await self.store.events(job=str(job.id), limit=limit)
+
+    # -- alerts -----------------------------------------------------------------------------------------------
+
+    async def ack(self, caller: Caller, alert_ids: Iterable[int | str]) -> list[StoredAlert]:
+        """Acknowledge alerts: someone is on it (they stay listed until resolved)."""
+        alerts = await self._alerts_for(caller, alert_ids, "acknowledge")
+        return await self.store.ack_alerts([a.id for a in alerts], by=caller.user, now=self.clock())
+
+    async def resolve(self, caller: Caller, alert_ids: Iterable[int | str]) -> list[StoredAlert]:
+        """Resolve alerts: the problem is over (node alerts also resolve themselves once the node is well)."""
+        alerts = await self._alerts_for(caller, alert_ids, "resolve")
+        return await self.store.resolve_alerts([a.id for a in alerts], by=caller.user, now=self.clock())
+
+    async def _alerts_for(self, caller: Caller, alert_ids: Iterable[int | str], verb: str) -> list[StoredAlert]:
+        """The alerts, once the caller may act on every one of them (else nothing is changed).
+
+        Admins may act on any alert; on a job's alert, whoever may change the job; node alerts are for admins.
+        """
+        alerts = await self.store.alerts_by_id(alert_ids)
+        if self.is_admin(caller):
+            return alerts
+        for alert in alerts:
+            if alert.job is None:
+                raise PermissionDenied(
+                    f"{caller.user} may not {verb} alert {alert.id} ({alert.kind} on {alert.node}): alerts about "
+                    f"nodes are for admins ({self._admins()})"
+                )
+            job = await self.store.job(alert.job)
+            if job is None:
+                raise NotFound(f"alert {alert.id} is about job {alert.job}, which does not exist")
+            self._check(caller, job, f"{verb} alert {alert.id} of", write=True)
+        return alerts
+
+    def _admins(self) -> str:
+        return ", ".join(["root", *self.config.admins])
+
+    # -- nodes ------------------------------------------------------------------------------------------------
+
+    async def probe(
+        self, caller: Caller, nodeset: str | None, *, checks: Sequence[str] | None = None
+    ) -> list[ProbeOutcome]:
+        """Probe nodes now (anyone may: it changes nothing a probe on its own would not)."""
+        outcomes = await self.service.probe(nodeset, checks=checks)
+        self._poke()
+        return outcomes
+
+    async def drain(self, caller: Caller, nodeset: str, reason: str) -> list[NodeView]:
+        """Take nodes out of scheduling (admins only); the running jobs there go on."""
+        self._admin_only(caller, "drain")
+        healths = await self.service.drain(nodeset, reason=reason, by=caller.user)
+        return await self.service.nodes([h.node for h in healths])
+
+    async def resume(self, caller: Caller, nodeset: str) -> list[NodeView]:
+        """Put drained or isolated nodes back (admins only)."""
+        self._admin_only(caller, "resume")
+        healths = await self.service.resume(nodeset, by=caller.user)
+        self._poke()
+        return await self.service.nodes([h.node for h in healths])
+
+    def _admin_only(self, caller: Caller, verb: str) -> None:
+        if not self.is_admin(caller):
+            raise PermissionDenied(f"{caller.user} may not {verb} nodes: that is for admins ({self._admins()})")
 
     async def wait(self, caller: Caller, job_id: int | str) -> AsyncIterator[dict[str, Any]]:
         """The job now, then each time its status changes, until it ends."""
@@ -549,19 +614,25 @@ class Scheduler:
         now = self.clock()
         updated: dict[tuple[int, int, int], Run] = {}
         changes: list[tuple[Run, dict[str, Any]]] = []
+        moved = False  # a run changed more than its output heartbeat
         for name, answer in answers.items():
             if isinstance(answer, FtError):
                 log.warning("cannot read runs on %s: %s", name, answer)
                 continue  # unreachable node: its runs keep their last state (recovery decides, not this loop)
             for r in to_read[name]:
-                fields = _status_fields(answer[r.run_dir])
+                status = answer[r.run_dir]
+                fields = _status_fields(status)
                 if fields["state"] == "absent":
                     fields["ended"] = now
+                if status.output_at is not None and status.output_at != r.output_at:
+                    fields["output_at"] = status.output_at  # written only when it moved
                 new = dataclasses.replace(r, **{k: v for k, v in fields.items() if k != "run_dir"})
                 updated[(r.job, r.attempt, r.rank)] = new
                 if new != r:
                     changes.append((r, fields))
+                    moved = moved or dataclasses.replace(new, output_at=r.output_at) != r
         attempts = await self.store.running_attempts()
+        quiet: list[tuple[Run, dict[str, Any]]] = []  # run changes of jobs with nothing to decide
         for job in running.values():
             runs = [updated.get((r.job, r.attempt, r.rank), r) for r in held if r.job == job.id]
             if not runs:
@@ -570,7 +641,8 @@ class Scheduler:
             was_running = attempt is not None and attempt.started is not None
             decision = settle(job, runs, was_running=was_running)
             mine = [(r, f) for r, f in changes if r.job == job.id]
-            if decision is None and not mine:
+            if decision is None:
+                quiet.extend(mine)
                 continue
             try:
                 async with self.store.jobs_tx(f"record job {job.id}") as tx:
@@ -580,6 +652,12 @@ class Scheduler:
             except Conflict:
                 continue
             self._poke()
+        if quiet:  # one transaction for all of them: nothing there can conflict
+            async with self.store.jobs_tx("record run states") as tx:
+                for r, fields in quiet:
+                    await tx.update_run(r, **fields)
+            if moved:  # a heartbeat alone wakes nobody: a printing job would otherwise make the loop spin
+                self._poke()
 
     async def _apply(
         self, tx: JobTx, job: Job, decision: Any, now: float, runs: Sequence[Run], *, was_running: bool
@@ -608,6 +686,14 @@ class Scheduler:
             )
             await tx.release_runs(job.id)
             await tx.event(now, FINAL_CONDITION[decision.status], decision.message, job=job.id)
+            if decision.status is JobStatus.ERROR:
+                await tx.alert(
+                    now,
+                    "job_failed",
+                    "error",
+                    f"job {job.id} ({job.name}, {job.owner}) failed: {decision.message}",
+                    job=job.id,
+                )
 
     # -- 3. expire and stop ---------------------------------------------------------------------------------
 
@@ -695,7 +781,7 @@ class Scheduler:
     ]:
         """The nodes as last probed, the GPUs the running jobs hold, and the queue, as placement reads them;
         with the queued jobs that cannot be placed at all, and why."""
-        views = await self.service.nodes()
+        views = await self.service.nodes(extras=False)
         active = {j.id: j for j in await self.store.jobs(statuses=[JobStatus.RUNNING], deleted=True)}
         allocations = []
         for r in await self.store.runs(held=True):

@@ -189,6 +189,7 @@ class Run:
     error: str | None = None
     stop_sent: float | None = None
     released: bool = False
+    output_at: float | None = None  # mtime of its output.log when last read (the progress heartbeat)
 
     @property
     def active(self) -> bool:
@@ -227,6 +228,7 @@ class Run:
             "started": self.started,
             "ended": self.ended,
             "error": self.error,
+            "output_at": self.output_at,
         }
 
 

@@ -74,6 +74,8 @@ class RunStatus:
     error: str | None = None
     step: str | None = None  # the step running (at the end: the last one run), for a run of several steps
     run_dir: str | None = None  # the run folder's absolute path on the node, where the supervisor said it
+    output_at: float | None = None  # output.log's mtime (status action only; None before it exists)
+    output_size: int | None = None
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> RunStatus:
@@ -87,6 +89,8 @@ class RunStatus:
             stop_requested=doc.get("stop_requested"),
             error=doc.get("error"),
             step=doc.get("step"),
+            output_at=doc.get("output_mtime"),
+            output_size=doc.get("output_size"),
         )
 
     @property

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +18,7 @@ from scheduler.config import LoadedConfig, Node, expand_nodeset
 from scheduler.errors import NotFound, UsageError
 from scheduler.probing import ProbeFailure, sweep
 from scheduler.ssh import SSHPool, Transport
-from scheduler.store import Store, StoredEvent, StoredProbe
+from scheduler.store import AutoResolve, NewAlert, Store, StoredEvent, StoredProbe
 
 STALE_AFTER_INTERVALS = 3
 
@@ -70,6 +70,8 @@ class NodeView:
     health: NodeHealth
     probe: StoredProbe | None
     now: float
+    held: tuple[tuple[int, int], ...] = ()  # (GPU index, job id) for each GPU a run holds
+    faults: int = 0  # how many times it became unhealthy, unreachable or isolated
 
     def to_json(self) -> dict[str, Any]:
         out = {**_node_json(self.node), **_health_json(self.health, self.now)}
@@ -78,7 +80,45 @@ class NodeView:
         out["gpus"] = report.get("gpus", []) if report else []
         out["checks"] = report.get("checks", []) if report else []
         out["last_error"] = self.probe.error if self.probe else None
+        out["held"] = [{"gpu": gpu, "job": job} for gpu, job in self.held]
+        out["faults"] = self.faults
         return out
+
+
+HOST_KEY_FAILURES = ("host-key-unknown", "host-key-changed")
+_RECOVERED = (NodeState.HEALTHY, NodeState.DEGRADED)
+
+
+def node_alerts(
+    before: NodeHealth, after: NodeHealth, failure: ProbeFailure | None, open_kinds: Collection[str], now: float
+) -> tuple[list[NewAlert], list[AutoResolve]]:
+    """The alerts one probe raises and resolves for a node (pure): on a change of its health, not every probe.
+
+    Into unhealthy: node_unhealthy (and an open node_unreachable is over: it answers). Into unreachable:
+    node_unreachable. Back to healthy or degraded: both resolved. A host key that is unknown or changed: host_key
+    (critical) while none is open; resolved by the first probe that gets a report. The store raises each kind
+    only while none is open for the node, so a state reached again before it recovered raises nothing new.
+    """
+    name = after.node
+    raised: list[NewAlert] = []
+    resolved: list[AutoResolve] = []
+    why = "; ".join(after.reasons) or after.health.value
+    if after.health is not before.health:
+        if after.health is NodeState.UNHEALTHY:
+            raised.append(NewAlert(now, "node_unhealthy", "error", f"{name} is unhealthy: {why}", node=name))
+            resolved.append(AutoResolve(now, name, "node_unreachable", "it answers probes again"))
+        elif after.health is NodeState.UNREACHABLE:
+            raised.append(NewAlert(now, "node_unreachable", "error", f"{name} is unreachable: {why}", node=name))
+        elif after.health in _RECOVERED:
+            for kind in ("node_unhealthy", "node_unreachable"):
+                resolved.append(AutoResolve(now, name, kind, f"{name} is {after.health.value} again"))
+    if failure is not None and failure.kind in HOST_KEY_FAILURES:
+        if "host_key" not in open_kinds:
+            message = f"{name}: {failure.message}"
+            raised.append(NewAlert(now, "host_key", "critical", message, node=name))
+    elif failure is None and "host_key" in open_kinds:
+        resolved.append(AutoResolve(now, name, "host_key", "its host key was verified"))
+    return raised, resolved
 
 
 class ClusterService:
@@ -137,9 +177,12 @@ class ClusterService:
         results = await sweep(self.transport, self.config, nodes, checks=checks)
         now = self.clock()
         current = await self.store.all_node_health()
+        open_alerts = await self.store.open_node_alerts()
         changes: list[tuple[NodeHealth, Sequence[NodeEvent]]] = []
         stored: list[StoredProbe] = []
         outcomes: list[ProbeOutcome] = []
+        raised: list[NewAlert] = []
+        resolved: list[AutoResolve] = []
         for node in nodes:
             result = results[node.name]
             if isinstance(result, ProbeReport):
@@ -148,12 +191,13 @@ class ClusterService:
             else:
                 obs = Observation(now, error=f"{result.kind}: {result.message}")
                 stored.append(StoredProbe(node.name, now, obs.error, None))
-            health, events = observe(
-                current.get(node.name) or NodeHealth(node.name),
-                obs,
-                recover_after=self.config.probes.recover_after,
-            )
+            before = current.get(node.name) or NodeHealth(node.name)
+            health, events = observe(before, obs, recover_after=self.config.probes.recover_after)
             changes.append((health, events))
+            failure = result if isinstance(result, ProbeFailure) else None
+            up, down = node_alerts(before, health, failure, open_alerts.get(node.name, set()), now)
+            raised.extend(up)
+            resolved.extend(down)
             outcomes.append(
                 ProbeOutcome(
                     node=node,
@@ -163,23 +207,32 @@ class ClusterService:
                     time=now,
                 )
             )
-        await self.store.save_nodes(changes, stored)
+        await self.store.save_nodes(changes, stored, alerts=raised, resolve=resolved)
         return outcomes
 
     # -- listing -----------------------------------------------------------------------------------------
 
-    async def nodes(self, nodeset: str | None = None) -> list[NodeView]:
+    async def nodes(self, nodeset: str | Sequence[str] | None = None, *, extras: bool = True) -> list[NodeView]:
+        """The nodes as last probed; with `extras`, the GPUs runs hold and the fault counts (two queries)."""
         nodes = self.select(nodeset)
         now = self.clock()
         healths = await self.store.all_node_health()
         probes = await self.store.latest_probes()
         stale_after = self.config.probes.interval * STALE_AFTER_INTERVALS
+        held: dict[str, list[tuple[int, int]]] = {}
+        faults: dict[str, int] = {}
+        if extras:
+            for r in await self.store.runs(held=True):
+                held.setdefault(r.node, []).extend((gpu, r.job) for gpu in r.gpus)
+            faults = await self.store.node_faults()
         return [
             NodeView(
                 node=n,
                 health=stale(healths.get(n.name) or NodeHealth(n.name), now, stale_after),
                 probe=probes.get(n.name),
                 now=now,
+                held=tuple(sorted(held.get(n.name, ()))),
+                faults=faults.get(n.name, 0),
             )
             for n in nodes
         ]

@@ -12,7 +12,8 @@ import contextlib
 import dataclasses
 import json
 import sqlite3
-from collections.abc import AsyncIterator, Iterable, Sequence
+import time
+from collections.abc import AsyncIterator, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Any, TypeVar
 import aiosqlite
 
 from probes.health import NodeEvent, NodeHealth, NodeState
-from scheduler.errors import StoreError
+from scheduler.errors import NotFound, StoreError, UsageError
 from scheduler.jobs import Attempt, Job, JobStatus, Run, StopReason
 from scheduler.jobspec import JobSpec
 
@@ -139,9 +140,29 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX alerts_state ON alerts (state, id);
     """,
+    # 3: who resolved an alert; a run's output heartbeat; a job's last change (the incremental job feed);
+    #    how often each node failed (kept with its events, counted from the history so far)
+    """
+    ALTER TABLE alerts ADD COLUMN resolved_by TEXT;
+    CREATE INDEX alerts_job ON alerts (job, state);
+    CREATE INDEX alerts_node ON alerts (node, state);
+    ALTER TABLE runs ADD COLUMN output_at REAL;             -- mtime of output.log when last read
+    ALTER TABLE jobs ADD COLUMN updated REAL NOT NULL DEFAULT 0;
+    UPDATE jobs SET updated = MAX(submitted, COALESCE(started, 0), COALESCE(ended, 0), COALESCE(stop_requested, 0));
+    CREATE INDEX jobs_updated ON jobs (updated);
+    ALTER TABLE nodes ADD COLUMN faults INTEGER NOT NULL DEFAULT 0;
+    UPDATE nodes SET faults = (
+        SELECT COUNT(*) FROM events e WHERE e.node = nodes.name AND (e.kind = 'isolated'
+            OR (e.kind = 'state-changed' AND json_extract(e.data, '$.to') IN ('unhealthy', 'unreachable')))
+    );
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 PROBE_HISTORY_PER_NODE = 50
+ALERT_STATES = ("open", "acknowledged", "resolved")
+OPEN_ALERT_STATES = ("open", "acknowledged")
+FAULT_STATES = ("unhealthy", "unreachable")  # a node event into one of these (or `isolated`) counts as a fault
+AUTO = "ftconsole"  # who resolves the alerts that resolve themselves
 
 
 @dataclass(frozen=True)
@@ -172,6 +193,7 @@ class Store:
         self.path = path
         self._writing = asyncio.Lock()  # one connection: transactions must not interleave
         self._specs: dict[str, JobSpec] = {}  # spec JSON -> parsed (specs never change once stored)
+        self._stamp = 0.0  # the last `jobs.updated` stamp handed out (see `_next_stamp`)
 
     @classmethod
     async def open(cls, path: Path) -> Store:
@@ -216,6 +238,9 @@ class Store:
                 await db.executescript(
                     f"BEGIN IMMEDIATE;\n{MIGRATIONS[number - 1]}\nPRAGMA user_version = {number};\nCOMMIT;"
                 )
+            async with db.execute("SELECT COALESCE(MAX(updated), 0) FROM jobs") as cur:
+                row = await cur.fetchone()
+            self._stamp = float(row[0]) if row else 0.0
         except sqlite3.Error as exc:
             raise StoreError(f"cannot prepare {self.path}: {exc}") from exc
 
@@ -240,8 +265,15 @@ class Store:
         self,
         changes: Iterable[tuple[NodeHealth, Sequence[NodeEvent]]],
         probes: Iterable[StoredProbe] = (),
+        *,
+        alerts: Iterable[NewAlert] = (),
+        resolve: Iterable[AutoResolve] = (),
     ) -> None:
-        """Write node states with their events (and the probe results behind them) in one transaction."""
+        """Write node states with their events (and the probe results behind them) in one transaction.
+
+        With them, the node alerts they cause: each of `alerts` is raised unless one of its kind is still open
+        (or acknowledged) for its node, and `resolve` closes the open ones of a kind, with an event each.
+        """
         async with self._transaction("write node state"):
             for health, events in changes:
                 await self._db.execute(_UPSERT_NODE, _health_row(health))
@@ -250,6 +282,12 @@ class Store:
                         "INSERT INTO events (time, kind, node, job, message, data) VALUES (?, ?, ?, NULL, ?, ?)",
                         (ev.time, ev.kind, ev.node, ev.message, json.dumps(ev.data)),
                     )
+                    if is_fault(ev.kind, ev.data):
+                        await self._db.execute("UPDATE nodes SET faults = faults + 1 WHERE name = ?", (ev.node,))
+            for r in resolve:
+                await _auto_resolve(self._db, r)
+            for a in alerts:
+                await _insert_alert(self._db, a, once=True)
             for p in probes:
                 await self._db.execute(
                     "INSERT INTO probe_results (node, time, error, report) VALUES (?, ?, ?, ?)",
@@ -281,9 +319,18 @@ class Store:
 
     @contextlib.asynccontextmanager
     async def jobs_tx(self, what: str) -> AsyncIterator[JobTx]:
-        """A transaction over jobs, attempts, runs, alerts and events: all of it is written, or none."""
+        """A transaction over jobs, attempts, runs, alerts and events: all of it is written, or none.
+
+        Every job it changes (its row, its attempts, runs or alerts) gets `updated` = this transaction's stamp.
+        """
         async with self._transaction(what):
-            yield JobTx(self._db)
+            yield JobTx(self._db, self._next_stamp())
+
+    def _next_stamp(self) -> float:
+        """A `jobs.updated` stamp: the wall clock, but always above every stamp handed out before (the clock
+        may step back). Called only while holding `_writing`."""
+        self._stamp = max(time.time(), self._stamp + 1e-6)
+        return self._stamp
 
     async def latest_probes(self) -> dict[str, StoredProbe]:
         sql = (
@@ -376,12 +423,118 @@ class Store:
             rows = await cur.fetchall()
         return [_run_from_row(r) for r in rows]
 
-    async def alerts(self, *, states: Iterable[str] = ("open", "acknowledged"), limit: int = 200) -> list[StoredAlert]:
+    async def job_activity(self, job_ids: Collection[int] | None = None) -> dict[int, JobActivity]:
+        """What the job listing shows beyond the job row, for the given jobs (default: all), in two queries:
+        the current attempt's nodes in rank order and its latest output, and the count of unresolved alerts."""
+        return await self._activity(*_ids_filter("j.id", job_ids))
+
+    async def _activity(self, where: str, args: Sequence[Any]) -> dict[int, JobActivity]:
+        """`where`: a condition on the jobs table as `j` ("1" for all)."""
+        runs_sql = (
+            "SELECT r.job, r.node, r.output_at FROM runs r JOIN jobs j ON r.job = j.id AND r.attempt = j.attempt "
+            f"WHERE {where} ORDER BY r.job, r.rank"
+        )
+        alerts_sql = (
+            "SELECT a.job, COUNT(*) FROM alerts a JOIN jobs j ON a.job = j.id "
+            f"WHERE a.state IN ('open', 'acknowledged') AND {where} GROUP BY a.job"
+        )
+        nodes: dict[int, dict[str, None]] = {}
+        output: dict[int, float] = {}
+        async with self._db.execute(runs_sql, args) as cur:
+            async for job, node, output_at in cur:
+                nodes.setdefault(job, {})[node] = None
+                if output_at is not None and output_at > output.get(job, float("-inf")):
+                    output[job] = output_at
+        async with self._db.execute(alerts_sql, args) as cur:
+            counts = {job: count async for job, count in cur}
+        return {
+            job: JobActivity(
+                last_output=output.get(job), open_alerts=counts.get(job, 0), node_names=tuple(nodes.get(job, ()))
+            )
+            for job in nodes.keys() | counts.keys()
+        }
+
+    async def jobs_changed(self, since: float | None) -> tuple[float, list[Job], dict[int, JobActivity]]:
+        """The jobs changed since a cursor, for a client that follows the job list; returns the next cursor.
+
+        `since` None: every job not deleted. Else every job whose `updated` is at or after `since`, deleted ones
+        included (their `deleted` says so), with its activity (`job_activity`). The client calls again with
+        the cursor returned. No change is missed: this holds the store's write lock, so no transaction of this
+        process is half done while it reads, and the cursor is a stamp taken under that lock, so every later
+        transaction gets a stamp above it (`_next_stamp`), which `>=` finds. A job may come back twice; that
+        is harmless. (Writers in other processes, such as the CLI while no scheduler runs, stamp with their
+        own clock; the state_dir lock keeps them away while a scheduler serves this feed.)
+        """
+        async with self._writing:
+            cursor = self._next_stamp()
+            if since is None:
+                where, args = "j.deleted = 0", []
+            else:
+                where, args = "j.updated >= ?", [float(since)]
+            async with self._db.execute(f"SELECT * FROM jobs j WHERE {where} ORDER BY j.id", args) as cur:
+                rows = await cur.fetchall()
+            activity = await self._activity(where, args)
+        return cursor, [self._job_from_row(r) for r in rows], activity
+
+    # -- alerts ------------------------------------------------------------------------------------------------
+
+    async def alerts(
+        self, *, states: Iterable[str] = OPEN_ALERT_STATES, limit: int = 200, job: int | None = None
+    ) -> list[StoredAlert]:
+        """The newest `limit` alerts in these states (oldest first); `job`: only that job's."""
         wanted = list(states)
-        sql = f"SELECT * FROM alerts WHERE state IN ({','.join('?' * len(wanted))}) ORDER BY id DESC LIMIT ?"
-        async with self._db.execute(sql, (*wanted, limit)) as cur:
+        sql = f"SELECT * FROM alerts WHERE state IN ({','.join('?' * len(wanted))})"
+        args: list[Any] = [*wanted]
+        if job is not None:
+            sql += " AND job = ?"
+            args.append(job)
+        async with self._db.execute(sql + " ORDER BY id DESC LIMIT ?", (*args, limit)) as cur:
             rows = await cur.fetchall()
         return [_alert_from_row(r) for r in reversed(list(rows))]
+
+    async def alerts_by_id(self, ids: Iterable[int | str]) -> list[StoredAlert]:
+        """These alerts, in the order given; NotFound names the ids that do not exist."""
+        wanted = [_alert_id(i) for i in ids]
+        if not wanted:
+            return []
+        found: dict[int, StoredAlert] = {}
+        for chunk in _chunks(list(dict.fromkeys(wanted))):
+            sql = f"SELECT * FROM alerts WHERE id IN ({','.join('?' * len(chunk))})"
+            async with self._db.execute(sql, chunk) as cur:
+                found.update((r["id"], _alert_from_row(r)) for r in await cur.fetchall())
+        missing = [str(i) for i in wanted if i not in found]
+        if missing:
+            raise NotFound(f"no alert {', '.join(missing)}")
+        return [found[i] for i in wanted]
+
+    async def ack_alerts(self, ids: Iterable[int | str], *, by: str, now: float) -> list[StoredAlert]:
+        """Acknowledge open alerts (one event each); the others are left as they are. NotFound: unknown ids."""
+        return await self._set_alerts(ids, "acknowledged", by=by, now=now)
+
+    async def resolve_alerts(self, ids: Iterable[int | str], *, by: str, now: float) -> list[StoredAlert]:
+        """Resolve open or acknowledged alerts (one event each); resolved ones stay as they are."""
+        return await self._set_alerts(ids, "resolved", by=by, now=now)
+
+    async def _set_alerts(self, ids: Iterable[int | str], state: str, *, by: str, now: float) -> list[StoredAlert]:
+        wanted = await self.alerts_by_id(ids)
+        async with self.jobs_tx(f"mark alerts {state}") as tx:
+            for alert in wanted:
+                await tx.set_alert_state(alert.id, state, by=by, now=now)
+        return await self.alerts_by_id(a.id for a in wanted)
+
+    async def open_node_alerts(self) -> dict[str, set[str]]:
+        """The kinds of alert open or acknowledged per node."""
+        sql = "SELECT DISTINCT node, kind FROM alerts WHERE node IS NOT NULL AND state IN ('open', 'acknowledged')"
+        out: dict[str, set[str]] = {}
+        async with self._db.execute(sql) as cur:
+            async for node, kind in cur:
+                out.setdefault(node, set()).add(kind)
+        return out
+
+    async def node_faults(self) -> dict[str, int]:
+        """How many times each node became unhealthy, unreachable or isolated (per its events)."""
+        async with self._db.execute("SELECT name, faults FROM nodes") as cur:
+            return {name: faults async for name, faults in cur}
 
 
 @dataclass(frozen=True)
@@ -393,12 +546,49 @@ class StoredAlert:
     job: int | None
     node: str | None
     message: str
-    state: str
+    state: str  # open | acknowledged | resolved
     acked_by: str | None
+    acked_at: float | None
+    resolved_at: float | None
+    resolved_by: str | None
     data: dict[str, Any]
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class NewAlert:
+    """An alert to raise about a job or a node."""
+
+    time: float
+    kind: str  # job_failed | node_unhealthy | node_unreachable | host_key
+    severity: str  # error | critical
+    message: str
+    job: int | None = None
+    node: str | None = None
+
+
+@dataclass(frozen=True)
+class AutoResolve:
+    """Resolve, as ftconsole, a node's open and acknowledged alerts of one kind; `why` goes in the event."""
+
+    time: float
+    node: str
+    kind: str
+    why: str
+
+
+@dataclass(frozen=True)
+class JobActivity:
+    """What a job listing shows beyond the job row (`Store.job_activity`)."""
+
+    last_output: float | None = None  # the latest output.log mtime over the current attempt's runs
+    open_alerts: int = 0  # open and acknowledged alerts about the job
+    node_names: tuple[str, ...] = ()  # the current attempt's nodes, in rank order, each once
+
+    def to_json(self) -> dict[str, Any]:
+        return {"last_output": self.last_output, "open_alerts": self.open_alerts, "node_names": list(self.node_names)}
 
 
 class Conflict(StoreError):
@@ -426,20 +616,40 @@ _JOB_COLUMNS = frozenset(
 )
 _ATTEMPT_COLUMNS = frozenset({"started", "ended", "result", "message"})
 _RUN_COLUMNS = frozenset(
-    {"state", "pid", "exit_code", "signal", "started", "ended", "error", "stop_sent", "released", "run_dir"}
+    {
+        "state",
+        "pid",
+        "exit_code",
+        "signal",
+        "started",
+        "ended",
+        "error",
+        "stop_sent",
+        "released",
+        "run_dir",
+        "output_at",
+    }
 )
 
 
 class JobTx:
-    """The writes of one jobs transaction (see `Store.jobs_tx`)."""
+    """The writes of one jobs transaction (see `Store.jobs_tx`). Each write that concerns a job (its row, its
+    attempts, runs and alerts) sets the job's `updated` to `stamp`, so the job feed (`jobs_changed`) sees it."""
 
-    def __init__(self, db: aiosqlite.Connection) -> None:
+    def __init__(self, db: aiosqlite.Connection, stamp: float) -> None:
         self._db = db
+        self.stamp = stamp
+        self._touched: set[int] = set()
+
+    async def _touch(self, job_id: int) -> None:
+        if job_id not in self._touched:
+            await self._db.execute("UPDATE jobs SET updated = ? WHERE id = ?", (self.stamp, job_id))
+            self._touched.add(job_id)
 
     async def add_job(self, job: Job) -> int:
         cur = await self._db.execute(
-            "INSERT INTO jobs (name, owner, uid, spec, status, priority, project, access, submitted, cloned_from) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO jobs (name, owner, uid, spec, status, priority, project, access, submitted, cloned_from, "
+            "updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 job.name,
                 job.owner,
@@ -451,16 +661,18 @@ class JobTx:
                 job.access,
                 job.submitted,
                 job.cloned_from,
+                self.stamp,
             ),
         )
         assert cur.lastrowid is not None
+        self._touched.add(cur.lastrowid)
         return cur.lastrowid
 
     async def update_job(self, job_id: int, *, expect: Iterable[JobStatus] | None = None, **fields: Any) -> None:
         """Set columns of a job; with `expect`, only while its status is one of those (else `Conflict`)."""
         sql, args = _set_clause("jobs", _JOB_COLUMNS, fields)
-        sql += " WHERE id = ?"
-        args.append(job_id)
+        sql += ", updated = ? WHERE id = ?"
+        args.extend([self.stamp, job_id])
         if expect is not None:
             wanted = [s.value for s in expect]
             sql += f" AND status IN ({','.join('?' * len(wanted))})"
@@ -468,6 +680,7 @@ class JobTx:
         cur = await self._db.execute(sql, args)
         if cur.rowcount != 1:
             raise Conflict(f"job {job_id} changed meanwhile (expected status {', '.join(map(str, expect or ()))})")
+        self._touched.add(job_id)
 
     async def add_attempt(self, attempt: Attempt, runs: Iterable[Run]) -> None:
         await self._db.execute(
@@ -488,19 +701,23 @@ class JobTx:
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (r.job, r.attempt, r.rank, r.node, json.dumps(list(r.gpus)), r.run_dir, int(r.launch), r.state),
             )
+        await self._touch(attempt.job)
 
     async def update_attempt(self, job_id: int, number: int, **fields: Any) -> None:
         sql, args = _set_clause("attempts", _ATTEMPT_COLUMNS, fields)
         await self._db.execute(sql + " WHERE job = ? AND number = ?", (*args, job_id, number))
+        await self._touch(job_id)
 
     async def update_run(self, run: Run, **fields: Any) -> None:
         sql, args = _set_clause("runs", _RUN_COLUMNS, fields)
         await self._db.execute(
             sql + " WHERE job = ? AND attempt = ? AND rank = ?", (*args, run.job, run.attempt, run.rank)
         )
+        await self._touch(run.job)
 
     async def release_runs(self, job_id: int) -> None:
         await self._db.execute("UPDATE runs SET released = 1 WHERE job = ?", (job_id,))
+        await self._touch(job_id)
 
     async def event(
         self,
@@ -520,10 +737,102 @@ class JobTx:
     async def alert(
         self, time: float, kind: str, severity: str, message: str, *, job: int | None = None, node: str | None = None
     ) -> None:
-        await self._db.execute(
-            "INSERT INTO alerts (time, kind, severity, job, node, message) VALUES (?, ?, ?, ?, ?, ?)",
-            (time, kind, severity, job, node, message),
+        await _insert_alert(self._db, NewAlert(time, kind, severity, message, job=job, node=node), once=False)
+        if job is not None:
+            await self._touch(job)
+
+    async def set_alert_state(self, alert_id: int, state: str, *, by: str, now: float) -> bool:
+        """Acknowledge (an open alert) or resolve (an open or acknowledged one), with an event; False when it
+        was already so (nothing written)."""
+        changed = await _set_alert_state(self._db, alert_id, state, by=by, now=now)
+        if changed is not None and changed.job is not None:
+            await self._touch(changed.job)
+        return changed is not None
+
+
+async def _insert_alert(db: aiosqlite.Connection, alert: NewAlert, *, once: bool) -> None:
+    """Insert an alert; with `once`, only when none of its kind is open or acknowledged for its node or job."""
+    values: list[Any] = [alert.time, alert.kind, alert.severity, alert.job, alert.node, alert.message]
+    sql = "INSERT INTO alerts (time, kind, severity, job, node, message) SELECT ?, ?, ?, ?, ?, ?"
+    if once:
+        sql += (
+            " WHERE NOT EXISTS (SELECT 1 FROM alerts WHERE kind = ? AND node IS ? AND job IS ?"
+            " AND state IN ('open', 'acknowledged'))"
         )
+        values += [alert.kind, alert.node, alert.job]
+    await db.execute(sql, values)
+
+
+_ALERT_EVENT = {"acknowledged": "alert-acknowledged", "resolved": "alert-resolved"}
+
+
+async def _set_alert_state(
+    db: aiosqlite.Connection, alert_id: int, state: str, *, by: str, now: float, why: str = ""
+) -> StoredAlert | None:
+    """Move one alert to acknowledged or resolved, with its event; the alert as it was, or None if no change."""
+    if state == "acknowledged":
+        sql = "UPDATE alerts SET state = ?, acked_by = ?, acked_at = ? WHERE id = ? AND state = 'open'"
+    elif state == "resolved":
+        sql = (
+            "UPDATE alerts SET state = ?, resolved_by = ?, resolved_at = ? WHERE id = ?"
+            " AND state IN ('open', 'acknowledged')"
+        )
+    else:
+        raise ValueError(f"cannot set an alert to {state!r}")
+    async with db.execute("SELECT * FROM alerts WHERE id = ?", (alert_id,)) as cur:
+        row = await cur.fetchone()
+    if row is None:
+        return None
+    cur = await db.execute(sql, (state, by, now, alert_id))
+    if cur.rowcount != 1:
+        return None
+    alert = _alert_from_row(row)
+    what = f"job {alert.job}" if alert.job is not None else alert.node
+    message = f"alert {alert.id} ({alert.kind}, {what}) {state} by {by}" + (f": {why}" if why else "")
+    await db.execute(
+        "INSERT INTO events (time, kind, node, job, message, data) VALUES (?, ?, ?, ?, ?, ?)",
+        (
+            now,
+            _ALERT_EVENT[state],
+            alert.node,
+            None if alert.job is None else str(alert.job),
+            message,
+            json.dumps({"alert": alert.id, "kind": alert.kind, "by": by}),
+        ),
+    )
+    return alert
+
+
+async def _auto_resolve(db: aiosqlite.Connection, r: AutoResolve) -> None:
+    sql = "SELECT id FROM alerts WHERE node = ? AND kind = ? AND state IN ('open', 'acknowledged') ORDER BY id"
+    async with db.execute(sql, (r.node, r.kind)) as cur:
+        ids = [row[0] for row in await cur.fetchall()]
+    for alert_id in ids:
+        await _set_alert_state(db, alert_id, "resolved", by=AUTO, now=r.time, why=r.why)
+
+
+def is_fault(kind: str, data: dict[str, Any]) -> bool:
+    """A node event that counts as a fault: into unhealthy or unreachable, or isolated."""
+    return kind == "isolated" or (kind == "state-changed" and data.get("to") in FAULT_STATES)
+
+
+def _alert_id(value: Any) -> int:
+    try:
+        return int(str(value).strip().removeprefix("#"))
+    except ValueError:
+        raise UsageError(f"not an alert id: {value!r} (alert ids are numbers, as `ftconsole alerts` shows)") from None
+
+
+def _ids_filter(column: str, ids: Collection[int] | None) -> tuple[str, list[Any]]:
+    """A WHERE condition for these ids; for none given, or very many, every row (the caller picks)."""
+    if ids is None or len(ids) > 500:
+        return "1", []
+    return f"{column} IN ({','.join('?' * len(ids))})", list(ids)
+
+
+def _chunks(items: list[Any], size: int = 500) -> Iterator[list[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
 
 
 def _set_clause(table: str, allowed: frozenset[str], fields: dict[str, Any]) -> tuple[str, list[Any]]:

@@ -16,7 +16,8 @@ prepare {run_dir, argv, env, files, steps?}
 status  {root} or {run_dirs}
         Every run under root (<root>/<job>/<attempt>/<rank>/status.json), or only the given run folders, in
         one JSON document; a run whose supervisor died without writing an end reads state "lost". A given
-        run folder without status.json reads state "absent".
+        run folder without status.json reads state "absent". Each status also carries output_mtime and
+        output_size, output.log's mtime (epoch seconds) and size, once there is one: the progress heartbeat.
 port    {}
         A TCP port free on this node now (bound to port 0 and released), for MASTER_PORT.
 stop    {run_dirs, grace?}
@@ -290,22 +291,24 @@ def _with_liveness(status):
     return status
 
 
+def _with_output(run_dir, status):
+    """The status with output.log's mtime and size (a run that prints is making progress)."""
+    try:
+        st = os.stat(os.path.join(run_dir, "output.log"))
+    except OSError:
+        return status
+    return dict(status, output_mtime=st.st_mtime, output_size=st.st_size)
+
+
 def runs(params):
     out = []  # type: List[Dict[str, Any]]
     if params.get("run_dirs") is not None:
         for given in params["run_dirs"]:
             run_dir = _expand(given)
             status = _read_json(os.path.join(run_dir, STATUS))
+            status = _with_output(run_dir, _with_liveness(status)) if status is not None else {"state": "absent"}
             parts = run_dir.rstrip("/").split("/")
-            out.append(
-                {
-                    "run_dir": given,
-                    "job": parts[-3],
-                    "attempt": parts[-2],
-                    "rank": parts[-1],
-                    "status": _with_liveness(status) if status is not None else {"state": "absent"},
-                }
-            )
+            out.append({"run_dir": given, "job": parts[-3], "attempt": parts[-2], "rank": parts[-1], "status": status})
         return {"runs": out}
     root = _expand(params.get("root") or "~/.ftconsole/runs")
     if not os.path.isdir(root):
@@ -319,9 +322,11 @@ def runs(params):
             if not os.path.isdir(attempt_dir):
                 continue
             for rank in sorted(os.listdir(attempt_dir)):
-                status = _read_json(os.path.join(attempt_dir, rank, STATUS))
+                run_dir = os.path.join(attempt_dir, rank)
+                status = _read_json(os.path.join(run_dir, STATUS))
                 if status is not None:
-                    out.append({"job": job, "attempt": attempt, "rank": rank, "status": _with_liveness(status)})
+                    status = _with_output(run_dir, _with_liveness(status))
+                    out.append({"job": job, "attempt": attempt, "rank": rank, "status": status})
     return {"root": root, "runs": out}
 
 

@@ -29,6 +29,7 @@ from textual.screen import Screen
 from textual.widgets import ContentSwitcher, DataTable, Footer, Header, Input
 from textual.worker import Worker, WorkerCancelled, WorkerFailed, WorkerState
 
+from ftconsole.tui import rows as R
 from ftconsole.tui.detail import JobScreen, NodeScreen
 from ftconsole.tui.dialogs import ChoiceDialog, ConfirmDialog, PromptDialog, SubmitDialog
 from ftconsole.tui.feed import Feed
@@ -125,8 +126,9 @@ class ConsoleApp(App[int]):
         Binding("R", "resolve", "Resolve"),
     ]
     CSS = """
-    #filter { dock: bottom; display: none; }
-    #filter.visible { display: block; }
+    #views { height: 1fr; }
+    #filter { height: 1; border: none; padding: 0 1; background: $boost; }
+    #filter:focus { background: $accent 30%; }
     """
 
     def __init__(
@@ -137,8 +139,11 @@ class ConsoleApp(App[int]):
         client: Any = None,
         clock: Callable[[], float] = time.time,
         refresh_s: float = REFRESH_S,
+        theme: str | None = None,
     ) -> None:
         super().__init__()
+        if theme is not None:  # "light", "dark" or any Textual theme name; also from the palette (ctrl+p)
+            self.theme = {"light": "textual-light", "dark": "textual-dark"}.get(theme, theme)
         self.loaded = loaded
         self.readonly = readonly
         self.clock = clock
@@ -160,7 +165,7 @@ class ConsoleApp(App[int]):
             yield AlertsView(id="alerts")
             yield EventsView(id="events")
             yield ClusterView(id="cluster")
-        yield Input(placeholder="filter (regular expression); enter applies, esc cancels, empty clears", id="filter")
+        yield Input(placeholder="/ filters the view (a regular expression; enter applies, esc cancels)", id="filter")
         yield Footer()
 
     @property
@@ -169,6 +174,8 @@ class ConsoleApp(App[int]):
         return self.query_one(f"#{switcher.current}", View)
 
     async def on_mount(self) -> None:
+        self.theme_changed_signal.subscribe(self, self._theme_changed)
+        R.use_palette("dark" if self.current_theme.dark else "light")
         if self.client is None:
             self.connect()
         else:
@@ -245,6 +252,12 @@ class ConsoleApp(App[int]):
             alerts = sum(1 for a in self.feed.alerts.values() if a["state"] == "open")
             self.title = f"ftconsole · {alerts} open alert{'s' * (alerts != 1)}" if alerts else "ftconsole"
 
+    def _theme_changed(self, theme: Any) -> None:
+        R.use_palette("dark" if theme.dark else "light")
+        for view in self.query(View):
+            view.restyle()
+        self.apply_view()
+
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         """The one place where a worker's unexpected error becomes a notification."""
         if event.state is WorkerState.ERROR and event.worker.error is not None:
@@ -265,8 +278,7 @@ class ConsoleApp(App[int]):
     def action_filter(self) -> None:
         bar = self.query_one("#filter", Input)
         bar.value = self.view.pattern.pattern if self.view.pattern else ""
-        bar.add_class("visible")
-        bar.focus()
+        self.set_focus(bar)  # now, not after a refresh: what is typed right after `/` goes to the filter
 
     @on(Input.Submitted, "#filter")
     def filter_submitted(self, event: Input.Submitted) -> None:
@@ -275,17 +287,19 @@ class ConsoleApp(App[int]):
         except ValueError as exc:
             self.notify(str(exc), title="filter", severity="error")
             return
-        self._close_filter()
+        event.stop()
+        # Focus moves back to the table only once this key is done with: the table would take the same enter
+        # as "open the row" (seen in a real terminal, not under the pilot).
+        self.call_after_refresh(self._close_filter)
         self.apply_view()
 
     def _close_filter(self) -> None:
-        bar = self.query_one("#filter", Input)
-        bar.remove_class("visible")
-        self.view.table.focus()
+        self.set_focus(self.view.table)
 
     def action_escape(self) -> None:
         bar = self.query_one("#filter", Input)
-        if bar.has_class("visible"):
+        if bar.has_focus:
+            bar.value = self.view.pattern.pattern if self.view.pattern else ""
             self._close_filter()
         elif self.view.marked:
             self.view.marked.clear()
@@ -529,8 +543,7 @@ class ConsoleApp(App[int]):
             return
         # Nothing is drawn while the shell has the terminal (batch_update), and this waits without blocking
         # the event loop, so the embedded scheduler and its API go on serving.
-        with self.batch_update(), self.suspend():
-            print(f"\n{shell.banner}\n", flush=True)
+        with self.batch_update(), self.suspend():  # the remote side prints the banner (where you are)
             process = await asyncio.create_subprocess_exec(*shell.argv)
             code = await process.wait()
         self.refresh(layout=True)

@@ -79,7 +79,7 @@ class DetailScreen(Screen[None]):
 
     def _age(self) -> Text:
         if self.error:
-            return Text(f"  {self.error}", style="bold red")
+            return Text(f"  {self.error}", style=R.style("bad"))
         if self.fetched is None:
             return Text("  loading…", style="dim")
         return Text(f"  data {age(self.clock() - self.fetched)} old", style="dim")

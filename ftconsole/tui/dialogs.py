@@ -20,6 +20,7 @@ from textual.screen import ModalScreen
 from textual.suggester import SuggestFromList
 from textual.widgets import Input, Label, OptionList, Static
 
+from ftconsole.tui import rows as R
 from scheduler.errors import ConfigError, FtError
 
 DIALOG_CSS = """
@@ -170,7 +171,7 @@ class SubmitDialog(ModalScreen[dict[str, Any] | None]):
 
         result = self.query_one("#result", Static)
         if not value:
-            result.update(Text("give the path of a job file", style="bold red"))
+            result.update(Text("give the path of a job file", style=R.style("bad")))
             return
         path = Path(value).expanduser()
         try:
@@ -181,14 +182,14 @@ class SubmitDialog(ModalScreen[dict[str, Any] | None]):
             return
         except FtError as exc:
             self.problems = [str(exc)]
-            result.update(Text(str(exc), style="bold red"))
+            result.update(Text(str(exc), style=R.style("bad")))
             return
         self.problems = []
         doc = spec.to_json()
         try:
             decision = await self.predict(doc)
         except FtError as exc:
-            result.update(Text(f"the scheduler refuses it: {exc}", style="bold red"))
+            result.update(Text(f"the scheduler refuses it: {exc}", style=R.style("bad")))
             return
         result.update(prediction_text(spec.name, decision))
         self.ready = doc
@@ -210,23 +211,23 @@ def problems_in_place(path: Path, error: ConfigError) -> Text:
         else:
             loose.append(message)
     out = Text()
-    out.append(f"{len(error.problems)} problem(s) in {path}\n", style="bold red")
+    out.append(f"{len(error.problems)} problem(s) in {path}\n", style=R.style("bad"))
     for message in loose:
-        out.append(f"  ✗ {message}\n", style="bold red")
+        out.append(f"  ✗ {message}\n", style=R.style("bad"))
     for number, line in enumerate(lines, 1):
         bad = number in by_line
-        out.append(f"{number:4} ", style="bold red" if bad else "dim")
+        out.append(f"{number:4} ", style=R.style("bad" if bad else "muted"))
         out.append(f"{line}\n", style="bold" if bad else "")
         for message in by_line.get(number, []):
-            out.append(f"     ^ {message}\n", style="bold red")
+            out.append(f"     ^ {message}\n", style=R.style("bad"))
     return out
 
 
 def prediction_text(name: str, decision: dict[str, Any]) -> Text:
     if decision.get("starts_now"):
         where = ", ".join(f"{n['node']} GPUs {','.join(map(str, n['gpus']))}" for n in decision.get("nodes", []))
-        return Text.assemble(("✓ ", "green"), (name, "bold"), " is valid and would start now on ", where)
-    out = Text.assemble(("✓ ", "green"), (name, "bold"), " is valid; it would wait")
+        return Text.assemble(("✓ ", R.style("ok")), (name, "bold"), " is valid and would start now on ", where)
+    out = Text.assemble(("✓ ", R.style("ok")), (name, "bold"), " is valid; it would wait")
     if decision.get("position") is not None:
         out.append(f" at position {decision['position']} in the queue")
     out.append(f": {decision.get('reason')}")

@@ -25,27 +25,54 @@ Row = tuple[Cell, ...]
 STALL_AFTER_S = 600.0  # a running job without new output for this long is shown as stalled
 FAILED_RECENT_S = 6 * 3600.0  # a job that failed this recently stays among the jobs that need attention
 
+# Styles name a role; the palette of the terminal's background (dark or light, see `use_palette`) gives the
+# colour. Every role also reads without colour: the words are there, and bad states are bold or reversed.
+PALETTES = {
+    "dark": {
+        "ok": "green", "ok_dim": "dim green", "warn": "yellow", "warn_strong": "bold yellow reverse",
+        "bad": "bold red", "bad_strong": "bold red reverse", "info": "cyan", "info_strong": "bold cyan reverse",
+        "odd": "bold magenta", "muted": "dim", "strong": "bold",
+    },
+    "light": {
+        "ok": "green4", "ok_dim": "dark_green", "warn": "dark_orange3", "warn_strong": "bold dark_orange3 reverse",
+        "bad": "bold red3", "bad_strong": "bold red3 reverse", "info": "dark_cyan",
+        "info_strong": "bold dark_cyan reverse", "odd": "bold magenta3", "muted": "dim", "strong": "bold",
+    },
+}  # fmt: skip
+_palette = dict(PALETTES["dark"])
+
+
+def use_palette(name: str) -> None:
+    """Colours for a dark or a light background (the app calls this when its theme changes)."""
+    _palette.clear()
+    _palette.update(PALETTES["light" if name == "light" else "dark"])
+
+
+def style(role: str | None) -> str:
+    return _palette.get(role, role) if role else ""
+
+
 STATUS_STYLE = {
-    "running": "green",
-    "queued": "yellow",
-    "succeeded": "dim green",
-    "error": "bold red",
-    "stopped": "dim",
-    "expired": "magenta",
-    "stopping": "yellow",
-    "stalled": "bold yellow reverse",
+    "running": "ok",
+    "queued": "warn",
+    "succeeded": "ok_dim",
+    "error": "bad",
+    "stopped": "muted",
+    "expired": "odd",
+    "stopping": "warn",
+    "stalled": "warn_strong",
 }
 NODE_STATE_STYLE = {
-    "healthy": "green",
-    "degraded": "yellow",
-    "unhealthy": "bold red",
-    "unreachable": "bold magenta",
-    "drained": "cyan",
-    "isolated": "bold cyan reverse",
-    "unknown": "dim",
+    "healthy": "ok",
+    "degraded": "warn",
+    "unhealthy": "bad",
+    "unreachable": "odd",
+    "drained": "info",
+    "isolated": "info_strong",
+    "unknown": "muted",
 }
-SEVERITY_STYLE = {"critical": "bold red reverse", "error": "bold red", "warning": "yellow", "info": "dim"}
-CHECK_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
+SEVERITY_STYLE = {"critical": "bad_strong", "error": "bad", "warning": "warn", "info": "muted"}
+CHECK_STYLE = {"pass": "ok", "warn": "warn", "fail": "bad", "skip": "muted"}
 # Worst first, so the nodes that need attention are at the top.
 NODE_STATE_ORDER = ("unreachable", "unhealthy", "isolated", "degraded", "drained", "unknown", "healthy")
 PRIORITY_RANK = {"very-urgent": 0, "urgent": 1, "normal": 2}
@@ -53,8 +80,9 @@ SPARK = " ▁▂▃▄▅▆▇█"
 MARK = "●"
 
 
-def styled(value: str, style: str | None) -> Cell:
-    return Text(value, style=style) if style else value
+def styled(value: str, role: str | None) -> Cell:
+    """`value` in the style of `role` (a palette role such as "bad", or a plain Rich style)."""
+    return Text(value, style=style(role)) if role else value
 
 
 @dataclass(frozen=True)
@@ -131,7 +159,7 @@ def job_cells(job: Mapping[str, Any], now: float, marked: bool = False) -> Row:
     if last is not None:
         output = age(now - float(last)) if status_live(job) else "done"
         if state == "stalled":
-            output = Text(age(now - float(last)), style="bold yellow")
+            output = styled(age(now - float(last)), "warn")
     alerts = int(job.get("open_alerts") or 0)
     where = job.get("node_names") or []
     return (
@@ -140,13 +168,13 @@ def job_cells(job: Mapping[str, Any], now: float, marked: bool = False) -> Row:
         str(job["name"]),
         str(job["owner"]),
         styled(state, STATUS_STYLE.get(state)),
-        styled(str(job["priority"]), "bold" if job["priority"] != "normal" else None),
+        styled(str(job["priority"]), "strong" if job["priority"] != "normal" else None),
         str(job["mode"]),
         f"{job['nodes']}x{job['gpus_per_node']}",
         str(job.get("attempt") or 0),
         runtime,
         output,
-        styled(f"!{alerts}", "bold red") if alerts else "",
+        styled(f"!{alerts}", "bad") if alerts else "",
         compress_names(where),
         str(job.get("message") or ""),
     )
@@ -225,7 +253,7 @@ def node_cells(node: Mapping[str, Any], now: float, history: Sequence[float | No
         ",".join(str(j) for j in job_ids[:4]) + ("…" if len(job_ids) > 4 else ""),
         "-" if util is None else f"{util:.0f}%",
         sparkline(history),
-        styled(str(faults), "yellow") if faults else "0",
+        styled(str(faults), "warn") if faults else "0",
         age(now - float(last)) if last is not None else "never",
         "; ".join(node.get("reasons") or []),
     )
@@ -268,7 +296,7 @@ def alert_cells(alert: Mapping[str, Any], now: float, marked: bool = False) -> R
         age(now - float(alert["time"])),
         styled(str(alert["severity"]), SEVERITY_STYLE.get(str(alert["severity"]))),
         str(alert["kind"]),
-        styled(state, "bold" if alert["state"] == "open" else "dim"),
+        styled(state, "strong" if alert["state"] == "open" else "muted"),
         subject,
         str(alert["message"]),
     )
@@ -293,7 +321,7 @@ def event_cells(event: Mapping[str, Any], now: float) -> Row:
     subject = f"job {event['job']}" if event.get("job") else str(event.get("node") or "")
     kind = str(event["kind"])
     bad = any(w in kind.lower() for w in ("fail", "error", "unhealthy", "unreachable", "isolat"))
-    return (when, styled(kind, "red" if bad else None), subject, str(event["message"]))
+    return (when, styled(kind, "bad" if bad else None), subject, str(event["message"]))
 
 
 # -- cluster resources (seed 003) ------------------------------------------------------------------------------

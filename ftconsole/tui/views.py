@@ -75,11 +75,14 @@ class View(Vertical):
             parts += ["  ", (f"{len(self.marked)} marked", "bold")]
         errors = [feed.sources[s].error for s in self.sources if feed.sources[s].error]
         if errors:
-            parts += ["  ", (str(errors[0]), "bold red")]
+            parts += ["  ", (str(errors[0]), R.style("bad"))]
         ages = [feed.age(s) for s in self.sources]
         known = [a for a in ages if a is not None]
         parts += ["  ", (f"data {age(max(known))} old" if len(known) == len(ages) else "loading…", "dim")]
         self.query_one(".view-title", Static).update(Text.assemble(*parts))
+
+    def restyle(self) -> None:
+        """The palette changed: cells kept from earlier updates must be built again."""
 
     def set_filter(self, text: str) -> None:
         """ValueError for an invalid expression (the old filter stays)."""
@@ -109,6 +112,9 @@ class JobsView(View):
         self._order_keys: dict[int, tuple[Any, ...]] = {}
         self._order: list[str] = []
 
+    def restyle(self) -> None:
+        self._cache.clear()
+
     def build(self, feed: Feed, now: float) -> tuple[dict[str, R.Row], list[str]]:
         rows: dict[str, R.Row] = {}
         order_keys: dict[int, tuple[Any, ...]] = {}
@@ -135,7 +141,7 @@ class JobsView(View):
         parts: list[Any] = []
         for state in ("stalled", "error", "running", "stopping", "queued"):
             if counts.get(state):
-                parts += [(f"{counts[state]} {state}", R.STATUS_STYLE.get(state, "")), " · "]
+                parts += [(f"{counts[state]} {state}", R.style(R.STATUS_STYLE.get(state))), " · "]
         parts.append(f"{len(feed.jobs)} jobs")
         return Text.assemble(*parts)
 
@@ -162,7 +168,7 @@ class NodesView(View):
         parts: list[Any] = []
         for state in R.NODE_STATE_ORDER:
             if counts.get(state):
-                parts += [(f"{counts[state]} {state}", R.NODE_STATE_STYLE.get(state, "")), " · "]
+                parts += [(f"{counts[state]} {state}", R.style(R.NODE_STATE_STYLE.get(state))), " · "]
         gpus = sum(len(n.get("gpus") or []) for n in feed.nodes.values())
         held = sum(len(n.get("held") or []) for n in feed.nodes.values())
         parts.append(f"{len(feed.nodes)} nodes · GPUs {held}/{gpus} used")
@@ -183,7 +189,7 @@ class AlertsView(View):
     def summary(self, feed: Feed, now: float) -> Text:
         open_ = sum(1 for a in feed.alerts.values() if a["state"] == "open")
         acked = len(feed.alerts) - open_
-        return Text.assemble((f"{open_} open", "bold red" if open_ else "green"), f" · {acked} acknowledged")
+        return Text.assemble((f"{open_} open", R.style("bad" if open_ else "ok")), f" · {acked} acknowledged")
 
 
 class EventsView(View):
@@ -241,7 +247,7 @@ def _specs_text(cluster: Mapping[str, Any]) -> Text:
             state = str(s.get("state") or "?")
             lines += [
                 f"{s['spec']} ({s['gpus_per_node']} GPU/node): ",
-                (state, "green" if state == "idle" else "bold yellow"),
+                (state, R.style("ok" if state == "idle" else "warn_strong")),
                 f" {s['nodes_free']}/{s['nodes']} nodes free, {s['gpus_free']} GPUs   ",
             ]
         lines.append("\n")

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.sshd_cluster import SshdCluster
+from tests.sshd_cluster import SshdCluster, current_user
 
 pytestmark = pytest.mark.sshd
 TIMEOUT = 60
@@ -99,6 +99,21 @@ def test_cli_job_commands_against_serve(setup) -> None:
         assert cli("logs", str(job_id)).stdout == f"hello from {job_id}\n"
         failed = cli("submit", spec(tmp_path, "fails", "command: sh -c 'exit 4'\n"), "--wait", "--json", check=1)
         assert json.loads(failed.stdout)["status"] == "error"
+
+        # the failure raised an alert: acknowledge it, then resolve it
+        failed_id = json.loads(failed.stdout)["id"]
+        (alert,) = cli.json("alerts")
+        assert (alert["kind"], alert["job"], alert["state"]) == ("job_failed", failed_id, "open")
+        me = current_user()
+        acked = cli("alerts", "ack", str(alert["id"])).stdout
+        assert acked == f"alert {alert['id']} job_failed (job {failed_id}): acknowledged by {me}\n"
+        assert f"acknowledged ({me})" in cli("alerts").stdout
+        (resolved,) = cli.json("alerts", "resolve", str(alert["id"]))
+        assert (resolved["state"], resolved["resolved_by"]) == ("resolved", me)
+        assert cli.json("alerts") == [] and [a["id"] for a in cli.json("alerts", "--all")] == [alert["id"]]
+        assert "needs at least one alert id" in cli("alerts", "ack", check=2).stderr
+        assert "invalid choice: '7'" in cli("alerts", "7", check=2).stderr
+        assert cli("alerts", "resolve", "999", check=2).stderr == "ftconsole: not found: no alert 999\n"
 
         long_id = cli.json("submit", spec(tmp_path, "long", "command: sleep 300\ngpus_per_node: 2\n"))["id"]
         queued_id = cli.json("submit", spec(tmp_path, "next", "command: 'true'\ngpus_per_node: 2\n"))["id"]

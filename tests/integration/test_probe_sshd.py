@@ -115,7 +115,16 @@ async def test_gpu_fault_while_running_then_damped_recovery(sshd_cluster, tmp_pa
         assert twice.health.state.value == "healthy"
 
         kinds = [e.kind for e in await svc.events(node="node01")]
-        assert kinds == ["state-changed", "state-changed", "state-changed"]
+        # the fault raised a node_unhealthy alert, which the recovery resolved (with its event)
+        assert kinds == ["state-changed", "state-changed", "state-changed", "alert-resolved"]
+        (alert,) = await svc.store.alerts(states=("open", "acknowledged", "resolved"))
+        assert (alert.kind, alert.node, alert.state, alert.resolved_by) == (
+            "node_unhealthy",
+            "node01",
+            "resolved",
+            "ftconsole",
+        )
+        assert alert.message.startswith("node01 is unhealthy: gpu-health:")
 
 
 async def test_node_comes_back_after_down_and_up(sshd_cluster, tmp_path: Path) -> None:

@@ -289,3 +289,48 @@ async def test_logs_follow_streams_until_the_run_ends(sshd_cluster, tmp_path, so
         with pytest.raises(NotFound, match="has no rank 3"):
             async for _ in client.stream("logs", job=submitted["id"], rank=3):
                 pass
+
+
+async def test_last_output_advances_while_a_job_prints_and_the_feed_carries_it(
+    sshd_cluster, tmp_path, sock_dir
+) -> None:
+    cluster: SshdCluster = sshd_cluster(2, gpus=1)
+    loaded = write_config(cluster, tmp_path, sock_dir)
+    async with running(loaded) as (_, client):
+        start = await client.call("jobs_changed", since=None)
+        assert start["jobs"] == [] and isinstance(start["cursor"], float)
+        command = "sh -c 'for i in 1 2 3 4 5 6 7 8 9 10; do echo step $i; sleep 0.4; done'"
+        submitted = await client.call("submit", spec=job("printer", command, mode="pytorch", nodes=2))
+        assert (submitted["last_output"], submitted["open_alerts"], submitted["node_names"]) == (None, 0, [])
+        first = await until(client, submitted["id"], lambda j: j["last_output"] is not None, "the first output")
+        assert sorted(first["node_names"]) == ["node01", "node02"] and len(first["node_names"]) == 2
+        assert first["node_names"] == [r["node"] for r in first["attempts"][0]["runs"]]  # in rank order
+        assert max(r["output_at"] or 0 for r in first["attempts"][0]["runs"]) == first["last_output"]
+        later = await until(
+            client, submitted["id"], lambda j: (j["last_output"] or 0) > first["last_output"], "more output"
+        )
+        assert later["status"] == "running"
+
+        # the feed: everything at first, then only what changed, the job each time its output moved
+        feed = await client.call("jobs_changed", since=start["cursor"])
+        assert [j["id"] for j in feed["jobs"]] == [submitted["id"]] and feed["cursor"] > start["cursor"]
+        seen = feed["jobs"][0]["last_output"]
+        for _ in range(int(WAIT / 0.2)):
+            feed = await client.call("jobs_changed", since=feed["cursor"])
+            moved = [j for j in feed["jobs"] if j["id"] == submitted["id"] and j["last_output"] != seen]
+            if moved:
+                break
+            await asyncio.sleep(0.2)
+        assert moved and moved[0]["last_output"] > seen and set(moved[0]) >= {"open_alerts", "node_names"}
+        listed = {j["id"]: j for j in await client.call("jobs")}
+        assert listed[submitted["id"]]["node_names"] == first["node_names"]
+
+        done = await finished(client, submitted["id"])
+        assert done["status"] == "succeeded"
+        tail = await client.call("jobs_changed", since=feed["cursor"])
+        assert [(j["id"], j["status"]) for j in tail["jobs"]] == [(submitted["id"], "succeeded")]
+        assert (await client.call("jobs_changed", since=tail["cursor"]))["jobs"] == []
+        await client.call("delete", jobs=[submitted["id"]])
+        gone = await client.call("jobs_changed", since=tail["cursor"])
+        assert [(j["id"], j["deleted"]) for j in gone["jobs"]] == [(submitted["id"], True)]
+        assert (await client.call("jobs_changed", since=None))["jobs"] == []

@@ -21,6 +21,7 @@ def app(tmp_path: Path, **kwargs: object) -> ConsoleApp:
 
 
 async def _loaded(pilot) -> None:  # type: ignore[no-untyped-def]
+    pilot.app.sub_title = "cluster.yaml"  # not the test's temporary folder
     await pilot.app.refresh_data("jobs", "nodes", "alerts", "events", "cluster")
     await pilot.pause()
 
@@ -47,3 +48,19 @@ def test_readonly_hides_actions(snap_compare, tmp_path: Path) -> None:  # type: 
 
 def test_node_detail(snap_compare, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     assert snap_compare(app(tmp_path), press=["2", "_", "enter", "_", "_"], terminal_size=(160, 40), run_before=_loaded)
+
+
+def test_light_theme(snap_compare, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    assert snap_compare(app(tmp_path, theme="light"), press=["2", "_"], terminal_size=SIZE, run_before=_loaded)
+
+
+async def test_no_color_still_tells_states_apart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NO_COLOR", "1")
+    console = app(tmp_path)
+    async with console.run_test(size=SIZE) as pilot:
+        await _loaded(pilot)
+        await pilot.press("2")
+        await pilot.pause()
+        assert console.no_color
+        rows = console.view.table.to_rows()
+        assert rows["gpu04"][2] == "unreachable" and rows["gpu03"][2] == "degraded"  # words, not colours

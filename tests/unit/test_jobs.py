@@ -14,7 +14,7 @@ from scheduler.engine import Scheduler
 from scheduler.errors import PermissionDenied
 from scheduler.jobs import AllRunning, Attempt, Finish, Job, JobStatus, Run, StopOthers, StopReason, expired, settle
 from scheduler.jobspec import JobSpec
-from scheduler.store import Conflict, Store
+from scheduler.store import SCHEMA_VERSION, Conflict, Store
 
 SPEC = JobSpec.from_json({"name": "train", "command": "python3 train.py", "max_runtime": 60})
 
@@ -167,7 +167,7 @@ def test_expired(job: Job, now: float, expected: bool) -> None:
 
 async def test_store_jobs_round_trip_and_conditional_updates(tmp_path: Path) -> None:
     async with await Store.open(tmp_path / "state.db") as store:
-        assert await store.schema_version() == 2
+        assert await store.schema_version() == SCHEMA_VERSION
         async with store.jobs_tx("submit") as tx:
             job_id = await tx.add_job(make_job(status=JobStatus.QUEUED, started=None))
             await tx.event(1.0, "Pending", "submitted", job=job_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 from probes.health import NodeEvent, NodeHealth, NodeState
 from scheduler import store as store_mod
 from scheduler.errors import StoreError
+from scheduler.jobspec import JobSpec
 from scheduler.store import SCHEMA_VERSION, Store, StoredProbe
 
 
@@ -77,3 +79,44 @@ async def test_probe_history_is_bounded_per_node(tmp_path: Path, monkeypatch: py
         assert latest["a"].time == 5.0 and latest["a"].error == "down" and latest["b"].report == {}
     with sqlite3.connect(tmp_path / "state.db") as db:
         assert db.execute("SELECT COUNT(*) FROM probe_results WHERE node = 'a'").fetchone()[0] == 3
+
+
+async def test_a_version_2_store_is_migrated_with_its_history(tmp_path: Path) -> None:
+    """A store written by the previous release: migration 3 keeps every row and fills the new columns."""
+    path = tmp_path / "state.db"
+    spec = json.dumps(JobSpec.from_json({"name": "old", "command": "true"}).to_json())
+    with sqlite3.connect(path) as db:
+        for script in store_mod.MIGRATIONS[:2]:
+            db.executescript(script)
+        db.execute("PRAGMA user_version = 2")
+        db.execute(
+            "INSERT INTO jobs (name, owner, uid, spec, status, priority, project, access, submitted, started, ended) "
+            "VALUES ('old', 'ann', 1000, ?, 'error', 'normal', 'default', 'none', 10.0, 20.0, 30.0)",
+            (spec,),
+        )
+        db.execute("INSERT INTO nodes (name, health, reasons) VALUES ('gpu01', 'healthy', '[]')")
+        for to in ("unreachable", "healthy", "unhealthy"):
+            db.execute(
+                "INSERT INTO events (time, kind, node, message, data) VALUES (1.0, 'state-changed', 'gpu01', '', ?)",
+                (json.dumps({"to": to}),),
+            )
+        db.execute("INSERT INTO events (time, kind, node, message) VALUES (2.0, 'isolated', 'gpu01', 'x')")
+        db.execute(
+            "INSERT INTO alerts (time, kind, severity, job, message, state, acked_by, acked_at) "
+            "VALUES (5.0, 'job_failed', 'error', 1, 'failed', 'acknowledged', 'bob', 6.0)"
+        )
+    async with await Store.open(path) as store:
+        assert await store.schema_version() == SCHEMA_VERSION == 3
+        (job,) = await store.jobs()
+        assert (job.name, job.status.value) == ("old", "error")
+        assert await store.node_faults() == {"gpu01": 3}
+        (alert,) = await store.alerts()
+        assert (alert.state, alert.acked_by, alert.acked_at, alert.resolved_by) == ("acknowledged", "bob", 6.0, None)
+        assert (await store.job_activity())[job.id].open_alerts == 1
+        cursor, jobs, _ = await store.jobs_changed(29.0)  # updated was filled from the job's own times
+        assert [j.id for j in jobs] == [job.id] and cursor > 30.0
+        assert (await store.jobs_changed(30.5))[1] == []
+    with sqlite3.connect(path) as db:
+        indexes = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+        assert {"jobs_updated", "alerts_job", "alerts_node"} <= indexes
+        assert "output_at" in {row[1] for row in db.execute("PRAGMA table_info(runs)")}

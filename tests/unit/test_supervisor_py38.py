@@ -41,5 +41,7 @@ def test_supervisor_runs_steps_on_python38(tmp_path: Path) -> None:
             break
         time.sleep(0.05)
     assert (status["state"], status["exit_code"]) == ("exited", 3)
+    stat = (run_dir / "output.log").stat()  # the progress heartbeat: output.log's mtime and size
+    assert (status["output_mtime"], status["output_size"]) == (stat.st_mtime, stat.st_size)
     log = (run_dir / "output.log").read_text()
     assert "one\n" in log and "two\n" in log and "ftconsole: task b exited with code 3" in log

@@ -1,0 +1,283 @@
+"""The debug terminal: the system `ssh` argv for a shell on a node, or in a job's run folder, built as data.
+
+`ftconsole shell JOB [--rank N] [--attempt A] | NODE` execs the argv; the console suspends itself and runs
+it. Nothing here runs a process: `ssh_options` reads the config (and whether the ssh config file exists),
+the rest are pure functions of the config, the job as `show` returns it, and the node's state.
+
+The ssh client gets the scheduler's own settings (`scheduler.ssh.SSHPool`): the same known_hosts with host
+keys verified (`StrictHostKeyChecking=yes`, or `accept-new` under `host_key_policy: accept-new`; a changed
+key is refused either way), the same identity file, ssh config file, user and port, so `ftconsole shell`
+reaches exactly the hosts the scheduler reaches and no other.
+
+The remote command is one string in which every value (run folder, banner, command, interpreter) is quoted
+with `shlex.quote`; the job's env is not sent at all: a stdlib-only Python snippet (3.8) reads the run
+folder's `env.json` on the node, as the run supervisor does, and execs the shell with it. Like every remote
+command of the scheduler, it assumes a POSIX login shell on the node.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from scheduler.config import LoadedConfig, Node
+from scheduler.errors import NotFound, UsageError
+
+# Exit status of the remote side when the run folder (or $HOME) is not there; a command's own passes through.
+NO_FOLDER_EXIT = 2
+
+# Node side, Python 3.8, stdlib only. argv: run_dir banner [command]. The env is the run's: the session's
+# environment with env.json over it, values starting with "~/" expanded (supervisor.py `_child_env`).
+# Without a command: the banner on stderr, then an interactive (not login: a profile would reset PATH)
+# shell, $SHELL or bash or sh. With one: `sh -c COMMAND`, its exit status passed through.
+JOB_SNIPPET = """\
+import json, os, sys
+run_dir, banner, command = os.path.abspath(os.path.expanduser(sys.argv[1])), sys.argv[2], sys.argv[3:]
+if not os.path.isdir(run_dir):
+    sys.stderr.write("ftconsole: no run folder %s on this node\\n" % run_dir)
+    sys.exit(NO_FOLDER_EXIT)
+if not command:
+    os.write(2, os.fsencode(banner) + b"\\n")
+env = dict(os.environ)
+try:
+    with open(os.path.join(run_dir, "env.json")) as fh:
+        extra = json.load(fh)
+    for key, value in extra.items():
+        value = str(value)
+        env[str(key)] = os.path.expanduser(value) if value.startswith("~/") else value
+except (OSError, ValueError, AttributeError) as exc:
+    sys.stderr.write("ftconsole: env.json not loaded (%s): the session env as it is\\n" % exc)
+os.chdir(run_dir)
+env["PWD"] = run_dir
+env.pop("OLDPWD", None)
+if command:
+    os.execve("/bin/sh", ["sh", "-c", command[0]], env)
+shell = os.environ.get("SHELL") or ""
+if not (shell.startswith("/") and os.access(shell, os.X_OK)):
+    shell = "/bin/bash" if os.access("/bin/bash", os.X_OK) else "/bin/sh"
+os.execve(shell, [shell, "-i"], env)
+""".replace("NO_FOLDER_EXIT", str(NO_FOLDER_EXIT))
+
+# POSIX sh. Without a command: the banner on stderr, then a login shell in $HOME (sshd starts sessions in the
+# account's home from the password database, which $HOME may override). With one: `sh -c COMMAND` in $HOME.
+NODE_INTERACTIVE = 'printf "%s\\n" "$1" >&2; cd "$HOME" || exit EXIT; exec "${SHELL:-/bin/sh}" -l'.replace(
+    "EXIT", str(NO_FOLDER_EXIT)
+)
+NODE_COMMAND = 'cd "$HOME" || exit EXIT; exec /bin/sh -c "$1"'.replace("EXIT", str(NO_FOLDER_EXIT))
+
+
+@dataclass(frozen=True)
+class ShellTarget:
+    """What to run for a debug shell: the ssh argv, the banner it prints first, the node it reaches."""
+
+    argv: list[str]
+    banner: str
+    node: str
+
+
+@dataclass(frozen=True)
+class SshOptions:
+    """The scheduler's ssh settings, resolved to the paths the system ssh client gets."""
+
+    known_hosts: Path
+    host_key_policy: str = "strict"
+    identity_file: Path | None = None
+    config_file: Path | None = None  # None: no ssh config file (`-F none`), as the scheduler then reads none
+    connect_timeout: float = 10.0
+    keepalive_interval: float = 15.0
+    python: str = "python3"
+
+
+class Client(Protocol):
+    """What `shell_target` needs of `scheduler.client.Client`."""
+
+    async def call(self, op: str, **args: Any) -> Any: ...
+
+
+def ssh_options(loaded: LoadedConfig) -> SshOptions:
+    """The options of `SSHPool.from_config`: relative paths resolved against the config file."""
+    s = loaded.cluster.ssh
+    known = loaded.resolve(s.known_hosts)
+    assert known is not None
+    config_file = loaded.resolve(s.config_file)
+    if config_file is not None and not config_file.exists():
+        config_file = None
+    return SshOptions(
+        known_hosts=known,
+        host_key_policy=s.host_key_policy,
+        identity_file=loaded.resolve(s.identity_file),
+        config_file=config_file,
+        connect_timeout=s.connect_timeout,
+        keepalive_interval=s.keepalive_interval,
+        python=s.python,
+    )
+
+
+def ssh_path(path: Path) -> str:
+    """A path as ssh's config parser reads it back literally: '%' doubled (tokens), quoted when it has blanks."""
+    text = str(path).replace("%", "%%")
+    if any(c.isspace() or c in "\"'\\" for c in text):
+        text = '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return text
+
+
+def ssh_argv(options: SshOptions, node: Node, remote_command: str, *, tty: bool) -> list[str]:
+    """The system ssh client's argv for `remote_command` on `node`; `tty`: a pseudo-terminal (-t) or not (-T)."""
+    argv = [
+        "ssh",
+        "-t" if tty else "-T",
+        "-F",
+        ssh_path(options.config_file) if options.config_file is not None else "none",
+        "-o",
+        "StrictHostKeyChecking=" + ("accept-new" if options.host_key_policy == "accept-new" else "yes"),
+        "-o",
+        f"UserKnownHostsFile={ssh_path(options.known_hosts)}",
+        "-o",
+        "GlobalKnownHostsFile=/dev/null",
+        "-o",
+        f"ConnectTimeout={max(1, math.ceil(options.connect_timeout))}",
+        "-o",
+        "LogLevel=ERROR",
+    ]
+    if options.keepalive_interval > 0:
+        argv += ["-o", f"ServerAliveInterval={max(1, math.ceil(options.keepalive_interval))}"]
+    if options.identity_file is not None:
+        argv += ["-o", f"IdentityFile={ssh_path(options.identity_file)}"]  # -i would take quotes literally
+    if node.port is not None:
+        argv += ["-p", str(node.port)]
+    if node.user:
+        argv += ["-l", node.user]
+    return [*argv, "--", node.host, remote_command]
+
+
+# -- remote commands -------------------------------------------------------------------------------------
+
+
+def job_remote_command(run_dir: str, *, banner: str, command: str | None = None, python: str = "python3") -> str:
+    """Start in `run_dir` with the run's env: an interactive shell after `banner`, or `sh -c command`."""
+    argv = ["exec", python, "-c", JOB_SNIPPET, run_dir, banner]
+    if command is not None:
+        argv.append(command)
+    return shlex.join(argv)
+
+
+def node_remote_command(*, banner: str, command: str | None = None) -> str:
+    """A login shell in $HOME after `banner`, or `sh -c command` there."""
+    if command is None:
+        return shlex.join(["exec", "/bin/sh", "-c", NODE_INTERACTIVE, "sh", banner])
+    return shlex.join(["exec", "/bin/sh", "-c", NODE_COMMAND, "sh", command])
+
+
+# -- choosing the target ---------------------------------------------------------------------------------
+
+
+def is_job_id(target: str) -> bool:
+    """An all-digits target is a job id; anything else is a node name."""
+    return target.isascii() and target.isdigit()
+
+
+def find_node(loaded: LoadedConfig, name: str) -> Node:
+    nodes = {n.name: n for n in loaded.cluster.node_list()}
+    node = nodes.get(name)
+    if node is None:
+        raise NotFound(f"no node {name!r} in {loaded.file} (a job id is all digits)")
+    return node
+
+
+def pick_run(job: dict[str, Any], *, rank: int | None = None, attempt: int | None = None) -> dict[str, Any]:
+    """The run of `rank` (default 0) in `attempt` (default: the latest) of a job as `show` returns it."""
+    rank = 0 if rank is None else rank
+    attempts = {a["number"]: a for a in job["attempts"]}
+    if not attempts:
+        raise UsageError(f"job {job['id']} is {job['status']} and has no run yet: nothing to open a shell in")
+    number = max(attempts) if attempt is None else attempt
+    if number not in attempts:
+        raise NotFound(f"job {job['id']} has no attempt {number} (attempts: {sorted(attempts)})")
+    runs = {r["rank"]: r for r in attempts[number]["runs"]}
+    if rank not in runs:
+        raise NotFound(f"job {job['id']} attempt {number} has no rank {rank} (ranks: {sorted(runs)})")
+    run = runs[rank]
+    if run["state"] == "intent":
+        raise UsageError(f"job {job['id']} rank {rank} is being started: try again in a moment")
+    return dict(run)
+
+
+def _run_state(run: dict[str, Any]) -> str:
+    if run["state"] != "exited":
+        return str(run["state"])
+    return f"exited, {run['signal']}" if run["signal"] else f"exited with code {run['exit_code']}"
+
+
+def job_banner(job: dict[str, Any], run: dict[str, Any]) -> str:
+    return (
+        f"ftconsole: job {job['id']} ({job['name']}, {job['status']}) attempt {run['attempt']} rank {run['rank']} "
+        f"({_run_state(run)}) on {run['node']}:{run['run_dir']} - env of the run loaded; exit to return"
+    )
+
+
+def node_banner(node: str, state: str | None = None, reasons: Sequence[str] = ()) -> str:
+    how = "" if state is None else f" ({state}{': ' + '; '.join(reasons) if reasons else ''})"
+    return f"ftconsole: node {node}{how} - login shell in $HOME; exit to return"
+
+
+def job_shell(
+    loaded: LoadedConfig,
+    job: dict[str, Any],
+    *,
+    rank: int | None = None,
+    attempt: int | None = None,
+    command: str | None = None,
+    options: SshOptions | None = None,
+) -> ShellTarget:
+    """The shell in the run folder of a job (`show`'s JSON) rank's run, with its env."""
+    run = pick_run(job, rank=rank, attempt=attempt)
+    nodes = {n.name: n for n in loaded.cluster.node_list()}
+    node = nodes.get(run["node"])
+    if node is None:
+        raise NotFound(f"node {run['node']} of job {job['id']} rank {run['rank']} is not in {loaded.file} any more")
+    options = options or ssh_options(loaded)
+    banner = job_banner(job, run)
+    remote = job_remote_command(run["run_dir"], banner=banner, command=command, python=options.python)
+    return ShellTarget(argv=ssh_argv(options, node, remote, tty=command is None), banner=banner, node=node.name)
+
+
+def node_shell(
+    loaded: LoadedConfig,
+    node_name: str,
+    *,
+    state: str | None = None,
+    reasons: Sequence[str] = (),
+    command: str | None = None,
+    options: SshOptions | None = None,
+) -> ShellTarget:
+    """A login shell in $HOME on a configured node (NotFound for a name not in the config)."""
+    node = find_node(loaded, node_name)
+    options = options or ssh_options(loaded)
+    banner = node_banner(node.name, state, reasons)
+    remote = node_remote_command(banner=banner, command=command)
+    return ShellTarget(argv=ssh_argv(options, node, remote, tty=command is None), banner=banner, node=node.name)
+
+
+async def shell_target(
+    client: Client,
+    loaded: LoadedConfig,
+    target: str,
+    *,
+    rank: int | None = None,
+    attempt: int | None = None,
+    command: str | None = None,
+) -> ShellTarget:
+    """A job id (all digits: `show` through the client) or a node name (its state through `nodes`)."""
+    if is_job_id(target):
+        job = await client.call("show", job=int(target))
+        return job_shell(loaded, job, rank=rank, attempt=attempt, command=command)
+    if rank is not None or attempt is not None:
+        raise UsageError(f"--rank and --attempt are for a job, and {target!r} is a node name")
+    find_node(loaded, target)  # NotFound before asking the scheduler
+    views = await client.call("nodes", nodeset=target)
+    view = views[0] if views else {}
+    return node_shell(loaded, target, state=view.get("state"), reasons=view.get("reasons") or (), command=command)

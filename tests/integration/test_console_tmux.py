@@ -1,0 +1,103 @@
+"""The real program in a real terminal: `ftconsole` in tmux, driven with send-keys, read with capture-pane.
+
+The lab runs as its own background process (`ftconsole lab up`); the console runs the scheduler embedded.
+The test switches views, filters, opens a node's debug shell (the app suspends, the system `ssh -t` runs on the
+terminal, the app comes back when it exits) and quits, checking what is on the screen at each step.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed (apt-get install tmux)")
+
+FTCONSOLE = [sys.executable, "-c", "import sys; from ftconsole.cli import main; sys.exit(main())"]
+
+
+class Tmux:
+    def __init__(self, socket: Path) -> None:
+        self.socket = socket
+
+    def __call__(self, *args: str) -> str:
+        done = subprocess.run(["tmux", "-S", str(self.socket), *args], capture_output=True, text=True, timeout=10)
+        return done.stdout
+
+    def screen(self) -> str:
+        return self("capture-pane", "-p", "-t", "console")
+
+    def wait(self, *texts: str, timeout: float = 30.0) -> str:
+        deadline = time.monotonic() + timeout
+        screen = ""
+        while time.monotonic() < deadline:
+            screen = self.screen()
+            if all(t in screen for t in texts):
+                return screen
+            time.sleep(0.2)
+        raise AssertionError(f"timed out waiting for {texts!r} on the screen:\n{screen}")
+
+    def keys(self, *keys: str) -> None:
+        self("send-keys", "-t", "console", *keys)
+
+
+@pytest.fixture
+def lab_config(tmp_path: Path) -> Iterator[Path]:
+    lab_dir = Path(os.environ["FTCONSOLE_LAB_DIR"])
+    up = subprocess.run([*FTCONSOLE, "lab", "up", "--dir", str(lab_dir), "--nodes", "2"], capture_output=True,
+                        text=True, timeout=120)  # fmt: skip
+    assert up.returncode == 0, up.stderr
+    try:
+        yield lab_dir / "cluster.yaml"
+    finally:
+        subprocess.run([*FTCONSOLE, "lab", "down", "--dir", str(lab_dir)], capture_output=True, timeout=60)
+
+
+def test_console_in_a_real_terminal(tmp_path: Path, lab_config: Path) -> None:
+    tmux = Tmux(tmp_path / "tmux.sock")
+    command = " ".join([*(f"'{a}'" for a in FTCONSOLE), "--config", str(lab_config)])
+    env = {**os.environ, "TERM": "xterm-256color"}
+    env.pop("NO_COLOR", None)
+    started = subprocess.run(
+        ["tmux", "-S", str(tmux.socket), "new-session", "-d", "-s", "console", "-x", "150", "-y", "40", command],
+        env=env, capture_output=True, text=True, timeout=10,
+    )  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    try:
+        screen = tmux.wait("Jobs", "scheduler embedded", "q Quit")
+        tmux.keys("2")
+        screen = tmux.wait("Nodes", "lab01", "lab02", "healthy")
+        tmux.keys("/")
+        time.sleep(0.5)
+        tmux.keys("lab02", "Enter")
+        screen = tmux.wait("1 of 2")
+        assert "lab01" not in screen.split("1 of 2", 1)[1]
+
+        tmux.keys("s")  # the debug shell on lab02: the app gives the terminal to ssh -t
+        tmux.wait("lab02", "exit")
+        tmux.keys("echo marker-$((6*7))", "Enter")
+        screen = tmux.wait("marker-42")
+        tmux.keys("exit", "Enter")
+        screen = tmux.wait("Nodes", "1 of 2", "q Quit")  # the app is back, as it was
+        assert "marker-42" not in screen
+
+        tmux.keys("Escape")  # clears the filter
+        deadline = time.monotonic() + 10
+        while "1 of 2" in tmux.screen() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "lab01" in tmux.screen() and "1 of 2" not in tmux.screen()
+        tmux.keys("1")
+        tmux.wait("Jobs", "0 jobs")
+        tmux.keys("q")
+        deadline = time.monotonic() + 20
+        while "console" in tmux("list-sessions") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "console" not in tmux("list-sessions"), tmux.screen()
+    finally:
+        tmux("kill-server")

@@ -1,0 +1,228 @@
+"""`ftconsole shell` against real sshd nodes: the real CLI runs the system ssh client, with --command, --print
+and interactively under a pseudo-terminal (`script`), into a running job's rank and onto a node."""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.sshd_cluster import SshdCluster
+
+pytestmark = pytest.mark.sshd
+TIMEOUT = 60
+VALUE = 'it\'s a "value" with $(touch PWNED) and `id`'
+
+
+class Cli:
+    def __init__(self, config: Path) -> None:
+        self.env = {**os.environ, "FTCONSOLE_CONFIG": str(config), "TERM": "dumb"}
+
+    def __call__(self, *args: str, check: int | None = 0) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            [sys.executable, "-m", "ftconsole.cli", *args],
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+        )
+        if check is not None:
+            assert proc.returncode == check, f"{args}: exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+        return proc
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self(*args, "--json").stdout)
+
+    def interactive(self, *args: str, keys: str, wait_for: str) -> str:
+        """Run the CLI under a pseudo-terminal (`script`); type `keys` once `wait_for` was printed; all output."""
+        if shutil.which("script") is None:
+            pytest.skip("no `script` (util-linux) to give the CLI a pseudo-terminal")
+        command = shlex.join([sys.executable, "-m", "ftconsole.cli", *args])
+        proc = subprocess.Popen(
+            ["script", "-qefc", command, "/dev/null"],
+            env=self.env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        assert proc.stdin is not None and proc.stdout is not None
+        output = b""
+        typed = False
+        deadline = time.monotonic() + TIMEOUT
+        try:
+            with selectors.DefaultSelector() as sel:
+                sel.register(proc.stdout, selectors.EVENT_READ)
+                while True:
+                    left = deadline - time.monotonic()
+                    assert left > 0, f"no end of the session in {TIMEOUT}s: {output.decode(errors='replace')}"
+                    if not sel.select(timeout=min(left, 1.0)):
+                        continue
+                    chunk = os.read(proc.stdout.fileno(), 65536)
+                    if not chunk:
+                        break
+                    output += chunk
+                    if not typed and wait_for.encode() in output:
+                        proc.stdin.write(keys.encode())
+                        proc.stdin.flush()
+                        typed = True
+            assert proc.wait(TIMEOUT) == 0, output.decode(errors="replace")
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(TIMEOUT)
+            proc.stdin.close()
+            proc.stdout.close()
+        assert typed, f"never printed {wait_for!r}: {output.decode(errors='replace')}"
+        return output.decode(errors="replace").replace("\r\n", "\n")
+
+
+@pytest.fixture
+def setup(sshd_cluster, tmp_path: Path) -> Iterator[tuple[Cli, SshdCluster, Path, Path]]:
+    cluster: SshdCluster = sshd_cluster(2, gpus=1)
+    sock_dir = Path(tempfile.mkdtemp(prefix="ft-", dir="/tmp"))  # socket paths are limited to 107 bytes
+    config = cluster.write_config(
+        tmp_path / "cluster.yaml",
+        ssh={"python": sys.executable},
+        scheduler={"tick": "0.3s", "stop_grace": "2s"},
+        api={"socket": str(sock_dir / "ft.sock")},
+    )
+    try:
+        yield Cli(config), cluster, tmp_path, sock_dir
+    finally:
+        shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+def serve(cli: Cli, tmp_path: Path, sock_dir: Path) -> subprocess.Popen[bytes]:
+    log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115  (closed with the process)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ftconsole.cli", "serve"], env=cli.env, stdout=log, stderr=log, stdin=subprocess.DEVNULL
+    )
+    log.close()
+    deadline = time.monotonic() + TIMEOUT
+    while not (sock_dir / "ft.sock").exists():
+        assert proc.poll() is None, (tmp_path / "serve.log").read_text()
+        assert time.monotonic() < deadline, "serve never opened its socket"
+        time.sleep(0.1)
+    return proc
+
+
+def stop_serving(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(TIMEOUT)
+
+
+def until_runs(cli: Cli, job_id: int) -> dict[str, Any]:
+    """The job once every run of its latest attempt is running."""
+    deadline = time.monotonic() + TIMEOUT
+    shown: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        shown = cli.json("show", str(job_id))
+        assert shown["status"] in ("queued", "running"), shown["message"]
+        runs = shown["attempts"][-1]["runs"] if shown["attempts"] else []
+        if runs and all(r["state"] == "running" for r in runs):
+            return shown
+        time.sleep(0.2)
+    raise AssertionError(f"job {job_id} never had every run running: {json.dumps(shown)[:2000]}")
+
+
+def test_shell_into_a_running_jobs_rank(setup) -> None:
+    cli, cluster, tmp_path, sock_dir = setup
+    spec = tmp_path / "sleeper.yaml"
+    spec.write_text(
+        "name: sleeper\nmode: pytorch\nnodes: 2\ngpus_per_node: 1\ncommand: sleep 300\nworkdir: /tmp\n"
+        f"env: {{SHELL_TEST_VAR: {json.dumps(VALUE)}}}\n"
+    )
+    proc = serve(cli, tmp_path, sock_dir)
+    try:
+        job_id = cli.json("submit", str(spec))["id"]
+        shown = until_runs(cli, job_id)
+        runs = {r["rank"]: r for r in shown["attempts"][-1]["runs"]}
+        rank1 = runs[1]
+        assert rank1["run_dir"].startswith(str(cluster.node(rank1["node"]).home))
+
+        done = cli(
+            "shell",
+            str(job_id),
+            "--rank",
+            "1",
+            "--command",
+            'pwd; printf "%s\\n" "$SHELL_TEST_VAR" "$FTCONSOLE_LAB_NODE" "$RANK" "$FT_JOB_ID"',
+        )
+        assert done.stdout.splitlines() == [rank1["run_dir"], VALUE, rank1["node"], "1", str(job_id)]
+        assert done.stderr == ""
+        assert not list(tmp_path.parent.rglob("PWNED"))
+
+        rank0 = cli("shell", str(job_id), "--command", "pwd; echo $FTCONSOLE_LAB_NODE").stdout.splitlines()
+        assert rank0 == [runs[0]["run_dir"], runs[0]["node"]]
+        assert cli("shell", str(job_id), "--attempt", "1", "--command", "exit 7", check=7).stdout == ""
+
+        printed = shlex.split(cli("shell", str(job_id), "--rank", "1", "--print").stdout)
+        node = cluster.node(rank1["node"])
+        assert printed[:2] == ["ssh", "-t"] and printed[-2] == node.address
+        assert f"UserKnownHostsFile={cluster.known_hosts}" in printed and "StrictHostKeyChecking=yes" in printed
+        assert printed[printed.index("-p") + 1] == str(node.port)
+
+        missing = cli("shell", "999", "--command", "true", check=2)
+        assert missing.stderr == "ftconsole: not found: no job 999\n"
+        no_rank = cli("shell", str(job_id), "--rank", "5", check=2)
+        assert f"job {job_id} attempt 1 has no rank 5 (ranks: [0, 1])" in no_rank.stderr
+        no_attempt = cli("shell", str(job_id), "--attempt", "3", check=2)
+        assert f"job {job_id} has no attempt 3 (attempts: [1])" in no_attempt.stderr
+
+        # interactively, under a pseudo-terminal: the banner, then a shell in the run folder with the run's env
+        out = cli.interactive(
+            "shell",
+            str(job_id),
+            "--rank",
+            "1",
+            keys='echo "dir=$(pwd)" "rank=$RANK" marker-$((6*7)); exit\n',
+            wait_for="exit to return",
+        )
+        assert f"ftconsole: job {job_id} (sleeper, running) attempt 1 rank 1 (running) on {node.name}:" in out
+        assert f"dir={rank1['run_dir']} rank=1 marker-42" in out
+    finally:
+        stop_serving(proc)
+
+
+def test_shell_onto_a_node(setup) -> None:
+    cli, cluster, _tmp_path, _ = setup
+    node = cluster.node("node02")
+    done = cli("shell", "node02", "--command", 'echo "$FTCONSOLE_LAB_NODE"; pwd')
+    assert done.stdout.splitlines() == ["node02", str(node.home)]
+    assert cli("shell", "node01", "--command", "exit 3", check=3).stderr == ""
+
+    unknown = cli("shell", "node09", check=2)
+    assert unknown.stderr.startswith("ftconsole: not found: no node 'node09' in ")
+    assert cli("shell", "node01", "--rank", "1", check=2).stderr.startswith(
+        "ftconsole: bad input: --rank and --attempt"
+    )
+
+    out = cli.interactive("shell", "node01", keys="echo marker-$((6*7)) $FTCONSOLE_LAB_NODE; exit\n", wait_for="$HOME")
+    assert "ftconsole: node node01 (unknown: not probed yet) - login shell in $HOME; exit to return\n" in out
+    assert "marker-42 node01" in out
+
+
+def test_shell_refuses_a_changed_host_key(setup) -> None:
+    cli, cluster, _tmp_path, _ = setup
+    cluster.change_host_key("node01")
+    refused = cli("shell", "node01", "--command", "echo ran", check=255)
+    assert "ran" not in refused.stdout
+    assert "REMOTE HOST IDENTIFICATION HAS CHANGED" in refused.stderr or "verification failed" in refused.stderr

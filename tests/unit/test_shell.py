@@ -1,0 +1,420 @@
+"""The debug terminal's ssh argv and remote commands (scheduler/shell.py), from tables of cases.
+
+The remote commands are also run here, by a local `sh -c` standing in for the node's login shell, so hostile
+run folders, banners, commands and env values are seen to arrive literally.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scheduler.config import ClusterConfig, LoadedConfig, Node
+from scheduler.errors import NotFound, UsageError
+from scheduler.shell import (
+    NO_FOLDER_EXIT,
+    ShellTarget,
+    SshOptions,
+    is_job_id,
+    job_banner,
+    job_remote_command,
+    job_shell,
+    node_banner,
+    node_remote_command,
+    node_shell,
+    pick_run,
+    shell_target,
+    ssh_argv,
+    ssh_options,
+    ssh_path,
+)
+
+HOSTILE = [
+    "with space",
+    'it\'s "quoted"',
+    "$(touch PWNED)",
+    "`touch PWNED`",
+    "a;b|c&d>e<f",
+    "tab\there",
+    "new\nline",
+    "back\\slash",
+    "${HOME}",
+    "-n",
+    "ünïcødé",
+]
+
+
+def loaded(tmp_path: Path, **cluster: Any) -> LoadedConfig:
+    data: dict[str, Any] = {
+        "ssh": {"config_file": None, "known_hosts": "keys/known_hosts", "identity_file": "keys/id"},
+        "nodes": [
+            {"name": "gpu[01-02]", "host": "10.0.0.[1-2]", "port": 2201},
+            {"name": "cpu01", "user": "ops"},
+        ],
+    }
+    data.update(cluster)
+    return LoadedConfig(cluster=ClusterConfig.model_validate(data), file=tmp_path / "cluster.yaml")
+
+
+def opts(**fields: Any) -> SshOptions:
+    return SshOptions(**{"known_hosts": Path("/k/known_hosts"), **fields})
+
+
+BASE = [
+    "ssh",
+    "-t",
+    "-F",
+    "none",
+    "-o",
+    "StrictHostKeyChecking=yes",
+    "-o",
+    "UserKnownHostsFile=/k/known_hosts",
+    "-o",
+    "GlobalKnownHostsFile=/dev/null",
+    "-o",
+    "ConnectTimeout=10",
+    "-o",
+    "LogLevel=ERROR",
+    "-o",
+    "ServerAliveInterval=15",
+]
+
+
+@pytest.mark.parametrize(
+    ("options", "node", "tty", "expected"),
+    [
+        (opts(), Node("n1", "n1", None, None, "default"), True, [*BASE, "--", "n1", "CMD"]),
+        (
+            opts(),
+            Node("n1", "10.0.0.1", 2222, "root", "default"),
+            True,
+            [*BASE, "-p", "2222", "-l", "root", "--", "10.0.0.1", "CMD"],
+        ),
+        (
+            opts(identity_file=Path("/k/id_ed25519")),
+            Node("n1", "h", None, "alice", "default"),
+            False,
+            ["ssh", "-T", *BASE[2:], "-o", "IdentityFile=/k/id_ed25519", "-l", "alice", "--", "h", "CMD"],
+        ),
+        (
+            opts(host_key_policy="accept-new", config_file=Path("/k/ssh config"), keepalive_interval=0),
+            Node("n1", "-oProxyCommand=x", 22, None, "default"),
+            True,
+            [
+                "ssh",
+                "-t",
+                "-F",
+                '"/k/ssh config"',
+                "-o",
+                "StrictHostKeyChecking=accept-new",
+                *BASE[6:14],
+                "-p",
+                "22",
+                "--",
+                "-oProxyCommand=x",  # after `--`: a host, never an option
+                "CMD",
+            ],
+        ),
+        (
+            opts(connect_timeout=0.5, keepalive_interval=2.5),
+            Node("n1", "h", None, None, "default"),
+            True,
+            [*BASE[:11], "ConnectTimeout=1", "-o", "LogLevel=ERROR", "-o", "ServerAliveInterval=3", "--", "h", "CMD"],
+        ),
+    ],
+)
+def test_ssh_argv(options: SshOptions, node: Node, tty: bool, expected: list[str]) -> None:
+    assert ssh_argv(options, node, "CMD", tty=tty) == expected
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("/k/known_hosts", "/k/known_hosts"),
+        ("/k/100%/id", "/k/100%%/id"),
+        ("/k/a b/id", '"/k/a b/id"'),
+        ('/k/a"b/id', '"/k/a\\"b/id"'),
+        ("/k/a\\b", '"/k/a\\\\b"'),
+    ],
+)
+def test_ssh_path(path: str, expected: str) -> None:
+    assert ssh_path(Path(path)) == expected
+
+
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="no OpenSSH client")
+@pytest.mark.parametrize("name", ["plain", "with space", "100%", 'q"uote'])
+def test_ssh_reads_the_paths_back_literally(tmp_path: Path, name: str) -> None:
+    folder = tmp_path / name
+    folder.mkdir()
+    options = opts(known_hosts=folder / "known_hosts", identity_file=folder / "id")
+    argv = ssh_argv(options, Node("n1", "h.example", 2201, "bob", "default"), "true", tty=False)
+    out = subprocess.run(["ssh", "-G", *argv[1:-1]], capture_output=True, text=True, timeout=30, check=True).stdout
+    settings = [line.split(" ", 1) for line in out.splitlines()]
+    seen = {k: v for k, v in settings}
+    assert seen["hostname"] == "h.example" and seen["port"] == "2201" and seen["user"] == "bob"
+    assert seen["userknownhostsfile"] == str(folder / "known_hosts")  # shown after % expansion
+    # identityfile is shown before % expansion, which turns %% back into %
+    assert [v for k, v in settings if k == "identityfile"] == [str(folder / "id").replace("%", "%%")]
+    assert seen["stricthostkeychecking"] in ("true", "yes")
+    assert seen["globalknownhostsfile"] == "/dev/null"
+
+
+def test_ssh_options_mirror_the_scheduler(tmp_path: Path) -> None:
+    options = ssh_options(loaded(tmp_path))
+    assert options.known_hosts == tmp_path / "keys/known_hosts"
+    assert options.identity_file == tmp_path / "keys/id"
+    assert options.config_file is None
+    missing = ssh_options(loaded(tmp_path, ssh={"config_file": "nope/config"}))
+    assert missing.config_file is None  # as SSHPool.from_config: a missing file is not read
+    (tmp_path / "ssh_config").write_text("")
+    present = ssh_options(loaded(tmp_path, ssh={"config_file": "ssh_config", "host_key_policy": "accept-new"}))
+    assert present.config_file == tmp_path / "ssh_config" and present.host_key_policy == "accept-new"
+    assert present.identity_file is None and present.known_hosts == Path(os.path.expanduser("~/.ssh/known_hosts"))
+
+
+@pytest.mark.parametrize(
+    ("target", "job"),
+    [("12", True), ("0", True), ("node01", False), ("12a", False), ("gpu[01]", False), ("١٢", False), ("", False)],
+)
+def test_is_job_id(target: str, job: bool) -> None:
+    assert is_job_id(target) is job
+
+
+# -- choosing the run --------------------------------------------------------------------------------------
+
+
+def run(attempt: int, rank: int, node: str = "gpu01", state: str = "running", **fields: Any) -> dict[str, Any]:
+    doc = {
+        "attempt": attempt,
+        "rank": rank,
+        "node": node,
+        "run_dir": f"/h/.ftconsole/runs/7/{attempt}/{rank}",
+        "state": state,
+        "exit_code": None,
+        "signal": None,
+    }
+    return {**doc, **fields}
+
+
+def job(*attempts: list[dict[str, Any]], status: str = "running") -> dict[str, Any]:
+    return {
+        "id": 7,
+        "name": "llama",
+        "status": status,
+        "attempts": [{"number": i + 1, "runs": runs} for i, runs in enumerate(attempts)],
+    }
+
+
+TWO = job([run(1, 0), run(1, 1, "gpu02")], [run(2, 0, "gpu02"), run(2, 1, "gpu01"), run(2, 2, "cpu01")])
+
+
+@pytest.mark.parametrize(
+    ("rank", "attempt", "expected"),
+    [
+        (None, None, (2, 0, "gpu02")),
+        (1, None, (2, 1, "gpu01")),
+        (2, None, (2, 2, "cpu01")),
+        (1, 1, (1, 1, "gpu02")),
+        (None, 1, (1, 0, "gpu01")),
+    ],
+)
+def test_pick_run(rank: int | None, attempt: int | None, expected: tuple[int, int, str]) -> None:
+    chosen = pick_run(TWO, rank=rank, attempt=attempt)
+    assert (chosen["attempt"], chosen["rank"], chosen["node"]) == expected
+
+
+@pytest.mark.parametrize(
+    ("shown", "rank", "attempt", "error", "message"),
+    [
+        (job(status="queued"), None, None, UsageError, "job 7 is queued and has no run yet"),
+        (TWO, 3, None, NotFound, "job 7 attempt 2 has no rank 3 (ranks: [0, 1, 2])"),
+        (TWO, None, 5, NotFound, "job 7 has no attempt 5 (attempts: [1, 2])"),
+        (TWO, 2, 1, NotFound, "job 7 attempt 1 has no rank 2 (ranks: [0, 1])"),
+        (job([run(1, 0, state="intent")]), 0, None, UsageError, "job 7 rank 0 is being started"),
+    ],
+)
+def test_pick_run_refuses(
+    shown: dict[str, Any], rank: int | None, attempt: int | None, error: type, message: str
+) -> None:
+    with pytest.raises(error) as caught:
+        pick_run(shown, rank=rank, attempt=attempt)
+    assert message in str(caught.value)
+    assert caught.value.exit_code == 2
+
+
+@pytest.mark.parametrize(
+    ("the_run", "expected"),
+    [
+        (
+            run(2, 1),
+            "ftconsole: job 7 (llama, running) attempt 2 rank 1 (running) on gpu01:/h/.ftconsole/runs/7/2/1 - env of "
+            "the run loaded; exit to return",
+        ),
+        (run(1, 0, state="exited", exit_code=3), "attempt 1 rank 0 (exited with code 3) on gpu01:"),
+        (run(1, 0, state="exited", exit_code=None, signal="SIGKILL"), "(exited, SIGKILL)"),
+        (run(1, 0, state="prepared"), "(prepared)"),
+    ],
+)
+def test_job_banner(the_run: dict[str, Any], expected: str) -> None:
+    assert expected in job_banner(TWO, the_run)
+
+
+@pytest.mark.parametrize(
+    ("state", "reasons", "expected"),
+    [
+        (None, (), "ftconsole: node gpu01 - login shell in $HOME; exit to return"),
+        ("healthy", (), "ftconsole: node gpu01 (healthy) - login shell in $HOME; exit to return"),
+        ("degraded", ("gpu-temperature warn", "load warn"), "node gpu01 (degraded: gpu-temperature warn; load warn) -"),
+    ],
+)
+def test_node_banner(state: str | None, reasons: tuple[str, ...], expected: str) -> None:
+    assert expected in node_banner("gpu01", state, reasons)
+
+
+def test_job_shell_and_node_shell(tmp_path: Path) -> None:
+    cfg = loaded(tmp_path)
+    target = job_shell(cfg, TWO, rank=1)
+    assert target.node == "gpu01" and "rank 1" in target.banner
+    assert target.argv[1] == "-t" and target.argv[-2:-1] == ["10.0.0.1"] and "2201" in target.argv
+    remote = shlex.split(target.argv[-1])
+    assert remote[:3] == ["exec", "python3", "-c"] and remote[4:] == ["/h/.ftconsole/runs/7/2/1", target.banner]
+    with_command = job_shell(cfg, TWO, rank=2, command="echo hi")
+    assert with_command.argv[1] == "-T" and with_command.argv[-2] == "cpu01"
+    assert with_command.argv[-5:-3] == ["-l", "ops"]
+    assert shlex.split(with_command.argv[-1])[-1] == "echo hi"
+    gone = job([run(1, 0, node="gpu99")])
+    with pytest.raises(NotFound, match="node gpu99 of job 7 rank 0 is not in"):
+        job_shell(cfg, gone)
+
+    node = node_shell(cfg, "gpu02", state="drained", reasons=["maintenance"])
+    assert node == ShellTarget(argv=node.argv, banner=node_banner("gpu02", "drained", ["maintenance"]), node="gpu02")
+    assert node.argv[-2] == "10.0.0.2" and shlex.split(node.argv[-1])[-1] == node.banner
+    with pytest.raises(NotFound, match="no node 'gpu03'") as caught:
+        node_shell(cfg, "gpu03")
+    assert caught.value.exit_code == 2
+
+
+class FakeClient:
+    def __init__(self, answers: dict[str, Any]) -> None:
+        self.answers = answers
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    async def call(self, op: str, **args: Any) -> Any:
+        self.calls.append((op, args))
+        return self.answers[op]
+
+
+async def test_shell_target_asks_the_client(tmp_path: Path) -> None:
+    cfg = loaded(tmp_path)
+    client = FakeClient({"show": TWO, "nodes": [{"name": "cpu01", "state": "degraded", "reasons": ["load warn"]}]})
+    by_job = await shell_target(client, cfg, "7", rank=1, attempt=1)
+    assert (by_job.node, client.calls[-1]) == ("gpu02", ("show", {"job": 7}))
+    by_node = await shell_target(client, cfg, "cpu01", command="uptime")
+    assert client.calls[-1] == ("nodes", {"nodeset": "cpu01"})
+    assert by_node.banner == node_banner("cpu01", "degraded", ["load warn"])
+    with pytest.raises(UsageError, match="--rank and --attempt are for a job"):
+        await shell_target(client, cfg, "cpu01", rank=1)
+    with pytest.raises(NotFound):
+        await shell_target(client, cfg, "nosuch")
+    assert len(client.calls) == 2  # an unknown node is refused before asking the scheduler
+
+
+# -- the remote commands, run by a local sh as the node's login shell would ------------------------------------
+
+
+def remote(
+    command: str, *, home: Path, stdin: str | None = None, shell: str = "/bin/sh"
+) -> subprocess.CompletedProcess:
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "SHELL": shell, "ENV": "", "PS1": "$ "}
+    return subprocess.run(
+        ["/bin/sh", "-c", command],
+        input=stdin if stdin is not None else "",
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+        cwd="/",
+    )
+
+
+@pytest.fixture
+def hostile_run(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    run_dir = tmp_path / 'it\'s a $(touch PWNED) `run` "dir"' / "7" / "1"
+    run_dir.mkdir(parents=True)
+    env = {f"V{i}": value for i, value in enumerate(HOSTILE)}
+    env["TILDE"] = "~/data"
+    (run_dir / "env.json").write_text(json.dumps(env))
+    return run_dir, env
+
+
+def test_job_command_arrives_literally(tmp_path: Path, hostile_run: tuple[Path, dict[str, str]]) -> None:
+    run_dir, _ = hostile_run
+    names = [f"V{i}" for i in range(len(HOSTILE))]
+    # each value on its own line, NUL-separated so values with newlines come back whole
+    command = "pwd; for v in " + " ".join(names) + ' TILDE; do eval "printf \'%s\\0\' \\"\\$$v\\""; done'
+    banner = "job 7 $(touch PWNED) `x` 'q' \"dq\""
+    done = remote(
+        job_remote_command(str(run_dir), banner=banner, command=command, python=sys.executable), home=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    cwd, rest = done.stdout.split("\n", 1)
+    assert cwd == str(run_dir)
+    values = rest.split("\0")[:-1]
+    assert values == [*HOSTILE, f"{tmp_path}/data"]
+    assert done.stderr == ""  # no banner with --command
+    assert not list(tmp_path.rglob("PWNED")) and not Path("/PWNED").exists()
+
+
+def test_job_command_exit_status_and_missing_folder(tmp_path: Path, hostile_run: tuple[Path, dict[str, str]]) -> None:
+    run_dir, _ = hostile_run
+    failed = remote(
+        job_remote_command(str(run_dir), banner="b", command="exit 7", python=sys.executable), home=tmp_path
+    )
+    assert failed.returncode == 7
+    missing = remote(
+        job_remote_command(str(tmp_path / "gone"), banner="b", command="true", python=sys.executable), home=tmp_path
+    )
+    assert missing.returncode == NO_FOLDER_EXIT
+    assert f"ftconsole: no run folder {tmp_path}/gone on this node" in missing.stderr
+    (run_dir / "env.json").write_text("not json")
+    broken = remote(job_remote_command(str(run_dir), banner="b", command="pwd", python=sys.executable), home=tmp_path)
+    assert broken.returncode == 0 and broken.stdout == f"{run_dir}\n"
+    assert "env.json not loaded" in broken.stderr
+
+
+def test_job_interactive_shell(tmp_path: Path, hostile_run: tuple[Path, dict[str, str]]) -> None:
+    run_dir, _ = hostile_run
+    banner = "ftconsole: job 7 `touch PWNED` $(id)"
+    done = remote(
+        job_remote_command(str(run_dir), banner=banner, python=sys.executable),
+        home=tmp_path,
+        stdin='pwd\nprintf "%s|" "$V0" "$V2"; echo\nexit 3\n',
+    )
+    assert done.returncode == 3
+    assert done.stdout == f"{run_dir}\nwith space|$(touch PWNED)|\n"
+    assert done.stderr.startswith(banner + "\n")
+    assert not list(tmp_path.rglob("PWNED"))
+
+
+def test_node_commands(tmp_path: Path) -> None:
+    home = tmp_path / "home $(touch PWNED) 'q'"
+    home.mkdir()
+    command = "pwd; printf '%s\\n' \"$1\" 'a b'"
+    done = remote(node_remote_command(banner="unused", command=command), home=home)
+    assert (done.returncode, done.stdout, done.stderr) == (0, f"{home}\n\na b\n", "")
+    banner = node_banner("gpu01 `touch PWNED`", "healthy")
+    shell = remote(node_remote_command(banner=banner), home=home, stdin="pwd\necho marker-$((6*7))\nexit 5\n")
+    assert shell.returncode == 5
+    assert shell.stdout.splitlines()[-2:] == [str(home), "marker-42"]
+    assert shell.stderr.startswith(banner + "\n")
+    gone = remote(node_remote_command(banner="b", command="true"), home=tmp_path / "nope")
+    assert gone.returncode == NO_FOLDER_EXIT
+    assert not list(tmp_path.rglob("PWNED"))
