@@ -3,7 +3,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 PYTHON ?= python3
 
-.PHONY: venv test check demo lab-down bench clean
+.PHONY: venv test check demo lab-down bench snapshots clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,12 @@ lab-down: venv
 
 bench: venv
 	$(PY) bench/probe_sweep.py
+	$(PY) bench/placement.py
+	$(PY) bench/submit.py
+	$(PY) bench/console.py
+
+snapshots: venv  # after a deliberate change to the console's look; review the SVGs before committing
+	$(PY) -m pytest -q tests/unit/test_console_snapshots.py --snapshot-update
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

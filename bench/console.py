@@ -58,6 +58,7 @@ from textual.widgets import ContentSwitcher  # noqa: E402
 from ftconsole.format import print_table  # noqa: E402
 from ftconsole.tui.app import ConsoleApp  # noqa: E402
 from scheduler.config import load_config  # noqa: E402
+from scheduler.daemon import brief_node  # noqa: E402
 from scheduler.errors import UsageError  # noqa: E402
 
 T0 = 1_750_000_000.0  # the simulated wall clock starts here
@@ -445,8 +446,8 @@ class SyntheticCluster:
             else:
                 ids = sorted(j for j, stamp in self.updated.items() if stamp >= since)
             reply: Any = {"cursor": self.now + 1e-6, "jobs": [self._job_json(j) for j in ids]}
-        elif op == "nodes":
-            reply = list(self.nodes.values())
+        elif op == "nodes":  # brief, as the scheduler answers the console's list (scheduler.daemon.brief_node)
+            reply = [brief_node(n) for n in self.nodes.values()] if args.get("brief") else list(self.nodes.values())
         elif op == "alerts":
             reply = sorted(self.alerts.values(), key=lambda a: a["id"])
         elif op == "events":

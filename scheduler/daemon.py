@@ -177,7 +177,8 @@ class Operations:
         return [a.to_json() for a in await self.scheduler.resolve(caller, _alert_ids(args))]
 
     async def _nodes(self, caller: Caller, args: dict[str, Any]) -> Any:
-        return [v.to_json() for v in await self.scheduler.service.nodes(args.get("nodeset"))]
+        views = [v.to_json() for v in await self.scheduler.service.nodes(args.get("nodeset"))]
+        return [brief_node(v) for v in views] if args.get("brief") else views
 
     async def _probe(self, caller: Caller, args: dict[str, Any]) -> Any:
         checks = args.get("checks")
@@ -221,6 +222,16 @@ async def _primed(stream: AsyncIterator[Any]) -> AsyncIterator[Any]:
 
 
 _EMPTY = object()
+
+
+# what a list of nodes needs (the console reads it every second): no checks or facts, three fields per GPU
+BRIEF_GPU_FIELDS = ("index", "name", "utilization")
+
+
+def brief_node(view: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in view.items() if k not in ("checks", "facts")}
+    out["gpus"] = [{k: g.get(k) for k in BRIEF_GPU_FIELDS} for g in view.get("gpus") or []]
+    return out
 
 
 def _ids(args: dict[str, Any]) -> list[Any]:

@@ -122,6 +122,8 @@ class FixedClient:
             job = next(j for j in JOBS if j["id"] == int(args["job"]))
             return job | {"spec": {"name": job["name"], "command": "python train.py"}, "attempts": [],
                           "conditions": [], "events": []}  # fmt: skip
+        if op == "nodes" and args.get("nodeset"):
+            return [n for n in NODES if n["name"] == args["nodeset"]]
         answers = {"nodes": NODES, "alerts": ALERTS, "events": EVENTS, "cluster": CLUSTER}
         if op not in answers:
             raise UsageError(f"fixed data: {op} is not answered here")

@@ -366,7 +366,7 @@ class ConsoleApp(App[int]):
 
     def open_node(self, name: str) -> None:
         if self.client is not None:
-            self.push_screen(NodeScreen(self.client, self.clock, name, lambda: self.feed.nodes))
+            self.push_screen(NodeScreen(self.client, self.clock, name))
 
     # -- targets -------------------------------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ GPUs and who holds them, and its history of faults and drains. Both re-read thei
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import yaml
@@ -248,12 +248,9 @@ class JobScreen(DetailScreen):
 
 
 class NodeScreen(DetailScreen):
-    def __init__(
-        self, client: Client, clock: Callable[[], float], name: str, nodes: Callable[[], Mapping[str, Any]]
-    ) -> None:
+    def __init__(self, client: Client, clock: Callable[[], float], name: str) -> None:
         super().__init__(client, clock)
         self.node = name
-        self.nodes = nodes  # the app's latest node data (refreshed by the app's feed)
         self.history: list[dict[str, Any]] = []
 
     def compose(self) -> ComposeResult:
@@ -275,10 +272,8 @@ class NodeScreen(DetailScreen):
         super().on_mount()
 
     async def fetch(self) -> dict[str, Any]:
-        node = self.nodes().get(self.node)
-        if node is None:
-            views = await self.client.call("nodes", nodeset=self.node)
-            node = views[0]
+        views = await self.client.call("nodes", nodeset=self.node)  # in full: checks, facts, every GPU field
+        node = views[0]
         self.history = await self.client.call("events", node=self.node, limit=200)
         return dict(node)
 

@@ -83,7 +83,7 @@ class Feed:
         return changed
 
     async def _read_nodes(self, client: Client) -> bool:
-        nodes = {n["name"]: n for n in await client.call("nodes")}
+        nodes = {n["name"]: n for n in await client.call("nodes", brief=True)}
         for name, node in nodes.items():
             if self._probe_seen.get(name) != node.get("last_probe"):
                 self._probe_seen[name] = node.get("last_probe")

@@ -10,6 +10,7 @@ light terminals (`bold`, `reverse`, `dim` rather than a fixed background).
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -144,6 +145,22 @@ def job_order(job: Mapping[str, Any], now: float) -> tuple[Any, ...]:
     return (3, -float(job.get("ended") or 0), -int(job["id"]))
 
 
+def job_clock(job: Mapping[str, Any], now: float) -> tuple[str, ...]:
+    """What of a job's row moves with the clock alone: equal values give equal rows for the same job data."""
+    status = job["status"]
+    if status == "running":
+        last = job.get("last_output")
+        started = job.get("started")
+        return (
+            job_state(job, now),
+            "" if started is None else age(now - float(started)),
+            "" if last is None else age(now - float(last)),
+        )
+    if status == "error":
+        return (str(job_needs_attention(job, now)),)
+    return ()
+
+
 def job_cells(job: Mapping[str, Any], now: float, marked: bool = False) -> Row:
     state = job_state(job, now)
     runtime: str = "-"
@@ -188,10 +205,16 @@ def compress_names(names: Sequence[str], limit: int = 40) -> str:
     """node01,node02,node03 -> node[01-03] (ClusterShell's folding), cut to `limit` characters."""
     if not names:
         return ""
+    # a running job's row is built again every second: its folded names are remembered
+    text = names[0] if len(names) == 1 else _fold(tuple(names))
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+@functools.lru_cache(maxsize=4096)
+def _fold(names: tuple[str, ...]) -> str:
     from ClusterShell.NodeSet import NodeSet
 
-    text = str(NodeSet.fromlist(list(names)))
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return str(NodeSet.fromlist(list(names)))
 
 
 # -- nodes -----------------------------------------------------------------------------------------------------

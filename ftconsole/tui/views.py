@@ -107,8 +107,9 @@ class JobsView(View):
 
     def __init__(self, *, id: str) -> None:
         super().__init__(id=id)
-        # id -> (the job dict the cells came from, marked, cells, order key); reused while both hold still
-        self._cache: dict[int, tuple[Mapping[str, Any], bool, R.Row, tuple[Any, ...]]] = {}
+        # id -> (the job dict the cells came from, marked, what the clock shows of it, cells, order key): reused
+        # while all three hold still
+        self._cache: dict[int, tuple[Mapping[str, Any], bool, tuple[str, ...], R.Row, tuple[Any, ...]]] = {}
         self._order_keys: dict[int, tuple[Any, ...]] = {}
         self._order: list[str] = []
 
@@ -119,17 +120,17 @@ class JobsView(View):
         rows: dict[str, R.Row] = {}
         order_keys: dict[int, tuple[Any, ...]] = {}
         cache = self._cache
-        fresh: dict[int, tuple[Mapping[str, Any], bool, R.Row, tuple[Any, ...]]] = {}
+        fresh: dict[int, tuple[Mapping[str, Any], bool, tuple[str, ...], R.Row, tuple[Any, ...]]] = {}
         for job_id, job in feed.jobs.items():
             key = str(job_id)
             marked = key in self.marked
+            clock = R.job_clock(job, now)
             hit = cache.get(job_id)
-            if hit is not None and hit[0] is job and hit[1] == marked and not _ticks(job):
-                fresh[job_id] = hit
-            else:
-                fresh[job_id] = (job, marked, R.job_cells(job, now, marked), R.job_order(job, now))
-            rows[key] = fresh[job_id][2]
-            order_keys[job_id] = fresh[job_id][3]
+            if hit is None or hit[0] is not job or hit[1] != marked or hit[2] != clock:
+                hit = (job, marked, clock, R.job_cells(job, now, marked), R.job_order(job, now))
+            fresh[job_id] = hit
+            rows[key] = hit[3]
+            order_keys[job_id] = hit[4]
         self._cache = fresh
         if order_keys != self._order_keys:
             self._order = [str(j) for j in sorted(order_keys, key=order_keys.__getitem__)]
@@ -144,11 +145,6 @@ class JobsView(View):
                 parts += [(f"{counts[state]} {state}", R.style(R.STATUS_STYLE.get(state))), " · "]
         parts.append(f"{len(feed.jobs)} jobs")
         return Text.assemble(*parts)
-
-
-def _ticks(job: Mapping[str, Any]) -> bool:
-    """Whether a job's row changes with the clock alone (runtime, output age, the recent-failure window)."""
-    return job["status"] in ("running", "error")
 
 
 class NodesView(View):
