@@ -59,6 +59,7 @@ class Operations:
             "ack": self._ack,
             "resolve": self._resolve,
             "jobs_changed": self._jobs_changed,
+            "launch": self._launch,
             "nodes": self._nodes,
             "probe": self._probe,
             "drain": self._drain,
@@ -152,6 +153,11 @@ class Operations:
             tail=args.get("tail"),
         )
         return await _primed(stream)
+
+    async def _launch(self, caller: Caller, args: dict[str, Any]) -> Any:
+        return await self.scheduler.launch_files(
+            caller, args["job"], rank=int(args.get("rank") or 0), attempt=args.get("attempt")
+        )
 
     async def _wait(self, caller: Caller, args: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         return await _primed(self.scheduler.wait(caller, args["job"]))

@@ -24,6 +24,7 @@ import base64
 import codecs
 import contextlib
 import dataclasses
+import json
 import logging
 import posixpath
 import time
@@ -442,6 +443,34 @@ class Scheduler:
         if not result.ok:
             raise FtError(f"{node.name}: cannot read {path}: {result.describe_failure()}")
         return base64.b64decode(result.stdout)
+
+    async def launch_files(
+        self, caller: Caller, job_id: int | str, *, rank: int = 0, attempt: int | None = None
+    ) -> dict[str, Any]:
+        """What one rank was started with, read back from its run folder: argv, env and hostfile."""
+        job = await self._job(caller, job_id, "see the launch of", write=False)
+        run = await self._log_run(job, rank, attempt)
+        script = (
+            'cd "$1" 2>/dev/null || exit 3; for f in argv.json env.json hostfile; do '
+            'if [ -e "$f" ]; then base64 < "$f" | tr -d "\\n"; fi; echo; done'
+        )
+        result = await self.transport.run(self._nodes[run.node], ["sh", "-c", script, "sh", run.run_dir])
+        if result.exit_status == 3:
+            raise NotFound(f"job {job.id} rank {run.rank}: no run folder {run.run_dir} on {run.node}")
+        if not result.ok:
+            raise FtError(f"{run.node}: cannot read {run.run_dir}: {result.describe_failure()}")
+        argv, env, hostfile = (
+            base64.b64decode(part).decode(errors="replace") for part in result.stdout.split("\n")[:3]
+        )
+        return {
+            "node": run.node,
+            "rank": run.rank,
+            "attempt": run.attempt,
+            "run_dir": run.run_dir,
+            "argv": json.loads(argv) if argv else None,
+            "env": json.loads(env) if env else None,
+            "hostfile": hostfile or None,
+        }
 
     async def _tail_offset(self, node: Node, path: str, lines: int) -> int:
         """Where the last `lines` lines of the file start, in one round trip (0 when there is no file yet)."""

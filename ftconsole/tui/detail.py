@@ -1,12 +1,14 @@
 """The detail screens: one job, one node. `esc` goes back to the view they were opened from.
 
 Job: its facts, spec, attempts with the node, GPUs, state and exit of every rank, the conditions timeline,
-and a live log tail per rank (`[` and `]` switch rank). Node: every check with value and threshold, its
+each rank's command, hostfile and env as its run folder holds them, and a live log tail per rank (`[` and `]`
+switch rank). Node: every check with value and threshold, its
 GPUs and who holds them, and its history of faults and drains. Both re-read their data every few seconds.
 """
 
 from __future__ import annotations
 
+import shlex
 import time
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -121,6 +123,8 @@ class JobScreen(DetailScreen):
                 yield Static("", id="spec")
             with TabPane("Attempts", id="attempts"), Vertical():
                 yield DataTable(id="runs", cursor_type="row")
+            with TabPane("Launch", id="launch"), VerticalScroll():
+                yield Static("", id="launch-text")
             with TabPane("Logs", id="logs"), Vertical():
                 yield Label("", id="log-title")
                 yield Log(id="log", max_lines=5000)
@@ -210,13 +214,41 @@ class JobScreen(DetailScreen):
             return
         i = ranks.index(self.rank) if self.rank in ranks else 0
         self.rank = ranks[(i + step) % len(ranks)]
-        self.query_one(TabbedContent).active = "logs"
-        self._ensure_log()
+        tabs = self.query_one(TabbedContent)
+        if tabs.active == "launch":
+            self.show_launch(self.rank)
+        else:
+            tabs.active = "logs"
+            self._ensure_log()
 
     @on(TabbedContent.TabActivated)
     def tab(self, event: TabbedContent.TabActivated) -> None:
         if event.pane.id == "logs":
             self._ensure_log()
+        elif event.pane.id == "launch":
+            self.show_launch(self.rank)
+
+    @work(exclusive=True, group="job-launch", exit_on_error=False)
+    async def show_launch(self, rank: int) -> None:
+        """Rank `rank`'s argv, hostfile and env, as its run folder on the node holds them."""
+        text = self.query_one("#launch-text", Static)
+        try:
+            got = await self.client.call("launch", job=self.job_id, rank=rank)
+        except FtError as exc:
+            text.update(Text(str(exc), style=R.style("bad")))
+            return
+        out = Text()
+        out.append(f"rank {got['rank']} of try {got['attempt']} on {got['node']}: {got['run_dir']}\n\n", "bold")
+        out.append("command\n", "bold")
+        out.append((shlex.join(got["argv"]) if got.get("argv") else "-") + "\n\n")
+        out.append("hostfile\n", "bold")
+        out.append((got.get("hostfile") or "-") + "\n")
+        out.append("env\n", "bold")
+        for key, value in sorted((got.get("env") or {}).items()):
+            out.append(f"{key}=", R.style("info"))
+            out.append(f"{value}\n")
+        out.append("\n[ and ] switch rank", R.style("muted"))
+        text.update(out)
 
     def _ensure_log(self) -> None:
         if self.data is None:

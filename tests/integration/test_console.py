@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
+from textual.widgets import Static, TabbedContent
 
 from ftconsole.lab import LabCluster
 from ftconsole.tui.app import ConsoleApp
@@ -222,6 +223,13 @@ async def test_alerts_acknowledge_and_resolve(tmp_path: Path) -> None:
             await pilot.press("l")
             log = app.screen.query_one("#log")
             await wait_for(pilot, lambda: "dying" in "\n".join(log.lines), "the log tail")
+
+            # the Launch tab: what rank 0 was started with, read back from its run folder on the node
+            app.screen.query_one(TabbedContent).active = "launch"
+            launch = app.screen.query_one("#launch-text", Static)
+            await wait_for(pilot, lambda: "FT_JOB_ID=" in str(launch.render()), "the launch files")
+            shown = str(launch.render())
+            assert "hostfile" in shown and "127.0.0.1 slots=" in shown and "echo dying" in shown
 
 
 async def test_readonly_hides_every_change(tmp_path: Path) -> None:
