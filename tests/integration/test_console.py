@@ -197,6 +197,14 @@ async def test_nodes_drain_resume_probe_and_detail(tmp_path: Path) -> None:
             await pilot.press("escape")
             assert len(app.screen_stack) == 1
 
+            await pilot.press("4")  # the timeline has the drain, with its reason
+            await wait_for(pilot, lambda: any("fan alarm" in " ".join(r) for r in rows(app, "events").values()),
+                           "the drain in the events")  # fmt: skip
+            await pilot.press("5")  # the resources of seed 003: each node's make-up and use
+            await wait_for(pilot, lambda: set(rows(app, "cluster")) == {"lab01", "lab02"}, "the cluster view")
+            assert column(app, "cluster", "lab01", "used") == "0/8"
+            assert column(app, "cluster", "lab01", "os") not in (None, "", "?")  # read from the node
+
 
 async def test_alerts_acknowledge_and_resolve(tmp_path: Path) -> None:
     async with lab(tmp_path) as loaded:
@@ -267,3 +275,63 @@ async def test_attached_to_serve_has_the_same_features(tmp_path: Path, readonly:
         finally:
             stop.set()
             await asyncio.wait_for(server, 30)
+
+
+async def test_job_actions_clone_priority_extend_delete_on_marked_rows(tmp_path: Path) -> None:
+    async with lab(tmp_path) as loaded:
+        app = ConsoleApp(loaded)
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            async with await ApiClient.connect(loaded.socket_path) as client:
+                a = await client.call("submit", spec={"name": "a", "command": "sleep 60", "gpus_per_node": 8,
+                                                      "max_runtime": "1h"})  # fmt: skip
+                b = await client.call("submit", spec={"name": "b", "command": "sleep 60", "gpus_per_node": 8,
+                                                      "max_runtime": "1h"})  # fmt: skip
+            await wait_for(pilot, lambda: {str(a["id"]), str(b["id"])} <= rows(app, "jobs").keys(), "the jobs")
+            table = app.query_one("#jobs", View).table
+
+            table.select_key(str(a["id"]))
+            await pilot.press("c")  # clone
+            await wait_for(pilot, lambda: any(j.get("cloned_from") == a["id"] for j in app.feed.jobs.values()),
+                           "the clone")  # fmt: skip
+
+            clone = next(j for j in app.feed.jobs.values() if j.get("cloned_from") == a["id"])
+            queued = (b["id"], clone["id"])  # a runs on lab01; b and its clone wait: their priority may change
+            await wait_for(pilot, lambda: str(clone["id"]) in rows(app, "jobs"), "the clone's row")
+            for job_id in queued:  # mark both: the next action applies to both
+                table.select_key(str(job_id))
+                await pilot.press("space")
+            assert app.view.marked == {str(j) for j in queued}
+            await pilot.press("plus")
+            await wait_for(pilot, lambda: app.screen.__class__.__name__ == "ChoiceDialog", "the priority dialog")
+            await pilot.press("down", "enter")  # normal -> urgent
+            await wait_for(pilot, lambda: all(app.feed.jobs[j]["priority"] == "urgent" for j in queued),
+                           "the new priority")  # fmt: skip
+            assert not app.view.marked  # done with them
+
+            table.select_key(str(a["id"]))
+            await pilot.press("e")
+            await wait_for(pilot, lambda: isinstance(app.screen, PromptDialog), "the extend dialog")
+            await pilot.press(*"ten minutes", "enter")  # not a duration: the dialog says so and stays
+            await pilot.pause(0.2)
+            assert isinstance(app.screen, PromptDialog)
+            assert str(app.screen.query_one("#problem").render())
+            for _ in "ten minutes":
+                await pilot.press("backspace")
+            await pilot.press(*"30m", "enter")
+            async with await ApiClient.connect(loaded.socket_path) as client:
+                for _ in range(100):
+                    shown = await client.call("show", job=a["id"])
+                    if shown["max_runtime_s"] == 3600 + 1800 or shown.get("extra_runtime_s"):
+                        break
+                    await pilot.pause(0.1)
+                events = [e["message"] for e in shown["events"]]
+            assert any("30m" in m or "1800" in m for m in events), events
+
+            table.select_key(str(b["id"]))
+            await pilot.press("ctrl+d")
+            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmDialog), "the confirmation")
+            await pilot.press("y")
+            await wait_for(pilot, lambda: str(b["id"]) not in rows(app, "jobs"), "the deleted job to leave")
+            async with await ApiClient.connect(loaded.socket_path) as client:
+                await client.call("stop", jobs=[j["id"] for j in app.feed.jobs.values() if j["status"] != "stopped"])
