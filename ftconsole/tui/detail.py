@@ -39,7 +39,9 @@ def _when(t: float | None) -> str:
 class DetailScreen(Screen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,q", "app.pop_screen", "Back")]
     DEFAULT_CSS = """
-    DetailScreen > #head { height: auto; padding: 0 1; background: $boost; }
+    DetailScreen > #head { dock: top; height: auto; padding: 0 1; background: $boost; }
+    DetailScreen > TabbedContent, DetailScreen > VerticalScroll { height: 1fr; }
+    DetailScreen TabPane { height: 1fr; }
     DetailScreen DataTable { height: auto; max-height: 20; }
     DetailScreen .section { text-style: bold; margin-top: 1; padding: 0 1; }
     DetailScreen Log { height: 1fr; }
@@ -168,12 +170,12 @@ class JobScreen(DetailScreen):
             facts.append(f"message: {job['message']}")
         if job.get("stop_reason"):
             facts.append(f"stop: {job['stop_reason']} by {job['stop_by']}")
-        self.query_one("#facts", Static).update("\n".join(facts))
+        self.query_one("#facts", Static).update(Text("\n".join(facts)))  # Text: a message may hold [x]
         fill(
             self.query_one("#conditions", DataTable),
             [(_when(c["time"]), c["type"], c["message"]) for c in job.get("conditions", [])],
         )
-        self.query_one("#spec", Static).update(yaml.safe_dump(job.get("spec") or {}, sort_keys=False))
+        self.query_one("#spec", Static).update(Text(yaml.safe_dump(job.get("spec") or {}, sort_keys=False)))
         runs = []
         for attempt in reversed(job.get("attempts", [])):
             for run in attempt["runs"]:
@@ -260,8 +262,10 @@ class JobScreen(DetailScreen):
         self.query_one("#log", Log).clear()
         ranks = self.ranks()
         self.query_one("#log-title", Label).update(
-            f"output.log of rank {self.rank} (of {len(ranks) or '?'}), try {wanted[0]}: "
-            f"the last {LOG_TAIL_LINES} lines, then live    [ and ] switch rank"
+            Text(  # Text, not a string: "[ and ]" would be read as markup
+                f"output.log of rank {self.rank} (of {len(ranks) or '?'}), try {wanted[0]}: "
+                f"the last {LOG_TAIL_LINES} lines, then live    [ and ] switch rank"
+            )
         )
         self.tail_log(wanted[0], self.rank)
 
@@ -332,7 +336,7 @@ class NodeScreen(DetailScreen):
         )
         last = v.get("last_probe")
         lines.append(f"last probe {age(self.clock() - last) + ' ago' if last else 'never'}")
-        self.query_one("#facts", Static).update("\n".join(lines))
+        self.query_one("#facts", Static).update(Text("\n".join(lines)))
         fill(
             self.query_one("#checks", DataTable),
             [

@@ -50,7 +50,7 @@ class ConfirmDialog(ModalScreen[bool]):
         with Vertical():
             yield Label(Text(self.question, style="bold"))
             if self.detail:
-                yield Static(self.detail)
+                yield Static(Text(self.detail))
             yield Label("y / enter: yes    n / esc: no", classes="hint")
 
 
@@ -78,7 +78,7 @@ class PromptDialog(ModalScreen[str | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Label(self.question)
+            yield Label(Text(self.question))
             suggester = SuggestFromList(self.suggestions, case_sensitive=False) if self.suggestions else None
             yield Input(value=self.value, placeholder=self.placeholder, suggester=suggester, id="answer")
             yield Label("", classes="error", id="problem")
@@ -89,7 +89,7 @@ class PromptDialog(ModalScreen[str | None]):
         value = event.value.strip()
         problem = self.check(value) if self.check else (None if value else "give a value")
         if problem:
-            self.query_one("#problem", Label).update(problem)
+            self.query_one("#problem", Label).update(Text(problem))
             return
         self.dismiss(value)
 
@@ -106,7 +106,7 @@ class ChoiceDialog(ModalScreen[str | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Label(self.question)
+            yield Label(Text(self.question))
             yield OptionList(*self.choices, id="choices")
             yield Label("enter: choose    esc: cancel", classes="hint")
 

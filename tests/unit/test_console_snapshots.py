@@ -64,3 +64,7 @@ async def test_no_color_still_tells_states_apart(tmp_path: Path, monkeypatch: py
         assert console.no_color
         rows = console.view.table.to_rows()
         assert rows["gpu04"][2] == "unreachable" and rows["gpu03"][2] == "degraded"  # words, not colours
+
+
+def test_job_screen(snap_compare, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    assert snap_compare(app(tmp_path), press=["1", "_", "enter", "_", "_"], terminal_size=(160, 30), run_before=_loaded)
