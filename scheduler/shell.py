@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from scheduler.config import LoadedConfig, Node
 from scheduler.errors import NotFound, UsageError
+from scheduler.ssh import ssh_files
 
 # Exit status of the remote side when the run folder (or $HOME) is not there; a command's own passes through.
 NO_FOLDER_EXIT = 2
@@ -101,15 +102,11 @@ class Client(Protocol):
 def ssh_options(loaded: LoadedConfig) -> SshOptions:
     """The options of `SSHPool.from_config`: relative paths resolved against the config file."""
     s = loaded.cluster.ssh
-    known = loaded.resolve(s.known_hosts)
-    assert known is not None
-    config_file = loaded.resolve(s.config_file)
-    if config_file is not None and not config_file.exists():
-        config_file = None
+    known, identity, config_file = ssh_files(loaded)
     return SshOptions(
         known_hosts=known,
         host_key_policy=s.host_key_policy,
-        identity_file=loaded.resolve(s.identity_file),
+        identity_file=identity,
         config_file=config_file,
         connect_timeout=s.connect_timeout,
         keepalive_interval=s.keepalive_interval,

@@ -156,6 +156,18 @@ class _NodeConn:
     last_error: SSHError | None = None
 
 
+def ssh_files(loaded: LoadedConfig) -> tuple[Path, Path | None, Path | None]:
+    """known_hosts, identity file and ssh config of the config, resolved against the config file's folder (an
+    ssh config that does not exist is none). The pool and `ftconsole shell` reach nodes with the same ones."""
+    s = loaded.cluster.ssh
+    known = loaded.resolve(s.known_hosts)
+    assert known is not None
+    config_file = loaded.resolve(s.config_file)
+    if config_file is not None and not config_file.exists():
+        config_file = None
+    return known, loaded.resolve(s.identity_file), config_file
+
+
 class SSHPool:
     """The real Transport: asyncssh, one persistent connection per node."""
 
@@ -179,13 +191,8 @@ class SSHPool:
 
     @classmethod
     def from_config(cls, loaded: LoadedConfig) -> SSHPool:
-        s = loaded.cluster.ssh
-        known = loaded.resolve(s.known_hosts)
-        assert known is not None
-        config_file = loaded.resolve(s.config_file)
-        if config_file is not None and not config_file.exists():
-            config_file = None
-        return cls(s, known_hosts=known, identity_file=loaded.resolve(s.identity_file), config_file=config_file)
+        known, identity, config_file = ssh_files(loaded)
+        return cls(loaded.cluster.ssh, known_hosts=known, identity_file=identity, config_file=config_file)
 
     async def run(
         self, node: Node, argv: Sequence[str], *, input: str | None = None, timeout: float | None = None
