@@ -68,3 +68,20 @@ async def test_no_color_still_tells_states_apart(tmp_path: Path, monkeypatch: py
 
 def test_job_screen(snap_compare, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     assert snap_compare(app(tmp_path), press=["1", "_", "enter", "_", "_"], terminal_size=(160, 30), run_before=_loaded)
+
+
+async def test_keys_panel_and_jump_palette(tmp_path: Path) -> None:
+    console = app(tmp_path)
+    async with console.run_test(size=SIZE) as pilot:
+        await _loaded(pilot)
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert console.screen.query("HelpPanel")  # `?` shows the keys of the screen
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert not console.screen.query("HelpPanel")
+        await pilot.press("colon", *"gpu03")  # `:` jumps to a node by name
+        await pilot.pause(0.5)
+        await pilot.press("enter")
+        await pilot.pause(0.5)
+        assert type(console.screen).__name__ == "NodeScreen" and console.screen.node == "gpu03"  # type: ignore[attr-defined]
