@@ -22,11 +22,14 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from scheduler.config import LoadedConfig, Node
 from scheduler.errors import NotFound, UsageError
 from scheduler.ssh import ssh_files
+
+if TYPE_CHECKING:  # the client drags in the whole scheduler; only its type is needed here
+    from scheduler.client import Client
 
 # Exit status of the remote side when the run folder (or $HOME) is not there; a command's own passes through.
 NO_FOLDER_EXIT = 2
@@ -91,12 +94,6 @@ class SshOptions:
     connect_timeout: float = 10.0
     keepalive_interval: float = 15.0
     python: str = "python3"
-
-
-class Client(Protocol):
-    """What `shell_target` needs of `scheduler.client.Client`."""
-
-    async def call(self, op: str, **args: Any) -> Any: ...
 
 
 def ssh_options(loaded: LoadedConfig) -> SshOptions:

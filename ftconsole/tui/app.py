@@ -34,8 +34,12 @@ from ftconsole.tui.detail import JobScreen, NodeScreen
 from ftconsole.tui.dialogs import ChoiceDialog, ConfirmDialog, PromptDialog, SubmitDialog
 from ftconsole.tui.feed import Feed
 from ftconsole.tui.views import AlertsView, ClusterView, EventsView, JobsView, NodesView, View
+from scheduler.api import ApiClient
+from scheduler.client import LocalClient, SocketClient, this_process
 from scheduler.config import LoadedConfig, parse_duration
+from scheduler.daemon import Operations, serve
 from scheduler.errors import AlreadyRunning, FtError, NotRunning
+from scheduler.shell import node_shell, shell_target
 
 REFRESH_S = 1.0
 VIEWS = (("jobs", "1"), ("nodes", "2"), ("alerts", "3"), ("events", "4"), ("cluster", "5"))
@@ -59,18 +63,20 @@ WRITES = frozenset(
     }
 )
 MAIN_SCREEN_ONLY = frozenset({"view", "filter", "mark", "submit", "probe_all", "escape"})
-ROW_KIND = {
-    "stop": "job",
-    "delete": "job",
-    "clone": "job",
-    "priority": "job",
-    "extend": "job",
-    "logs": "job",
-    "drain": "node",
-    "resume": "node",
-    "probe": "node",
-    "ack": "alert",
-    "resolve": "alert",
+JOB, NODE, ALERT = frozenset({"job"}), frozenset({"node"}), frozenset({"alert"})
+ROW_KINDS = {
+    "stop": JOB,
+    "delete": JOB,
+    "clone": JOB,
+    "priority": JOB,
+    "extend": JOB,
+    "logs": JOB,
+    "shell": JOB | NODE,
+    "drain": NODE,
+    "resume": NODE,
+    "probe": NODE,
+    "ack": ALERT,
+    "resolve": ALERT,
 }
 
 
@@ -193,13 +199,9 @@ class ConsoleApp(App[int]):
     @work(exclusive=True, group="scheduler", exit_on_error=False)
     async def connect(self) -> None:
         """Attach to a running scheduler, or run one embedded until the app ends."""
-        from scheduler.api import ApiClient
-        from scheduler.client import LocalClient, SocketClient, this_process
-        from scheduler.daemon import Operations, serve
-
         socket = self.loaded.socket_path
         try:
-            await self._attach_to(ApiClient, SocketClient)
+            await self._attach_socket()
             return
         except NotRunning:
             pass
@@ -211,12 +213,12 @@ class ConsoleApp(App[int]):
         try:
             await serve(self.loaded, self._stop, ready=ready)
         except AlreadyRunning:  # another console or `ftconsole serve` started meanwhile
-            await self._attach_to(ApiClient, SocketClient)
+            await self._attach_socket()
 
-    async def _attach_to(self, api_class: Any, client_class: Any) -> None:
-        api = await api_class.connect(self.loaded.socket_path, timeout=2.0)
+    async def _attach_socket(self) -> None:
+        api = await ApiClient.connect(self.loaded.socket_path, timeout=2.0)
         try:
-            self.client = client_class(api)
+            self.client = SocketClient(api)
             self._mode("attached", f"attached to the scheduler at {self.loaded.socket_path}")
             await self._stop.wait()
         finally:
@@ -327,19 +329,16 @@ class ConsoleApp(App[int]):
             return False
         if action in MAIN_SCREEN_ONLY and self.screen is not self.screen_stack[0]:
             return False
-        kind = ROW_KIND.get(action)
-        if kind is None:
+        kinds = ROW_KINDS.get(action)
+        if kinds is None:
             return True
-        if len(self.screen_stack) > 1 and not isinstance(self.screen, (JobScreen, NodeScreen)):
-            return False
         if isinstance(self.screen, JobScreen):
-            return kind == "job"
+            return "job" in kinds
         if isinstance(self.screen, NodeScreen):
-            return kind == "node"
-        view_kind = self.view.kind
-        if action in ("logs", "shell"):
-            return view_kind in ("job", "node") if action == "shell" else view_kind == "job"
-        return view_kind == kind
+            return "node" in kinds
+        if self.screen is not self.screen_stack[0]:
+            return False
+        return self.view.kind in kinds
 
     # -- opening details -----------------------------------------------------------------------------------
 
@@ -360,9 +359,12 @@ class ConsoleApp(App[int]):
             elif alert and alert.get("node"):
                 self.open_node(str(alert["node"]))
 
-    def open_job(self, job_id: int) -> None:
-        if self.client is not None:
-            self.push_screen(JobScreen(self.client, self.clock, job_id))
+    def open_job(self, job_id: int) -> JobScreen | None:
+        if self.client is None:
+            return None
+        screen = JobScreen(self.client, self.clock, job_id)
+        self.push_screen(screen)
+        return screen
 
     def open_node(self, name: str) -> None:
         if self.client is not None:
@@ -457,10 +459,8 @@ class ConsoleApp(App[int]):
     def action_logs(self) -> None:
         if isinstance(self.screen, JobScreen):
             self.screen.action_logs()
-        elif (job := self._one("job")) is not None:
-            self.open_job(int(job))
-            assert isinstance(self.screen, JobScreen)
-            self.call_after_refresh(self.screen.action_logs)
+        elif (job := self._one("job")) is not None and (screen := self.open_job(int(job))) is not None:
+            self.call_after_refresh(screen.action_logs)
 
     def action_submit(self) -> None:
         async def predict(spec: dict[str, Any]) -> dict[str, Any]:
@@ -531,8 +531,6 @@ class ConsoleApp(App[int]):
     @work(exclusive=True, group="terminal", exit_on_error=False)
     async def open_shell(self, target: str, rank: int | None) -> None:
         """Suspend the app and run `ssh -t` into the node; the scheduler keeps running meanwhile."""
-        from scheduler.shell import node_shell, shell_target
-
         try:
             if target.isdigit():
                 shell = await shell_target(self.client, self.loaded, target, rank=rank)

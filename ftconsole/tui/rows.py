@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import re
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -174,7 +175,7 @@ def job_cells(job: Mapping[str, Any], now: float, marked: bool = False) -> Row:
     last = job.get("last_output")
     output: Cell = "-"
     if last is not None:
-        output = age(now - float(last)) if status_live(job) else "done"
+        output = age(now - float(last)) if job["status"] == "running" else "done"
         if state == "stalled":
             output = styled(age(now - float(last)), "warn")
     alerts = int(job.get("open_alerts") or 0)
@@ -195,10 +196,6 @@ def job_cells(job: Mapping[str, Any], now: float, marked: bool = False) -> Row:
         compress_names(where),
         str(job.get("message") or ""),
     )
-
-
-def status_live(job: Mapping[str, Any]) -> bool:
-    return job["status"] == "running"
 
 
 def compress_names(names: Sequence[str], limit: int = 40) -> str:
@@ -338,9 +335,7 @@ def event_key(event: Mapping[str, Any]) -> str:
 
 
 def event_cells(event: Mapping[str, Any], now: float) -> Row:
-    import time as _time
-
-    when = _time.strftime("%H:%M:%S", _time.localtime(float(event["time"])))
+    when = time.strftime("%H:%M:%S", time.localtime(float(event["time"])))
     subject = f"job {event['job']}" if event.get("job") else str(event.get("node") or "")
     kind = str(event["kind"])
     bad = any(w in kind.lower() for w in ("fail", "error", "unhealthy", "unreachable", "isolat"))

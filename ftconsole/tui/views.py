@@ -139,12 +139,8 @@ class JobsView(View):
 
     def summary(self, feed: Feed, now: float) -> Text:
         counts = Counter(R.job_state(j, now) for j in feed.jobs.values())
-        parts: list[Any] = []
-        for state in ("stalled", "error", "running", "stopping", "queued"):
-            if counts.get(state):
-                parts += [(f"{counts[state]} {state}", R.style(R.STATUS_STYLE.get(state))), " · "]
-        parts.append(f"{len(feed.jobs)} jobs")
-        return Text.assemble(*parts)
+        shown = ("stalled", "error", "running", "stopping", "queued")
+        return Text.assemble(*_counts(counts, shown, R.STATUS_STYLE), f"{len(feed.jobs)} jobs")
 
 
 class NodesView(View):
@@ -153,22 +149,29 @@ class NodesView(View):
     sources = ("nodes",)
     kind = "node"
 
+    def __init__(self, *, id: str) -> None:
+        super().__init__(id=id)
+        self._node_views: list[dict[str, Any]] = []  # as `build` last saw them (`unknown` when too old)
+
     def build(self, feed: Feed, now: float) -> tuple[dict[str, R.Row], list[str]]:
-        nodes = feed.node_views()
+        self._node_views = nodes = feed.node_views()
         rows = {n["name"]: R.node_cells(n, now, feed.util.get(n["name"], ()), n["name"] in self.marked) for n in nodes}
         order = [n["name"] for n in sorted(nodes, key=R.node_order)]
         return rows, order
 
     def summary(self, feed: Feed, now: float) -> Text:
-        counts = Counter(n["state"] for n in feed.node_views())
-        parts: list[Any] = []
-        for state in R.NODE_STATE_ORDER:
-            if counts.get(state):
-                parts += [(f"{counts[state]} {state}", R.style(R.NODE_STATE_STYLE.get(state))), " · "]
-        gpus = sum(len(n.get("gpus") or []) for n in feed.nodes.values())
-        held = sum(len(n.get("held") or []) for n in feed.nodes.values())
-        parts.append(f"{len(feed.nodes)} nodes · GPUs {held}/{gpus} used")
-        return Text.assemble(*parts)
+        counts = Counter(n["state"] for n in self._node_views)
+        gpus = sum(len(n.get("gpus") or []) for n in self._node_views)
+        held = sum(len(n.get("held") or []) for n in self._node_views)
+        return Text.assemble(
+            *_counts(counts, R.NODE_STATE_ORDER, R.NODE_STATE_STYLE),
+            f"{len(self._node_views)} nodes · GPUs {held}/{gpus} used",
+        )
+
+
+def _counts(counts: Mapping[str, int], states: Sequence[str], styles: Mapping[str, str]) -> list[Any]:
+    """`3 running · 1 error · ` for the states present, in the given order, each in its style."""
+    return [part for s in states if counts.get(s) for part in ((f"{counts[s]} {s}", R.style(styles.get(s))), " · ")]
 
 
 class AlertsView(View):

@@ -4,7 +4,6 @@ show, logs, stop, delete, clone, priority, and the errors a user sees."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -13,43 +12,13 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from tests.cli_runner import TIMEOUT, Cli
 from tests.sshd_cluster import SshdCluster, current_user
 
 pytestmark = pytest.mark.sshd
-TIMEOUT = 60
-
-
-class Cli:
-    def __init__(self, config: Path) -> None:
-        self.env = {**os.environ, "FTCONSOLE_CONFIG": str(config)}
-
-    def __call__(self, *args: str, check: int | None = 0) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run(
-            [sys.executable, "-m", "ftconsole.cli", *args],
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT,
-        )
-        if check is not None:
-            assert proc.returncode == check, f"{args}: exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-        return proc
-
-    def json(self, *args: str) -> Any:
-        return json.loads(self(*args, "--json").stdout)
-
-    def until(self, job_id: int, statuses: set[str]) -> dict[str, Any]:
-        deadline = time.monotonic() + TIMEOUT
-        while time.monotonic() < deadline:
-            shown = self.json("show", str(job_id))
-            if shown["status"] in statuses:
-                return dict(shown)
-            time.sleep(0.2)
-        raise AssertionError(f"job {job_id} never reached {statuses}")
 
 
 @pytest.fixture

@@ -19,33 +19,15 @@ from typing import Any
 
 import pytest
 
+from tests.cli_runner import TIMEOUT
+from tests.cli_runner import Cli as CliBase
 from tests.sshd_cluster import SshdCluster
 
 pytestmark = pytest.mark.sshd
-TIMEOUT = 60
 VALUE = 'it\'s a "value" with $(touch PWNED) and `id`'
 
 
-class Cli:
-    def __init__(self, config: Path) -> None:
-        self.env = {**os.environ, "FTCONSOLE_CONFIG": str(config), "TERM": "dumb"}
-
-    def __call__(self, *args: str, check: int | None = 0) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run(
-            [sys.executable, "-m", "ftconsole.cli", *args],
-            env=self.env,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT,
-        )
-        if check is not None:
-            assert proc.returncode == check, f"{args}: exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-        return proc
-
-    def json(self, *args: str) -> Any:
-        return json.loads(self(*args, "--json").stdout)
-
+class Cli(CliBase):
     def interactive(self, *args: str, keys: str, wait_for: str) -> str:
         """Run the CLI under a pseudo-terminal (`script`); type `keys` once `wait_for` was printed; all output."""
         if shutil.which("script") is None:
