@@ -32,7 +32,7 @@ log = logging.getLogger("ftconsole.daemon")
 
 # ops that change something (the CLI warns when no scheduler runs to act on them)
 # (ack, resolve, drain and resume take effect at once, scheduler or not)
-WRITE_OPS = frozenset({"submit", "stop", "delete", "clone", "priority", "extend"})
+WRITE_OPS = frozenset({"submit", "stop", "delete", "clone", "priority", "extend", "scale"})
 
 
 class Operations:
@@ -52,6 +52,7 @@ class Operations:
             "clone": self._clone,
             "priority": self._priority,
             "extend": self._extend,
+            "scale": self._scale,
             "logs": self._logs,
             "wait": self._wait,
             "events": self._events,
@@ -142,6 +143,12 @@ class Operations:
     async def _extend(self, caller: Caller, args: dict[str, Any]) -> Any:
         seconds = parse_duration(args["duration"])
         return await self._one(await self.scheduler.extend(caller, args["job"], seconds))
+
+    async def _scale(self, caller: Caller, args: dict[str, Any]) -> Any:
+        nodes = args["nodes"]
+        if isinstance(nodes, bool) or not isinstance(nodes, int | str) or not str(nodes).strip().isdigit():
+            raise UsageError(f"scale needs a whole number of nodes, not {nodes!r}")
+        return await self._one(await self.scheduler.scale(caller, args["job"], int(nodes)))
 
     async def _logs(self, caller: Caller, args: dict[str, Any]) -> AsyncIterator[str]:
         stream = self.scheduler.logs(

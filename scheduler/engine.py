@@ -35,7 +35,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from scheduler import placement
+from scheduler import elastic, placement
 from scheduler.api import Caller
 from scheduler.config import Node, format_duration
 from scheduler.errors import FtError, NotFound, PermissionDenied, UsageError
@@ -297,6 +297,34 @@ class Scheduler:
             )
         return await self._fresh(job.id)
 
+    async def scale(self, caller: Caller, job_id: int | str, nodes: int) -> Job:
+        """Resize an elastic job to `nodes` nodes (see `scheduler.elastic`): a queued one is placed at that size,
+        a running one gets a new attempt of that size once the nodes are there (the loop does it)."""
+        job = await self._job(caller, job_id, "scale", write=True)
+        problem = elastic.scale_problem(job, nodes)
+        if problem is not None:
+            raise UsageError(problem)
+        if nodes == job.size:
+            return job
+        now = self.clock()
+        how = elastic.direction(job.size, nodes)
+        queued = job.status is JobStatus.QUEUED
+        when = "it is placed at that size" if queued else "a new attempt replaces the current one"
+        try:
+            async with self.store.jobs_tx("scale a job") as tx:
+                await tx.update_job(job.id, expect=[JobStatus.QUEUED, JobStatus.RUNNING], scaled_to=nodes)
+                await tx.event(
+                    now,
+                    Condition.SCALING,
+                    f"{how} by {caller.user}: {when}",
+                    job=job.id,
+                    data={"from": job.size, "to": nodes, "by": caller.user},
+                )
+        except Conflict:
+            raise UsageError(f"job {job.id} ended meanwhile: it cannot be scaled") from None
+        self._poke()
+        return await self._fresh(job.id)
+
     async def job_events(self, caller: Caller, job_id: int | str, *, limit: int = 100) -> list[StoredEvent]:
         job = await self._job(caller, job_id, "see", write=False)
         return await self.store.events(job=str(job.id), limit=limit)
@@ -546,17 +574,22 @@ class Scheduler:
         await self._launch_intents()
         await self._observe()
         await self._expire()
+        await self._resize()
         await self._send_stops()
         await self._place()
 
     # -- 1. launch ------------------------------------------------------------------------------------------
 
     async def _launch_intents(self) -> None:
-        intents = [r for r in await self.store.runs(held=True) if r.state == "intent"]
+        held = await self.store.runs(held=True)
         by_job: dict[int, list[Run]] = defaultdict(list)
-        for r in intents:
-            by_job[r.job].append(r)
+        for r in held:
+            if r.state == "intent":
+                by_job[r.job].append(r)
+        up = [(r.job, r.attempt) for r in held if r.active and r.state != "intent"]
         for job_id, runs in by_job.items():
+            if any(job == job_id and attempt < runs[0].attempt for job, attempt in up):
+                continue  # a resized elastic job: its new attempt starts once every rank of the old one is down
             job = await self.store.job(job_id)
             if job is None:
                 continue
@@ -662,8 +695,13 @@ class Scheduler:
                     moved = moved or dataclasses.replace(new, output_at=r.output_at) != r
         attempts = await self.store.running_attempts()
         quiet: list[tuple[Run, dict[str, Any]]] = []  # run changes of jobs with nothing to decide
+        drained: list[tuple[Job, list[int]]] = []  # resized jobs whose earlier attempts are down
         for job in running.values():
-            runs = [updated.get((r.job, r.attempt, r.rank), r) for r in held if r.job == job.id]
+            mine_now = [updated.get((r.job, r.attempt, r.rank), r) for r in held if r.job == job.id]
+            runs = [r for r in mine_now if r.attempt == job.attempt]
+            earlier = [r for r in mine_now if r.attempt < job.attempt]  # a resize's old attempt: never settles the job
+            if earlier and not any(r.active for r in earlier):
+                drained.append((job, sorted({r.attempt for r in earlier})))
             if not runs:
                 continue
             attempt = attempts.get(job.id)
@@ -687,11 +725,22 @@ class Scheduler:
                     await tx.update_run(r, **fields)
             if moved:  # a heartbeat alone wakes nobody: a printing job would otherwise make the loop spin
                 self._poke()
+        for job, numbers in drained:
+            async with self.store.jobs_tx(f"release the resized attempt of job {job.id}") as tx:
+                for number in numbers:
+                    await tx.release_runs(job.id, attempt=number)
+                    await tx.update_attempt(job.id, number, ended=now, result="resized")
+                down = ", ".join(map(str, numbers))
+                text = f"attempt {down} is down: attempt {job.attempt} starts"
+                await tx.event(now, Condition.SCALING, text, job=job.id)
+            self._poke()
 
     async def _apply(
         self, tx: JobTx, job: Job, decision: Any, now: float, runs: Sequence[Run], *, was_running: bool
     ) -> None:
         if isinstance(decision, AllRunning):
+            if job.message:  # e.g. a resize's "scaling 2 -> 3 nodes", now done
+                await tx.update_job(job.id, message="")
             await tx.update_attempt(job.id, job.attempt, started=now)
             await tx.event(now, Condition.RUNNING, f"every rank of attempt {job.attempt} is running", job=job.id)
         elif isinstance(decision, StopOthers):
@@ -740,14 +789,15 @@ class Scheduler:
                 continue
 
     async def _send_stops(self) -> None:
-        stopping = {
-            j.id for j in await self.store.jobs(statuses=[JobStatus.RUNNING], deleted=True) if j.stop_reason is not None
-        }
-        if not stopping:
-            return
+        """Stop, once, the runs of jobs being stopped and those of attempts a resize replaced."""
+        running = await self.store.jobs(statuses=[JobStatus.RUNNING], deleted=True)
+        stopping = {j.id for j in running if j.stop_reason is not None}
+        current = {j.id: j.attempt for j in running}
         pending: dict[str, list[Run]] = defaultdict(list)
         for r in await self.store.runs(held=True):
-            if r.job in stopping and r.launch and r.state in ("starting", "running") and r.stop_sent is None:
+            if not (r.launch and r.state in ("starting", "running") and r.stop_sent is None):
+                continue
+            if r.job in stopping or (r.job in current and r.attempt < current[r.job]):
                 pending[r.node].append(r)
         if not pending:
             return
@@ -836,7 +886,7 @@ class Scheduler:
                 unplaceable.append((job, str(exc)))
                 continue
             request = dataclasses.replace(
-                request, priority=placement.Priority.parse(job.priority), requeued=job.requeued
+                request, priority=placement.Priority.parse(job.priority), requeued=job.requeued, nodes=job.size
             )
             requests.append(request)
             by_id[str(job.id)] = (job, request)
@@ -860,11 +910,45 @@ class Scheduler:
             await self._notes([(job, f"placed, but cannot get a port on {first.name}: {exc}; retrying")])
             return
         number = job.attempt + 1
+        spec_name, gpus = candidate.spec_name, candidate.gpus_per_node
+        attempt, runs = self._new_attempt(job, number, spec_name, gpus, decision.nodes, port, now)
+        where = _where(decision.nodes)
+        try:
+            async with self.store.jobs_tx("place a job") as tx:
+                await tx.update_job(
+                    job.id, expect=[JobStatus.QUEUED], status=JobStatus.RUNNING, started=now, attempt=number, message=""
+                )
+                await tx.add_attempt(attempt, runs)
+                await tx.event(
+                    now,
+                    Condition.CREATING,
+                    f"attempt {number} placed on {where}"
+                    + (f" (spec {candidate.spec_name})" if candidate.spec_name else ""),
+                    job=job.id,
+                    data={"nodes": _nodes_json(decision.nodes), "port": port},
+                )
+        except Conflict:
+            return  # stopped or changed while we asked for a port
+        self._poke()
+        fresh = await self._fresh(job.id)
+        await self._launch(fresh, runs)
+
+    def _new_attempt(
+        self,
+        job: Job,
+        number: int,
+        spec_name: str | None,
+        gpus_per_node: int,
+        nodes: Sequence[placement.NodeGpus],
+        port: int,
+        now: float,
+    ) -> tuple[Attempt, list[Run]]:
+        """Attempt `number` of the job on these nodes (rank order), with its runs as intents."""
         attempt = Attempt(
             job=job.id,
             number=number,
-            spec_name=candidate.spec_name,
-            gpus_per_node=candidate.gpus_per_node,
+            spec_name=spec_name,
+            gpus_per_node=gpus_per_node,
             master_port=port,
             created=now,
         )
@@ -879,33 +963,113 @@ class Scheduler:
                 run_dir=f"{root}/{job.id}/{number}/{rank}",
                 launch=True,
             )
-            for rank, (node, gpus) in enumerate(decision.nodes)
+            for rank, (node, gpus) in enumerate(nodes)
         ]
         launching = {r.rank for r in self._plan(job, attempt, runs).launching}
-        runs = [dataclasses.replace(r, launch=r.rank in launching) for r in runs]
-        where = ", ".join(f"{n}[{','.join(map(str, g))}]" for n, g in decision.nodes)
+        return attempt, [dataclasses.replace(r, launch=r.rank in launching) for r in runs]
+
+    # -- elastic resizing -----------------------------------------------------------------------------------
+
+    async def _resize(self) -> None:
+        """Running elastic jobs scaled to a new size get a new attempt of that size (see `scheduler.elastic`);
+        `_send_stops` then stops the old attempt, and `_launch_intents` starts the new one once it is down."""
+        jobs = [
+            j
+            for j in await self.store.jobs(statuses=[JobStatus.RUNNING], deleted=True)
+            if j.scaled_to is not None and j.stop_reason is None
+        ]
+        if not jobs:
+            return
+        held = await self.store.runs(held=True)
+        for job in jobs:
+            mine = [r for r in held if r.job == job.id]
+            current = [r for r in mine if r.attempt == job.attempt]
+            if not current or len(current) == job.size or any(r.attempt < job.attempt for r in mine):
+                continue  # at its size, or a resize still under way
+            try:
+                await self._resize_one(job, current)
+            except FtError as exc:
+                await self._running_note(job, f"cannot scale to {job.size} nodes now: {exc}; retrying")
+
+    async def _resize_one(self, job: Job, current: Sequence[Run]) -> None:
+        now = self.clock()
+        attempt = await self.store.attempt(job.id, job.attempt)
+        assert attempt is not None
+        how = elastic.direction(len(current), job.size)
+        nodes = elastic.kept_nodes(current, job.size)
+        if job.size > len(current):
+            decision = await self._grow(job, attempt, current, job.size - len(current), now)
+            if isinstance(decision, placement.Wait):
+                await self._running_note(job, f"{how} waits for nodes: {decision.reason}")
+                return
+            nodes += decision.nodes
+        port = await free_port(self.transport, self._nodes[nodes[0][0]], python=self.config.ssh.python)
+        number = job.attempt + 1
+        new, runs = self._new_attempt(job, number, attempt.spec_name, attempt.gpus_per_node, nodes, port, now)
         try:
-            async with self.store.jobs_tx("place a job") as tx:
+            async with self.store.jobs_tx("resize a job") as tx:
                 await tx.update_job(
-                    job.id, expect=[JobStatus.QUEUED], status=JobStatus.RUNNING, started=now, attempt=number, message=""
+                    job.id,
+                    expect=[JobStatus.RUNNING],
+                    attempt=number,
+                    message=f"{how}: attempt {number} starts once attempt {job.attempt} is down",
                 )
-                await tx.add_attempt(attempt, runs)
+                await tx.update_attempt(job.id, job.attempt, message=f"replaced by attempt {number} ({how})")
+                for r in current:
+                    if r.state == "intent":  # never launched: nothing to stop
+                        await tx.update_run(r, state="cancelled", ended=now)
+                await tx.add_attempt(new, runs)
                 await tx.event(
                     now,
-                    Condition.CREATING,
-                    f"attempt {number} placed on {where}"
-                    + (f" (spec {candidate.spec_name})" if candidate.spec_name else ""),
+                    Condition.SCALING,
+                    f"{how}: attempt {number} on {_where(nodes)}; stopping attempt {job.attempt}",
                     job=job.id,
-                    data={"nodes": [{"node": n, "gpus": list(g)} for n, g in decision.nodes], "port": port},
+                    data={"nodes": _nodes_json(nodes), "port": port, "from": len(current), "to": job.size},
                 )
         except Conflict:
-            return  # stopped or changed while we asked for a port
+            return  # it ended meanwhile
         self._poke()
-        fresh = await self._fresh(job.id)
-        await self._launch(fresh, runs)
+
+    async def _grow(
+        self, job: Job, attempt: Attempt, current: Sequence[Run], count: int, now: float
+    ) -> placement.Decision:
+        """Where the `count` nodes a scale out adds would go now, or why they wait (placement's `predict`)."""
+        queued = await self.store.jobs(statuses=[JobStatus.QUEUED])
+        state, requests, _, _ = await self._placement_inputs(queued)
+        rank0 = min(current, key=lambda r: r.rank).node
+        deadline = job.deadline
+        request = elastic.grow_request(
+            job_request(job.spec, self.config, job_id=str(job.id), now=now),
+            count=count,
+            spec_name=attempt.spec_name,
+            gpus_per_node=attempt.gpus_per_node,
+            gpu_model=next((n.gpu_model for n in state.nodes if n.name == rank0), ""),
+            own={r.node for r in current},
+            cluster=self._nodes,
+            priority=placement.Priority.parse(job.priority),
+            now=now,
+            remaining=None if deadline is None else deadline - now,
+        )
+        return placement.predict(state, requests, request, now, allow_degraded=self._degraded_ok)
+
+    async def _running_note(self, job: Job, text: str) -> None:
+        """Why a running job is not doing what it was asked (its message), written only when it changed."""
+        if job.message == text:
+            return
+        with contextlib.suppress(Conflict):
+            async with self.store.jobs_tx("note on a running job") as tx:
+                await tx.update_job(job.id, expect=[JobStatus.RUNNING], message=text)
 
 
 # ================================================================ helpers
+
+
+def _where(nodes: Sequence[placement.NodeGpus]) -> str:
+    return ", ".join(f"{n}[{','.join(map(str, g))}]" for n, g in nodes)
+
+
+def _nodes_json(nodes: Sequence[placement.NodeGpus]) -> list[dict[str, Any]]:
+    return [{"node": n, "gpus": list(g)} for n, g in nodes]
 
 
 def _job_id(value: int | str) -> int:

@@ -42,7 +42,7 @@ class Condition(StrEnum):
     CREATING = "Creating"
     RUNNING = "Running"
     STOPPING = "Stopping"
-    SCALING = "Scaling"
+    SCALING = "Scaling"  # an elastic job resized (`scale`): its attempt is replaced by one of the new size
     RESTARTING = "Restarting"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
@@ -91,6 +91,12 @@ class Job:
     exit_code: int | None = None
     deleted: bool = False
     cloned_from: int | None = None
+    scaled_to: int | None = None  # an elastic job's size once scaled (`scale`); None: the spec's `nodes`
+
+    @property
+    def size(self) -> int:
+        """How many nodes the job asks for now: the spec's `nodes`, or what it was scaled to."""
+        return self.scaled_to if self.scaled_to is not None else self.spec.nodes
 
     @property
     def max_runtime(self) -> float | None:
@@ -117,7 +123,8 @@ class Job:
             "access": self.access,
             "mode": self.spec.mode.value,
             "type": self.spec.type.value,
-            "nodes": self.spec.nodes,
+            "nodes": self.size,
+            "elastic": _elastic_json(self.spec),
             "gpus_per_node": self.spec.gpus_per_node,
             "specs": [r.spec for r in self.spec.gpu_request if r.spec],
             "output": self.spec.output,
@@ -162,6 +169,11 @@ class Attempt:
             "result": self.result,
             "message": self.message,
         }
+
+
+def _elastic_json(spec: JobSpec) -> dict[str, int] | None:
+    bounds = spec.elastic_range
+    return None if bounds is None else {"min_nodes": bounds[0], "max_nodes": bounds[1]}
 
 
 # states of a run as the store keeps them: intent (recorded, not yet sent), prepared (folder only, nothing

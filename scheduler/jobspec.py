@@ -427,6 +427,14 @@ class JobSpec(_Strict):
         """The expanded `node_names`, or [] when the scheduler picks the nodes."""
         return expand_nodeset(self.node_names) if self.node_names else []
 
+    @property
+    def elastic_range(self) -> tuple[int, int] | None:
+        """(min_nodes, max_nodes) of an elastic job, `max_nodes` defaulting to `nodes`; None when not elastic."""
+        elastic = self.fault_tolerance.elastic
+        if elastic is None:
+            return None
+        return elastic.min_nodes, elastic.max_nodes or self.nodes
+
     def to_json(self) -> dict[str, Any]:
         """JSON-ready data (durations in seconds) that `from_json` turns back into an equal spec."""
         return self.model_dump(mode="json", exclude_none=True)

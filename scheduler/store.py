@@ -156,6 +156,10 @@ MIGRATIONS: tuple[str, ...] = (
             OR (e.kind = 'state-changed' AND json_extract(e.data, '$.to') IN ('unhealthy', 'unreachable')))
     );
     """,
+    # 4: an elastic job's size once scaled (NULL: the spec's `nodes`)
+    """
+    ALTER TABLE jobs ADD COLUMN scaled_to INTEGER;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 PROBE_HISTORY_PER_NODE = 50
@@ -612,6 +616,7 @@ _JOB_COLUMNS = frozenset(
         "message",
         "exit_code",
         "deleted",
+        "scaled_to",
     }
 )
 _ATTEMPT_COLUMNS = frozenset({"started", "ended", "result", "message"})
@@ -715,8 +720,12 @@ class JobTx:
         )
         await self._touch(run.job)
 
-    async def release_runs(self, job_id: int) -> None:
-        await self._db.execute("UPDATE runs SET released = 1 WHERE job = ?", (job_id,))
+    async def release_runs(self, job_id: int, *, attempt: int | None = None) -> None:
+        """Free the GPUs of a job's runs: every attempt's, or one attempt's (an elastic job's resized one)."""
+        if attempt is None:
+            await self._db.execute("UPDATE runs SET released = 1 WHERE job = ?", (job_id,))
+        else:
+            await self._db.execute("UPDATE runs SET released = 1 WHERE job = ? AND attempt = ?", (job_id, attempt))
         await self._touch(job_id)
 
     async def event(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,3 +24,13 @@ def _isolated_environment(tmp_path_factory: pytest.TempPathFactory, monkeypatch:
 @pytest.fixture
 def repo_root() -> Path:
     return Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def sock_dir() -> Iterator[Path]:
+    """A short directory: Unix socket paths are limited to 107 bytes, pytest's tmp_path can be longer."""
+    path = Path(tempfile.mkdtemp(prefix="ft-", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

@@ -7,10 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import pwd
-import shutil
-import tempfile
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -31,15 +28,6 @@ from tests.integration.test_scheduler_sshd import (
 from tests.sshd_cluster import SshdCluster
 
 pytestmark = pytest.mark.sshd
-
-
-@pytest.fixture
-def sock_dir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="ft-", dir="/tmp"))  # socket paths are limited to 107 bytes
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 async def alerts_until(

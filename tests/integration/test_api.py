@@ -9,12 +9,10 @@ import json
 import logging
 import os
 import pwd
-import shutil
 import socket
 import stat
 import sys
-import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -73,14 +71,6 @@ class Handler:
                 raise NotFound("the job went away")
         finally:
             self.stream_closed.set()
-
-
-@pytest.fixture
-def sock_dir() -> Iterator[Path]:
-    """A short directory: Unix socket paths are limited to 107 bytes, pytest's tmp_path can be longer."""
-    path = Path(tempfile.mkdtemp(prefix="ft-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

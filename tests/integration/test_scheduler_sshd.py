@@ -11,9 +11,7 @@ import contextlib
 import json
 import os
 import pwd
-import shutil
 import sys
-import tempfile
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -29,15 +27,6 @@ from tests.sshd_cluster import SshdCluster, pid_alive
 
 pytestmark = pytest.mark.sshd
 WAIT = 60.0
-
-
-@pytest.fixture
-def sock_dir() -> Any:
-    path = Path(tempfile.mkdtemp(prefix="ft-", dir="/tmp"))  # socket paths are limited to 107 bytes
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def write_config(cluster: SshdCluster, root: Path, sock_dir: Path, **overrides: Any) -> LoadedConfig:

@@ -82,7 +82,7 @@ async def test_probe_history_is_bounded_per_node(tmp_path: Path, monkeypatch: py
 
 
 async def test_a_version_2_store_is_migrated_with_its_history(tmp_path: Path) -> None:
-    """A store written by the previous release: migration 3 keeps every row and fills the new columns."""
+    """A store written by an earlier release: migrations 3 and 4 keep every row and fill the new columns."""
     path = tmp_path / "state.db"
     spec = json.dumps(JobSpec.from_json({"name": "old", "command": "true"}).to_json())
     with sqlite3.connect(path) as db:
@@ -106,9 +106,10 @@ async def test_a_version_2_store_is_migrated_with_its_history(tmp_path: Path) ->
             "VALUES (5.0, 'job_failed', 'error', 1, 'failed', 'acknowledged', 'bob', 6.0)"
         )
     async with await Store.open(path) as store:
-        assert await store.schema_version() == SCHEMA_VERSION == 3
+        assert await store.schema_version() == SCHEMA_VERSION == 4
         (job,) = await store.jobs()
         assert (job.name, job.status.value) == ("old", "error")
+        assert (job.scaled_to, job.size) == (None, 1)  # never scaled: the spec's size
         assert await store.node_faults() == {"gpu01": 3}
         (alert,) = await store.alerts()
         assert (alert.state, alert.acked_by, alert.acked_at, alert.resolved_by) == ("acknowledged", "bob", 6.0, None)

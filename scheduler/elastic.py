@@ -1,0 +1,93 @@
+"""Elastic jobs: resizing a job between its `min_nodes` and `max_nodes`. Pure decisions, no I/O.
+
+A job with `fault_tolerance.elastic` can be scaled (`ftconsole scale JOB N`, the console's scale key) to
+any size from `min_nodes` to `max_nodes` (default: its `nodes`). A queued job is then placed at the new size.
+A running job gets a new attempt of the new size, which replaces the current one (seed 003: the job saves a
+checkpoint when signalled and continues from it; seed 004's Scaling condition records each resize):
+
+- scale in: the new attempt keeps the first N ranks' nodes and GPUs, so rank 0 (MASTER_ADDR) stays put;
+- scale out: it keeps every node and adds the missing ones, placed like a job of the same priority
+  submitted now (a resize never jumps the queue), with the attempt's node spec and GPU count, on nodes of
+  rank 0's GPU model. While they are not free the job runs on at its size, says why it waits, and grows as
+  soon as they are;
+- the current attempt's ranks are stopped as on `stop` (SIGTERM, SIGKILL after the grace period); the new
+  attempt's runs hold their GPUs meanwhile and are launched once every old rank is down, with the new
+  WORLD_SIZE, hostfile, TF_CONFIG... of the new size. Every mode works this way, since each attempt is
+  planned afresh.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection, Sequence
+
+from scheduler.jobs import Job, Run
+from scheduler.placement import Candidate, JobRequest, NodeGpus, Priority
+
+
+def scale_problem(job: Job, nodes: int) -> str | None:
+    """Why `job` cannot be scaled to `nodes` nodes now, or None when it can."""
+    bounds = job.spec.elastic_range
+    if bounds is None:
+        return (
+            f"job {job.id} is not elastic: only a job with fault_tolerance.elastic (min_nodes, max_nodes) in its "
+            "spec can be scaled"
+        )
+    low, high = bounds
+    if not low <= nodes <= high:
+        return f"job {job.id} scales from {low} to {high} nodes (fault_tolerance.elastic), not to {nodes}"
+    if not job.status.active:
+        return f"job {job.id} is {job.status.value}: only a queued or running job can be scaled"
+    if job.stop_reason is not None:
+        return f"job {job.id} is being stopped ({job.stop_reason.value}): it cannot be scaled"
+    return None
+
+
+def direction(before: int, after: int) -> str:
+    """Seed 004's words for a resize: "scale out 2 -> 3", "scale in 3 -> 2"."""
+    return f"scale {'out' if after > before else 'in'} {before} -> {after}"
+
+
+def kept_nodes(runs: Sequence[Run], size: int) -> list[NodeGpus]:
+    """The nodes and GPUs a resized attempt keeps: those of the first `size` ranks, in rank order."""
+    return [(r.node, r.gpus) for r in sorted(runs, key=lambda r: r.rank)[:size]]
+
+
+def grow_request(
+    base: JobRequest,
+    *,
+    count: int,
+    spec_name: str | None,
+    gpus_per_node: int,
+    gpu_model: str,
+    own: Collection[str],
+    cluster: Collection[str],
+    priority: Priority,
+    now: float,
+    remaining: float | None,
+) -> JobRequest:
+    """The placement request for the `count` nodes a scale out adds to a running job.
+
+    `base` is the job's own request (pool, driver, node names); the result asks for the attempt's candidate
+    only (`spec_name`, `gpus_per_node`), on `gpu_model` when the candidate names none (`""`: any), on the
+    job's allowed nodes (`node_names`, else the whole `cluster`) minus the ones it holds (`own`), at the job's
+    `priority` as if submitted `now`, for the `remaining` run time (None: no limit).
+    """
+    candidate = next(
+        (c for c in base.candidates if (c.spec_name, c.gpus_per_node) == (spec_name, gpus_per_node)),
+        Candidate(spec_name, gpus_per_node, None),
+    )
+    if not candidate.gpu_model and gpu_model:
+        candidate = dataclasses.replace(candidate, gpu_model=gpu_model)
+    allowed = base.node_names if base.node_names is not None else frozenset(cluster)
+    return dataclasses.replace(
+        base,
+        id=f"{base.id}+{count}",
+        nodes=count,
+        candidates=(candidate,),
+        node_names=frozenset(allowed) - frozenset(own),
+        priority=priority,
+        submitted_at=now,
+        requeued=False,
+        max_runtime=None if remaining is None else max(remaining, 0.0),
+    )

@@ -1,0 +1,108 @@
+"""Elastic jobs resized on real sshd nodes: scale out (waiting for nodes, then growing), scale in, refusals.
+
+The job is a real process per rank that prints its WORLD_SIZE and RANK and, on SIGTERM, "saves a
+checkpoint" and exits 0, as a training script would; each resize replaces the attempt by one of the new size.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from scheduler.errors import UsageError
+from tests.integration.test_scheduler_sshd import finished, job, running, until, write_config
+from tests.sshd_cluster import SshdCluster
+
+pytestmark = pytest.mark.sshd
+
+WORKER = (
+    'sh -c \'echo start world=$WORLD_SIZE rank=$RANK; trap "echo saved checkpoint; exit 0" TERM; '
+    "while true; do sleep 0.1; done'"
+)
+
+
+def up(attempt: int, size: int) -> Any:
+    """The job runs attempt `attempt` with `size` ranks, all running."""
+
+    def check(shown: dict[str, Any]) -> bool:
+        runs = [r for a in shown["attempts"] if a["number"] == attempt for r in a["runs"]]
+        return shown["attempt"] == attempt and len(runs) == size and all(r["state"] == "running" for r in runs)
+
+    return check
+
+
+async def log_of(client: Any, job_id: int, rank: int, attempt: int) -> str:
+    return "".join([chunk async for chunk in client.stream("logs", job=job_id, rank=rank, attempt=attempt)])
+
+
+async def test_scale_out_waits_for_nodes_then_grows_and_scale_in_keeps_rank_0(sshd_cluster, tmp_path, sock_dir) -> None:
+    cluster: SshdCluster = sshd_cluster(3, gpus=2)
+    loaded = write_config(cluster, tmp_path, sock_dir)
+    async with running(loaded) as (_, client):
+        blocker = await client.call("submit", spec=job("blocker", "sleep 60", gpus_per_node=2, workdir="/tmp"))
+        await until(client, blocker["id"], up(1, 1), "the blocker to run")
+        elastic = {"elastic": {"min_nodes": 1, "max_nodes": 3}}
+        spec = job("grow", WORKER, mode="pytorch", nodes=2, gpus_per_node=2, workdir="/tmp", fault_tolerance=elastic)
+        jid = (await client.call("submit", spec=spec))["id"]
+        first = await until(client, jid, up(1, 2), "attempt 1 on two nodes")
+        assert first["elastic"] == {"min_nodes": 1, "max_nodes": 3}
+        rank0 = first["attempts"][0]["runs"][0]["node"]
+
+        # scale out: the third node is held by the blocker, so the job runs on at its size and says why
+        scaled = await client.call("scale", job=jid, nodes=3)
+        assert (scaled["nodes"], scaled["attempt"]) == (3, 1)
+        waiting = await until(client, jid, lambda j: "waits for nodes" in j["message"], "the scale out to wait")
+        assert waiting["message"].startswith("scale out 2 -> 3 waits for nodes"), waiting["message"]
+        assert waiting["attempt"] == 1 and waiting["status"] == "running"
+
+        await client.call("stop", jobs=[blocker["id"]])  # the node frees up: the job grows at once
+        grown = await until(client, jid, lambda j: up(2, 3)(j) and not j["message"], "attempt 2 on three nodes")
+        old, new = grown["attempts"]
+        assert old["result"] == "resized" and old["ended"] is not None
+        assert all(r["state"] == "exited" and r["exit_code"] == 0 for r in old["runs"])
+        assert [r["node"] for r in new["runs"]][:2] == [r["node"] for r in old["runs"]]  # it kept its nodes
+        for rank in (0, 1):
+            assert "saved checkpoint" in await log_of(client, jid, rank, 1)  # SIGTERM, then a clean exit
+        for rank in (0, 1, 2):
+            assert f"start world=3 rank={rank}" in await log_of(client, jid, rank, 2)
+        kinds = [c["type"] for c in grown["conditions"]]
+        assert kinds.count("Scaling") >= 3, kinds  # asked, attempt 2 placed, attempt 1 down
+
+        # scale in: the first rank stays where it was
+        await client.call("scale", job=jid, nodes=1)
+        shrunk = await until(client, jid, up(3, 1), "attempt 3 on one node")
+        assert shrunk["attempts"][2]["runs"][0]["node"] == rank0
+        assert "start world=1 rank=0" in await log_of(client, jid, 0, 3)
+        nodes = {n["name"]: n for n in await client.call("nodes")}
+        holders = {name: n.get("held") for name, n in nodes.items()}
+        assert sum(1 for held in holders.values() if held) == 1, holders  # the two others are free again
+
+        await client.call("stop", jobs=[jid])
+        ended = await finished(client, jid)
+        assert ended["status"] == "stopped"
+
+
+async def test_scale_refusals_name_the_problem(sshd_cluster, tmp_path, sock_dir) -> None:
+    cluster: SshdCluster = sshd_cluster(2, gpus=1)
+    loaded = write_config(cluster, tmp_path, sock_dir)
+    async with running(loaded) as (_, client):
+        plain = await client.call("submit", spec=job("plain", "sleep 30", mode="pytorch", nodes=2, workdir="/tmp"))
+        with pytest.raises(UsageError, match=f"job {plain['id']} is not elastic"):
+            await client.call("scale", job=plain["id"], nodes=1)
+        elastic = {"elastic": {"min_nodes": 1}}
+        spec = job("small", "sleep 30", mode="pytorch", nodes=2, workdir="/tmp", fault_tolerance=elastic)
+        jid = (await client.call("submit", spec=spec))["id"]
+        with pytest.raises(UsageError, match=r"scales from 1 to 2 nodes .* not to 3"):
+            await client.call("scale", job=jid, nodes=3)
+        with pytest.raises(UsageError, match="whole number of nodes"):
+            await client.call("scale", job=jid, nodes="two")
+        queued = await client.call("scale", job=jid, nodes=1)  # queued behind `plain`: placed at the new size
+        assert queued["nodes"] == 1
+        await client.call("stop", jobs=[plain["id"]])
+        shown = await until(client, jid, up(1, 1), "the job to start on one node")
+        assert [c["type"] for c in shown["conditions"]][:2] == ["Pending", "Scaling"]
+        await client.call("stop", jobs=[jid])
+        assert (await finished(client, jid))["status"] == "stopped"
+        with pytest.raises(UsageError, match="only a queued or running job can be scaled"):
+            await client.call("scale", job=jid, nodes=2)
