@@ -1,5 +1,6 @@
-"""The job commands of the CLI: serve, submit, predict, jobs, show, stop, delete, clone, priority, extend, logs,
-alerts. They talk to the scheduler through `scheduler.client` (its socket, or in-process when none runs)."""
+"""The job commands of the CLI: serve, submit, predict, jobs, show, stop, delete, clone, priority, extend, scale,
+logs, events, cluster, alerts. They talk to the scheduler through `scheduler.client` (its socket, or in-process
+when none runs)."""
 
 from __future__ import annotations
 
@@ -226,6 +227,11 @@ def cmd_extend(args: argparse.Namespace) -> int:
     return _print_jobs([job], args, f"max_runtime now {format_duration(job['max_runtime_s'])}")
 
 
+def cmd_scale(args: argparse.Namespace) -> int:
+    job = _with_client(args, "scale", lambda c: c.call("scale", job=args.job, nodes=args.nodes))
+    return _print_jobs([job], args, f"scaling to {job['nodes']} node(s)")
+
+
 def cmd_logs(args: argparse.Namespace) -> int:
     async def go(client: Client) -> None:
         async for chunk in client.stream(
@@ -377,6 +383,11 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser, listing: argparse.Arg
     p.add_argument("job", metavar="JOB", help="job id")
     p.add_argument("duration", help="how much longer, e.g. 30m or 2h")
     p.set_defaults(func=cmd_extend)
+
+    p = sub.add_parser("scale", parents=parents, help="resize an elastic job (fault_tolerance.elastic) to NODES nodes")
+    p.add_argument("job", metavar="JOB", help="job id")
+    p.add_argument("nodes", metavar="NODES", type=int, help="the new number of nodes, within min_nodes..max_nodes")
+    p.set_defaults(func=cmd_scale)
 
     p = sub.add_parser("logs", parents=[common], help="a job's output.log, from its node")
     p.add_argument("job", metavar="JOB", help="job id")

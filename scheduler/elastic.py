@@ -1,6 +1,8 @@
 """Elastic jobs: resizing a job between its `min_nodes` and `max_nodes`. Pure decisions, no I/O.
 
-A job with `fault_tolerance.elastic` can be scaled (`ftconsole scale JOB N`, the console's scale key) to
+An elastic job that cannot have all its nodes starts on as many as are free, down to `min_nodes` (placement),
+and grows back to its size once the missing nodes are free, all at once, as a scale out (`grow`, on by
+default). A job with `fault_tolerance.elastic` can also be scaled (`ftconsole scale JOB N`, the console's scale key) to
 any size from `min_nodes` to `max_nodes` (default: its `nodes`). A queued job is then placed at the new size.
 A running job gets a new attempt of the new size, which replaces the current one (seed 003: the job saves a
 checkpoint when signalled and continues from it; seed 004's Scaling condition records each resize):
@@ -41,6 +43,21 @@ def scale_problem(job: Job, nodes: int) -> str | None:
     if job.stop_reason is not None:
         return f"job {job.id} is being stopped ({job.stop_reason.value}): it cannot be scaled"
     return None
+
+
+def resizes(job: Job) -> bool:
+    """Whether the loop brings the job to its size: an elastic job that was scaled, or may grow back."""
+    elastic = job.spec.fault_tolerance.elastic
+    return elastic is not None and (job.scaled_to is not None or elastic.grow)
+
+
+def placed_small(job: Job, nodes: int) -> str:
+    """What the placement event adds when an elastic job starts on fewer nodes than its size."""
+    if nodes >= job.size:
+        return ""
+    elastic = job.spec.fault_tolerance.elastic
+    later = "grows to its size once nodes free up" if elastic is not None and elastic.grow else "scale it to grow"
+    return f"; {nodes} of {job.size} nodes (elastic): {later}"
 
 
 def direction(before: int, after: int) -> str:

@@ -886,7 +886,11 @@ class Scheduler:
                 unplaceable.append((job, str(exc)))
                 continue
             request = dataclasses.replace(
-                request, priority=placement.Priority.parse(job.priority), requeued=job.requeued, nodes=job.size
+                request,
+                priority=placement.Priority.parse(job.priority),
+                requeued=job.requeued,
+                nodes=job.size,
+                min_nodes=None if request.min_nodes is None else min(request.min_nodes, job.size),
             )
             requests.append(request)
             by_id[str(job.id)] = (job, request)
@@ -923,7 +927,8 @@ class Scheduler:
                     now,
                     Condition.CREATING,
                     f"attempt {number} placed on {where}"
-                    + (f" (spec {candidate.spec_name})" if candidate.spec_name else ""),
+                    + (f" (spec {candidate.spec_name})" if candidate.spec_name else "")
+                    + elastic.placed_small(job, len(decision.nodes)),
                     job=job.id,
                     data={"nodes": _nodes_json(decision.nodes), "port": port},
                 )
@@ -976,7 +981,7 @@ class Scheduler:
         jobs = [
             j
             for j in await self.store.jobs(statuses=[JobStatus.RUNNING], deleted=True)
-            if j.scaled_to is not None and j.stop_reason is None
+            if j.stop_reason is None and elastic.resizes(j)
         ]
         if not jobs:
             return

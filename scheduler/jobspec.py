@@ -336,10 +336,12 @@ class CheckpointResume(_Strict):
 
 
 class Elastic(_Strict):
-    """Run on as few as `min_nodes` when nodes fail, growing back up to `max_nodes` (default: `nodes`)."""
+    """Start on as few as `min_nodes` when not all `nodes` are free, and grow back to the job's size once they
+    are (`grow`, on by default); `scale` resizes it from `min_nodes` to `max_nodes` (default: `nodes`)."""
 
     min_nodes: int = Field(ge=1, strict=True)
     max_nodes: int | None = Field(None, ge=1, strict=True)
+    grow: bool = True
 
 
 class FaultTolerance(_Strict):

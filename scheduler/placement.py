@@ -31,6 +31,11 @@ Urgent cap (`urgent_cap`: one number for every project, a number per project, or
     the submit path's job; placement only never starts one beyond the cap. very-urgent is for admins and has
     no cap.
 
+Elastic jobs (`min_nodes`)
+    A job that cannot have all its `nodes` now starts on as many as it can have, down to `min_nodes`, by the
+    same rules (outside the head's reservation, best fit); only when not even `min_nodes` fit does it wait
+    as any job would. The scheduler grows it back later (`scheduler.elastic`).
+
 Jobs that can never start with the usable nodes (more nodes than match, more GPUs than a node has) wait
 with a reason and block no one: they would otherwise hold the whole queue.
 
@@ -163,10 +168,13 @@ class JobRequest:
     driver_version: str | None = None
     labels: frozenset[str] = frozenset()
     max_runtime: float | None = None
+    min_nodes: int | None = None  # elastic: may start on fewer nodes, down to this many
 
     def __post_init__(self) -> None:
         if self.nodes < 1:
             raise ValueError(f"job {self.id}: nodes must be at least 1, not {self.nodes}")
+        if self.min_nodes is not None and not 1 <= self.min_nodes <= self.nodes:
+            raise ValueError(f"job {self.id}: min_nodes must be from 1 to nodes ({self.nodes}), not {self.min_nodes}")
         if not self.candidates:
             raise ValueError(f"job {self.id}: at least one candidate spec is needed")
         if self.max_runtime is not None and self.max_runtime < 0:
@@ -573,6 +581,8 @@ def _shape(job: JobRequest, cand: Candidate) -> str:
     model = f"{cand.gpu_model} " if cand.gpu_model else ""
     gpus = "GPU" if cand.gpus_per_node == 1 else "GPUs"
     text = f"{_plural(job.nodes, 'node')} with {cand.gpus_per_node} free {model}{gpus}"
+    if job.min_nodes is not None and job.min_nodes < job.nodes:
+        text = f"{_plural(job.nodes, 'node')} (at least {job.min_nodes}) with {cand.gpus_per_node} free {model}{gpus}"
     if job.pool is not None:
         text += f" in pool {job.pool}"
     if job.driver_version is not None:
@@ -610,9 +620,15 @@ class _Pass:
         refusal = self.caps.refuse(job)
         if refusal is not None:
             return self._wait(job, refusal, WaitCause.URGENT_CAP)
-        if not any(self.catalog.can_ever_fit(job, c) >= job.nodes for c in job.candidates):
+        least = job.min_nodes or job.nodes
+        if not any(self.catalog.can_ever_fit(job, c) >= least for c in job.candidates):
             return self._wait(job, self._too_few_nodes(job), WaitCause.TOO_FEW_NODES)
-        fit = _fit(job, self.catalog, self._view_for(job))
+        view = self._view_for(job)
+        fit = _fit(job, self.catalog, view)
+        for smaller in range(job.nodes - 1, least - 1, -1):  # elastic: the most nodes it can have now
+            if fit is not None:
+                break
+            fit = _fit(replace(job, nodes=smaller), self.catalog, view)
         if fit is not None:
             return self._place(job, *fit)
         if self.reservation is None:

@@ -49,6 +49,7 @@ def job_request(spec: JobSpec, config: ClusterConfig, *, job_id: str, now: float
         node_names=frozenset(expand_nodeset(spec.node_names)) if spec.node_names else None,
         driver_version=spec.driver_version,
         max_runtime=spec.max_runtime,
+        min_nodes=None if spec.elastic_range is None else spec.elastic_range[0],
     )
 
 

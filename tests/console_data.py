@@ -59,7 +59,7 @@ def _job(id_: int, name: str, status: str, **over: Any) -> dict[str, Any]:
         "output": None, "submitted": NOW - 7200, "started": None, "ended": None, "runtime_s": None,
         "max_runtime_s": 86400, "attempt": 0, "stop_requested": None, "stop_reason": None, "stop_by": None,
         "message": "", "exit_code": None, "cloned_from": None, "deleted": False, "last_output": None,
-        "open_alerts": 0, "node_names": [], "updated": NOW - 60,
+        "open_alerts": 0, "node_names": [], "updated": NOW - 60, "elastic": None,
     }  # fmt: skip
     return base | over
 
@@ -72,7 +72,7 @@ JOBS = [
     _job(105, "rlhf-ppo", "queued", priority="urgent", submitted=NOW - 600, message="waits for 4 free nodes"),
     _job(106, "tokenizer", "queued", nodes=1, gpus_per_node=1, mode="single", submitted=NOW - 300),
     _job(103, "vit-finetune", "error", started=NOW - 4000, ended=NOW - 900, attempt=1, exit_code=1,
-         message="rank 1 on gpu02: exit code 1", open_alerts=1),
+         message="rank 1 on gpu02: exit code 1", open_alerts=1, elastic={"min_nodes": 1, "max_nodes": 4}),
     _job(102, "bert-base", "succeeded", started=NOW - 9000, ended=NOW - 7000, attempt=1, exit_code=0),
 ]  # fmt: skip
 ALERTS = [

@@ -53,6 +53,7 @@ WRITES = frozenset(
         "clone",
         "priority",
         "extend",
+        "scale",
         "drain",
         "resume",
         "probe",
@@ -70,6 +71,7 @@ ROW_KINDS = {
     "clone": JOB,
     "priority": JOB,
     "extend": JOB,
+    "scale": JOB,
     "logs": JOB,
     "shell": JOB | NODE,
     "drain": NODE,
@@ -124,6 +126,7 @@ class ConsoleApp(App[int]):
         Binding("c", "clone", "Clone"),
         Binding("plus", "priority", "Priority"),
         Binding("e", "extend", "Extend"),
+        Binding("S", "scale", "Scale"),  # shift+s: `s` is the shell
         Binding("d", "drain", "Drain"),
         Binding("r", "resume", "Resume"),
         Binding("p", "probe", "Probe"),
@@ -388,6 +391,14 @@ class ConsoleApp(App[int]):
             return None
         return targets[0] if targets else None
 
+    def _job(self, job_id: int) -> dict[str, Any]:
+        """What the console knows of a job: the feed's row, or the job screen's own data."""
+        if job_id in self.feed.jobs:
+            return dict(self.feed.jobs[job_id])
+        if isinstance(self.screen, JobScreen) and self.screen.job_id == job_id and self.screen.data:
+            return dict(self.screen.data)
+        return {}
+
     @work(group="act", exit_on_error=False)
     async def act(self, what: str, op: str, **args: Any) -> Any:
         """Run one operation; say what happened; read the data again at once."""
@@ -452,6 +463,52 @@ class ConsoleApp(App[int]):
         self.push_screen(
             PromptDialog(
                 f"Extend the max runtime of {_plural(ids, 'job')} by", placeholder="e.g. 2h, 30m", check=check
+            ),
+            given,
+        )
+
+    def action_scale(self) -> None:
+        """Resize elastic jobs: a running one's attempt is replaced by one of the new size (the `scale` op)."""
+        ids = self._targets("job")
+        if not ids:
+            return
+        ranges = {job: r for job in ids if (r := self._job(int(job)).get("elastic"))}
+        if not ranges:
+            what = f"job {ids[0]} is" if len(ids) == 1 else f"none of the {len(ids)} jobs is"
+            text = f"{what} not elastic (no fault_tolerance.elastic in its spec)"
+            self.notify(text, title="scale", severity="error", timeout=10)
+            return
+        elastic = list(ranges)
+        low = max(r["min_nodes"] for r in ranges.values())
+        high = min(r["max_nodes"] for r in ranges.values())
+        if low > high:
+            text = f"the elastic ranges of {_plural(elastic, 'job')} have no size in common: mark fewer"
+            self.notify(text, title="scale", severity="error", timeout=10)
+            return
+
+        def check(value: str) -> str | None:
+            if value.isdecimal() and low <= int(value) <= high:
+                return None
+            return f"a whole number of nodes from {low} to {high}"
+
+        def given(value: str | None) -> None:
+            if value is None:
+                return
+            for job in elastic:
+                self.act(f"job {job} scaling to {value} nodes", "scale", job=int(job), nodes=int(value))
+
+        now = f", now {self._job(int(elastic[0]))['nodes']}" if len(elastic) == 1 else ""
+        skipped = sorted(set(ids) - set(elastic), key=int)
+        notes = [
+            f"Not elastic, left as they are: job(s) {', '.join(skipped)}." if skipped else "",
+            "A running job is stopped (SIGTERM) and starts again at the new size, from its checkpoint.",
+        ]
+        self.push_screen(
+            PromptDialog(
+                f"Scale {_plural(elastic, 'job')} to how many nodes? ({low}-{high}{now})\n"
+                + "\n".join(filter(None, notes)),
+                placeholder=f"{low}-{high}",
+                check=check,
             ),
             given,
         )

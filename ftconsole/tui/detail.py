@@ -166,6 +166,8 @@ class JobScreen(DetailScreen):
             f"   last output {age(now - job['last_output']) + ' ago' if job.get('last_output') else '-'}",
             f"project {job['project'] or '-'}   access {job['access']}   output {job['output'] or '-'}",
         ]
+        if elastic := job.get("elastic"):  # `S` scales it within this range
+            facts.append(f"nodes {job['nodes']} (elastic {elastic['min_nodes']}-{elastic['max_nodes']})")
         if job.get("message"):
             facts.append(f"message: {job['message']}")
         if job.get("stop_reason"):

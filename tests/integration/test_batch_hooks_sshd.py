@@ -17,12 +17,10 @@ import pytest
 from scheduler.config import load_config
 from scheduler.runs import RunStatus, Step, StepKind, run_states, start_run, stop_runs
 from scheduler.ssh import SSHPool
-from tests.integration import test_scheduler_sshd
 from tests.integration.test_scheduler_sshd import WAIT, finished, job, log_of, running, until, write_config
 from tests.sshd_cluster import SshdCluster
 
 pytestmark = pytest.mark.sshd
-sock_dir = test_scheduler_sshd.sock_dir  # the fixture
 
 ECHO = "sh -c 'echo \"$FT_TASK $FT_TASK_INDEX $FT_OUTPUT_DIR\"'"
 

@@ -1,5 +1,5 @@
 """The job commands of the CLI as a user runs them: `ftconsole serve` in the background, then submit, jobs,
-show, logs, stop, delete, clone, priority, and the errors a user sees."""
+show, logs, stop, delete, clone, priority, scale, and the errors a user sees."""
 
 from __future__ import annotations
 
@@ -137,3 +137,25 @@ def test_cli_without_a_scheduler_records_and_warns(setup) -> None:
     assert [(j["id"], j["status"]) for j in cli.json("jobs")] == [(job_id, "queued")]
     assert cli("stop", str(job_id)).stdout.strip() == f"job {job_id} later: stop requested, stopped"
     assert cli("logs", str(job_id), check=2).stderr.endswith("has not started: no logs yet\n")
+
+
+def test_cli_scale_an_elastic_job(setup) -> None:
+    cli, tmp_path, _ = setup
+    fixed = cli.json("submit", spec(tmp_path, "fixed", "command: 'true'\nmode: pytorch\n"))["id"]
+    elastic = spec(
+        tmp_path,
+        "elastic",
+        "command: 'true'\nmode: pytorch\nfault_tolerance:\n  elastic: {min_nodes: 1, max_nodes: 3}\n",
+    )
+    job_id = cli.json("submit", elastic)["id"]  # no scheduler runs: it stays queued
+
+    assert "not elastic" in cli("scale", str(fixed), "2", check=2).stderr
+    assert "invalid int value: 'two'" in cli("scale", str(job_id), "two", check=2).stderr
+    out_of_range = cli("scale", str(job_id), "4", check=2).stderr
+    assert f"job {job_id} scales from 1 to 3 nodes (fault_tolerance.elastic), not to 4" in out_of_range
+
+    (scaled,) = cli.json("scale", str(job_id), "2")
+    assert (scaled["id"], scaled["nodes"], scaled["elastic"]) == (job_id, 2, {"min_nodes": 1, "max_nodes": 3})
+    assert cli("scale", str(job_id), "3").stdout == f"job {job_id} elastic: scaling to 3 node(s), queued\n"
+    shown = cli.json("show", str(job_id))
+    assert shown["nodes"] == 3 and [c["type"] for c in shown["conditions"]].count("Scaling") == 2

@@ -2,7 +2,8 @@
 
 Each test drives the app with keys, as an operator would, and checks both the screen's tables and the
 scheduler's own records: submit (with errors shown in place, then the prediction), stop, drain and resume,
-acknowledge and resolve, the selection staying on its row, read-only mode, and attaching to `serve`.
+acknowledge and resolve, scaling an elastic job, the selection staying on its row, read-only mode, and
+attaching to `serve`.
 """
 
 from __future__ import annotations
@@ -245,9 +246,10 @@ async def test_readonly_hides_every_change(tmp_path: Path) -> None:
         app = ConsoleApp(loaded, readonly=True)
         async with app.run_test(size=SIZE) as pilot:
             await ready(pilot, app)
-            for action in ("stop", "delete", "submit", "drain", "resume", "probe", "ack", "resolve", "priority"):
+            for action in ("stop", "delete", "submit", "drain", "resume", "probe", "ack", "resolve", "priority",
+                           "extend", "scale"):  # fmt: skip
                 assert app.check_action(action, ()) is False, action
-            await pilot.press("n", "x", "2", "d")
+            await pilot.press("n", "x", "S", "2", "d")
             await pilot.pause(0.2)
             assert len(app.screen_stack) == 1  # no dialog opened
             assert all(n["state"] == "healthy" for n in app.feed.nodes.values())
@@ -335,3 +337,47 @@ async def test_job_actions_clone_priority_extend_delete_on_marked_rows(tmp_path:
             await wait_for(pilot, lambda: str(b["id"]) not in rows(app, "jobs"), "the deleted job to leave")
             async with await ApiClient.connect(loaded.socket_path) as client:
                 await client.call("stop", jobs=[j["id"] for j in app.feed.jobs.values() if j["status"] != "stopped"])
+
+
+async def test_scale_an_elastic_job_from_its_row(tmp_path: Path) -> None:
+    async with lab(tmp_path) as loaded:
+        app = ConsoleApp(loaded)
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            spec = {"name": "hog", "command": "sleep 60", "gpus_per_node": 8}
+            async with await ApiClient.connect(loaded.socket_path) as client:
+                hog = await client.call("submit", spec=spec)  # holds lab01: the elastic job waits for 2 nodes
+                spec |= {
+                    "name": "elastic",
+                    "mode": "pytorch",
+                    "nodes": 2,
+                    "fault_tolerance": {"elastic": {"min_nodes": 1}},
+                }
+                elastic = await client.call("submit", spec=spec)
+            await wait_for(pilot, lambda: {str(hog["id"]), str(elastic["id"])} <= rows(app, "jobs").keys(), "the jobs")
+            table = app.query_one("#jobs", View).table
+
+            table.select_key(str(hog["id"]))
+            await pilot.press("S")  # not elastic: said so, no dialog
+            await pilot.pause(0.3)
+            assert len(app.screen_stack) == 1
+
+            table.select_key(str(elastic["id"]))
+            assert app.feed.jobs[elastic["id"]]["status"] == "queued"  # placed at its new size once scaled
+            await pilot.press("S")
+            await wait_for(pilot, lambda: isinstance(app.screen, PromptDialog), "the scale dialog")
+            assert "how many nodes? (1-2, now 2)" in str(app.screen.query_one("Label").render())
+            await pilot.press("3", "enter")  # out of range: the dialog says so and stays
+            await pilot.pause(0.2)
+            assert isinstance(app.screen, PromptDialog)
+            assert "from 1 to 2" in str(app.screen.query_one("#problem").render())
+            await pilot.press("backspace", "1", "enter")
+            await wait_for(pilot, lambda: len(app.screen_stack) == 1, "the dialog to close")
+            await wait_for(pilot, lambda: app.feed.jobs[elastic["id"]]["nodes"] == 1, "the new size")
+            async with await ApiClient.connect(loaded.socket_path) as client:
+                shown = await client.call("show", job=elastic["id"])
+                assert shown["nodes"] == 1
+                assert any(c["type"] == "Scaling" for c in shown["conditions"]), shown["conditions"]
+                await pilot.press("2")  # a node row: scaling is for jobs only
+                assert app.check_action("scale", ()) is False
+                await client.call("stop", jobs=[hog["id"], elastic["id"]])

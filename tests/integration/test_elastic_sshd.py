@@ -106,3 +106,33 @@ async def test_scale_refusals_name_the_problem(sshd_cluster, tmp_path, sock_dir)
         assert (await finished(client, jid))["status"] == "stopped"
         with pytest.raises(UsageError, match="only a queued or running job can be scaled"):
             await client.call("scale", job=jid, nodes=2)
+
+
+async def test_an_elastic_job_starts_on_the_free_nodes_and_grows_back(sshd_cluster, tmp_path, sock_dir) -> None:
+    cluster: SshdCluster = sshd_cluster(2, gpus=1)
+    loaded = write_config(cluster, tmp_path, sock_dir)
+    async with running(loaded) as (_, client):
+        blocker = await client.call("submit", spec=job("blocker", "sleep 60", workdir="/tmp"))
+        await until(client, blocker["id"], up(1, 1), "the blocker to run")
+        fixed = {"elastic": {"min_nodes": 1, "grow": False}}
+        spec = job("fixed", WORKER, mode="pytorch", nodes=2, workdir="/tmp", fault_tolerance=fixed)
+        fixed_id = (await client.call("submit", spec=spec))["id"]
+        small = await until(client, fixed_id, up(1, 1), "the job to start on the one free node")
+        placed = next(c["message"] for c in small["conditions"] if c["type"] == "Creating")
+        assert "1 of 2 nodes (elastic): scale it to grow" in placed, placed
+        assert small["nodes"] == 2  # what it asks for; it runs on one
+        await client.call("stop", jobs=[fixed_id])
+        await finished(client, fixed_id)
+
+        growing = {"elastic": {"min_nodes": 1}}
+        spec = job("grows", WORKER, mode="pytorch", nodes=2, workdir="/tmp", fault_tolerance=growing)
+        jid = (await client.call("submit", spec=spec))["id"]
+        await until(client, jid, up(1, 1), "the job to start small")
+        waiting = await until(client, jid, lambda j: "waits for nodes" in j["message"], "it to wait for a node")
+        assert waiting["message"].startswith("scale out 1 -> 2 waits for nodes: needs 1 node"), waiting["message"]
+        await client.call("stop", jobs=[blocker["id"]])
+        grown = await until(client, jid, lambda j: up(2, 2)(j) and not j["message"], "it to grow to two nodes")
+        assert "start world=2 rank=1" in await log_of(client, jid, 1, 2)
+        assert grown["attempts"][0]["result"] == "resized"
+        await client.call("stop", jobs=[jid])
+        assert (await finished(client, jid))["status"] == "stopped"

@@ -69,6 +69,19 @@ def test_job_cells() -> None:
     assert alerted["alerts"] == "!2"
 
 
+@pytest.mark.parametrize(
+    ("over", "shape"),
+    [
+        ({"nodes": 3}, "2/3x8"),  # an elastic job running on fewer nodes than it asks for
+        ({"nodes": 3, "status": "queued", "node_names": []}, "3x8"),
+        ({"nodes": 1, "status": "succeeded"}, "1x8"),  # ended: what it asked for
+    ],
+)
+def test_job_shape_shows_nodes_held_of_nodes_asked(over: dict[str, Any], shape: str) -> None:
+    cells = dict(zip([c.key for c in R.JOB_COLUMNS], plain(R.job_cells(job(**over), NOW)), strict=True))
+    assert cells["shape"] == shape
+
+
 def test_same_data_same_second_gives_equal_cells() -> None:
     assert R.job_cells(job(), NOW) == R.job_cells(job(), NOW)
     assert R.job_cells(job(), NOW) != R.job_cells(job(), NOW + 60)  # the runtime moved on

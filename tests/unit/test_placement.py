@@ -63,6 +63,7 @@ def job(
     driver: str | None = None,
     labels: Sequence[str] = (),
     runtime: float | None = None,
+    least: int | None = None,
 ) -> JobRequest:
     shapes = specs if specs is not None else [(g, model)]
     return JobRequest(
@@ -78,6 +79,7 @@ def job(
         driver_version=driver,
         labels=frozenset(labels),
         max_runtime=runtime,
+        min_nodes=least,
     )
 
 
@@ -255,6 +257,28 @@ CASES = [
         [node("n1")], [alloc("x", "n1", [0], prio=U)], [job("a", 1, prio=V)],
         {"a": "n1[1]"}, {"urgent_cap": 1}, id="very-urgent-not-capped",
     ),
+    # --- elastic (min_nodes): as many nodes as it can have now, down to min_nodes
+    pytest.param(
+        [node("n1"), node("n2"), node("n3")], [alloc("x", "n3", [0])], [job("a", 8, 3, least=1)],
+        {"a": "n1[0-7] n2[0-7]"}, {}, id="elastic-starts-small",
+    ),
+    pytest.param(
+        [node("n1"), node("n2")], [alloc("x", "n1", [0]), alloc("y", "n2", [0])], [job("a", 8, 2, least=1)],
+        {"a": "capacity"}, {}, id="elastic-waits-below-min",
+    ),
+    pytest.param(
+        [node("n1"), node("n2")], [], [job("a", 8, 3, least=2)], {"a": "n1[0-7] n2[0-7]"}, {},
+        id="elastic-fewer-usable-nodes-than-asked",
+    ),
+    pytest.param(
+        [node("n1"), node("n2")], [], [job("a", 8, 3, least=3)], {"a": "too-few-nodes"}, {},
+        id="elastic-min-above-usable-nodes",
+    ),
+    pytest.param(
+        [node("n1"), node("n2"), node("n3")], [alloc("x", "n1", [0], ends=100)],
+        [job("h", 8, 3), job("a", 8, 2, least=1, t=1)],
+        {"h": "capacity@100", "a": "blocked"}, {}, id="elastic-never-takes-the-heads-reservation",
+    ),
 ]  # fmt: skip
 
 
@@ -288,6 +312,10 @@ REASONS = [
     pytest.param(
         [node("n1")], [], job("a", 1, 3, driver="535"),
         "needs 3 nodes with 1 free GPU with driver 535; only 0 usable nodes can hold it", {}, id="too-few-nodes",
+    ),
+    pytest.param(
+        [node("n1")], [alloc("x", "n1", [0])], job("a", 8, 3, least=1),
+        "needs 3 nodes (at least 1) with 8 free GPUs; 0 available", {}, id="elastic",
     ),
 ]  # fmt: skip
 
@@ -375,8 +403,8 @@ def test_priority_labels() -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"nodes": 0}, {"candidates": ()}, {"max_runtime": -1.0}],
-    ids=["no-nodes", "no-candidates", "negative-runtime"],
+    [{"nodes": 0}, {"candidates": ()}, {"max_runtime": -1.0}, {"nodes": 2, "min_nodes": 3}, {"min_nodes": 0}],
+    ids=["no-nodes", "no-candidates", "negative-runtime", "min-above-nodes", "min-zero"],
 )
 def test_job_request_validation(kwargs: dict[str, Any]) -> None:
     fields: dict[str, Any] = {"id": "a", "submitted_at": 0.0, "candidates": (Candidate(None, 1),), **kwargs}
