@@ -986,27 +986,38 @@ class Scheduler:
         if not jobs:
             return
         held = await self.store.runs(held=True)
+        cluster: list[tuple[placement.ClusterState, list[placement.JobRequest]]] = []  # read once, until a resize
         for job in jobs:
             mine = [r for r in held if r.job == job.id]
             current = [r for r in mine if r.attempt == job.attempt]
             if not current or len(current) == job.size or any(r.attempt < job.attempt for r in mine):
                 continue  # at its size, or a resize still under way
             try:
-                await self._resize_one(job, current)
+                if await self._resize_one(job, current, cluster):
+                    cluster.clear()  # it holds more GPUs now
             except FtError as exc:
                 await self._running_note(job, f"cannot scale to {job.size} nodes now: {exc}; retrying")
 
-    async def _resize_one(self, job: Job, current: Sequence[Run]) -> None:
+    async def _resize_one(
+        self,
+        job: Job,
+        current: Sequence[Run],
+        cluster: list[tuple[placement.ClusterState, list[placement.JobRequest]]],
+    ) -> bool:
+        """Record the new attempt of a job being resized (True), or say why it waits (False)."""
         now = self.clock()
         attempt = await self.store.attempt(job.id, job.attempt)
         assert attempt is not None
         how = elastic.direction(len(current), job.size)
         nodes = elastic.kept_nodes(current, job.size)
         if job.size > len(current):
-            decision = await self._grow(job, attempt, current, job.size - len(current), now)
+            if not cluster:
+                state, requests, _, _ = await self._placement_inputs(await self.store.jobs(statuses=[JobStatus.QUEUED]))
+                cluster.append((state, requests))
+            decision = self._grow(job, attempt, current, job.size - len(current), now, *cluster[0])
             if isinstance(decision, placement.Wait):
                 await self._running_note(job, f"{how} waits for nodes: {decision.reason}")
-                return
+                return False
             nodes += decision.nodes
         port = await free_port(self.transport, self._nodes[nodes[0][0]], python=self.config.ssh.python)
         number = job.attempt + 1
@@ -1032,15 +1043,21 @@ class Scheduler:
                     data={"nodes": _nodes_json(nodes), "port": port, "from": len(current), "to": job.size},
                 )
         except Conflict:
-            return  # it ended meanwhile
+            return False  # it ended meanwhile
         self._poke()
+        return True
 
-    async def _grow(
-        self, job: Job, attempt: Attempt, current: Sequence[Run], count: int, now: float
+    def _grow(
+        self,
+        job: Job,
+        attempt: Attempt,
+        current: Sequence[Run],
+        count: int,
+        now: float,
+        state: placement.ClusterState,
+        requests: list[placement.JobRequest],
     ) -> placement.Decision:
         """Where the `count` nodes a scale out adds would go now, or why they wait (placement's `predict`)."""
-        queued = await self.store.jobs(statuses=[JobStatus.QUEUED])
-        state, requests, _, _ = await self._placement_inputs(queued)
         rank0 = min(current, key=lambda r: r.rank).node
         deadline = job.deadline
         request = elastic.grow_request(
