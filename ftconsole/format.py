@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+
+def node_count(job: Mapping[str, Any]) -> str:
+    """A job's node count; `1/3` for a running elastic job on fewer nodes than it asks for (or being resized)."""
+    held = len(job.get("node_names") or ())
+    if job["status"] == "running" and held and held != job["nodes"]:
+        return f"{held}/{job['nodes']}"
+    return str(job["nodes"])
 
 
 def age(seconds: float | None) -> str:

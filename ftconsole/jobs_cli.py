@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ftconsole.format import age, print_json, print_table
+from ftconsole.format import age, node_count, print_json, print_table
 from scheduler.client import Client, open_client
 from scheduler.config import LoadedConfig, find_config, format_duration, load_config
 from scheduler.daemon import WRITE_OPS
@@ -48,7 +48,7 @@ def _when(ts: float | None) -> str:
 def _shape(job: dict[str, Any]) -> str:
     gpus = job["gpus_per_node"]
     what = "/".join(job["specs"]) if job["specs"] else f"{gpus} GPU" if gpus is not None else "?"
-    return f"{job['nodes']}x{what}"
+    return f"{node_count(job)}x{what}"
 
 
 def _runtime(job: dict[str, Any]) -> str:

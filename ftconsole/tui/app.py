@@ -501,7 +501,7 @@ class ConsoleApp(App[int]):
         skipped = sorted(set(ids) - set(elastic), key=int)
         notes = [
             f"Not elastic, left as they are: job(s) {', '.join(skipped)}." if skipped else "",
-            "A running job is stopped (SIGTERM) and starts again at the new size, from its checkpoint.",
+            "A running job restarts at the new size: SIGTERM first, to save a checkpoint.",
         ]
         self.push_screen(
             PromptDialog(

@@ -19,7 +19,7 @@ from typing import Any
 
 from rich.text import Text
 
-from ftconsole.format import age
+from ftconsole.format import age, node_count
 
 Cell = str | Text
 Row = tuple[Cell, ...]
@@ -188,7 +188,7 @@ def job_cells(job: Mapping[str, Any], now: float, marked: bool = False) -> Row:
         styled(state, STATUS_STYLE.get(state)),
         styled(str(job["priority"]), "strong" if job["priority"] != "normal" else None),
         str(job["mode"]),
-        f"{_size(job, where)}x{job['gpus_per_node']}",
+        f"{node_count(job)}x{job['gpus_per_node']}",
         str(job.get("attempt") or 0),
         runtime,
         output,
@@ -212,13 +212,6 @@ def _fold(names: tuple[str, ...]) -> str:
     from ClusterShell.NodeSet import NodeSet
 
     return str(NodeSet.fromlist(list(names)))
-
-
-def _size(job: Mapping[str, Any], where: Sequence[str]) -> str:
-    """The node count; `1/3` for a running elastic job on fewer nodes than it asks for (or being resized)."""
-    if job["status"] == "running" and where and len(where) != job["nodes"]:
-        return f"{len(where)}/{job['nodes']}"
-    return str(job["nodes"])
 
 
 # -- nodes -----------------------------------------------------------------------------------------------------
