@@ -136,3 +136,25 @@ async def test_an_elastic_job_starts_on_the_free_nodes_and_grows_back(sshd_clust
         assert grown["attempts"][0]["result"] == "resized"
         await client.call("stop", jobs=[jid])
         assert (await finished(client, jid))["status"] == "stopped"
+
+
+async def test_a_resize_survives_a_scheduler_restart(sshd_cluster, tmp_path, sock_dir) -> None:
+    """The scheduler stops while the old attempt is going down; the next one finishes the resize from the store."""
+    cluster: SshdCluster = sshd_cluster(2, gpus=1)
+    loaded = write_config(cluster, tmp_path, sock_dir)
+    slow = WORKER.replace('trap "echo saved', 'trap "sleep 1; echo saved')
+    assert slow != WORKER
+    spec = job("slow", slow, mode="pytorch", nodes=2, workdir="/tmp", fault_tolerance={"elastic": {"min_nodes": 1}})
+    async with running(loaded) as (_, client):
+        jid = (await client.call("submit", spec=spec))["id"]
+        await until(client, jid, up(1, 2), "attempt 1 on two nodes")
+        await client.call("scale", job=jid, nodes=1)
+        resizing = await until(client, jid, lambda j: j["attempt"] == 2, "the resize to be recorded")
+        assert resizing["attempts"][1]["runs"][0]["state"] == "intent"  # waiting for attempt 1 to go down
+    async with running(loaded) as (_, client):  # a new scheduler on the same store
+        done = await until(client, jid, up(2, 1), "attempt 2 started by the next scheduler")
+        assert done["attempts"][0]["result"] == "resized"
+        assert "start world=1 rank=0" in await log_of(client, jid, 0, 2)
+        assert "saved checkpoint" in await log_of(client, jid, 1, 1)
+        await client.call("stop", jobs=[jid])
+        assert (await finished(client, jid))["status"] == "stopped"
