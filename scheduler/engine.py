@@ -312,7 +312,9 @@ class Scheduler:
         when = "it is placed at that size" if queued else "a new attempt replaces the current one"
         try:
             async with self.store.jobs_tx("scale a job") as tx:
-                await tx.update_job(job.id, expect=[JobStatus.QUEUED, JobStatus.RUNNING], scaled_to=nodes)
+                # a running job's message is about the size it asked for until now (e.g. why it waits to grow)
+                cleared = {} if queued else {"message": ""}
+                await tx.update_job(job.id, expect=[JobStatus.QUEUED, JobStatus.RUNNING], scaled_to=nodes, **cleared)
                 await tx.event(
                     now,
                     Condition.SCALING,

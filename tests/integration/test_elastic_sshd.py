@@ -130,6 +130,10 @@ async def test_an_elastic_job_starts_on_the_free_nodes_and_grows_back(sshd_clust
         await until(client, jid, up(1, 1), "the job to start small")
         waiting = await until(client, jid, lambda j: "waits for nodes" in j["message"], "it to wait for a node")
         assert waiting["message"].startswith("scale out 1 -> 2 waits for nodes: needs 1 node"), waiting["message"]
+        settled = await client.call("scale", job=jid, nodes=1)  # the size it has: nothing to wait for any more
+        assert (settled["nodes"], settled["attempt"], settled["message"]) == (1, 1, "")
+        await client.call("scale", job=jid, nodes=2)
+        await until(client, jid, lambda j: "waits for nodes" in j["message"], "it to wait again")
         await client.call("stop", jobs=[blocker["id"]])
         grown = await until(client, jid, lambda j: up(2, 2)(j) and not j["message"], "it to grow to two nodes")
         assert "start world=2 rank=1" in await log_of(client, jid, 1, 2)
