@@ -898,15 +898,16 @@ class Scheduler:
             by_id[str(job.id)] = (job, request)
         return state, requests, by_id, unplaceable
 
-    async def _notes(self, notes: Sequence[tuple[Job, str]]) -> None:
-        """Why queued jobs wait (their message), in one transaction; only the ones that changed."""
+    async def _notes(self, notes: Sequence[tuple[Job, str]], *, status: JobStatus = JobStatus.QUEUED) -> None:
+        """Why jobs wait (their message): queued ones to start, running ones to be resized; in one transaction,
+        only the ones that changed."""
         changed = [(job, text) for job, text in notes if job.message != text]
         if not changed:
             return
         async with self.store.jobs_tx("note why jobs wait") as tx:
             for job, text in changed:
-                with contextlib.suppress(Conflict):  # it left the queue meanwhile
-                    await tx.update_job(job.id, expect=[JobStatus.QUEUED], message=text)
+                with contextlib.suppress(Conflict):  # its status changed meanwhile
+                    await tx.update_job(job.id, expect=[status], message=text)
 
     async def _start(self, job: Job, candidate: placement.Candidate, decision: placement.Place, now: float) -> None:
         first = self._nodes[decision.nodes[0][0]]
@@ -998,7 +999,9 @@ class Scheduler:
                 if await self._resize_one(job, current, cluster):
                     cluster.clear()  # it holds more GPUs now
             except FtError as exc:
-                await self._running_note(job, f"cannot scale to {job.size} nodes now: {exc}; retrying")
+                await self._notes(
+                    [(job, f"cannot scale to {job.size} nodes now: {exc}; retrying")], status=JobStatus.RUNNING
+                )
 
     async def _resize_one(
         self,
@@ -1018,7 +1021,7 @@ class Scheduler:
                 cluster.append((state, requests))
             decision = self._grow(job, attempt, current, job.size - len(current), now, *cluster[0])
             if isinstance(decision, placement.Wait):
-                await self._running_note(job, f"{how} waits for nodes: {decision.reason}")
+                await self._notes([(job, f"{how} waits for nodes: {decision.reason}")], status=JobStatus.RUNNING)
                 return False
             nodes += decision.nodes
         port = await free_port(self.transport, self._nodes[nodes[0][0]], python=self.config.ssh.python)
@@ -1075,14 +1078,6 @@ class Scheduler:
             remaining=None if deadline is None else deadline - now,
         )
         return placement.predict(state, requests, request, now, allow_degraded=self._degraded_ok)
-
-    async def _running_note(self, job: Job, text: str) -> None:
-        """Why a running job is not doing what it was asked (its message), written only when it changed."""
-        if job.message == text:
-            return
-        with contextlib.suppress(Conflict):
-            async with self.store.jobs_tx("note on a running job") as tx:
-                await tx.update_job(job.id, expect=[JobStatus.RUNNING], message=text)
 
 
 # ================================================================ helpers

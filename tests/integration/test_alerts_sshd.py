@@ -22,6 +22,7 @@ from tests.integration.test_scheduler_sshd import (
     as_nobody,
     finished,
     job,
+    poll,
     running,
     write_config,
 )
@@ -33,13 +34,7 @@ pytestmark = pytest.mark.sshd
 async def alerts_until(
     client: ApiClient, done: Callable[[list[dict[str, Any]]], bool], what: str, **args: Any
 ) -> list[dict[str, Any]]:
-    alerts: list[dict[str, Any]] = []
-    for _ in range(int(WAIT / 0.1)):
-        alerts = await client.call("alerts", **args)
-        if done(alerts):
-            return alerts
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}: {alerts}")
+    return await poll(lambda: client.call("alerts", **args), done, what)
 
 
 async def test_failed_job_raises_an_alert_its_owner_acks_and_resolves(sshd_cluster, tmp_path, sock_dir) -> None:
@@ -214,11 +209,7 @@ async def test_nodes_show_the_gpus_runs_hold(sshd_cluster, tmp_path, sock_dir) -
     loaded = write_config(cluster, tmp_path, sock_dir)
     async with running(loaded) as (_, client):
         submitted = await client.call("submit", spec=job("holder", "sleep 300", gpus_per_node=2))
-        for _ in range(int(WAIT / 0.1)):
-            (view,) = await client.call("nodes")
-            if view["held"]:
-                break
-            await asyncio.sleep(0.1)
+        (view,) = await poll(lambda: client.call("nodes"), lambda views: bool(views[0]["held"]), "GPUs held")
         assert view["held"] == [{"gpu": 0, "job": submitted["id"]}, {"gpu": 1, "job": submitted["id"]}]
         await client.call("stop", jobs=[submitted["id"]])
         await finished(client, submitted["id"])

@@ -4,37 +4,25 @@ show, logs, stop, delete, clone, priority, scale, and the errors a user sees."""
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.cli_runner import TIMEOUT, Cli
+from tests.integration.test_scheduler_sshd import write_config
 from tests.sshd_cluster import SshdCluster, current_user
 
 pytestmark = pytest.mark.sshd
 
 
 @pytest.fixture
-def setup(sshd_cluster, tmp_path: Path) -> Iterator[tuple[Cli, Path, Path]]:
+def setup(sshd_cluster, tmp_path: Path, sock_dir: Path) -> tuple[Cli, Path, Path]:
     cluster: SshdCluster = sshd_cluster(1, gpus=2)
-    sock_dir = Path(tempfile.mkdtemp(prefix="ft-", dir="/tmp"))
-    config = cluster.write_config(
-        tmp_path / "cluster.yaml",
-        ssh={"python": sys.executable},
-        scheduler={"tick": "0.3s", "stop_grace": "2s"},
-        api={"socket": str(sock_dir / "ft.sock")},
-    )
-    try:
-        yield Cli(config), tmp_path, sock_dir
-    finally:
-        shutil.rmtree(sock_dir, ignore_errors=True)
+    return Cli(write_config(cluster, tmp_path, sock_dir).file), tmp_path, sock_dir
 
 
 def spec(tmp_path: Path, name: str, text: str) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from scheduler.errors import UsageError
-from tests.integration.test_scheduler_sshd import finished, job, running, until, write_config
+from tests.integration.test_scheduler_sshd import finished, job, log_of, running, until, write_config
 from tests.sshd_cluster import SshdCluster
 
 pytestmark = pytest.mark.sshd
@@ -30,10 +30,6 @@ def up(attempt: int, size: int) -> Any:
         return shown["attempt"] == attempt and len(runs) == size and all(r["state"] == "running" for r in runs)
 
     return check
-
-
-async def log_of(client: Any, job_id: int, rank: int, attempt: int) -> str:
-    return "".join([chunk async for chunk in client.stream("logs", job=job_id, rank=rank, attempt=attempt)])
 
 
 async def test_scale_out_waits_for_nodes_then_grows_and_scale_in_keeps_rank_0(sshd_cluster, tmp_path, sock_dir) -> None:

@@ -12,9 +12,9 @@ import json
 import os
 import pwd
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -27,6 +27,7 @@ from tests.sshd_cluster import SshdCluster, pid_alive
 
 pytestmark = pytest.mark.sshd
 WAIT = 60.0
+T = TypeVar("T")
 
 
 def write_config(cluster: SshdCluster, root: Path, sock_dir: Path, **overrides: Any) -> LoadedConfig:
@@ -59,22 +60,27 @@ def job(name: str, command: str, **fields: Any) -> dict[str, Any]:
     return {"name": name, "command": command, **fields}
 
 
-async def until(client: ApiClient, job_id: int, done: Callable[[dict[str, Any]], bool], what: str) -> dict[str, Any]:
-    shown: dict[str, Any] = {}
+async def poll(fetch: Callable[[], Awaitable[T]], done: Callable[[T], bool], what: str) -> T:
+    """`fetch()` every 0.1 s until `done` says yes (its last value), or fail after WAIT seconds."""
+    value = await fetch()
     for _ in range(int(WAIT / 0.1)):
-        shown = await client.call("show", job=job_id)
-        if done(shown):
-            return shown
+        if done(value):
+            return value
         await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}: {json.dumps(shown, indent=1)[:3000]}")
+        value = await fetch()
+    raise AssertionError(f"timed out waiting for {what}: {json.dumps(value, indent=1, default=str)[:3000]}")
+
+
+async def until(client: ApiClient, job_id: int, done: Callable[[dict[str, Any]], bool], what: str) -> dict[str, Any]:
+    return await poll(lambda: client.call("show", job=job_id), done, what)
 
 
 async def finished(client: ApiClient, job_id: int) -> dict[str, Any]:
     return await until(client, job_id, lambda j: j["status"] not in ("queued", "running"), f"job {job_id} to end")
 
 
-async def log_of(client: ApiClient, job_id: int, rank: int = 0) -> str:
-    return "".join([chunk async for chunk in client.stream("logs", job=job_id, rank=rank)])
+async def log_of(client: ApiClient, job_id: int, rank: int = 0, attempt: int | None = None) -> str:
+    return "".join([chunk async for chunk in client.stream("logs", job=job_id, rank=rank, attempt=attempt)])
 
 
 async def test_two_node_pytorch_job_gets_env_and_hostfile_on_each_node(sshd_cluster, tmp_path, sock_dir) -> None:

@@ -11,9 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +19,7 @@ import pytest
 
 from tests.cli_runner import TIMEOUT
 from tests.cli_runner import Cli as CliBase
+from tests.integration.test_scheduler_sshd import write_config
 from tests.sshd_cluster import SshdCluster
 
 pytestmark = pytest.mark.sshd
@@ -73,19 +72,9 @@ class Cli(CliBase):
 
 
 @pytest.fixture
-def setup(sshd_cluster, tmp_path: Path) -> Iterator[tuple[Cli, SshdCluster, Path, Path]]:
+def setup(sshd_cluster, tmp_path: Path, sock_dir: Path) -> tuple[Cli, SshdCluster, Path, Path]:
     cluster: SshdCluster = sshd_cluster(2, gpus=1)
-    sock_dir = Path(tempfile.mkdtemp(prefix="ft-", dir="/tmp"))  # socket paths are limited to 107 bytes
-    config = cluster.write_config(
-        tmp_path / "cluster.yaml",
-        ssh={"python": sys.executable},
-        scheduler={"tick": "0.3s", "stop_grace": "2s"},
-        api={"socket": str(sock_dir / "ft.sock")},
-    )
-    try:
-        yield Cli(config), cluster, tmp_path, sock_dir
-    finally:
-        shutil.rmtree(sock_dir, ignore_errors=True)
+    return Cli(write_config(cluster, tmp_path, sock_dir).file), cluster, tmp_path, sock_dir
 
 
 def serve(cli: Cli, tmp_path: Path, sock_dir: Path) -> subprocess.Popen[bytes]:
