@@ -26,11 +26,9 @@ import contextlib
 import dataclasses
 import json
 import logging
-import posixpath
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
@@ -39,6 +37,7 @@ from scheduler import elastic, placement
 from scheduler.api import Caller
 from scheduler.config import Node, format_duration
 from scheduler.errors import FtError, NotFound, PermissionDenied, UsageError
+from scheduler.jobplan import JobLaunch, plan_job
 from scheduler.jobs import (
     FINAL_CONDITION,
     TERMINAL,
@@ -54,10 +53,10 @@ from scheduler.jobs import (
     expired,
     settle,
 )
-from scheduler.jobspec import Access, Hooks, JobSpec, Task
-from scheduler.launcher import LaunchInput, LaunchPlan, NodeAssignment, RankLaunch, plan_launch
+from scheduler.jobspec import Access, JobSpec
+from scheduler.launcher import LaunchInput, NodeAssignment, RankLaunch
 from scheduler.requests import job_request, node_slot
-from scheduler.runs import RunStatus, Step, StepKind, free_port, prepare_run, run_states, start_run, stop_runs
+from scheduler.runs import RunStatus, free_port, prepare_run, run_states, start_run, stop_runs
 from scheduler.service import ClusterService, NodeView, ProbeOutcome
 from scheduler.ssh import run_on_all
 from scheduler.store import Conflict, JobActivity, JobTx, StoredAlert, StoredEvent
@@ -1115,71 +1114,6 @@ def _spec(spec: JobSpec | dict[str, Any]) -> JobSpec:
         return JobSpec.from_json(spec)
     except ValidationError as exc:
         raise UsageError(f"invalid job spec: {exc}") from None
-
-
-@dataclass(frozen=True)
-class JobLaunch:
-    """A job's launch: the plan of its command (a batch job's first task) and, per launching rank, its steps."""
-
-    plan: LaunchPlan
-    steps: dict[int, tuple[Step, ...]]
-
-    @property
-    def launching(self) -> tuple[RankLaunch, ...]:
-        return self.plan.launching
-
-
-def plan_job(spec: JobSpec, base: LaunchInput) -> JobLaunch:
-    """What each rank of a job runs, in order (pure; `base` is the attempt's launch input without a command).
-
-    A regular job runs its command. A batch job runs its tasks one after another, each planned by
-    `plan_launch` with its own argv (so each gets the mode's wrapping), with FT_OUTPUT_DIR the task's
-    sub-folder of the job's output folder, FT_TASK (its name) and FT_TASK_INDEX (0-based); a task that fails
-    ends the sequence. Each rank runs its own sequence: only a distributed launcher's rendezvous (torchrun,
-    mpirun) lines tasks up across nodes. A rank launches when any task launches there (pytorch-deepspeed
-    starts the other nodes itself only for `deepspeed` commands), and runs only the tasks that launch there.
-    `hooks.before` and `hooks.after` run as `sh -c TEXT` on rank 0 only, around its command or tasks, with its
-    env (FT_OUTPUT_DIR the job's output folder); the other ranks wait for nothing and start at once.
-    """
-    tasks = spec.tasks or []
-    if tasks:
-        plans = [_task_plan(base, task, i) for i, task in enumerate(tasks)]
-    else:
-        plans = [plan_launch(dataclasses.replace(base, argv=tuple(spec.argv())))]
-    launching = {r.rank for p in plans for r in p.launching}
-    steps: dict[int, tuple[Step, ...]] = {}
-    for rank in sorted(launching):
-        main = [_main_step(tasks, i, r) for i, r in enumerate(p.ranks[rank] for p in plans) if r.launch]
-        hooks = spec.hooks if rank == 0 else Hooks()
-        steps[rank] = (*_hook(base, StepKind.BEFORE, hooks.before), *main, *_hook(base, StepKind.AFTER, hooks.after))
-    ranks = tuple(dataclasses.replace(r, launch=r.rank in launching) for r in plans[0].ranks)
-    return JobLaunch(LaunchPlan(ranks), steps)
-
-
-def _main_step(tasks: Sequence[Task], index: int, rank: RankLaunch) -> Step:
-    if not tasks:
-        return Step(StepKind.COMMAND, "command", rank.argv, rank.env)
-    return Step(StepKind.TASK, tasks[index].name, rank.argv, rank.env, index, len(tasks))
-
-
-def _task_plan(base: LaunchInput, task: Task, index: int) -> LaunchPlan:
-    """One task planned with its argv; FT_OUTPUT_DIR its sub-folder of each rank's output folder."""
-    env = {**base.env, "FT_TASK": task.name, "FT_TASK_INDEX": str(index)}  # user env: mpirun exports it (-x)
-    plan = plan_launch(dataclasses.replace(base, argv=tuple(task.argv()), env=env))
-    return LaunchPlan(
-        tuple(
-            dataclasses.replace(r, env={**r.env, "FT_OUTPUT_DIR": posixpath.join(r.env["FT_OUTPUT_DIR"], task.output)})
-            for r in plan.ranks
-        )
-    )
-
-
-def _hook(base: LaunchInput, kind: StepKind, text: str | None) -> tuple[Step, ...]:
-    """A hook for rank 0: the user's script line run by sh (never spliced into anything), with rank 0's env."""
-    if text is None:
-        return ()
-    argv = ("sh", "-c", text)
-    return (Step(kind, f"{kind.value} hook", argv, plan_launch(dataclasses.replace(base, argv=argv)).ranks[0].env),)
 
 
 def _rank_args(rank: RankLaunch) -> dict[str, Any]:

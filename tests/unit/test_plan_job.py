@@ -1,4 +1,4 @@
-"""`scheduler.engine.plan_job`: what each rank runs, in order (command or batch tasks, hooks on rank 0)."""
+"""`scheduler.jobplan.plan_job`: what each rank runs, in order (command or batch tasks, hooks on rank 0)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from scheduler.engine import plan_job
+from scheduler.jobplan import plan_job
 from scheduler.jobspec import JobSpec
 from scheduler.launcher import LaunchInput, NodeAssignment
 from scheduler.runs import Step, StepKind

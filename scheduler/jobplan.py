@@ -1,0 +1,77 @@
+"""What each rank of a job runs, in order: its command, or a batch job's tasks, between the hooks (pure)."""
+
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from scheduler.jobspec import Hooks, JobSpec, Task
+from scheduler.launcher import LaunchInput, LaunchPlan, RankLaunch, plan_launch
+from scheduler.runs import Step, StepKind
+
+
+@dataclass(frozen=True)
+class JobLaunch:
+    """A job's launch: the plan of its command (a batch job's first task) and, per launching rank, its steps."""
+
+    plan: LaunchPlan
+    steps: dict[int, tuple[Step, ...]]
+
+    @property
+    def launching(self) -> tuple[RankLaunch, ...]:
+        return self.plan.launching
+
+
+def plan_job(spec: JobSpec, base: LaunchInput) -> JobLaunch:
+    """What each rank of a job runs, in order (pure; `base` is the attempt's launch input without a command).
+
+    A regular job runs its command. A batch job runs its tasks one after another, each planned by
+    `plan_launch` with its own argv (so each gets the mode's wrapping), with FT_OUTPUT_DIR the task's
+    sub-folder of the job's output folder, FT_TASK (its name) and FT_TASK_INDEX (0-based); a task that fails
+    ends the sequence. Each rank runs its own sequence: only a distributed launcher's rendezvous (torchrun,
+    mpirun) lines tasks up across nodes. A rank launches when any task launches there (pytorch-deepspeed
+    starts the other nodes itself only for `deepspeed` commands), and runs only the tasks that launch there.
+    `hooks.before` and `hooks.after` run as `sh -c TEXT` on rank 0 only, around its command or tasks, with its
+    env (FT_OUTPUT_DIR the job's output folder); the other ranks wait for nothing and start at once.
+    """
+    tasks = spec.tasks or []
+    if tasks:
+        plans = [_task_plan(base, task, i) for i, task in enumerate(tasks)]
+    else:
+        plans = [plan_launch(dataclasses.replace(base, argv=tuple(spec.argv())))]
+    launching = {r.rank for p in plans for r in p.launching}
+    steps: dict[int, tuple[Step, ...]] = {}
+    for rank in sorted(launching):
+        main = [_main_step(tasks, i, r) for i, r in enumerate(p.ranks[rank] for p in plans) if r.launch]
+        hooks = spec.hooks if rank == 0 else Hooks()
+        steps[rank] = (*_hook(base, StepKind.BEFORE, hooks.before), *main, *_hook(base, StepKind.AFTER, hooks.after))
+    ranks = tuple(dataclasses.replace(r, launch=r.rank in launching) for r in plans[0].ranks)
+    return JobLaunch(LaunchPlan(ranks), steps)
+
+
+def _main_step(tasks: Sequence[Task], index: int, rank: RankLaunch) -> Step:
+    if not tasks:
+        return Step(StepKind.COMMAND, "command", rank.argv, rank.env)
+    return Step(StepKind.TASK, tasks[index].name, rank.argv, rank.env, index, len(tasks))
+
+
+def _task_plan(base: LaunchInput, task: Task, index: int) -> LaunchPlan:
+    """One task planned with its argv; FT_OUTPUT_DIR its sub-folder of each rank's output folder."""
+    env = {**base.env, "FT_TASK": task.name, "FT_TASK_INDEX": str(index)}  # user env: mpirun exports it (-x)
+    plan = plan_launch(dataclasses.replace(base, argv=tuple(task.argv()), env=env))
+    return LaunchPlan(
+        tuple(
+            dataclasses.replace(r, env={**r.env, "FT_OUTPUT_DIR": posixpath.join(r.env["FT_OUTPUT_DIR"], task.output)})
+            for r in plan.ranks
+        )
+    )
+
+
+def _hook(base: LaunchInput, kind: StepKind, text: str | None) -> tuple[Step, ...]:
+    """A hook for rank 0: the user's script line run by sh (never spliced into anything), with rank 0's env."""
+    if text is None:
+        return ()
+    argv = ("sh", "-c", text)
+    return (Step(kind, f"{kind.value} hook", argv, plan_launch(dataclasses.replace(base, argv=argv)).ranks[0].env),)
