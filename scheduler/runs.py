@@ -20,7 +20,7 @@ from scheduler.config import Node
 from scheduler.errors import FtError
 from scheduler.ssh import Transport, python_stdin_script
 
-SUPERVISOR_PROTOCOL = 1
+SUPERVISOR_PROTOCOL = 2
 DEFAULT_RUN_ROOT = "~/.ftconsole/runs"
 
 
@@ -64,7 +64,9 @@ def supervisor_script(params: dict[str, Any]) -> str:
 class RunStatus:
     """What status.json of one run says (see supervisor.py)."""
 
-    state: str  # starting | running | exited | failed | lost | absent (no status.json in a run folder asked for)
+    # starting | running | exited | failed | lost | orphaned (supervisor dead, its processes alive) | absent (no
+    # status.json in a run folder asked for) | foreign (another attempt's run) | refused (start: claimed by another)
+    state: str
     pid: int | None = None
     started: float | None = None
     ended: float | None = None
@@ -76,6 +78,11 @@ class RunStatus:
     run_dir: str | None = None  # the run folder's absolute path on the node, where the supervisor said it
     output_at: float | None = None  # output.log's mtime (status action only; None before it exists)
     output_size: int | None = None
+    token: str | None = None  # the attempt token the run folder is claimed by
+    boot_id: str | None = None  # the node's boot when the run started
+    supervisor_pid: int | None = None
+    supervisor_start: int | None = None  # start time of the supervisor (clock ticks since boot)
+    pid_start: int | None = None  # start time of the step's process (the leader of its process group)
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> RunStatus:
@@ -91,11 +98,16 @@ class RunStatus:
             step=doc.get("step"),
             output_at=doc.get("output_mtime"),
             output_size=doc.get("output_size"),
+            token=doc.get("token"),
+            boot_id=doc.get("boot_id"),
+            supervisor_pid=doc.get("supervisor_pid"),
+            supervisor_start=doc.get("supervisor_start"),
+            pid_start=doc.get("pid_start"),
         )
 
     @property
     def finished(self) -> bool:
-        return self.state in ("exited", "failed", "lost", "absent")
+        return self.state in ("exited", "failed", "lost", "absent", "foreign", "refused")
 
     @property
     def succeeded(self) -> bool:
@@ -136,15 +148,19 @@ async def start_run(
     files: dict[str, bytes] | None = None,
     steps: Sequence[Step] | None = None,
     grace: float = 30.0,
+    token: str | None = None,
     python: str = "python3",
     timeout: float = 30.0,
 ) -> tuple[bool, RunStatus]:
     """Start a detached run; (False, its status) when the run folder already had one (never twice).
 
     `argv`/`env` are the main command (argv.json, env.json); with `steps`, the run is those steps in turn.
+    With `token` the folder is claimed for it first: a folder claimed by another token is refused (state
+    `refused`, `error` says why), never adopted.
     """
     params: dict[str, Any] = {
         "action": "start",
+        "token": token,
         "run_dir": run_dir,
         "argv": list(argv),
         "env": env,
@@ -155,6 +171,8 @@ async def start_run(
     if steps is not None:
         params["steps"] = [s.to_json() for s in steps]
     doc = await _call(transport, node, python, params, timeout)
+    if "refused" in doc:
+        return False, RunStatus(state="refused", error=str(doc["refused"]), run_dir=doc.get("run_dir"))
     status = dataclasses.replace(RunStatus.from_json(doc["status"]), run_dir=doc.get("run_dir"))
     return bool(doc["started"]), status
 
@@ -193,10 +211,19 @@ async def prepare_run(
 
 
 async def run_states(
-    transport: Transport, node: Node, run_dirs: Sequence[str], *, python: str = "python3", timeout: float = 30.0
+    transport: Transport,
+    node: Node,
+    run_dirs: Sequence[str],
+    *,
+    tokens: dict[str, str] | None = None,
+    python: str = "python3",
+    timeout: float = 30.0,
 ) -> dict[str, RunStatus]:
-    """The status of the given run folders of one node, in one round trip, keyed by run folder as given."""
-    doc = await _call(transport, node, python, {"action": "status", "run_dirs": list(run_dirs)}, timeout)
+    """The status of the given run folders of one node, in one round trip, keyed by run folder as given.
+
+    With `tokens` (run folder -> attempt token), a folder claimed by another token reads state `foreign`."""
+    params = {"action": "status", "run_dirs": list(run_dirs), "tokens": tokens or {}}
+    doc = await _call(transport, node, python, params, timeout)
     return {r["run_dir"]: RunStatus.from_json(r["status"]) for r in doc["runs"]}
 
 
@@ -207,7 +234,17 @@ async def free_port(transport: Transport, node: Node, *, python: str = "python3"
 
 
 async def stop_runs(
-    transport: Transport, node: Node, run_dirs: Sequence[str], *, python: str = "python3", timeout: float = 30.0
+    transport: Transport,
+    node: Node,
+    run_dirs: Sequence[str],
+    *,
+    tokens: dict[str, str] | None = None,
+    force: bool = False,
+    python: str = "python3",
+    timeout: float = 30.0,
 ) -> list[dict[str, Any]]:
-    doc = await _call(transport, node, python, {"action": "stop", "run_dirs": list(run_dirs)}, timeout)
+    """Stop runs (SIGTERM to their supervisors; `force`: SIGKILL to everything of them). Each answer has
+    `signalled` and `alive` (something of the run may still run). Orphaned runs are always killed."""
+    params = {"action": "stop", "run_dirs": list(run_dirs), "tokens": tokens or {}, "force": force}
+    doc = await _call(transport, node, python, params, timeout)
     return list(doc["stopped"])

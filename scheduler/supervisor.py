@@ -3,28 +3,32 @@
 Sent like the probe agent, to `python3 -` over SSH with one prepended line that sets PARAMS (a JSON
 document in a Python string literal). PARAMS["action"] is one of:
 
-start   {run_dir, argv, env, workdir, files, grace, steps?}
-        Create the run folder, write the files (hostfile...), argv.json and env.json (the main command), and
-        steps.json when steps are given, then detach a supervisor (double fork, new session, stdio on
-        /dev/null) that runs the steps one after another, each in its own process group, with stdout and
-        stderr in output.log, and keeps status.json up to date. Without steps, the run is one step: argv with
-        env. Idempotent: a run folder that already has a status.json is never started again; its status is
-        returned instead.
+start   {run_dir, token?, argv, env, workdir, files, grace, steps?}
+        Claim the run folder for `token` (the attempt's token: see "Identity" below), write the files
+        (hostfile...), argv.json and env.json (the main command), and steps.json when steps are given, then
+        detach a supervisor (double fork, new session, stdio on /dev/null) that runs the steps one after
+        another, each in its own process group, with stdout and stderr in output.log, and keeps status.json up
+        to date. Without steps, the run is one step: argv with env. Idempotent: a run folder that already has
+        a status.json is never started again; its status is returned instead. A folder claimed by another
+        token is refused ({"started": false, "refused": why}): never adopted, never started.
 prepare {run_dir, argv, env, files, steps?}
         Write the run folder (files, argv.json, env.json, steps.json) without starting anything: the ranks of
         an MPI job that mpirun starts itself, so a debug shell on them still finds the hostfile and env.
-status  {root} or {run_dirs}
+status  {root} or {run_dirs, tokens?}
         Every run under root (<root>/<job>/<attempt>/<rank>/status.json), or only the given run folders, in
-        one JSON document; a run whose supervisor died without writing an end reads state "lost". A given
-        run folder without status.json reads state "absent". Each status also carries output_mtime and
-        output_size, output.log's mtime (epoch seconds) and size, once there is one: the progress heartbeat.
+        one JSON document (see "Liveness" for the states it adds). A given run folder without status.json
+        reads state "absent"; one claimed by another token than the one asked for reads "foreign". Each
+        status also carries output_mtime and output_size, output.log's mtime (epoch seconds) and size, once
+        there is one: the progress heartbeat.
 port    {}
         A TCP port free on this node now (bound to port 0 and released), for MASTER_PORT.
-stop    {run_dirs, grace?}
+stop    {run_dirs, tokens?, force?}
         Ask each run's supervisor to stop: it sends SIGTERM to the current step's process group (not to the
         after hook's), runs no further step but the after hook, and once the grace period (counted from the
         stop) is over SIGKILLs whatever still runs, the after hook included, and skips the after hook if it
-        has not started. Returns at once.
+        has not started. Returns at once. With `force` (the scheduler's own escalation once the grace period
+        is over) and for an orphaned run (its supervisor is dead), SIGKILL goes to the supervisor and to every
+        process left in the step's process group. Each answer says whether anything of the run is still alive.
 
 Steps: [{"kind": "before"|"command"|"task"|"after", "name", "argv", "env", "index"?, "count"?}], in order:
 the before hook, the command or a batch job's tasks (`index` 0-based of `count`), the after hook. A before,
@@ -38,10 +42,25 @@ status.json: {"state": "starting"|"running"|"exited"|"failed", "supervisor_pid",
 the end: the last) step's, exit_code and signal the failing step's, else the last command or task's. Each
 action prints one JSON line.
 
+Identity: a run folder is claimed by hard-linking a file holding the token to `claim` (atomic: link fails
+when the name exists), and status.json carries the token. A folder with another token's claim, or with a
+status.json but no claim at all (not ours), is never started, adopted or signalled.
+
+Liveness: status.json records the node's boot id and, for the supervisor and the step it runs, the pid
+with its start time (field 22 of /proc/<pid>/stat). A process is alive only if the boot id is the node's
+current one and a process with that pid has that start time; nothing is signalled otherwise (a recycled
+pid is someone else's process). A run left "starting" or "running" reads "lost" (with `error` saying why:
+the node rebooted, or the supervisor died) once nothing of it is alive, or "orphaned" while its supervisor
+is dead but processes of its step's group still run (they hold GPUs: the scheduler kills them with
+`stop`, then the run reads "lost").
+
+Writes: status.json and the other files are written to a temporary file, fsync'd, then renamed.
+
 Paths: run_dir, workdir, argv entries and env values that start with "~/" are expanded with the node's HOME.
 """
 
 import contextlib
+import fcntl
 import itertools
 import json
 import os
@@ -52,8 +71,10 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple  # noqa: F401  (used in type comments: this file runs on Python 3.8)
 
-PROTOCOL = 1
+PROTOCOL = 2
 STATUS = "status.json"
+CLAIM = "claim"
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
 _WRITES = itertools.count()
 
 
@@ -61,11 +82,20 @@ def _expand(path):
     return os.path.abspath(os.path.expanduser(path))
 
 
-def _write_json(path, doc):
-    tmp = "%s.%d.tmp" % (path, next(_WRITES))  # a stop handler may write while the main flow is writing
-    with open(tmp, "w") as fh:
-        json.dump(doc, fh, separators=(",", ":"))
+def _write_file(path, text):
+    """Write whole or not at all: a temporary file, fsync'd, then renamed over `path`."""
+    tmp = "%s.%d.%d.tmp" % (path, os.getpid(), next(_WRITES))  # a stop handler may write meanwhile
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, text.encode("utf-8"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
     os.replace(tmp, path)
+
+
+def _write_json(path, doc):
+    _write_file(path, json.dumps(doc, separators=(",", ":")))
 
 
 def _read_json(path):
@@ -76,38 +106,103 @@ def _read_json(path):
         return None
 
 
-def _alive(pid):
-    if not pid:
-        return False
+def boot_id():
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
+        with open(BOOT_ID) as fh:
+            return fh.read().strip()
+    except OSError:
+        return None
+
+
+def _stat(pid):
+    """(state, pgrp, start time in clock ticks since boot) of a process, or None when there is none."""
     try:
         with open("/proc/%d/stat" % pid) as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return fields[0], int(fields[2]), int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def start_time(pid):
+    stat = _stat(pid)
+    return None if stat is None else stat[2]
+
+
+def _alive(pid, started, boot=None):
+    """The process `pid` started at `started` (clock ticks) in this boot, and not a zombie."""
+    if not pid or started is None or (boot is not None and boot != boot_id()):
+        return False
+    stat = _stat(pid)
+    return stat is not None and stat[2] == started and stat[0] != "Z"
+
+
+def _group(pgid, leader_start, boot):
+    """Pids of the live processes of the step's process group `pgid` (leader started at `leader_start`).
+
+    A pgid is not reused while any process of the group lives, so the group is ours when its leader (pid ==
+    pgid) is gone or is the very process we started; never in another boot."""
+    if not pgid or leader_start is None or boot != boot_id():
+        return []
+    leader = _stat(pgid)
+    if leader is not None and leader[2] != leader_start:
+        return []  # the pid was reused: another process group
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            stat = _stat(int(entry))
+            if stat is not None and stat[1] == pgid and stat[0] != "Z":
+                out.append(int(entry))
+    return sorted(out)
 
 
 # -- start -----------------------------------------------------------------------------------------------------
 
 
 def _prepare(run_dir, params):
-    os.makedirs(run_dir, exist_ok=True)
+    os.makedirs(run_dir, mode=0o700, exist_ok=True)
     for name, content in sorted((params.get("files") or {}).items()):
         target = os.path.normpath(os.path.join(run_dir, name))
         if not target.startswith(run_dir + os.sep):
             raise ValueError("file outside the run folder: %r" % name)
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        with open(target, "w") as fh:
-            fh.write(content)
+        _write_file(target, content)
     _write_json(os.path.join(run_dir, "argv.json"), params["argv"])
     _write_json(os.path.join(run_dir, "env.json"), params.get("env") or {})
     if params.get("steps") is not None:
         _write_json(os.path.join(run_dir, "steps.json"), params["steps"])
+
+
+def _read_text(path):
+    try:
+        with open(path) as fh:
+            return fh.read().strip()
+    except OSError:
+        return None
+
+
+def _claim(run_dir, token):
+    """None once the run folder is `token`'s (claimed now, or earlier by the same token), else why not.
+
+    The claim is a hard link to a complete file holding the token: link() fails when `claim` exists, so of
+    two schedulers racing for one folder exactly one wins, and a crash leaves either no claim or a whole one.
+    """
+    os.makedirs(run_dir, mode=0o700, exist_ok=True)
+    claim = os.path.join(run_dir, CLAIM)
+    if not os.path.exists(claim) and os.path.exists(os.path.join(run_dir, STATUS)):
+        return "run folder %s holds a run without a claim (an earlier ftconsole's, or not ours)" % run_dir
+    tmp = "%s.%s.%d.tmp" % (claim, token, os.getpid())
+    _write_file(tmp, token)
+    try:
+        os.link(tmp, claim)
+    except FileExistsError:
+        pass
+    finally:
+        os.unlink(tmp)
+    owner = _read_text(claim)
+    if owner != token:
+        return "run folder %s is claimed by another attempt (token %s, this one is %s)" % (run_dir, owner, token)
+    return None
 
 
 def _tilde(value):
@@ -188,7 +283,9 @@ def _supervise(run_dir, params):
             log.write(("ftconsole: %s\n" % error).encode())
             return None, error
         state["child"] = child
-        status.update(state="running", pid=child.pid, pgid=child.pid, step=step["name"])
+        status.update(
+            state="running", pid=child.pid, pgid=child.pid, pid_start=start_time(child.pid), step=step["name"]
+        )
         status.setdefault("started", time.time())
         _write_json(status_path, status)
         if state["stopping"] and step["kind"] != "after":  # the stop came while it was being started
@@ -236,20 +333,35 @@ def _supervise(run_dir, params):
 def start(params):
     run_dir = _expand(params["run_dir"])
     status_path = os.path.join(run_dir, STATUS)
+    token = params.get("token")
+    if token is not None:
+        refused = _claim(run_dir, token)
+        if refused is not None:
+            return {"started": False, "run_dir": run_dir, "refused": refused}
+        lock = os.open(os.path.join(run_dir, CLAIM), os.O_RDONLY)
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a start sent again while the first is under way waits for it
+    else:  # no identity (the supervisor driven directly, as in its own tests)
+        lock = None
     existing = _read_json(status_path)
     if existing is not None:
-        return {"started": False, "run_dir": run_dir, "status": existing}
+        return {"started": False, "run_dir": run_dir, "status": _observe(existing)}
     _prepare(run_dir, params)
-    _write_json(status_path, {"state": "starting", "supervisor_pid": None, "stop_requested": None})
     pid = os.fork()
     if pid == 0:  # first child: new session, fork again so the supervisor is not a session leader
+        if lock is not None:
+            os.close(lock)
         os.setsid()
-        if os.fork() != 0:
+        supervisor = os.fork()
+        if supervisor != 0:  # status.json appears whole, with the supervisor's identity in it
+            boot = boot_id()
+            start = start_time(supervisor)
+            _write_json(status_path, dict(_STARTING, token=token, boot_id=boot, supervisor_pid=supervisor,
+                                          supervisor_start=start))  # fmt: skip
             os._exit(0)
         _detach_stdio()
-        status = _read_json(status_path) or {}
-        status["supervisor_pid"] = os.getpid()
-        _write_json(status_path, status)
+        deadline = time.time() + 10
+        while (_read_json(status_path) or {}).get("supervisor_pid") != os.getpid() and time.time() < deadline:
+            time.sleep(0.005)
         try:
             _supervise(run_dir, params)
         finally:
@@ -260,7 +372,10 @@ def start(params):
     while status.get("state") == "starting" and time.time() < deadline:
         time.sleep(0.01)
         status = _read_json(status_path) or {}
-    return {"started": True, "run_dir": run_dir, "status": status}
+    return {"started": True, "run_dir": run_dir, "status": _observe(status)}
+
+
+_STARTING = {"state": "starting", "stop_requested": None}
 
 
 def prepare(params):
@@ -285,10 +400,34 @@ def _detach_stdio():
 # -- status and stop -------------------------------------------------------------------------------------------
 
 
-def _with_liveness(status):
-    if status.get("state") in ("starting", "running") and not _alive(status.get("supervisor_pid")):
-        status = dict(status, state="lost")
-    return status
+def _observe(status):
+    """The status with what is true now: "lost" or "orphaned" when its supervisor is gone (see Liveness)."""
+    if status.get("state") not in ("starting", "running"):
+        return status
+    if "supervisor_start" not in status:  # written by an earlier ftconsole: the pid is all there is
+        return status if _alive_legacy(status.get("supervisor_pid")) else dict(status, state="lost")
+    boot = status.get("boot_id")
+    if boot != boot_id():
+        return dict(status, state="lost", error="the node rebooted since the run started")
+    if _alive(status.get("supervisor_pid"), status.get("supervisor_start"), boot):
+        return status
+    left = _group(status.get("pgid"), status.get("pid_start"), boot)
+    if left:
+        return dict(status, state="orphaned", orphans=left, error="its supervisor died; its processes still run")
+    return dict(status, state="lost", error="its supervisor died without recording an end")
+
+
+def _alive_legacy(pid):
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    stat = _stat(pid)
+    return stat is None or stat[0] != "Z"
 
 
 def _with_output(run_dir, status):
@@ -302,11 +441,18 @@ def _with_output(run_dir, status):
 
 def runs(params):
     out = []  # type: List[Dict[str, Any]]
+    tokens = params.get("tokens") or {}
     if params.get("run_dirs") is not None:
         for given in params["run_dirs"]:
             run_dir = _expand(given)
             status = _read_json(os.path.join(run_dir, STATUS))
-            status = _with_output(run_dir, _with_liveness(status)) if status is not None else {"state": "absent"}
+            if status is None:
+                status = {"state": "absent"}
+            elif tokens.get(given) is not None and status.get("token") != tokens[given]:
+                status = {"state": "foreign", "error": "the run folder holds another attempt's run (token %s)"
+                          % status.get("token")}  # fmt: skip
+            else:
+                status = _with_output(run_dir, _observe(status))
             parts = run_dir.rstrip("/").split("/")
             out.append({"run_dir": given, "job": parts[-3], "attempt": parts[-2], "rank": parts[-1], "status": status})
         return {"runs": out}
@@ -325,26 +471,60 @@ def runs(params):
                 run_dir = os.path.join(attempt_dir, rank)
                 status = _read_json(os.path.join(run_dir, STATUS))
                 if status is not None:
-                    status = _with_output(run_dir, _with_liveness(status))
+                    status = _with_output(run_dir, _observe(status))
                     out.append({"job": job, "attempt": attempt, "rank": rank, "status": status})
     return {"root": root, "runs": out}
 
 
 def stop(params):
+    """Stop runs (see the module docstring); each answer: signalled (a signal went out) and alive (anything
+    of the run may still run: the scheduler keeps its GPUs held and asks again)."""
     out = []  # type: List[Dict[str, Any]]
-    for run_dir in params.get("run_dirs") or []:
-        run_dir = _expand(run_dir)
-        status = _read_json(os.path.join(run_dir, STATUS))
+    tokens = params.get("tokens") or {}
+    for given in params.get("run_dirs") or []:
+        run_dir = _expand(given)
+        status_path = os.path.join(run_dir, STATUS)
+        status = _read_json(status_path)
         if status is None:
-            out.append({"run_dir": run_dir, "signalled": False, "reason": "no such run"})
+            out.append({"run_dir": given, "signalled": False, "alive": False, "reason": "no such run"})
             continue
-        pid = status.get("supervisor_pid")
-        if status.get("state") not in ("starting", "running") or not _alive(pid):
-            out.append({"run_dir": run_dir, "signalled": False, "reason": "not running"})
+        if tokens.get(given) is not None and status.get("token") != tokens[given]:
+            out.append({"run_dir": given, "signalled": False, "alive": False, "reason": "another attempt's run"})
             continue
-        os.kill(pid, signal.SIGTERM)
-        out.append({"run_dir": run_dir, "signalled": True})
+        seen = _observe(status)
+        if seen["state"] in ("starting", "running") and not params.get("force"):
+            os.kill(status["supervisor_pid"], signal.SIGTERM)
+            out.append({"run_dir": given, "signalled": True, "alive": True})
+        elif seen["state"] in ("starting", "running", "orphaned"):
+            out.append(dict(_kill(status_path, status, seen), run_dir=given))
+        else:
+            out.append({"run_dir": given, "signalled": False, "alive": False, "reason": "not running"})
     return {"stopped": out}
+
+
+def _kill(status_path, status, seen):
+    """SIGKILL the supervisor (if alive) and every process left in the step's group, then record the end."""
+    boot = status.get("boot_id")
+    victims = []
+    if seen["state"] != "orphaned" and _alive(status.get("supervisor_pid"), status.get("supervisor_start"), boot):
+        victims.append(status["supervisor_pid"])
+    victims += _group(status.get("pgid"), status.get("pid_start"), boot)
+    for pid in victims:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.time() + 2
+    left = victims
+    while left and time.time() < deadline:
+        time.sleep(0.02)
+        left = [p for p in left if _stat(p) is not None and _stat(p)[0] != "Z"]
+    if not left:
+        how = "the scheduler killed it (SIGKILL) after the grace period"
+        if seen["state"] == "orphaned":
+            how = "its supervisor died; the scheduler killed what was left of it (SIGKILL)"
+        end = dict(status, ended=time.time(), signal="SIGKILL", exit_code=None, error=how)
+        end["state"] = "lost" if seen["state"] == "orphaned" else "exited"
+        _write_json(status_path, end)
+    return {"signalled": bool(victims), "alive": bool(left)}
 
 
 ACTIONS = {"start": start, "prepare": prepare, "status": runs, "stop": stop, "port": free_port}
