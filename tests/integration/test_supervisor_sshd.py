@@ -121,7 +121,7 @@ async def test_run_outlives_the_ssh_connection(node_pool, tmp_path: Path) -> Non
 
 
 async def test_a_dead_supervisor_leaves_an_orphan_that_stop_kills_then_the_run_reads_lost(node_pool) -> None:
-    cluster, pool, node = node_pool
+    _, pool, node = node_pool
     run_dir = "~/.ftconsole/runs/j5/0/0"
     await start_run(pool, node, run_dir=run_dir, argv=["sh", "-c", "sleep 300 & sleep 300"], env={}, workdir="~",
                     token="t5", python=PY)  # fmt: skip
