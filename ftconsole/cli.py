@@ -21,6 +21,7 @@ from scheduler.client import open_client
 from scheduler.config import LoadedConfig, find_config, load_config
 from scheduler.errors import ConfigError, FtError
 from scheduler.service import ClusterService
+from scheduler.store import STORE_FILE, read_cluster_id
 
 PROG = "ftconsole"
 
@@ -40,10 +41,16 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     loaded = load_config(path)  # raises ConfigError with every problem
     nodes = loaded.cluster.node_list()
     pools = sorted({n.pool for n in nodes})
+    cluster_id = read_cluster_id(loaded.state_dir / STORE_FILE)
     if args.json:
-        print_json({"file": str(path), "ok": True, "nodes": len(nodes), "pools": pools, "problems": []})
+        print_json(
+            {"file": str(path), "ok": True, "nodes": len(nodes), "pools": pools, "problems": [],
+             "cluster_id": cluster_id}
+        )  # fmt: skip
     else:
         print(f"{path}: ok ({len(nodes)} nodes in {len(pools)} pool(s): {', '.join(pools) or '-'})")
+        made = "none yet: made with the store when the scheduler first starts"
+        print(f"cluster id: {cluster_id or made} (run folders: {loaded.cluster.scheduler.run_root}/<cluster id>/...)")
     return 0
 
 

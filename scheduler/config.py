@@ -157,7 +157,10 @@ class SchedulerSettings(_Strict):
 
     tick: PositiveDuration = 2.0  # how often run states are read and queued jobs placed
     stop_grace: Duration = 30.0  # SIGTERM to a run's process group, then SIGKILL after this (seed 003)
-    run_root: str = "~/.ftconsole/runs"  # run folders on the nodes: <run_root>/<job>/<attempt>/<rank>
+    # a node the loop waits this long for (its run reads, starts and stops unanswered) is given up: its runs
+    # are lost and their jobs end (docs/configuration.md says why 10 s)
+    node_timeout: PositiveDuration = 10.0
+    run_root: str = "~/.ftconsole/runs"  # run folders on the nodes: <run_root>/<cluster id>/<job>/<attempt>/<rank>
     urgent_cap: int | None = Field(None, ge=0)  # urgent jobs (running + queued) per project; None: no cap
 
 

@@ -17,7 +17,7 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
-from scheduler import placement
+from scheduler import failpoints, placement
 from scheduler.api import ApiServer, Caller
 from scheduler.clusterview import cluster_view
 from scheduler.config import LoadedConfig, parse_duration
@@ -294,7 +294,15 @@ async def serve(
             await stack.enter_async_context(
                 ApiServer(loaded.socket_path, Operations(scheduler), group=loaded.cluster.api.group)
             )
-            log.info("serving %s on %s", loaded.state_dir, loaded.socket_path)
+            log.info(
+                "serving %s on %s (cluster id %s, run folders %s)",
+                loaded.state_dir,
+                loaded.socket_path,
+                service.store.cluster_id,
+                scheduler.loop.run_root,
+            )
+            if failpoints.active():
+                log.warning("failpoints active: %s", failpoints.active())
             if ready is not None:
                 ready(scheduler)
             await scheduler.run(stop, probe=probe)

@@ -156,10 +156,12 @@ class Attempt:
     ended: float | None = None
     result: str | None = None
     message: str = ""
+    token: str | None = None  # claims its run folders on the nodes (None: started before tokens existed)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "number": self.number,
+            "token": self.token,
             "spec": self.spec_name,
             "gpus_per_node": self.gpus_per_node,
             "master_port": self.master_port,
@@ -176,9 +178,12 @@ def _elastic_json(spec: JobSpec) -> dict[str, int] | None:
     return None if bounds is None else {"min_nodes": bounds[0], "max_nodes": bounds[1]}
 
 
-# states of a run as the store keeps them: intent (recorded, not yet sent), prepared (folder only, nothing
-# started: a rank that mpirun starts), then the supervisor's starting | running | exited | failed | lost
-RUN_ACTIVE = frozenset({"intent", "starting", "running"})
+# states of a run as the store keeps them: intent (recorded, not yet sent), unknown (a start was sent and no
+# answer came: it may run; asked again), prepared (folder only, nothing started: a rank that mpirun starts),
+# cancelled (never started), then the supervisor's starting | running | orphaned (its supervisor died, its
+# processes still run) | exited | failed | lost. Active runs may have processes on their node: their GPUs
+# stay held.
+RUN_ACTIVE = frozenset({"intent", "unknown", "starting", "running", "orphaned"})
 
 
 @dataclass(frozen=True)
@@ -202,6 +207,12 @@ class Run:
     stop_sent: float | None = None
     released: bool = False
     output_at: float | None = None  # mtime of its output.log when last read (the progress heartbeat)
+    token: str | None = None  # its attempt's token, which claims the run folder on the node
+    boot_id: str | None = None  # the node's boot the run started in
+    supervisor_pid: int | None = None
+    supervisor_start: int | None = None  # with the pid, what proves the supervisor is the one started
+    pid_start: int | None = None
+    kill_sent: float | None = None  # when the scheduler last sent SIGKILL (the grace period was over)
 
     @property
     def active(self) -> bool:
@@ -212,7 +223,7 @@ class Run:
         """Finished without success: a non-zero exit, a signal, could not start, or its supervisor vanished."""
         if self.state == "exited":
             return self.exit_code != 0
-        return self.state in ("failed", "lost", "absent")
+        return self.state in ("failed", "lost", "absent", "orphaned")
 
     def describe(self) -> str:
         where = f"rank {self.rank} on {self.node}"
@@ -220,7 +231,9 @@ class Run:
             how = f"killed by {self.signal}" if self.signal else f"exited with code {self.exit_code}"
             return f"{where} {how}"
         if self.state == "lost":
-            return f"{where}: its supervisor is gone without recording an end (node rebooted or process killed)"
+            return f"{where} lost: {self.error or 'its supervisor is gone without recording an end'}"
+        if self.state == "orphaned":
+            return f"{where}: its supervisor died while its processes still run"
         if self.state == "absent":
             return f"{where}: its run folder has no status (removed on the node?)"
         return f"{where}: {self.error or self.state}"
@@ -241,6 +254,8 @@ class Run:
             "ended": self.ended,
             "error": self.error,
             "output_at": self.output_at,
+            "boot_id": self.boot_id,
+            "pid_start": self.pid_start,
         }
 
 

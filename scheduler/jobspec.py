@@ -5,6 +5,10 @@ line and the key path. Checks of one key live on the models; checks that span se
 rules: node names not together with driver version or pool, fault restart and checkpoint resume mutually
 exclusive, ...) live in `cross_problems`, which works on the raw YAML data so that they are reported even
 when other keys are invalid, and which the model also runs, so a `JobSpec` built from JSON obeys them too.
+`SUBMIT_CHECKS` refuse at submit what would only fail later, when the job is planned or started (a
+tensorflow job without a worker, a workdir relative to wherever SSH logs in); a spec read back from the store
+(`JobSpec.from_stored`) skips them, so that a job accepted before they existed does not make the store
+unreadable.
 
 The command of a job (and of each batch task) is run directly, as an argument vector, not by a shell:
 `check_command` rejects what only a shell would understand (`KEY=VALUE cmd`, `a && b`, pipes,
@@ -17,18 +21,19 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from enum import StrEnum
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, NamedTuple
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, model_validator
 
 from scheduler import yamlfile
 from scheduler.config import Duration, PositiveDuration, expand_nodeset
 from scheduler.errors import ConfigError, Problem
 
 Loc = tuple[Any, ...]
+_STORED = "stored"  # validation context key: the spec is read back from the store (see `JobSpec.from_stored`)
 
 # -- enums -------------------------------------------------------------------------------------------------
 
@@ -276,6 +281,13 @@ def _env_value(value: Any) -> Any:
     return value
 
 
+def _home_not_null(value: Any) -> Any:
+    """YAML reads a bare `~` as null, not as the home folder: say so rather than "not a valid string"."""
+    if value is None:
+        raise ValueError("YAML reads a bare ~ as null: write '~' in quotes, or leave workdir out (the default is ~)")
+    return value
+
+
 def _unique(values: list[str]) -> list[str]:
     repeated = sorted({v for v in values if values.count(v) > 1})
     if repeated:
@@ -383,7 +395,7 @@ class JobSpec(_Strict):
     ps_count: int | None = Field(None, ge=0)
     command: Command | None = None
     tasks: list[Task] | None = Field(None, min_length=1)
-    workdir: Text = "~"
+    workdir: Annotated[Text, BeforeValidator(_home_not_null)] = "~"
     env: dict[str, EnvValue] = {}
     priority: Priority = Priority.NORMAL
     project: Name = "default"
@@ -402,8 +414,9 @@ class JobSpec(_Strict):
         return data
 
     @model_validator(mode="after")
-    def _cross_checks(self) -> JobSpec:
-        problems = cross_problems(self.model_dump(mode="json", exclude_none=True))
+    def _cross_checks(self, info: ValidationInfo) -> JobSpec:
+        stored = isinstance(info.context, Mapping) and info.context.get(_STORED) is True
+        problems = cross_problems(self.model_dump(mode="json", exclude_none=True), stored=stored)
         if problems:
             raise ValueError("; ".join(f"{yamlfile.dotted(loc)}: {msg}" for loc, msg in problems))
         return self
@@ -443,7 +456,14 @@ class JobSpec(_Strict):
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> JobSpec:
+        """A spec from JSON, with every check of a new submission."""
         return cls.model_validate(data)
+
+    @classmethod
+    def from_stored(cls, data: Mapping[str, Any]) -> JobSpec:
+        """A spec read back from the store: as `from_json`, less the `SUBMIT_CHECKS`, which were added after
+        specs were first stored; a job accepted before them still loads (and fails alone if it cannot launch)."""
+        return cls.model_validate(data, context={_STORED: True})
 
 
 # -- checks across keys ------------------------------------------------------------------------------------
@@ -601,21 +621,91 @@ def _fault_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
     return out
 
 
-def cross_problems(data: Any) -> list[tuple[Loc, str]]:
+# -- what would fail only when the job is planned or started ---------------------------------------------------
+
+
+def _ps_count_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
+    """The launcher makes the first ps_count nodes parameter servers and the others workers: one must be left."""
+    ps = _int(data.get("ps_count"))
+    if _mode(data) is not JobMode.TENSORFLOW or ps is None or ps < 1:
+        return []
+    nodes = _int(data.get("nodes", 1))
+    if nodes is not None and ps >= nodes:
+        return [
+            (
+                ("ps_count",),
+                f"ps_count ({ps}) must be fewer than nodes ({nodes}): the first ps_count nodes run parameter "
+                "servers, and at least one node must run a worker",
+            )
+        ]
+    low = _int(_mapping(_mapping(data.get("fault_tolerance")).get("elastic")).get("min_nodes"))
+    if low is not None and ps >= low:
+        return [
+            (
+                ("ps_count",),
+                f"ps_count ({ps}) must be fewer than fault_tolerance.elastic.min_nodes ({low}): the job may run "
+                f"on {low} node(s), and at least one node must run a worker",
+            )
+        ]
+    return []
+
+
+def _workdir_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
+    """The supervisor expands a leading `~/` with the node's HOME; anything else relative would be resolved
+    against wherever the SSH login starts."""
+    workdir = data.get("workdir")
+    if not isinstance(workdir, str) or not workdir.strip():
+        return []  # the model reports it
+    if workdir.startswith("/") or workdir == "~" or workdir.startswith("~/"):
+        return []
+    return [
+        (
+            ("workdir",),
+            f"must be an absolute path (as /data/me/project) or start with ~/ (your home folder on the node), "
+            f"not {workdir!r}: a relative path would depend on where SSH logs in",
+        )
+    ]
+
+
+def _nul_problems(value: Any, loc: Loc = ()) -> list[tuple[Loc, str]]:
+    """NUL characters (YAML's "\\0") in any text: no argument, variable or path can hold one."""
+    if isinstance(value, str):
+        if "\0" not in value:
+            return []
+        return [(loc, "contains a NUL character (\\0), which no command, variable or path can hold")]
+    if isinstance(value, Mapping):
+        return [p for key, item in value.items() for p in _nul_problems(item, (*loc, key))]
+    if isinstance(value, list):
+        return [p for i, item in enumerate(value) for p in _nul_problems(item, (*loc, i))]
+    return []
+
+
+Check = Callable[[Mapping[str, Any]], list[tuple[Loc, str]]]
+
+CROSS_CHECKS: tuple[Check, ...] = (
+    _resource_problems,
+    _placement_problems,
+    _mode_problems,
+    _type_problems,
+    _env_problems,
+    _fault_problems,
+)
+"""Rules of the spec itself: every stored spec obeys them."""
+
+SUBMIT_CHECKS: tuple[Check, ...] = (_ps_count_problems, _workdir_problems, _nul_problems)
+"""What the launcher or the supervisor would refuse later, from the spec alone; run on new specs only."""
+
+
+def cross_problems(data: Any, *, stored: bool = False) -> list[tuple[Loc, str]]:
     """Problems that span several keys, as (key path, message), from raw (unvalidated) job data.
 
-    Values of the wrong type are skipped here: the model reports them.
+    Values of the wrong type are skipped here: the model reports them. `stored`: a spec read back from the
+    store, which skips `SUBMIT_CHECKS`.
     """
     if not isinstance(data, Mapping):
         return []
-    return [
-        *_resource_problems(data),
-        *_placement_problems(data),
-        *_mode_problems(data),
-        *_type_problems(data),
-        *_env_problems(data),
-        *_fault_problems(data),
-    ]
+    checks = CROSS_CHECKS if stored else CROSS_CHECKS + SUBMIT_CHECKS
+    return [problem for check in checks for problem in check(data)]
 
 
 # -- loading -----------------------------------------------------------------------------------------------

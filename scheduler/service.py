@@ -18,7 +18,7 @@ from scheduler.config import LoadedConfig, Node, expand_nodeset
 from scheduler.errors import NotFound, UsageError
 from scheduler.probing import ProbeFailure, sweep
 from scheduler.ssh import SSHPool, Transport
-from scheduler.store import AutoResolve, NewAlert, Store, StoredEvent, StoredProbe
+from scheduler.store import STORE_FILE, AutoResolve, NewAlert, Store, StoredEvent, StoredProbe
 
 STALE_AFTER_INTERVALS = 3
 
@@ -140,7 +140,7 @@ class ClusterService:
     @classmethod
     @contextlib.asynccontextmanager
     async def open(cls, loaded: LoadedConfig) -> AsyncIterator[ClusterService]:
-        store = await Store.open(loaded.state_dir / "state.db")
+        store = await Store.open(loaded.state_dir / STORE_FILE)
         pool = SSHPool.from_config(loaded)
         try:
             yield cls(loaded, store, pool)

@@ -160,13 +160,40 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE jobs ADD COLUMN scaled_to INTEGER;
     """,
+    # 5: run identity: the store's cluster id (run folders are <run_root>/<cluster id>/...), each attempt's
+    #    token (the claim of its run folders), and what proves a run alive (boot id, pid start times); when the
+    #    scheduler escalated a stop to SIGKILL
+    """
+    CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    INSERT INTO meta (key, value) VALUES ('cluster_id', lower(hex(randomblob(6))));
+    ALTER TABLE attempts ADD COLUMN token TEXT;             -- NULL: an attempt started before schema 5
+    ALTER TABLE runs ADD COLUMN boot_id TEXT;
+    ALTER TABLE runs ADD COLUMN supervisor_pid INTEGER;
+    ALTER TABLE runs ADD COLUMN supervisor_start INTEGER;   -- clock ticks since boot (/proc/<pid>/stat 22)
+    ALTER TABLE runs ADD COLUMN pid_start INTEGER;
+    ALTER TABLE runs ADD COLUMN kill_sent REAL;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
+STORE_FILE = "state.db"  # in state_dir
 PROBE_HISTORY_PER_NODE = 50
 ALERT_STATES = ("open", "acknowledged", "resolved")
 OPEN_ALERT_STATES = ("open", "acknowledged")
 FAULT_STATES = ("unhealthy", "unreachable")  # a node event into one of these (or `isolated`) counts as a fault
 AUTO = "ftconsole"  # who resolves the alerts that resolve themselves
+
+
+def read_cluster_id(path: Path) -> str | None:
+    """The cluster id of the store at `path` without changing anything; None when there is no store (yet) or it
+    predates cluster ids (it gets one on the scheduler's next start)."""
+    if not path.exists():
+        return None
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)) as db:
+            row = db.execute("SELECT value FROM meta WHERE key = 'cluster_id'").fetchone()
+    except sqlite3.Error:
+        return None
+    return str(row[0]) if row else None
 
 
 @dataclass(frozen=True)
@@ -198,6 +225,7 @@ class Store:
         self._writing = asyncio.Lock()  # one connection: transactions must not interleave
         self._specs: dict[str, JobSpec] = {}  # spec JSON -> parsed (specs never change once stored)
         self._stamp = 0.0  # the last `jobs.updated` stamp handed out (see `_next_stamp`)
+        self.cluster_id = ""  # random, made with the store: run folders on the nodes are keyed by it
 
     @classmethod
     async def open(cls, path: Path) -> Store:
@@ -245,6 +273,11 @@ class Store:
             async with db.execute("SELECT COALESCE(MAX(updated), 0) FROM jobs") as cur:
                 row = await cur.fetchone()
             self._stamp = float(row[0]) if row else 0.0
+            async with db.execute("SELECT value FROM meta WHERE key = 'cluster_id'") as cur:
+                row = await cur.fetchone()
+            if row is None:
+                raise StoreError(f"{self.path} has no cluster id: it was not made by ftconsole")
+            self.cluster_id = str(row[0])
         except sqlite3.Error as exc:
             raise StoreError(f"cannot prepare {self.path}: {exc}") from exc
 
@@ -391,7 +424,7 @@ class Store:
         if spec is None:
             if len(self._specs) > 50_000:
                 self._specs.clear()
-            spec = self._specs[row["spec"]] = JobSpec.from_json(json.loads(row["spec"]))
+            spec = self._specs[row["spec"]] = JobSpec.from_stored(json.loads(row["spec"]))
         return _job_from_row(row, spec)
 
     async def attempts(self, job_id: int) -> list[Attempt]:
@@ -417,13 +450,14 @@ class Store:
         """Runs of one job (every attempt) or of all jobs; `held`: only those whose GPUs are not released."""
         where, args = [], []
         if job is not None:
-            where.append("job = ?")
+            where.append("r.job = ?")
             args.append(job)
         if held is not None:
-            where.append("released = ?")
+            where.append("r.released = ?")
             args.append(0 if held else 1)
-        sql = "SELECT * FROM runs" + (" WHERE " + " AND ".join(where) if where else "")
-        async with self._db.execute(sql + " ORDER BY job, attempt, rank", args) as cur:
+        sql = "SELECT r.*, a.token FROM runs r JOIN attempts a ON a.job = r.job AND a.number = r.attempt"
+        sql += " WHERE " + " AND ".join(where) if where else ""
+        async with self._db.execute(sql + " ORDER BY r.job, r.attempt, r.rank", args) as cur:
             rows = await cur.fetchall()
         return [_run_from_row(r) for r in rows]
 
@@ -619,7 +653,7 @@ _JOB_COLUMNS = frozenset(
         "scaled_to",
     }
 )
-_ATTEMPT_COLUMNS = frozenset({"started", "ended", "result", "message"})
+_ATTEMPT_COLUMNS = frozenset({"started", "ended", "result", "message", "master_port"})
 _RUN_COLUMNS = frozenset(
     {
         "state",
@@ -633,6 +667,11 @@ _RUN_COLUMNS = frozenset(
         "released",
         "run_dir",
         "output_at",
+        "boot_id",
+        "supervisor_pid",
+        "supervisor_start",
+        "pid_start",
+        "kill_sent",
     }
 )
 
@@ -689,8 +728,8 @@ class JobTx:
 
     async def add_attempt(self, attempt: Attempt, runs: Iterable[Run]) -> None:
         await self._db.execute(
-            "INSERT INTO attempts (job, number, spec_name, gpus_per_node, master_port, created) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
+            "INSERT INTO attempts (job, number, spec_name, gpus_per_node, master_port, created, token) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
             (
                 attempt.job,
                 attempt.number,
@@ -698,6 +737,7 @@ class JobTx:
                 attempt.gpus_per_node,
                 attempt.master_port,
                 attempt.created,
+                attempt.token,
             ),
         )
         for r in runs:

@@ -32,7 +32,9 @@ def batch(name: str, *commands: str, **fields: Any) -> dict[str, Any]:
 
 def run_dir(cluster: SshdCluster, shown: dict[str, Any], rank: int = 0) -> str:
     run = shown["attempts"][0]["runs"][rank]
-    return f"{cluster.node(run['node']).home}/.ftconsole/runs/{shown['id']}/1/{rank}"
+    root, cluster_id, rest = run["run_dir"].rsplit("/", 4)[0], *run["run_dir"].rsplit("/", 4)[1:2], None
+    assert root == f"{cluster.node(run['node']).home}/.ftconsole/runs" and len(cluster_id) == 12, rest
+    return f"{root}/{cluster_id}/{shown['id']}/1/{rank}"
 
 
 async def test_batch_tasks_run_in_order_and_a_failing_task_ends_the_batch(sshd_cluster, tmp_path, sock_dir) -> None:

@@ -88,7 +88,7 @@ async def test_two_node_pytorch_job_gets_env_and_hostfile_on_each_node(sshd_clus
     loaded = write_config(cluster, tmp_path, sock_dir)
     hosts = {n.name: n.address for n in cluster}
     command = "sh -c 'env | sort; echo HOSTFILE; cat \"$FT_HOSTFILE\"; echo; pwd'"
-    async with running(loaded) as (_, client):
+    async with running(loaded) as (scheduler, client):
         submitted = await client.call(
             "submit", spec=job("envdump", command, mode="pytorch", nodes=2, gpus_per_node=2, workdir="/tmp")
         )
@@ -105,7 +105,7 @@ async def test_two_node_pytorch_job_gets_env_and_hostfile_on_each_node(sshd_clus
             env_part, hostfile = text.split("HOSTFILE\n", 1)
             env = dict(line.split("=", 1) for line in env_part.splitlines() if "=" in line)
             node_home = cluster.node(run["node"]).home
-            run_dir = f"{node_home}/.ftconsole/runs/{submitted['id']}/1/{run['rank']}"
+            run_dir = f"{node_home}/.ftconsole/runs/{scheduler.store.cluster_id}/{submitted['id']}/1/{run['rank']}"
             assert run["run_dir"] == run_dir
             assert env["MASTER_ADDR"] == master
             assert env["MASTER_PORT"] == str(port)

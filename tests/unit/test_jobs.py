@@ -98,7 +98,7 @@ SETTLE_CASES = [
         True,
         Finish(
             JobStatus.ERROR,
-            "rank 0 on n0: its supervisor is gone without recording an end (node rebooted or process killed)",
+            "rank 0 on n0 lost: its supervisor is gone without recording an end",
             None,
         ),
     ),

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
+from scheduler import launcher, yamlfile
 from scheduler.errors import ConfigError
+from scheduler.jobplan import plan_job
 from scheduler.jobspec import (
     GpuRequest,
     JobMode,
@@ -308,6 +312,7 @@ INVALID = [
     (BASE + "type: cron\n", 3, "type", "'batch'"),
     (BASE + "hooks:\n  during: x\n", 4, "hooks.during", "unknown key"),
     (BASE + "workdir: ''\n", 3, "workdir", "must not be empty"),
+    (BASE + "workdir: ~\n", 3, "workdir", "YAML reads a bare ~ as null: write '~' in quotes"),
     (BASE + "name: k\n", 3, "name", "duplicate key"),
     ("- a\n- b\n", 1, "", "mapping"),
     ("name: [\n", 2, "", "YAML syntax"),
@@ -376,6 +381,128 @@ def test_cross_problems_skip_values_of_the_wrong_type() -> None:
 def test_missing_file() -> None:
     with pytest.raises(ConfigError, match="cannot read"):
         load_jobspec("/nonexistent/job.yaml")
+
+
+# -- what would fail only when the job is planned or started ----------------------------------------------------
+
+TF = "name: j\ncommand: python3 train.py\nmode: tensorflow\n"  # lines 1-3; cases add from line 4
+
+REFUSED_AT_SUBMIT = [
+    # launcher: tensorflow needs a worker, so ps_count < nodes, and < min_nodes when the job is elastic
+    (TF + "nodes: 2\nps_count: 2\n", 5, "ps_count", "ps_count (2) must be fewer than nodes (2)"),
+    (TF + "ps_count: 1\n", 4, "ps_count", "ps_count (1) must be fewer than nodes (1): the first ps_count nodes"),
+    (TF + "nodes: 3\nps_count: 5\n", 5, "ps_count", "at least one node must run a worker"),
+    (
+        TF + "nodes: 4\nps_count: 2\nfault_tolerance:\n  elastic: {min_nodes: 2}\n",
+        5,
+        "ps_count",
+        "ps_count (2) must be fewer than fault_tolerance.elastic.min_nodes (2): the job may run on 2 node(s)",
+    ),
+    (
+        TF + "nodes: 4\nps_count: 3\nfault_tolerance:\n  elastic: {min_nodes: 1, max_nodes: 8}\n",
+        5,
+        "ps_count",
+        "fewer than fault_tolerance.elastic.min_nodes (1)",
+    ),
+    # supervisor: a workdir is absolute or under ~/ (the node's HOME); anything else depends on the login folder
+    (BASE + "workdir: data/me\n", 3, "workdir", "must be an absolute path (as /data/me/project) or start with ~/"),
+    (BASE + "workdir: ./run\n", 3, "workdir", "not './run': a relative path would depend on where SSH logs in"),
+    (BASE + "workdir: ~bob/run\n", 3, "workdir", "not '~bob/run'"),
+    (BASE + "workdir: ~run\n", 3, "workdir", "not '~run'"),
+    (BASE + "workdir: ' /data'\n", 3, "workdir", "not ' /data'"),
+    (BASE + "workdir: $HOME/run\n", 3, "workdir", "not '$HOME/run'"),
+    # the supervisor cannot exec, chdir or export text with a NUL character in it
+    (BASE + 'env: {X: "a\\0b"}\n', 3, "env.X", "contains a NUL character"),
+    (BASE + 'workdir: "/data\\0"\n', 3, "workdir", "contains a NUL character"),
+    ('name: j\ncommand: "python3 a\\0.py"\n', 2, "command", "contains a NUL character"),
+    (BASE + 'hooks: {before: "echo \\0"}\n', 3, "hooks.before", "contains a NUL character"),
+    (
+        'name: j\ntype: batch\ntasks:\n  - {name: a, command: "b \\0", output: a}\n',
+        4,
+        "tasks[0].command",
+        "contains a NUL character",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "line", "path", "message"), REFUSED_AT_SUBMIT)
+def test_what_would_fail_at_launch_is_refused_at_submit(text: str, line: int, path: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_jobspec(text, "job.yaml")
+    problems = info.value.problems
+    assert any(p.line == line and p.path == path and message in p.message for p in problems), problems
+    with pytest.raises(ValidationError, match=re.escape(f"{path}: ")):  # the server's own check, from JSON
+        JobSpec.from_json(_raw(text))
+
+
+def _raw(text: str) -> dict[str, Any]:
+    data, _ = yamlfile.parse(text, "job.yaml")
+    assert isinstance(data, dict)
+    return data
+
+
+STILL_VALID = [
+    TF + "nodes: 2\nps_count: 1\n",
+    TF + "nodes: 1\nps_count: 0\n",
+    TF + "nodes: 3\n",
+    TF + "nodes: 4\nps_count: 1\nfault_tolerance:\n  elastic: {min_nodes: 2, max_nodes: 6}\n",
+    TF + "nodes: 4\nps_count: 0\nfault_tolerance:\n  elastic: {min_nodes: 1}\n",
+    BASE,
+    BASE + "workdir: '~'\n",
+    BASE + "workdir: ~/\n",
+    BASE + "workdir: ~/runs/llama\n",
+    BASE + "workdir: /\n",
+    BASE + "workdir: /data/me/../shared/run\n",
+    BASE + "workdir: '/data/with space'\n",
+    BASE + "env: {X: 'a b', Y: '', Z: 3}\n",
+]
+
+
+@pytest.mark.parametrize("text", STILL_VALID)
+def test_valid_specs_still_pass_and_plan(text: str) -> None:
+    spec = parse_jobspec(text, "job.yaml")
+    assert JobSpec.from_json(spec.to_json()) == spec
+    sizes = {spec.nodes, *(spec.elastic_range or ())}
+    for size in sizes:  # every size the job may run at plans without an error
+        plan_job(spec, _launch_input(spec, size))
+
+
+def _launch_input(spec: JobSpec, size: int) -> launcher.LaunchInput:
+    return launcher.LaunchInput(
+        job_id="1",
+        attempt=0,
+        mode=spec.mode.value,
+        argv=(),
+        env=dict(spec.env),
+        workdir=spec.workdir,
+        nodes=tuple(launcher.NodeAssignment(f"n{i}", f"10.0.0.{i}", (0,)) for i in range(size)),
+        master_port=29500,
+        run_root="~/.ftconsole/runs",
+        ps_count=spec.ps_count or 0,
+        max_restarts=spec.fault_tolerance.max_restarts,
+    )
+
+
+@pytest.mark.parametrize("text", [t for t, _, path, _ in REFUSED_AT_SUBMIT if path == "ps_count"])
+def test_the_ps_count_check_is_the_launchers_rule(text: str) -> None:
+    """A stored spec skips the submit checks (it still loads); the launcher refuses it at its smallest size."""
+    spec = JobSpec.from_stored(_raw(text))
+    size = min([spec.nodes, *(spec.elastic_range or ())])
+    with pytest.raises(launcher.LaunchError, match="at least one worker is needed"):
+        plan_job(spec, _launch_input(spec, size))
+
+
+def test_a_stored_spec_accepted_before_the_submit_checks_still_loads() -> None:
+    data = {"name": "j", "command": "a", "workdir": "data", "env": {"X": "a\0b"}}
+    assert JobSpec.from_stored(data).workdir == "data"
+    with pytest.raises(ValidationError, match="workdir"):
+        JobSpec.from_json(data)
+    with pytest.raises(ValidationError, match="mode single runs on one node"):  # the spec's own rules still hold
+        JobSpec.from_stored({"name": "j", "command": "a", "nodes": 2})
+
+
+def test_every_job_mode_has_a_launch_planner() -> None:
+    assert {m.value for m in JobMode} == set(launcher.MODES)
 
 
 # -- example job files -------------------------------------------------------------------------------------

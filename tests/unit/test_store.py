@@ -106,7 +106,8 @@ async def test_a_version_2_store_is_migrated_with_its_history(tmp_path: Path) ->
             "VALUES (5.0, 'job_failed', 'error', 1, 'failed', 'acknowledged', 'bob', 6.0)"
         )
     async with await Store.open(path) as store:
-        assert await store.schema_version() == SCHEMA_VERSION == 4
+        assert await store.schema_version() == SCHEMA_VERSION == 5
+        assert len(store.cluster_id) == 12  # made by the migration: run folders are keyed by it
         (job,) = await store.jobs()
         assert (job.name, job.status.value) == ("old", "error")
         assert (job.scaled_to, job.size) == (None, 1)  # never scaled: the spec's size
@@ -121,3 +122,11 @@ async def test_a_version_2_store_is_migrated_with_its_history(tmp_path: Path) ->
         indexes = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
         assert {"jobs_updated", "alerts_job", "alerts_node"} <= indexes
         assert "output_at" in {row[1] for row in db.execute("PRAGMA table_info(runs)")}
+
+
+async def test_every_store_has_its_own_cluster_id_kept_across_opens(tmp_path: Path) -> None:
+    async with await Store.open(tmp_path / "a.db") as a, await Store.open(tmp_path / "b.db") as b:
+        first = a.cluster_id
+        assert first and b.cluster_id and first != b.cluster_id
+    async with await Store.open(tmp_path / "a.db") as again:
+        assert again.cluster_id == first

@@ -1,0 +1,900 @@
+"""The control loop: each tick reads a snapshot, decides, records intent, acts, and records the outcome.
+
+Level-triggered (DESIGN.md, "The control loop"). A tick is, in order:
+
+1. act: `reconcile` (pure, `scheduler.reconcile`) decides from the store's held runs and what the nodes
+   last said: runs whose node left the config or stopped answering for `scheduler.node_timeout` are
+   written `lost`; attempts with runs to start (or whose start had no answer: `unknown`) are launched;
+   runs being stopped get their stop until the node confirms it, then SIGKILL once the grace period is
+   over; the runs of each node are read with one command. Each of these is a task per node or attempt,
+   concurrent, with its own deadline; the tick waits for them at most `ACT_WAIT_S`, and what takes longer
+   (a node that hangs) finishes in the background without holding anyone else up. Nodes met for the first
+   time, or answering again after going silent, are swept: a run of this cluster there that the store does
+   not count as current is killed (fencing).
+2. observe: what the reads said is written, and `jobs.settle` decides what it means per job (all running,
+   a rank failed, every rank done); a job that ends `error` raises a `job_failed` alert.
+3. expire: running jobs past their max_runtime are asked to stop.
+4. resize: elastic jobs scaled to a new size get their new attempt (its runs as intents).
+5. place: one placement pass over the queue; each placed job's attempt and runs are written as intents
+   (job `running`, condition Creating) and launched by the next tick's act.
+
+Errors stay where they belong: an exception planning, placing or launching one job fails that job with a
+clear message, and the tick goes on; an unexpected error in one node's task is that node's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import secrets
+from collections import defaultdict
+from collections.abc import Callable, Coroutine, Hashable, Sequence
+from typing import Any
+
+from scheduler import elastic, placement
+from scheduler.config import Node, format_duration
+from scheduler.errors import FtError, SSHError, StoreError
+from scheduler.failpoints import afailpoint
+from scheduler.jobplan import JobLaunch, plan_job
+from scheduler.jobs import (
+    FINAL_CONDITION,
+    AllRunning,
+    Attempt,
+    Condition,
+    Finish,
+    Job,
+    JobStatus,
+    Run,
+    StopOthers,
+    StopReason,
+    expired,
+    settle,
+)
+from scheduler.launcher import LaunchInput, NodeAssignment, RankLaunch
+from scheduler.reconcile import READ_STATES, Actions, Launch, Read, Snapshot, Stop, reconcile
+from scheduler.requests import job_request, node_slot
+from scheduler.runs import RunStatus, free_port, node_runs, prepare_run, run_states, start_run, stop_runs
+from scheduler.service import ClusterService
+from scheduler.store import Conflict, JobTx
+
+log = logging.getLogger("ftconsole.scheduler")
+
+MIN_TICK_GAP_S = 0.2
+ANY_PORT = 29500
+ACT_WAIT_S = 2.0  # how long a tick waits for the node commands it started; slower ones finish in the background
+
+
+class Loop:
+    def __init__(self, service: ClusterService, *, clock: Callable[[], float], poke: Callable[[], None]) -> None:
+        self.service = service
+        self.store = service.store
+        self.transport = service.transport
+        self.config = service.config
+        self.settings = service.config.scheduler
+        self.clock = clock
+        self._poke = poke
+        self.looping = False  # True while `run` drives ticks (else jobs only change on request)
+        self.wake = asyncio.Event()
+        self._nodes = {n.name: n for n in service.all_nodes}
+        self._tasks: dict[Hashable, asyncio.Task[None]] = {}
+        self._in_tick = False
+        self._observed: dict[str, list[tuple[Run, RunStatus]]] = {}  # node -> what its last read said
+        self._waiting: dict[str, float] = {}  # node -> since when an answer is awaited
+        self._answered: dict[str, float] = {}  # node -> its last answer
+        self._unswept: set[str] = set(self._nodes)  # nodes to sweep for runs that are no longer current
+
+    # ============================================================ driving
+
+    async def run(self, stop: asyncio.Event, *, probe: bool = True) -> None:
+        """Tick until `stop` is set; probe the nodes every `probes.interval` alongside (first before placing)."""
+        self.looping = True
+        first: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        prober = asyncio.create_task(self._probe_loop(stop, first)) if probe else None
+        try:
+            if prober is not None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(first), timeout=self.config.probes.timeout + 5)
+            while not stop.is_set():
+                await self.tick()
+                self.wake.clear()
+                # a poke (submit, stop, a probe) brings the next tick forward, but ticks stay MIN_TICK_GAP_S
+                # apart: a burst of submissions is placed in one pass, not one pass each
+                gap = min(MIN_TICK_GAP_S, self.settings.tick)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=gap)
+                waits = [asyncio.ensure_future(self.wake.wait()), asyncio.ensure_future(stop.wait())]
+                try:
+                    await asyncio.wait(waits, timeout=self.settings.tick - gap, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for w in waits:
+                        w.cancel()
+        finally:
+            self.looping = False
+            if prober is not None:
+                prober.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await prober
+            await self.close()
+
+    async def close(self) -> None:
+        """Cancel the node commands still under way (their outcome is read again by the next scheduler)."""
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _probe_loop(self, stop: asyncio.Event, first: asyncio.Future[None]) -> None:
+        while not stop.is_set():
+            try:
+                await self.service.probe()
+            except FtError as exc:
+                log.warning("probe: %s", exc)
+            except Exception:
+                log.exception("probe failed")
+            if not first.done():
+                first.set_result(None)
+            self._poke()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self.config.probes.interval)
+
+    async def tick(self) -> None:
+        """One pass of the control loop (see the module docstring); a step that fails does not stop the others."""
+        for step in (self._act, self._observe, self._expire, self._resize, self._place):
+            try:
+                await step()
+            except FtError as exc:
+                log.warning("tick %s: %s", step.__name__.strip("_"), exc)
+            except Exception:
+                log.exception("tick %s failed", step.__name__.strip("_"))
+
+    # ============================================================ the executor
+
+    def _spawn(self, key: Hashable, work: Coroutine[Any, Any, None]) -> None:
+        """Run `work` in the background unless the same work (`key`) is still under way."""
+        if key in self._tasks:
+            work.close()
+            return
+        task = asyncio.create_task(work)
+        self._tasks[key] = task
+        task.add_done_callback(lambda t: self._done(key, t))
+
+    def _done(self, key: Hashable, task: asyncio.Task[None]) -> None:
+        self._tasks.pop(key, None)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s failed", key, exc_info=task.exception())
+        if not self._in_tick:
+            self._poke()  # finished after its tick stopped waiting: the next tick reads what it wrote
+
+    async def _ask(self, node: Node, work: Coroutine[Any, Any, Any]) -> Any:
+        """One command on a node, keeping count of whether it answers (its silence is `node_timeout` away)."""
+        self._waiting.setdefault(node.name, self.clock())
+        try:
+            result = await work
+        except SSHError:
+            raise  # no answer: unreachable, timed out, refused us
+        except FtError:
+            self._heard(node.name)  # it answered, with an error
+            raise
+        self._heard(node.name)
+        return result
+
+    def _heard(self, name: str) -> None:
+        self._answered[name] = self.clock()
+        self._waiting.pop(name, None)
+
+    @property
+    def _timeout(self) -> float:
+        """The deadline of one node command of the loop: never longer than it takes to call a node silent."""
+        return min(self.config.ssh.command_timeout, self.settings.node_timeout)
+
+    # ============================================================ 1. act
+
+    async def _act(self) -> None:
+        running = {j.id: j for j in await self.store.jobs(statuses=[JobStatus.RUNNING], deleted=True)}
+        held = [r for r in await self.store.runs(held=True) if r.job in running]
+        snap = Snapshot(
+            now=self.clock(),
+            jobs=running,
+            runs=held,
+            nodes=frozenset(self._nodes),
+            waiting=dict(self._waiting),
+            answered=dict(self._answered),
+            node_timeout=self.settings.node_timeout,
+            stop_grace=self.settings.stop_grace,
+        )
+        actions = reconcile(snap)
+        await afailpoint("tick.after_snapshot")
+        await self._lose(actions, snap.now)
+        for launch in actions.launch:
+            self._spawn(("launch", launch.job, launch.attempt), self._launch(launch))
+        for stop in actions.stop:
+            self._spawn(("stop", stop.node, stop.force), self._stop(stop))
+        for read in actions.read:
+            self._spawn(("read", read.node), self._read(read))
+        for name in sorted(self._unswept & set(self._nodes)):
+            if name not in self._waiting or name in self._answered:  # never to a node known silent
+                self._spawn(("sweep", name), self._sweep(self._nodes[name]))
+        if self._tasks:
+            self._in_tick = True
+            try:
+                await asyncio.wait(list(self._tasks.values()), timeout=ACT_WAIT_S)
+            finally:
+                self._in_tick = False
+
+    async def _lose(self, actions: Actions, now: float) -> None:
+        """Runs nothing can reach: written `lost` with why, their jobs settle on the next observe."""
+        if not actions.lose:
+            return
+        for name in actions.silent:
+            self._unswept.add(name)  # when it answers again, whatever still runs there is stopped
+            self._answered.pop(name, None)
+        async with self.store.jobs_tx("record lost runs") as tx:
+            for lose in actions.lose:
+                await tx.update_run(lose.run, state="lost", error=lose.reason, ended=now)
+                text = f"rank {lose.run.rank} of attempt {lose.run.attempt} on {lose.run.node} lost: {lose.reason}"
+                await tx.event(now, "RunLost", text, job=lose.run.job, node=lose.run.node)
+        for lose in actions.lose:
+            log.warning("job %s: rank %s on %s lost: %s", lose.run.job, lose.run.rank, lose.run.node, lose.reason)
+        self._poke()
+
+    # -- launch -----------------------------------------------------------------------------------------
+
+    async def _launch(self, launch: Launch) -> None:
+        """Start the runs of an attempt (its port first, when it has none yet); each outcome written as it comes."""
+        job = await self.store.job(launch.job)
+        attempt = await self.store.attempt(launch.job, launch.attempt)
+        if job is None or attempt is None:
+            return
+        if job.stop_reason is not None:  # stopped before it started: start nothing, find what is there
+            await asyncio.gather(*(self._find(job, run) for run in launch.runs))
+            return
+        try:
+            attempt = await self._port(job, attempt)
+            all_runs = [r for r in await self.store.runs(job=job.id) if r.attempt == attempt.number]
+            plan = self._plan(job, attempt, all_runs)
+        except FtError as exc:
+            log.warning("job %s: cannot launch attempt %s yet: %s", job.id, launch.attempt, exc)
+            return  # the node did not answer: asked again next tick (node_timeout decides when to give up)
+        except Exception as exc:  # a bug or a spec we cannot plan: this job fails, the others go on
+            log.exception("job %s: cannot plan its launch", job.id)
+            await self._fail(job, f"ftconsole cannot plan its launch: {type(exc).__name__}: {exc}")
+            return
+        by_rank = {r.rank: r for r in plan.plan.ranks}
+        await asyncio.gather(*(self._start_rank(job, attempt, run, by_rank[run.rank], plan) for run in launch.runs))
+
+    async def _port(self, job: Job, attempt: Attempt) -> Attempt:
+        """The attempt with its master port: chosen now on its first node when it has none yet."""
+        if attempt.master_port:
+            return attempt
+        first = min((r for r in await self.store.runs(job=job.id) if r.attempt == attempt.number), key=_rank)
+        node = self._nodes[first.node]
+        port = await self._ask(node, free_port(self.transport, node, python=self._python, timeout=self._timeout))
+        async with self.store.jobs_tx("record a master port") as tx:
+            await tx.update_attempt(job.id, attempt.number, master_port=port)
+        return dataclasses.replace(attempt, master_port=port)
+
+    async def _start_rank(self, job: Job, attempt: Attempt, run: Run, rank: RankLaunch, plan: JobLaunch) -> None:
+        node = self._nodes[run.node]
+        try:
+            await afailpoint("launch.before_send")
+            if not rank.launch:
+                path = await self._ask(
+                    node,
+                    prepare_run(self.transport, node, **_rank_args(rank), python=self._python, timeout=self._timeout),
+                )
+                fields: dict[str, Any] = {"state": "prepared", "run_dir": path}
+            else:
+                started = start_run(
+                    self.transport,
+                    node,
+                    **_rank_args(rank),
+                    steps=plan.steps[run.rank],
+                    workdir=rank.workdir,
+                    grace=self.settings.stop_grace,
+                    token=attempt.token,
+                    python=self._python,
+                    timeout=self._timeout,
+                )
+                _, status = await self._ask(node, started)
+                await afailpoint("launch.after_send")
+                fields = _status_fields(status)
+                if status.state == "refused":
+                    fields.update(state="failed", error=f"cannot start: {status.error}", ended=self.clock())
+                    log.error("job %s rank %s: %s", job.id, run.rank, status.error)
+                if status.run_dir:
+                    fields["run_dir"] = status.run_dir
+        except SSHError as exc:  # sent, maybe: the node may be running it. Held, and asked again
+            fields = {"state": "unknown", "error": f"start sent, no answer yet: {exc}"}
+        except FtError as exc:
+            fields = {"state": "failed", "error": f"cannot start: {exc}", "ended": self.clock()}
+        with contextlib.suppress(Conflict):
+            async with self.store.jobs_tx("record a started run") as tx:
+                await tx.update_run(run, **fields)
+        await afailpoint("launch.after_record")
+        self._poke()
+
+    async def _find(self, job: Job, run: Run) -> None:
+        """A run of a job stopped before its start was answered: what is on the node (absent: cancelled)."""
+        node = self._nodes[run.node]
+        try:
+            states = run_states(self.transport, node, [run.run_dir], tokens=_tokens([run]), python=self._python,
+                                timeout=self._timeout)  # fmt: skip
+            status = (await self._ask(node, states))[run.run_dir]
+        except FtError as exc:
+            log.warning("job %s rank %s: cannot read its run: %s", job.id, run.rank, exc)
+            return
+        fields = {"state": "cancelled"} if status.state in ("absent", "foreign") else _status_fields(status)
+        async with self.store.jobs_tx("record a cancelled run") as tx:
+            await tx.update_run(run, **fields)
+        self._poke()
+
+    def _plan(self, job: Job, attempt: Attempt, runs: Sequence[Run]) -> JobLaunch:
+        ordered = sorted(runs, key=_rank)
+        spec = job.spec
+        base = LaunchInput(
+            job_id=str(job.id),
+            attempt=attempt.number,
+            mode=spec.mode.value,
+            argv=(),
+            env=dict(spec.env),
+            workdir=spec.workdir,
+            nodes=tuple(NodeAssignment(r.node, self._nodes[r.node].host, r.gpus) for r in ordered),
+            master_port=attempt.master_port,
+            run_root=self.run_root,
+            ps_count=spec.ps_count or 0,
+            max_restarts=spec.fault_tolerance.max_restarts,
+            output_dir=spec.output,
+        )
+        return plan_job(spec, base)
+
+    # -- stop -------------------------------------------------------------------------------------------
+
+    async def _stop(self, stop: Stop) -> None:
+        """Stop runs on one node; a stop counts as sent once the node confirms it (until then: again)."""
+        node = self._nodes[stop.node]
+        sent = stop_runs(self.transport, node, [r.run_dir for r in stop.runs], tokens=_tokens(stop.runs),
+                         force=stop.force, python=self._python, timeout=self._timeout)  # fmt: skip
+        try:
+            answers = await self._ask(node, sent)
+        except FtError as exc:
+            log.warning("cannot stop runs on %s: %s", stop.node, exc)
+            return
+        await afailpoint("stop.after_send")
+        now = self.clock()
+        async with self.store.jobs_tx("record stops sent") as tx:
+            for run, answer in zip(stop.runs, answers, strict=True):
+                if stop.force and answer.get("signalled"):
+                    await tx.update_run(run, kill_sent=now, **({"stop_sent": now} if run.stop_sent is None else {}))
+                    text = f"rank {run.rank} on {run.node}: SIGKILL from the scheduler"
+                    why = "its supervisor is gone" if run.state == "orphaned" else "the grace period is over"
+                    await tx.event(now, "Killed", f"{text} ({why})", job=run.job, node=run.node)
+                elif run.stop_sent is None:
+                    await tx.update_run(run, stop_sent=now)
+
+    # -- read -------------------------------------------------------------------------------------------
+
+    async def _read(self, read: Read) -> None:
+        node = self._nodes[read.node]
+        dirs = [r.run_dir for r in read.runs]
+        states = run_states(self.transport, node, dirs, tokens=_tokens(read.runs), python=self._python,
+                            timeout=self._timeout)  # fmt: skip
+        try:
+            answer = await self._ask(node, states)
+        except FtError as exc:
+            log.warning("cannot read runs on %s: %s", read.node, exc)
+            return
+        await afailpoint("observe.after_read")
+        self._observed[read.node] = [(r, answer[r.run_dir]) for r in read.runs]
+
+    async def _sweep(self, node: Node) -> None:
+        """Fencing: kill the runs of this cluster on the node that the store does not count as current (a
+        node back after it was given up, or runs left by a crash between a start and its record)."""
+        try:
+            found = await self._ask(
+                node, node_runs(self.transport, node, root=self.run_root, python=self._python, timeout=self._timeout)
+            )
+        except FtError as exc:
+            log.warning("cannot sweep %s: %s", node.name, exc)
+            return
+        held = await self.store.runs(held=True)
+        current = {(str(r.job), str(r.attempt), str(r.rank)) for r in held if r.node == node.name and r.active}
+        strays = [f for f in found if f.status.state in READ_STATES and (f.job, f.attempt, f.rank) not in current]
+        if strays:
+            dirs = [f"{self.run_root}/{f.job}/{f.attempt}/{f.rank}" for f in strays]
+            tokens = {d: f.status.token for d, f in zip(dirs, strays, strict=True) if f.status.token}
+            try:
+                await self._ask(node, stop_runs(self.transport, node, dirs, tokens=tokens, force=True,
+                                                python=self._python, timeout=self._timeout))  # fmt: skip
+            except FtError as exc:
+                log.warning("cannot stop stray runs on %s: %s", node.name, exc)
+                return
+            now = self.clock()
+            async with self.store.jobs_tx("record fenced runs") as tx:
+                for f in strays:
+                    text = (
+                        f"fenced: rank {f.rank} of attempt {f.attempt} was still running on {node.name}, which the "
+                        "scheduler no longer counts as current; killed"
+                    )
+                    job = int(f.job) if f.job.isdigit() else None
+                    await tx.event(now, "Fenced", text, job=job, node=node.name)
+                    log.warning("job %s: %s", f.job, text)
+        self._unswept.discard(node.name)
+
+    # ============================================================ 2. observe
+
+    async def _observe(self) -> None:
+        running = {j.id: j for j in await self.store.jobs(statuses=[JobStatus.RUNNING], deleted=True)}
+        observed, self._observed = self._observed, {}
+        held = [r for r in await self.store.runs(held=True) if r.job in running]
+        if not running:
+            return
+        now = self.clock()
+        key = {(r.job, r.attempt, r.rank): r for r in held}
+        updated: dict[tuple[int, int, int], Run] = {}
+        changes: list[tuple[Run, dict[str, Any]]] = []
+        moved = False  # a run changed more than its output heartbeat
+        for pairs in observed.values():
+            for seen, status in pairs:
+                r = key.get((seen.job, seen.attempt, seen.rank))
+                if r is None or r.state not in READ_STATES:
+                    continue  # written since it was read (lost, stopped...): the newer word stands
+                fields = _status_fields(status)
+                if status.state in ("absent", "foreign"):
+                    fields.update(state="failed", ended=now, error=_missing(r, status))
+                if status.output_at is not None and status.output_at != r.output_at:
+                    fields["output_at"] = status.output_at  # written only when it moved
+                new = dataclasses.replace(r, **{k: v for k, v in fields.items() if k != "run_dir"})
+                updated[(r.job, r.attempt, r.rank)] = new
+                if new != r:
+                    changes.append((r, fields))
+                    moved = moved or dataclasses.replace(new, output_at=r.output_at) != r
+        attempts = await self.store.running_attempts()
+        quiet: list[tuple[Run, dict[str, Any]]] = []  # run changes of jobs with nothing to decide
+        drained: list[tuple[Job, list[int]]] = []  # resized jobs whose earlier attempts are down
+        for job in running.values():
+            mine_now = [updated.get((r.job, r.attempt, r.rank), r) for r in held if r.job == job.id]
+            runs = [r for r in mine_now if r.attempt == job.attempt]
+            earlier = [r for r in mine_now if r.attempt < job.attempt]  # a resize's old attempt: never settles the job
+            if earlier and not any(r.active for r in earlier):
+                drained.append((job, sorted({r.attempt for r in earlier})))
+            if not runs:
+                continue
+            attempt = attempts.get(job.id)
+            was_running = attempt is not None and attempt.started is not None
+            decision = settle(job, runs, was_running=was_running)
+            mine = [(r, f) for r, f in changes if r.job == job.id]
+            if decision is None:
+                quiet.extend(mine)
+                continue
+            try:
+                async with self.store.jobs_tx(f"record job {job.id}") as tx:
+                    for r, fields in mine:
+                        await tx.update_run(r, **fields)
+                    await self._apply(tx, job, decision, now, runs, was_running=was_running)
+            except Conflict:
+                continue
+            await afailpoint("observe.after_record")
+            self._poke()
+        if quiet:  # one transaction for all of them: nothing there can conflict
+            async with self.store.jobs_tx("record run states") as tx:
+                for r, fields in quiet:
+                    await tx.update_run(r, **fields)
+            if moved:  # a heartbeat alone wakes nobody: a printing job would otherwise make the loop spin
+                self._poke()
+        for job, numbers in drained:
+            async with self.store.jobs_tx(f"release the resized attempt of job {job.id}") as tx:
+                for number in numbers:
+                    await tx.release_runs(job.id, attempt=number)
+                    await tx.update_attempt(job.id, number, ended=now, result="resized")
+                down = ", ".join(map(str, numbers))
+                text = f"attempt {down} is down: attempt {job.attempt} starts"
+                await tx.event(now, Condition.SCALING, text, job=job.id)
+            self._poke()
+
+    async def _apply(
+        self, tx: JobTx, job: Job, decision: Any, now: float, runs: Sequence[Run], *, was_running: bool
+    ) -> None:
+        if isinstance(decision, AllRunning):
+            if job.message:  # e.g. a resize's "scaling 2 -> 3 nodes", now done
+                await tx.update_job(job.id, message="")
+            await tx.update_attempt(job.id, job.attempt, started=now)
+            await tx.event(now, Condition.RUNNING, f"every rank of attempt {job.attempt} is running", job=job.id)
+        elif isinstance(decision, StopOthers):
+            stopping = f"{decision.message}; stopping the other ranks"
+            await request_stop(tx, job, now, StopReason.ERROR, "scheduler", stopping, message=decision.message)
+        elif isinstance(decision, Finish):
+            starts = [r.started for r in runs if r.started is not None]
+            if not was_running and starts:  # it ran and ended between two looks: the timeline still says so
+                await tx.update_attempt(job.id, job.attempt, started=min(starts))
+                await tx.event(min(starts), Condition.RUNNING, f"attempt {job.attempt} ran", job=job.id)
+            await self._finish(tx, job, decision, now)
+
+    async def _finish(self, tx: JobTx, job: Job, decision: Finish, now: float) -> None:
+        await tx.update_job(
+            job.id,
+            expect=[JobStatus.RUNNING, JobStatus.QUEUED],
+            status=decision.status,
+            ended=now,
+            message=decision.message,
+            exit_code=decision.exit_code,
+        )
+        if job.attempt:
+            await tx.update_attempt(
+                job.id, job.attempt, ended=now, result=decision.status.value, message=decision.message
+            )
+        await tx.release_runs(job.id)
+        await tx.event(now, FINAL_CONDITION[decision.status], decision.message, job=job.id)
+        if decision.status is JobStatus.ERROR:
+            await tx.alert(
+                now,
+                "job_failed",
+                "error",
+                f"job {job.id} ({job.name}, {job.owner}) failed: {decision.message}",
+                job=job.id,
+            )
+
+    async def _fail(self, job: Job, message: str) -> None:
+        """A job that cannot be planned, placed or launched fails alone: a queued one (or one whose runs never
+        started) ends `error` at once; a running one is stopped and ends `error` with this message."""
+        now = self.clock()
+        runs = [r for r in await self.store.runs(job=job.id) if r.active]
+        try:
+            async with self.store.jobs_tx(f"fail job {job.id}") as tx:
+                if job.status is JobStatus.RUNNING and any(r.state != "intent" for r in runs):
+                    if job.stop_reason is None:
+                        await request_stop(tx, job, now, StopReason.ERROR, "scheduler", message, message=message)
+                    return
+                for r in runs:
+                    await tx.update_run(r, state="cancelled", ended=now)
+                await self._finish(tx, job, Finish(JobStatus.ERROR, message, None), now)
+        except Conflict:
+            return
+        self._poke()
+
+    # ============================================================ 3. expire
+
+    async def _expire(self) -> None:
+        now = self.clock()
+        for job in await self.store.jobs(statuses=[JobStatus.RUNNING], deleted=True):
+            if not expired(job, now):
+                continue
+            limit = format_duration(job.max_runtime or 0)
+            try:
+                async with self.store.jobs_tx("expire a job") as tx:
+                    stopping = f"max_runtime {limit} reached; stopping"
+                    await request_stop(tx, job, now, StopReason.EXPIRED, "scheduler", stopping)
+            except Conflict:
+                continue
+
+    # ============================================================ 4. resize
+
+    async def _resize(self) -> None:
+        """Running elastic jobs scaled to a new size get a new attempt of that size (see `scheduler.elastic`);
+        the act step then stops the old attempt, and launches the new one once it is down."""
+        jobs = [
+            j
+            for j in await self.store.jobs(statuses=[JobStatus.RUNNING], deleted=True)
+            if j.stop_reason is None and elastic.resizes(j)
+        ]
+        if not jobs:
+            return
+        held = await self.store.runs(held=True)
+        cluster: list[tuple[placement.ClusterState, list[placement.JobRequest]]] = []  # read once, until a resize
+        for job in jobs:
+            mine = [r for r in held if r.job == job.id]
+            current = [r for r in mine if r.attempt == job.attempt]
+            if not current or len(current) == job.size or any(r.attempt < job.attempt for r in mine):
+                continue  # at its size, or a resize still under way
+            try:
+                if await self._resize_one(job, current, cluster):
+                    cluster.clear()  # it holds more GPUs now
+            except (SSHError, StoreError) as exc:
+                await self.notes(
+                    [(job, f"cannot scale to {job.size} nodes now: {exc}; retrying")], status=JobStatus.RUNNING
+                )
+            except Exception as exc:
+                log.exception("job %s: cannot resize", job.id)
+                await self._fail(job, f"ftconsole cannot resize it: {type(exc).__name__}: {exc}")
+
+    async def _resize_one(
+        self,
+        job: Job,
+        current: Sequence[Run],
+        cluster: list[tuple[placement.ClusterState, list[placement.JobRequest]]],
+    ) -> bool:
+        """Record the new attempt of a job being resized (True), or say why it waits (False)."""
+        now = self.clock()
+        attempt = await self.store.attempt(job.id, job.attempt)
+        assert attempt is not None
+        how = elastic.direction(len(current), job.size)
+        nodes = elastic.kept_nodes(current, job.size)
+        if job.size > len(current):
+            if not cluster:
+                state, requests, _, _ = await self.placement_inputs(await self.store.jobs(statuses=[JobStatus.QUEUED]))
+                cluster.append((state, requests))
+            decision = self._grow(job, attempt, current, job.size - len(current), now, *cluster[0])
+            if isinstance(decision, placement.Wait):
+                await self.notes([(job, f"{how} waits for nodes: {decision.reason}")], status=JobStatus.RUNNING)
+                return False
+            nodes += decision.nodes
+        number = job.attempt + 1
+        new, runs = self._new_attempt(job, number, attempt.spec_name, attempt.gpus_per_node, nodes, now)
+        try:
+            async with self.store.jobs_tx("resize a job") as tx:
+                await tx.update_job(
+                    job.id,
+                    expect=[JobStatus.RUNNING],
+                    attempt=number,
+                    message=f"{how}: attempt {number} starts once attempt {job.attempt} is down",
+                )
+                await tx.update_attempt(job.id, job.attempt, message=f"replaced by attempt {number} ({how})")
+                for r in current:
+                    if r.state == "intent":  # never launched: nothing to stop
+                        await tx.update_run(r, state="cancelled", ended=now)
+                await tx.add_attempt(new, runs)
+                await tx.event(
+                    now,
+                    Condition.SCALING,
+                    f"{how}: attempt {number} on {_where(nodes)}; stopping attempt {job.attempt}",
+                    job=job.id,
+                    data={"nodes": _nodes_json(nodes), "from": len(current), "to": job.size},
+                )
+        except Conflict:
+            return False  # it ended meanwhile
+        self._poke()
+        return True
+
+    def _grow(
+        self,
+        job: Job,
+        attempt: Attempt,
+        current: Sequence[Run],
+        count: int,
+        now: float,
+        state: placement.ClusterState,
+        requests: list[placement.JobRequest],
+    ) -> placement.Decision:
+        """Where the `count` nodes a scale out adds would go now, or why they wait (placement's `predict`)."""
+        rank0 = min(current, key=_rank).node
+        deadline = job.deadline
+        request = elastic.grow_request(
+            job_request(job.spec, self.config, job_id=str(job.id), now=now),
+            count=count,
+            spec_name=attempt.spec_name,
+            gpus_per_node=attempt.gpus_per_node,
+            gpu_model=next((n.gpu_model for n in state.nodes if n.name == rank0), ""),
+            own={r.node for r in current},
+            cluster=self._nodes,
+            priority=placement.Priority.parse(job.priority),
+            now=now,
+            remaining=None if deadline is None else deadline - now,
+        )
+        return placement.predict(state, requests, request, now, allow_degraded=self.degraded_ok)
+
+    # ============================================================ 5. place
+
+    async def _place(self) -> None:
+        queued = await self.store.jobs(statuses=[JobStatus.QUEUED])
+        if not queued:
+            return
+        now = self.clock()
+        state, requests, by_id, unplaceable = await self.placement_inputs(queued)
+        notes = [(job, why) for job, why in unplaceable if why]
+        for job, why in unplaceable:
+            if not why:  # not a config change: the job itself cannot be planned
+                await self._fail(job, job.message)
+        decisions = placement.plan(
+            state, requests, now, urgent_cap=self.settings.urgent_cap, allow_degraded=self.degraded_ok
+        )
+        for decision in decisions:
+            job, request = by_id[decision.job_id]
+            if isinstance(decision, placement.Wait):
+                notes.append((job, f"waiting (position {decision.position}): {decision.reason}"))
+                continue
+            try:
+                await self._start(job, request.candidates[decision.candidate_index], decision, now)
+            except StoreError:
+                raise  # not this job's trouble
+            except Exception as exc:  # this job's trouble alone: it fails, the queue behind it goes on
+                log.exception("job %s: cannot be started", job.id)
+                await self._fail(job, f"ftconsole cannot start it: {type(exc).__name__}: {exc}")
+        await self.notes(notes)
+
+    @property
+    def degraded_ok(self) -> list[str]:
+        return [name for name, pool in self.config.pools.items() if pool.schedule_degraded]
+
+    async def placement_inputs(
+        self, queued: Sequence[Job]
+    ) -> tuple[
+        placement.ClusterState,
+        list[placement.JobRequest],
+        dict[str, tuple[Job, placement.JobRequest]],
+        list[tuple[Job, str]],
+    ]:
+        """The nodes as last probed, the GPUs the running jobs hold, and the queue, as placement reads them;
+        with the queued jobs that cannot be placed at all, and why (an empty why: the job failed to plan, its
+        `message` says how)."""
+        views = await self.service.nodes(extras=False)
+        active = {j.id: j for j in await self.store.jobs(statuses=[JobStatus.RUNNING], deleted=True)}
+        allocations = []
+        for r in await self.store.runs(held=True):
+            holder = active.get(r.job)
+            allocations.append(
+                placement.Allocation(
+                    job_id=str(r.job),
+                    node=r.node,
+                    gpus=r.gpus,
+                    ends_at=holder.deadline if holder else None,
+                    project=holder.project if holder else "",
+                    priority=placement.Priority.parse(holder.priority) if holder else placement.Priority.NORMAL,
+                )
+            )
+        state = placement.ClusterState(
+            nodes=tuple(node_slot(v.to_json()) for v in views), allocations=tuple(allocations)
+        )
+        requests, by_id, unplaceable = [], {}, []
+        for job in queued:
+            try:
+                request = job_request(job.spec, self.config, job_id=str(job.id), now=job.submitted)
+                request = dataclasses.replace(
+                    request,
+                    priority=placement.Priority.parse(job.priority),
+                    requeued=job.requeued,
+                    nodes=job.size,
+                    min_nodes=None if request.min_nodes is None else min(request.min_nodes, job.size),
+                )
+            except FtError as exc:  # the config changed under a queued job (spec removed): say so, keep it
+                unplaceable.append((job, str(exc)))
+                continue
+            except Exception as exc:  # anything else is this job's alone
+                log.exception("job %s: cannot be placed", job.id)
+                text = f"ftconsole cannot place it: {type(exc).__name__}: {exc}"
+                unplaceable.append((dataclasses.replace(job, message=text), ""))
+                continue
+            requests.append(request)
+            by_id[str(job.id)] = (job, request)
+        return state, requests, by_id, unplaceable
+
+    async def notes(self, notes: Sequence[tuple[Job, str]], *, status: JobStatus = JobStatus.QUEUED) -> None:
+        """Why jobs wait (their message): queued ones to start, running ones to be resized; in one transaction,
+        only the ones that changed."""
+        changed = [(job, text) for job, text in notes if job.message != text]
+        if not changed:
+            return
+        async with self.store.jobs_tx("note why jobs wait") as tx:
+            for job, text in changed:
+                with contextlib.suppress(Conflict):  # its status changed meanwhile
+                    await tx.update_job(job.id, expect=[status], message=text)
+
+    async def _start(self, job: Job, candidate: placement.Candidate, decision: placement.Place, now: float) -> None:
+        """Record the job's attempt and its runs as intents (their GPUs held from now on); the act step of the
+        next tick chooses its master port and starts them."""
+        number = job.attempt + 1
+        spec_name, gpus = candidate.spec_name, candidate.gpus_per_node
+        attempt, runs = self._new_attempt(job, number, spec_name, gpus, decision.nodes, now)
+        where = _where(decision.nodes)
+        try:
+            async with self.store.jobs_tx("place a job") as tx:
+                await tx.update_job(
+                    job.id, expect=[JobStatus.QUEUED], status=JobStatus.RUNNING, started=now, attempt=number, message=""
+                )
+                await tx.add_attempt(attempt, runs)
+                await tx.event(
+                    now,
+                    Condition.CREATING,
+                    f"attempt {number} placed on {where}"
+                    + (f" (spec {candidate.spec_name})" if candidate.spec_name else "")
+                    + elastic.placed_small(job, len(decision.nodes)),
+                    job=job.id,
+                    data={"nodes": _nodes_json(decision.nodes)},
+                )
+        except Conflict:
+            return  # stopped or changed meanwhile
+        await afailpoint("place.after_record")
+        self._poke()
+
+    def _new_attempt(
+        self,
+        job: Job,
+        number: int,
+        spec_name: str | None,
+        gpus_per_node: int,
+        nodes: Sequence[placement.NodeGpus],
+        now: float,
+    ) -> tuple[Attempt, list[Run]]:
+        """Attempt `number` of the job on these nodes (rank order), with a new token, its runs as intents."""
+        attempt = Attempt(
+            job=job.id,
+            number=number,
+            spec_name=spec_name,
+            gpus_per_node=gpus_per_node,
+            master_port=0,  # chosen on its first node right before the launch
+            created=now,
+            token=secrets.token_hex(8),
+        )
+        runs = [
+            Run(
+                job=job.id,
+                attempt=number,
+                rank=rank,
+                node=node,
+                gpus=tuple(gpus),
+                run_dir=f"{self.run_root}/{job.id}/{number}/{rank}",
+                launch=True,
+                token=attempt.token,
+            )
+            for rank, (node, gpus) in enumerate(nodes)
+        ]
+        # which ranks start a process does not depend on the port, which is chosen later: plan with any valid one
+        planned = self._plan(job, dataclasses.replace(attempt, master_port=ANY_PORT), runs)
+        launching = {r.rank for r in planned.launching}
+        return attempt, [dataclasses.replace(r, launch=r.rank in launching) for r in runs]
+
+    @property
+    def run_root(self) -> str:
+        """Where this cluster's run folders are on the nodes: keyed by the store's cluster id, so a scheduler
+        with another store never meets them (job ids restart at 1 in every store)."""
+        return f"{self.settings.run_root.rstrip('/')}/{self.store.cluster_id}"
+
+    @property
+    def _python(self) -> str:
+        return self.config.ssh.python
+
+
+# ================================================================ helpers
+
+
+async def request_stop(tx: JobTx, job: Job, now: float, reason: StopReason, by: str, event: str, **fields: Any) -> None:
+    """Record that a running job is to be stopped, with its Stopping condition; the loop sends the signals."""
+    await tx.update_job(
+        job.id, expect=[JobStatus.RUNNING], stop_requested=now, stop_reason=reason, stop_by=by, **fields
+    )
+    await tx.event(now, Condition.STOPPING, event, job=job.id)
+
+
+def _rank(run: Run) -> int:
+    return run.rank
+
+
+def _where(nodes: Sequence[placement.NodeGpus]) -> str:
+    return ", ".join(f"{n}[{','.join(map(str, g))}]" for n, g in nodes)
+
+
+def _nodes_json(nodes: Sequence[placement.NodeGpus]) -> list[dict[str, Any]]:
+    return [{"node": n, "gpus": list(g)} for n, g in nodes]
+
+
+def _tokens(runs: Sequence[Run]) -> dict[str, str]:
+    return {r.run_dir: r.token for r in runs if r.token}
+
+
+def _missing(run: Run, status: RunStatus) -> str:
+    if status.state == "foreign":
+        return f"its run folder {run.run_dir} on {run.node} now holds another attempt's run"
+    return f"its run folder {run.run_dir} on {run.node} has no status (removed on the node?)"
+
+
+def _rank_args(rank: RankLaunch) -> dict[str, Any]:
+    return {"run_dir": rank.run_dir, "argv": rank.argv, "env": rank.env, "files": rank.files}
+
+
+def _status_fields(status: RunStatus) -> dict[str, Any]:
+    return {
+        "state": status.state,
+        "pid": status.pid,
+        "exit_code": status.exit_code,
+        "signal": status.signal,
+        "started": status.started,
+        "ended": status.ended,
+        "error": status.error,
+        "boot_id": status.boot_id,
+        "supervisor_pid": status.supervisor_pid,
+        "supervisor_start": status.supervisor_start,
+        "pid_start": status.pid_start,
+    }
+
+
+_ = defaultdict

@@ -1,0 +1,137 @@
+"""What the loop does with the runs of running jobs, decided from one snapshot (pure: no I/O, no clock).
+
+`reconcile(snapshot)` sorts the held runs (those whose GPUs are not released) into sets by run state, node
+state and whether their attempt is still current, as Nomad's reconciler does, and returns the actions for
+each set. The executor (`scheduler.engine`) carries them out, concurrently per node, and writes each
+outcome with its event. Settling what a job's runs mean (all running, a rank failed, all done) is
+`scheduler.jobs.settle`; this module decides what to ask the nodes and what to write without asking.
+
+The sets, in the order a run is checked:
+- gone: its node left the config -> `Lose` (nothing can reach it; its job settles `error`);
+- silent: the loop has waited `node_timeout` for its node to answer -> `Lose` "node unreachable since T";
+  the node is swept once it answers again (fencing); a node nobody asks anything is never silent;
+- to launch: `intent` or `unknown` (a start sent with no answer) -> `Launch` of its attempt; the start is
+  idempotent on the node (one claim per attempt token), so sending it again only reads what happened. A
+  resized job's new attempt waits until every run of the old one is down;
+- to stop: the job is being stopped, or the attempt is no longer current (a resize replaced it), or the run
+  is `orphaned` (its supervisor died, its processes run on) -> `Stop` until the node confirms (`stop_sent`),
+  then `Stop(force)` once the grace period and `KILL_MARGIN_S` are over and it still runs; orphans always;
+- to read: `starting`, `running`, `orphaned` -> `Read` of its node (one command for all of them).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from scheduler.config import format_duration
+from scheduler.jobs import Job, Run
+
+KILL_MARGIN_S = 5.0  # past the grace period, before the scheduler SIGKILLs what the supervisor did not
+READ_STATES = frozenset({"starting", "running", "orphaned"})
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The running jobs (deleted ones too), their held runs, and when each node last answered."""
+
+    now: float
+    jobs: Mapping[int, Job]
+    runs: Sequence[Run]
+    nodes: frozenset[str]  # the nodes in the config
+    waiting: Mapping[str, float]  # node -> since when the loop waits for an answer (its first unanswered ask)
+    answered: Mapping[str, float]  # node -> when it last answered an SSH command of the loop
+    node_timeout: float
+    stop_grace: float
+
+
+@dataclass(frozen=True)
+class Launch:
+    job: int
+    attempt: int
+    runs: tuple[Run, ...]  # its runs in state intent or unknown
+
+
+@dataclass(frozen=True)
+class Read:
+    node: str
+    runs: tuple[Run, ...]
+
+
+@dataclass(frozen=True)
+class Stop:
+    node: str
+    runs: tuple[Run, ...]
+    force: bool  # SIGKILL everything of the runs (grace period over, or orphaned processes)
+
+
+@dataclass(frozen=True)
+class Lose:
+    run: Run
+    reason: str
+
+
+@dataclass(frozen=True)
+class Actions:
+    lose: list[Lose] = field(default_factory=list)
+    launch: list[Launch] = field(default_factory=list)
+    stop: list[Stop] = field(default_factory=list)
+    read: list[Read] = field(default_factory=list)
+    silent: list[str] = field(default_factory=list)  # nodes past node_timeout with runs on them
+
+
+def reconcile(snap: Snapshot) -> Actions:
+    out = Actions()
+    launch: dict[tuple[int, int], list[Run]] = defaultdict(list)
+    stop: dict[tuple[str, bool], list[Run]] = defaultdict(list)
+    read: dict[str, list[Run]] = defaultdict(list)
+    silent: set[str] = set()
+    up = {(r.job, r.attempt) for r in snap.runs if r.active and r.state != "intent"}
+    for run in snap.runs:
+        job = snap.jobs.get(run.job)
+        if job is None or not run.active:
+            continue
+        if run.node not in snap.nodes:
+            out.lose.append(Lose(run, f"node {run.node} is no longer in the cluster config"))
+            continue
+        asked = snap.waiting.get(run.node)
+        if asked is not None and snap.now - asked >= snap.node_timeout:
+            silent.add(run.node)
+            out.lose.append(Lose(run, _silence(snap, run.node, asked)))
+            continue
+        if run.state in ("intent", "unknown"):
+            if not any(j == run.job and a < run.attempt for j, a in up):  # a resize: the old attempt first
+                launch[(run.job, run.attempt)].append(run)
+            continue
+        if not run.launch or run.state not in READ_STATES:
+            continue  # prepared (mpirun starts it), or known ended: nothing to ask
+        read[run.node].append(run)
+        force = _stop(job, run, snap)
+        if force is not None:
+            stop[(run.node, force)].append(run)
+    out.launch.extend(Launch(j, a, tuple(rs)) for (j, a), rs in sorted(launch.items()))
+    out.stop.extend(Stop(n, tuple(rs), force) for (n, force), rs in sorted(stop.items()))
+    out.read.extend(Read(n, tuple(rs)) for n, rs in sorted(read.items()))
+    out.silent.extend(sorted(silent))
+    return out
+
+
+def _stop(job: Job, run: Run, snap: Snapshot) -> bool | None:
+    """None: leave it; False: ask its supervisor to stop (SIGTERM, grace); True: kill it (SIGKILL)."""
+    if run.state == "orphaned":
+        return True  # no supervisor to ask: what is left of it holds the GPUs
+    if job.stop_reason is None and run.attempt >= job.attempt:
+        return None
+    if run.stop_sent is None:
+        return False  # not confirmed by the node yet: (again)
+    if snap.now >= run.stop_sent + snap.stop_grace + KILL_MARGIN_S:
+        return True  # the supervisor should have killed it by now
+    return None
+
+
+def _silence(snap: Snapshot, node: str, asked: float) -> str:
+    since = snap.answered.get(node, asked)
+    waited = format_duration(round(snap.now - asked, 1))
+    return f"node unreachable since {time.strftime('%H:%M:%S', time.localtime(since))} (no answer for {waited})"
