@@ -6,11 +6,8 @@ Level-triggered (DESIGN.md, "The control loop"). A tick is, in order:
    last said: runs whose node left the config or stopped answering for `scheduler.node_timeout` are
    written `lost`; attempts with runs to start (or whose start had no answer: `unknown`) are launched;
    runs being stopped get their stop until the node confirms it, then SIGKILL once the grace period is
-   over; the runs of each node are read with one command. Each of these is a task per node or attempt,
-   concurrent, with its own deadline; the tick waits for them at most `ACT_WAIT_S`, and what takes longer
-   (a node that hangs) finishes in the background without holding anyone else up. Nodes met for the first
-   time, or answering again after going silent, are swept: a run of this cluster there that the store does
-   not count as current is killed (fencing).
+   over; the runs of each node are read with one command. The executor (`scheduler.executor`) carries
+   these out, concurrently, each node with its own deadline, and fences nodes that come back.
 2. observe: what the reads said is written, and `jobs.settle` decides what it means per job (all running,
    a rank failed, every rank done); a job that ends `error` raises a `job_failed` alert.
 3. expire: running jobs past their max_runtime are asked to stop.
@@ -29,15 +26,14 @@ import contextlib
 import dataclasses
 import logging
 import secrets
-from collections import defaultdict
-from collections.abc import Callable, Coroutine, Hashable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from scheduler import elastic, placement
-from scheduler.config import Node, format_duration
+from scheduler.config import format_duration
 from scheduler.errors import FtError, SSHError, StoreError
+from scheduler.executor import Executor, missing, plan_attempt, status_fields
 from scheduler.failpoints import afailpoint
-from scheduler.jobplan import JobLaunch, plan_job
 from scheduler.jobs import (
     FINAL_CONDITION,
     AllRunning,
@@ -52,10 +48,8 @@ from scheduler.jobs import (
     expired,
     settle,
 )
-from scheduler.launcher import LaunchInput, NodeAssignment, RankLaunch
-from scheduler.reconcile import READ_STATES, Actions, Launch, Read, Snapshot, Stop, reconcile
+from scheduler.reconcile import READ_STATES, Actions, Snapshot, reconcile
 from scheduler.requests import job_request, node_slot
-from scheduler.runs import RunStatus, free_port, node_runs, prepare_run, run_states, start_run, stop_runs
 from scheduler.service import ClusterService
 from scheduler.store import Conflict, JobTx
 
@@ -63,7 +57,6 @@ log = logging.getLogger("ftconsole.scheduler")
 
 MIN_TICK_GAP_S = 0.2
 ANY_PORT = 29500
-ACT_WAIT_S = 2.0  # how long a tick waits for the node commands it started; slower ones finish in the background
 
 
 class Loop:
@@ -78,12 +71,7 @@ class Loop:
         self.looping = False  # True while `run` drives ticks (else jobs only change on request)
         self.wake = asyncio.Event()
         self._nodes = {n.name: n for n in service.all_nodes}
-        self._tasks: dict[Hashable, asyncio.Task[None]] = {}
-        self._in_tick = False
-        self._observed: dict[str, list[tuple[Run, RunStatus]]] = {}  # node -> what its last read said
-        self._waiting: dict[str, float] = {}  # node -> since when an answer is awaited
-        self._answered: dict[str, float] = {}  # node -> its last answer
-        self._unswept: set[str] = set(self._nodes)  # nodes to sweep for runs that are no longer current
+        self.executor = Executor(service, clock=clock, poke=poke, fail=self._fail)
 
     # ============================================================ driving
 
@@ -119,11 +107,7 @@ class Loop:
             await self.close()
 
     async def close(self) -> None:
-        """Cancel the node commands still under way (their outcome is read again by the next scheduler)."""
-        tasks = list(self._tasks.values())
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.executor.close()
 
     async def _probe_loop(self, stop: asyncio.Event, first: asyncio.Future[None]) -> None:
         while not stop.is_set():
@@ -149,46 +133,6 @@ class Loop:
             except Exception:
                 log.exception("tick %s failed", step.__name__.strip("_"))
 
-    # ============================================================ the executor
-
-    def _spawn(self, key: Hashable, work: Coroutine[Any, Any, None]) -> None:
-        """Run `work` in the background unless the same work (`key`) is still under way."""
-        if key in self._tasks:
-            work.close()
-            return
-        task = asyncio.create_task(work)
-        self._tasks[key] = task
-        task.add_done_callback(lambda t: self._done(key, t))
-
-    def _done(self, key: Hashable, task: asyncio.Task[None]) -> None:
-        self._tasks.pop(key, None)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("%s failed", key, exc_info=task.exception())
-        if not self._in_tick:
-            self._poke()  # finished after its tick stopped waiting: the next tick reads what it wrote
-
-    async def _ask(self, node: Node, work: Coroutine[Any, Any, Any]) -> Any:
-        """One command on a node, keeping count of whether it answers (its silence is `node_timeout` away)."""
-        self._waiting.setdefault(node.name, self.clock())
-        try:
-            result = await work
-        except SSHError:
-            raise  # no answer: unreachable, timed out, refused us
-        except FtError:
-            self._heard(node.name)  # it answered, with an error
-            raise
-        self._heard(node.name)
-        return result
-
-    def _heard(self, name: str) -> None:
-        self._answered[name] = self.clock()
-        self._waiting.pop(name, None)
-
-    @property
-    def _timeout(self) -> float:
-        """The deadline of one node command of the loop: never longer than it takes to call a node silent."""
-        return min(self.config.ssh.command_timeout, self.settings.node_timeout)
-
     # ============================================================ 1. act
 
     async def _act(self) -> None:
@@ -199,37 +143,22 @@ class Loop:
             jobs=running,
             runs=held,
             nodes=frozenset(self._nodes),
-            waiting=dict(self._waiting),
-            answered=dict(self._answered),
+            waiting=dict(self.executor.waiting),
+            answered=dict(self.executor.answered),
             node_timeout=self.settings.node_timeout,
             stop_grace=self.settings.stop_grace,
         )
         actions = reconcile(snap)
         await afailpoint("tick.after_snapshot")
         await self._lose(actions, snap.now)
-        for launch in actions.launch:
-            self._spawn(("launch", launch.job, launch.attempt), self._launch(launch))
-        for stop in actions.stop:
-            self._spawn(("stop", stop.node, stop.force), self._stop(stop))
-        for read in actions.read:
-            self._spawn(("read", read.node), self._read(read))
-        for name in sorted(self._unswept & set(self._nodes)):
-            if name not in self._waiting or name in self._answered:  # never to a node known silent
-                self._spawn(("sweep", name), self._sweep(self._nodes[name]))
-        if self._tasks:
-            self._in_tick = True
-            try:
-                await asyncio.wait(list(self._tasks.values()), timeout=ACT_WAIT_S)
-            finally:
-                self._in_tick = False
+        self.executor.carry_out(actions)
+        await self.executor.wait()
 
     async def _lose(self, actions: Actions, now: float) -> None:
         """Runs nothing can reach: written `lost` with why, their jobs settle on the next observe."""
         if not actions.lose:
             return
-        for name in actions.silent:
-            self._unswept.add(name)  # when it answers again, whatever still runs there is stopped
-            self._answered.pop(name, None)
+        self.executor.given_up(actions.silent)  # when they answer again, whatever still runs there is stopped
         async with self.store.jobs_tx("record lost runs") as tx:
             for lose in actions.lose:
                 await tx.update_run(lose.run, state="lost", error=lose.reason, ended=now)
@@ -239,194 +168,11 @@ class Loop:
             log.warning("job %s: rank %s on %s lost: %s", lose.run.job, lose.run.rank, lose.run.node, lose.reason)
         self._poke()
 
-    # -- launch -----------------------------------------------------------------------------------------
-
-    async def _launch(self, launch: Launch) -> None:
-        """Start the runs of an attempt (its port first, when it has none yet); each outcome written as it comes."""
-        job = await self.store.job(launch.job)
-        attempt = await self.store.attempt(launch.job, launch.attempt)
-        if job is None or attempt is None:
-            return
-        if job.stop_reason is not None:  # stopped before it started: start nothing, find what is there
-            await asyncio.gather(*(self._find(job, run) for run in launch.runs))
-            return
-        try:
-            attempt = await self._port(job, attempt)
-            all_runs = [r for r in await self.store.runs(job=job.id) if r.attempt == attempt.number]
-            plan = self._plan(job, attempt, all_runs)
-        except FtError as exc:
-            log.warning("job %s: cannot launch attempt %s yet: %s", job.id, launch.attempt, exc)
-            return  # the node did not answer: asked again next tick (node_timeout decides when to give up)
-        except Exception as exc:  # a bug or a spec we cannot plan: this job fails, the others go on
-            log.exception("job %s: cannot plan its launch", job.id)
-            await self._fail(job, f"ftconsole cannot plan its launch: {type(exc).__name__}: {exc}")
-            return
-        by_rank = {r.rank: r for r in plan.plan.ranks}
-        await asyncio.gather(*(self._start_rank(job, attempt, run, by_rank[run.rank], plan) for run in launch.runs))
-
-    async def _port(self, job: Job, attempt: Attempt) -> Attempt:
-        """The attempt with its master port: chosen now on its first node when it has none yet."""
-        if attempt.master_port:
-            return attempt
-        first = min((r for r in await self.store.runs(job=job.id) if r.attempt == attempt.number), key=_rank)
-        node = self._nodes[first.node]
-        port = await self._ask(node, free_port(self.transport, node, python=self._python, timeout=self._timeout))
-        async with self.store.jobs_tx("record a master port") as tx:
-            await tx.update_attempt(job.id, attempt.number, master_port=port)
-        return dataclasses.replace(attempt, master_port=port)
-
-    async def _start_rank(self, job: Job, attempt: Attempt, run: Run, rank: RankLaunch, plan: JobLaunch) -> None:
-        node = self._nodes[run.node]
-        try:
-            await afailpoint("launch.before_send")
-            if not rank.launch:
-                path = await self._ask(
-                    node,
-                    prepare_run(self.transport, node, **_rank_args(rank), python=self._python, timeout=self._timeout),
-                )
-                fields: dict[str, Any] = {"state": "prepared", "run_dir": path}
-            else:
-                started = start_run(
-                    self.transport,
-                    node,
-                    **_rank_args(rank),
-                    steps=plan.steps[run.rank],
-                    workdir=rank.workdir,
-                    grace=self.settings.stop_grace,
-                    token=attempt.token,
-                    python=self._python,
-                    timeout=self._timeout,
-                )
-                _, status = await self._ask(node, started)
-                await afailpoint("launch.after_send")
-                fields = _status_fields(status)
-                if status.state == "refused":
-                    fields.update(state="failed", error=f"cannot start: {status.error}", ended=self.clock())
-                    log.error("job %s rank %s: %s", job.id, run.rank, status.error)
-                if status.run_dir:
-                    fields["run_dir"] = status.run_dir
-        except SSHError as exc:  # sent, maybe: the node may be running it. Held, and asked again
-            fields = {"state": "unknown", "error": f"start sent, no answer yet: {exc}"}
-        except FtError as exc:
-            fields = {"state": "failed", "error": f"cannot start: {exc}", "ended": self.clock()}
-        with contextlib.suppress(Conflict):
-            async with self.store.jobs_tx("record a started run") as tx:
-                await tx.update_run(run, **fields)
-        await afailpoint("launch.after_record")
-        self._poke()
-
-    async def _find(self, job: Job, run: Run) -> None:
-        """A run of a job stopped before its start was answered: what is on the node (absent: cancelled)."""
-        node = self._nodes[run.node]
-        try:
-            states = run_states(self.transport, node, [run.run_dir], tokens=_tokens([run]), python=self._python,
-                                timeout=self._timeout)  # fmt: skip
-            status = (await self._ask(node, states))[run.run_dir]
-        except FtError as exc:
-            log.warning("job %s rank %s: cannot read its run: %s", job.id, run.rank, exc)
-            return
-        fields = {"state": "cancelled"} if status.state in ("absent", "foreign") else _status_fields(status)
-        async with self.store.jobs_tx("record a cancelled run") as tx:
-            await tx.update_run(run, **fields)
-        self._poke()
-
-    def _plan(self, job: Job, attempt: Attempt, runs: Sequence[Run]) -> JobLaunch:
-        ordered = sorted(runs, key=_rank)
-        spec = job.spec
-        base = LaunchInput(
-            job_id=str(job.id),
-            attempt=attempt.number,
-            mode=spec.mode.value,
-            argv=(),
-            env=dict(spec.env),
-            workdir=spec.workdir,
-            nodes=tuple(NodeAssignment(r.node, self._nodes[r.node].host, r.gpus) for r in ordered),
-            master_port=attempt.master_port,
-            run_root=self.run_root,
-            ps_count=spec.ps_count or 0,
-            max_restarts=spec.fault_tolerance.max_restarts,
-            output_dir=spec.output,
-        )
-        return plan_job(spec, base)
-
-    # -- stop -------------------------------------------------------------------------------------------
-
-    async def _stop(self, stop: Stop) -> None:
-        """Stop runs on one node; a stop counts as sent once the node confirms it (until then: again)."""
-        node = self._nodes[stop.node]
-        sent = stop_runs(self.transport, node, [r.run_dir for r in stop.runs], tokens=_tokens(stop.runs),
-                         force=stop.force, python=self._python, timeout=self._timeout)  # fmt: skip
-        try:
-            answers = await self._ask(node, sent)
-        except FtError as exc:
-            log.warning("cannot stop runs on %s: %s", stop.node, exc)
-            return
-        await afailpoint("stop.after_send")
-        now = self.clock()
-        async with self.store.jobs_tx("record stops sent") as tx:
-            for run, answer in zip(stop.runs, answers, strict=True):
-                if stop.force and answer.get("signalled"):
-                    await tx.update_run(run, kill_sent=now, **({"stop_sent": now} if run.stop_sent is None else {}))
-                    text = f"rank {run.rank} on {run.node}: SIGKILL from the scheduler"
-                    why = "its supervisor is gone" if run.state == "orphaned" else "the grace period is over"
-                    await tx.event(now, "Killed", f"{text} ({why})", job=run.job, node=run.node)
-                elif run.stop_sent is None:
-                    await tx.update_run(run, stop_sent=now)
-
-    # -- read -------------------------------------------------------------------------------------------
-
-    async def _read(self, read: Read) -> None:
-        node = self._nodes[read.node]
-        dirs = [r.run_dir for r in read.runs]
-        states = run_states(self.transport, node, dirs, tokens=_tokens(read.runs), python=self._python,
-                            timeout=self._timeout)  # fmt: skip
-        try:
-            answer = await self._ask(node, states)
-        except FtError as exc:
-            log.warning("cannot read runs on %s: %s", read.node, exc)
-            return
-        await afailpoint("observe.after_read")
-        self._observed[read.node] = [(r, answer[r.run_dir]) for r in read.runs]
-
-    async def _sweep(self, node: Node) -> None:
-        """Fencing: kill the runs of this cluster on the node that the store does not count as current (a
-        node back after it was given up, or runs left by a crash between a start and its record)."""
-        try:
-            found = await self._ask(
-                node, node_runs(self.transport, node, root=self.run_root, python=self._python, timeout=self._timeout)
-            )
-        except FtError as exc:
-            log.warning("cannot sweep %s: %s", node.name, exc)
-            return
-        held = await self.store.runs(held=True)
-        current = {(str(r.job), str(r.attempt), str(r.rank)) for r in held if r.node == node.name and r.active}
-        strays = [f for f in found if f.status.state in READ_STATES and (f.job, f.attempt, f.rank) not in current]
-        if strays:
-            dirs = [f"{self.run_root}/{f.job}/{f.attempt}/{f.rank}" for f in strays]
-            tokens = {d: f.status.token for d, f in zip(dirs, strays, strict=True) if f.status.token}
-            try:
-                await self._ask(node, stop_runs(self.transport, node, dirs, tokens=tokens, force=True,
-                                                python=self._python, timeout=self._timeout))  # fmt: skip
-            except FtError as exc:
-                log.warning("cannot stop stray runs on %s: %s", node.name, exc)
-                return
-            now = self.clock()
-            async with self.store.jobs_tx("record fenced runs") as tx:
-                for f in strays:
-                    text = (
-                        f"fenced: rank {f.rank} of attempt {f.attempt} was still running on {node.name}, which the "
-                        "scheduler no longer counts as current; killed"
-                    )
-                    job = int(f.job) if f.job.isdigit() else None
-                    await tx.event(now, "Fenced", text, job=job, node=node.name)
-                    log.warning("job %s: %s", f.job, text)
-        self._unswept.discard(node.name)
-
     # ============================================================ 2. observe
 
     async def _observe(self) -> None:
         running = {j.id: j for j in await self.store.jobs(statuses=[JobStatus.RUNNING], deleted=True)}
-        observed, self._observed = self._observed, {}
+        observed = self.executor.observations()
         held = [r for r in await self.store.runs(held=True) if r.job in running]
         if not running:
             return
@@ -440,9 +186,9 @@ class Loop:
                 r = key.get((seen.job, seen.attempt, seen.rank))
                 if r is None or r.state not in READ_STATES:
                     continue  # written since it was read (lost, stopped...): the newer word stands
-                fields = _status_fields(status)
+                fields = status_fields(status)
                 if status.state in ("absent", "foreign"):
-                    fields.update(state="failed", ended=now, error=_missing(r, status))
+                    fields.update(state="failed", ended=now, error=missing(r, status))
                 if status.output_at is not None and status.output_at != r.output_at:
                     fields["output_at"] = status.output_at  # written only when it moved
                 new = dataclasses.replace(r, **{k: v for k, v in fields.items() if k != "run_dir"})
@@ -829,19 +575,15 @@ class Loop:
             for rank, (node, gpus) in enumerate(nodes)
         ]
         # which ranks start a process does not depend on the port, which is chosen later: plan with any valid one
-        planned = self._plan(job, dataclasses.replace(attempt, master_port=ANY_PORT), runs)
+        planned = plan_attempt(
+            job, dataclasses.replace(attempt, master_port=ANY_PORT), runs, nodes=self._nodes, run_root=self.run_root
+        )
         launching = {r.rank for r in planned.launching}
         return attempt, [dataclasses.replace(r, launch=r.rank in launching) for r in runs]
 
     @property
     def run_root(self) -> str:
-        """Where this cluster's run folders are on the nodes: keyed by the store's cluster id, so a scheduler
-        with another store never meets them (job ids restart at 1 in every store)."""
-        return f"{self.settings.run_root.rstrip('/')}/{self.store.cluster_id}"
-
-    @property
-    def _python(self) -> str:
-        return self.config.ssh.python
+        return self.executor.run_root
 
 
 # ================================================================ helpers
@@ -865,36 +607,3 @@ def _where(nodes: Sequence[placement.NodeGpus]) -> str:
 
 def _nodes_json(nodes: Sequence[placement.NodeGpus]) -> list[dict[str, Any]]:
     return [{"node": n, "gpus": list(g)} for n, g in nodes]
-
-
-def _tokens(runs: Sequence[Run]) -> dict[str, str]:
-    return {r.run_dir: r.token for r in runs if r.token}
-
-
-def _missing(run: Run, status: RunStatus) -> str:
-    if status.state == "foreign":
-        return f"its run folder {run.run_dir} on {run.node} now holds another attempt's run"
-    return f"its run folder {run.run_dir} on {run.node} has no status (removed on the node?)"
-
-
-def _rank_args(rank: RankLaunch) -> dict[str, Any]:
-    return {"run_dir": rank.run_dir, "argv": rank.argv, "env": rank.env, "files": rank.files}
-
-
-def _status_fields(status: RunStatus) -> dict[str, Any]:
-    return {
-        "state": status.state,
-        "pid": status.pid,
-        "exit_code": status.exit_code,
-        "signal": status.signal,
-        "started": status.started,
-        "ended": status.ended,
-        "error": status.error,
-        "boot_id": status.boot_id,
-        "supervisor_pid": status.supervisor_pid,
-        "supervisor_start": status.supervisor_start,
-        "pid_start": status.pid_start,
-    }
-
-
-_ = defaultdict

@@ -1,0 +1,395 @@
+"""The executor: carries out what `reconcile` decided, on the nodes, and writes each outcome with its event.
+
+Every piece of node work is a task keyed by what it does (launch an attempt, stop then read one node's runs,
+sweep a node), never started twice at once; each talks to one node with its own deadline (the smaller of
+`ssh.command_timeout` and `scheduler.node_timeout`), so a node that hangs holds up only its own work. The loop
+waits for the tasks at most `ACT_WAIT_S` per tick; later outcomes are written when they come and wake the
+loop. The executor also keeps count of each node's answers: since when the loop waits for one (the clock of
+`node_timeout`) and when it last answered. Nodes met for the first time, and nodes given up, are swept once
+they answer: every run of this cluster there that the store does not count as current is killed (fencing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Coroutine, Hashable, Sequence
+from typing import Any
+
+from scheduler.config import Node
+from scheduler.errors import FtError, SSHError
+from scheduler.failpoints import afailpoint
+from scheduler.jobplan import JobLaunch, plan_job
+from scheduler.jobs import Attempt, Job, Run
+from scheduler.launcher import LaunchInput, NodeAssignment, RankLaunch
+from scheduler.reconcile import READ_STATES, Actions, Launch, Read, Stop
+from scheduler.runs import RunStatus, free_port, node_runs, prepare_run, run_states, start_run, stop_runs
+from scheduler.service import ClusterService
+from scheduler.store import Conflict
+
+log = logging.getLogger("ftconsole.scheduler")
+
+ACT_WAIT_S = 2.0  # how long a tick waits for the node commands it started; slower ones finish in the background
+SWEEP_RETRY_S = 5.0  # how often a node still to be swept is tried while it does not answer
+
+
+class Executor:
+    def __init__(
+        self,
+        service: ClusterService,
+        *,
+        clock: Callable[[], float],
+        poke: Callable[[], None],
+        fail: Callable[[Job, str], Awaitable[None]],
+    ) -> None:
+        self.store = service.store
+        self.transport = service.transport
+        self.config = service.config
+        self.settings = service.config.scheduler
+        self.clock = clock
+        self._poke = poke
+        self._fail = fail
+        self.nodes = {n.name: n for n in service.all_nodes}
+        self._tasks: dict[Hashable, asyncio.Task[None]] = {}
+        self._in_tick = False
+        self._observed: dict[str, list[tuple[Run, RunStatus]]] = {}  # node -> what its last read said
+        self.waiting: dict[str, float] = {}  # node -> since when an answer about its runs is awaited
+        self.answered: dict[str, float] = {}  # node -> its last answer
+        self._unswept: set[str] = set(self.nodes)  # nodes to sweep for runs that are no longer current
+        self._swept_at: dict[str, float] = {}  # node -> the last try
+
+    @property
+    def run_root(self) -> str:
+        """Where this cluster's run folders are on the nodes: keyed by the store's cluster id, so a scheduler
+        with another store never meets them (job ids restart at 1 in every store)."""
+        return f"{self.settings.run_root.rstrip('/')}/{self.store.cluster_id}"
+
+    def carry_out(self, actions: Actions) -> None:
+        """Start the work `reconcile` asked for (what is still under way from an earlier tick is not doubled)."""
+        for launch in actions.launch:
+            self._spawn(("launch", launch.job, launch.attempt), self._launch(launch))
+        stops: dict[str, list[Stop]] = defaultdict(list)
+        for stop in actions.stop:
+            stops[stop.node].append(stop)
+        reads = {read.node: read for read in actions.read}
+        for name in sorted(stops.keys() | reads.keys()):
+            self._spawn(("node", name), self._tend(stops.get(name, []), reads.get(name)))
+        now = self.clock()
+        for name in sorted(self._unswept & set(self.nodes)):
+            if now - self._swept_at.get(name, -SWEEP_RETRY_S) >= SWEEP_RETRY_S:
+                self._swept_at[name] = now
+                self._spawn(("sweep", name), self._sweep(self.nodes[name]))
+
+    def given_up(self, nodes: Sequence[str]) -> None:
+        """Nodes whose runs were written lost: their silence clock starts again with the next ask, and they are
+        swept once they answer."""
+        for name in nodes:
+            self._unswept.add(name)
+            self.answered.pop(name, None)
+            self.waiting.pop(name, None)
+
+    async def wait(self) -> None:
+        """Wait for the work under way, at most `ACT_WAIT_S`."""
+        if not self._tasks:
+            return
+        self._in_tick = True
+        try:
+            await asyncio.wait(list(self._tasks.values()), timeout=ACT_WAIT_S)
+        finally:
+            self._in_tick = False
+
+    def observations(self) -> dict[str, list[tuple[Run, RunStatus]]]:
+        """What the reads said since the last call, per node (each read is handed out once)."""
+        observed, self._observed = self._observed, {}
+        return observed
+
+    async def close(self) -> None:
+        """Cancel the node commands still under way (their outcome is read again by the next scheduler)."""
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- tasks ------------------------------------------------------------------------------------------
+
+    def _spawn(self, key: Hashable, work: Coroutine[Any, Any, None]) -> None:
+        """Run `work` in the background unless the same work (`key`) is still under way."""
+        if key in self._tasks:
+            work.close()
+            return
+        task = asyncio.create_task(work)
+        self._tasks[key] = task
+        task.add_done_callback(lambda t: self._done(key, t))
+
+    def _done(self, key: Hashable, task: asyncio.Task[None]) -> None:
+        self._tasks.pop(key, None)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s failed", key, exc_info=task.exception())
+        if not self._in_tick:
+            self._poke()  # finished after its tick stopped waiting: the next tick reads what it wrote
+
+    async def _ask(self, node: Node, work: Coroutine[Any, Any, Any], *, heartbeat: bool = True) -> Any:
+        """One command on a node, keeping count of whether it answers. With `heartbeat` (a command about its
+        runs) the silence clock starts, if it has not: `node_timeout` later the node is given up."""
+        if heartbeat:
+            self.waiting.setdefault(node.name, self.clock())
+        try:
+            result = await work
+        except SSHError:
+            raise  # no answer: unreachable, timed out, refused us
+        except FtError:
+            self._heard(node.name)  # it answered, with an error
+            raise
+        self._heard(node.name)
+        return result
+
+    def _heard(self, name: str) -> None:
+        self.answered[name] = self.clock()
+        self.waiting.pop(name, None)
+
+    @property
+    def _timeout(self) -> float:
+        """The deadline of one node command of the loop: never longer than it takes to call a node silent."""
+        return min(self.config.ssh.command_timeout, self.settings.node_timeout)
+
+    # -- launch -----------------------------------------------------------------------------------------
+
+    async def _launch(self, launch: Launch) -> None:
+        """Start the runs of an attempt (its port first, when it has none yet); each outcome written as it comes."""
+        job = await self.store.job(launch.job)
+        attempt = await self.store.attempt(launch.job, launch.attempt)
+        if job is None or attempt is None:
+            return
+        if job.stop_reason is not None:  # stopped before it started: start nothing, find what is there
+            await asyncio.gather(*(self._find(job, run) for run in launch.runs))
+            return
+        try:
+            attempt = await self._port(job, attempt)
+            all_runs = [r for r in await self.store.runs(job=job.id) if r.attempt == attempt.number]
+            plan = self._plan(job, attempt, all_runs)
+        except FtError as exc:
+            log.warning("job %s: cannot launch attempt %s yet: %s", job.id, launch.attempt, exc)
+            return  # the node did not answer: asked again next tick (node_timeout decides when to give up)
+        except Exception as exc:  # a bug or a spec we cannot plan: this job fails, the others go on
+            log.exception("job %s: cannot plan its launch", job.id)
+            await self._fail(job, f"ftconsole cannot plan its launch: {type(exc).__name__}: {exc}")
+            return
+        by_rank = {r.rank: r for r in plan.plan.ranks}
+        await asyncio.gather(*(self._start_rank(job, attempt, run, by_rank[run.rank], plan) for run in launch.runs))
+
+    async def _port(self, job: Job, attempt: Attempt) -> Attempt:
+        """The attempt with its master port: chosen now on its first node when it has none yet."""
+        if attempt.master_port:
+            return attempt
+        first = min((r for r in await self.store.runs(job=job.id) if r.attempt == attempt.number), key=_rank)
+        node = self.nodes[first.node]
+        port = await self._ask(node, free_port(self.transport, node, python=self._python, timeout=self._timeout))
+        async with self.store.jobs_tx("record a master port") as tx:
+            await tx.update_attempt(job.id, attempt.number, master_port=port)
+        return dataclasses.replace(attempt, master_port=port)
+
+    async def _start_rank(self, job: Job, attempt: Attempt, run: Run, rank: RankLaunch, plan: JobLaunch) -> None:
+        node = self.nodes[run.node]
+        try:
+            await afailpoint("launch.before_send")
+            if not rank.launch:
+                path = await self._ask(
+                    node,
+                    prepare_run(self.transport, node, **_rank_args(rank), python=self._python, timeout=self._timeout),
+                )
+                fields: dict[str, Any] = {"state": "prepared", "run_dir": path}
+            else:
+                started = start_run(
+                    self.transport,
+                    node,
+                    **_rank_args(rank),
+                    steps=plan.steps[run.rank],
+                    workdir=rank.workdir,
+                    grace=self.settings.stop_grace,
+                    token=attempt.token,
+                    python=self._python,
+                    timeout=self._timeout,
+                )
+                _, status = await self._ask(node, started)
+                await afailpoint("launch.after_send")
+                fields = status_fields(status)
+                if status.state == "refused":
+                    fields.update(state="failed", error=f"cannot start: {status.error}", ended=self.clock())
+                    log.error("job %s rank %s: %s", job.id, run.rank, status.error)
+                if status.run_dir:
+                    fields["run_dir"] = status.run_dir
+        except SSHError as exc:  # sent, maybe: the node may be running it. Held, and asked again
+            fields = {"state": "unknown", "error": f"start sent, no answer yet: {exc}"}
+        except FtError as exc:
+            fields = {"state": "failed", "error": f"cannot start: {exc}", "ended": self.clock()}
+        with contextlib.suppress(Conflict):
+            async with self.store.jobs_tx("record a started run") as tx:
+                await tx.update_run(run, **fields)
+        await afailpoint("launch.after_record")
+        self._poke()
+
+    async def _find(self, job: Job, run: Run) -> None:
+        """A run of a job stopped before its start was answered: what is on the node (absent: cancelled)."""
+        node = self.nodes[run.node]
+        try:
+            states = run_states(self.transport, node, [run.run_dir], tokens=_tokens([run]), python=self._python,
+                                timeout=self._timeout)  # fmt: skip
+            status = (await self._ask(node, states))[run.run_dir]
+        except FtError as exc:
+            log.warning("job %s rank %s: cannot read its run: %s", job.id, run.rank, exc)
+            return
+        fields = {"state": "cancelled"} if status.state in ("absent", "foreign") else status_fields(status)
+        async with self.store.jobs_tx("record a cancelled run") as tx:
+            await tx.update_run(run, **fields)
+        self._poke()
+
+    def _plan(self, job: Job, attempt: Attempt, runs: Sequence[Run]) -> JobLaunch:
+        return plan_attempt(job, attempt, runs, nodes=self.nodes, run_root=self.run_root)
+
+    # -- stop -------------------------------------------------------------------------------------------
+
+    async def _tend(self, stops: Sequence[Stop], read: Read | None) -> None:
+        """One node's stops, then the read of its runs: one after the other, so a read never sees a run half
+        way through its kill (its supervisor gone, its end not written yet) and takes it for lost."""
+        for stop in stops:
+            await self._stop(stop)
+        if read is not None:
+            await self._read(read)
+
+    async def _stop(self, stop: Stop) -> None:
+        """Stop runs on one node; a stop counts as sent once the node confirms it (until then: again)."""
+        node = self.nodes[stop.node]
+        sent = stop_runs(self.transport, node, [r.run_dir for r in stop.runs], tokens=_tokens(stop.runs),
+                         force=stop.force, python=self._python, timeout=self._timeout)  # fmt: skip
+        try:
+            answers = await self._ask(node, sent)
+        except FtError as exc:
+            log.warning("cannot stop runs on %s: %s", stop.node, exc)
+            return
+        await afailpoint("stop.after_send")
+        now = self.clock()
+        async with self.store.jobs_tx("record stops sent") as tx:
+            for run, answer in zip(stop.runs, answers, strict=True):
+                if stop.force and answer.get("signalled"):
+                    await tx.update_run(run, kill_sent=now, **({"stop_sent": now} if run.stop_sent is None else {}))
+                    text = f"rank {run.rank} on {run.node}: SIGKILL from the scheduler"
+                    why = "its supervisor is gone" if run.state == "orphaned" else "the grace period is over"
+                    await tx.event(now, "Killed", f"{text} ({why})", job=run.job, node=run.node)
+                elif run.stop_sent is None:
+                    await tx.update_run(run, stop_sent=now)
+
+    # -- read -------------------------------------------------------------------------------------------
+
+    async def _read(self, read: Read) -> None:
+        node = self.nodes[read.node]
+        dirs = [r.run_dir for r in read.runs]
+        states = run_states(self.transport, node, dirs, tokens=_tokens(read.runs), python=self._python,
+                            timeout=self._timeout)  # fmt: skip
+        try:
+            answer = await self._ask(node, states)
+        except FtError as exc:
+            log.warning("cannot read runs on %s: %s", read.node, exc)
+            return
+        await afailpoint("observe.after_read")
+        self._observed[read.node] = [(r, answer[r.run_dir]) for r in read.runs]
+
+    async def _sweep(self, node: Node) -> None:
+        """Fencing: kill the runs of this cluster on the node that the store does not count as current (a
+        node back after it was given up, or runs left by a crash between a start and its record)."""
+        try:
+            listing = node_runs(self.transport, node, root=self.run_root, python=self._python, timeout=self._timeout)
+            found = await self._ask(node, listing, heartbeat=False)
+        except FtError as exc:
+            log.warning("cannot sweep %s: %s", node.name, exc)
+            return
+        held = await self.store.runs(held=True)
+        current = {(str(r.job), str(r.attempt), str(r.rank)) for r in held if r.node == node.name and r.active}
+        strays = [f for f in found if f.status.state in READ_STATES and (f.job, f.attempt, f.rank) not in current]
+        if strays:
+            dirs = [f"{self.run_root}/{f.job}/{f.attempt}/{f.rank}" for f in strays]
+            tokens = {d: f.status.token for d, f in zip(dirs, strays, strict=True) if f.status.token}
+            try:
+                killing = stop_runs(self.transport, node, dirs, tokens=tokens, force=True, python=self._python,
+                                    timeout=self._timeout)  # fmt: skip
+                await self._ask(node, killing, heartbeat=False)
+            except FtError as exc:
+                log.warning("cannot stop stray runs on %s: %s", node.name, exc)
+                return
+            now = self.clock()
+            async with self.store.jobs_tx("record fenced runs") as tx:
+                for f in strays:
+                    text = (
+                        f"fenced: rank {f.rank} of attempt {f.attempt} was still running on {node.name}, which the "
+                        "scheduler no longer counts as current; killed"
+                    )
+                    job = int(f.job) if f.job.isdigit() else None
+                    await tx.event(now, "Fenced", text, job=job, node=node.name)
+                    log.warning("job %s: %s", f.job, text)
+        self._unswept.discard(node.name)
+
+    @property
+    def _python(self) -> str:
+        return self.config.ssh.python
+
+
+# ================================================================ helpers
+
+
+def plan_attempt(
+    job: Job, attempt: Attempt, runs: Sequence[Run], *, nodes: dict[str, Node], run_root: str
+) -> JobLaunch:
+    """What each rank of an attempt runs (pure: `plan_job` with the attempt's nodes, port and run folders)."""
+    ordered = sorted(runs, key=lambda r: r.rank)
+    spec = job.spec
+    base = LaunchInput(
+        job_id=str(job.id),
+        attempt=attempt.number,
+        mode=spec.mode.value,
+        argv=(),
+        env=dict(spec.env),
+        workdir=spec.workdir,
+        nodes=tuple(NodeAssignment(r.node, nodes[r.node].host, r.gpus) for r in ordered),
+        master_port=attempt.master_port,
+        run_root=run_root,
+        ps_count=spec.ps_count or 0,
+        max_restarts=spec.fault_tolerance.max_restarts,
+        output_dir=spec.output,
+    )
+    return plan_job(spec, base)
+
+
+def _rank(run: Run) -> int:
+    return run.rank
+
+
+def _tokens(runs: Sequence[Run]) -> dict[str, str]:
+    return {r.run_dir: r.token for r in runs if r.token}
+
+
+def missing(run: Run, status: RunStatus) -> str:
+    if status.state == "foreign":
+        return f"its run folder {run.run_dir} on {run.node} now holds another attempt's run"
+    return f"its run folder {run.run_dir} on {run.node} has no status (removed on the node?)"
+
+
+def _rank_args(rank: RankLaunch) -> dict[str, Any]:
+    return {"run_dir": rank.run_dir, "argv": rank.argv, "env": rank.env, "files": rank.files}
+
+
+def status_fields(status: RunStatus) -> dict[str, Any]:
+    return {
+        "state": status.state,
+        "pid": status.pid,
+        "exit_code": status.exit_code,
+        "signal": status.signal,
+        "started": status.started,
+        "ended": status.ended,
+        "error": status.error,
+        "boot_id": status.boot_id,
+        "supervisor_pid": status.supervisor_pid,
+        "supervisor_start": status.supervisor_start,
+        "pid_start": status.pid_start,
+    }
