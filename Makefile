@@ -3,7 +3,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 PYTHON ?= python3
 
-.PHONY: venv test check demo lab-down bench snapshots clean
+.PHONY: venv test test-peers check demo lab-down bench snapshots clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +15,26 @@ venv: $(VENV)/.installed
 
 test: venv
 	$(PY) -m pytest -q
+
+# The real-launcher suite (tests/peers, issue 15): each launch mode against its real launcher on two sshd test
+# nodes. Its own environment, pinned and CPU only, which the main suite does not need; deepspeed comes last and
+# without build isolation (its setup.py imports torch: isolated, pip would fetch a CUDA torch for the build).
+# Needs Debian's openmpi-bin, mpich and pdsh (.ci/run installs them).
+PEERS_VENV := .venv-peers
+PEERS_LAUNCHERS := mpirun.openmpi orted mpirun.mpich hydra_pmi_proxy pdsh
+
+$(PEERS_VENV)/.installed: tests/peers/requirements.txt
+	$(PYTHON) -m venv $(PEERS_VENV)
+	echo '*' > $(PEERS_VENV)/.gitignore
+	$(PEERS_VENV)/bin/python -m pip install -q --upgrade pip
+	$(PEERS_VENV)/bin/python -m pip install -q -r tests/peers/requirements.txt
+	$(PEERS_VENV)/bin/python -m pip install -q --no-build-isolation --no-deps deepspeed==0.19.8
+	touch $@
+
+test-peers: venv $(PEERS_VENV)/.installed
+	@for c in $(PEERS_LAUNCHERS); do command -v $$c >/dev/null || \
+	    { echo "test-peers: $$c missing; apt-get install openmpi-bin mpich pdsh" >&2; exit 1; }; done
+	$(PY) -m pytest -q --timeout=600 tests/peers
 
 check: venv
 	$(VENV)/bin/ruff check .
@@ -37,4 +57,4 @@ snapshots: venv  # after a deliberate change to the console's look; review the S
 	$(PY) -m pytest -q tests/unit/test_console_snapshots.py --snapshot-update
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(PEERS_VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

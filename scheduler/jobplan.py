@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import posixpath
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from scheduler.jobspec import Hooks, JobSpec, Task
-from scheduler.launcher import LaunchInput, LaunchPlan, RankLaunch, plan_launch
+from scheduler.launcher import LaunchInput, LaunchPlan, RankLaunch, TaskRef, plan_launch
 from scheduler.runs import Step, StepKind
 
 
@@ -42,13 +41,21 @@ def plan_job(spec: JobSpec, base: LaunchInput) -> JobLaunch:
     else:
         plans = [plan_launch(dataclasses.replace(base, argv=tuple(spec.argv())))]
     launching = {r.rank for p in plans for r in p.launching}
+    check = next((p.ssh_check for p in plans if p.ssh_check is not None), None)
     steps: dict[int, tuple[Step, ...]] = {}
     for rank in sorted(launching):
         main = [_main_step(tasks, i, r) for i, r in enumerate(p.ranks[rank] for p in plans) if r.launch]
         hooks = spec.hooks if rank == 0 else Hooks()
-        steps[rank] = (*_hook(base, StepKind.BEFORE, hooks.before), *main, *_hook(base, StepKind.AFTER, hooks.after))
-    ranks = tuple(dataclasses.replace(r, launch=r.rank in launching) for r in plans[0].ranks)
-    return JobLaunch(LaunchPlan(ranks), steps)
+        first = (Step(StepKind.BEFORE, "ssh check", check, _first_env(base)),) if rank == 0 and check else ()
+        before = _hook(base, StepKind.BEFORE, hooks.before)
+        steps[rank] = (*first, *before, *main, *_hook(base, StepKind.AFTER, hooks.after))
+    ranks = tuple(
+        dataclasses.replace(
+            r, launch=r.rank in launching, files={k: v for p in plans for k, v in p.ranks[r.rank].files.items()}
+        )
+        for r in plans[0].ranks
+    )
+    return JobLaunch(LaunchPlan(ranks, check), steps)
 
 
 def _main_step(tasks: Sequence[Task], index: int, rank: RankLaunch) -> Step:
@@ -58,20 +65,17 @@ def _main_step(tasks: Sequence[Task], index: int, rank: RankLaunch) -> Step:
 
 
 def _task_plan(base: LaunchInput, task: Task, index: int) -> LaunchPlan:
-    """One task planned with its argv; FT_OUTPUT_DIR its sub-folder of each rank's output folder."""
-    env = {**base.env, "FT_TASK": task.name, "FT_TASK_INDEX": str(index)}  # user env: mpirun exports it (-x)
-    plan = plan_launch(dataclasses.replace(base, argv=tuple(task.argv()), env=env))
-    return LaunchPlan(
-        tuple(
-            dataclasses.replace(r, env={**r.env, "FT_OUTPUT_DIR": posixpath.join(r.env["FT_OUTPUT_DIR"], task.output)})
-            for r in plan.ranks
-        )
-    )
+    """One task planned with its argv: FT_TASK, FT_TASK_INDEX, FT_OUTPUT_DIR its sub-folder of the output."""
+    return plan_launch(dataclasses.replace(base, argv=tuple(task.argv()), task=TaskRef(task.name, index, task.output)))
 
 
 def _hook(base: LaunchInput, kind: StepKind, text: str | None) -> tuple[Step, ...]:
     """A hook for rank 0: the user's script line run by sh (never spliced into anything), with rank 0's env."""
     if text is None:
         return ()
-    argv = ("sh", "-c", text)
-    return (Step(kind, f"{kind.value} hook", argv, plan_launch(dataclasses.replace(base, argv=argv)).ranks[0].env),)
+    return (Step(kind, f"{kind.value} hook", ("sh", "-c", text), _first_env(base)),)
+
+
+def _first_env(base: LaunchInput) -> dict[str, str]:
+    """Rank 0's env outside its command (hooks, the SSH check): FT_OUTPUT_DIR the job's output folder."""
+    return plan_launch(dataclasses.replace(base, argv=("sh",))).ranks[0].env

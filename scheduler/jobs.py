@@ -229,7 +229,7 @@ class Run:
         where = f"rank {self.rank} on {self.node}"
         if self.state == "exited":
             how = f"killed by {self.signal}" if self.signal else f"exited with code {self.exit_code}"
-            return f"{where} {how}"
+            return f"{where} {how}" + (f" ({self.error})" if self.error else "")
         if self.state == "lost":
             return f"{where} lost: {self.error or 'its supervisor is gone without recording an end'}"
         if self.state == "orphaned":

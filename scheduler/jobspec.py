@@ -692,7 +692,27 @@ CROSS_CHECKS: tuple[Check, ...] = (
 )
 """Rules of the spec itself: every stored spec obeys them."""
 
-SUBMIT_CHECKS: tuple[Check, ...] = (_ps_count_problems, _workdir_problems, _nul_problems)
+
+def _deepspeed_env_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
+    """DS_ENV_FILE is ours (the file that carries the env to every rank); with DeepSpeed's runner, each value
+    travels as one line of that file, which strips blanks at either end and cannot hold a line break."""
+    out: list[tuple[Loc, str]] = []
+    env = _mapping(data.get("env"))
+    if "DS_ENV_FILE" in env:
+        out.append(
+            (("env", "DS_ENV_FILE"), "DS_ENV_FILE is set by ftconsole (it carries env: to every rank); remove it")
+        )
+    if _mode(data) is JobMode.PYTORCH_DEEPSPEED:
+        for key, value in env.items():
+            if isinstance(value, str) and ("\n" in value or "\r" in value or value != value.strip()):
+                why = "a line break" if "\n" in value or "\r" in value else "blanks at its start or end"
+                out.append(
+                    (("env", key), f"has {why}, which DeepSpeed's env file (one KEY=VALUE line each) cannot carry")
+                )
+    return out
+
+
+SUBMIT_CHECKS: tuple[Check, ...] = (_ps_count_problems, _workdir_problems, _nul_problems, _deepspeed_env_problems)
 """What the launcher or the supervisor would refuse later, from the spec alone; run on new specs only."""
 
 

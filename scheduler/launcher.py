@@ -64,13 +64,22 @@ tensorflow
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import posixpath
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
+from scheduler.deepspeed import (
+    DEEPSPEED_ENV,
+    deepspeed_argv,
+    deepspeed_env_file,
+    deepspeed_hostfile,
+    deepspeed_value,
+)
 from scheduler.errors import FtError
 
 HOSTFILE = "hostfile"  # name of the hostfile inside a run folder
@@ -112,37 +121,13 @@ MPI_LAUNCHERS = frozenset(
     }
 )
 
+FORWARDED_OURS = frozenset({"MASTER_ADDR", "MASTER_PORT"})  # ours that launchers carry to every rank (+ FT_*)
+SSH_CHECK_TIMEOUT = 5  # seconds: ssh's ConnectTimeout in the pre-launch check
+
+
 TORCH_LAUNCH_MODULES = frozenset({"torch.distributed.run", "torch.distributed.launch"})
 
 _PYTHON = re.compile(r"python(\d+(\.\d+)*)?")
-
-# deepspeed runner options that take a value (the first other bare token is the user's script)
-_DEEPSPEED_VALUE_OPTIONS = frozenset(
-    {
-        "-H",
-        "--hostfile",
-        "-i",
-        "--include",
-        "-e",
-        "--exclude",
-        "--num_nodes",
-        "--min_elastic_nodes",
-        "--max_elastic_nodes",
-        "--num_gpus",
-        "--num_accelerators",
-        "--master_port",
-        "--master_addr",
-        "--node_rank",
-        "--launcher",
-        "--launcher_args",
-        "--enable_each_rank_log",
-        "--autotuning",
-        "--bind_core_list",
-        "--ssh_port",
-        "--venv_script",
-        "--comment",
-    }
-)
 
 
 class LaunchError(FtError):
@@ -181,6 +166,16 @@ class LaunchInput:
     max_restarts: int | None = None
     monitor_interval: float | None = None
     output_dir: str | None = None
+    task: TaskRef | None = None
+
+
+@dataclass(frozen=True)
+class TaskRef:
+    """The batch task an input plans: FT_TASK, FT_TASK_INDEX, and FT_OUTPUT_DIR's sub-folder ``output``."""
+
+    name: str
+    index: int
+    output: str
 
 
 @dataclass(frozen=True)
@@ -200,6 +195,7 @@ class RankLaunch:
 @dataclass(frozen=True)
 class LaunchPlan:
     ranks: tuple[RankLaunch, ...]
+    ssh_check: tuple[str, ...] | None = None  # rank 0's pre-launch step: can it reach the others by SSH?
 
     @property
     def launching(self) -> tuple[RankLaunch, ...]:
@@ -230,6 +226,7 @@ def plan_launch(inp: LaunchInput) -> LaunchPlan:
     for rank, node in enumerate(inp.nodes):
         run_dir = f"{root}/{inp.job_id}/{inp.attempt}/{rank}"
         hostfile = f"{run_dir}/{HOSTFILE}"
+        output = inp.output_dir if inp.output_dir is not None else f"{run_dir}/output"
         env = {
             "MASTER_ADDR": master,
             "MASTER_PORT": str(inp.master_port),
@@ -240,10 +237,13 @@ def plan_launch(inp: LaunchInput) -> LaunchPlan:
             "FT_JOB_ID": inp.job_id,
             "FT_ATTEMPT": str(inp.attempt),
             "FT_HOSTFILE": hostfile,
-            "FT_OUTPUT_DIR": inp.output_dir if inp.output_dir is not None else f"{run_dir}/output",
+            "FT_OUTPUT_DIR": output if inp.task is None else posixpath.join(output, inp.task.output),
         }
+        if inp.task is not None:
+            env |= {"FT_TASK": inp.task.name, "FT_TASK_INDEX": str(inp.task.index)}
         ranks.append(_Rank(node=node, rank=rank, run_dir=run_dir, hostfile=hostfile, env=env))
-    return LaunchPlan(ranks=_MODE_PLANNERS[inp.mode](inp, tuple(ranks)))
+    planned = _MODE_PLANNERS[inp.mode](inp, tuple(ranks))
+    return LaunchPlan(ranks=planned, ssh_check=ssh_check_argv(inp, planned))
 
 
 # --- one function per mode -------------------------------------------------------------------------------------
@@ -273,16 +273,22 @@ def _plan_pytorch(inp: LaunchInput, ranks: tuple[_Rank, ...]) -> tuple[RankLaunc
 
 
 def _plan_deepspeed(inp: LaunchInput, ranks: tuple[_Rank, ...]) -> tuple[RankLaunch, ...]:
-    hosts = openmpi_hostfile(inp.nodes)
+    hosts = deepspeed_hostfile(inp.nodes)
     if _basename(inp.argv[0]) != "deepspeed":
         return tuple(_finish(inp, r, inp.argv, hosts) for r in ranks)
     argv = deepspeed_argv(inp.argv, ranks[0].hostfile, inp.nodes, inp.master_port)
-    return tuple(_finish(inp, r, argv, hosts, launch=r.rank == 0) for r in ranks)
+    name = DEEPSPEED_ENV if inp.task is None else f"{DEEPSPEED_ENV}.{inp.task.index}"
+    env_file = deepspeed_env_file(forwarded_env({**inp.env, **ranks[0].env}, inp.env))
+    return tuple(
+        _finish(inp, r, argv, hosts, {"DS_ENV_FILE": f"{r.run_dir}/{name}"}, launch=r.rank == 0, files={name: env_file})
+        for r in ranks
+    )
 
 
 def _plan_horovod(inp: LaunchInput, ranks: tuple[_Rank, ...]) -> tuple[RankLaunch, ...]:
     hosts = openmpi_hostfile(inp.nodes)
-    argv = inp.argv if is_mpi_launcher(inp.argv) else openmpi_prefix(inp.nodes, inp.env) + inp.argv
+    ours = forwarded_env({**inp.env, **ranks[0].env}, inp.env)
+    argv = inp.argv if is_mpi_launcher(inp.argv) else openmpi_prefix(inp.nodes, inp.env, ours) + inp.argv
     return tuple(
         _finish(inp, r, argv, hosts, {"OMPI_MCA_orte_default_hostfile": r.hostfile}, launch=r.rank == 0) for r in ranks
     )
@@ -328,6 +334,7 @@ def _finish(
     extra_env: Mapping[str, str] | None = None,
     *,
     launch: bool = True,
+    files: Mapping[str, bytes] | None = None,
 ) -> RankLaunch:
     env = {**inp.env, **r.env, **(extra_env or {})}
     return RankLaunch(
@@ -335,7 +342,7 @@ def _finish(
         rank=r.rank,
         argv=tuple(argv),
         env=env,
-        files={HOSTFILE: hostfile},
+        files={HOSTFILE: hostfile, **(files or {})},
         run_dir=r.run_dir,
         launch=launch,
         workdir=inp.workdir,
@@ -346,7 +353,7 @@ def _finish(
 
 
 def openmpi_hostfile(nodes: tuple[NodeAssignment, ...]) -> bytes:
-    """``host slots=N`` per node (OpenMPI, DeepSpeed)."""
+    """``host slots=N`` per node (OpenMPI)."""
     return "".join(f"{n.host} slots={n.slots}\n" for n in nodes).encode()
 
 
@@ -359,16 +366,32 @@ def is_mpi_launcher(argv: tuple[str, ...]) -> bool:
     return bool(argv) and _basename(argv[0]) in MPI_LAUNCHERS
 
 
-def openmpi_prefix(nodes: tuple[NodeAssignment, ...], user_env: Mapping[str, str]) -> tuple[str, ...]:
-    """The seed's mpirun prefix for ``sum(slots)`` processes, then ``-x KEY`` for each user env key."""
+def openmpi_prefix(
+    nodes: tuple[NodeAssignment, ...], user_env: Mapping[str, str], ours: Iterable[str] = ()
+) -> tuple[str, ...]:
+    """The seed's mpirun prefix for ``sum(slots)`` processes, then ``-x KEY`` for each user env key and `ours`.
+
+    mpirun starts the other ranks over SSH, where only exported variables arrive: each key, sorted, once.
+    """
     total = sum(n.slots for n in nodes)
     prefix = [a.format(np=total) if a == "{np}" else a for a in OPENMPI_PREFIX]
     if "NCCL_DEBUG" in user_env:
         prefix[prefix.index("NCCL_DEBUG=INFO")] = "NCCL_DEBUG"
     already = {"NCCL_DEBUG", "LD_LIBRARY_PATH", "PATH"}
-    for key in sorted(k for k in user_env if k not in already):
+    for key in sorted({*user_env, *ours} - already):
         prefix += ["-x", key]
     return tuple(prefix)
+
+
+def forwarded_env(env: Mapping[str, str], user_env: Mapping[str, str]) -> dict[str, str]:
+    """What a launcher must carry from the first node to ranks it starts elsewhere (sorted by key).
+
+    The job's own ``env:`` keys, every ``FT_`` variable, and ``MASTER_ADDR``/``MASTER_PORT`` (the same on
+    every node), with their values in `env` (rank 0's). Not the per-node ones (``RANK``, ``WORLD_SIZE``,
+    ``SLOTS``, ``CUDA_VISIBLE_DEVICES``): the launcher sets its own per process.
+    """
+    keys = {k for k in env if k in user_env or k.startswith("FT_") or k in FORWARDED_OURS} - {"DS_ENV_FILE"}
+    return {k: env[k] for k in sorted(keys)}
 
 
 def torch_wrap(
@@ -403,31 +426,50 @@ def torch_wrap(
     return (*head, "-m", "torch.distributed.run", *opts, *target, *rest)
 
 
-def deepspeed_argv(
-    argv: tuple[str, ...], hostfile: str, nodes: tuple[NodeAssignment, ...], master_port: int
-) -> tuple[str, ...]:
-    """``deepspeed`` with ``--hostfile``, ``--master_addr``, ``--master_port``, ``--include`` where not given."""
-    given = _deepspeed_options(argv)
-    extra: list[str] = []
-    if not given & {"-H", "--hostfile"}:
-        extra += ["--hostfile", hostfile]
-    if "--master_addr" not in given:
-        extra += ["--master_addr", nodes[0].host]
-    if "--master_port" not in given:
-        extra += ["--master_port", str(master_port)]
-    selecting = {"-i", "--include", "-e", "--exclude", "--num_nodes", "--num_gpus", "--num_accelerators"}
-    if not given & selecting and any(n.gpus for n in nodes):
-        include = "@".join(f"{n.host}:{','.join(str(g) for g in n.gpus)}" if n.gpus else n.host for n in nodes)
-        extra += ["--include", include]
-    return (argv[0], *extra, *argv[1:])
-
-
 def tf_config(nodes: tuple[NodeAssignment, ...], ps_count: int, master_port: int, rank: int) -> str:
     """TF_CONFIG of node ``rank``: PS-Worker when ``ps_count > 0``, AllReduce otherwise."""
     addresses = [_host_port(n.host, master_port + i) for i, n in enumerate(nodes)]
     cluster = {"ps": addresses[:ps_count], "worker": addresses[ps_count:]} if ps_count else {"worker": addresses}
     task = {"type": "ps", "index": rank} if rank < ps_count else {"type": "worker", "index": rank - ps_count}
     return json.dumps({"cluster": cluster, "task": task, "environment": "cloud"}, separators=(",", ":"))
+
+
+# --- node-to-node SSH, checked before a launcher starts ranks from the first node --------------------------------
+
+_LAUNCHER_NAMES = {
+    "pytorch-deepspeed": "DeepSpeed's runner (pdsh)",
+    "horovod": "mpirun (OpenMPI)",
+    "mpich": "MPICH's mpirun (hydra)",
+}
+
+
+@functools.cache
+def ssh_check_source() -> str:
+    """The node-side check (`scheduler/sshcheck.py`), run as ``python3 -c SOURCE ARGS``."""
+    return (Path(__file__).parent / "sshcheck.py").read_text(encoding="utf-8")
+
+
+def ssh_check_argv(inp: LaunchInput, ranks: tuple[RankLaunch, ...]) -> tuple[str, ...] | None:
+    """Rank 0's pre-launch SSH check, or None when no launcher starts ranks from the first node.
+
+    Needed when rank 0 alone launches on a job of several nodes (deepspeed, mpirun, hydra). The peers are the
+    other nodes (each host once); DeepSpeed's pdsh runner also reaches the first node itself over SSH, so it
+    is checked too, on the port given by ``--ssh_port``.
+    """
+    if len(inp.nodes) < 2 or [r.rank for r in ranks if r.launch] != [0]:
+        return None
+    first = inp.nodes[0]
+    deepspeed = inp.mode == "pytorch-deepspeed"
+    peers: dict[str, str] = {}
+    for node in inp.nodes if deepspeed else inp.nodes[1:]:
+        if node.host not in peers.values() and (deepspeed or node.host != first.host):
+            peers[node.name] = node.host
+    if not peers:
+        return None
+    port = deepspeed_value(ranks[0].argv, "--ssh_port") if deepspeed else None
+    launcher = _LAUNCHER_NAMES.get(inp.mode, "the launcher")
+    pairs = [part for name, host in peers.items() for part in (name, host)]
+    return ("python3", "-c", ssh_check_source(), first.name, str(SSH_CHECK_TIMEOUT), port or "", launcher, *pairs)
 
 
 # --- helpers -----------------------------------------------------------------------------------------------------
@@ -499,22 +541,6 @@ def _split_python(argv: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ..
             head.append(token)
         i += 1
     return None
-
-
-def _deepspeed_options(argv: tuple[str, ...]) -> set[str]:
-    """Option names deepspeed's runner itself was given (those before the user's script)."""
-    names: set[str] = set()
-    i = 1
-    while i < len(argv):
-        token = argv[i]
-        if not token.startswith("-") or token == "-":
-            break
-        name, has_value, _ = token.partition("=")
-        names.add(name)
-        if name in _DEEPSPEED_VALUE_OPTIONS and not has_value:
-            i += 1
-        i += 1
-    return names
 
 
 def _validate(inp: LaunchInput) -> None:

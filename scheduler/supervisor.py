@@ -299,7 +299,8 @@ def _supervise(run_dir, params):
 
     signal.signal(signal.SIGTERM, on_stop)
     signal.signal(signal.SIGINT, on_stop)
-    log = open(os.path.join(run_dir, "output.log"), "ab", buffering=0)  # noqa: SIM115  (open for the whole run)
+    log_path = os.path.join(run_dir, "output.log")
+    log = open(log_path, "ab", buffering=0)  # noqa: SIM115  (open for the whole run)
     outcome = (None, "stopped before the command started")  # type: Tuple[Optional[int], Optional[str]]
     failed = False
     for step in steps:
@@ -310,7 +311,10 @@ def _supervise(run_dir, params):
             continue
         if len(steps) > 1:
             log.write(_header(step).encode())
+        mark = log.tell()
         code, error = run(step)
+        if code and step["kind"] == "before":  # a check or hook that stops the run: say which, and its last words
+            error = "%s %s: %s" % (_label(step), _how(code), _last_line(log_path, mark) or "no output")
         if code and len(steps) > 1:
             log.write(("ftconsole: %s %s\n" % (_label(step), _how(code))).encode())
         if step["kind"] == "after":
@@ -324,10 +328,23 @@ def _supervise(run_dir, params):
     if code is None:
         status.update(state="failed", error=error)
     elif code < 0:
-        status.update(state="exited", exit_code=None, signal=signal.Signals(-code).name)
+        status.update(state="exited", exit_code=None, signal=signal.Signals(-code).name, error=error)
     else:
-        status.update(state="exited", exit_code=code, signal=None)
+        status.update(state="exited", exit_code=code, signal=None, error=error)
     _write_json(status_path, status)
+
+
+def _last_line(path, since, limit=4096):
+    """The last non-empty line written to `path` after offset `since` (at most `limit` bytes back), or None."""
+    try:
+        with open(path, "rb") as fh:
+            end = fh.seek(0, os.SEEK_END)
+            fh.seek(max(since, end - limit))
+            text = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1][:500] if lines else None
 
 
 def start(params):

@@ -386,6 +386,7 @@ def test_missing_file() -> None:
 # -- what would fail only when the job is planned or started ----------------------------------------------------
 
 TF = "name: j\ncommand: python3 train.py\nmode: tensorflow\n"  # lines 1-3; cases add from line 4
+DS = "name: j\ncommand: deepspeed train.py\nmode: pytorch-deepspeed\n"
 
 REFUSED_AT_SUBMIT = [
     # launcher: tensorflow needs a worker, so ps_count < nodes, and < min_nodes when the job is elastic
@@ -422,6 +423,10 @@ REFUSED_AT_SUBMIT = [
         "tasks[0].command",
         "contains a NUL character",
     ),
+    # DS_ENV_FILE carries env: to every rank; DeepSpeed's env file holds one stripped KEY=VALUE line each
+    (BASE + "env: {DS_ENV_FILE: /tmp/x}\n", 3, "env.DS_ENV_FILE", "DS_ENV_FILE is set by ftconsole"),
+    (DS + 'env: {X: "a\\nb"}\n', 4, "env.X", "has a line break, which DeepSpeed's env file"),
+    (DS + "env: {X: ' padded '}\n", 4, "env.X", "has blanks at its start or end"),
 ]
 
 

@@ -9,6 +9,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +27,10 @@ from scheduler.launcher import (
     LaunchPlan,
     NodeAssignment,
     deepspeed_argv,
+    deepspeed_env_file,
     is_mpi_launcher,
     plan_launch,
+    ssh_check_source,
     tf_config,
     torch_wrap,
 )
@@ -77,12 +82,14 @@ def job(mode: str, argv: str | tuple[str, ...], count: int = 2, **overrides: Any
 
 
 def as_json(inp: LaunchInput, plan: LaunchPlan) -> dict[str, Any]:
+    check = plan.ssh_check
     return {
         "input": dataclasses.asdict(inp) | {"env": dict(inp.env)},
         "plan": [
             dataclasses.asdict(r) | {"files": {name: data.decode() for name, data in r.files.items()}}
             for r in plan.ranks
         ],
+        "ssh_check": None if check is None else [*check[:2], "SSH_CHECK_SCRIPT", *check[3:]],
     }
 
 
@@ -325,7 +332,7 @@ def test_mpi_command_with_launcher_is_left_alone(mode: str, launcher: str) -> No
 
 def test_horovod_without_mpirun_gets_the_seed_prefix() -> None:
     plan = plan_launch(job("horovod", "python /workspace/algorithm/train.py", 4))
-    assert list(plan.ranks[0].argv) == [*SEED_PREFIX, "python", "/workspace/algorithm/train.py"]
+    assert list(plan.ranks[0].argv) == [*SEED_PREFIX, *OURS_EXPORTED, "python", "/workspace/algorithm/train.py"]
     assert [r.launch for r in plan.ranks] == [True, False, False, False]
     assert [r.argv for r in plan.ranks[1:]] == [plan.ranks[0].argv] * 3  # shown, not run
     for r in plan.ranks:
@@ -334,11 +341,19 @@ def test_horovod_without_mpirun_gets_the_seed_prefix() -> None:
         assert r.files["hostfile"] == b"".join(f"10.1.0.{i} slots=4\n".encode() for i in range(1, 5))
 
 
+OURS_EXPORTED = [
+    a
+    for k in ("FT_ATTEMPT", "FT_HOSTFILE", "FT_JOB_ID", "FT_OUTPUT_DIR", "MASTER_ADDR", "MASTER_PORT")
+    for a in ("-x", k)
+]  # what mpirun carries to the ranks it starts on other nodes, with rank 0's values
+
+
 def test_horovod_exports_user_env_to_remote_ranks() -> None:
     env = {"NCCL_SOCKET_IFNAME": "eth0", "NCCL_DEBUG": "WARN", "PATH": "/x", "A_FLAG": "1"}
     argv = plan_launch(job("horovod", "python t.py", 4, env=env)).ranks[0].argv
     seed = [a if a != "NCCL_DEBUG=INFO" else "NCCL_DEBUG" for a in SEED_PREFIX]
-    assert list(argv) == [*seed, "-x", "A_FLAG", "-x", "NCCL_SOCKET_IFNAME", "python", "t.py"]
+    exported = ["A_FLAG", "FT_ATTEMPT", "FT_HOSTFILE", "FT_JOB_ID", "FT_OUTPUT_DIR", "MASTER_ADDR", "MASTER_PORT"]
+    assert list(argv) == [*seed, *(a for k in [*exported, "NCCL_SOCKET_IFNAME"] for a in ("-x", k)), "python", "t.py"]
 
 
 def test_mpi_total_slots_counts_every_node() -> None:
@@ -414,6 +429,149 @@ def test_deepspeed_mode_other_commands_run_on_every_node_as_given(command: str) 
     plan = plan_launch(job("pytorch-deepspeed", command, 2))
     assert [r.argv for r in plan.ranks] == [tuple(command.split())] * 2
     assert [r.launch for r in plan.ranks] == [True, True]
+
+
+@pytest.mark.parametrize(
+    ("gpus", "slots", "include"),
+    [
+        ((0, 1), "2", "h1:0,1"),
+        ((2, 3), "4", "h1:2,3"),  # issue 15: slots=2 with --include h1:2,3 is refused ("No slot '2'")
+        ((5,), "6", "h1:5"),
+        ((6, 1), "7", "h1:6,1"),
+        ((), "1", "h1"),  # no GPUs: the host alone, its one slot
+    ],
+)
+def test_deepspeed_hostfile_holds_every_gpu_the_include_names(gpus: tuple[int, ...], slots: str, include: str) -> None:
+    pair = (NodeAssignment("a", "h1", gpus), NodeAssignment("b", "h2", (0, 1)))
+    rank0 = plan_launch(job("pytorch-deepspeed", "deepspeed t.py", nodes=pair)).ranks[0]
+    assert rank0.files["hostfile"] == f"h1 slots={slots}\nh2 slots=2\n".encode()
+    assert rank0.argv[rank0.argv.index("--include") + 1] == f"{include}@h2:0,1"
+    assert rank0.env["SLOTS"] == str(len(gpus) or 1)  # SLOTS stays the job's GPU count on the node
+
+
+def test_deepspeed_env_file_carries_the_job_env_and_ours_to_every_rank() -> None:
+    plan = plan_launch(job("pytorch-deepspeed", "deepspeed t.py", 2, env={"DATA": "/d", "DS_ACCELERATOR": "cpu"}))
+    rank0 = plan.ranks[0]
+    assert rank0.env["DS_ENV_FILE"] == f"{rank0.run_dir}/deepspeed_env"
+    assert rank0.files["deepspeed_env"].decode().splitlines() == [
+        "DATA=/d",
+        "DS_ACCELERATOR=cpu",
+        "FT_ATTEMPT=1",
+        f"FT_HOSTFILE={rank0.run_dir}/hostfile",
+        "FT_JOB_ID=j-0042",
+        f"FT_OUTPUT_DIR={rank0.run_dir}/output",
+        "MASTER_ADDR=10.1.0.1",
+        "MASTER_PORT=29500",
+    ]  # never RANK, WORLD_SIZE, SLOTS or CUDA_VISIBLE_DEVICES: deepspeed's launch sets its own per process
+    assert plan.ranks[1].files["deepspeed_env"] == rank0.files["deepspeed_env"]
+
+
+NASTY_VALUES = [
+    "plain",
+    "/a/b:c,d=e",
+    "",
+    "two words",
+    'say "hi"',
+    "$HOME and `id` and $(id)",
+    "back\\slash",
+    "it's",
+    "a;b|c&d",
+]
+
+
+@pytest.mark.parametrize("value", NASTY_VALUES)
+def test_deepspeed_env_file_values_survive_deepspeeds_quoting_and_the_shell(value: str) -> None:
+    """What DeepSpeed 0.19's runner does with a line (split, strip, wrap in double quotes), then sh."""
+    line = deepspeed_env_file({"K": value}).decode()
+    key, val = line.split("=", maxsplit=1)
+    val = val.strip()
+    if re.search(r"[^\w@%+=:,./-]", val):  # MultiNodeRunner.add_export
+        val = f'"{val}"'
+    shell = subprocess.run(
+        ["sh", "-c", f'export {key}={val}; printf %s "$K"'], capture_output=True, text=True, timeout=10, check=True
+    )
+    assert shell.stdout == value
+
+
+@pytest.mark.parametrize("value", ["two\nlines", " leading", "trailing "])
+def test_deepspeed_env_file_leaves_out_what_a_line_cannot_carry(value: str) -> None:
+    assert deepspeed_env_file({"K": value, "OK": "1"}) == b"OK=1\n"
+
+
+# --- the pre-launch SSH check ------------------------------------------------------------------------------------
+
+CHECK_CASES = [
+    ("deepspeed t.py", "pytorch-deepspeed", 2, ("gpu01", "10.1.0.1", "gpu02", "10.1.0.2"), ""),
+    ("deepspeed --ssh_port 2222 t.py", "pytorch-deepspeed", 2, ("gpu01", "10.1.0.1", "gpu02", "10.1.0.2"), "2222"),
+    ("deepspeed --ssh_port=22 t.py", "pytorch-deepspeed", 2, ("gpu01", "10.1.0.1", "gpu02", "10.1.0.2"), "22"),
+    ("python t.py", "horovod", 3, ("gpu02", "10.1.0.2", "gpu03", "10.1.0.3"), ""),
+    ("mpirun -np 8 python t.py", "horovod", 2, ("gpu02", "10.1.0.2"), ""),
+    ("python t.py", "mpich", 2, ("gpu02", "10.1.0.2"), ""),
+]
+
+
+@pytest.mark.parametrize(("command", "mode", "count", "peers", "port"), CHECK_CASES)
+def test_ssh_check_where_a_launcher_starts_ranks_from_the_first_node(
+    command: str, mode: str, count: int, peers: tuple[str, ...], port: str
+) -> None:
+    check = plan_launch(job(mode, command, count)).ssh_check
+    assert check is not None
+    assert check[:3] == ("python3", "-c", ssh_check_source())
+    assert check[3:6] == ("gpu01", "5", port)
+    assert check[7:] == peers
+
+
+@pytest.mark.parametrize(
+    ("mode", "command", "count"),
+    [
+        ("pytorch", "python t.py", 2),
+        ("tensorflow", "python t.py", 2),
+        ("pytorch-deepspeed", "python t.py", 2),
+        ("horovod", "python t.py", 1),
+        ("pytorch-deepspeed", "deepspeed t.py", 1),  # one host: DeepSpeed's runner launches locally, no pdsh
+        ("mpich", "python t.py", 1),
+        ("single", "python t.py", 1),
+    ],
+)
+def test_no_ssh_check_where_no_launcher_reaches_other_nodes(mode: str, command: str, count: int) -> None:
+    assert plan_launch(job(mode, command, count)).ssh_check is None
+
+
+def test_ssh_check_skips_a_host_twice_and_the_first_nodes_own_for_mpirun() -> None:
+    group = (NodeAssignment("a", "h1"), NodeAssignment("b", "h1"), NodeAssignment("c", "h2"), NodeAssignment("d", "h2"))
+    assert plan_launch(job("horovod", "python t.py", nodes=group)).ssh_check[7:] == ("c", "h2")  # type: ignore[index]
+    assert plan_launch(job("pytorch-deepspeed", "deepspeed t.py", nodes=group)).ssh_check[7:] == (  # type: ignore[index]
+        "a", "h1", "c", "h2",
+    )  # fmt: skip
+
+
+def test_ssh_check_script_names_the_pair_and_the_fix(tmp_path: Path) -> None:
+    """The script itself, with an `ssh` on PATH that refuses one host as a missing known_hosts entry would."""
+    fake = tmp_path / "ssh"
+    fake.write_text(
+        '#!/bin/sh\necho "$@" >> "$0.calls"\n'
+        'case "$*" in *10.1.0.3*) echo "Host key verification failed." >&2; exit 255;; esac\nexit 0\n'
+    )
+    fake.chmod(0o755)
+    check = plan_launch(job("horovod", "python t.py", 3)).ssh_check
+    assert check is not None
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    done = subprocess.run([sys.executable, *check[1:]], env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 255
+    assert (
+        "ftconsole: ssh check: gpu01 cannot reach gpu03 (10.1.0.3) by SSH without a prompt: "
+        "Host key verification failed. (ssh exit 255)"
+    ) in done.stderr
+    assert "gpu02" not in done.stderr
+    assert done.stderr.splitlines()[-1].startswith("ftconsole: ssh check: gpu01 cannot reach gpu03")  # last: quoted
+    assert "mpirun (OpenMPI) starts this job's ranks from gpu01 over SSH" in done.stderr
+    assert "known_hosts" in done.stderr and "authorized_keys" in done.stderr
+    calls = sorted((tmp_path / "ssh.calls").read_text().splitlines())
+    assert calls == [f"-o BatchMode=yes -o ConnectTimeout=5 10.1.0.{i} true" for i in (2, 3)]
+    ok = plan_launch(job("horovod", "python t.py", 2)).ssh_check
+    assert ok is not None
+    done = subprocess.run([sys.executable, *ok[1:]], env=env, capture_output=True, text=True, timeout=30)
+    assert (done.returncode, done.stdout) == (0, "ftconsole: ssh check: gpu01 reaches gpu02 by SSH\n")
 
 
 # --- tensorflow --------------------------------------------------------------------------------------------------

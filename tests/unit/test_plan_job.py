@@ -73,12 +73,12 @@ CASES = [
         },
     ),
     (
-        "batch under mpirun: rank 0 launches alone",
+        "batch under mpirun: rank 0 launches alone, after the SSH check",
         "horovod",
         2,
         {"type": "batch", "tasks": TASKS},
         None,
-        {0: ["task:prep:0/output/prep:prep,0", "task:train:0/output/out/train:train,1"]},
+        {0: ["before:ssh check:0/output", "task:prep:0/output/prep:prep,0", "task:train:0/output/out/train:train,1"]},
     ),
     (
         "batch under deepspeed: a rank runs only the tasks that launch on it",
@@ -87,10 +87,26 @@ CASES = [
         {"type": "batch", "tasks": TASKS},
         None,
         {
-            0: ["task:prep:0/output/prep:prep,0", "task:train:0/output/out/train:train,1"],
+            0: ["before:ssh check:0/output", "task:prep:0/output/prep:prep,0", "task:train:0/output/out/train:train,1"],
             1: ["task:prep:1/output/prep:prep,0"],
         },
     ),
+    (
+        "mpirun with hooks: the SSH check comes first",
+        "mpich",
+        3,
+        {"hooks": HOOKS},
+        None,
+        {
+            0: [
+                "before:ssh check:0/output",
+                "before:before hook:0/output",
+                "command:command:0/output",
+                "after:after hook:0/output",
+            ]
+        },
+    ),
+    ("mpirun on one node: nothing to check", "horovod", 1, {}, None, {0: ["command:command:0/output"]}),
 ]
 
 
@@ -119,10 +135,38 @@ def test_each_task_is_planned_for_the_mode_and_the_hooks_are_the_users_own_scrip
 
 def test_mpirun_exports_the_task_variables() -> None:
     launch = plan_job(spec("horovod", 2, type="batch", tasks=TASKS), base("horovod", 2))
-    argv = launch.steps[0][0].argv
+    argv = launch.steps[0][1].argv
     assert argv[0] == "mpirun" and argv[-2:] == ("python3", "prep.py")
     assert {"FT_TASK", "FT_TASK_INDEX", "MY"} <= {argv[i + 1] for i, a in enumerate(argv) if a == "-x"}
     assert [r.launch for r in launch.plan.ranks] == [True, False]
+
+
+def test_ssh_check_step_runs_on_rank_0_with_its_env_and_names_every_peer() -> None:
+    launch = plan_job(spec("mpich", 3), base("mpich", 3))
+    check = launch.steps[0][0]
+    assert (check.kind, check.name) == (StepKind.BEFORE, "ssh check")
+    assert check.argv[:2] == ("python3", "-c") and check.argv[3:] == (
+        "n0", "5", "", "MPICH's mpirun (hydra)", "n1", "10.0.0.1", "n2", "10.0.0.2",
+    )  # fmt: skip
+    assert check.env["MY"] == "1" and check.env["RANK"] == "0"
+    assert launch.plan.ssh_check == check.argv
+
+
+@pytest.mark.parametrize("mode", ["pytorch", "tensorflow", "pytorch-deepspeed"])
+def test_no_ssh_check_where_every_node_runs_its_own_rank(mode: str) -> None:
+    launch = plan_job(spec(mode, 2), base(mode, 2))  # python3 train.py: deepspeed mode runs it on every node
+    assert launch.plan.ssh_check is None
+    assert all(s.name != "ssh check" for steps in launch.steps.values() for s in steps)
+
+
+def test_deepspeed_batch_task_gets_its_own_env_file_with_its_variables() -> None:
+    launch = plan_job(spec("pytorch-deepspeed", 2, type="batch", tasks=TASKS), base("pytorch-deepspeed", 2))
+    _check, _prep, train = launch.steps[0]
+    assert train.env["DS_ENV_FILE"] == "/r/7/1/0/deepspeed_env.1"
+    for rank in launch.plan.ranks:  # every rank's folder holds the files of every task
+        assert set(rank.files) == {"hostfile", "deepspeed_env.1"}
+    lines = launch.plan.ranks[0].files["deepspeed_env.1"].decode().splitlines()
+    assert {"FT_TASK=train", "FT_TASK_INDEX=1", "FT_OUTPUT_DIR=/r/7/1/0/output/out/train", "MY=1"} <= set(lines)
 
 
 @pytest.mark.parametrize(

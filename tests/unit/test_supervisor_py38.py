@@ -1,4 +1,4 @@
-"""The run supervisor under Python 3.8 (node side: nodes may have nothing newer): steps, status, exit code."""
+"""The node-side programs under Python 3.8 (nodes may have nothing newer): the run supervisor, the SSH check."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from scheduler.launcher import ssh_check_source
 from scheduler.runs import supervisor_script
 from tests.unit.test_agent import python38
 
@@ -45,3 +46,20 @@ def test_supervisor_runs_steps_on_python38(tmp_path: Path) -> None:
     assert (status["output_mtime"], status["output_size"]) == (stat.st_mtime, stat.st_size)
     log = (run_dir / "output.log").read_text()
     assert "one\n" in log and "two\n" in log and "ftconsole: task b exited with code 3" in log
+
+
+def test_the_ssh_check_runs_on_python38(tmp_path: Path) -> None:
+    """The pre-launch SSH check is node side too: a peer whose ssh fails is named, on Python 3.8."""
+    python = python38()
+    if python is None:
+        pytest.skip("no Python 3.8 interpreter on this machine")
+    fake = tmp_path / "ssh"
+    fake.write_text('#!/bin/sh\necho "Permission denied (publickey)." >&2\nexit 255\n')
+    fake.chmod(0o755)
+    argv = [python, "-c", ssh_check_source(), "gpu01", "2", "", "mpirun (OpenMPI)", "gpu02", "10.1.0.2"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30, env={"PATH": f"{tmp_path}:/usr/bin:/bin"})
+    assert done.returncode == 255
+    assert done.stderr.splitlines()[-1] == (
+        "ftconsole: ssh check: gpu01 cannot reach gpu02 (10.1.0.2) by SSH without a prompt: "
+        "Permission denied (publickey). (ssh exit 255)"
+    )
