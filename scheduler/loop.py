@@ -26,6 +26,7 @@ import contextlib
 import dataclasses
 import logging
 import secrets
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -50,6 +51,7 @@ from scheduler.jobs import (
 )
 from scheduler.reconcile import READ_STATES, Actions, Snapshot, reconcile
 from scheduler.requests import job_request, node_slot
+from scheduler.runs import RunStatus
 from scheduler.service import ClusterService
 from scheduler.store import Conflict, JobTx
 
@@ -72,6 +74,9 @@ class Loop:
         self.wake = asyncio.Event()
         self._nodes = {n.name: n for n in service.all_nodes}
         self.executor = Executor(service, clock=clock, poke=poke, fail=self._fail)
+        self._started = time.monotonic()
+        self._read_since_start: set[tuple[int, int, int]] = set()
+        self.adopted_s: float | None = None  # seconds from start until every running run was read once
 
     # ============================================================ driving
 
@@ -174,6 +179,7 @@ class Loop:
         running = {j.id: j for j in await self.store.jobs(statuses=[JobStatus.RUNNING], deleted=True)}
         observed = self.executor.observations()
         held = [r for r in await self.store.runs(held=True) if r.job in running]
+        self._adopting(held, observed)
         if not running:
             return
         now = self.clock()
@@ -298,6 +304,21 @@ class Loop:
         except Conflict:
             return
         self._poke()
+
+    def _adopting(self, held: Sequence[Run], observed: dict[str, list[tuple[Run, RunStatus]]]) -> None:
+        """Once after a start: when every run that was running has been read from its node (or has ended),
+        log how long that took and keep it in `adopted_s` (bench/recovery.py measures it)."""
+        if self.adopted_s is not None:
+            return
+        self._read_since_start.update((r.job, r.attempt, r.rank) for pairs in observed.values() for r, _ in pairs)
+        waiting = [
+            r for r in held if r.state in READ_STATES and (r.job, r.attempt, r.rank) not in self._read_since_start
+        ]
+        if waiting:
+            return
+        self.adopted_s = time.monotonic() - self._started
+        count, nodes = len(self._read_since_start), len({r.node for r in held if r.state in READ_STATES})
+        log.info("adopted %d running run(s) on %d node(s) %.2fs after start", count, nodes, self.adopted_s)
 
     # ============================================================ 3. expire
 

@@ -56,6 +56,10 @@ async def running(loaded: LoadedConfig) -> AsyncIterator[tuple[Scheduler, ApiCli
         await asyncio.wait_for(task, WAIT)
 
 
+async def _async(value: T) -> T:
+    return value
+
+
 def job(name: str, command: str, **fields: Any) -> dict[str, Any]:
     return {"name": name, "command": command, **fields}
 
@@ -260,7 +264,8 @@ async def test_one_scheduler_per_state_dir_and_jobs_survive_its_restart(sshd_clu
         await until(client, submitted["id"], lambda j: j["status"] == "running", "running")
     # the scheduler is down; the run goes on on its node, and the next scheduler reads it back
     await asyncio.sleep(2.5)
-    async with running(loaded) as (_, client):
+    async with running(loaded) as (scheduler, client):
+        assert await poll(lambda: _async(scheduler.loop.adopted_s), lambda s: s is not None, "adoption") < WAIT
         shown = await finished(client, submitted["id"])
         assert shown["status"] == "succeeded"
         assert "survived" in await log_of(client, submitted["id"])
