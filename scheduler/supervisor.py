@@ -361,7 +361,7 @@ def start(params):
         lock = None
     existing = _read_json(status_path)
     if existing is not None:
-        return {"started": False, "run_dir": run_dir, "status": _observe(existing)}
+        return {"started": False, "run_dir": run_dir, "status": _observe(existing, status_path)}
     _prepare(run_dir, params)
     pid = os.fork()
     if pid == 0:  # first child: new session, fork again so the supervisor is not a session leader
@@ -389,7 +389,7 @@ def start(params):
     while status.get("state") == "starting" and time.time() < deadline:
         time.sleep(0.01)
         status = _read_json(status_path) or {}
-    return {"started": True, "run_dir": run_dir, "status": _observe(status)}
+    return {"started": True, "run_dir": run_dir, "status": _observe(status, status_path)}
 
 
 _STARTING = {"state": "starting", "stop_requested": None}
@@ -417,21 +417,35 @@ def _detach_stdio():
 # -- status and stop -------------------------------------------------------------------------------------------
 
 
-def _observe(status):
-    """The status with what is true now: "lost" or "orphaned" when its supervisor is gone (see Liveness)."""
+def _observe(status, path):
+    """The status with what is true now: "lost" or "orphaned" when its supervisor is gone (see Liveness).
+
+    The supervisor writes its end before it exits, so once it is seen gone, status.json is read again: a run
+    that ended between the first read and the look at its supervisor reads as ended, never as lost."""
     if status.get("state") not in ("starting", "running"):
         return status
     if "supervisor_start" not in status:  # written by an earlier ftconsole: the pid is all there is
-        return status if _alive_legacy(status.get("supervisor_pid")) else dict(status, state="lost")
+        if _alive_legacy(status.get("supervisor_pid")):
+            return status
+        return _ended(path) or dict(status, state="lost")
     boot = status.get("boot_id")
     if boot != boot_id():
         return dict(status, state="lost", error="the node rebooted since the run started")
     if _alive(status.get("supervisor_pid"), status.get("supervisor_start"), boot):
         return status
+    ended = _ended(path)
+    if ended is not None:
+        return ended
     left = _group(status.get("pgid"), status.get("pid_start"), boot)
     if left:
         return dict(status, state="orphaned", orphans=left, error="its supervisor died; its processes still run")
     return dict(status, state="lost", error="its supervisor died without recording an end")
+
+
+def _ended(path):
+    """status.json read again, if it now records an end."""
+    again = _read_json(path)
+    return again if again is not None and again.get("state") not in ("starting", "running") else None
 
 
 def _alive_legacy(pid):
@@ -469,7 +483,7 @@ def runs(params):
                 status = {"state": "foreign", "error": "the run folder holds another attempt's run (token %s)"
                           % status.get("token")}  # fmt: skip
             else:
-                status = _with_output(run_dir, _observe(status))
+                status = _with_output(run_dir, _observe(status, os.path.join(run_dir, STATUS)))
             parts = run_dir.rstrip("/").split("/")
             out.append({"run_dir": given, "job": parts[-3], "attempt": parts[-2], "rank": parts[-1], "status": status})
         return {"runs": out}
@@ -488,7 +502,7 @@ def runs(params):
                 run_dir = os.path.join(attempt_dir, rank)
                 status = _read_json(os.path.join(run_dir, STATUS))
                 if status is not None:
-                    status = _with_output(run_dir, _observe(status))
+                    status = _with_output(run_dir, _observe(status, os.path.join(run_dir, STATUS)))
                     out.append({"job": job, "attempt": attempt, "rank": rank, "status": status})
     return {"root": root, "runs": out}
 
@@ -508,7 +522,7 @@ def stop(params):
         if tokens.get(given) is not None and status.get("token") != tokens[given]:
             out.append({"run_dir": given, "signalled": False, "alive": False, "reason": "another attempt's run"})
             continue
-        seen = _observe(status)
+        seen = _observe(status, status_path)
         if seen["state"] in ("starting", "running") and not params.get("force"):
             os.kill(status["supervisor_pid"], signal.SIGTERM)
             out.append({"run_dir": given, "signalled": True, "alive": True})
