@@ -19,6 +19,7 @@ import contextlib
 import fcntl
 import getpass
 import json
+import logging
 import os
 import random
 import shlex
@@ -32,6 +33,8 @@ import asyncssh
 
 from scheduler.config import LoadedConfig, Node, SSHSettings
 from scheduler.errors import AuthError, CommandTimeout, FtError, HostKeyError, SSHError, UnreachableError
+
+log = logging.getLogger("ftconsole.ssh")
 
 BACKOFF_BASE_S = 1.0
 BACKOFF_MAX_S = 60.0
@@ -374,7 +377,8 @@ async def run_on_all(
 ) -> dict[str, T | FtError]:
     """Run `action` on every node concurrently (at most `limit` at once); collect results or our errors.
 
-    A node that hangs costs its own timeout, not the others'."""
+    A node that hangs costs its own timeout, not the others'; an unexpected error on one node (a bug, a reply
+    nobody foresaw) is that node's result, as an `FtError` naming it, never the whole fan-out's."""
     slots = asyncio.Semaphore(limit)
 
     async def one(node: Node) -> tuple[str, T | FtError]:
@@ -383,6 +387,9 @@ async def run_on_all(
                 return node.name, await action(node)
             except FtError as exc:
                 return node.name, exc
+            except Exception as exc:
+                log.exception("%s: unexpected error", node.name)
+                return node.name, FtError(f"{node.name}: unexpected {type(exc).__name__}: {exc}")
 
     pairs = await asyncio.gather(*(one(n) for n in nodes))
     return dict(pairs)
