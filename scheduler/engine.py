@@ -31,10 +31,11 @@ from scheduler.jobs import (
     StopReason,
 )
 from scheduler.jobspec import Access, JobSpec
+from scheduler.jobtx import Conflict
 from scheduler.loop import Loop, request_stop
+from scheduler.records import JobActivity, StoredAlert, StoredEvent
 from scheduler.requests import job_request
 from scheduler.service import ClusterService, NodeView, ProbeOutcome
-from scheduler.store import Conflict, JobActivity, StoredAlert, StoredEvent
 
 log = logging.getLogger("ftconsole.scheduler")
 
@@ -395,7 +396,7 @@ class Scheduler:
         """output.log of one rank, as text chunks; with `follow`, until the run ends."""
         job = await self._job(caller, job_id, "read the logs of", write=False)
         run = await self._log_run(job, rank, attempt)
-        node = self._nodes[run.node]
+        node = self._node_of(run)
         path = f"{run.run_dir}/output.log"
         offset = 0
         if tail is not None:
@@ -438,6 +439,12 @@ class Scheduler:
             )
         return run
 
+    def _node_of(self, run: Run) -> Node:
+        node = self._nodes.get(run.node)
+        if node is None:
+            raise NotFound(f"rank {run.rank} ran on {run.node}, which is no longer in the cluster config")
+        return node
+
     async def _log_read(self, node: Node, path: str, offset: int) -> bytes:
         script = 'test -e "$2" || exit 3; tail -c +"$1" "$2" | head -c "$3" | base64'
         result = await self.transport.run(node, ["sh", "-c", script, "sh", str(offset + 1), path, str(LOG_CHUNK)])
@@ -457,7 +464,7 @@ class Scheduler:
             'cd "$1" 2>/dev/null || exit 3; for f in argv.json env.json hostfile; do '
             'if [ -e "$f" ]; then base64 < "$f" | tr -d "\\n"; fi; echo; done'
         )
-        result = await self.transport.run(self._nodes[run.node], ["sh", "-c", script, "sh", run.run_dir])
+        result = await self.transport.run(self._node_of(run), ["sh", "-c", script, "sh", run.run_dir])
         if result.exit_status == 3:
             raise NotFound(f"job {job.id} rank {run.rank}: no run folder {run.run_dir} on {run.node}")
         if not result.ok:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from scheduler.config import LoadedConfig, load_config
+from scheduler.errors import NotFound
 from scheduler.jobs import Job, JobStatus
 from scheduler.jobspec import JobSpec
 from scheduler.store import Store
@@ -115,6 +116,8 @@ async def test_a_node_gone_from_the_config_fails_its_jobs_alone(sshd_cluster, tm
         shown = await finished(client, on_two["id"])
         assert shown["status"] == "error"
         assert "node node02 is no longer in the cluster config" in shown["message"]
+        with pytest.raises(NotFound, match="ran on node02, which is no longer in the cluster config"):
+            await log_of(client, on_two["id"])
         other = await client.call("submit", spec=job("other", "true"))
         assert (await finished(client, other["id"]))["status"] == "succeeded"
     assert pid_alive(pid)  # nothing could reach it: it is the operator's to clean up (docs/operations.md)
