@@ -9,10 +9,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from scheduler.launcher import NodeAssignment
+
+class NodeAssignment(Protocol):
+    """What these functions read of a node of the attempt (`scheduler.launcher.NodeAssignment`)."""
+
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def gpus(self) -> tuple[int, ...]: ...
 
 DEEPSPEED_ENV = "deepspeed_env"  # DeepSpeed's env file in a run folder (DS_ENV_FILE); ".N" for batch task N
 _DS_PLAIN = re.compile(r"[\w@%+=:,./-]*")  # a value DeepSpeed's runner leaves unquoted
