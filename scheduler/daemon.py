@@ -25,8 +25,9 @@ from scheduler.engine import Scheduler
 from scheduler.errors import UsageError
 from scheduler.jobs import Job, JobStatus
 from scheduler.lock import StateLock
+from scheduler.records import JobActivity
 from scheduler.service import ClusterService
-from scheduler.store import ALERT_STATES, JobActivity
+from scheduler.store import ALERT_STATES
 
 log = logging.getLogger("ftconsole.daemon")
 

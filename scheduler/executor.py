@@ -24,11 +24,11 @@ from scheduler.errors import FtError, SSHError
 from scheduler.failpoints import afailpoint
 from scheduler.jobplan import JobLaunch, plan_job
 from scheduler.jobs import Attempt, Job, Run
+from scheduler.jobtx import Conflict
 from scheduler.launcher import LaunchInput, NodeAssignment, RankLaunch
 from scheduler.reconcile import READ_STATES, Actions, Launch, Read, Stop
 from scheduler.runs import RunStatus, free_port, node_runs, prepare_run, run_states, start_run, stop_runs
 from scheduler.service import ClusterService
-from scheduler.store import Conflict
 
 log = logging.getLogger("ftconsole.scheduler")
 

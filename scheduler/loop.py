@@ -49,11 +49,11 @@ from scheduler.jobs import (
     expired,
     settle,
 )
+from scheduler.jobtx import Conflict, JobTx
 from scheduler.reconcile import READ_STATES, Actions, Snapshot, reconcile
 from scheduler.requests import job_request, node_slot
 from scheduler.runs import RunStatus
 from scheduler.service import ClusterService
-from scheduler.store import Conflict, JobTx
 
 log = logging.getLogger("ftconsole.scheduler")
 

@@ -17,8 +17,9 @@ from probes.results import ProbeReport
 from scheduler.config import LoadedConfig, Node, expand_nodeset
 from scheduler.errors import NotFound, UsageError
 from scheduler.probing import ProbeFailure, sweep
+from scheduler.records import AutoResolve, NewAlert, StoredEvent, StoredProbe
 from scheduler.ssh import SSHPool, Transport
-from scheduler.store import STORE_FILE, AutoResolve, NewAlert, Store, StoredEvent, StoredProbe
+from scheduler.store import STORE_FILE, Store
 
 STALE_AFTER_INTERVALS = 3
 

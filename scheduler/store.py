@@ -3,184 +3,52 @@
 Every change of a node's state is written in one transaction with the events that explain it, before
 anything acts on it: after a crash the store is the truth. Migrations are an append-only list of SQL
 scripts; a store newer than this program is refused rather than guessed at.
+
+The schema and its migrations are in `scheduler.schema`, the records and their row mappings in
+`scheduler.records`, the writes of a jobs transaction (and the alert writes) in `scheduler.jobtx`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Collection, Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import aiosqlite
 
-from probes.health import NodeEvent, NodeHealth, NodeState
+from probes.health import NodeEvent, NodeHealth
 from scheduler.errors import NotFound, StoreError, UsageError
-from scheduler.jobs import Attempt, Job, JobStatus, Run, StopReason
+from scheduler.jobs import Attempt, Job, JobStatus, Run
 from scheduler.jobspec import JobSpec
-
-MIGRATIONS: tuple[str, ...] = (
-    # 1: nodes, probe results, events
-    """
-    CREATE TABLE nodes (
-        name        TEXT PRIMARY KEY,
-        health      TEXT NOT NULL,
-        reasons     TEXT NOT NULL,          -- JSON list
-        since       REAL,
-        admin       TEXT,                   -- drained | isolated | NULL
-        admin_reason TEXT NOT NULL DEFAULT '',
-        admin_since REAL,
-        admin_by    TEXT NOT NULL DEFAULT '',
-        pending     TEXT,
-        good_streak INTEGER NOT NULL DEFAULT 0,
-        boot_id     TEXT,
-        last_probe  REAL
-    );
-    CREATE TABLE probe_results (
-        id          INTEGER PRIMARY KEY,
-        node        TEXT NOT NULL,
-        time        REAL NOT NULL,
-        error       TEXT,                   -- why there is no report
-        report      TEXT                    -- JSON (ProbeReport.to_json)
-    );
-    CREATE INDEX probe_results_node_time ON probe_results (node, time);
-    CREATE TABLE events (
-        id          INTEGER PRIMARY KEY,
-        time        REAL NOT NULL,
-        kind        TEXT NOT NULL,
-        node        TEXT,
-        job         TEXT,
-        message     TEXT NOT NULL,
-        data        TEXT NOT NULL DEFAULT '{}'
-    );
-    CREATE INDEX events_node ON events (node, id);
-    CREATE INDEX events_job ON events (job, id);
-    """,
-    # 2: jobs, their attempts, the runs (one per rank: node, GPUs, run folder, state), alerts
-    """
-    CREATE TABLE jobs (
-        id          INTEGER PRIMARY KEY AUTOINCREMENT,   -- never reused, even after delete
-        name        TEXT NOT NULL,
-        owner       TEXT NOT NULL,
-        uid         INTEGER NOT NULL,
-        spec        TEXT NOT NULL,          -- JSON (JobSpec.to_json)
-        status      TEXT NOT NULL,          -- queued | running | error | stopped | expired | succeeded
-        priority    TEXT NOT NULL,          -- normal | urgent | very-urgent (changeable while queued)
-        project     TEXT NOT NULL,
-        access      TEXT NOT NULL,
-        submitted   REAL NOT NULL,
-        started     REAL,
-        ended       REAL,
-        attempt     INTEGER NOT NULL DEFAULT 0,
-        requeued    INTEGER NOT NULL DEFAULT 0,
-        extra_runtime REAL NOT NULL DEFAULT 0,
-        stop_requested REAL,
-        stop_reason TEXT,                   -- stopped | expired | error
-        stop_by     TEXT,
-        message     TEXT NOT NULL DEFAULT '',
-        exit_code   INTEGER,
-        deleted     INTEGER NOT NULL DEFAULT 0,
-        cloned_from INTEGER
-    );
-    CREATE INDEX jobs_status ON jobs (status);
-    CREATE TABLE attempts (
-        job         INTEGER NOT NULL REFERENCES jobs (id),
-        number      INTEGER NOT NULL,
-        spec_name   TEXT,
-        gpus_per_node INTEGER NOT NULL,
-        master_port INTEGER NOT NULL,
-        created     REAL NOT NULL,
-        started     REAL,
-        ended       REAL,
-        result      TEXT,
-        message     TEXT NOT NULL DEFAULT '',
-        PRIMARY KEY (job, number)
-    );
-    CREATE TABLE runs (
-        job         INTEGER NOT NULL,
-        attempt     INTEGER NOT NULL,
-        rank        INTEGER NOT NULL,
-        node        TEXT NOT NULL,
-        gpus        TEXT NOT NULL,          -- JSON list of GPU indexes held
-        run_dir     TEXT NOT NULL,
-        launch      INTEGER NOT NULL,
-        state       TEXT NOT NULL,          -- intent | prepared | starting | running | exited | failed | lost | absent
-        pid         INTEGER,
-        exit_code   INTEGER,
-        signal      TEXT,
-        started     REAL,
-        ended       REAL,
-        error       TEXT,
-        stop_sent   REAL,
-        released    INTEGER NOT NULL DEFAULT 0,   -- 1: its GPUs are free again
-        PRIMARY KEY (job, attempt, rank),
-        FOREIGN KEY (job, attempt) REFERENCES attempts (job, number)
-    );
-    CREATE INDEX runs_held ON runs (released, node);
-    CREATE TABLE alerts (
-        id          INTEGER PRIMARY KEY,
-        time        REAL NOT NULL,
-        kind        TEXT NOT NULL,
-        severity    TEXT NOT NULL,
-        job         INTEGER,
-        node        TEXT,
-        message     TEXT NOT NULL,
-        state       TEXT NOT NULL DEFAULT 'open',   -- open | acknowledged | resolved
-        acked_by    TEXT,
-        acked_at    REAL,
-        resolved_at REAL,
-        data        TEXT NOT NULL DEFAULT '{}'
-    );
-    CREATE INDEX alerts_state ON alerts (state, id);
-    """,
-    # 3: who resolved an alert; a run's output heartbeat; a job's last change (the incremental job feed);
-    #    how often each node failed (kept with its events, counted from the history so far)
-    """
-    ALTER TABLE alerts ADD COLUMN resolved_by TEXT;
-    CREATE INDEX alerts_job ON alerts (job, state);
-    CREATE INDEX alerts_node ON alerts (node, state);
-    ALTER TABLE runs ADD COLUMN output_at REAL;             -- mtime of output.log when last read
-    ALTER TABLE jobs ADD COLUMN updated REAL NOT NULL DEFAULT 0;
-    UPDATE jobs SET updated = MAX(submitted, COALESCE(started, 0), COALESCE(ended, 0), COALESCE(stop_requested, 0));
-    CREATE INDEX jobs_updated ON jobs (updated);
-    ALTER TABLE nodes ADD COLUMN faults INTEGER NOT NULL DEFAULT 0;
-    UPDATE nodes SET faults = (
-        SELECT COUNT(*) FROM events e WHERE e.node = nodes.name AND (e.kind = 'isolated'
-            OR (e.kind = 'state-changed' AND json_extract(e.data, '$.to') IN ('unhealthy', 'unreachable')))
-    );
-    """,
-    # 4: an elastic job's size once scaled (NULL: the spec's `nodes`)
-    """
-    ALTER TABLE jobs ADD COLUMN scaled_to INTEGER;
-    """,
-    # 5: run identity: the store's cluster id (run folders are <run_root>/<cluster id>/...), each attempt's
-    #    token (the claim of its run folders), and what proves a run alive (boot id, pid start times); when the
-    #    scheduler escalated a stop to SIGKILL
-    """
-    CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-    INSERT INTO meta (key, value) VALUES ('cluster_id', lower(hex(randomblob(6))));
-    ALTER TABLE attempts ADD COLUMN token TEXT;             -- NULL: an attempt started before schema 5
-    ALTER TABLE runs ADD COLUMN boot_id TEXT;
-    ALTER TABLE runs ADD COLUMN supervisor_pid INTEGER;
-    ALTER TABLE runs ADD COLUMN supervisor_start INTEGER;   -- clock ticks since boot (/proc/<pid>/stat 22)
-    ALTER TABLE runs ADD COLUMN pid_start INTEGER;
-    ALTER TABLE runs ADD COLUMN kill_sent REAL;
-    """,
+from scheduler.jobtx import Conflict as Conflict  # raised by the store's conditional writes: part of its API
+from scheduler.jobtx import JobTx, _auto_resolve, _insert_alert
+from scheduler.records import (
+    _UPSERT_NODE,
+    AutoResolve,
+    JobActivity,
+    NewAlert,
+    StoredAlert,
+    StoredEvent,
+    StoredProbe,
+    _alert_from_row,
+    _attempt_from_row,
+    _health_from_row,
+    _health_row,
+    _job_from_row,
+    _run_from_row,
 )
-SCHEMA_VERSION = len(MIGRATIONS)
+from scheduler.schema import MIGRATIONS, SCHEMA_VERSION
+
 STORE_FILE = "state.db"  # in state_dir
 PROBE_HISTORY_PER_NODE = 50
 ALERT_STATES = ("open", "acknowledged", "resolved")
 OPEN_ALERT_STATES = ("open", "acknowledged")
 FAULT_STATES = ("unhealthy", "unreachable")  # a node event into one of these (or `isolated`) counts as a fault
-AUTO = "ftconsole"  # who resolves the alerts that resolve themselves
 
 
 def read_cluster_id(path: Path) -> str | None:
@@ -194,28 +62,6 @@ def read_cluster_id(path: Path) -> str | None:
     except sqlite3.Error:
         return None
     return str(row[0]) if row else None
-
-
-@dataclass(frozen=True)
-class StoredEvent:
-    id: int
-    time: float
-    kind: str
-    node: str | None
-    job: str | None
-    message: str
-    data: dict[str, Any]
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-@dataclass(frozen=True)
-class StoredProbe:
-    node: str
-    time: float
-    error: str | None
-    report: dict[str, Any] | None
 
 
 class Store:
@@ -575,291 +421,6 @@ class Store:
             return {name: faults async for name, faults in cur}
 
 
-@dataclass(frozen=True)
-class StoredAlert:
-    id: int
-    time: float
-    kind: str
-    severity: str
-    job: int | None
-    node: str | None
-    message: str
-    state: str  # open | acknowledged | resolved
-    acked_by: str | None
-    acked_at: float | None
-    resolved_at: float | None
-    resolved_by: str | None
-    data: dict[str, Any]
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-@dataclass(frozen=True)
-class NewAlert:
-    """An alert to raise about a job or a node."""
-
-    time: float
-    kind: str  # job_failed | node_unhealthy | node_unreachable | host_key
-    severity: str  # error | critical
-    message: str
-    job: int | None = None
-    node: str | None = None
-
-
-@dataclass(frozen=True)
-class AutoResolve:
-    """Resolve, as ftconsole, a node's open and acknowledged alerts of one kind; `why` goes in the event."""
-
-    time: float
-    node: str
-    kind: str
-    why: str
-
-
-@dataclass(frozen=True)
-class JobActivity:
-    """What a job listing shows beyond the job row (`Store.job_activity`)."""
-
-    last_output: float | None = None  # the latest output.log mtime over the current attempt's runs
-    open_alerts: int = 0  # open and acknowledged alerts about the job
-    node_names: tuple[str, ...] = ()  # the current attempt's nodes, in rank order, each once
-
-    def to_json(self) -> dict[str, Any]:
-        return {"last_output": self.last_output, "open_alerts": self.open_alerts, "node_names": list(self.node_names)}
-
-
-class Conflict(StoreError):
-    """A conditional write found the row changed since it was read (e.g. a job stopped while being placed)."""
-
-    title = "conflict"
-
-
-_JOB_COLUMNS = frozenset(
-    {
-        "status",
-        "priority",
-        "started",
-        "ended",
-        "attempt",
-        "requeued",
-        "extra_runtime",
-        "stop_requested",
-        "stop_reason",
-        "stop_by",
-        "message",
-        "exit_code",
-        "deleted",
-        "scaled_to",
-    }
-)
-_ATTEMPT_COLUMNS = frozenset({"started", "ended", "result", "message", "master_port"})
-_RUN_COLUMNS = frozenset(
-    {
-        "state",
-        "pid",
-        "exit_code",
-        "signal",
-        "started",
-        "ended",
-        "error",
-        "stop_sent",
-        "released",
-        "run_dir",
-        "output_at",
-        "boot_id",
-        "supervisor_pid",
-        "supervisor_start",
-        "pid_start",
-        "kill_sent",
-    }
-)
-
-
-class JobTx:
-    """The writes of one jobs transaction (see `Store.jobs_tx`). Each write that concerns a job (its row, its
-    attempts, runs and alerts) sets the job's `updated` to `stamp`, so the job feed (`jobs_changed`) sees it."""
-
-    def __init__(self, db: aiosqlite.Connection, stamp: float) -> None:
-        self._db = db
-        self.stamp = stamp
-        self._touched: set[int] = set()
-
-    async def _touch(self, job_id: int) -> None:
-        if job_id not in self._touched:
-            await self._db.execute("UPDATE jobs SET updated = ? WHERE id = ?", (self.stamp, job_id))
-            self._touched.add(job_id)
-
-    async def add_job(self, job: Job) -> int:
-        cur = await self._db.execute(
-            "INSERT INTO jobs (name, owner, uid, spec, status, priority, project, access, submitted, cloned_from, "
-            "updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                job.name,
-                job.owner,
-                job.uid,
-                json.dumps(job.spec.to_json()),
-                job.status.value,
-                job.priority,
-                job.project,
-                job.access,
-                job.submitted,
-                job.cloned_from,
-                self.stamp,
-            ),
-        )
-        assert cur.lastrowid is not None
-        self._touched.add(cur.lastrowid)
-        return cur.lastrowid
-
-    async def update_job(self, job_id: int, *, expect: Iterable[JobStatus] | None = None, **fields: Any) -> None:
-        """Set columns of a job; with `expect`, only while its status is one of those (else `Conflict`)."""
-        sql, args = _set_clause("jobs", _JOB_COLUMNS, fields)
-        sql += ", updated = ? WHERE id = ?"
-        args.extend([self.stamp, job_id])
-        if expect is not None:
-            wanted = [s.value for s in expect]
-            sql += f" AND status IN ({','.join('?' * len(wanted))})"
-            args.extend(wanted)
-        cur = await self._db.execute(sql, args)
-        if cur.rowcount != 1:
-            raise Conflict(f"job {job_id} changed meanwhile (expected status {', '.join(map(str, expect or ()))})")
-        self._touched.add(job_id)
-
-    async def add_attempt(self, attempt: Attempt, runs: Iterable[Run]) -> None:
-        await self._db.execute(
-            "INSERT INTO attempts (job, number, spec_name, gpus_per_node, master_port, created, token) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (
-                attempt.job,
-                attempt.number,
-                attempt.spec_name,
-                attempt.gpus_per_node,
-                attempt.master_port,
-                attempt.created,
-                attempt.token,
-            ),
-        )
-        for r in runs:
-            await self._db.execute(
-                "INSERT INTO runs (job, attempt, rank, node, gpus, run_dir, launch, state) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (r.job, r.attempt, r.rank, r.node, json.dumps(list(r.gpus)), r.run_dir, int(r.launch), r.state),
-            )
-        await self._touch(attempt.job)
-
-    async def update_attempt(self, job_id: int, number: int, **fields: Any) -> None:
-        sql, args = _set_clause("attempts", _ATTEMPT_COLUMNS, fields)
-        await self._db.execute(sql + " WHERE job = ? AND number = ?", (*args, job_id, number))
-        await self._touch(job_id)
-
-    async def update_run(self, run: Run, **fields: Any) -> None:
-        sql, args = _set_clause("runs", _RUN_COLUMNS, fields)
-        await self._db.execute(
-            sql + " WHERE job = ? AND attempt = ? AND rank = ?", (*args, run.job, run.attempt, run.rank)
-        )
-        await self._touch(run.job)
-
-    async def release_runs(self, job_id: int, *, attempt: int | None = None) -> None:
-        """Free the GPUs of a job's runs: every attempt's, or one attempt's (an elastic job's resized one)."""
-        if attempt is None:
-            await self._db.execute("UPDATE runs SET released = 1 WHERE job = ?", (job_id,))
-        else:
-            await self._db.execute("UPDATE runs SET released = 1 WHERE job = ? AND attempt = ?", (job_id, attempt))
-        await self._touch(job_id)
-
-    async def event(
-        self,
-        time: float,
-        kind: str,
-        message: str,
-        *,
-        job: int | None = None,
-        node: str | None = None,
-        data: dict[str, Any] | None = None,
-    ) -> None:
-        await self._db.execute(
-            "INSERT INTO events (time, kind, node, job, message, data) VALUES (?, ?, ?, ?, ?, ?)",
-            (time, kind, node, None if job is None else str(job), message, json.dumps(data or {})),
-        )
-
-    async def alert(
-        self, time: float, kind: str, severity: str, message: str, *, job: int | None = None, node: str | None = None
-    ) -> None:
-        await _insert_alert(self._db, NewAlert(time, kind, severity, message, job=job, node=node), once=False)
-        if job is not None:
-            await self._touch(job)
-
-    async def set_alert_state(self, alert_id: int, state: str, *, by: str, now: float) -> bool:
-        """Acknowledge (an open alert) or resolve (an open or acknowledged one), with an event; False when it
-        was already so (nothing written)."""
-        changed = await _set_alert_state(self._db, alert_id, state, by=by, now=now)
-        if changed is not None and changed.job is not None:
-            await self._touch(changed.job)
-        return changed is not None
-
-
-async def _insert_alert(db: aiosqlite.Connection, alert: NewAlert, *, once: bool) -> None:
-    """Insert an alert; with `once`, only when none of its kind is open or acknowledged for its node or job."""
-    values: list[Any] = [alert.time, alert.kind, alert.severity, alert.job, alert.node, alert.message]
-    sql = "INSERT INTO alerts (time, kind, severity, job, node, message) SELECT ?, ?, ?, ?, ?, ?"
-    if once:
-        sql += (
-            " WHERE NOT EXISTS (SELECT 1 FROM alerts WHERE kind = ? AND node IS ? AND job IS ?"
-            " AND state IN ('open', 'acknowledged'))"
-        )
-        values += [alert.kind, alert.node, alert.job]
-    await db.execute(sql, values)
-
-
-_ALERT_EVENT = {"acknowledged": "alert-acknowledged", "resolved": "alert-resolved"}
-
-
-async def _set_alert_state(
-    db: aiosqlite.Connection, alert_id: int, state: str, *, by: str, now: float, why: str = ""
-) -> StoredAlert | None:
-    """Move one alert to acknowledged or resolved, with its event; the alert as it was, or None if no change."""
-    if state == "acknowledged":
-        sql = "UPDATE alerts SET state = ?, acked_by = ?, acked_at = ? WHERE id = ? AND state = 'open'"
-    elif state == "resolved":
-        sql = (
-            "UPDATE alerts SET state = ?, resolved_by = ?, resolved_at = ? WHERE id = ?"
-            " AND state IN ('open', 'acknowledged')"
-        )
-    else:
-        raise ValueError(f"cannot set an alert to {state!r}")
-    async with db.execute("SELECT * FROM alerts WHERE id = ?", (alert_id,)) as cur:
-        row = await cur.fetchone()
-    if row is None:
-        return None
-    cur = await db.execute(sql, (state, by, now, alert_id))
-    if cur.rowcount != 1:
-        return None
-    alert = _alert_from_row(row)
-    what = f"job {alert.job}" if alert.job is not None else alert.node
-    message = f"alert {alert.id} ({alert.kind}, {what}) {state} by {by}" + (f": {why}" if why else "")
-    await db.execute(
-        "INSERT INTO events (time, kind, node, job, message, data) VALUES (?, ?, ?, ?, ?, ?)",
-        (
-            now,
-            _ALERT_EVENT[state],
-            alert.node,
-            None if alert.job is None else str(alert.job),
-            message,
-            json.dumps({"alert": alert.id, "kind": alert.kind, "by": by}),
-        ),
-    )
-    return alert
-
-
-async def _auto_resolve(db: aiosqlite.Connection, r: AutoResolve) -> None:
-    sql = "SELECT id FROM alerts WHERE node = ? AND kind = ? AND state IN ('open', 'acknowledged') ORDER BY id"
-    async with db.execute(sql, (r.node, r.kind)) as cur:
-        ids = [row[0] for row in await cur.fetchall()]
-    for alert_id in ids:
-        await _set_alert_state(db, alert_id, "resolved", by=AUTO, now=r.time, why=r.why)
-
-
 def is_fault(kind: str, data: dict[str, Any]) -> bool:
     """A node event that counts as a fault: into unhealthy or unreachable, or isolated."""
     return kind == "isolated" or (kind == "state-changed" and data.get("to") in FAULT_STATES)
@@ -882,101 +443,3 @@ def _ids_filter(column: str, ids: Collection[int] | None) -> tuple[str, list[Any
 def _chunks(items: list[Any], size: int = 500) -> Iterator[list[Any]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
-
-
-def _set_clause(table: str, allowed: frozenset[str], fields: dict[str, Any]) -> tuple[str, list[Any]]:
-    unknown = set(fields) - allowed
-    if unknown or not fields:
-        raise ValueError(f"cannot set {sorted(unknown) or 'nothing'} on {table}")
-    args = [_column_value(v) for v in fields.values()]
-    return f"UPDATE {table} SET " + ", ".join(f"{k} = ?" for k in fields), args
-
-
-def _column_value(value: Any) -> Any:
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, Enum):
-        return value.value
-    return value
-
-
-R = TypeVar("R")
-
-
-def _record(cls: type[R], row: sqlite3.Row, **converted: Any) -> R:
-    """A record dataclass from a row: columns named like its fields, those needing conversion given."""
-    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    return cls(**{**{k: row[k] for k in names.intersection(row.keys())}, **converted})
-
-
-def _job_from_row(row: sqlite3.Row, spec: JobSpec) -> Job:
-    return _record(
-        Job,
-        row,
-        spec=spec,
-        status=JobStatus(row["status"]),
-        requeued=bool(row["requeued"]),
-        stop_reason=StopReason(row["stop_reason"]) if row["stop_reason"] else None,
-        deleted=bool(row["deleted"]),
-    )
-
-
-def _attempt_from_row(row: sqlite3.Row) -> Attempt:
-    return _record(Attempt, row)
-
-
-def _run_from_row(row: sqlite3.Row) -> Run:
-    return _record(
-        Run, row, gpus=tuple(json.loads(row["gpus"])), launch=bool(row["launch"]), released=bool(row["released"])
-    )
-
-
-def _alert_from_row(row: sqlite3.Row) -> StoredAlert:
-    return _record(StoredAlert, row, data=json.loads(row["data"]))
-
-
-_UPSERT_NODE = """
-INSERT INTO nodes (name, health, reasons, since, admin, admin_reason, admin_since, admin_by, pending,
-                   good_streak, boot_id, last_probe)
-VALUES (:name, :health, :reasons, :since, :admin, :admin_reason, :admin_since, :admin_by, :pending,
-        :good_streak, :boot_id, :last_probe)
-ON CONFLICT (name) DO UPDATE SET
-    health = excluded.health, reasons = excluded.reasons, since = excluded.since, admin = excluded.admin,
-    admin_reason = excluded.admin_reason, admin_since = excluded.admin_since, admin_by = excluded.admin_by,
-    pending = excluded.pending, good_streak = excluded.good_streak, boot_id = excluded.boot_id,
-    last_probe = excluded.last_probe
-"""
-
-
-def _health_row(h: NodeHealth) -> dict[str, Any]:
-    return {
-        "name": h.node,
-        "health": h.health.value,
-        "reasons": json.dumps(list(h.reasons)),
-        "since": h.since,
-        "admin": h.admin.value if h.admin else None,
-        "admin_reason": h.admin_reason,
-        "admin_since": h.admin_since,
-        "admin_by": h.admin_by,
-        "pending": h.pending.value if h.pending else None,
-        "good_streak": h.good_streak,
-        "boot_id": h.boot_id,
-        "last_probe": h.last_probe,
-    }
-
-
-def _health_from_row(row: sqlite3.Row) -> NodeHealth:
-    return NodeHealth(
-        node=row["name"],
-        health=NodeState(row["health"]),
-        reasons=tuple(json.loads(row["reasons"])),
-        since=row["since"],
-        admin=NodeState(row["admin"]) if row["admin"] else None,
-        admin_reason=row["admin_reason"],
-        admin_since=row["admin_since"],
-        admin_by=row["admin_by"],
-        pending=NodeState(row["pending"]) if row["pending"] else None,
-        good_streak=row["good_streak"],
-        boot_id=row["boot_id"],
-        last_probe=row["last_probe"],
-    )

@@ -15,8 +15,8 @@ import pytest
 from scheduler.api import ApiClient
 from scheduler.config import load_config
 from scheduler.errors import NotFound, UsageError
+from scheduler.records import NewAlert
 from scheduler.service import ClusterService
-from scheduler.store import NewAlert
 from tests.integration.test_scheduler_sshd import (
     WAIT,
     as_nobody,

@@ -14,7 +14,9 @@ from scheduler.engine import Scheduler
 from scheduler.errors import PermissionDenied
 from scheduler.jobs import AllRunning, Attempt, Finish, Job, JobStatus, Run, StopOthers, StopReason, expired, settle
 from scheduler.jobspec import JobSpec
-from scheduler.store import SCHEMA_VERSION, Conflict, Store
+from scheduler.jobtx import Conflict
+from scheduler.schema import SCHEMA_VERSION
+from scheduler.store import Store
 
 SPEC = JobSpec.from_json({"name": "train", "command": "python3 train.py", "max_runtime": 60})
 

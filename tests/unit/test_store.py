@@ -12,7 +12,9 @@ from probes.health import NodeEvent, NodeHealth, NodeState
 from scheduler import store as store_mod
 from scheduler.errors import StoreError
 from scheduler.jobspec import JobSpec
-from scheduler.store import SCHEMA_VERSION, Store, StoredProbe
+from scheduler.records import StoredProbe
+from scheduler.schema import SCHEMA_VERSION
+from scheduler.store import Store
 
 
 async def test_fresh_store_is_migrated_and_reopens(tmp_path: Path) -> None:

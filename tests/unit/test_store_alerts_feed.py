@@ -16,7 +16,8 @@ from scheduler import store as store_mod
 from scheduler.errors import NotFound, UsageError
 from scheduler.jobs import Attempt, Job, JobStatus, Run
 from scheduler.jobspec import JobSpec
-from scheduler.store import ALERT_STATES, AutoResolve, JobActivity, NewAlert, Store
+from scheduler.records import AutoResolve, JobActivity, NewAlert
+from scheduler.store import ALERT_STATES, Store
 
 SPEC = JobSpec.from_json({"name": "train", "command": "python3 train.py"})
 WAIT = 10.0

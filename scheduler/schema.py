@@ -1,0 +1,158 @@
+"""The state store's schema: the SQL scripts that build it, one per version (`PRAGMA user_version`).
+
+Migrations are append-only: a script once released is never edited; a change is a new script at the end, and
+`SCHEMA_VERSION` is their count. `Store.open` runs, in order, each script the store has not had, each in its own
+transaction, and refuses a store whose version is newer than this program's rather than guess at it.
+"""
+
+from __future__ import annotations
+
+MIGRATIONS: tuple[str, ...] = (
+    # 1: nodes, probe results, events
+    """
+    CREATE TABLE nodes (
+        name        TEXT PRIMARY KEY,
+        health      TEXT NOT NULL,
+        reasons     TEXT NOT NULL,          -- JSON list
+        since       REAL,
+        admin       TEXT,                   -- drained | isolated | NULL
+        admin_reason TEXT NOT NULL DEFAULT '',
+        admin_since REAL,
+        admin_by    TEXT NOT NULL DEFAULT '',
+        pending     TEXT,
+        good_streak INTEGER NOT NULL DEFAULT 0,
+        boot_id     TEXT,
+        last_probe  REAL
+    );
+    CREATE TABLE probe_results (
+        id          INTEGER PRIMARY KEY,
+        node        TEXT NOT NULL,
+        time        REAL NOT NULL,
+        error       TEXT,                   -- why there is no report
+        report      TEXT                    -- JSON (ProbeReport.to_json)
+    );
+    CREATE INDEX probe_results_node_time ON probe_results (node, time);
+    CREATE TABLE events (
+        id          INTEGER PRIMARY KEY,
+        time        REAL NOT NULL,
+        kind        TEXT NOT NULL,
+        node        TEXT,
+        job         TEXT,
+        message     TEXT NOT NULL,
+        data        TEXT NOT NULL DEFAULT '{}'
+    );
+    CREATE INDEX events_node ON events (node, id);
+    CREATE INDEX events_job ON events (job, id);
+    """,
+    # 2: jobs, their attempts, the runs (one per rank: node, GPUs, run folder, state), alerts
+    """
+    CREATE TABLE jobs (
+        id          INTEGER PRIMARY KEY AUTOINCREMENT,   -- never reused, even after delete
+        name        TEXT NOT NULL,
+        owner       TEXT NOT NULL,
+        uid         INTEGER NOT NULL,
+        spec        TEXT NOT NULL,          -- JSON (JobSpec.to_json)
+        status      TEXT NOT NULL,          -- queued | running | error | stopped | expired | succeeded
+        priority    TEXT NOT NULL,          -- normal | urgent | very-urgent (changeable while queued)
+        project     TEXT NOT NULL,
+        access      TEXT NOT NULL,
+        submitted   REAL NOT NULL,
+        started     REAL,
+        ended       REAL,
+        attempt     INTEGER NOT NULL DEFAULT 0,
+        requeued    INTEGER NOT NULL DEFAULT 0,
+        extra_runtime REAL NOT NULL DEFAULT 0,
+        stop_requested REAL,
+        stop_reason TEXT,                   -- stopped | expired | error
+        stop_by     TEXT,
+        message     TEXT NOT NULL DEFAULT '',
+        exit_code   INTEGER,
+        deleted     INTEGER NOT NULL DEFAULT 0,
+        cloned_from INTEGER
+    );
+    CREATE INDEX jobs_status ON jobs (status);
+    CREATE TABLE attempts (
+        job         INTEGER NOT NULL REFERENCES jobs (id),
+        number      INTEGER NOT NULL,
+        spec_name   TEXT,
+        gpus_per_node INTEGER NOT NULL,
+        master_port INTEGER NOT NULL,
+        created     REAL NOT NULL,
+        started     REAL,
+        ended       REAL,
+        result      TEXT,
+        message     TEXT NOT NULL DEFAULT '',
+        PRIMARY KEY (job, number)
+    );
+    CREATE TABLE runs (
+        job         INTEGER NOT NULL,
+        attempt     INTEGER NOT NULL,
+        rank        INTEGER NOT NULL,
+        node        TEXT NOT NULL,
+        gpus        TEXT NOT NULL,          -- JSON list of GPU indexes held
+        run_dir     TEXT NOT NULL,
+        launch      INTEGER NOT NULL,
+        state       TEXT NOT NULL,          -- intent | prepared | starting | running | exited | failed | lost | absent
+        pid         INTEGER,
+        exit_code   INTEGER,
+        signal      TEXT,
+        started     REAL,
+        ended       REAL,
+        error       TEXT,
+        stop_sent   REAL,
+        released    INTEGER NOT NULL DEFAULT 0,   -- 1: its GPUs are free again
+        PRIMARY KEY (job, attempt, rank),
+        FOREIGN KEY (job, attempt) REFERENCES attempts (job, number)
+    );
+    CREATE INDEX runs_held ON runs (released, node);
+    CREATE TABLE alerts (
+        id          INTEGER PRIMARY KEY,
+        time        REAL NOT NULL,
+        kind        TEXT NOT NULL,
+        severity    TEXT NOT NULL,
+        job         INTEGER,
+        node        TEXT,
+        message     TEXT NOT NULL,
+        state       TEXT NOT NULL DEFAULT 'open',   -- open | acknowledged | resolved
+        acked_by    TEXT,
+        acked_at    REAL,
+        resolved_at REAL,
+        data        TEXT NOT NULL DEFAULT '{}'
+    );
+    CREATE INDEX alerts_state ON alerts (state, id);
+    """,
+    # 3: who resolved an alert; a run's output heartbeat; a job's last change (the incremental job feed);
+    #    how often each node failed (kept with its events, counted from the history so far)
+    """
+    ALTER TABLE alerts ADD COLUMN resolved_by TEXT;
+    CREATE INDEX alerts_job ON alerts (job, state);
+    CREATE INDEX alerts_node ON alerts (node, state);
+    ALTER TABLE runs ADD COLUMN output_at REAL;             -- mtime of output.log when last read
+    ALTER TABLE jobs ADD COLUMN updated REAL NOT NULL DEFAULT 0;
+    UPDATE jobs SET updated = MAX(submitted, COALESCE(started, 0), COALESCE(ended, 0), COALESCE(stop_requested, 0));
+    CREATE INDEX jobs_updated ON jobs (updated);
+    ALTER TABLE nodes ADD COLUMN faults INTEGER NOT NULL DEFAULT 0;
+    UPDATE nodes SET faults = (
+        SELECT COUNT(*) FROM events e WHERE e.node = nodes.name AND (e.kind = 'isolated'
+            OR (e.kind = 'state-changed' AND json_extract(e.data, '$.to') IN ('unhealthy', 'unreachable')))
+    );
+    """,
+    # 4: an elastic job's size once scaled (NULL: the spec's `nodes`)
+    """
+    ALTER TABLE jobs ADD COLUMN scaled_to INTEGER;
+    """,
+    # 5: run identity: the store's cluster id (run folders are <run_root>/<cluster id>/...), each attempt's
+    #    token (the claim of its run folders), and what proves a run alive (boot id, pid start times); when the
+    #    scheduler escalated a stop to SIGKILL
+    """
+    CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    INSERT INTO meta (key, value) VALUES ('cluster_id', lower(hex(randomblob(6))));
+    ALTER TABLE attempts ADD COLUMN token TEXT;             -- NULL: an attempt started before schema 5
+    ALTER TABLE runs ADD COLUMN boot_id TEXT;
+    ALTER TABLE runs ADD COLUMN supervisor_pid INTEGER;
+    ALTER TABLE runs ADD COLUMN supervisor_start INTEGER;   -- clock ticks since boot (/proc/<pid>/stat 22)
+    ALTER TABLE runs ADD COLUMN pid_start INTEGER;
+    ALTER TABLE runs ADD COLUMN kill_sent REAL;
+    """,
+)
+SCHEMA_VERSION = len(MIGRATIONS)
