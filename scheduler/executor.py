@@ -67,8 +67,9 @@ class Executor:
         with another store never meets them (job ids restart at 1 in every store)."""
         return f"{self.settings.run_root.rstrip('/')}/{self.store.cluster_id}"
 
-    def carry_out(self, actions: Actions) -> None:
-        """Start the work `reconcile` asked for (what is still under way from an earlier tick is not doubled)."""
+    def carry_out(self, actions: Actions, *, sweep: bool = True) -> None:
+        """Start the work `reconcile` asked for (what is still under way from an earlier tick is not doubled),
+        and with `sweep` the sweeps of the nodes still to be swept."""
         for launch in actions.launch:
             self._spawn(("launch", launch.job, launch.attempt), self._launch(launch))
         stops: dict[str, list[Stop]] = defaultdict(list)
@@ -78,7 +79,7 @@ class Executor:
         for name in sorted(stops.keys() | reads.keys()):
             self._spawn(("node", name), self._tend(stops.get(name, []), reads.get(name)))
         now = self.clock()
-        for name in sorted(self._unswept & set(self.nodes)):
+        for name in sorted(self._unswept & set(self.nodes) if sweep else ()):
             if now - self._swept_at.get(name, -SWEEP_RETRY_S) >= SWEEP_RETRY_S:
                 self._swept_at[name] = now
                 self._spawn(("sweep", name), self._sweep(self.nodes[name]))

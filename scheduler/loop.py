@@ -77,18 +77,21 @@ class Loop:
         self._started = time.monotonic()
         self._read_since_start: set[tuple[int, int, int]] = set()
         self.adopted_s: float | None = None  # seconds from start until every running run was read once
+        self._first_probe: asyncio.Future[None] | None = None  # the first probe sweep, while `run` drives
 
     # ============================================================ driving
 
     async def run(self, stop: asyncio.Event, *, probe: bool = True) -> None:
-        """Tick until `stop` is set; probe the nodes every `probes.interval` alongside (first before placing)."""
+        """Tick until `stop` is set; probe the nodes every `probes.interval` alongside.
+
+        The runs already on the nodes are read from the first tick on; nothing is placed or resized before the
+        first probe sweep has said which nodes are healthy (or `probes.timeout` + 5 s have gone by)."""
         self.looping = True
+        self._started = time.monotonic()
         first: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         prober = asyncio.create_task(self._probe_loop(stop, first)) if probe else None
+        self._first_probe = first if probe else None
         try:
-            if prober is not None:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(first), timeout=self.config.probes.timeout + 5)
             while not stop.is_set():
                 await self.tick()
                 self.wake.clear()
@@ -130,13 +133,22 @@ class Loop:
 
     async def tick(self) -> None:
         """One pass of the control loop (see the module docstring); a step that fails does not stop the others."""
-        for step in (self._act, self._observe, self._expire, self._resize, self._place):
+        steps = [self._act, self._observe, self._expire]
+        if self._probed():
+            steps += [self._resize, self._place]
+        for step in steps:
             try:
                 await step()
             except FtError as exc:
                 log.warning("tick %s: %s", step.__name__.strip("_"), exc)
             except Exception:
                 log.exception("tick %s failed", step.__name__.strip("_"))
+
+    def _probed(self) -> bool:
+        """Placement may go on: the first probe sweep is done (or late), or no probe loop runs (a direct tick)."""
+        first = self._first_probe
+        late = time.monotonic() - self._started > self.config.probes.timeout + 5
+        return first is None or first.done() or late
 
     # ============================================================ 1. act
 
@@ -156,7 +168,9 @@ class Loop:
         actions = reconcile(snap)
         await afailpoint("tick.after_snapshot")
         await self._lose(actions, snap.now)
-        self.executor.carry_out(actions)
+        # nodes are swept for stray runs once the running ones are read back, so a restart reads them first
+        settled = self.adopted_s is not None or time.monotonic() - self._started > self.settings.node_timeout
+        self.executor.carry_out(actions, sweep=settled)
         await self.executor.wait()
 
     async def _lose(self, actions: Actions, now: float) -> None:

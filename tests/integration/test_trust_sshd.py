@@ -131,7 +131,7 @@ async def test_a_frozen_node_is_given_up_within_node_timeout_and_fenced_when_it_
     step wait for it. Its runs are lost after node_timeout, the job ends error with the reason, the other
     node's work goes on meanwhile; once it answers again, the run still there is killed (fencing)."""
     cluster: SshdCluster = sshd_cluster(2, gpus=1)
-    loaded = config(cluster, tmp_path, sock_dir, scheduler={"node_timeout": "3s"})
+    loaded = config(cluster, tmp_path, sock_dir, scheduler={"node_timeout": "5s"})
     async with running(loaded) as (_, client):
         two = await client.call("submit", spec=sleeper("two", mode="pytorch", nodes=2))
         await until(client, two["id"], lambda j: any(c["type"] == "Running" for c in j["conditions"]), "Running")
