@@ -52,6 +52,7 @@ bench: venv
 	$(PY) bench/placement.py
 	$(PY) bench/submit.py
 	$(PY) bench/console.py
+	$(PY) bench/recovery.py
 
 snapshots: venv  # after a deliberate change to the console's look; review the SVGs before committing
 	$(PY) -m pytest -q tests/unit/test_console_snapshots.py --snapshot-update

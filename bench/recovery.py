@@ -1,0 +1,436 @@
+"""Benchmark: re-adoption after a scheduler kill -9, and the cost of one tick with running jobs.
+
+    .venv/bin/python bench/recovery.py [--nodes 8,64] [--jobs 1,200] [--ticks 20]
+
+For each node count N it starts a lab cluster of N nodes (SSH servers in a separate process, run processes
+real and local) whose GPUs add up to the largest job count, so that with that many one-GPU jobs every node
+holds runs (8 nodes: 25 GPUs each; 64 nodes: 8 with 4 GPUs and 56 with 3). Then, with `ftconsole serve` as
+a subprocess (its own state_dir, `probes.interval` 300 s so no periodic probe runs during the measurements):
+
+1. Re-adoption, for each job count J (in increasing order): submit jobs (`sleep 3600`, single mode, one GPU)
+   through the API until J run, wait until every one is `running` with its attempt started (every rank read
+   `running`; TO RUNNING S: from the submits' end, polled each second), kill -9 the serve process and start
+   a new one at once. SCHEDULER S is the scheduler's own figure, its log line `adopted N running run(s) on M
+   node(s) X.XXs after start`: from the loop's creation (store and API open) to the end of the first tick
+   that has read every running run (the first probe sweep runs alongside; only placement waits for it).
+   FROM KILL S is the wall time from the kill to that line, which adds the new process's start
+   (interpreter, imports, config, store).
+2. With the largest J still running, the serve process is stopped (SIGTERM) and the scheduler runs in this
+   process on the same store (`ClusterService` + `Scheduler`, no API), for the breakdown of the adoption
+   figure: a cold probe sweep (connects included) and the first tick are timed, with the SSH commands of
+   that tick (a read per node with runs; the start-up sweep for runs to fence waits until they are back), and
+   whether its reads all came back within the tick's wait for them (`executor.ACT_WAIT_S`, 2 s).
+3. Then `--ticks` steady-state ticks (nothing changes), each timed with `time.process_time()` (CPU of this
+   process, user + system) and `time.perf_counter()`, and each SSH command counted (a wrapper around
+   `transport.run`). LAST ANSWER MS: from the tick's start to the last answer of its commands (the part of
+   the wall time spent on the nodes). Commands still under way when a tick returns (LATE: ticks where any
+   were) are waited for before the next tick; that wait is counted in CPU MS and ANSWERED MS, not WALL MS.
+
+Everything it starts is stopped at the end: the serve process, the lab (`lab down` kills every process of
+its nodes), and any `sleep 3600` of this lab still left (it says so if it had to).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import yaml  # noqa: E402
+
+from ftconsole.format import print_table  # noqa: E402
+from ftconsole.lab import lab_down, lab_up  # noqa: E402
+from scheduler.api import ApiClient  # noqa: E402
+from scheduler.config import LoadedConfig, load_config  # noqa: E402
+from scheduler.engine import Scheduler  # noqa: E402
+from scheduler.errors import FtError  # noqa: E402
+from scheduler.service import ClusterService  # noqa: E402
+
+SPEC = {"name": "bench-recovery", "command": "sleep 3600", "gpus_per_node": 1}
+SLEEP_ARGV = b"sleep\x003600\x00"
+ADOPTED = re.compile(r"adopted (\d+) running run\(s\) on (\d+) node\(s\) ([0-9.]+)s after start")
+RUNNING_TIMEOUT_S = 300.0
+ADOPT_TIMEOUT_S = 180.0
+SERVE_STOP_TIMEOUT_S = 30.0
+TICK_DRAIN_TIMEOUT_S = 60.0
+
+# the lab layout's `cluster:` section: BUILTIN_LAYOUT's probe thresholds (so lab nodes probe healthy)
+CLUSTER = {
+    "probes": {
+        "interval": "300s",
+        "timeout": "20s",
+        "cache_dir": "~/cache",
+        "thresholds": {
+            "disk_root_gb": 1,
+            "disk_shm_gb": 0.01,
+            "disk_cache_gb": 1,
+            "ulimit_memlock_kb": 32,
+            "ulimit_nofile": 512,
+            "ulimit_stack_kb": 1024,
+            "ulimit_nproc": 256,
+            "load_warn_per_cpu": 8,
+        },
+    },
+}
+
+
+# ------------------------------------------------------------------------------------------------ the lab
+
+
+def node_groups(nodes: int, gpus: int) -> list[tuple[str, int]]:
+    """`gpus` GPUs shared over `nodes` nodes as evenly as possible: [(node set, GPUs per node)]."""
+    each, extra = divmod(gpus, nodes)
+    if each > 64 or (each == 64 and extra):
+        raise SystemExit(f"{gpus} GPUs do not fit on {nodes} nodes of at most 64 GPUs")
+    width = 2 if nodes < 100 else len(str(nodes))
+    out = []
+    if extra:
+        out.append((f"lab[{1:0{width}d}-{extra:0{width}d}]", each + 1))
+    if nodes > extra:
+        out.append((f"lab[{extra + 1:0{width}d}-{nodes:0{width}d}]", max(each, 1)))
+    return out
+
+
+def write_layout(path: Path, nodes: int, gpus: int) -> None:
+    groups = node_groups(nodes, gpus)
+    layout: dict[str, Any] = {
+        "nodes": [
+            {"name": name, "pool": f"g{n}", "gpus": n, "gpu_model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559}
+            for name, n in groups
+        ],
+        "cluster": {
+            **CLUSTER,
+            "pools": {f"g{n}": {"thresholds": {"gpus_expected": n}, "schedule_degraded": True} for _, n in groups},
+        },
+    }
+    path.write_text(yaml.safe_dump(layout, sort_keys=False))
+
+
+def write_config(root: Path, lab_config: Path) -> Path:
+    """The lab's cluster.yaml with the scheduler's own state_dir, a short socket path and the bench's settings."""
+    config = yaml.safe_load(lab_config.read_text())
+    config["state_dir"] = str(root / "state")
+    config["api"] = {"socket": str(root / "ft.sock")}
+    config["ssh"]["python"] = sys.executable  # not a pyenv shim: each node command starts this interpreter
+    config["probes"]["interval"] = "300s"
+    config["scheduler"] = {"tick": "2s", "node_timeout": "60s"}  # 2 shared CPUs: see docs/benchmarks.md
+    path = root / "cluster.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def leftover_sleeps(lab_dir: Path) -> list[int]:
+    """Pids of `sleep 3600` started on this lab's nodes (their environment or folder names the lab)."""
+    out = []
+    mark = str(lab_dir).encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if (entry / "cmdline").read_bytes() != SLEEP_ARGV:
+                continue
+            environ = (entry / "environ").read_bytes()
+            cwd = os.readlink(entry / "cwd").encode()
+        except OSError:
+            continue
+        if mark in environ or cwd.startswith(mark):
+            out.append(int(entry.name))
+    return out
+
+
+# ------------------------------------------------------------------------------------------- serve process
+
+
+class Serve:
+    """`ftconsole serve` as a subprocess; its output lines, each with the time it was read, also go to `log`."""
+
+    def __init__(self, config: Path, log: Path) -> None:
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env.pop("FTCONSOLE_FAILPOINTS", None)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ftconsole.cli", "--config", str(config), "serve"],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        self.lines: list[tuple[float, str]] = []
+        self._cond = threading.Condition()
+        self._reader = threading.Thread(target=self._read, args=(log,), daemon=True)
+        self._reader.start()
+
+    def _read(self, log: Path) -> None:
+        assert self.proc.stdout is not None
+        with open(log, "a") as out:
+            for raw in self.proc.stdout:
+                now = time.perf_counter()
+                line = raw.decode(errors="replace").rstrip("\n")
+                out.write(line + "\n")
+                out.flush()
+                with self._cond:
+                    self.lines.append((now, line))
+                    self._cond.notify_all()
+
+    def wait_line(self, pattern: re.Pattern[str], timeout: float) -> tuple[float, re.Match[str]]:
+        deadline = time.monotonic() + timeout
+        seen = 0
+        with self._cond:
+            while True:
+                for at, line in self.lines[seen:]:
+                    if match := pattern.search(line):
+                        return at, match
+                seen = len(self.lines)
+                left = deadline - time.monotonic()
+                if left <= 0 or (self.proc.poll() is not None and not self._reader.is_alive()):
+                    tail = "\n".join(line for _, line in self.lines[-15:])
+                    raise SystemExit(f"serve (pid {self.proc.pid}) printed no {pattern.pattern!r}:\n{tail}")
+                self._cond.wait(min(left, 1.0))
+
+    def kill9(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(SERVE_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.kill9()
+        self._reader.join(5)
+
+
+async def connect(loaded: LoadedConfig, timeout: float = 60.0) -> ApiClient:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return await ApiClient.connect(loaded.socket_path)
+        except (FtError, OSError):
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
+async def wait_all_running(api: ApiClient, count: int, timeout: float) -> None:
+    """Until `count` jobs run with their attempt started (every rank read `running`); any other end fails."""
+    deadline = time.monotonic() + timeout
+    confirmed: set[int] = set()
+    while True:
+        jobs = await api.call("jobs")
+        bad = [j for j in jobs if j["status"] not in ("queued", "running")]
+        if bad:
+            raise SystemExit(f"job {bad[0]['id']} is {bad[0]['status']}: {bad[0]['message']}")
+        for job in jobs:
+            if job["status"] != "running" or job["id"] in confirmed:
+                continue
+            shown = await api.call("show", job=job["id"])
+            attempt = shown["attempts"][-1] if shown["attempts"] else None
+            if attempt and attempt["started"] and all(r["state"] == "running" for r in attempt["runs"]):
+                confirmed.add(job["id"])
+        if len(confirmed) >= count:
+            return
+        if time.monotonic() > deadline:
+            waiting = [j for j in jobs if j["id"] not in confirmed][:3]
+            raise SystemExit(f"{len(confirmed)} of {count} jobs running after {timeout:g}s; e.g. {waiting}")
+        await asyncio.sleep(1.0)
+
+
+# -------------------------------------------------------------------------------------------- measurements
+
+
+async def adoption_rounds(
+    root: Path, config: Path, loaded: LoadedConfig, nodes: int, counts: Sequence[int], serves: list[Serve]
+) -> list[list[object]]:
+    """The re-adoption rows; each serve process started is appended to `serves` (the caller stops them)."""
+    rows: list[list[object]] = []
+    generation = 0
+    serve = Serve(config, root / f"serve-{generation}.log")
+    serves.append(serve)
+    submitted = 0
+    for count in counts:
+        api = await connect(loaded)
+        try:
+            for _ in range(count - submitted):
+                await api.call("submit", spec=SPEC)
+            submitted = max(submitted, count)
+            started = time.perf_counter()
+            await wait_all_running(api, count, RUNNING_TIMEOUT_S)
+            to_running = time.perf_counter() - started
+        finally:
+            await api.close()
+        killed = time.perf_counter()
+        serve.kill9()
+        generation += 1
+        serve = Serve(config, root / f"serve-{generation}.log")
+        serves.append(serve)
+        at, match = serve.wait_line(ADOPTED, ADOPT_TIMEOUT_S)
+        adopted, on_nodes, own = int(match.group(1)), int(match.group(2)), float(match.group(3))
+        if adopted != count:
+            print(f"warning: {nodes} nodes: adopted {adopted} runs, expected {count}", file=sys.stderr)
+        rows.append([nodes, count, on_nodes, adopted, f"{own:.2f}", f"{at - killed:.2f}", f"{to_running:.1f}"])
+        print(f"  {nodes} nodes, {count} jobs: adopted {adopted} on {on_nodes} nodes, {own:.2f}s", file=sys.stderr)
+    return rows
+
+
+async def tick_cost(loaded: LoadedConfig, nodes: int, jobs: int, ticks: int) -> tuple[list[object], list[object]]:
+    """The in-process breakdown (cold probe, first tick) and the steady-state tick's CPU, wall and commands."""
+    async with ClusterService.open(loaded) as svc:
+        commands: list[str] = []
+        answers: list[float] = []  # when each command's answer came (perf_counter)
+        run = svc.transport.run
+
+        async def counted(node: Any, argv: Sequence[str], **kwargs: Any) -> Any:
+            commands.append(node.name)
+            try:
+                return await run(node, argv, **kwargs)
+            finally:
+                answers.append(time.perf_counter())
+
+        svc.transport.run = counted  # type: ignore[method-assign]
+        sched = Scheduler(svc)
+        executor = sched.loop.executor
+
+        async def drain() -> None:
+            if executor._tasks:
+                await asyncio.wait(list(executor._tasks.values()), timeout=TICK_DRAIN_TIMEOUT_S)
+
+        try:
+            t0 = time.perf_counter()
+            await svc.probe()
+            probe_s = time.perf_counter() - t0
+            del commands[:]
+            t0 = time.perf_counter()
+            await sched.tick()
+            first_s = time.perf_counter() - t0
+            first_cmds = len(commands)
+            in_first = sched.loop.adopted_s is not None
+            # a read that outlasts the tick's wait (ACT_WAIT_S) is observed by a later tick: tick until adopted
+            for _ in range(10):
+                await drain()
+                await sched.tick()
+                if sched.loop.adopted_s is not None:
+                    break
+            await drain()
+            await sched.tick()  # one more before measuring: the start-up sweeps are done by now
+            await drain()
+            cpu, wall, last, answered, cmds, late = [], [], [], [], [], []
+            for _ in range(ticks):
+                del commands[:], answers[:]
+                c0, w0 = time.process_time(), time.perf_counter()
+                await sched.tick()
+                w1 = time.perf_counter()
+                late.append(len(executor._tasks))
+                await drain()
+                w2 = time.perf_counter()
+                cpu.append(time.process_time() - c0)
+                wall.append(w1 - w0)
+                last.append(max(answers, default=w0) - w0)
+                answered.append(w2 - w0)
+                cmds.append(len(commands))
+        finally:
+            await sched.loop.close()
+    ms = lambda xs: f"{statistics.mean(xs) * 1000:.0f} / {max(xs) * 1000:.0f}"  # noqa: E731
+    breakdown = [
+        nodes,
+        jobs,
+        f"{probe_s:.2f}",
+        f"{first_s:.2f}",
+        first_cmds,
+        "yes" if in_first else "no",
+    ]
+    cost = [
+        nodes,
+        jobs,
+        ticks,
+        ms(cpu),
+        ms(wall),
+        ms(last),
+        ms(answered),
+        f"{statistics.mean(cmds):.1f} / {max(cmds)}",
+        sum(1 for n in late if n),
+    ]
+    return breakdown, cost
+
+
+async def one_cluster(
+    root: Path, nodes: int, counts: Sequence[int], ticks: int
+) -> tuple[list[list[object]], list[object], list[object]]:
+    layout = root / "layout.yaml"
+    write_layout(layout, nodes, max(counts))
+    lab_dir = root / "lab"
+    serves: list[Serve] = []
+    try:
+        info = lab_up(lab_dir, layout, None, timeout=120)
+        config = write_config(root, Path(info.config_path))
+        loaded = load_config(config)
+        rows = await adoption_rounds(root, config, loaded, nodes, counts, serves)
+        serves[-1].stop()  # the store is the in-process scheduler's now
+        breakdown, cost = await tick_cost(loaded, nodes, max(counts), ticks)
+        return rows, breakdown, cost
+    finally:
+        for serve in serves:
+            if serve.proc.poll() is None:
+                serve.kill9()
+        before = leftover_sleeps(lab_dir)  # the check below finds what lab down should end
+        print(f"  {len(before)} `sleep 3600` of this lab before lab down", file=sys.stderr)
+        lab_down(lab_dir)
+        left = leftover_sleeps(lab_dir)
+        if left:
+            print(f"warning: {len(left)} `sleep 3600` left after lab down; killing {left[:10]}", file=sys.stderr)
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", default="8,64")
+    parser.add_argument("--jobs", default="1,200")
+    parser.add_argument("--ticks", type=int, default=20)
+    args = parser.parse_args()
+    counts = sorted({int(j) for j in args.jobs.split(",")})
+    adoption: list[list[object]] = []
+    breakdowns: list[list[object]] = []
+    costs: list[list[object]] = []
+    for nodes in [int(n) for n in args.nodes.split(",")]:
+        root = Path(tempfile.mkdtemp(prefix="ftr-", dir="/tmp"))  # short: the API socket path is AF_UNIX
+        try:
+            rows, breakdown, cost = asyncio.run(one_cluster(root, nodes, counts, args.ticks))
+        except BaseException:
+            print(f"kept {root} (serve-*.log, lab/lab.log)", file=sys.stderr)
+            raise
+        adoption.extend(rows)
+        breakdowns.append(breakdown)
+        costs.append(cost)
+        shutil.rmtree(root, ignore_errors=True)
+    command = " ".join([".venv/bin/python", "bench/recovery.py", *sys.argv[1:]])
+    print(f"{command}\n{os.cpu_count()} CPUs, Python {sys.version.split()[0]}; seconds unless marked\n")
+    print_table(["NODES", "JOBS", "ON NODES", "ADOPTED", "SCHEDULER S", "FROM KILL S", "TO RUNNING S"], adoption)
+    print()
+    headers = ["NODES", "JOBS", "COLD PROBE S", "FIRST TICK S", "FIRST TICK CMDS", "ALL READ BY IT"]
+    print_table(headers, breakdowns)
+    print()
+    headers = ["NODES", "JOBS", "TICKS", "CPU MS", "WALL MS", "LAST ANSWER MS", "ANSWERED MS", "CMDS", "LATE"]
+    print_table(headers, costs)
+    print("\n(MS columns: mean / max per tick; CMDS: SSH commands per tick, mean / max)")
+
+
+if __name__ == "__main__":
+    main()
