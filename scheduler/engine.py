@@ -504,11 +504,11 @@ class Scheduler:
         """Would this job start now, on which nodes and GPUs; or its queue position, why, and the jobs ahead."""
         spec = _spec(spec)
         queued = await self.store.jobs(statuses=[JobStatus.QUEUED])
-        state, requests, _, _ = await self.loop.placement_inputs(queued)
+        state, requests, _, _ = await self.loop.placer.placement_inputs(queued)
         now = self.clock()
         job = job_request(spec, self.config, job_id="(this job)", now=now)
         return placement.predict(
-            state, requests, job, now, urgent_cap=self.settings.urgent_cap, allow_degraded=self.loop.degraded_ok
+            state, requests, job, now, urgent_cap=self.settings.urgent_cap, allow_degraded=self.loop.placer.degraded_ok
         )
 
     # ============================================================ the loop

@@ -1,0 +1,334 @@
+"""Placing jobs on nodes: the loop's place and resize steps (record intent; no I/O to the nodes).
+
+A placement pass reads the nodes as last probed, the GPUs the running jobs hold and the queue, asks
+`scheduler.placement` (pure) where each queued job goes, and writes each placed job's attempt with a new token
+and its runs as intents (job `running`, condition Creating): their GPUs are held from then on, and the
+executor starts them on the next tick. Elastic jobs scaled to a new size get their new attempt the same way
+(`scheduler.elastic`). A job that cannot be placed or planned fails alone (`fail`); the queue goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import secrets
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from scheduler import elastic, placement
+from scheduler.errors import FtError, SSHError, StoreError
+from scheduler.executor import plan_attempt
+from scheduler.failpoints import afailpoint
+from scheduler.jobs import Attempt, Condition, Job, JobStatus, Run
+from scheduler.jobtx import Conflict
+from scheduler.requests import job_request, node_slot
+from scheduler.service import ClusterService
+
+log = logging.getLogger("ftconsole.scheduler")
+
+ANY_PORT = 29500  # which ranks start a process does not depend on the port: any valid one plans them
+
+
+class Placer:
+    def __init__(
+        self,
+        service: ClusterService,
+        *,
+        clock: Callable[[], float],
+        poke: Callable[[], None],
+        fail: Callable[[Job, str], Awaitable[None]],
+        run_root: Callable[[], str],
+    ) -> None:
+        self.service = service
+        self.store = service.store
+        self.config = service.config
+        self.settings = service.config.scheduler
+        self.clock = clock
+        self._poke = poke
+        self._fail = fail
+        self._run_root = run_root
+        self._nodes = {n.name: n for n in service.all_nodes}
+
+    @property
+    def run_root(self) -> str:
+        return self._run_root()
+
+    # ============================================================ resize
+
+    async def resize(self) -> None:
+        """Running elastic jobs scaled to a new size get a new attempt of that size (see `scheduler.elastic`);
+        the act step then stops the old attempt, and launches the new one once it is down."""
+        jobs = [
+            j
+            for j in await self.store.jobs(statuses=[JobStatus.RUNNING], deleted=True)
+            if j.stop_reason is None and elastic.resizes(j)
+        ]
+        if not jobs:
+            return
+        held = await self.store.runs(held=True)
+        cluster: list[tuple[placement.ClusterState, list[placement.JobRequest]]] = []  # read once, until a resize
+        for job in jobs:
+            mine = [r for r in held if r.job == job.id]
+            current = [r for r in mine if r.attempt == job.attempt]
+            if not current or len(current) == job.size or any(r.attempt < job.attempt for r in mine):
+                continue  # at its size, or a resize still under way
+            try:
+                if await self._resize_one(job, current, cluster):
+                    cluster.clear()  # it holds more GPUs now
+            except (SSHError, StoreError) as exc:
+                await self.notes(
+                    [(job, f"cannot scale to {job.size} nodes now: {exc}; retrying")], status=JobStatus.RUNNING
+                )
+            except Exception as exc:
+                log.exception("job %s: cannot resize", job.id)
+                await self._fail(job, f"ftconsole cannot resize it: {type(exc).__name__}: {exc}")
+
+    async def _resize_one(
+        self,
+        job: Job,
+        current: Sequence[Run],
+        cluster: list[tuple[placement.ClusterState, list[placement.JobRequest]]],
+    ) -> bool:
+        """Record the new attempt of a job being resized (True), or say why it waits (False)."""
+        now = self.clock()
+        attempt = await self.store.attempt(job.id, job.attempt)
+        assert attempt is not None
+        how = elastic.direction(len(current), job.size)
+        nodes = elastic.kept_nodes(current, job.size)
+        if job.size > len(current):
+            if not cluster:
+                state, requests, _, _ = await self.placement_inputs(await self.store.jobs(statuses=[JobStatus.QUEUED]))
+                cluster.append((state, requests))
+            decision = self._grow(job, attempt, current, job.size - len(current), now, *cluster[0])
+            if isinstance(decision, placement.Wait):
+                await self.notes([(job, f"{how} waits for nodes: {decision.reason}")], status=JobStatus.RUNNING)
+                return False
+            nodes += decision.nodes
+        number = job.attempt + 1
+        new, runs = self._new_attempt(job, number, attempt.spec_name, attempt.gpus_per_node, nodes, now)
+        try:
+            async with self.store.jobs_tx("resize a job") as tx:
+                await tx.update_job(
+                    job.id,
+                    expect=[JobStatus.RUNNING],
+                    attempt=number,
+                    message=f"{how}: attempt {number} starts once attempt {job.attempt} is down",
+                )
+                await tx.update_attempt(job.id, job.attempt, message=f"replaced by attempt {number} ({how})")
+                for r in current:
+                    if r.state == "intent":  # never launched: nothing to stop
+                        await tx.update_run(r, state="cancelled", ended=now)
+                await tx.add_attempt(new, runs)
+                await tx.event(
+                    now,
+                    Condition.SCALING,
+                    f"{how}: attempt {number} on {_where(nodes)}; stopping attempt {job.attempt}",
+                    job=job.id,
+                    data={"nodes": _nodes_json(nodes), "from": len(current), "to": job.size},
+                )
+        except Conflict:
+            return False  # it ended meanwhile
+        self._poke()
+        return True
+
+    def _grow(
+        self,
+        job: Job,
+        attempt: Attempt,
+        current: Sequence[Run],
+        count: int,
+        now: float,
+        state: placement.ClusterState,
+        requests: list[placement.JobRequest],
+    ) -> placement.Decision:
+        """Where the `count` nodes a scale out adds would go now, or why they wait (placement's `predict`)."""
+        rank0 = min(current, key=_rank).node
+        deadline = job.deadline
+        request = elastic.grow_request(
+            job_request(job.spec, self.config, job_id=str(job.id), now=now),
+            count=count,
+            spec_name=attempt.spec_name,
+            gpus_per_node=attempt.gpus_per_node,
+            gpu_model=next((n.gpu_model for n in state.nodes if n.name == rank0), ""),
+            own={r.node for r in current},
+            cluster=self._nodes,
+            priority=placement.Priority.parse(job.priority),
+            now=now,
+            remaining=None if deadline is None else deadline - now,
+        )
+        return placement.predict(state, requests, request, now, allow_degraded=self.degraded_ok)
+
+    # ============================================================ place
+
+    async def place(self) -> None:
+        queued = await self.store.jobs(statuses=[JobStatus.QUEUED])
+        if not queued:
+            return
+        now = self.clock()
+        state, requests, by_id, unplaceable = await self.placement_inputs(queued)
+        notes = [(job, why) for job, why in unplaceable if why]
+        for job, why in unplaceable:
+            if not why:  # not a config change: the job itself cannot be planned
+                await self._fail(job, job.message)
+        decisions = placement.plan(
+            state, requests, now, urgent_cap=self.settings.urgent_cap, allow_degraded=self.degraded_ok
+        )
+        for decision in decisions:
+            job, request = by_id[decision.job_id]
+            if isinstance(decision, placement.Wait):
+                notes.append((job, f"waiting (position {decision.position}): {decision.reason}"))
+                continue
+            try:
+                await self._start(job, request.candidates[decision.candidate_index], decision, now)
+            except StoreError:
+                raise  # not this job's trouble
+            except Exception as exc:  # this job's trouble alone: it fails, the queue behind it goes on
+                log.exception("job %s: cannot be started", job.id)
+                await self._fail(job, f"ftconsole cannot start it: {type(exc).__name__}: {exc}")
+        await self.notes(notes)
+
+    @property
+    def degraded_ok(self) -> list[str]:
+        return [name for name, pool in self.config.pools.items() if pool.schedule_degraded]
+
+    async def placement_inputs(
+        self, queued: Sequence[Job]
+    ) -> tuple[
+        placement.ClusterState,
+        list[placement.JobRequest],
+        dict[str, tuple[Job, placement.JobRequest]],
+        list[tuple[Job, str]],
+    ]:
+        """The nodes as last probed, the GPUs the running jobs hold, and the queue, as placement reads them;
+        with the queued jobs that cannot be placed at all, and why (an empty why: the job failed to plan, its
+        `message` says how)."""
+        views = await self.service.nodes(extras=False)
+        active = {j.id: j for j in await self.store.jobs(statuses=[JobStatus.RUNNING], deleted=True)}
+        allocations = []
+        for r in await self.store.runs(held=True):
+            holder = active.get(r.job)
+            allocations.append(
+                placement.Allocation(
+                    job_id=str(r.job),
+                    node=r.node,
+                    gpus=r.gpus,
+                    ends_at=holder.deadline if holder else None,
+                    project=holder.project if holder else "",
+                    priority=placement.Priority.parse(holder.priority) if holder else placement.Priority.NORMAL,
+                )
+            )
+        state = placement.ClusterState(
+            nodes=tuple(node_slot(v.to_json()) for v in views), allocations=tuple(allocations)
+        )
+        requests, by_id, unplaceable = [], {}, []
+        for job in queued:
+            try:
+                request = job_request(job.spec, self.config, job_id=str(job.id), now=job.submitted)
+                request = dataclasses.replace(
+                    request,
+                    priority=placement.Priority.parse(job.priority),
+                    requeued=job.requeued,
+                    nodes=job.size,
+                    min_nodes=None if request.min_nodes is None else min(request.min_nodes, job.size),
+                )
+            except FtError as exc:  # the config changed under a queued job (spec removed): say so, keep it
+                unplaceable.append((job, str(exc)))
+                continue
+            except Exception as exc:  # anything else is this job's alone
+                log.exception("job %s: cannot be placed", job.id)
+                text = f"ftconsole cannot place it: {type(exc).__name__}: {exc}"
+                unplaceable.append((dataclasses.replace(job, message=text), ""))
+                continue
+            requests.append(request)
+            by_id[str(job.id)] = (job, request)
+        return state, requests, by_id, unplaceable
+
+    async def notes(self, notes: Sequence[tuple[Job, str]], *, status: JobStatus = JobStatus.QUEUED) -> None:
+        """Why jobs wait (their message): queued ones to start, running ones to be resized; in one transaction,
+        only the ones that changed."""
+        changed = [(job, text) for job, text in notes if job.message != text]
+        if not changed:
+            return
+        async with self.store.jobs_tx("note why jobs wait") as tx:
+            for job, text in changed:
+                with contextlib.suppress(Conflict):  # its status changed meanwhile
+                    await tx.update_job(job.id, expect=[status], message=text)
+
+    async def _start(self, job: Job, candidate: placement.Candidate, decision: placement.Place, now: float) -> None:
+        """Record the job's attempt and its runs as intents (their GPUs held from now on); the act step of the
+        next tick chooses its master port and starts them."""
+        number = job.attempt + 1
+        spec_name, gpus = candidate.spec_name, candidate.gpus_per_node
+        attempt, runs = self._new_attempt(job, number, spec_name, gpus, decision.nodes, now)
+        where = _where(decision.nodes)
+        try:
+            async with self.store.jobs_tx("place a job") as tx:
+                await tx.update_job(
+                    job.id, expect=[JobStatus.QUEUED], status=JobStatus.RUNNING, started=now, attempt=number, message=""
+                )
+                await tx.add_attempt(attempt, runs)
+                await tx.event(
+                    now,
+                    Condition.CREATING,
+                    f"attempt {number} placed on {where}"
+                    + (f" (spec {candidate.spec_name})" if candidate.spec_name else "")
+                    + elastic.placed_small(job, len(decision.nodes)),
+                    job=job.id,
+                    data={"nodes": _nodes_json(decision.nodes)},
+                )
+        except Conflict:
+            return  # stopped or changed meanwhile
+        await afailpoint("place.after_record")
+        self._poke()
+
+    def _new_attempt(
+        self,
+        job: Job,
+        number: int,
+        spec_name: str | None,
+        gpus_per_node: int,
+        nodes: Sequence[placement.NodeGpus],
+        now: float,
+    ) -> tuple[Attempt, list[Run]]:
+        """Attempt `number` of the job on these nodes (rank order), with a new token, its runs as intents."""
+        attempt = Attempt(
+            job=job.id,
+            number=number,
+            spec_name=spec_name,
+            gpus_per_node=gpus_per_node,
+            master_port=0,  # chosen on its first node right before the launch
+            created=now,
+            token=secrets.token_hex(8),
+        )
+        runs = [
+            Run(
+                job=job.id,
+                attempt=number,
+                rank=rank,
+                node=node,
+                gpus=tuple(gpus),
+                run_dir=f"{self.run_root}/{job.id}/{number}/{rank}",
+                launch=True,
+                token=attempt.token,
+            )
+            for rank, (node, gpus) in enumerate(nodes)
+        ]
+        # which ranks start a process does not depend on the port, which is chosen later: plan with any valid one
+        planned = plan_attempt(
+            job, dataclasses.replace(attempt, master_port=ANY_PORT), runs, nodes=self._nodes, run_root=self.run_root
+        )
+        launching = {r.rank for r in planned.launching}
+        return attempt, [dataclasses.replace(r, launch=r.rank in launching) for r in runs]
+
+
+def _rank(run: Run) -> int:
+    return run.rank
+
+
+def _where(nodes: Sequence[placement.NodeGpus]) -> str:
+    return ", ".join(f"{n}[{','.join(map(str, g))}]" for n, g in nodes)
+
+
+def _nodes_json(nodes: Sequence[placement.NodeGpus]) -> list[dict[str, Any]]:
+    return [{"node": n, "gpus": list(g)} for n, g in nodes]
