@@ -11,6 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from scheduler import launcher, yamlfile
+from scheduler.command import check_command
 from scheduler.errors import ConfigError
 from scheduler.jobplan import plan_job
 from scheduler.jobspec import (
@@ -19,7 +20,6 @@ from scheduler.jobspec import (
     JobSpec,
     JobType,
     Priority,
-    check_command,
     cross_problems,
     load_jobspec,
     parse_jobspec,
