@@ -56,10 +56,10 @@ import yaml  # noqa: E402
 from textual.widgets import ContentSwitcher  # noqa: E402
 
 from ftconsole.format import print_table  # noqa: E402
+from ftconsole.scheduler.config import load_config  # noqa: E402
+from ftconsole.scheduler.daemon import brief_node  # noqa: E402
+from ftconsole.scheduler.errors import UsageError  # noqa: E402
 from ftconsole.tui.app import ConsoleApp  # noqa: E402
-from scheduler.config import load_config  # noqa: E402
-from scheduler.daemon import brief_node  # noqa: E402
-from scheduler.errors import UsageError  # noqa: E402
 
 T0 = 1_750_000_000.0  # the simulated wall clock starts here
 SIZE = (200, 50)

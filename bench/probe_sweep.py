@@ -33,9 +33,9 @@ sys.path.insert(0, str(ROOT))
 
 from ftconsole.format import print_table  # noqa: E402
 from ftconsole.lab import LabInfo, lab_down, lab_up  # noqa: E402
-from scheduler.config import fold_nodeset, load_config  # noqa: E402
-from scheduler.probing import ProbeFailure, sweep  # noqa: E402
-from scheduler.ssh import SSHPool, run_on_all  # noqa: E402
+from ftconsole.scheduler.config import fold_nodeset, load_config  # noqa: E402
+from ftconsole.scheduler.probing import ProbeFailure, sweep  # noqa: E402
+from ftconsole.scheduler.ssh import SSHPool, run_on_all  # noqa: E402
 
 
 def cpu_seconds() -> float:

@@ -56,11 +56,11 @@ import yaml  # noqa: E402
 
 from ftconsole.format import print_table  # noqa: E402
 from ftconsole.lab import lab_down, lab_up  # noqa: E402
-from scheduler.api import ApiClient  # noqa: E402
-from scheduler.config import LoadedConfig, load_config  # noqa: E402
-from scheduler.engine import Scheduler  # noqa: E402
-from scheduler.errors import FtError  # noqa: E402
-from scheduler.service import ClusterService  # noqa: E402
+from ftconsole.scheduler.api import ApiClient  # noqa: E402
+from ftconsole.scheduler.config import LoadedConfig, load_config  # noqa: E402
+from ftconsole.scheduler.engine import Scheduler  # noqa: E402
+from ftconsole.scheduler.errors import FtError  # noqa: E402
+from ftconsole.scheduler.service import ClusterService  # noqa: E402
 
 SPEC = {"name": "bench-recovery", "command": "sleep 3600", "gpus_per_node": 1}
 SLEEP_ARGV = b"sleep\x003600\x00"

@@ -17,11 +17,11 @@ from typing import Any
 
 from ftconsole import jobs_cli, shell_cli
 from ftconsole.format import age, gpu_summary, print_json, print_table
-from scheduler.client import open_client
-from scheduler.config import LoadedConfig, find_config, load_config
-from scheduler.errors import ConfigError, FtError
-from scheduler.service import ClusterService
-from scheduler.store import STORE_FILE, read_cluster_id
+from ftconsole.scheduler.client import open_client
+from ftconsole.scheduler.config import LoadedConfig, find_config, load_config
+from ftconsole.scheduler.errors import ConfigError, FtError
+from ftconsole.scheduler.service import ClusterService
+from ftconsole.scheduler.store import STORE_FILE, read_cluster_id
 
 PROG = "ftconsole"
 

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ftconsole.format import age, node_count, print_json, print_table
-from scheduler.client import Client, open_client
-from scheduler.config import LoadedConfig, find_config, format_duration, load_config
-from scheduler.daemon import WRITE_OPS
-from scheduler.errors import UsageError
+from ftconsole.scheduler.client import Client, open_client
+from ftconsole.scheduler.config import LoadedConfig, find_config, format_duration, load_config
+from ftconsole.scheduler.daemon import WRITE_OPS
+from ftconsole.scheduler.errors import UsageError
 
 T = TypeVar("T")
 
@@ -63,7 +63,7 @@ def _runtime(job: dict[str, Any]) -> str:
 def cmd_serve(args: argparse.Namespace) -> int:
     import logging
 
-    from scheduler.daemon import serve_until_signalled
+    from ftconsole.scheduler.daemon import serve_until_signalled
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("asyncssh").setLevel(logging.WARNING)
@@ -77,7 +77,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from scheduler.jobspec import load_jobspec
+    from ftconsole.scheduler.jobspec import load_jobspec
 
     spec = load_jobspec(Path(args.job))  # ConfigError: every problem with its line, exit 2
 
@@ -110,7 +110,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from scheduler.jobspec import load_jobspec
+    from ftconsole.scheduler.jobspec import load_jobspec
 
     spec = load_jobspec(Path(args.job))
     decision = _with_client(args, "predict", lambda c: c.call("predict", spec=spec.to_json()))

@@ -13,10 +13,10 @@ import shlex
 import sys
 from typing import Any
 
-from scheduler.client import open_client
-from scheduler.config import find_config, load_config
-from scheduler.errors import FtError
-from scheduler.shell import ShellTarget, shell_target
+from ftconsole.scheduler.client import open_client
+from ftconsole.scheduler.config import find_config, load_config
+from ftconsole.scheduler.errors import FtError
+from ftconsole.scheduler.shell import ShellTarget, shell_target
 
 
 class SshNotFound(FtError):

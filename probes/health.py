@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from probes.results import CheckStatus, ProbeReport
+from ftconsole.probes.results import CheckStatus, ProbeReport
 
 
 class NodeState(StrEnum):

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from scheduler.errors import FtError
+from ftconsole.scheduler.errors import FtError
 
 AGENT_PROTOCOL = 1
 

@@ -37,8 +37,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from scheduler import errors
-from scheduler.errors import AlreadyRunning, ConfigError, FtError, NotRunning, Problem, UsageError
+from ftconsole.scheduler import errors
+from ftconsole.scheduler.errors import AlreadyRunning, ConfigError, FtError, NotRunning, Problem, UsageError
 
 log = logging.getLogger("ftconsole.api")
 

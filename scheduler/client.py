@@ -13,12 +13,12 @@ import pwd
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
-from scheduler.api import ApiClient, Caller
-from scheduler.config import LoadedConfig
-from scheduler.daemon import Operations
-from scheduler.engine import Scheduler
-from scheduler.errors import NotRunning, UsageError
-from scheduler.service import ClusterService
+from ftconsole.scheduler.api import ApiClient, Caller
+from ftconsole.scheduler.config import LoadedConfig
+from ftconsole.scheduler.daemon import Operations
+from ftconsole.scheduler.engine import Scheduler
+from ftconsole.scheduler.errors import NotRunning, UsageError
+from ftconsole.scheduler.service import ClusterService
 
 
 class Client(Protocol):

@@ -15,10 +15,10 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from scheduler.config import ClusterConfig
-from scheduler.errors import FtError
-from scheduler.jobs import Job, Run
-from scheduler.requests import candidates, node_slot
+from ftconsole.scheduler.config import ClusterConfig
+from ftconsole.scheduler.errors import FtError
+from ftconsole.scheduler.jobs import Job, Run
+from ftconsole.scheduler.requests import candidates, node_slot
 
 
 def cluster_view(

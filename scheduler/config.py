@@ -15,8 +15,8 @@ from typing import Annotated, Any, Literal
 from ClusterShell.NodeSet import NodeSet, NodeSetParseError
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from scheduler import yamlfile
-from scheduler.errors import ConfigError, Problem
+from ftconsole.scheduler import yamlfile
+from ftconsole.scheduler.errors import ConfigError, Problem
 
 DEFAULT_CONFIG_PATHS = (
     "./ftconsole.yaml",

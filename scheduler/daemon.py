@@ -17,17 +17,17 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
-from scheduler import failpoints, placement
-from scheduler.api import ApiServer, Caller
-from scheduler.clusterview import cluster_view
-from scheduler.config import LoadedConfig, parse_duration
-from scheduler.engine import Scheduler
-from scheduler.errors import UsageError
-from scheduler.jobs import Job, JobStatus
-from scheduler.lock import StateLock
-from scheduler.records import JobActivity
-from scheduler.service import ClusterService
-from scheduler.store import ALERT_STATES
+from ftconsole.scheduler import failpoints, placement
+from ftconsole.scheduler.api import ApiServer, Caller
+from ftconsole.scheduler.clusterview import cluster_view
+from ftconsole.scheduler.config import LoadedConfig, parse_duration
+from ftconsole.scheduler.engine import Scheduler
+from ftconsole.scheduler.errors import UsageError
+from ftconsole.scheduler.jobs import Job, JobStatus
+from ftconsole.scheduler.lock import StateLock
+from ftconsole.scheduler.records import JobActivity
+from ftconsole.scheduler.service import ClusterService
+from ftconsole.scheduler.store import ALERT_STATES
 
 log = logging.getLogger("ftconsole.daemon")
 

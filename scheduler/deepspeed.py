@@ -21,6 +21,7 @@ class NodeAssignment(Protocol):
     @property
     def gpus(self) -> tuple[int, ...]: ...
 
+
 DEEPSPEED_ENV = "deepspeed_env"  # DeepSpeed's env file in a run folder (DS_ENV_FILE); ".N" for batch task N
 _DS_PLAIN = re.compile(r"[\w@%+=:,./-]*")  # a value DeepSpeed's runner leaves unquoted
 

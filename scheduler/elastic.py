@@ -23,8 +23,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Collection, Sequence
 
-from scheduler.jobs import Job, Run
-from scheduler.placement import Candidate, JobRequest, NodeGpus, Priority
+from ftconsole.scheduler.jobs import Job, Run
+from ftconsole.scheduler.placement import Candidate, JobRequest, NodeGpus, Priority
 
 
 def scale_problem(job: Job, nodes: int) -> str | None:

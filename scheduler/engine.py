@@ -18,11 +18,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from scheduler import elastic, placement
-from scheduler.api import Caller
-from scheduler.config import Node, format_duration
-from scheduler.errors import FtError, NotFound, PermissionDenied, UsageError
-from scheduler.jobs import (
+from ftconsole.scheduler import elastic, placement
+from ftconsole.scheduler.api import Caller
+from ftconsole.scheduler.config import Node, format_duration
+from ftconsole.scheduler.errors import FtError, NotFound, PermissionDenied, UsageError
+from ftconsole.scheduler.jobs import (
     TERMINAL,
     Condition,
     Job,
@@ -30,12 +30,12 @@ from scheduler.jobs import (
     Run,
     StopReason,
 )
-from scheduler.jobspec import Access, JobSpec
-from scheduler.jobtx import Conflict
-from scheduler.loop import Loop, request_stop
-from scheduler.records import JobActivity, StoredAlert, StoredEvent
-from scheduler.requests import job_request
-from scheduler.service import ClusterService, NodeView, ProbeOutcome
+from ftconsole.scheduler.jobspec import Access, JobSpec
+from ftconsole.scheduler.jobtx import Conflict
+from ftconsole.scheduler.loop import Loop, request_stop
+from ftconsole.scheduler.records import JobActivity, StoredAlert, StoredEvent
+from ftconsole.scheduler.requests import job_request
+from ftconsole.scheduler.service import ClusterService, NodeView, ProbeOutcome
 
 log = logging.getLogger("ftconsole.scheduler")
 

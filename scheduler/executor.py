@@ -19,16 +19,16 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Coroutine, Hashable, Sequence
 from typing import Any
 
-from scheduler.config import Node
-from scheduler.errors import FtError, SSHError
-from scheduler.failpoints import afailpoint
-from scheduler.jobplan import JobLaunch, plan_job
-from scheduler.jobs import Attempt, Job, Run
-from scheduler.jobtx import Conflict
-from scheduler.launcher import LaunchInput, NodeAssignment, RankLaunch
-from scheduler.reconcile import READ_STATES, Actions, Launch, Read, Stop
-from scheduler.runs import RunStatus, free_port, node_runs, prepare_run, run_states, start_run, stop_runs
-from scheduler.service import ClusterService
+from ftconsole.scheduler.config import Node
+from ftconsole.scheduler.errors import FtError, SSHError
+from ftconsole.scheduler.failpoints import afailpoint
+from ftconsole.scheduler.jobplan import JobLaunch, plan_job
+from ftconsole.scheduler.jobs import Attempt, Job, Run
+from ftconsole.scheduler.jobtx import Conflict
+from ftconsole.scheduler.launcher import LaunchInput, NodeAssignment, RankLaunch
+from ftconsole.scheduler.reconcile import READ_STATES, Actions, Launch, Read, Stop
+from ftconsole.scheduler.runs import RunStatus, free_port, node_runs, prepare_run, run_states, start_run, stop_runs
+from ftconsole.scheduler.service import ClusterService
 
 log = logging.getLogger("ftconsole.scheduler")
 

@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass
 from enum import StrEnum
 
-from scheduler.errors import FtError, UsageError
+from ftconsole.scheduler.errors import FtError, UsageError
 
 ENV = "FTCONSOLE_FAILPOINTS"
 

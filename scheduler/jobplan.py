@@ -6,9 +6,9 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from scheduler.jobspec import Hooks, JobSpec, Task
-from scheduler.launcher import LaunchInput, LaunchPlan, RankLaunch, TaskRef, plan_launch
-from scheduler.runs import Step, StepKind
+from ftconsole.scheduler.jobspec import Hooks, JobSpec, Task
+from ftconsole.scheduler.launcher import LaunchInput, LaunchPlan, RankLaunch, TaskRef, plan_launch
+from ftconsole.scheduler.runs import Step, StepKind
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from scheduler.jobspec import JobSpec
+from ftconsole.scheduler.jobspec import JobSpec
 
 
 class JobStatus(StrEnum):

@@ -27,10 +27,10 @@ from typing import Annotated, Any, NamedTuple
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, model_validator
 
-from scheduler import yamlfile
-from scheduler.command import check_command
-from scheduler.config import Duration, PositiveDuration, expand_nodeset
-from scheduler.errors import ConfigError, Problem
+from ftconsole.scheduler import yamlfile
+from ftconsole.scheduler.command import check_command
+from ftconsole.scheduler.config import Duration, PositiveDuration, expand_nodeset
+from ftconsole.scheduler.errors import ConfigError, Problem
 
 Loc = tuple[Any, ...]
 _STORED = "stored"  # validation context key: the spec is read back from the store (see `JobSpec.from_stored`)

@@ -12,9 +12,9 @@ from typing import Any
 
 import aiosqlite
 
-from scheduler.errors import StoreError
-from scheduler.jobs import Attempt, Job, JobStatus, Run
-from scheduler.records import AutoResolve, NewAlert, StoredAlert, _alert_from_row
+from ftconsole.scheduler.errors import StoreError
+from ftconsole.scheduler.jobs import Attempt, Job, JobStatus, Run
+from ftconsole.scheduler.records import AutoResolve, NewAlert, StoredAlert, _alert_from_row
 
 AUTO = "ftconsole"  # who resolves the alerts that resolve themselves
 

@@ -73,14 +73,14 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from scheduler.deepspeed import (
+from ftconsole.scheduler.deepspeed import (
     DEEPSPEED_ENV,
     deepspeed_argv,
     deepspeed_env_file,
     deepspeed_hostfile,
     deepspeed_value,
 )
-from scheduler.errors import FtError
+from ftconsole.scheduler.errors import FtError
 
 HOSTFILE = "hostfile"  # name of the hostfile inside a run folder
 

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from scheduler.errors import AlreadyRunning
+from ftconsole.scheduler.errors import AlreadyRunning
 
 LOCK_NAME = "scheduler.lock"
 # holder() takes the lock for an instant to test it; acquire() polls a few times so such a probe never makes a

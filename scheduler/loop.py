@@ -29,11 +29,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from scheduler.config import format_duration
-from scheduler.errors import FtError
-from scheduler.executor import Executor, missing, status_fields
-from scheduler.failpoints import afailpoint
-from scheduler.jobs import (
+from ftconsole.scheduler.config import format_duration
+from ftconsole.scheduler.errors import FtError
+from ftconsole.scheduler.executor import Executor, missing, status_fields
+from ftconsole.scheduler.failpoints import afailpoint
+from ftconsole.scheduler.jobs import (
     FINAL_CONDITION,
     AllRunning,
     Condition,
@@ -46,11 +46,11 @@ from scheduler.jobs import (
     expired,
     settle,
 )
-from scheduler.jobtx import Conflict, JobTx
-from scheduler.placing import Placer
-from scheduler.reconcile import READ_STATES, Actions, Snapshot, reconcile
-from scheduler.runs import RunStatus
-from scheduler.service import ClusterService
+from ftconsole.scheduler.jobtx import Conflict, JobTx
+from ftconsole.scheduler.placing import Placer
+from ftconsole.scheduler.reconcile import READ_STATES, Actions, Snapshot, reconcile
+from ftconsole.scheduler.runs import RunStatus
+from ftconsole.scheduler.service import ClusterService
 
 log = logging.getLogger("ftconsole.scheduler")
 

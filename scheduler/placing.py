@@ -16,14 +16,14 @@ import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from scheduler import elastic, placement
-from scheduler.errors import FtError, SSHError, StoreError
-from scheduler.executor import plan_attempt
-from scheduler.failpoints import afailpoint
-from scheduler.jobs import Attempt, Condition, Job, JobStatus, Run
-from scheduler.jobtx import Conflict
-from scheduler.requests import job_request, node_slot
-from scheduler.service import ClusterService
+from ftconsole.scheduler import elastic, placement
+from ftconsole.scheduler.errors import FtError, SSHError, StoreError
+from ftconsole.scheduler.executor import plan_attempt
+from ftconsole.scheduler.failpoints import afailpoint
+from ftconsole.scheduler.jobs import Attempt, Condition, Job, JobStatus, Run
+from ftconsole.scheduler.jobtx import Conflict
+from ftconsole.scheduler.requests import job_request, node_slot
+from ftconsole.scheduler.service import ClusterService
 
 log = logging.getLogger("ftconsole.scheduler")
 

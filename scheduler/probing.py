@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import probes
-from probes.results import AgentOutputError, ProbeReport, parse_report
-from scheduler.config import ClusterConfig, Node
-from scheduler.errors import AuthError, CommandTimeout, FtError, HostKeyError, SSHError, UnreachableError
-from scheduler.ssh import Transport, python_stdin_script, run_on_all
+from ftconsole import probes
+from ftconsole.probes.results import AgentOutputError, ProbeReport, parse_report
+from ftconsole.scheduler.config import ClusterConfig, Node
+from ftconsole.scheduler.errors import AuthError, CommandTimeout, FtError, HostKeyError, SSHError, UnreachableError
+from ftconsole.scheduler.ssh import Transport, python_stdin_script, run_on_all
 
 
 @functools.cache

@@ -26,8 +26,8 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from scheduler.config import format_duration
-from scheduler.jobs import Job, Run
+from ftconsole.scheduler.config import format_duration
+from ftconsole.scheduler.jobs import Job, Run
 
 KILL_MARGIN_S = 5.0  # past the grace period, before the scheduler SIGKILLs what the supervisor did not
 READ_STATES = frozenset({"starting", "running", "orphaned"})

@@ -11,9 +11,9 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from probes.health import NodeHealth, NodeState
-from scheduler.jobs import Attempt, Job, JobStatus, Run, StopReason
-from scheduler.jobspec import JobSpec
+from ftconsole.probes.health import NodeHealth, NodeState
+from ftconsole.scheduler.jobs import Attempt, Job, JobStatus, Run, StopReason
+from ftconsole.scheduler.jobspec import JobSpec
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from scheduler.config import ClusterConfig, expand_nodeset
-from scheduler.errors import UsageError
-from scheduler.jobspec import JobSpec
-from scheduler.placement import Candidate, JobRequest, NodeSlot, Priority
+from ftconsole.scheduler.config import ClusterConfig, expand_nodeset
+from ftconsole.scheduler.errors import UsageError
+from ftconsole.scheduler.jobspec import JobSpec
+from ftconsole.scheduler.placement import Candidate, JobRequest, NodeSlot, Priority
 
 
 def candidates(spec: JobSpec, config: ClusterConfig) -> tuple[Candidate, ...]:

@@ -16,9 +16,9 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from scheduler.config import Node
-from scheduler.errors import FtError
-from scheduler.ssh import Transport, python_stdin_script
+from ftconsole.scheduler.config import Node
+from ftconsole.scheduler.errors import FtError
+from ftconsole.scheduler.ssh import Transport, python_stdin_script
 
 SUPERVISOR_PROTOCOL = 2
 DEFAULT_RUN_ROOT = "~/.ftconsole/runs"

@@ -12,14 +12,14 @@ from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from probes.health import NodeEvent, NodeHealth, NodeState, Observation, observe, set_admin, stale
-from probes.results import ProbeReport
-from scheduler.config import LoadedConfig, Node, expand_nodeset
-from scheduler.errors import NotFound, UsageError
-from scheduler.probing import ProbeFailure, sweep
-from scheduler.records import AutoResolve, NewAlert, StoredEvent, StoredProbe
-from scheduler.ssh import SSHPool, Transport
-from scheduler.store import STORE_FILE, Store
+from ftconsole.probes.health import NodeEvent, NodeHealth, NodeState, Observation, observe, set_admin, stale
+from ftconsole.probes.results import ProbeReport
+from ftconsole.scheduler.config import LoadedConfig, Node, expand_nodeset
+from ftconsole.scheduler.errors import NotFound, UsageError
+from ftconsole.scheduler.probing import ProbeFailure, sweep
+from ftconsole.scheduler.records import AutoResolve, NewAlert, StoredEvent, StoredProbe
+from ftconsole.scheduler.ssh import SSHPool, Transport
+from ftconsole.scheduler.store import STORE_FILE, Store
 
 STALE_AFTER_INTERVALS = 3
 

@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from scheduler.config import LoadedConfig, Node
-from scheduler.errors import NotFound, UsageError
-from scheduler.ssh import ssh_files
+from ftconsole.scheduler.config import LoadedConfig, Node
+from ftconsole.scheduler.errors import NotFound, UsageError
+from ftconsole.scheduler.ssh import ssh_files
 
 if TYPE_CHECKING:  # the client drags in the whole scheduler; only its type is needed here
-    from scheduler.client import Client
+    from ftconsole.scheduler.client import Client
 
 # Exit status of the remote side when the run folder (or $HOME) is not there; a command's own passes through.
 NO_FOLDER_EXIT = 2

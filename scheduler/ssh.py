@@ -31,8 +31,8 @@ from typing import Protocol, TypeVar
 
 import asyncssh
 
-from scheduler.config import LoadedConfig, Node, SSHSettings
-from scheduler.errors import AuthError, CommandTimeout, FtError, HostKeyError, SSHError, UnreachableError
+from ftconsole.scheduler.config import LoadedConfig, Node, SSHSettings
+from ftconsole.scheduler.errors import AuthError, CommandTimeout, FtError, HostKeyError, SSHError, UnreachableError
 
 log = logging.getLogger("ftconsole.ssh")
 

@@ -21,13 +21,13 @@ from typing import Any
 
 import aiosqlite
 
-from probes.health import NodeEvent, NodeHealth
-from scheduler.errors import NotFound, StoreError, UsageError
-from scheduler.jobs import Attempt, Job, JobStatus, Run
-from scheduler.jobspec import JobSpec
-from scheduler.jobtx import Conflict as Conflict  # raised by the store's conditional writes: part of its API
-from scheduler.jobtx import JobTx, _auto_resolve, _insert_alert
-from scheduler.records import (
+from ftconsole.probes.health import NodeEvent, NodeHealth
+from ftconsole.scheduler.errors import NotFound, StoreError, UsageError
+from ftconsole.scheduler.jobs import Attempt, Job, JobStatus, Run
+from ftconsole.scheduler.jobspec import JobSpec
+from ftconsole.scheduler.jobtx import Conflict as Conflict  # raised by the store's conditional writes: part of its API
+from ftconsole.scheduler.jobtx import JobTx, _auto_resolve, _insert_alert
+from ftconsole.scheduler.records import (
     _UPSERT_NODE,
     AutoResolve,
     JobActivity,
@@ -42,7 +42,7 @@ from scheduler.records import (
     _job_from_row,
     _run_from_row,
 )
-from scheduler.schema import MIGRATIONS, SCHEMA_VERSION
+from ftconsole.scheduler.schema import MIGRATIONS, SCHEMA_VERSION
 
 STORE_FILE = "state.db"  # in state_dir
 PROBE_HISTORY_PER_NODE = 50

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from scheduler.errors import ConfigError, Problem
+from ftconsole.scheduler.errors import ConfigError, Problem
 
 Marks = dict[tuple[Any, ...], int]
 

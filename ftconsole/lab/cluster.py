@@ -30,8 +30,8 @@ from ftconsole.lab.processes import (
     find_lab_processes,
 )
 from ftconsole.lab.records import LabInfo, LabNodeInfo
-from scheduler.errors import LabError
-from scheduler.ssh import local_user
+from ftconsole.scheduler.errors import LabError
+from ftconsole.scheduler.ssh import local_user
 
 log = logging.getLogger("ftconsole.lab")
 

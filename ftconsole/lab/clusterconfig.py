@@ -10,9 +10,9 @@ from pydantic import ValidationError
 from ftconsole.lab.files import LabPaths
 from ftconsole.lab.layout import LabLayout
 from ftconsole.lab.plan import LAB_HOST, NodeSpec
-from scheduler import yamlfile
-from scheduler.config import ClusterConfig
-from scheduler.errors import LabError
+from ftconsole.scheduler import yamlfile
+from ftconsole.scheduler.config import ClusterConfig
+from ftconsole.scheduler.errors import LabError
 
 
 def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:

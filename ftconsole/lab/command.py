@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from ftconsole.lab.files import LabPaths
 from ftconsole.lab.server import lab_down, lab_status, lab_up, serve
-from scheduler.errors import FtError
+from ftconsole.scheduler.errors import FtError
 
 
 def _parser() -> argparse.ArgumentParser:

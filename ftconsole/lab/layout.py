@@ -8,9 +8,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ftconsole.lab.files import default_layout_path
-from scheduler import yamlfile
-from scheduler.config import ClusterConfig, expand_nodeset
-from scheduler.errors import ConfigError, Problem
+from ftconsole.scheduler import yamlfile
+from ftconsole.scheduler.config import ClusterConfig, expand_nodeset
+from ftconsole.scheduler.errors import ConfigError, Problem
 
 DEFAULT_DRIVER_VERSION = "550.54.15"
 

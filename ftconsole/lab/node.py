@@ -16,7 +16,7 @@ from ftconsole.lab.keys import _load_or_create_key
 from ftconsole.lab.layout import DEFAULT_DRIVER_VERSION
 from ftconsole.lab.plan import LAB_HOST, NodeSpec
 from ftconsole.lab.session import _Child, _NodeServer
-from scheduler.ssh import local_user
+from ftconsole.scheduler.ssh import local_user
 
 _INHERITED_ENV = ("PATH", "LANG")
 _PROTECTED_ENV = ("HOME", "USER", "LOGNAME", "FTCONSOLE_SIM_GPUS", "FTCONSOLE_LAB_NODE", "FTCONSOLE_LAB_ROOT")

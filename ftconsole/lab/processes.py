@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ftconsole.lab.files import LabPaths
-from scheduler.errors import LabError
+from ftconsole.scheduler.errors import LabError
 
 KILL_GRACE_S = 1.0  # SIGTERM, then SIGKILL after this long
 STOP_TIMEOUT_S = 10.0

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ftconsole.lab.files import LabPaths
-from scheduler.errors import LabError
+from ftconsole.scheduler.errors import LabError
 
 
 @dataclass(frozen=True)

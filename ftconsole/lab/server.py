@@ -22,7 +22,7 @@ from ftconsole.lab.layout import load_layout
 from ftconsole.lab.plan import plan_nodes
 from ftconsole.lab.processes import PidLock, _cmdline, _signal_all, kill_lab_processes, pid_alive
 from ftconsole.lab.records import LabInfo, LabNodeInfo
-from scheduler.errors import LabError
+from ftconsole.scheduler.errors import LabError
 
 log = logging.getLogger("ftconsole.lab")
 

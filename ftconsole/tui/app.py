@@ -29,17 +29,17 @@ from textual.screen import Screen
 from textual.widgets import ContentSwitcher, DataTable, Footer, Header, Input
 from textual.worker import Worker, WorkerCancelled, WorkerFailed, WorkerState
 
+from ftconsole.scheduler.api import ApiClient
+from ftconsole.scheduler.client import LocalClient, SocketClient, this_process
+from ftconsole.scheduler.config import LoadedConfig, parse_duration
+from ftconsole.scheduler.daemon import Operations, serve
+from ftconsole.scheduler.errors import AlreadyRunning, FtError, NotRunning
+from ftconsole.scheduler.shell import node_shell, shell_target
 from ftconsole.tui import rows as R
 from ftconsole.tui.detail import JobScreen, NodeScreen
 from ftconsole.tui.dialogs import ChoiceDialog, ConfirmDialog, PromptDialog, SubmitDialog
 from ftconsole.tui.feed import Feed
 from ftconsole.tui.views import AlertsView, ClusterView, EventsView, JobsView, NodesView, View
-from scheduler.api import ApiClient
-from scheduler.client import LocalClient, SocketClient, this_process
-from scheduler.config import LoadedConfig, parse_duration
-from scheduler.daemon import Operations, serve
-from scheduler.errors import AlreadyRunning, FtError, NotRunning
-from scheduler.shell import node_shell, shell_target
 
 REFRESH_S = 1.0
 VIEWS = (("jobs", "1"), ("nodes", "2"), ("alerts", "3"), ("events", "4"), ("cluster", "5"))

@@ -23,9 +23,9 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Label, Log, Static, TabbedContent, TabPane
 
 from ftconsole.format import age
+from ftconsole.scheduler.client import Client
+from ftconsole.scheduler.errors import FtError
 from ftconsole.tui import rows as R
-from scheduler.client import Client
-from scheduler.errors import FtError
 
 DETAIL_REFRESH_S = 2.0
 LOG_TAIL_LINES = 200

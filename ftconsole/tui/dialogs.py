@@ -20,8 +20,8 @@ from textual.screen import ModalScreen
 from textual.suggester import SuggestFromList
 from textual.widgets import Input, Label, OptionList, Static
 
+from ftconsole.scheduler.errors import ConfigError, FtError
 from ftconsole.tui import rows as R
-from scheduler.errors import ConfigError, FtError
 
 DIALOG_CSS = """
 {name} {{ align: center middle; }}
@@ -167,7 +167,7 @@ class SubmitDialog(ModalScreen[dict[str, Any] | None]):
 
     @work(exclusive=True, group="submit-check", exit_on_error=False)
     async def check_file(self, value: str) -> None:
-        from scheduler.jobspec import load_jobspec
+        from ftconsole.scheduler.jobspec import load_jobspec
 
         result = self.query_one("#result", Static)
         if not value:

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from scheduler.api import MAX_LINE, ApiClient, ApiServer, Caller
-from scheduler.errors import (
+from ftconsole.scheduler.api import MAX_LINE, ApiClient, ApiServer, Caller
+from ftconsole.scheduler.errors import (
     AlreadyRunning,
     ConfigError,
     FtError,

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from scheduler.config import load_config
-from scheduler.runs import RunStatus, Step, StepKind, run_states, start_run, stop_runs
-from scheduler.ssh import SSHPool
+from ftconsole.scheduler.config import load_config
+from ftconsole.scheduler.runs import RunStatus, Step, StepKind, run_states, start_run, stop_runs
+from ftconsole.scheduler.ssh import SSHPool
 from tests.integration.test_scheduler_sshd import WAIT, finished, job, log_of, running, until, write_config
 from tests.sshd_cluster import SshdCluster
 

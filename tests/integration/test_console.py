@@ -21,13 +21,13 @@ import yaml
 from textual.widgets import Static, TabbedContent
 
 from ftconsole.lab import LabCluster
+from ftconsole.scheduler.api import ApiClient
+from ftconsole.scheduler.config import LoadedConfig, load_config
+from ftconsole.scheduler.daemon import serve
 from ftconsole.tui.app import ConsoleApp
 from ftconsole.tui.detail import JobScreen, NodeScreen
 from ftconsole.tui.dialogs import ConfirmDialog, PromptDialog, SubmitDialog
 from ftconsole.tui.views import View
-from scheduler.api import ApiClient
-from scheduler.config import LoadedConfig, load_config
-from scheduler.daemon import serve
 
 SIZE = (160, 40)
 

@@ -20,12 +20,12 @@ from typing import Any
 
 import pytest
 
-from scheduler import failpoints
-from scheduler.api import ApiClient
-from scheduler.errors import NotRunning
-from scheduler.jobs import Job, JobStatus
-from scheduler.jobspec import JobSpec
-from scheduler.store import STORE_FILE, Store
+from ftconsole.scheduler import failpoints
+from ftconsole.scheduler.api import ApiClient
+from ftconsole.scheduler.errors import NotRunning
+from ftconsole.scheduler.jobs import Job, JobStatus
+from ftconsole.scheduler.jobspec import JobSpec
+from ftconsole.scheduler.store import STORE_FILE, Store
 from tests.sshd_cluster import SshdCluster, pid_alive
 
 pytestmark = pytest.mark.sshd

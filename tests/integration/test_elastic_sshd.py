@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from scheduler.errors import UsageError
+from ftconsole.scheduler.errors import UsageError
 from tests.integration.test_scheduler_sshd import finished, job, log_of, running, until, write_config
 from tests.sshd_cluster import SshdCluster
 

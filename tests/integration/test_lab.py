@@ -30,8 +30,8 @@ from ftconsole.lab import (
     plan_nodes,
     render_gpus,
 )
-from scheduler.config import load_config
-from scheduler.errors import ConfigError, LabError
+from ftconsole.scheduler.config import load_config
+from ftconsole.scheduler.errors import ConfigError, LabError
 
 CONFIG_LAB = Path(__file__).resolve().parents[2] / "config" / "lab.yaml"
 TIMEOUT = 20.0

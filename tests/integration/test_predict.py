@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from ftconsole.lab import LabCluster
-from scheduler.config import load_config
-from scheduler.engine import Scheduler
-from scheduler.errors import UsageError
-from scheduler.jobspec import parse_jobspec
-from scheduler.placement import Place, Wait
-from scheduler.service import ClusterService
+from ftconsole.scheduler.config import load_config
+from ftconsole.scheduler.engine import Scheduler
+from ftconsole.scheduler.errors import UsageError
+from ftconsole.scheduler.jobspec import parse_jobspec
+from ftconsole.scheduler.placement import Place, Wait
+from ftconsole.scheduler.service import ClusterService
 
 
 def job(text: str):

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.config import load_config
-from scheduler.service import ClusterService
+from ftconsole.scheduler.config import load_config
+from ftconsole.scheduler.service import ClusterService
 from tests.sshd_cluster import SshdCluster, gpu_data
 
 pytestmark = pytest.mark.sshd

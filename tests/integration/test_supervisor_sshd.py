@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.config import load_config
-from scheduler.errors import SSHError
-from scheduler.runs import RunStatus, node_runs, run_states, start_run, stop_runs
-from scheduler.ssh import SSHPool
+from ftconsole.scheduler.config import load_config
+from ftconsole.scheduler.errors import SSHError
+from ftconsole.scheduler.runs import RunStatus, node_runs, run_states, start_run, stop_runs
+from ftconsole.scheduler.ssh import SSHPool
 from tests.sshd_cluster import SshdCluster
 
 pytestmark = pytest.mark.sshd
@@ -232,7 +232,7 @@ async def test_missing_executable_fails_with_a_clear_error(node_pool) -> None:
 
 
 async def test_files_cannot_escape_the_run_folder(node_pool) -> None:
-    from scheduler.runs import SupervisorError
+    from ftconsole.scheduler.runs import SupervisorError
 
     _, pool, node = node_pool
     with pytest.raises(SupervisorError, match="outside the run folder"):

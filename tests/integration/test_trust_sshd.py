@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from scheduler.config import LoadedConfig, load_config
-from scheduler.errors import NotFound
-from scheduler.jobs import Job, JobStatus
-from scheduler.jobspec import JobSpec
-from scheduler.store import Store
+from ftconsole.scheduler.config import LoadedConfig, load_config
+from ftconsole.scheduler.errors import NotFound
+from ftconsole.scheduler.jobs import Job, JobStatus
+from ftconsole.scheduler.jobspec import JobSpec
+from ftconsole.scheduler.store import Store
 from tests.integration.test_scheduler_sshd import WAIT, finished, job, log_of, poll, running, until
 from tests.sshd_cluster import SshdCluster, pid_alive
 

@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from probes import agent
-from probes.results import ALL_CHECKS, CheckStatus, GPUInfo, NodeFacts, ProbeReport, parse_report
-from scheduler.config import Thresholds
+from ftconsole.probes import agent
+from ftconsole.probes.results import ALL_CHECKS, CheckStatus, GPUInfo, NodeFacts, ProbeReport, parse_report
+from ftconsole.scheduler.config import Thresholds
 
 AGENT_PATH = Path(agent.__file__)
 AGENT_SOURCE = AGENT_PATH.read_text()

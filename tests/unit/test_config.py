@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.config import expand_nodeset, fold_nodeset, format_duration, load_config, parse_duration
-from scheduler.errors import ConfigError
+from ftconsole.scheduler.config import expand_nodeset, fold_nodeset, format_duration, load_config, parse_duration
+from ftconsole.scheduler.errors import ConfigError
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from scheduler.elastic import direction, grow_request, kept_nodes, scale_problem
-from scheduler.jobs import Job, JobStatus, Run, StopReason
-from scheduler.jobspec import JobSpec
-from scheduler.placement import Candidate, JobRequest, Priority
+from ftconsole.scheduler.elastic import direction, grow_request, kept_nodes, scale_problem
+from ftconsole.scheduler.jobs import Job, JobStatus, Run, StopReason
+from ftconsole.scheduler.jobspec import JobSpec
+from ftconsole.scheduler.placement import Candidate, JobRequest, Priority
 
 
 def spec(**fields: Any) -> JobSpec:

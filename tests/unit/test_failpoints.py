@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from scheduler import failpoints
-from scheduler.errors import FtError
-from scheduler.failpoints import (
+from ftconsole.scheduler import failpoints
+from ftconsole.scheduler.errors import FtError
+from ftconsole.scheduler.failpoints import (
     ENV,
     POINTS,
     Action,
@@ -245,7 +245,7 @@ def test_a_point_registered_later_is_off(monkeypatch: pytest.MonkeyPatch) -> Non
 
 PROGRAM = """
 import sys
-from scheduler.failpoints import failpoint
+from ftconsole.scheduler.failpoints import failpoint
 print("before", flush=True)
 failpoint("launch.after_send")
 print("after", flush=True)
@@ -253,7 +253,7 @@ print("after", flush=True)
 
 ASYNC_PROGRAM = """
 import asyncio
-from scheduler.failpoints import afailpoint
+from ftconsole.scheduler.failpoints import afailpoint
 async def main():
     print("before", flush=True)
     try:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from probes.health import NodeHealth, NodeState, Observation, classify, observe, set_admin, stale
-from probes.results import CheckResult, CheckStatus, NodeFacts, ProbeReport
+from ftconsole.probes.health import NodeHealth, NodeState, Observation, classify, observe, set_admin, stale
+from ftconsole.probes.results import CheckResult, CheckStatus, NodeFacts, ProbeReport
 
 H, D, U, X, K = (NodeState.HEALTHY, NodeState.DEGRADED, NodeState.UNHEALTHY, NodeState.UNREACHABLE, NodeState.UNKNOWN)
 

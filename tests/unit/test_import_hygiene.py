@@ -10,12 +10,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def modules(package: str) -> list[str]:
-    return [f"{package}.{m.name}" for m in pkgutil.iter_modules([str(ROOT / package)]) if m.name != "agent"]
+def modules(namespace: str, package: str) -> list[str]:
+    return [f"{namespace}.{package}.{m.name}" for m in pkgutil.iter_modules([str(ROOT / package)]) if m.name != "agent"]
 
 
 def test_core_imports_without_textual() -> None:
-    names = modules("scheduler") + modules("probes")
+    names = modules("ftconsole", "scheduler") + modules("ftconsole", "probes")
     code = (
         "import importlib, sys\n"
         f"for name in {names!r}:\n"
@@ -26,4 +26,4 @@ def test_core_imports_without_textual() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == ""
-    assert "scheduler.service" in names and "probes.health" in names
+    assert "ftconsole.scheduler.service" in names and "ftconsole.probes.health" in names

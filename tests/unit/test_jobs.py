@@ -8,15 +8,26 @@ from typing import Any
 
 import pytest
 
-from scheduler.api import Caller
-from scheduler.config import ClusterConfig
-from scheduler.engine import Scheduler
-from scheduler.errors import PermissionDenied
-from scheduler.jobs import AllRunning, Attempt, Finish, Job, JobStatus, Run, StopOthers, StopReason, expired, settle
-from scheduler.jobspec import JobSpec
-from scheduler.jobtx import Conflict
-from scheduler.schema import SCHEMA_VERSION
-from scheduler.store import Store
+from ftconsole.scheduler.api import Caller
+from ftconsole.scheduler.config import ClusterConfig
+from ftconsole.scheduler.engine import Scheduler
+from ftconsole.scheduler.errors import PermissionDenied
+from ftconsole.scheduler.jobs import (
+    AllRunning,
+    Attempt,
+    Finish,
+    Job,
+    JobStatus,
+    Run,
+    StopOthers,
+    StopReason,
+    expired,
+    settle,
+)
+from ftconsole.scheduler.jobspec import JobSpec
+from ftconsole.scheduler.jobtx import Conflict
+from ftconsole.scheduler.schema import SCHEMA_VERSION
+from ftconsole.scheduler.store import Store
 
 SPEC = JobSpec.from_json({"name": "train", "command": "python3 train.py", "max_runtime": 60})
 

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from scheduler import launcher, yamlfile
-from scheduler.command import check_command
-from scheduler.errors import ConfigError
-from scheduler.jobplan import plan_job
-from scheduler.jobspec import (
+from ftconsole.scheduler import launcher, yamlfile
+from ftconsole.scheduler.command import check_command
+from ftconsole.scheduler.errors import ConfigError
+from ftconsole.scheduler.jobplan import plan_job
+from ftconsole.scheduler.jobspec import (
     GpuRequest,
     JobMode,
     JobSpec,

@@ -19,8 +19,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler.errors import FtError
-from scheduler.launcher import (
+from ftconsole.scheduler.errors import FtError
+from ftconsole.scheduler.launcher import (
     MODES,
     LaunchError,
     LaunchInput,

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.errors import AlreadyRunning
-from scheduler.lock import StateLock
+from ftconsole.scheduler.errors import AlreadyRunning
+from ftconsole.scheduler.lock import StateLock
 
 REPO = Path(__file__).resolve().parents[2]
 HOLD = """
 import sys
 from pathlib import Path
-from scheduler.lock import StateLock
+from ftconsole.scheduler.lock import StateLock
 with StateLock(Path(sys.argv[1])):
     print("locked", flush=True)
     sys.stdin.readline()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from probes.health import NodeHealth, NodeState
-from scheduler.probing import ProbeFailure
-from scheduler.service import node_alerts
+from ftconsole.probes.health import NodeHealth, NodeState
+from ftconsole.scheduler.probing import ProbeFailure
+from ftconsole.scheduler.service import node_alerts
 
 H, D, U, X, K = NodeState.HEALTHY, NodeState.DEGRADED, NodeState.UNHEALTHY, NodeState.UNREACHABLE, NodeState.UNKNOWN
 CHANGED = ProbeFailure("host-key-changed", "host key changed: the key of 10.0.0.1 does not match known_hosts")

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler.placement import (
+from ftconsole.scheduler.placement import (
     Allocation,
     Candidate,
     ClusterState,

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from scheduler.jobplan import plan_job
-from scheduler.jobspec import JobSpec
-from scheduler.launcher import LaunchInput, NodeAssignment
-from scheduler.runs import Step, StepKind
+from ftconsole.scheduler.jobplan import plan_job
+from ftconsole.scheduler.jobspec import JobSpec
+from ftconsole.scheduler.launcher import LaunchInput, NodeAssignment
+from ftconsole.scheduler.runs import Step, StepKind
 
 TASKS = [
     {"name": "prep", "command": "python3 prep.py", "output": "prep"},

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from scheduler.config import ClusterConfig, Node
-from scheduler.probing import agent_params, agent_script
-from scheduler.ssh import remote_command
+from ftconsole.scheduler.config import ClusterConfig, Node
+from ftconsole.scheduler.probing import agent_params, agent_script
+from ftconsole.scheduler.ssh import remote_command
 
 HOSTILE = [
     "plain",

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from scheduler.jobs import Job, JobStatus, Run, StopReason
-from scheduler.jobspec import JobSpec
-from scheduler.reconcile import KILL_MARGIN_S, Actions, Launch, Lose, Read, Snapshot, Stop, reconcile
+from ftconsole.scheduler.jobs import Job, JobStatus, Run, StopReason
+from ftconsole.scheduler.jobspec import JobSpec
+from ftconsole.scheduler.reconcile import KILL_MARGIN_S, Actions, Launch, Lose, Read, Snapshot, Stop, reconcile
 
 NOW = 1000.0
 GRACE = 30.0

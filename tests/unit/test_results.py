@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from probes.results import (
+from ftconsole.probes.results import (
     AgentOutputError,
     CheckResult,
     CheckStatus,

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from scheduler.config import ClusterConfig, LoadedConfig, Node
-from scheduler.errors import NotFound, UsageError
-from scheduler.shell import (
+from ftconsole.scheduler.config import ClusterConfig, LoadedConfig, Node
+from ftconsole.scheduler.errors import NotFound, UsageError
+from ftconsole.scheduler.shell import (
     NO_FOLDER_EXIT,
     ShellTarget,
     SshOptions,

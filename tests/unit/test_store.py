@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from probes.health import NodeEvent, NodeHealth, NodeState
-from scheduler import store as store_mod
-from scheduler.errors import StoreError
-from scheduler.jobspec import JobSpec
-from scheduler.records import StoredProbe
-from scheduler.schema import SCHEMA_VERSION
-from scheduler.store import Store
+from ftconsole.probes.health import NodeEvent, NodeHealth, NodeState
+from ftconsole.scheduler import store as store_mod
+from ftconsole.scheduler.errors import StoreError
+from ftconsole.scheduler.jobspec import JobSpec
+from ftconsole.scheduler.records import StoredProbe
+from ftconsole.scheduler.schema import SCHEMA_VERSION
+from ftconsole.scheduler.store import Store
 
 
 async def test_fresh_store_is_migrated_and_reopens(tmp_path: Path) -> None:

@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from probes.health import NodeEvent, NodeHealth, NodeState
-from scheduler import store as store_mod
-from scheduler.errors import NotFound, UsageError
-from scheduler.jobs import Attempt, Job, JobStatus, Run
-from scheduler.jobspec import JobSpec
-from scheduler.records import AutoResolve, JobActivity, NewAlert
-from scheduler.store import ALERT_STATES, Store
+from ftconsole.probes.health import NodeEvent, NodeHealth, NodeState
+from ftconsole.scheduler import store as store_mod
+from ftconsole.scheduler.errors import NotFound, UsageError
+from ftconsole.scheduler.jobs import Attempt, Job, JobStatus, Run
+from ftconsole.scheduler.jobspec import JobSpec
+from ftconsole.scheduler.records import AutoResolve, JobActivity, NewAlert
+from ftconsole.scheduler.store import ALERT_STATES, Store
 
 SPEC = JobSpec.from_json({"name": "train", "command": "python3 train.py"})
 WAIT = 10.0
