@@ -302,7 +302,9 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         return 0
     rows = []
     for n in view["nodes"]:
-        holders = sorted({g["job"] for g in n["gpus"] if g["job"] is not None})
+        holders: list[int | str] = sorted({g["job"] for g in n["gpus"] if g["job"] is not None})
+        if any(g.get("private") for g in n["gpus"]):
+            holders.append("private")
         mem = f"{n['mem_total_mib'] / 1024:.0f}G" if n["mem_total_mib"] else "-"
         rows.append(
             [

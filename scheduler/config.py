@@ -162,6 +162,8 @@ class SchedulerSettings(_Strict):
     node_timeout: PositiveDuration = 10.0
     run_root: str = "~/.ftconsole/runs"  # run folders on the nodes: <run_root>/<cluster id>/<job>/<attempt>/<rank>
     urgent_cap: int | None = Field(None, ge=0)  # urgent jobs (running + queued) per project; None: no cap
+    # how much non-admins may add to a job's max_runtime with `extend`, in all (docs/configuration.md)
+    max_extend: Duration = 24 * 3600.0
 
 
 class ApiSettings(_Strict):
@@ -204,12 +206,20 @@ class Node:
     labels: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
 
 
+class ProjectSettings(_Strict):
+    """A project jobs may name (`project:`): who may submit to it; the urgent cap counts per project."""
+
+    members: list[str] | None = None  # None: any user
+
+
 class ClusterConfig(_Strict):
     state_dir: str = "~/.local/state/ftconsole"
     ssh: SSHSettings = SSHSettings()
     nodes: list[NodeGroup] = []
     pools: dict[str, PoolSettings] = {}
     admins: list[str] = []
+    # declared projects; without any, a job's project is free text and the urgent cap counts per user
+    projects: dict[str, ProjectSettings] = {}
     specs: dict[str, NodeSpecSettings] = {}
     probes: ProbeSettings = ProbeSettings()
     scheduler: SchedulerSettings = SchedulerSettings()

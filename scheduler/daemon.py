@@ -106,7 +106,7 @@ class Operations:
         return {**(await self.scheduler.submit(caller, args["spec"])).to_json(self.now), **JobActivity().to_json()}
 
     async def _predict(self, caller: Caller, args: dict[str, Any]) -> Any:
-        return decision_json(await self.scheduler.predict(args["spec"]))
+        return decision_json(await self.scheduler.predict(caller, args["spec"]))
 
     async def _jobs(self, caller: Caller, args: dict[str, Any]) -> Any:
         jobs = await self.scheduler.jobs(
@@ -124,7 +124,8 @@ class Operations:
         call again with `since` = the cursor (see `Store.jobs_changed`)."""
         since = args.get("since")
         cursor, jobs, activity = await self.scheduler.store.jobs_changed(None if since is None else float(since))
-        return {"cursor": cursor, "jobs": await self._json(jobs, activity)}
+        seen = [j for j in jobs if self.scheduler.may_see(caller, j)]
+        return {"cursor": cursor, "jobs": await self._json(seen, activity)}
 
     async def _show(self, caller: Caller, args: dict[str, Any]) -> Any:
         return await self.scheduler.show(caller, args["job"])
@@ -175,14 +176,17 @@ class Operations:
         if args.get("job") is not None:
             events = await self.scheduler.job_events(caller, args["job"], limit=limit)
         else:
+            hidden = await self._hidden(caller)
             events = await self.scheduler.service.events(node=args.get("node"), limit=limit)
+            events = [e for e in events if e.job is None or not e.job.isdigit() or int(e.job) not in hidden]
         return [e.to_json() for e in events]
 
     async def _alerts(self, caller: Caller, args: dict[str, Any]) -> Any:
         """Open and acknowledged alerts, oldest first; `all`: resolved ones too; `limit` (default 200) newest."""
         states = ALERT_STATES if args.get("all") else ("open", "acknowledged")
         alerts = await self.scheduler.store.alerts(states=states, limit=int(args.get("limit") or 200))
-        return [a.to_json() for a in alerts]
+        hidden = await self._hidden(caller)
+        return [a.to_json() for a in alerts if a.job not in hidden]
 
     async def _ack(self, caller: Caller, args: dict[str, Any]) -> Any:
         return [a.to_json() for a in await self.scheduler.ack(caller, _alert_ids(args))]
@@ -191,7 +195,8 @@ class Operations:
         return [a.to_json() for a in await self.scheduler.resolve(caller, _alert_ids(args))]
 
     async def _nodes(self, caller: Caller, args: dict[str, Any]) -> Any:
-        views = [v.to_json() for v in await self.scheduler.service.nodes(args.get("nodeset"))]
+        hidden = await self._hidden(caller)
+        views = [_mask_held(v.to_json(), hidden) for v in await self.scheduler.service.nodes(args.get("nodeset"))]
         return [brief_node(v) for v in views] if args.get("brief") else views
 
     async def _probe(self, caller: Caller, args: dict[str, Any]) -> Any:
@@ -210,7 +215,21 @@ class Operations:
         s = self.scheduler
         views = [v.to_json() for v in await s.service.nodes()]
         queued = await s.store.jobs(statuses=[JobStatus.QUEUED])
-        return cluster_view(s.config, views, await s.store.runs(held=True), queued)
+        view = cluster_view(s.config, views, await s.store.runs(held=True), queued)
+        hidden = await self._hidden(caller)
+        for node in view.get("nodes") or []:
+            for gpu in node.get("gpus") or []:
+                if gpu.get("job") in hidden:
+                    gpu.update(job=None, private=True)
+        return view
+
+    async def _hidden(self, caller: Caller) -> frozenset[int]:
+        """The jobs this caller may not see (`Scheduler.may_see`): left out of listings, events and alerts; the
+        GPUs they hold show as held by a private job."""
+        s = self.scheduler
+        if s.is_admin(caller):
+            return frozenset()
+        return frozenset(j.id for j in await s.store.jobs(deleted=True) if not s.may_see(caller, j))
 
 
 async def _primed(stream: AsyncIterator[Any]) -> AsyncIterator[Any]:
@@ -240,6 +259,14 @@ _EMPTY = object()
 
 # what a list of nodes needs (the console reads it every second): no checks or facts, three fields per GPU
 BRIEF_GPU_FIELDS = ("index", "name", "utilization")
+
+
+def _mask_held(view: dict[str, Any], hidden: frozenset[int]) -> dict[str, Any]:
+    """A node view whose GPUs held by hidden jobs say only that: held by a private job."""
+    if not hidden or not view.get("held"):
+        return view
+    held = [{"gpu": h["gpu"], "job": None, "private": True} if h["job"] in hidden else h for h in view["held"]]
+    return {**view, "held": held}
 
 
 def brief_node(view: dict[str, Any]) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from ftconsole.scheduler.executor import plan_attempt
 from ftconsole.scheduler.failpoints import afailpoint
 from ftconsole.scheduler.jobs import Attempt, Condition, Job, JobStatus, Run
 from ftconsole.scheduler.jobtx import Conflict
-from ftconsole.scheduler.requests import job_request, node_slot
+from ftconsole.scheduler.requests import job_request, node_slot, urgent_scope
 from ftconsole.scheduler.service import ClusterService
 
 log = logging.getLogger("ftconsole.scheduler")
@@ -214,7 +214,7 @@ class Placer:
                     node=r.node,
                     gpus=r.gpus,
                     ends_at=holder.deadline if holder else None,
-                    project=holder.project if holder else "",
+                    project=urgent_scope(self.config, holder.owner, holder.project) if holder else "",
                     priority=placement.Priority.parse(holder.priority) if holder else placement.Priority.NORMAL,
                 )
             )
@@ -228,6 +228,7 @@ class Placer:
                 request = dataclasses.replace(
                     request,
                     priority=placement.Priority.parse(job.priority),
+                    project=urgent_scope(self.config, job.owner, job.project),
                     requeued=job.requeued,
                     nodes=job.size,
                     min_nodes=None if request.min_nodes is None else min(request.min_nodes, job.size),

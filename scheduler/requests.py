@@ -68,3 +68,9 @@ def node_slot(view: dict[str, Any]) -> NodeSlot:
         labels=frozenset(f"{k}={v}" for k, v in (view.get("labels") or {}).items()),
         degraded=view["state"] == "degraded",
     )
+
+
+def urgent_scope(config: ClusterConfig, owner: str, project: str) -> str:
+    """What the urgent cap counts over: the project where projects are declared in the config (their members
+    alone may name them), else the user, so that naming a new project never dodges the cap."""
+    return f"project {project}" if config.projects else f"user {owner}"

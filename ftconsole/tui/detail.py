@@ -352,7 +352,7 @@ class NodeScreen(DetailScreen):
                 for c in v.get("checks") or []
             ],
         )
-        holders = {h["gpu"]: h["job"] for h in v.get("held") or []}
+        holders = {h["gpu"]: "private job" if h.get("private") else h["job"] for h in v.get("held") or []}
         fill(
             self.query_one("#gpus", DataTable),
             [

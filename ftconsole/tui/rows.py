@@ -261,7 +261,9 @@ def node_cells(node: Mapping[str, Any], now: float, history: Sequence[float | No
     util = mean_util(node)
     last = node.get("last_probe")
     state = str(node["state"])
-    job_ids = sorted({int(h["job"]) for h in held})
+    job_ids: list[int | str] = sorted({int(h["job"]) for h in held if h.get("job") is not None})
+    if any(h.get("private") for h in held):
+        job_ids.append("private")
     faults = int(node.get("faults") or 0)
     return (
         MARK if marked else " ",

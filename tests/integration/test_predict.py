@@ -11,12 +11,15 @@ from pathlib import Path
 import pytest
 
 from ftconsole.lab import LabCluster
+from ftconsole.scheduler.api import Caller
 from ftconsole.scheduler.config import load_config
 from ftconsole.scheduler.engine import Scheduler
 from ftconsole.scheduler.errors import UsageError
 from ftconsole.scheduler.jobspec import parse_jobspec
 from ftconsole.scheduler.placement import Place, Wait
 from ftconsole.scheduler.service import ClusterService
+
+ROOT = Caller(uid=0, gid=0, pid=os.getpid(), user="root")
 
 
 def job(text: str):
@@ -29,25 +32,27 @@ async def test_predict_places_on_healthy_nodes_and_explains_waits(tmp_path: Path
         async with ClusterService.open(loaded) as svc:
             await svc.probe()
             sched = Scheduler(svc)
-            two = await sched.predict(job("mode: pytorch\nnodes: 2\ngpus_per_node: 8\n"))
+            two = await sched.predict(ROOT, job("mode: pytorch\nnodes: 2\ngpus_per_node: 8\n"))
             assert isinstance(two, Place)
             assert [(n, len(g)) for n, g in two.nodes] == [("lab01", 8), ("lab02", 8)]
 
             # 5 nodes with 8 GPUs: only the four H100 nodes have 8 (lab05-08 have 4)
-            five = await sched.predict(job("mode: pytorch\nnodes: 5\ngpus_per_node: 8\n"))
+            five = await sched.predict(ROOT, job("mode: pytorch\nnodes: 5\ngpus_per_node: 8\n"))
             assert isinstance(five, Wait) and "4" in five.reason
 
             # 4 GPUs on every A100 node: lab07 is unhealthy (ECC), so only three are usable
-            a100 = await sched.predict(job("mode: pytorch\nnodes: 4\ngpus_per_node: 4\npool: a100\n"))
+            a100 = await sched.predict(ROOT, job("mode: pytorch\nnodes: 4\ngpus_per_node: 4\npool: a100\n"))
             assert isinstance(a100, Wait)
-            three = await sched.predict(job("mode: pytorch\nnodes: 3\ngpus_per_node: 4\npool: a100\n"))
+            three = await sched.predict(ROOT, job("mode: pytorch\nnodes: 3\ngpus_per_node: 4\npool: a100\n"))
             assert isinstance(three, Place) and "lab07" not in [n for n, _ in three.nodes]
 
             await svc.drain("lab0[5-6]", reason="maintenance", by="test")
-            assert isinstance(await sched.predict(job("mode: pytorch\nnodes: 3\ngpus_per_node: 4\npool: a100\n")), Wait)
+            assert isinstance(
+                await sched.predict(ROOT, job("mode: pytorch\nnodes: 3\ngpus_per_node: 4\npool: a100\n")), Wait
+            )
 
             with pytest.raises(UsageError, match="spec 'big' is not defined"):
-                await sched.predict(job("spec: big\n"))
+                await sched.predict(ROOT, job("spec: big\n"))
 
 
 async def test_predict_cli_json_and_spec_errors(tmp_path: Path) -> None:
