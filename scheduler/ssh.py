@@ -6,7 +6,9 @@ every connect and every command, so a sweep over a thousand nodes is never held 
 
 Host keys are verified against `known_hosts`. An unknown host or a changed key raises `HostKeyError` and
 nothing runs there; with `host_key_policy: accept-new` a first-seen key is recorded (as OpenSSH's
-StrictHostKeyChecking=accept-new does) but a changed key is still refused.
+StrictHostKeyChecking=accept-new does) but a changed key is still refused. The hops of a `ProxyJump` (from the
+ssh config) are opened here too, and checked the same way against the same file: asyncssh is never left to
+open them with its own defaults.
 
 Remote commands are argv lists, joined with `shlex.join`: no value is ever glued into a shell string.
 asyncssh's exceptions are translated here into ours (`scheduler.errors`).
@@ -39,6 +41,7 @@ log = logging.getLogger("ftconsole.ssh")
 BACKOFF_BASE_S = 1.0
 BACKOFF_MAX_S = 60.0
 KEEPALIVE_COUNT_MAX = 3
+MAX_JUMP_DEPTH = 8  # ProxyJump hops nested through the ssh config (a loop there must end)
 
 
 @dataclass(frozen=True)
@@ -279,15 +282,19 @@ class SSHPool:
             state.failures, state.retry_at, state.last_error = 0, 0.0, None
             return state.conn
 
-    def _connect_options(self, node: Node) -> dict[str, object]:
+    def _base_options(self) -> dict[str, object]:
+        """What every connection of ours sets, the node's and each ProxyJump hop's alike."""
         s = self.settings
-        options: dict[str, object] = {
+        return {
             "connect_timeout": s.connect_timeout,
             "login_timeout": s.connect_timeout,
             "keepalive_interval": s.keepalive_interval,
             "keepalive_count_max": KEEPALIVE_COUNT_MAX,
             "config": [str(self.config_file)] if self.config_file else [],
         }
+
+    def _connect_options(self, node: Node) -> dict[str, object]:
+        options = self._base_options()
         if node.port is not None:
             options["port"] = node.port
         if node.user:
@@ -296,49 +303,175 @@ class SSHPool:
             options["client_keys"] = [str(self.identity_file)]
         return options
 
+    async def _proxy_jump(self, node: Node, host: str, port: int | None, user: str | None) -> str | None:
+        """The ssh config's ProxyJump for this host (None without one, or with `ProxyJump none`)."""
+        if self.config_file is None:
+            return None
+        try:
+            options = await asyncssh.SSHClientConnectionOptions.construct(
+                host=host,
+                port=port if port is not None else (),
+                username=user or (),
+                config=[str(self.config_file)],
+                known_hosts=None,  # only the config is read here: no keys, no known hosts
+                client_keys=None,
+            )
+        except (OSError, ValueError) as exc:  # an unreadable or broken ssh config
+            raise SSHError(node.name, f"cannot connect: ssh config {self.config_file}: {exc}") from exc
+        tunnel = options.tunnel
+        return tunnel if isinstance(tunnel, str) and tunnel.strip() else None
+
     async def _connect(self, node: Node) -> asyncssh.SSHClientConnection:
+        """Connect to the node; through its ProxyJump hops, if the ssh config names any.
+
+        asyncssh would open the hops itself, with its own defaults (`~/.ssh/known_hosts` or the config's
+        `UserKnownHostsFile`, no host key policy of ours), so we open them here, each checked against
+        `ssh.known_hosts` with `ssh.host_key_policy` like the node, and hand the last one to asyncssh as the
+        tunnel. Closing the node's connection closes its hops."""
+        hops: list[asyncssh.SSHClientConnection] = []
+        try:
+            spec = await self._proxy_jump(node, node.host, node.port, node.user)
+            tunnel = await self._open_hops(node, spec, hops) if spec else None
+            conn = await self._dial(node, node.host, self._connect_options(node), tunnel, jump=None)
+        except BaseException:
+            for hop in reversed(hops):
+                hop.close()
+            raise
+        if tunnel is not None:
+            conn.set_tunnel(tunnel)
+        return conn
+
+    async def _open_hops(
+        self, node: Node, spec: str, opened: list[asyncssh.SSHClientConnection], depth: int = 0
+    ) -> asyncssh.SSHClientConnection:
+        """Open a ProxyJump chain (`[user@]host[:port],...`) as OpenSSH does: the first hop through its own
+        ProxyJump, if any; each next hop through the previous one. Returns the last hop."""
+        if depth >= MAX_JUMP_DEPTH:
+            raise SSHError(
+                node.name, f"ProxyJump of {node.host} nests more than {MAX_JUMP_DEPTH} deep (a loop in the ssh config?)"
+            )
+        conn: asyncssh.SSHClientConnection | None = None
+        for hop in spec.split(","):
+            user, host, port = _parse_hop(hop)
+            if not host:
+                raise SSHError(node.name, f"cannot connect: bad ProxyJump {spec!r}")
+            tunnel = conn
+            if tunnel is None:
+                own = await self._proxy_jump(node, host, port, user)
+                if own:
+                    tunnel = await self._open_hops(node, own, opened, depth + 1)
+            options = self._base_options()
+            if port is not None:
+                options["port"] = port
+            if user:
+                options["username"] = user
+            # The hop authenticates as the ssh config says for it (IdentityFile, agent), as OpenSSH does.
+            conn = await self._dial(node, host, options, tunnel, jump=hop.strip())
+            opened.append(conn)
+            if tunnel is not None:
+                conn.set_tunnel(tunnel)
+        assert conn is not None
+        return conn
+
+    async def _dial(
+        self,
+        node: Node,
+        host: str,
+        options: dict[str, object],
+        tunnel: asyncssh.SSHClientConnection | None,
+        *,
+        jump: str | None,
+    ) -> asyncssh.SSHClientConnection:
+        """One SSH connection (to the node, or to a hop of its ProxyJump when `jump` names it), its host key
+        checked by `_Client` against our known_hosts. `tunnel=None` stops asyncssh from opening a ProxyJump
+        of its own."""
         verdict = _Verdict()
-        known = self.known.current()
         try:
             conn, _ = await asyncio.wait_for(
                 asyncssh.create_connection(
                     lambda: _Client(self.known, verdict),
-                    node.host,
-                    known_hosts=known,
-                    **self._connect_options(node),  # type: ignore[arg-type]
+                    host,
+                    known_hosts=self.known.current(),
+                    tunnel=tunnel,
+                    **options,  # type: ignore[arg-type]
                 ),
                 timeout=self.settings.connect_timeout + 1,
             )
             return conn
         except asyncssh.HostKeyNotVerifiable as exc:
+            raise self._host_key_error(node, jump, verdict, exc) from exc
+        except asyncssh.PermissionDenied as exc:
+            raise AuthError(node.name, f"{_via(jump)}authentication refused: {_reason(exc)}") from exc
+        except (TimeoutError, asyncssh.misc.ConnectionLost) as exc:
+            raise UnreachableError(
+                node.name, f"{_via(jump)}connect timed out after {self.settings.connect_timeout:g}s"
+            ) from exc
+        except asyncssh.DisconnectError as exc:
+            raise UnreachableError(node.name, f"{_via(jump)}disconnected: {_reason(exc)}") from exc
+        except (OSError, asyncssh.Error) as exc:
+            raise UnreachableError(node.name, f"{_via(jump)}{_reason(exc)}") from exc
+        except ValueError as exc:  # asyncssh raises ValueError for bad options (e.g. an unreadable key file)
+            raise SSHError(node.name, f"cannot connect: {_via(jump)}{exc}") from exc
+
+    def _host_key_error(
+        self, node: Node, jump: str | None, verdict: _Verdict, exc: asyncssh.HostKeyNotVerifiable
+    ) -> HostKeyError:
+        path = self.known.path
+        if jump is None:
             if verdict.changed:
-                raise HostKeyError(
+                return HostKeyError(
                     node.name,
-                    f"host key changed: the key of {node.host} does not match {self.known.path}; "
+                    f"host key changed: the key of {node.host} does not match {path}; "
                     "nothing was run there (if the node was reinstalled, remove its old key)",
                     changed=True,
-                ) from exc
+                )
             if verdict.unknown:
-                raise HostKeyError(
+                return HostKeyError(
                     node.name,
-                    f"unknown host key: {node.host} is not in {self.known.path}; nothing was run there "
+                    f"unknown host key: {node.host} is not in {path}; nothing was run there "
                     "(add its key, or set ssh.host_key_policy: accept-new)",
                     changed=False,
-                ) from exc
-            # Our check was never reached: a ProxyJump hop refused, verified per the ssh config's known hosts.
-            raise HostKeyError(
-                node.name, f"jump host (ProxyJump) key not verified: {_reason(exc)}", changed=False
-            ) from exc
-        except asyncssh.PermissionDenied as exc:
-            raise AuthError(node.name, f"authentication refused: {_reason(exc)}") from exc
-        except (TimeoutError, asyncssh.misc.ConnectionLost) as exc:
-            raise UnreachableError(node.name, f"connect timed out after {self.settings.connect_timeout:g}s") from exc
-        except asyncssh.DisconnectError as exc:
-            raise UnreachableError(node.name, f"disconnected: {_reason(exc)}") from exc
-        except (OSError, asyncssh.Error) as exc:
-            raise UnreachableError(node.name, _reason(exc)) from exc
-        except ValueError as exc:  # asyncssh raises ValueError for bad options (e.g. an unreadable key file)
-            raise SSHError(node.name, f"cannot connect: {exc}") from exc
+                )
+            return HostKeyError(node.name, f"host key of {node.host} not verified: {_reason(exc)}", changed=False)
+        hop = f"jump host {jump} (ProxyJump to {node.host})"
+        if verdict.changed:
+            return HostKeyError(
+                node.name,
+                f"host key changed: the key of {hop} does not match {path}; nothing was run on {node.host} "
+                "(if the jump host was reinstalled, remove its old key)",
+                changed=True,
+            )
+        if verdict.unknown:
+            return HostKeyError(
+                node.name,
+                f"unknown host key: {hop} is not in {path}; nothing was run on {node.host} "
+                "(add its key, or set ssh.host_key_policy: accept-new)",
+                changed=False,
+            )
+        return HostKeyError(node.name, f"host key of {hop} not verified: {_reason(exc)}", changed=False)
+
+
+def _via(jump: str | None) -> str:
+    return f"jump host {jump}: " if jump else ""
+
+
+def _parse_hop(hop: str) -> tuple[str | None, str, int | None]:
+    """`[user@]host[:port]` of a ProxyJump list (`[v6addr]:port` too) as (user, host, port)."""
+    hop = hop.strip()
+    user: str | None = None
+    if "@" in hop:
+        user, hop = hop.rsplit("@", 1)
+    port: int | None = None
+    if hop.startswith("[") and "]" in hop:
+        host, _, rest = hop[1:].partition("]")
+        if rest.startswith(":") and rest[1:].isdigit():
+            port = int(rest[1:])
+        return user or None, host, port
+    if hop.count(":") == 1:
+        host, _, port_s = hop.partition(":")
+        if port_s.isdigit():
+            return user or None, host, int(port_s)
+    return user or None, hop, port
 
 
 def _again(err: SSHError, wait_s: float) -> SSHError:
