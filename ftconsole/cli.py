@@ -18,7 +18,7 @@ from typing import Any
 from ftconsole import jobs_cli, shell_cli
 from ftconsole.format import age, gpu_summary, print_json, print_table
 from ftconsole.scheduler.client import open_client
-from ftconsole.scheduler.config import LoadedConfig, find_config, load_config
+from ftconsole.scheduler.config import LoadedConfig, check_problems, find_config, load_config
 from ftconsole.scheduler.errors import ConfigError, FtError
 from ftconsole.scheduler.service import ClusterService
 from ftconsole.scheduler.store import STORE_FILE, read_cluster_id
@@ -39,6 +39,9 @@ def _loaded(args: argparse.Namespace) -> LoadedConfig:
 def cmd_config_check(args: argparse.Namespace) -> int:
     path = find_config(args.config)
     loaded = load_config(path)  # raises ConfigError with every problem
+    problems = check_problems(loaded, path)  # loads, but cannot schedule (no nodes)
+    if problems:
+        raise ConfigError(problems)
     nodes = loaded.cluster.node_list()
     pools = sorted({n.pool for n in nodes})
     cluster_id = read_cluster_id(loaded.state_dir / STORE_FILE)

@@ -4,8 +4,11 @@ The scheduler (``ftconsole serve``, or the console in embedded mode) listens on 
 optionally owned by a configured group: who may connect at all is decided by the file system. Who is calling is
 taken from the connection's kernel peer credentials (``SO_PEERCRED``), never from anything in a request.
 
-Protocol: newline-delimited JSON objects, UTF-8, at most 16 MiB a line. A connection carries requests one after
-another; each is answered before the next is read::
+Protocol: newline-delimited JSON objects, UTF-8; a request line is at most 1 MiB (MAX_REQUEST) and must arrive whole
+within 10 s of its first byte (REQUEST_TIMEOUT), a reply line at most 16 MiB (MAX_LINE). A request past either
+bound is answered with an error (``id`` null) and the connection is closed; a line that is not a JSON object is
+answered with an error and the connection goes on. A connection carries requests one after another; each is
+answered before the next is read::
 
     request  {"id": 1, "op": "show", "args": {"job": "j-12"}}
     result   {"id": 1, "result": <any JSON value>}
@@ -16,6 +19,11 @@ another; each is answered before the next is read::
 ``scheduler.errors``); a ``ConfigError`` also carries ``"problems": [{"file", "line", "path", "message"}]``.
 Which ops answer with a stream (``logs --follow``, ``wait``) is up to the op. While a stream runs the connection
 carries nothing else, and a client ends a stream early by closing the connection.
+
+The client talks only to a socket file owned by root, by its own user, or by the scheduler's user: the owner of
+the scheduler's folder (state_dir, which holds the store), given as ``scheduler_dir``, or else of the socket's
+own folder when nobody else may write there. A socket in a shared folder (``/tmp``) made by another user is
+refused, and so is a server whose peer credentials name another user.
 """
 
 from __future__ import annotations
@@ -42,7 +50,17 @@ from ftconsole.scheduler.errors import AlreadyRunning, ConfigError, FtError, Not
 
 log = logging.getLogger("ftconsole.api")
 
-MAX_LINE = 16 * 1024 * 1024
+MAX_LINE = 16 * 1024 * 1024  # a reply line (the client's bound: a job list or a page of logs can be large)
+# A request line. Requests are small (the largest, a submit, carries one job spec: some kilobytes); 1 MiB leaves
+# room for any real spec and bounds what a hostile client makes the scheduler buffer (at most twice this).
+MAX_REQUEST = 1024 * 1024
+# How long a request may take to arrive once its first byte has: a client that sends half a line and stops is
+# answered and dropped. An idle connection between requests (the console's) waits as long as it likes.
+REQUEST_TIMEOUT = 10.0
+# How long a client has to take a reply before the connection is dropped (a stream's items are not bounded).
+REPLY_TIMEOUT = 30.0
+# JSON nesting a request may have (real ones nest 4 or 5 levels): deeper is refused before any handler sees it.
+MAX_DEPTH = 64
 
 
 @dataclass(frozen=True)
@@ -62,8 +80,17 @@ Handler = Callable[[Caller, str, dict[str, Any]], Awaitable[Any]]
 class ApiServer:
     """Serves ``handler`` on the Unix socket at ``path`` until closed."""
 
-    def __init__(self, path: Path, handler: Handler, *, group: str | None = None, mode: int = 0o660) -> None:
+    def __init__(
+        self,
+        path: Path,
+        handler: Handler,
+        *,
+        group: str | None = None,
+        mode: int = 0o660,
+        request_timeout: float = REQUEST_TIMEOUT,
+    ) -> None:
         self.path = path
+        self._request_timeout = request_timeout
         self._handler = handler
         self._group = group
         self._mode = mode
@@ -94,7 +121,7 @@ class ApiServer:
             os.chmod(self.path, self._mode)
             if gid is not None:
                 os.chown(self.path, -1, gid)
-            self._server = await asyncio.start_unix_server(self._accept, sock=sock, limit=MAX_LINE)
+            self._server = await asyncio.start_unix_server(self._accept, sock=sock, limit=MAX_REQUEST)
         except BaseException as exc:
             sock.close()
             self.path.unlink(missing_ok=True)
@@ -136,16 +163,21 @@ class ApiServer:
             caller = _peer(writer)
             while True:
                 try:
-                    line = await reader.readline()
-                except ValueError:  # a line over MAX_LINE: the stream is out of step, answer and hang up
-                    writer.write(_error_reply(None, UsageError(f"bad request: a line over {MAX_LINE} bytes")))
-                    await writer.drain()
+                    first = await reader.readexactly(1)  # an idle connection may wait here as long as it likes
+                except asyncio.IncompleteReadError:
                     return
-                if not line:
+                try:
+                    line = first + await asyncio.wait_for(reader.readline(), self._request_timeout)
+                except ValueError:  # a line over MAX_REQUEST: the stream is out of step, answer and hang up
+                    await _refuse(reader, writer, f"bad request: a line over {MAX_REQUEST} bytes")
+                    return
+                except TimeoutError:
+                    why = f"bad request: the request line did not end within {self._request_timeout:g} s"
+                    await _refuse(reader, writer, why)
                     return
                 writer.write(await self._answer(caller, line, reader, writer))
-                await writer.drain()
-        except ConnectionError:
+                await asyncio.wait_for(writer.drain(), REPLY_TIMEOUT)
+        except (ConnectionError, TimeoutError):
             pass
         finally:
             writer.close()
@@ -162,8 +194,12 @@ class ApiServer:
                 request = json.loads(line)
             except ValueError as exc:  # not JSON, not UTF-8
                 raise UsageError(f"bad request: {exc}") from None
+            except RecursionError:
+                raise UsageError(f"bad request: nested more than {MAX_DEPTH} levels deep") from None
             if not isinstance(request, dict):
                 raise UsageError("bad request: not a JSON object")
+            if _depth(request) > MAX_DEPTH:
+                raise UsageError(f"bad request: nested more than {MAX_DEPTH} levels deep")
             rid, op, args = request.get("id"), request.get("op"), request.get("args", {})
             if not isinstance(op, str) or not isinstance(args, dict):
                 raise UsageError('bad request: needs "op" (a string) and "args" (an object)')
@@ -178,26 +214,28 @@ class ApiServer:
 class ApiClient:
     """A connection to a running scheduler. Use ``connect``; ``call`` for one result, ``stream`` for a stream."""
 
-    def __init__(self, path: Path, timeout: float) -> None:
+    def __init__(self, path: Path, timeout: float, scheduler_dir: Path | None = None) -> None:
         self.path = path
         self._timeout = timeout
+        self._scheduler_dir = scheduler_dir
         self._conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
         self._lock = asyncio.Lock()
         self._next_id = 0
         self._streams: set[asyncio.StreamWriter] = set()
 
     @classmethod
-    async def connect(cls, path: Path, *, timeout: float = 5.0) -> ApiClient:
-        """Connect to the scheduler at ``path``; NotRunning when nothing listens there."""
-        client = cls(path, timeout)
-        client._conn = await _open(path, timeout)
+    async def connect(cls, path: Path, *, timeout: float = 5.0, scheduler_dir: Path | None = None) -> ApiClient:
+        """Connect to the scheduler at ``path``; NotRunning when nothing listens there, PermissionDenied when the
+        socket is not owned by root, this user or the owner of ``scheduler_dir`` (the scheduler's state_dir)."""
+        client = cls(path, timeout, scheduler_dir)
+        client._conn = await _open(path, timeout, scheduler_dir)
         return client
 
     async def call(self, op: str, **args: Any) -> Any:
         """Send one request and return its result; raises the FtError the scheduler raised."""
         async with self._lock:
             if self._conn is None:  # dropped after an interrupted call, whose reply would come out of step
-                self._conn = await _open(self.path, self._timeout)
+                self._conn = await _open(self.path, self._timeout, self._scheduler_dir)
             reader, writer = self._conn
             self._next_id += 1
             try:
@@ -213,7 +251,7 @@ class ApiClient:
 
     async def stream(self, op: str, **args: Any) -> AsyncGenerator[Any, None]:
         """Yield the items of a streaming op until the scheduler ends it. Runs on a connection of its own."""
-        reader, writer = await _open(self.path, self._timeout)
+        reader, writer = await _open(self.path, self._timeout, self._scheduler_dir)
         self._streams.add(writer)
         try:
             await _send(writer, {"id": 1, "op": op, "args": args})
@@ -319,15 +357,91 @@ async def _clear_stale_socket(path: Path) -> None:
     raise AlreadyRunning(f"{who} already answers on {path}; stop it first, or use the CLI and console against it")
 
 
-async def _open(path: Path, timeout: float) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+async def _refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, message: str) -> None:
+    """Answer an unreadable request and end the connection so that the client reads the answer: close our side,
+    then take (and drop) what the client still sends for a moment; closing with unread input would reset the
+    connection and could lose the reply."""
+    log.warning("API client: %s; closing the connection", message)
+    writer.write(_error_reply(None, UsageError(message)))
+    with contextlib.suppress(ConnectionError, TimeoutError, OSError):
+        await asyncio.wait_for(writer.drain(), 1.0)
+        writer.write_eof()
+        async with asyncio.timeout(1.0):
+            while await reader.read(65536):
+                pass
+
+
+def _depth(value: Any) -> int:
+    """How deeply a JSON value nests (a scalar: 0), counted without recursion."""
+    deepest = 0
+    todo = [(value, 0)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth + 1)
+            if deepest > MAX_DEPTH:
+                return deepest
+            todo.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def trusted_owners(path: Path, scheduler_dir: Path | None) -> dict[int, str]:
+    """The uids a scheduler's socket may be owned by, each with why: root, this process's user, and the
+    scheduler's user, which is the owner of ``scheduler_dir`` (its state_dir), or with none given the owner of the
+    socket's own folder when no one else may write there."""
+    owners = {0: "root", os.getuid(): "this user"}
+    folder = scheduler_dir if scheduler_dir is not None else path.parent
     try:
-        return await asyncio.wait_for(asyncio.open_unix_connection(str(path), limit=MAX_LINE), timeout)
+        st = folder.stat()
+    except OSError:
+        return owners
+    if scheduler_dir is not None or not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        owners.setdefault(st.st_uid, f"the owner of {folder}")
+    return owners
+
+
+def _user(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _check_owner(path: Path, uid: int, owners: dict[int, str], what: str) -> None:
+    if uid not in owners:
+        allowed = ", ".join(f"{_user(u)}: {why}" for u, why in owners.items())
+        raise errors.PermissionDenied(
+            f"refusing the API socket {path}: {what} {_user(uid)}, not the scheduler's user ({allowed}); "
+            "another user may have put it there: check api.socket and state_dir in the config"
+        )
+
+
+async def _open(
+    path: Path, timeout: float, scheduler_dir: Path | None = None
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    owners = trusted_owners(path, scheduler_dir)
+    try:
+        st = path.stat()
+    except FileNotFoundError as exc:
+        raise NotRunning(f"no scheduler answers on {path}; start `ftconsole serve` or the console") from exc
+    except OSError:
+        st = None  # connecting says why
+    if st is not None:
+        _check_owner(path, st.st_uid, owners, "it is owned by")
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(str(path), limit=MAX_LINE), timeout)
     except (FileNotFoundError, ConnectionRefusedError) as exc:
         raise NotRunning(f"no scheduler answers on {path}; start `ftconsole serve` or the console") from exc
     except TimeoutError as exc:
         raise FtError(f"the scheduler at {path} did not accept a connection within {timeout:g} s") from exc
     except OSError as exc:
         raise FtError(f"cannot connect to {path}: {exc.strerror or exc}") from exc
+    try:  # the file could be swapped between the check and the connect: the listening process's user decides
+        _check_owner(path, _peer(writer).uid, owners, "the process listening there runs as")
+    except BaseException:
+        writer.close()
+        raise
+    return reader, writer
 
 
 async def _send(writer: asyncio.StreamWriter, message: dict[str, Any]) -> None:

@@ -75,7 +75,8 @@ class LocalClient:
 @contextlib.asynccontextmanager
 async def open_client(loaded: LoadedConfig, *, timeout: float = 5.0) -> AsyncIterator[Client]:
     try:
-        api = await ApiClient.connect(loaded.socket_path, timeout=timeout)
+        # the scheduler's user is the owner of state_dir: a socket owned by anyone else (but root) is refused
+        api = await ApiClient.connect(loaded.socket_path, timeout=timeout, scheduler_dir=loaded.state_dir)
     except NotRunning:
         async with ClusterService.open(loaded) as service:
             yield LocalClient(Operations(Scheduler(service)), this_process())

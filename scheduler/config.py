@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from ClusterShell.NodeSet import NodeSet, NodeSetParseError
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from ftconsole.scheduler import yamlfile
 from ftconsole.scheduler.errors import ConfigError, Problem
@@ -61,6 +61,16 @@ Duration = Annotated[float, BeforeValidator(parse_duration)]
 PositiveDuration = Annotated[Duration, AfterValidator(_positive)]
 
 
+def _retention(value: Any) -> float:
+    """A duration, or 0 / `off` (YAML may read `off` as false): keep forever."""
+    if value is False or value is None or (isinstance(value, str) and value.strip().lower() in ("off", "never")):
+        return 0.0
+    return parse_duration(value)
+
+
+RetentionDuration = Annotated[float, BeforeValidator(_retention)]
+
+
 def expand_nodeset(expr: str) -> list[str]:
     """Expand a node set expression ('gpu[01-16],login1') in its written order; ValueError if invalid."""
     try:
@@ -70,6 +80,21 @@ def expand_nodeset(expr: str) -> list[str]:
     if not nodes:
         raise ValueError(f"node set expression {expr!r} names no node")
     return nodes
+
+
+# A host name, an IPv4 address or an IPv6 address (bracketed or not, with an optional %zone). Anything else (a
+# space, '@', '/', a leading '-' that ssh would read as an option) is no address SSH can reach.
+_ADDRESS = re.compile(r"^(?!-)[A-Za-z0-9_.:%\[\]-]+$")
+
+
+def check_address(address: str, key: str = "host") -> str:
+    """`address` if SSH can reach it as a host; ValueError naming `key` otherwise."""
+    if not _ADDRESS.match(address):
+        raise ValueError(
+            f"{key} {address!r} is not a reachable address: give a host name or an IP address "
+            "(letters, digits, '.', '-', '_', ':'; not starting with '-')"
+        )
+    return address
 
 
 def fold_nodeset(names: list[str]) -> str:
@@ -160,6 +185,8 @@ class SchedulerSettings(_Strict):
     # a node the loop waits this long for (its run reads, starts and stops unanswered) is given up: its runs
     # are lost and their jobs end (docs/configuration.md says why 10 s)
     node_timeout: PositiveDuration = 10.0
+    # the folders of ended runs are removed from the nodes this long after they ended; 0 or off: kept forever
+    run_retention: RetentionDuration = 3 * 86400.0
     run_root: str = "~/.ftconsole/runs"  # run folders on the nodes: <run_root>/<cluster id>/<job>/<attempt>/<rank>
     urgent_cap: int | None = Field(None, ge=0)  # urgent jobs (running + queued) per project; None: no cap
     # how much non-admins may add to a job's max_runtime with `extend`, in all (docs/configuration.md)
@@ -181,9 +208,20 @@ class NodeGroup(_Strict):
     pool: str = "default"
     labels: dict[str, str] = {}
 
+    @field_validator("host")
+    @classmethod
+    def _addresses(cls, host: str | None) -> str | None:
+        if host is not None:
+            for address in expand_nodeset(host):
+                check_address(address)
+        return host
+
     @model_validator(mode="after")
     def _expressions(self) -> NodeGroup:
         names = expand_nodeset(self.name)
+        if self.host is None:  # the name is the address
+            for name in names:
+                check_address(name, key="name (the address when no host is given)")
         if self.host is not None:
             hosts = expand_nodeset(self.host)
             if len(hosts) != len(names):
@@ -325,6 +363,16 @@ def find_config(explicit: str | None) -> Path:
             )
         ]
     )
+
+
+def check_problems(loaded: LoadedConfig, path: Path) -> list[Problem]:
+    """What `config check` refuses beyond `load_config`: a config that loads (a CLI needs only its socket and
+    state_dir) but cannot schedule anything. Today: no node at all."""
+    if loaded.cluster.nodes:
+        return []
+    data, marks = yamlfile.load(path)
+    line = yamlfile.line_of(marks, ("nodes",)) if isinstance(data, dict) and "nodes" in data else 1
+    return [Problem(str(path), line, "nodes", "no nodes: list at least one node group (name, host)")]
 
 
 def load_config(path: Path) -> LoadedConfig:

@@ -7,6 +7,10 @@ waits for the tasks at most `ACT_WAIT_S` per tick; later outcomes are written wh
 loop. The executor also keeps count of each node's answers: since when the loop waits for one (the clock of
 `node_timeout`) and when it last answered. Nodes met for the first time, and nodes given up, are swept once
 they answer: every run of this cluster there that the store does not count as current is killed (fencing).
+
+Run retention rides on those round trips: each sweep, and a node's run read at most every `PRUNE_EVERY_S`,
+asks the node to remove the folders of this cluster's attempts that ended more than `scheduler.run_retention`
+ago, but those of the attempts the store holds (the node's supervisor decides and checks; see supervisor.py).
 """
 
 from __future__ import annotations
@@ -27,13 +31,24 @@ from ftconsole.scheduler.jobs import Attempt, Job, Run
 from ftconsole.scheduler.jobtx import Conflict
 from ftconsole.scheduler.launcher import LaunchInput, NodeAssignment, RankLaunch
 from ftconsole.scheduler.reconcile import READ_STATES, Actions, Launch, Read, Stop
-from ftconsole.scheduler.runs import RunStatus, free_port, node_runs, prepare_run, run_states, start_run, stop_runs
+from ftconsole.scheduler.runs import (
+    Prune,
+    RunStatus,
+    free_port,
+    node_runs,
+    prepare_run,
+    run_states,
+    start_run,
+    stop_runs,
+)
 from ftconsole.scheduler.service import ClusterService
+from ftconsole.scheduler.supervisor import MAX_PRUNED
 
 log = logging.getLogger("ftconsole.scheduler")
 
 ACT_WAIT_S = 2.0  # how long a tick waits for the node commands it started; slower ones finish in the background
 SWEEP_RETRY_S = 5.0  # how often a node still to be swept is tried while it does not answer
+PRUNE_EVERY_S = 3600.0  # run retention along with a node's reads at most this often (and with every sweep)
 
 
 class Executor:
@@ -60,6 +75,7 @@ class Executor:
         self.answered: dict[str, float] = {}  # node -> its last answer
         self._unswept: set[str] = set(self.nodes)  # nodes to sweep for runs that are no longer current
         self._swept_at: dict[str, float] = {}  # node -> the last try
+        self._pruned_at: dict[str, float] = {}  # node -> when its old run folders were last pruned
 
     @property
     def run_root(self) -> str:
@@ -287,25 +303,49 @@ class Executor:
     async def _read(self, read: Read) -> None:
         node = self.nodes[read.node]
         dirs = [r.run_dir for r in read.runs]
-        states = run_states(self.transport, node, dirs, tokens=_tokens(read.runs), python=self._python,
-                            timeout=self._timeout)  # fmt: skip
+        due = self.clock() - self._pruned_at.get(read.node, float("-inf")) >= PRUNE_EVERY_S
+        prune = await self._prune() if due else None
+        pruned: list[str] = []
+        states = run_states(self.transport, node, dirs, tokens=_tokens(read.runs), prune=prune, pruned=pruned,
+                            python=self._python, timeout=self._timeout)  # fmt: skip
         try:
             answer = await self._ask(node, states)
         except FtError as exc:
             log.warning("cannot read runs on %s: %s", read.node, exc)
             return
+        self._was_pruned(node, prune, pruned)
         await afailpoint("observe.after_read")
         self._observed[read.node] = [(r, answer[r.run_dir]) for r in read.runs]
+
+    async def _prune(self) -> Prune | None:
+        """Run retention for one node's next read or sweep (None when off): keep every held run's attempt."""
+        if not self.settings.run_retention:
+            return None
+        held = await self.store.runs(held=True)
+        return Prune.keeping(self.settings.run_root, self.store.cluster_id, self.settings.run_retention, held)
+
+    def _was_pruned(self, node: Node, prune: Prune | None, pruned: Sequence[str]) -> None:
+        if prune is None:
+            return
+        if len(pruned) < MAX_PRUNED:  # a full prune leaves more behind: the next read prunes again
+            self._pruned_at[node.name] = self.clock()
+        if pruned:
+            log.info("%s: removed the folders of %d ended runs past run_retention: %s", node.name, len(pruned),
+                     ", ".join(pruned))  # fmt: skip
 
     async def _sweep(self, node: Node) -> None:
         """Fencing: kill the runs of this cluster on the node that the store does not count as current (a
         node back after it was given up, or runs left by a crash between a start and its record)."""
+        prune = await self._prune()
+        pruned: list[str] = []
         try:
-            listing = node_runs(self.transport, node, root=self.run_root, python=self._python, timeout=self._timeout)
+            listing = node_runs(self.transport, node, root=self.run_root, prune=prune, pruned=pruned,
+                                python=self._python, timeout=self._timeout)  # fmt: skip
             found = await self._ask(node, listing, heartbeat=False)
         except FtError as exc:
             log.warning("cannot sweep %s: %s", node.name, exc)
             return
+        self._was_pruned(node, prune, pruned)
         held = await self.store.runs(held=True)
         current = {(str(r.job), str(r.attempt), str(r.rank)) for r in held if r.node == node.name and r.active}
         strays = [f for f in found if f.status.state in READ_STATES and (f.job, f.attempt, f.rank) not in current]

@@ -34,7 +34,7 @@ class StateLock:
         """Take the lock, or raise AlreadyRunning naming the holder's pid. Creates the state directory."""
         if self._fd is not None:
             return
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # private: see store.secure_state
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             for attempt in range(_ACQUIRE_POLLS):

@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-from collections.abc import Sequence
+import logging
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -18,7 +19,10 @@ from typing import Any
 
 from ftconsole.scheduler.config import Node
 from ftconsole.scheduler.errors import FtError
+from ftconsole.scheduler.jobs import Run
 from ftconsole.scheduler.ssh import Transport, python_stdin_script
+
+log = logging.getLogger("ftconsole.scheduler")
 
 SUPERVISOR_PROTOCOL = 2
 DEFAULT_RUN_ROOT = "~/.ftconsole/runs"
@@ -49,6 +53,48 @@ class Step:
     def to_json(self) -> dict[str, Any]:
         doc = {"kind": self.kind.value, "name": self.name, "argv": list(self.argv), "env": self.env}
         return doc if self.index is None else {**doc, "index": self.index, "count": self.count}
+
+
+@dataclass(frozen=True)
+class Prune:
+    """Run retention, sent along with a status read (no round trip of its own): the node removes the folders
+    of this cluster's attempts that ended more than `retention` seconds ago (its own clock), but those in
+    `keep` ("<job>/<attempt>") or claimed by one of `tokens`, and nothing outside <run_root>/<cluster>."""
+
+    run_root: str
+    cluster: str
+    retention: float
+    keep: tuple[str, ...] = ()
+    tokens: tuple[str, ...] = ()
+
+    @classmethod
+    def keeping(cls, run_root: str, cluster: str, retention: float, current: Iterable[Run]) -> Prune:
+        """Keep the attempts of `current` (the store's held runs, any node: each with job, attempt, token)."""
+        runs = list(current)
+        return cls(
+            run_root=run_root,
+            cluster=cluster,
+            retention=retention,
+            keep=tuple(sorted({f"{r.job}/{r.attempt}" for r in runs})),
+            tokens=tuple(sorted({r.token for r in runs if r.token})),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_root": self.run_root,
+            "cluster": self.cluster,
+            "retention": self.retention,
+            "keep": list(self.keep),
+            "tokens": list(self.tokens),
+        }
+
+
+def _pruned(node: Node, doc: dict[str, Any], into: list[str] | None) -> None:
+    """What a read's prune removed, appended to `into`; a prune that failed is logged (the read stands)."""
+    if "prune_error" in doc:
+        log.warning("%s: cannot remove old run folders: %s", node.name, doc["prune_error"])
+    if into is not None:
+        into.extend(str(p) for p in doc.get("pruned") or ())
 
 
 @functools.cache
@@ -178,9 +224,22 @@ async def start_run(
 
 
 async def node_runs(
-    transport: Transport, node: Node, *, root: str = DEFAULT_RUN_ROOT, python: str = "python3", timeout: float = 30.0
+    transport: Transport,
+    node: Node,
+    *,
+    root: str = DEFAULT_RUN_ROOT,
+    prune: Prune | None = None,
+    pruned: list[str] | None = None,
+    python: str = "python3",
+    timeout: float = 30.0,
 ) -> list[NodeRun]:
-    doc = await _call(transport, node, python, {"action": "status", "root": root}, timeout)
+    """Every run under `root` on the node. With `prune`, old ended attempts' folders are removed first, in
+    the same round trip; their names ("<job>/<attempt>") are appended to `pruned`."""
+    params: dict[str, Any] = {"action": "status", "root": root}
+    if prune is not None:
+        params["prune"] = prune.to_json()
+    doc = await _call(transport, node, python, params, timeout)
+    _pruned(node, doc, pruned)
     return [
         NodeRun(job=r["job"], attempt=r["attempt"], rank=r["rank"], status=RunStatus.from_json(r["status"]))
         for r in doc["runs"]
@@ -216,14 +275,20 @@ async def run_states(
     run_dirs: Sequence[str],
     *,
     tokens: dict[str, str] | None = None,
+    prune: Prune | None = None,
+    pruned: list[str] | None = None,
     python: str = "python3",
     timeout: float = 30.0,
 ) -> dict[str, RunStatus]:
     """The status of the given run folders of one node, in one round trip, keyed by run folder as given.
 
-    With `tokens` (run folder -> attempt token), a folder claimed by another token reads state `foreign`."""
-    params = {"action": "status", "run_dirs": list(run_dirs), "tokens": tokens or {}}
+    With `tokens` (run folder -> attempt token), a folder claimed by another token reads state `foreign`.
+    With `prune`, as `node_runs`."""
+    params: dict[str, Any] = {"action": "status", "run_dirs": list(run_dirs), "tokens": tokens or {}}
+    if prune is not None:
+        params["prune"] = prune.to_json()
     doc = await _call(transport, node, python, params, timeout)
+    _pruned(node, doc, pruned)
     return {r["run_dir"]: RunStatus.from_json(r["status"]) for r in doc["runs"]}
 
 

@@ -19,7 +19,7 @@ from ftconsole.scheduler.errors import NotFound, UsageError
 from ftconsole.scheduler.probing import ProbeFailure, sweep
 from ftconsole.scheduler.records import AutoResolve, NewAlert, StoredEvent, StoredProbe
 from ftconsole.scheduler.ssh import SSHPool, Transport
-from ftconsole.scheduler.store import STORE_FILE, Store
+from ftconsole.scheduler.store import STORE_FILE, Store, secure_state
 
 STALE_AFTER_INTERVALS = 3
 
@@ -141,6 +141,7 @@ class ClusterService:
     @classmethod
     @contextlib.asynccontextmanager
     async def open(cls, loaded: LoadedConfig) -> AsyncIterator[ClusterService]:
+        secure_state(loaded.state_dir, group=loaded.cluster.api.group)  # private; looser modes tightened
         store = await Store.open(loaded.state_dir / STORE_FILE)
         pool = SSHPool.from_config(loaded)
         try:

@@ -14,12 +14,15 @@ start   {run_dir, token?, argv, env, workdir, files, grace, steps?}
 prepare {run_dir, argv, env, files, steps?}
         Write the run folder (files, argv.json, env.json, steps.json) without starting anything: the ranks of
         an MPI job that mpirun starts itself, so a debug shell on them still finds the hostfile and env.
-status  {root} or {run_dirs, tokens?}
+status  {root, prune?} or {run_dirs, tokens?, prune?}
         Every run under root (<root>/<job>/<attempt>/<rank>/status.json), or only the given run folders, in
         one JSON document (see "Liveness" for the states it adds). A given run folder without status.json
         reads state "absent"; one claimed by another token than the one asked for reads "foreign". Each
         status also carries output_mtime and output_size, output.log's mtime (epoch seconds) and size, once
-        there is one: the progress heartbeat.
+        there is one: the progress heartbeat. With prune {run_root, cluster, retention, keep, tokens}, the
+        folders of ended attempts older than the retention are removed first (see "Retention"); the answer
+        lists them in "pruned" (as "<job>/<attempt>"), and a prune that fails says why in "prune_error"
+        without failing the read.
 port    {}
         A TCP port free on this node now (bound to port 0 and released), for MASTER_PORT.
 stop    {run_dirs, tokens?, force?}
@@ -54,7 +57,17 @@ the node rebooted, or the supervisor died) once nothing of it is alive, or "orph
 is dead but processes of its step's group still run (they hold GPUs: the scheduler kills them with
 `stop`, then the run reads "lost").
 
-Writes: status.json and the other files are written to a temporary file, fsync'd, then renamed.
+Writes: status.json and the other files are written to a temporary file, fsync'd, then renamed. Every
+file of a run folder (env.json holds the job's tokens and keys) is 0600, and the run folder and the folders
+this creates above it 0700: other users of the node read none of it.
+
+Retention: an attempt folder <run_root>/<cluster>/<job>/<attempt> is removed only when its "<job>/<attempt>"
+is not in keep, no rank's claim or status carries a token in tokens (the scheduler's current attempts), and
+every rank in it has ended (status.json says exited, failed or lost, and neither its supervisor nor any
+process of its step's group is alive) before now - retention, by the node's clock; a rank folder without
+status.json (a rank mpirun starts, a start that never got going) counts when nothing in it changed since
+then. Nothing outside <run_root>/<cluster> is touched: names must be plain (no "/", "." or ".."), symbolic
+links are never followed, and the folder's real path is checked to lie under the real run root.
 
 Paths: run_dir, workdir, argv entries and env values that start with "~/" are expanded with the node's HOME.
 """
@@ -64,6 +77,7 @@ import fcntl
 import itertools
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -159,13 +173,41 @@ def _group(pgid, leader_start, boot):
 # -- start -----------------------------------------------------------------------------------------------------
 
 
+def _private_dirs(path):
+    """Make the folder `path` (0700) and the missing folders above it (0700 too, whatever the umask).
+
+    Folders that exist already are left as they are, but `path` itself, which this supervisor owns. Tried
+    again when a folder above vanishes meanwhile (an old job's folder pruned at that instant)."""
+    for attempt in range(3):
+        missing = []
+        here = path
+        while not os.path.isdir(here):
+            missing.append(here)
+            parent = os.path.dirname(here)
+            if parent == here:
+                break
+            here = parent
+        try:
+            for folder in reversed(missing):
+                try:
+                    os.mkdir(folder, 0o700)
+                except FileExistsError:
+                    continue
+                os.chmod(folder, 0o700)
+            break
+        except FileNotFoundError:
+            if attempt == 2:
+                raise
+    os.chmod(path, 0o700)
+
+
 def _prepare(run_dir, params):
-    os.makedirs(run_dir, mode=0o700, exist_ok=True)
+    _private_dirs(run_dir)
     for name, content in sorted((params.get("files") or {}).items()):
         target = os.path.normpath(os.path.join(run_dir, name))
         if not target.startswith(run_dir + os.sep):
             raise ValueError("file outside the run folder: %r" % name)
-        os.makedirs(os.path.dirname(target), exist_ok=True)
+        _private_dirs(os.path.dirname(target))
         _write_file(target, content)
     _write_json(os.path.join(run_dir, "argv.json"), params["argv"])
     _write_json(os.path.join(run_dir, "env.json"), params.get("env") or {})
@@ -187,7 +229,7 @@ def _claim(run_dir, token):
     The claim is a hard link to a complete file holding the token: link() fails when `claim` exists, so of
     two schedulers racing for one folder exactly one wins, and a crash leaves either no claim or a whole one.
     """
-    os.makedirs(run_dir, mode=0o700, exist_ok=True)
+    _private_dirs(run_dir)
     claim = os.path.join(run_dir, CLAIM)
     if not os.path.exists(claim) and os.path.exists(os.path.join(run_dir, STATUS)):
         return "run folder %s holds a run without a claim (an earlier ftconsole's, or not ours)" % run_dir
@@ -300,7 +342,8 @@ def _supervise(run_dir, params):
     signal.signal(signal.SIGTERM, on_stop)
     signal.signal(signal.SIGINT, on_stop)
     log_path = os.path.join(run_dir, "output.log")
-    log = open(log_path, "ab", buffering=0)  # noqa: SIM115  (open for the whole run)
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    log = os.fdopen(log_fd, "ab", buffering=0)  # open for the whole run
     outcome = (None, "stopped before the command started")  # type: Tuple[Optional[int], Optional[str]]
     failed = False
     for step in steps:
@@ -471,6 +514,17 @@ def _with_output(run_dir, status):
 
 
 def runs(params):
+    doc = {}  # type: Dict[str, Any]
+    if params.get("prune"):
+        try:
+            doc["pruned"] = prune(params["prune"])
+        except Exception as exc:  # never let retention break the read: it is the node's heartbeat
+            doc["prune_error"] = "%s: %s" % (type(exc).__name__, exc)
+    doc.update(_runs(params))
+    return doc
+
+
+def _runs(params):
     out = []  # type: List[Dict[str, Any]]
     tokens = params.get("tokens") or {}
     if params.get("run_dirs") is not None:
@@ -556,6 +610,127 @@ def _kill(status_path, status, seen):
         end["state"] = "lost" if seen["state"] == "orphaned" else "exited"
         _write_json(status_path, end)
     return {"signalled": bool(victims), "alive": bool(left)}
+
+
+# -- retention -------------------------------------------------------------------------------------------------
+
+ENDED = ("exited", "failed", "lost")
+# attempt folders removed by one prune at most: the prune rides on the node's status read, the scheduler's
+# heartbeat of the node, which must answer within node_timeout; what is left goes on the next prune
+MAX_PRUNED = 100
+
+
+def _plain(name):
+    return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\0" not in name
+
+
+def prune(spec):
+    """Remove the attempt folders of <run_root>/<cluster> that may go (see "Retention"); their names."""
+    retention = float(spec["retention"])
+    cluster = spec["cluster"]
+    if not _plain(cluster):
+        raise ValueError("not a cluster id: %r" % (cluster,))
+    if retention <= 0:
+        return []
+    run_root = _expand(spec["run_root"])
+    root = os.path.join(run_root, cluster)
+    if os.path.islink(root) or not os.path.isdir(root):
+        return []
+    real_root = os.path.realpath(root)
+    if os.path.dirname(real_root) != os.path.realpath(run_root):
+        raise ValueError("%s is not a folder of the run root %s" % (root, run_root))
+    keep = set(spec.get("keep") or ())
+    tokens = set(spec.get("tokens") or ())
+    cutoff = time.time() - retention
+    groups = None  # type: Optional[Dict[int, List[int]]]
+    removed = []
+    for job in sorted(os.listdir(root)):
+        job_dir = os.path.join(root, job)
+        if not _plain(job) or os.path.islink(job_dir) or not os.path.isdir(job_dir):
+            continue
+        for attempt in sorted(os.listdir(job_dir)):
+            name = "%s/%s" % (job, attempt)
+            attempt_dir = os.path.join(job_dir, attempt)
+            if name in keep or not _plain(attempt) or os.path.islink(attempt_dir) or not os.path.isdir(attempt_dir):
+                continue
+            if groups is None:
+                groups = _process_groups()
+            if not _expired(attempt_dir, cutoff, tokens, groups):
+                continue
+            if os.path.dirname(os.path.dirname(os.path.realpath(attempt_dir))) != real_root:
+                continue  # never reached through a link: only the run root's own folders go
+            shutil.rmtree(attempt_dir)
+            removed.append(name)
+            if len(removed) >= MAX_PRUNED:
+                return removed
+        if not any(k.split("/", 1)[0] == job for k in keep):
+            with contextlib.suppress(OSError):
+                os.rmdir(job_dir)  # only when empty: a job none of whose attempts is left
+    return removed
+
+
+def _expired(attempt_dir, cutoff, tokens, groups):
+    """Every rank of the attempt folder ended before `cutoff`, none is alive, none is a current token's."""
+    for rank in os.listdir(attempt_dir):
+        run_dir = os.path.join(attempt_dir, rank)
+        if os.path.islink(run_dir) or not os.path.isdir(run_dir):
+            if os.lstat(run_dir).st_mtime >= cutoff:
+                return False
+            continue
+        if _read_text(os.path.join(run_dir, CLAIM)) in tokens:
+            return False
+        status_path = os.path.join(run_dir, STATUS)
+        status = _read_json(status_path)
+        if status is None:  # nothing was started in it (a rank mpirun starts): judged by its last change
+            if _last_change(run_dir) >= cutoff:
+                return False
+            continue
+        if status.get("token") in tokens:
+            return False
+        seen = _observe(status, status_path)
+        if seen.get("state") not in ENDED or _any_alive(status, groups):
+            return False
+        ended = seen.get("ended")
+        if not isinstance(ended, (int, float)):
+            ended = os.stat(status_path).st_mtime
+        if ended >= cutoff:
+            return False
+    return True
+
+
+def _last_change(folder):
+    times = [os.lstat(folder).st_mtime]
+    for entry in os.listdir(folder):
+        with contextlib.suppress(OSError):
+            times.append(os.lstat(os.path.join(folder, entry)).st_mtime)
+    return max(times)
+
+
+def _process_groups():
+    """pgid -> pids of the live (not zombie) processes of this node now: one look at /proc for a whole prune."""
+    out = {}  # type: Dict[int, List[int]]
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            stat = _stat(int(entry))
+            if stat is not None and stat[0] != "Z":
+                out.setdefault(stat[1], []).append(int(entry))
+    return out
+
+
+def _any_alive(status, groups):
+    """The run's supervisor or a process of its step's group still runs (as `_group`, from one /proc scan)."""
+    boot = status.get("boot_id")
+    if boot is not None and boot != boot_id():
+        return False  # another boot: nothing of it survived
+    if "supervisor_start" not in status:
+        return _alive_legacy(status.get("supervisor_pid")) or bool(status.get("pgid") in groups)
+    if _alive(status.get("supervisor_pid"), status.get("supervisor_start"), boot):
+        return True
+    pgid = status.get("pgid")
+    if not pgid or pgid not in groups:
+        return False
+    leader = _stat(pgid)
+    return leader is None or leader[2] == status.get("pid_start")
 
 
 ACTIONS = {"start": start, "prepare": prepare, "status": runs, "stop": stop, "port": free_port}

@@ -219,7 +219,7 @@ class ConsoleApp(App[int]):
             await self._attach_socket()
 
     async def _attach_socket(self) -> None:
-        api = await ApiClient.connect(self.loaded.socket_path, timeout=2.0)
+        api = await ApiClient.connect(self.loaded.socket_path, timeout=2.0, scheduler_dir=self.loaded.state_dir)
         try:
             self.client = SocketClient(api)
             self._mode("attached", f"attached to the scheduler at {self.loaded.socket_path}")

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from ftconsole.scheduler.api import MAX_LINE, ApiClient, ApiServer, Caller
+from ftconsole.scheduler.api import MAX_REQUEST, ApiClient, ApiServer, Caller
 from ftconsole.scheduler.errors import (
     AlreadyRunning,
     ConfigError,
@@ -210,8 +210,8 @@ async def test_malformed_requests_get_error_replies(server: ApiServer) -> None:
 
 
 async def test_a_line_over_the_limit_is_refused(server: ApiServer) -> None:
-    (reply,) = await raw_exchange(server.path, b'{"id":1,"op":"echo","args":{"s":"' + b"x" * MAX_LINE + b'"}}\n')
-    assert reply["error"]["message"] == f"bad request: a line over {MAX_LINE} bytes"
+    (reply,) = await raw_exchange(server.path, b'{"id":1,"op":"echo","args":{"s":"' + b"x" * MAX_REQUEST + b'"}}\n')
+    assert reply["error"]["message"] == f"bad request: a line over {MAX_REQUEST} bytes"
 
 
 async def test_socket_mode_and_group(sock_dir: Path, handler: Handler) -> None:
