@@ -226,10 +226,9 @@ class Operations:
     async def _hidden(self, caller: Caller) -> frozenset[int]:
         """The jobs this caller may not see (`Scheduler.may_see`): left out of listings, events and alerts; the
         GPUs they hold show as held by a private job."""
-        s = self.scheduler
-        if s.is_admin(caller):
+        if self.scheduler.is_admin(caller):
             return frozenset()
-        return frozenset(j.id for j in await s.store.jobs(deleted=True) if not s.may_see(caller, j))
+        return await self.scheduler.store.private_jobs(except_uid=caller.uid)
 
 
 async def _primed(stream: AsyncIterator[Any]) -> AsyncIterator[Any]:

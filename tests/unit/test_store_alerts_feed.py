@@ -256,3 +256,13 @@ async def test_job_activity_reads_the_current_attempt(store: Store) -> None:
         "open_alerts": 1,
         "node_names": ["gpu02", "gpu01"],
     }
+
+
+async def test_private_jobs_are_the_access_none_jobs_of_other_uids(store: Store) -> None:
+    async with store.jobs_tx("add") as tx:
+        mine = await tx.add_job(new_job("mine", uid=1000))
+        theirs = await tx.add_job(new_job("theirs", uid=2000))
+        shared = await tx.add_job(new_job("shared", uid=2000, access="read-only"))
+    assert await store.private_jobs(except_uid=1000) == {theirs}
+    assert await store.private_jobs(except_uid=2000) == {mine}
+    assert shared not in await store.private_jobs(except_uid=3000)
