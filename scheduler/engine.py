@@ -35,6 +35,7 @@ from ftconsole.scheduler.jobtx import Conflict
 from ftconsole.scheduler.loop import Loop, request_stop
 from ftconsole.scheduler.records import JobActivity, StoredAlert, StoredEvent
 from ftconsole.scheduler.requests import job_request, urgent_scope
+from ftconsole.scheduler.rules import Rules
 from ftconsole.scheduler.service import ClusterService, NodeView, ProbeOutcome
 
 log = logging.getLogger("ftconsole.scheduler")
@@ -53,13 +54,17 @@ class Scheduler:
         self.settings = service.config.scheduler
         self.clock = clock
         self.loop = Loop(service, clock=clock, poke=self._poke)
+        self.rules = Rules(service, placer=self.loop.placer)
         self._changed = asyncio.Event()
         self._nodes = {n.name: n for n in service.all_nodes}
 
     # ============================================================ permissions
 
     def is_admin(self, caller: Caller) -> bool:
-        return caller.uid == 0 or caller.user in self.config.admins
+        return self.rules.is_admin(caller)
+
+    def may_see(self, caller: Caller, job: Job) -> bool:
+        return self.rules.may_see(caller, job)
 
     def _check(self, caller: Caller, job: Job, verb: str, *, write: bool) -> None:
         if self.is_admin(caller) or caller.uid == job.uid:
@@ -84,7 +89,7 @@ class Scheduler:
     async def submit(self, caller: Caller, spec: JobSpec | dict[str, Any], *, cloned_from: int | None = None) -> Job:
         spec = _spec(spec)
         now = self.clock()
-        self._admissible(caller, spec, spec.priority.value)
+        self.rules.admissible(caller, spec, spec.priority.value)
         job = Job(
             id=0,
             name=spec.name,
@@ -99,52 +104,12 @@ class Scheduler:
             cloned_from=cloned_from,
         )
         async with self.store.jobs_tx("submit a job") as tx:
-            await self._within_cap(caller.user, spec.project, spec.priority.value)  # checked and written at once
+            await self.rules.within_cap(caller.user, spec.project, spec.priority.value)  # checked and written at once
             job_id = await tx.add_job(job)
             how = f"cloned from job {cloned_from}" if cloned_from else "submitted"
             await tx.event(now, Condition.PENDING, f"{how} by {caller.user}", job=job_id)
         self._poke()
         return dataclasses.replace(job, id=job_id)
-
-    def _admissible(self, caller: Caller, spec: JobSpec, priority: str) -> None:
-        """Refuse what can never be scheduled as asked: unknown specs or nodes, very-urgent for non-admins, a
-        project that is not declared or not the caller's. (The urgent cap: `_within_cap`, in the write's
-        transaction.)"""
-        job_request(spec, self.config, job_id=spec.name, now=0)  # UsageError for specs not in the config
-        unknown = [n for n in spec.node_list() if n not in self._nodes]
-        if unknown:
-            raise UsageError(f"job {spec.name}: node_names not in the cluster config: {', '.join(unknown)}")
-        if priority == "very-urgent" and not self.is_admin(caller):
-            raise PermissionDenied(f"priority very-urgent is for admins only ({', '.join(self.config.admins)})")
-        projects = self.config.projects
-        if projects and spec.project not in projects:
-            raise UsageError(f"project {spec.project!r} is not declared in the cluster config (projects: "
-                             f"{', '.join(sorted(projects))})")  # fmt: skip
-        members = projects[spec.project].members if projects else None
-        if members is not None and caller.user not in members and not self.is_admin(caller):
-            raise PermissionDenied(f"{caller.user} is not a member of project {spec.project} ({', '.join(members)})")
-
-    async def _within_cap(self, owner: str, project: str, priority: str) -> None:
-        """The urgent cap (`scheduler.urgent_cap`), counted over `urgent_scope`: called inside the transaction
-        that writes the job, so that two submits at once cannot both pass it."""
-        cap = self.settings.urgent_cap
-        if priority != "urgent" or cap is None:
-            return
-        scope = urgent_scope(self.config, owner, project)
-        active = await self.store.jobs(statuses=[JobStatus.QUEUED, JobStatus.RUNNING])
-        count = sum(
-            1 for j in active if urgent_scope(self.config, j.owner, j.project) == scope and j.priority == "urgent"
-        )
-        if count >= cap:
-            raise UsageError(
-                f"{scope} already has {count} urgent job(s) running or queued (cap {cap}); "
-                "submit it as normal, or wait for one to finish"
-            )
-
-    def may_see(self, caller: Caller, job: Job) -> bool:
-        """Whether the caller may see the job at all (listings, events, alerts, who holds a GPU): `access: none`
-        hides it from everyone but its owner and the admins."""
-        return self.is_admin(caller) or caller.uid == job.uid or job.access != Access.NONE.value
 
     async def jobs(
         self,
@@ -264,12 +229,12 @@ class Scheduler:
         if job.status is not JobStatus.QUEUED:
             raise UsageError(f"job {job.id} is {job.status.value}: the priority can only change while it is queued")
         if label != job.priority:
-            self._admissible(caller, job.spec, label)
+            self.rules.admissible(caller, job.spec, label)
         now = self.clock()
         try:
             async with self.store.jobs_tx("change a priority") as tx:
                 if label != job.priority:
-                    await self._within_cap(job.owner, job.project, label)
+                    await self.rules.within_cap(job.owner, job.project, label)
                 await tx.update_job(job.id, expect=[JobStatus.QUEUED], priority=label)
                 await tx.event(now, "Priority", f"priority {job.priority} -> {label} by {caller.user}", job=job.id)
         except Conflict:
@@ -289,7 +254,7 @@ class Scheduler:
             raise UsageError(f"job {job.id} is {job.status.value}{' and stopping' if job.stop_reason else ''}")
         now = self.clock()
         if not self.is_admin(caller):
-            await self._extend_allowed(job, seconds, now)
+            await self.rules.extend_allowed(job, seconds, now)
         limit = format_duration((job.max_runtime or 0) + seconds)
         async with self.store.jobs_tx("extend a job") as tx:
             await tx.update_job(
@@ -299,38 +264,6 @@ class Scheduler:
                 now, "Extended", f"max_runtime +{format_duration(seconds)} (now {limit}) by {caller.user}", job=job.id
             )
         return await self._fresh(job.id)
-
-    async def _extend_allowed(self, job: Job, seconds: float, now: float) -> None:
-        """What non-admins may extend: `scheduler.max_extend` in all, and never so far that the head of the
-        queue starts later than placement promised it (a job started in a gap before the head's reserved
-        start, or otherwise in its way, keeps to its end)."""
-        most = self.settings.max_extend
-        if job.extra_runtime + seconds > most:
-            left = max(0.0, most - job.extra_runtime)
-            raise PermissionDenied(
-                f"job {job.id} may be extended by {format_duration(most)} in all without an admin "
-                f"({format_duration(job.extra_runtime)} so far, {format_duration(left)} left; scheduler.max_extend)"
-            )
-        if job.status is not JobStatus.RUNNING or job.deadline is None:
-            return
-        queued = await self.store.jobs(statuses=[JobStatus.QUEUED])
-        state, requests, _, _ = await self.loop.placer.placement_inputs(queued)
-        before = _head_start(placement.plan(state, requests, now, urgent_cap=self.settings.urgent_cap))
-        if before is None:
-            return
-        longer = tuple(
-            dataclasses.replace(a, ends_at=a.ends_at + seconds) if a.job_id == str(job.id) and a.ends_at else a
-            for a in state.allocations
-        )
-        extended = dataclasses.replace(state, allocations=longer)
-        after = _head_start(placement.plan(extended, requests, now, urgent_cap=self.settings.urgent_cap))
-        if after is None or after[1] > before[1] + 1e-6:
-            head, start = before
-            later = "never" if after is None else time.strftime("%H:%M:%S", time.localtime(after[1]))
-            raise PermissionDenied(
-                f"extending job {job.id} by {format_duration(seconds)} would delay job {head}, the head of the "
-                f"queue, from {time.strftime('%H:%M:%S', time.localtime(start))} to {later}: ask an admin"
-            )
 
     async def scale(self, caller: Caller, job_id: int | str, nodes: int) -> Job:
         """Resize an elastic job to `nodes` nodes (see `scheduler.elastic`): a queued one is placed at that size,
@@ -565,8 +498,8 @@ class Scheduler:
         """Would this job start now, on which nodes and GPUs; or its queue position, why, and the jobs ahead.
         The same rules as submit: what submit would refuse, predict refuses."""
         spec = _spec(spec)
-        self._admissible(caller, spec, spec.priority.value)
-        await self._within_cap(caller.user, spec.project, spec.priority.value)
+        self.rules.admissible(caller, spec, spec.priority.value)
+        await self.rules.within_cap(caller.user, spec.project, spec.priority.value)
         queued = await self.store.jobs(statuses=[JobStatus.QUEUED])
         state, requests, _, _ = await self.loop.placer.placement_inputs(queued)
         now = self.clock()
@@ -607,11 +540,3 @@ def _spec(spec: JobSpec | dict[str, Any]) -> JobSpec:
         return JobSpec.from_json(spec)
     except ValidationError as exc:
         raise UsageError(f"invalid job spec: {exc}") from None
-
-
-def _head_start(decisions: Sequence[placement.Decision]) -> tuple[str, float] | None:
-    """The head of the queue and the start placement reserved for it, if it waits for one."""
-    for d in decisions:
-        if isinstance(d, placement.Wait) and d.earliest_start is not None:
-            return d.job_id, d.earliest_start
-    return None

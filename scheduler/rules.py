@@ -1,0 +1,114 @@
+"""What callers may ask for, beyond who owns a job: which specs and priorities are admitted, the urgent cap,
+which jobs a user may see, and how far a job may be extended (docs/jobs.md, "Who may do what").
+
+The engine asks these before it writes; the urgent cap is asked inside the transaction that writes the job,
+so two submits at once cannot both pass it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+
+from ftconsole.scheduler import placement
+from ftconsole.scheduler.api import Caller
+from ftconsole.scheduler.config import format_duration
+from ftconsole.scheduler.errors import PermissionDenied, UsageError
+from ftconsole.scheduler.jobs import Job, JobStatus
+from ftconsole.scheduler.jobspec import Access, JobSpec
+from ftconsole.scheduler.placing import Placer
+from ftconsole.scheduler.requests import job_request, urgent_scope
+from ftconsole.scheduler.service import ClusterService
+
+
+class Rules:
+    def __init__(self, service: ClusterService, *, placer: Placer) -> None:
+        self.store = service.store
+        self.config = service.config
+        self.settings = service.config.scheduler
+        self.placer = placer
+        self._nodes = {n.name for n in service.all_nodes}
+
+    def is_admin(self, caller: Caller) -> bool:
+        return caller.uid == 0 or caller.user in self.config.admins
+
+    def admissible(self, caller: Caller, spec: JobSpec, priority: str) -> None:
+        """Refuse what can never be scheduled as asked: unknown specs or nodes, very-urgent for non-admins, a
+        project that is not declared or not the caller's. (The urgent cap: `within_cap`, in the write's
+        transaction.)"""
+        job_request(spec, self.config, job_id=spec.name, now=0)  # UsageError for specs not in the config
+        unknown = [n for n in spec.node_list() if n not in self._nodes]
+        if unknown:
+            raise UsageError(f"job {spec.name}: node_names not in the cluster config: {', '.join(unknown)}")
+        if priority == "very-urgent" and not self.is_admin(caller):
+            raise PermissionDenied(f"priority very-urgent is for admins only ({', '.join(self.config.admins)})")
+        projects = self.config.projects
+        if projects and spec.project not in projects:
+            raise UsageError(f"project {spec.project!r} is not declared in the cluster config (projects: "
+                             f"{', '.join(sorted(projects))})")  # fmt: skip
+        members = projects[spec.project].members if projects else None
+        if members is not None and caller.user not in members and not self.is_admin(caller):
+            raise PermissionDenied(f"{caller.user} is not a member of project {spec.project} ({', '.join(members)})")
+
+    async def within_cap(self, owner: str, project: str, priority: str) -> None:
+        """The urgent cap (`scheduler.urgent_cap`), counted over `urgent_scope`: called inside the transaction
+        that writes the job, so that two submits at once cannot both pass it."""
+        cap = self.settings.urgent_cap
+        if priority != "urgent" or cap is None:
+            return
+        scope = urgent_scope(self.config, owner, project)
+        active = await self.store.jobs(statuses=[JobStatus.QUEUED, JobStatus.RUNNING])
+        count = sum(
+            1 for j in active if urgent_scope(self.config, j.owner, j.project) == scope and j.priority == "urgent"
+        )
+        if count >= cap:
+            raise UsageError(
+                f"{scope} already has {count} urgent job(s) running or queued (cap {cap}); "
+                "submit it as normal, or wait for one to finish"
+            )
+
+    def may_see(self, caller: Caller, job: Job) -> bool:
+        """Whether the caller may see the job at all (listings, events, alerts, who holds a GPU): `access: none`
+        hides it from everyone but its owner and the admins."""
+        return self.is_admin(caller) or caller.uid == job.uid or job.access != Access.NONE.value
+
+    async def extend_allowed(self, job: Job, seconds: float, now: float) -> None:
+        """What non-admins may extend: `scheduler.max_extend` in all, and never so far that the head of the
+        queue starts later than placement promised it (a job started in a gap before the head's reserved
+        start, or otherwise in its way, keeps to its end)."""
+        most = self.settings.max_extend
+        if job.extra_runtime + seconds > most:
+            left = max(0.0, most - job.extra_runtime)
+            raise PermissionDenied(
+                f"job {job.id} may be extended by {format_duration(most)} in all without an admin "
+                f"({format_duration(job.extra_runtime)} so far, {format_duration(left)} left; scheduler.max_extend)"
+            )
+        if job.status is not JobStatus.RUNNING or job.deadline is None:
+            return
+        queued = await self.store.jobs(statuses=[JobStatus.QUEUED])
+        state, requests, _, _ = await self.placer.placement_inputs(queued)
+        before = _head_start(placement.plan(state, requests, now, urgent_cap=self.settings.urgent_cap))
+        if before is None:
+            return
+        longer = tuple(
+            dataclasses.replace(a, ends_at=a.ends_at + seconds) if a.job_id == str(job.id) and a.ends_at else a
+            for a in state.allocations
+        )
+        extended = dataclasses.replace(state, allocations=longer)
+        after = _head_start(placement.plan(extended, requests, now, urgent_cap=self.settings.urgent_cap))
+        if after is None or after[1] > before[1] + 1e-6:
+            head, start = before
+            later = "never" if after is None else time.strftime("%H:%M:%S", time.localtime(after[1]))
+            raise PermissionDenied(
+                f"extending job {job.id} by {format_duration(seconds)} would delay job {head}, the head of the "
+                f"queue, from {time.strftime('%H:%M:%S', time.localtime(start))} to {later}: ask an admin"
+            )
+
+
+def _head_start(decisions: Sequence[placement.Decision]) -> tuple[str, float] | None:
+    """The head of the queue and the start placement reserved for it, if it waits for one."""
+    for d in decisions:
+        if isinstance(d, placement.Wait) and d.earliest_start is not None:
+            return d.job_id, d.earliest_start
+    return None
