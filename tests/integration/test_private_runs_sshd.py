@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from ftconsole.scheduler.config import load_config
 from ftconsole.scheduler.runs import Prune, Step, StepKind, node_runs, prepare_run, run_states, start_run
 from ftconsole.scheduler.ssh import SSHPool
 from ftconsole.scheduler.store import STORE_FILE, Store
@@ -28,17 +27,6 @@ DAY = 86400.0
 
 def mode(path: Path) -> int:
     return stat.S_IMODE(path.lstat().st_mode)
-
-
-@pytest.fixture
-async def node_pool(sshd_cluster, tmp_path: Path):
-    cluster: SshdCluster = sshd_cluster(1)
-    loaded = load_config(cluster.write_config(tmp_path / "cluster.yaml"))
-    pool = SSHPool.from_config(loaded)
-    try:
-        yield cluster, pool, loaded.cluster.node_list()[0]
-    finally:
-        await pool.close()
 
 
 def read_as_nobody(path: Path) -> str:

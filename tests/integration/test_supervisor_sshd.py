@@ -12,11 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from ftconsole.scheduler.config import load_config
 from ftconsole.scheduler.errors import SSHError
 from ftconsole.scheduler.runs import RunStatus, node_runs, run_states, start_run, stop_runs
 from ftconsole.scheduler.ssh import SSHPool
-from tests.sshd_cluster import SshdCluster
 
 pytestmark = pytest.mark.sshd
 PY = sys.executable
@@ -46,17 +44,6 @@ def group_alive(pgid: int) -> bool:
             if int(stat[2]) == pgid and stat[0] != "Z":
                 return True
     return False
-
-
-@pytest.fixture
-async def node_pool(sshd_cluster, tmp_path: Path):
-    cluster: SshdCluster = sshd_cluster(1)
-    loaded = load_config(cluster.write_config(tmp_path / "cluster.yaml"))
-    pool = SSHPool.from_config(loaded)
-    try:
-        yield cluster, pool, loaded.cluster.node_list()[0]
-    finally:
-        await pool.close()
 
 
 async def test_run_writes_env_files_output_and_exit_code(node_pool) -> None:

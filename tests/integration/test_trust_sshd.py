@@ -56,6 +56,19 @@ async def pid_on(cluster: SshdCluster, node: str, job_id: int, rank: str = "0") 
     return int(await poll(read, bool, f"{path} to be written"))
 
 
+def running_condition(j: dict[str, Any]) -> bool:
+    return any(c["type"] == "Running" for c in j["conditions"])
+
+
+async def started_sleeper(client: Any, cluster: SshdCluster, name: str) -> tuple[dict[str, Any], int, dict[str, Any]]:
+    """A one-node sleeper submitted and running on node01: the job, its command's pid, its run."""
+    submitted = await client.call("submit", spec=sleeper(name))
+    await until(client, submitted["id"], running_condition, f"job {name} to run")
+    pid = await pid_on(cluster, "node01", submitted["id"])
+    run = (await client.call("show", job=submitted["id"]))["attempts"][0]["runs"][0]
+    return submitted, pid, run
+
+
 def events(shown: dict[str, Any], kind: str) -> list[str]:
     return [e["message"] for e in shown["events"] if e["kind"] == kind]
 
@@ -134,7 +147,7 @@ async def test_a_frozen_node_is_given_up_within_node_timeout_and_fenced_when_it_
     loaded = config(cluster, tmp_path, sock_dir, scheduler={"node_timeout": "5s"})
     async with running(loaded) as (_, client):
         two = await client.call("submit", spec=sleeper("two", mode="pytorch", nodes=2))
-        await until(client, two["id"], lambda j: any(c["type"] == "Running" for c in j["conditions"]), "Running")
+        await until(client, two["id"], running_condition, "Running")
         pids = {n: await pid_on(cluster, n, two["id"], r) for n, r in (("node01", "0"), ("node02", "1"))}
         cluster.hang("node02", sessions=True)  # the whole machine freezes: sshd, its connections, the job
         try:
@@ -169,10 +182,7 @@ async def test_a_killed_supervisor_leaves_nothing_running_before_the_gpus_are_fr
     cluster: SshdCluster = sshd_cluster(1, gpus=1)
     loaded = config(cluster, tmp_path, sock_dir)
     async with running(loaded) as (scheduler, client):
-        victim = await client.call("submit", spec=sleeper("victim"))
-        await until(client, victim["id"], lambda j: any(c["type"] == "Running" for c in j["conditions"]), "Running")
-        pid = await pid_on(cluster, "node01", victim["id"])
-        run = (await client.call("show", job=victim["id"]))["attempts"][0]["runs"][0]
+        victim, pid, run = await started_sleeper(client, cluster, "victim")
         status = json.loads(Path(run["run_dir"], "status.json").read_text())
         os.kill(status["supervisor_pid"], signal.SIGKILL)
         shown = await finished(client, victim["id"])
@@ -188,10 +198,7 @@ async def test_after_a_reboot_a_run_reads_lost_and_its_job_ends(sshd_cluster, tm
     cluster: SshdCluster = sshd_cluster(1, gpus=1)
     loaded = config(cluster, tmp_path, sock_dir)
     async with running(loaded) as (_, client):
-        rebooted = await client.call("submit", spec=sleeper("rebooted"))
-        await until(client, rebooted["id"], lambda j: any(c["type"] == "Running" for c in j["conditions"]), "up")
-        pid = await pid_on(cluster, "node01", rebooted["id"])
-        run = (await client.call("show", job=rebooted["id"]))["attempts"][0]["runs"][0]
+        rebooted, pid, run = await started_sleeper(client, cluster, "rebooted")
         path = Path(run["run_dir"], "status.json")
         path.write_text(json.dumps(dict(json.loads(path.read_text()), boot_id="the-boot-before")))
         try:
@@ -210,10 +217,7 @@ async def test_a_stop_the_supervisor_cannot_carry_out_ends_in_sigkill_from_the_s
     cluster: SshdCluster = sshd_cluster(1, gpus=1)
     loaded = config(cluster, tmp_path, sock_dir, scheduler={"stop_grace": "1s"})
     async with running(loaded) as (_, client):
-        stuck = await client.call("submit", spec=sleeper("stuck"))
-        await until(client, stuck["id"], lambda j: any(c["type"] == "Running" for c in j["conditions"]), "Running")
-        pid = await pid_on(cluster, "node01", stuck["id"])
-        run = (await client.call("show", job=stuck["id"]))["attempts"][0]["runs"][0]
+        stuck, pid, run = await started_sleeper(client, cluster, "stuck")
         supervisor = json.loads(Path(run["run_dir"], "status.json").read_text())["supervisor_pid"]
         os.kill(supervisor, signal.SIGSTOP)
         await client.call("stop", jobs=[stuck["id"]])
