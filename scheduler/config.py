@@ -7,6 +7,7 @@ problems it found at once; `ftconsole config check` prints them.
 from __future__ import annotations
 
 import os
+import pwd
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -187,7 +188,15 @@ class SchedulerSettings(_Strict):
     node_timeout: PositiveDuration = 10.0
     # the folders of ended runs are removed from the nodes this long after they ended; 0 or off: kept forever
     run_retention: RetentionDuration = 3 * 86400.0
-    run_root: str = "~/.ftconsole/runs"  # run folders on the nodes: <run_root>/<cluster id>/<job>/<attempt>/<rank>
+    # run folders on the nodes: <run_root>/<cluster id>/<job>/<attempt>/<rank>; "~" is the home of the account
+    # a job runs as, "{user}" its name
+    run_root: str = "~/.ftconsole/runs"
+    # whom a job's processes run as on the nodes: the account named like the user who submitted it (the
+    # SSH account switches to it: as root, or through sudo), or the SSH account itself (single-user clusters)
+    run_as: Literal["submitter", "ssh_user"] = "submitter"
+    # run_as: ssh_user with api.group set and a root SSH account lets every member of that group run commands
+    # as root on every node: refused unless this states that it is meant
+    accept_group_as_root: bool = False
     urgent_cap: int | None = Field(None, ge=0)  # urgent jobs (running + queued) per project; None: no cap
     # how much non-admins may add to a job's max_runtime with `extend`, in all (docs/configuration.md)
     max_extend: Duration = 24 * 3600.0
@@ -230,6 +239,18 @@ class NodeGroup(_Strict):
                     "they are paired in order, so the counts must match"
                 )
         return self
+
+
+def _local_user() -> str:
+    """Whom ssh logs in as when no user is configured (short of ~/.ssh/config's User): the local user."""
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
+
+
+def _few(names: list[str], most: int = 3) -> str:
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 @dataclass(frozen=True)
@@ -286,7 +307,33 @@ class ClusterConfig(_Strict):
         for admin in self.admins:
             if not admin or any(c.isspace() for c in admin):
                 out.append((("admins",), f"invalid user name {admin!r}"))
-        return out
+        return out + self._run_as_problems()
+
+    def _run_as_problems(self) -> list[tuple[tuple[Any, ...], str]]:
+        s = self.scheduler
+        if s.run_as == "submitter":
+            if not (s.run_root.startswith("~/") or "{user}" in s.run_root):
+                return [
+                    (
+                        ("scheduler", "run_root"),
+                        f"{s.run_root!r} would be one folder for the runs of every user, and jobs run as their "
+                        "submitter (scheduler.run_as: submitter): start it with '~/' (each user's home) or put "
+                        "'{user}' in it (for example /scratch/{user}/ftconsole-runs)",
+                    )
+                ]
+            return []
+        root = sorted({n.name for n in self.node_list() if (n.user or _local_user()) == "root"})
+        if self.api.group is None or not root or s.accept_group_as_root:
+            return []
+        return [
+            (
+                ("scheduler", "run_as"),
+                f"run_as: ssh_user runs every job as the SSH account, which is root on {_few(root)}, and api.group "
+                f"{self.api.group!r} lets its members submit: any member of that group could run commands as root "
+                "on every node. Use run_as: submitter (jobs run as the user who submitted them), or set "
+                "scheduler.accept_group_as_root: true to state that this is meant",
+            )
+        ]
 
     # -- derived views -------------------------------------------------------------------------------------
 

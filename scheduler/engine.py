@@ -6,7 +6,6 @@ with its event in one transaction. The control loop that carries the jobs out is
 from __future__ import annotations
 
 import asyncio
-import base64
 import codecs
 import contextlib
 import dataclasses
@@ -21,7 +20,7 @@ from pydantic import ValidationError
 from ftconsole.scheduler import elastic, placement
 from ftconsole.scheduler.api import Caller
 from ftconsole.scheduler.config import Node, format_duration
-from ftconsole.scheduler.errors import FtError, NotFound, PermissionDenied, UsageError
+from ftconsole.scheduler.errors import NotFound, PermissionDenied, UsageError
 from ftconsole.scheduler.jobs import (
     TERMINAL,
     Condition,
@@ -36,6 +35,7 @@ from ftconsole.scheduler.loop import Loop, request_stop
 from ftconsole.scheduler.records import JobActivity, StoredAlert, StoredEvent
 from ftconsole.scheduler.requests import job_request, urgent_scope
 from ftconsole.scheduler.rules import Rules
+from ftconsole.scheduler.runs import read_file, run_files
 from ftconsole.scheduler.service import ClusterService, NodeView, ProbeOutcome
 
 log = logging.getLogger("ftconsole.scheduler")
@@ -152,6 +152,9 @@ class Scheduler:
         runs = await self.store.runs(job=job.id)
         events = await self.store.events(job=str(job.id), limit=1000)
         activity = (await self.store.job_activity([job.id])).get(job.id, JobActivity())
+        # the runs as read above, not as a second query found them a moment later: show agrees with itself
+        outputs = [r.output_at for r in runs if r.attempt == job.attempt and r.output_at is not None]
+        activity = dataclasses.replace(activity, last_output=max(outputs) if outputs else None)
         conditions = {c.value for c in Condition}
         return {
             **job.to_json(now),
@@ -392,12 +395,13 @@ class Scheduler:
         run = await self._log_run(job, rank, attempt)
         node = self._node_of(run)
         path = f"{run.run_dir}/output.log"
+        user = self.loop.executor.run_user(job)
         offset = 0
         if tail is not None:
-            offset = await self._tail_offset(node, path, tail)
+            offset = await self._tail_offset(node, path, tail, user)
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         while True:
-            data = await self._log_read(node, path, offset)
+            data = await self._log_read(node, path, offset, user)
             offset += len(data)
             text = decoder.decode(data)
             if text:
@@ -408,7 +412,7 @@ class Scheduler:
                 return
             current = [r for r in await self.store.runs(job=job.id) if (r.attempt, r.rank) == (run.attempt, run.rank)]
             if not current or not current[0].active:
-                rest = await self._log_read(node, path, offset)
+                rest = await self._log_read(node, path, offset, user)
                 text = decoder.decode(rest, final=True)
                 if text:
                     yield text
@@ -439,14 +443,11 @@ class Scheduler:
             raise NotFound(f"rank {run.rank} ran on {run.node}, which is no longer in the cluster config")
         return node
 
-    async def _log_read(self, node: Node, path: str, offset: int) -> bytes:
-        script = 'test -e "$2" || exit 3; tail -c +"$1" "$2" | head -c "$3" | base64'
-        result = await self.transport.run(node, ["sh", "-c", script, "sh", str(offset + 1), path, str(LOG_CHUNK)])
-        if result.exit_status == 3:
-            return b""
-        if not result.ok:
-            raise FtError(f"{node.name}: cannot read {path}: {result.describe_failure()}")
-        return base64.b64decode(result.stdout)
+    async def _log_read(self, node: Node, path: str, offset: int, user: str | None) -> bytes:
+        """A chunk of a run's output.log, read on its node as the run's user (never with more rights)."""
+        got = await read_file(self.transport, node, path, offset=offset, limit=LOG_CHUNK, user=user,
+                              python=self._python)  # fmt: skip
+        return b"" if got is None else got[1]
 
     async def launch_files(
         self, caller: Caller, job_id: int | str, *, rank: int = 0, attempt: int | None = None
@@ -454,18 +455,12 @@ class Scheduler:
         """What one rank was started with, read back from its run folder: argv, env and hostfile."""
         job = await self._job(caller, job_id, "see the launch of", write=False)
         run = await self._log_run(job, rank, attempt)
-        script = (
-            'cd "$1" 2>/dev/null || exit 3; for f in argv.json env.json hostfile; do '
-            'if [ -e "$f" ]; then base64 < "$f" | tr -d "\\n"; fi; echo; done'
-        )
-        result = await self.transport.run(self._node_of(run), ["sh", "-c", script, "sh", run.run_dir])
-        if result.exit_status == 3:
+        node = self._node_of(run)
+        found = await run_files(self.transport, node, run.run_dir, user=self.loop.executor.run_user(job),
+                                python=self._python)  # fmt: skip
+        if found is None:
             raise NotFound(f"job {job.id} rank {run.rank}: no run folder {run.run_dir} on {run.node}")
-        if not result.ok:
-            raise FtError(f"{run.node}: cannot read {run.run_dir}: {result.describe_failure()}")
-        argv, env, hostfile = (
-            base64.b64decode(part).decode(errors="replace") for part in result.stdout.split("\n")[:3]
-        )
+        argv, env, hostfile = (found[name] for name in ("argv.json", "env.json", "hostfile"))
         return {
             "node": run.node,
             "rank": run.rank,
@@ -476,11 +471,14 @@ class Scheduler:
             "hostfile": hostfile or None,
         }
 
-    async def _tail_offset(self, node: Node, path: str, lines: int) -> int:
+    async def _tail_offset(self, node: Node, path: str, lines: int, user: str | None) -> int:
         """Where the last `lines` lines of the file start, in one round trip (0 when there is no file yet)."""
-        script = 'test -e "$2" || { echo 0; exit; }; echo $(( $(wc -c < "$2") - $(tail -n "$1" "$2" | wc -c) ))'
-        result = await self.transport.run(node, ["sh", "-c", script, "sh", str(lines), path])
-        return max(0, int(result.stdout.strip() or 0))
+        got = await read_file(self.transport, node, path, limit=0, tail=lines, user=user, python=self._python)
+        return 0 if got is None else got[0]
+
+    @property
+    def _python(self) -> str:
+        return self.config.ssh.python
 
     async def _fresh(self, job_id: int) -> Job:
         job = await self.store.job(job_id)

@@ -27,19 +27,25 @@ from ftconsole.scheduler.config import Node
 from ftconsole.scheduler.errors import FtError, SSHError
 from ftconsole.scheduler.failpoints import afailpoint
 from ftconsole.scheduler.jobplan import JobLaunch, plan_job
-from ftconsole.scheduler.jobs import Attempt, Job, Run
+from ftconsole.scheduler.jobs import Attempt, Condition, Job, JobStatus, Run
 from ftconsole.scheduler.jobtx import Conflict
 from ftconsole.scheduler.launcher import LaunchInput, NodeAssignment, RankLaunch
 from ftconsole.scheduler.reconcile import READ_STATES, Actions, Launch, Read, Stop
 from ftconsole.scheduler.runs import (
+    CannotSwitch,
+    NoAccount,
+    NodeRun,
     Prune,
     RunStatus,
+    account,
     free_port,
     node_runs,
     prepare_run,
+    prune_runs,
     run_states,
     start_run,
     stop_runs,
+    user_root,
 )
 from ftconsole.scheduler.service import ClusterService
 from ftconsole.scheduler.supervisor import MAX_PRUNED
@@ -49,6 +55,8 @@ log = logging.getLogger("ftconsole.scheduler")
 ACT_WAIT_S = 2.0  # how long a tick waits for the node commands it started; slower ones finish in the background
 SWEEP_RETRY_S = 5.0  # how often a node still to be swept is tried while it does not answer
 PRUNE_EVERY_S = 3600.0  # run retention along with a node's reads at most this often (and with every sweep)
+ACCOUNT_OK_S = 600.0  # a user's account found on a node is not asked for again before a launch for this long
+NO_ACCOUNT_S = 3600.0  # a node where a user has no account is left out of that user's placements this long
 
 
 class Executor:
@@ -76,6 +84,28 @@ class Executor:
         self._unswept: set[str] = set(self.nodes)  # nodes to sweep for runs that are no longer current
         self._swept_at: dict[str, float] = {}  # node -> the last try
         self._pruned_at: dict[str, float] = {}  # node -> when its old run folders were last pruned
+        self._owners: dict[int, str] = {}  # job -> its owner (never changes)
+        self._accounts: dict[tuple[str, str], float] = {}  # (user, node) -> when its account was last found
+        self.no_account: dict[tuple[str, str], float] = {}  # (user, node) -> when it was found to have none
+
+    def avoided(self, user: str) -> set[str]:
+        """The nodes where `user` was lately found to have no account: placement leaves them out for that user."""
+        now = self.clock()
+        return {node for (who, node), at in self.no_account.items() if who == user and now - at < NO_ACCOUNT_S}
+
+    def run_user(self, job: Job) -> str | None:
+        """Whom a job's runs run as on the nodes: its owner (run_as: submitter), or None: the SSH account."""
+        return job.owner if self.settings.run_as == "submitter" else None
+
+    async def _users(self, runs: Sequence[Run]) -> dict[str, str | None]:
+        """Run folder -> whom it belongs to on its node (`run_user` of its job)."""
+        if self.settings.run_as != "submitter":
+            return {}
+        for job_id in {r.job for r in runs} - self._owners.keys():
+            job = await self.store.job(job_id)
+            if job is not None:
+                self._owners[job_id] = job.owner
+        return {r.run_dir: self._owners.get(r.job) for r in runs}
 
     @property
     def run_root(self) -> str:
@@ -184,6 +214,8 @@ class Executor:
             await asyncio.gather(*(self._find(job, run) for run in launch.runs))
             return
         try:
+            if not await self._preflight(job, attempt, launch.runs):
+                return
             attempt = await self._port(job, attempt)
             all_runs = [r for r in await self.store.runs(job=job.id) if r.attempt == attempt.number]
             plan = self._plan(job, attempt, all_runs)
@@ -196,6 +228,63 @@ class Executor:
             return
         by_rank = {r.rank: r for r in plan.plan.ranks}
         await asyncio.gather(*(self._start_rank(job, attempt, run, by_rank[run.rank], plan) for run in launch.runs))
+
+    async def _preflight(self, job: Job, attempt: Attempt, runs: Sequence[Run]) -> bool:
+        """Before anything of an attempt starts: does the job's user have an account on each of its nodes, one
+        the SSH account may become? A node where it has none sends the job back to the queue (that node left
+        out for the user); an SSH account that may not switch fails the job, saying what it needs."""
+        user = self.run_user(job)
+        if user is None:
+            return True
+        now = self.clock()
+        nodes = sorted(
+            {r.node for r in runs if now - self._accounts.get((user, r.node), -ACCOUNT_OK_S) >= ACCOUNT_OK_S}
+        )
+        found = await asyncio.gather(*(self._account(user, self.nodes[n]) for n in nodes), return_exceptions=True)
+        missing = []
+        for name, outcome in zip(nodes, found, strict=True):
+            if isinstance(outcome, NoAccount):
+                missing.append(name)
+                self.no_account[(user, name)] = now
+            elif isinstance(outcome, CannotSwitch):
+                await self._fail(job, str(outcome))
+                return False
+            elif isinstance(outcome, BaseException):
+                raise outcome  # no answer: asked again next tick
+            else:
+                self._accounts[(user, name)] = now
+        if missing:
+            await self._requeue(job, attempt, missing, user)
+            return False
+        return True
+
+    async def _account(self, user: str, node: Node) -> None:
+        await self._ask(node, account(self.transport, node, user, python=self._python, timeout=self._timeout),
+                        heartbeat=False)  # fmt: skip
+
+    async def _requeue(self, job: Job, attempt: Attempt, missing: Sequence[str], user: str) -> None:
+        """Nothing of the attempt started: cancel it and queue the job again, at the front of its priority."""
+        now = self.clock()
+        text = "; ".join(f"user {user} has no account on {n}" for n in missing)
+        with contextlib.suppress(Conflict):
+            async with self.store.jobs_tx("queue a job again") as tx:
+                for r in await self.store.runs(job=job.id):
+                    if r.attempt == attempt.number and r.state == "intent":
+                        await tx.update_run(r, state="cancelled", ended=now, error=text)
+                await tx.release_runs(job.id, attempt=attempt.number)
+                await tx.update_attempt(job.id, attempt.number, message=f"not started: {text}")
+                await tx.update_job(
+                    job.id,
+                    expect=[JobStatus.RUNNING],
+                    status=JobStatus.QUEUED,
+                    requeued=True,
+                    message=f"queued again: {text} (placed elsewhere from now on)",
+                )
+                for name in missing:
+                    await tx.event(now, Condition.PENDING, f"attempt {attempt.number} not started: user {user} has "
+                                   f"no account on {name}; queued again without it", job=job.id, node=name)  # fmt: skip
+        log.warning("job %s: %s; queued again", job.id, text)
+        self._poke()
 
     async def _port(self, job: Job, attempt: Attempt) -> Attempt:
         """The attempt with its master port: chosen now on its first node when it has none yet."""
@@ -213,10 +302,9 @@ class Executor:
         try:
             await afailpoint("launch.before_send")
             if not rank.launch:
-                path = await self._ask(
-                    node,
-                    prepare_run(self.transport, node, **_rank_args(rank), python=self._python, timeout=self._timeout),
-                )
+                prepared = prepare_run(self.transport, node, **_rank_args(rank), user=self.run_user(job),
+                                       python=self._python, timeout=self._timeout)  # fmt: skip
+                path = await self._ask(node, prepared)
                 fields: dict[str, Any] = {"state": "prepared", "run_dir": path}
             else:
                 started = start_run(
@@ -227,6 +315,7 @@ class Executor:
                     workdir=rank.workdir,
                     grace=self.settings.stop_grace,
                     token=attempt.token,
+                    user=self.run_user(job),
                     python=self._python,
                     timeout=self._timeout,
                 )
@@ -252,7 +341,8 @@ class Executor:
         """A run of a job stopped before its start was answered: what is on the node (absent: cancelled)."""
         node = self.nodes[run.node]
         try:
-            states = run_states(self.transport, node, [run.run_dir], tokens=_tokens([run]), python=self._python,
+            states = run_states(self.transport, node, [run.run_dir], tokens=_tokens([run]),
+                                users={run.run_dir: self.run_user(job)}, python=self._python,
                                 timeout=self._timeout)  # fmt: skip
             status = (await self._ask(node, states))[run.run_dir]
         except FtError as exc:
@@ -280,7 +370,8 @@ class Executor:
         """Stop runs on one node; a stop counts as sent once the node confirms it (until then: again)."""
         node = self.nodes[stop.node]
         sent = stop_runs(self.transport, node, [r.run_dir for r in stop.runs], tokens=_tokens(stop.runs),
-                         force=stop.force, python=self._python, timeout=self._timeout)  # fmt: skip
+                         users=await self._users(stop.runs), force=stop.force, python=self._python,
+                         timeout=self._timeout)  # fmt: skip
         try:
             answers = await self._ask(node, sent)
         except FtError as exc:
@@ -306,16 +397,29 @@ class Executor:
         due = self.clock() - self._pruned_at.get(read.node, float("-inf")) >= PRUNE_EVERY_S
         prune = await self._prune() if due else None
         pruned: list[str] = []
-        states = run_states(self.transport, node, dirs, tokens=_tokens(read.runs), prune=prune, pruned=pruned,
-                            python=self._python, timeout=self._timeout)  # fmt: skip
+        users = await self._users(read.runs)
+        states = run_states(self.transport, node, dirs, tokens=_tokens(read.runs), users=users, prune=prune,
+                            pruned=pruned, python=self._python, timeout=self._timeout)  # fmt: skip
         try:
             answer = await self._ask(node, states)
+            if prune is not None:  # the users with no run here now have old run folders here too, maybe
+                for user in set(await self._recent_users()) - set(users.values()):
+                    await prune_runs(self.transport, node, prune, user=user, pruned=pruned, python=self._python,
+                                     timeout=self._timeout)  # fmt: skip
         except FtError as exc:
             log.warning("cannot read runs on %s: %s", read.node, exc)
             return
         self._was_pruned(node, prune, pruned)
         await afailpoint("observe.after_read")
         self._observed[read.node] = [(r, answer[r.run_dir]) for r in read.runs]
+
+    async def _recent_users(self) -> list[str | None]:
+        """Whose run folders a sweep or a prune visits: the owners of jobs active or ended lately (within the
+        run retention, else a week), as each job's runs are its owner's; None (the SSH account) under ssh_user."""
+        if self.settings.run_as != "submitter":
+            return [None]
+        window = self.settings.run_retention or 7 * 86400.0
+        return list(await self.store.owners(since=self.clock() - window - 86400.0))
 
     async def _prune(self) -> Prune | None:
         """Run retention for one node's next read or sweep (None when off): keep every held run's attempt."""
@@ -335,41 +439,53 @@ class Executor:
 
     async def _sweep(self, node: Node) -> None:
         """Fencing: kill the runs of this cluster on the node that the store does not count as current (a
-        node back after it was given up, or runs left by a crash between a start and its record)."""
+        node back after it was given up, or runs left by a crash between a start and its record); the run
+        folders of each user who had jobs lately, read as that user."""
         prune = await self._prune()
         pruned: list[str] = []
-        try:
-            listing = node_runs(self.transport, node, root=self.run_root, prune=prune, pruned=pruned,
-                                python=self._python, timeout=self._timeout)  # fmt: skip
-            found = await self._ask(node, listing, heartbeat=False)
-        except FtError as exc:
-            log.warning("cannot sweep %s: %s", node.name, exc)
-            return
+        for user in await self._recent_users():
+            try:
+                listing = node_runs(self.transport, node, root=self.run_root, prune=prune, pruned=pruned, user=user,
+                                    python=self._python, timeout=self._timeout)  # fmt: skip
+                found = await self._ask(node, listing, heartbeat=False)
+            except NoAccount:
+                continue  # no runs of that user here
+            except FtError as exc:
+                log.warning("cannot sweep %s: %s", node.name, exc)
+                return
+            if not await self._fence(node, found, user):
+                return
         self._was_pruned(node, prune, pruned)
+        self._unswept.discard(node.name)
+
+    async def _fence(self, node: Node, found: Sequence[NodeRun], user: str | None) -> bool:
+        """Kill the runs `found` (one user's) that are not current; False when the node did not take it."""
         held = await self.store.runs(held=True)
         current = {(str(r.job), str(r.attempt), str(r.rank)) for r in held if r.node == node.name and r.active}
         strays = [f for f in found if f.status.state in READ_STATES and (f.job, f.attempt, f.rank) not in current]
-        if strays:
-            dirs = [f"{self.run_root}/{f.job}/{f.attempt}/{f.rank}" for f in strays]
-            tokens = {d: f.status.token for d, f in zip(dirs, strays, strict=True) if f.status.token}
-            try:
-                killing = stop_runs(self.transport, node, dirs, tokens=tokens, force=True, python=self._python,
-                                    timeout=self._timeout)  # fmt: skip
-                await self._ask(node, killing, heartbeat=False)
-            except FtError as exc:
-                log.warning("cannot stop stray runs on %s: %s", node.name, exc)
-                return
-            now = self.clock()
-            async with self.store.jobs_tx("record fenced runs") as tx:
-                for f in strays:
-                    text = (
-                        f"fenced: rank {f.rank} of attempt {f.attempt} was still running on {node.name}, which the "
-                        "scheduler no longer counts as current; killed"
-                    )
-                    job = int(f.job) if f.job.isdigit() else None
-                    await tx.event(now, "Fenced", text, job=job, node=node.name)
-                    log.warning("job %s: %s", f.job, text)
-        self._unswept.discard(node.name)
+        if not strays:
+            return True
+        root = user_root(self.run_root, user)
+        dirs = [f"{root}/{f.job}/{f.attempt}/{f.rank}" for f in strays]
+        tokens = {d: f.status.token for d, f in zip(dirs, strays, strict=True) if f.status.token}
+        try:
+            killing = stop_runs(self.transport, node, dirs, tokens=tokens, users=dict.fromkeys(dirs, user),
+                                force=True, python=self._python, timeout=self._timeout)  # fmt: skip
+            await self._ask(node, killing, heartbeat=False)
+        except FtError as exc:
+            log.warning("cannot stop stray runs on %s: %s", node.name, exc)
+            return False
+        now = self.clock()
+        async with self.store.jobs_tx("record fenced runs") as tx:
+            for f in strays:
+                text = (
+                    f"fenced: rank {f.rank} of attempt {f.attempt} was still running on {node.name}, which the "
+                    "scheduler no longer counts as current; killed"
+                )
+                job = int(f.job) if f.job.isdigit() else None
+                await tx.event(now, "Fenced", text, job=job, node=node.name)
+                log.warning("job %s: %s", f.job, text)
+        return True
 
     @property
     def _python(self) -> str:
@@ -382,7 +498,8 @@ class Executor:
 def plan_attempt(
     job: Job, attempt: Attempt, runs: Sequence[Run], *, nodes: dict[str, Node], run_root: str
 ) -> JobLaunch:
-    """What each rank of an attempt runs (pure: `plan_job` with the attempt's nodes, port and run folders)."""
+    """What each rank of an attempt runs (pure: `plan_job` with the attempt's nodes, port and run folders, under
+    the run root of the job's owner)."""
     ordered = sorted(runs, key=lambda r: r.rank)
     spec = job.spec
     base = LaunchInput(
@@ -394,7 +511,7 @@ def plan_attempt(
         workdir=spec.workdir,
         nodes=tuple(NodeAssignment(r.node, nodes[r.node].host, r.gpus) for r in ordered),
         master_port=attempt.master_port,
-        run_root=run_root,
+        run_root=user_root(run_root, job.owner),
         ps_count=spec.ps_count or 0,
         max_restarts=spec.fault_tolerance.max_restarts,
         output_dir=spec.output,

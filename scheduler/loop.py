@@ -70,7 +70,14 @@ class Loop:
         self.wake = asyncio.Event()
         self._nodes = {n.name: n for n in service.all_nodes}
         self.executor = Executor(service, clock=clock, poke=poke, fail=self._fail)
-        self.placer = Placer(service, clock=clock, poke=poke, fail=self._fail, run_root=lambda: self.run_root)
+        self.placer = Placer(
+            service,
+            clock=clock,
+            poke=poke,
+            fail=self._fail,
+            run_root=lambda: self.run_root,
+            avoided=self.executor.avoided,
+        )
         self._started = time.monotonic()
         self._read_since_start: set[tuple[int, int, int]] = set()
         self.adopted_s: float | None = None  # seconds from start until every running run was read once

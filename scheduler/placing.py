@@ -23,6 +23,7 @@ from ftconsole.scheduler.failpoints import afailpoint
 from ftconsole.scheduler.jobs import Attempt, Condition, Job, JobStatus, Run
 from ftconsole.scheduler.jobtx import Conflict
 from ftconsole.scheduler.requests import job_request, node_slot, urgent_scope
+from ftconsole.scheduler.runs import user_root
 from ftconsole.scheduler.service import ClusterService
 
 log = logging.getLogger("ftconsole.scheduler")
@@ -39,6 +40,7 @@ class Placer:
         poke: Callable[[], None],
         fail: Callable[[Job, str], Awaitable[None]],
         run_root: Callable[[], str],
+        avoided: Callable[[str], set[str]] = lambda user: set(),
     ) -> None:
         self.service = service
         self.store = service.store
@@ -48,6 +50,7 @@ class Placer:
         self._poke = poke
         self._fail = fail
         self._run_root = run_root
+        self._avoided = avoided  # user -> the nodes where that user has no account (not placed there)
         self._nodes = {n.name: n for n in service.all_nodes}
 
     @property
@@ -177,7 +180,7 @@ class Placer:
         for decision in decisions:
             job, request = by_id[decision.job_id]
             if isinstance(decision, placement.Wait):
-                notes.append((job, f"waiting (position {decision.position}): {decision.reason}"))
+                notes.append((job, f"waiting (position {decision.position}): {decision.reason}{self._why(job)}"))
                 continue
             try:
                 await self._start(job, request.candidates[decision.candidate_index], decision, now)
@@ -187,6 +190,10 @@ class Placer:
                 log.exception("job %s: cannot be started", job.id)
                 await self._fail(job, f"ftconsole cannot start it: {type(exc).__name__}: {exc}")
         await self.notes(notes)
+
+    def _why(self, job: Job) -> str:
+        avoided = self._avoided(job.owner)
+        return f" (user {job.owner} has no account on {', '.join(sorted(avoided))})" if avoided else ""
 
     @property
     def degraded_ok(self) -> list[str]:
@@ -233,6 +240,10 @@ class Placer:
                     nodes=job.size,
                     min_nodes=None if request.min_nodes is None else min(request.min_nodes, job.size),
                 )
+                avoided = self._avoided(job.owner)
+                if avoided:
+                    allowed = request.node_names if request.node_names is not None else frozenset(self._nodes)
+                    request = dataclasses.replace(request, node_names=allowed - avoided)
             except FtError as exc:  # the config changed under a queued job (spec removed): say so, keep it
                 unplaceable.append((job, str(exc)))
                 continue
@@ -309,7 +320,7 @@ class Placer:
                 rank=rank,
                 node=node,
                 gpus=tuple(gpus),
-                run_dir=f"{self.run_root}/{job.id}/{number}/{rank}",
+                run_dir=f"{user_root(self.run_root, job.owner)}/{job.id}/{number}/{rank}",
                 launch=True,
                 token=attempt.token,
             )

@@ -7,11 +7,13 @@ one command, or a sequence of `Step`s (hooks, batch tasks) that the supervisor r
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import dataclasses
 import functools
 import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -28,8 +30,34 @@ SUPERVISOR_PROTOCOL = 2
 DEFAULT_RUN_ROOT = "~/.ftconsole/runs"
 
 
+def user_root(run_root: str, user: str | None) -> str:
+    """`run_root` for the runs of `user`: its "{user}" replaced by the name; "~" is that user's home on the node."""
+    return run_root if user is None else run_root.replace("{user}", user)
+
+
 class SupervisorError(FtError):
     title = "run supervisor"
+
+
+class NoAccount(SupervisorError):
+    """The user a job runs as has no account on a node: the job's trouble there, not the node's."""
+
+    title = "no account"
+
+    def __init__(self, node: str, user: str) -> None:
+        super().__init__(f"user {user} has no account on {node}")
+        self.node = node
+        self.user = user
+
+
+class CannotSwitch(SupervisorError):
+    """The SSH account may not run commands as the user (neither root nor allowed by sudo)."""
+
+    title = "cannot run as the user"
+
+
+# nodes (name, host) whose SSH account switches users through sudo: asked once, then sent through sudo directly
+_THROUGH_SUDO: set[tuple[str, str]] = set()
 
 
 class StepKind(StrEnum):
@@ -79,9 +107,9 @@ class Prune:
             tokens=tuple(sorted({r.token for r in runs if r.token})),
         )
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, user: str | None = None) -> dict[str, Any]:
         return {
-            "run_root": self.run_root,
+            "run_root": user_root(self.run_root, user),
             "cluster": self.cluster,
             "retention": self.retention,
             "keep": list(self.keep),
@@ -169,11 +197,48 @@ class NodeRun:
 
 
 async def _call(
-    transport: Transport, node: Node, python: str, params: dict[str, Any], timeout: float
+    transport: Transport,
+    node: Node,
+    python: str,
+    params: dict[str, Any],
+    timeout: float,
+    user: str | None = None,
 ) -> dict[str, Any]:
-    result = await transport.run(node, [python, "-"], input=supervisor_script(params), timeout=timeout)
+    """One supervisor action on a node; with `user`, as that account of the node (supervisor.py "Users"):
+    switched on the node when the SSH account is root, else through `sudo -n -u USER`."""
+    if user is not None:
+        params = {**params, "user": user}
+    key = (node.name, node.host)
+    sudo = user is not None and key in _THROUGH_SUDO
+    doc = await _answer(transport, node, python, params, timeout, sudo=sudo)
+    if "sudo" in doc and user is not None:
+        _THROUGH_SUDO.add(key)
+        doc = await _answer(transport, node, python, params, timeout, sudo=True, account=str(doc.get("account")))
+    if "no_account" in doc:
+        raise NoAccount(node.name, str(doc["no_account"]))
+    if "sudo" in doc:
+        raise CannotSwitch(f"{node.name}: the SSH account may not run commands as {doc['sudo']}")
+    return doc
+
+
+async def _answer(
+    transport: Transport,
+    node: Node,
+    python: str,
+    params: dict[str, Any],
+    timeout: float,
+    *,
+    sudo: bool,
+    account: str = "the SSH account",
+) -> dict[str, Any]:
+    argv = [python, "-"]
+    if sudo:
+        argv = ["sudo", "-n", "-H", "-u", str(params["user"]), "--", *argv]
+    result = await transport.run(node, argv, input=supervisor_script(params), timeout=timeout)
     line = next((ln for ln in reversed(result.stdout.splitlines()) if ln.startswith("{")), None)
     if line is None:
+        if sudo:
+            _sudo_failed(node, account, str(params["user"]), python, result.stderr)
         raise SupervisorError(f"{node.name}: supervisor printed nothing ({result.describe_failure()})")
     doc: dict[str, Any] = json.loads(line)
     if doc.get("supervisor") != SUPERVISOR_PROTOCOL:
@@ -181,6 +246,19 @@ async def _call(
     if "error" in doc:
         raise SupervisorError(f"{node.name}: {params['action']} failed: {doc['error']}")
     return doc
+
+
+def _sudo_failed(node: Node, account: str, user: str, python: str, stderr: str) -> None:
+    """Why `sudo -n -u USER python3 -` printed nothing: the user is unknown there, or the account may not."""
+    said = " ".join(stderr.strip().splitlines()[-2:]) or "nothing"
+    if "unknown user" in said:
+        raise NoAccount(node.name, user)
+    raise CannotSwitch(
+        f"{node.name}: jobs run as their submitter (scheduler.run_as: submitter), and the SSH account {account} "
+        f"is not root and may not run {python} as {user} through sudo without a password (sudo said: {said}). "
+        f"Log in as root, or give the account a sudoers line such as "
+        f"'{account} ALL=(ALL,!root) NOPASSWD: {python}' on every node"
+    )
 
 
 async def start_run(
@@ -195,6 +273,7 @@ async def start_run(
     steps: Sequence[Step] | None = None,
     grace: float = 30.0,
     token: str | None = None,
+    user: str | None = None,
     python: str = "python3",
     timeout: float = 30.0,
 ) -> tuple[bool, RunStatus]:
@@ -216,7 +295,7 @@ async def start_run(
     }
     if steps is not None:
         params["steps"] = [s.to_json() for s in steps]
-    doc = await _call(transport, node, python, params, timeout)
+    doc = await _call(transport, node, python, params, timeout, user)
     if "refused" in doc:
         return False, RunStatus(state="refused", error=str(doc["refused"]), run_dir=doc.get("run_dir"))
     status = dataclasses.replace(RunStatus.from_json(doc["status"]), run_dir=doc.get("run_dir"))
@@ -230,15 +309,17 @@ async def node_runs(
     root: str = DEFAULT_RUN_ROOT,
     prune: Prune | None = None,
     pruned: list[str] | None = None,
+    user: str | None = None,
     python: str = "python3",
     timeout: float = 30.0,
 ) -> list[NodeRun]:
-    """Every run under `root` on the node. With `prune`, old ended attempts' folders are removed first, in
-    the same round trip; their names ("<job>/<attempt>") are appended to `pruned`."""
-    params: dict[str, Any] = {"action": "status", "root": root}
+    """Every run under `root` on the node (read as `user`, under that user's root). With `prune`, old ended
+    attempts' folders are removed first, in the same round trip; their names ("<job>/<attempt>") are
+    appended to `pruned`."""
+    params: dict[str, Any] = {"action": "status", "root": user_root(root, user)}
     if prune is not None:
-        params["prune"] = prune.to_json()
-    doc = await _call(transport, node, python, params, timeout)
+        params["prune"] = prune.to_json(user)
+    doc = await _call(transport, node, python, params, timeout, user)
     _pruned(node, doc, pruned)
     return [
         NodeRun(job=r["job"], attempt=r["attempt"], rank=r["rank"], status=RunStatus.from_json(r["status"]))
@@ -254,6 +335,7 @@ async def prepare_run(
     argv: Sequence[str],
     env: dict[str, str],
     files: dict[str, bytes] | None = None,
+    user: str | None = None,
     python: str = "python3",
     timeout: float = 30.0,
 ) -> str:
@@ -265,7 +347,7 @@ async def prepare_run(
         "env": env,
         "files": {name: data.decode("utf-8") for name, data in (files or {}).items()},
     }
-    doc = await _call(transport, node, python, params, timeout)
+    doc = await _call(transport, node, python, params, timeout, user)
     return str(doc["run_dir"])
 
 
@@ -275,21 +357,110 @@ async def run_states(
     run_dirs: Sequence[str],
     *,
     tokens: dict[str, str] | None = None,
+    users: Mapping[str, str | None] | None = None,
     prune: Prune | None = None,
     pruned: list[str] | None = None,
     python: str = "python3",
     timeout: float = 30.0,
 ) -> dict[str, RunStatus]:
-    """The status of the given run folders of one node, in one round trip, keyed by run folder as given.
+    """The status of the given run folders of one node, keyed by run folder as given: one round trip for
+    each user they belong to (`users`: run folder -> user; a run read as its user, see `_call`).
 
     With `tokens` (run folder -> attempt token), a folder claimed by another token reads state `foreign`.
-    With `prune`, as `node_runs`."""
-    params: dict[str, Any] = {"action": "status", "run_dirs": list(run_dirs), "tokens": tokens or {}}
+    With `prune`, as `node_runs`, for each of those users."""
+    out: dict[str, RunStatus] = {}
+    for doc in await asyncio.gather(
+        *(
+            _states(transport, node, dirs, user, tokens or {}, prune, python, timeout)
+            for user, dirs in _by_user(run_dirs, users).items()
+        )
+    ):
+        _pruned(node, doc, pruned)
+        out.update((r["run_dir"], RunStatus.from_json(r["status"])) for r in doc["runs"])
+    return out
+
+
+async def _states(
+    transport: Transport,
+    node: Node,
+    run_dirs: Sequence[str],
+    user: str | None,
+    tokens: dict[str, str],
+    prune: Prune | None,
+    python: str,
+    timeout: float,
+) -> dict[str, Any]:
+    params: dict[str, Any] = {
+        "action": "status",
+        "run_dirs": list(run_dirs),
+        "tokens": {d: tokens[d] for d in run_dirs if d in tokens},
+    }
     if prune is not None:
-        params["prune"] = prune.to_json()
-    doc = await _call(transport, node, python, params, timeout)
-    _pruned(node, doc, pruned)
-    return {r["run_dir"]: RunStatus.from_json(r["status"]) for r in doc["runs"]}
+        params["prune"] = prune.to_json(user)
+    return await _call(transport, node, python, params, timeout, user)
+
+
+def _by_user(run_dirs: Sequence[str], users: Mapping[str, str | None] | None) -> dict[str | None, list[str]]:
+    groups: dict[str | None, list[str]] = {}
+    for run_dir in run_dirs:
+        groups.setdefault((users or {}).get(run_dir), []).append(run_dir)
+    return groups
+
+
+async def prune_runs(
+    transport: Transport,
+    node: Node,
+    prune: Prune,
+    *,
+    user: str | None = None,
+    pruned: list[str] | None = None,
+    python: str = "python3",
+    timeout: float = 30.0,
+) -> None:
+    """Run retention alone, for the runs of `user` (as `node_runs`'s prune)."""
+    params = {"action": "status", "run_dirs": [], "prune": prune.to_json(user)}
+    _pruned(node, await _call(transport, node, python, params, timeout, user), pruned)
+
+
+async def read_file(
+    transport: Transport,
+    node: Node,
+    path: str,
+    *,
+    offset: int = 0,
+    limit: int,
+    tail: int | None = None,
+    user: str | None = None,
+    python: str = "python3",
+    timeout: float = 30.0,
+) -> tuple[int, bytes] | None:
+    """Up to `limit` bytes of a file of a run (as `user`: a run folder is read with its user's rights only)
+    from `offset`, or from where its last `tail` lines start: (where the bytes start, bytes); None: no file."""
+    params: dict[str, Any] = {"action": "read", "path": path, "offset": offset, "limit": limit, "tail": tail}
+    doc = await _call(transport, node, python, params, timeout, user)
+    if not doc["exists"]:
+        return None
+    return int(doc["offset"]), base64.b64decode(doc["data"])
+
+
+async def run_files(
+    transport: Transport, node: Node, run_dir: str, *, user: str | None = None, python: str = "python3",
+    timeout: float = 30.0,
+) -> dict[str, str | None] | None:  # fmt: skip
+    """argv.json, env.json and hostfile of a run folder, read as `user`; None when there is no such folder."""
+    doc = await _call(transport, node, python, {"action": "files", "run_dir": run_dir}, timeout, user)
+    if doc.get("absent"):
+        return None
+    return {name: doc.get(name) for name in ("argv.json", "env.json", "hostfile")}
+
+
+async def account(
+    transport: Transport, node: Node, user: str, *, python: str = "python3", timeout: float = 30.0
+) -> dict[str, Any]:
+    """The node's account of `user` ({account, uid, home}), as the runs of that user would meet it: NoAccount
+    when there is none, CannotSwitch when the SSH account may not become it."""
+    doc = await _call(transport, node, python, {"action": "account"}, timeout, user)
+    return {k: doc[k] for k in ("account", "uid", "home")}
 
 
 async def free_port(transport: Transport, node: Node, *, python: str = "python3", timeout: float = 30.0) -> int:
@@ -304,12 +475,28 @@ async def stop_runs(
     run_dirs: Sequence[str],
     *,
     tokens: dict[str, str] | None = None,
+    users: Mapping[str, str | None] | None = None,
     force: bool = False,
     python: str = "python3",
     timeout: float = 30.0,
 ) -> list[dict[str, Any]]:
-    """Stop runs (SIGTERM to their supervisors; `force`: SIGKILL to everything of them). Each answer has
-    `signalled` and `alive` (something of the run may still run). Orphaned runs are always killed."""
-    params = {"action": "stop", "run_dirs": list(run_dirs), "tokens": tokens or {}, "force": force}
-    doc = await _call(transport, node, python, params, timeout)
-    return list(doc["stopped"])
+    """Stop runs (SIGTERM to their supervisors; `force`: SIGKILL to everything of them), each as its user
+    (`users`, as in `run_states`), in the order given. Each answer has `signalled` and `alive` (something of
+    the run may still run). Orphaned runs are always killed."""
+
+    async def stop(user: str | None, dirs: list[str]) -> list[dict[str, Any]]:
+        params = {
+            "action": "stop",
+            "run_dirs": dirs,
+            "tokens": {d: (tokens or {})[d] for d in dirs if d in (tokens or {})},
+            "force": force,
+        }
+        return list((await _call(transport, node, python, params, timeout, user))["stopped"])
+
+    groups = _by_user(run_dirs, users)
+    answers: dict[str, dict[str, Any]] = {}
+    for dirs, stopped in zip(
+        groups.values(), await asyncio.gather(*(stop(u, d) for u, d in groups.items())), strict=True
+    ):
+        answers.update(zip(dirs, stopped, strict=True))
+    return [answers[d] for d in run_dirs]

@@ -18,6 +18,8 @@ command of the scheduler, it assumes a POSIX login shell on the node.
 from __future__ import annotations
 
 import math
+import os
+import pwd
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,7 +44,10 @@ JOB_SNIPPET = """\
 import json, os, sys
 run_dir, banner, command = os.path.abspath(os.path.expanduser(sys.argv[1])), sys.argv[2], sys.argv[3:]
 if not os.path.isdir(run_dir):
-    sys.stderr.write("ftconsole: no run folder %s on this node\\n" % run_dir)
+    sys.stderr.write("ftconsole: no run folder %s on this node (or it is not yours to enter)\\n" % run_dir)
+    sys.exit(NO_FOLDER_EXIT)
+if not os.access(run_dir, os.R_OK | os.X_OK):
+    sys.stderr.write("ftconsole: run folder %s belongs to the job's user: you cannot enter it\\n" % run_dir)
     sys.exit(NO_FOLDER_EXIT)
 if not command:
     os.write(2, os.fsencode(banner) + b"\\n")
@@ -94,12 +99,23 @@ class SshOptions:
     connect_timeout: float = 10.0
     keepalive_interval: float = 15.0
     python: str = "python3"
+    # whom ssh logs in as: None, the node's configured user; under run_as: submitter, the caller (see ssh_options)
+    login: str | None = None
 
 
 def ssh_options(loaded: LoadedConfig) -> SshOptions:
-    """The options of `SSHPool.from_config`: relative paths resolved against the config file."""
+    """The options of `SSHPool.from_config`: relative paths resolved against the config file.
+
+    Under `scheduler.run_as: submitter` a debug shell is the caller's own, as the job is: ssh logs in as the
+    caller (the local user), with the config's identity file and known_hosts only when the caller may read
+    them (the scheduler's own key is not theirs: their keys and agent then, and ssh's own known_hosts files,
+    host keys still verified)."""
     s = loaded.cluster.ssh
     known, identity, config_file = ssh_files(loaded)
+    login = None
+    if loaded.cluster.scheduler.run_as == "submitter":
+        login = _local_user()
+        identity = identity if identity is not None and os.access(identity, os.R_OK) else None
     return SshOptions(
         known_hosts=known,
         host_key_policy=s.host_key_policy,
@@ -108,7 +124,15 @@ def ssh_options(loaded: LoadedConfig) -> SshOptions:
         connect_timeout=s.connect_timeout,
         keepalive_interval=s.keepalive_interval,
         python=s.python,
+        login=login,
     )
+
+
+def _local_user() -> str:
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
 
 
 def ssh_path(path: Path) -> str:
@@ -121,6 +145,9 @@ def ssh_path(path: Path) -> str:
 
 def ssh_argv(options: SshOptions, node: Node, remote_command: str, *, tty: bool) -> list[str]:
     """The system ssh client's argv for `remote_command` on `node`; `tty`: a pseudo-terminal (-t) or not (-T)."""
+    known: list[str] = []  # the scheduler's known_hosts; a caller who may not read it: ssh's own files
+    if options.login is None or os.access(options.known_hosts, os.R_OK):
+        known = ["-o", f"UserKnownHostsFile={ssh_path(options.known_hosts)}", "-o", "GlobalKnownHostsFile=/dev/null"]
     argv = [
         "ssh",
         "-t" if tty else "-T",
@@ -128,10 +155,7 @@ def ssh_argv(options: SshOptions, node: Node, remote_command: str, *, tty: bool)
         ssh_path(options.config_file) if options.config_file is not None else "none",
         "-o",
         "StrictHostKeyChecking=" + ("accept-new" if options.host_key_policy == "accept-new" else "yes"),
-        "-o",
-        f"UserKnownHostsFile={ssh_path(options.known_hosts)}",
-        "-o",
-        "GlobalKnownHostsFile=/dev/null",
+        *known,
         "-o",
         f"ConnectTimeout={max(1, math.ceil(options.connect_timeout))}",
         "-o",
@@ -143,8 +167,9 @@ def ssh_argv(options: SshOptions, node: Node, remote_command: str, *, tty: bool)
         argv += ["-o", f"IdentityFile={ssh_path(options.identity_file)}"]  # -i would take quotes literally
     if node.port is not None:
         argv += ["-p", str(node.port)]
-    if node.user:
-        argv += ["-l", node.user]
+    login = options.login or node.user
+    if login:
+        argv += ["-l", login]
     return [*argv, "--", node.host, remote_command]
 
 

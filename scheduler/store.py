@@ -321,6 +321,13 @@ class Store:
 
     # -- jobs --------------------------------------------------------------------------------------------------
 
+    async def owners(self, *, since: float) -> list[str]:
+        """The owners of the jobs that are active, or ended at `since` or later (deleted ones too)."""
+        cur = await self._db.execute(
+            "SELECT DISTINCT owner FROM jobs WHERE ended IS NULL OR ended >= ? ORDER BY owner", (since,)
+        )
+        return [row[0] for row in await cur.fetchall()]
+
     async def jobs(self, *, statuses: Iterable[JobStatus] | None = None, deleted: bool = False) -> list[Job]:
         sql = "SELECT * FROM jobs WHERE deleted <= ?"
         args: list[Any] = [1 if deleted else 0]

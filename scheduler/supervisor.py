@@ -25,6 +25,12 @@ status  {root, prune?} or {run_dirs, tokens?, prune?}
         without failing the read.
 port    {}
         A TCP port free on this node now (bound to port 0 and released), for MASTER_PORT.
+read    {path, offset?, limit, tail?}
+        Up to `limit` bytes of a file (a run's output.log) from `offset`, or with `tail` from where its last
+        `tail` lines start: {"exists", "offset", "data" (base64)}.
+files   {run_dir}
+        argv.json, env.json and hostfile of a run folder as text (None when missing); {"absent": true} when
+        there is no such folder.
 stop    {run_dirs, tokens?, force?}
         Ask each run's supervisor to stop: it sends SIGTERM to the current step's process group (not to the
         after hook's), runs no further step but the after hook, and once the grace period (counted from the
@@ -69,14 +75,26 @@ status.json (a rank mpirun starts, a start that never got going) counts when not
 then. Nothing outside <run_root>/<cluster> is touched: names must be plain (no "/", "." or ".."), symbolic
 links are never followed, and the folder's real path is checked to lie under the real run root.
 
-Paths: run_dir, workdir, argv entries and env values that start with "~/" are expanded with the node's HOME.
+Users: with PARAMS["user"] (scheduler.run_as: submitter), the action runs as that account of the node, with its
+groups and its home, before it touches anything: the supervisor, every step it starts (hooks, tasks, the
+command), its files and its run folder are that user's, and a stop or a read acts with that user's rights only
+(a run folder belongs to its user, who may change what is in it: nothing in it is ever acted on as root).
+The SSH account switches itself when it is root (initgroups, setgid, setuid: for good), runs on when it is
+that user, and otherwise answers {"sudo": user, "account": its own name}: the scheduler then sends the same
+action through `sudo -n -u USER`. A user with no account here answers {"no_account": user}. Action `account`
+{user} does only that: it answers the user's uid and home.
+
+Paths: run_dir, workdir, argv entries and env values that start with "~/" are expanded with the HOME of the
+account the action runs as.
 """
 
+import base64
 import contextlib
 import fcntl
 import itertools
 import json
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -283,6 +301,11 @@ def _supervise(run_dir, params):
     status = _read_json(status_path) or {}
     grace = float(params.get("grace") or 30)
     workdir = _expand(params.get("workdir") or "~")
+    if params.get("workdir", "~") == "~" and not os.path.isdir(workdir):  # as slurmd does for a missing home
+        workdir = "/tmp"
+        notice = "ftconsole: no home folder %s: running in /tmp\n" % _expand("~")
+    else:
+        notice = None
     steps = _steps(params)
     state = {"child": None, "kind": None, "stopping": False, "killed": False}  # type: Dict[str, Any]
 
@@ -344,6 +367,8 @@ def _supervise(run_dir, params):
     log_path = os.path.join(run_dir, "output.log")
     log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     log = os.fdopen(log_fd, "ab", buffering=0)  # open for the whole run
+    if notice:
+        log.write(notice.encode())
     outcome = (None, "stopped before the command started")  # type: Tuple[Optional[int], Optional[str]]
     failed = False
     for step in steps:
@@ -733,7 +758,112 @@ def _any_alive(status, groups):
     return leader is None or leader[2] == status.get("pid_start")
 
 
-ACTIONS = {"start": start, "prepare": prepare, "status": runs, "stop": stop, "port": free_port}
+# -- reading a run's files -------------------------------------------------------------------------------------
+
+
+def read(params):
+    path = _expand(params["path"])
+    if not os.path.exists(path):
+        return {"exists": False, "offset": 0, "data": ""}
+    with open(path, "rb") as fh:
+        end = fh.seek(0, os.SEEK_END)
+        offset = int(params.get("offset") or 0)
+        if params.get("tail") is not None:
+            offset = _tail_start(fh, end, int(params["tail"]))
+        fh.seek(min(offset, end))
+        data = fh.read(int(params["limit"]))
+    return {"exists": True, "offset": offset, "data": base64.b64encode(data).decode("ascii")}
+
+
+def _tail_start(fh, end, lines):
+    """Where the last `lines` lines of the file start (a last line without a newline counts as one)."""
+    if lines <= 0:
+        return end
+    pos, seen, block = end, 0, 65536
+    fh.seek(max(0, end - 1))
+    if fh.read(1) == b"\n":
+        end -= 1  # the final newline ends the last line, it does not start a new one
+        pos = end
+    while pos > 0:
+        start = max(0, pos - block)
+        fh.seek(start)
+        chunk = fh.read(pos - start)
+        at = len(chunk)
+        while True:
+            at = chunk.rfind(b"\n", 0, at)
+            if at < 0:
+                break
+            seen += 1
+            if seen == lines:
+                return start + at + 1
+        pos = start
+    return 0
+
+
+def files(params):
+    run_dir = _expand(params["run_dir"])
+    if not os.path.isdir(run_dir):
+        return {"absent": True}
+    out = {}  # type: Dict[str, Optional[str]]
+    for name in ("argv.json", "env.json", "hostfile"):
+        try:
+            with open(os.path.join(run_dir, name), encoding="utf-8", errors="replace") as fh:
+                out[name] = fh.read()
+        except FileNotFoundError:
+            out[name] = None
+    return out
+
+
+# -- users -----------------------------------------------------------------------------------------------------
+
+# what a session of the SSH account leaves in the environment that is not the user's
+_NOT_THE_USERS = ("MAIL", "PWD", "OLDPWD", "SUDO_USER", "SUDO_UID", "SUDO_GID", "SUDO_COMMAND", "XDG_RUNTIME_DIR")
+
+
+def _account_name():
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return "uid %d" % os.geteuid()
+
+
+def become(user):
+    """Go on as `user` (see "Users"): None once this process is that user, else the answer that says why not."""
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        return {"no_account": user}
+    if os.geteuid() == entry.pw_uid:
+        return None  # the SSH account itself (or sudo made us the user): the session's environment is the user's
+    if os.geteuid() != 0:
+        return {"sudo": user, "account": _account_name()}
+    os.initgroups(user, entry.pw_gid)
+    os.setgid(entry.pw_gid)
+    os.setuid(entry.pw_uid)  # real, effective and saved: there is no way back to root
+    for name in _NOT_THE_USERS:
+        os.environ.pop(name, None)
+    os.environ.update(HOME=entry.pw_dir, USER=user, LOGNAME=user, SHELL=entry.pw_shell or "/bin/sh")
+    os.umask(0o077)
+    with contextlib.suppress(OSError):
+        os.chdir(entry.pw_dir)
+    return None
+
+
+def account(params):
+    entry = pwd.getpwuid(os.geteuid())
+    return {"account": entry.pw_name, "uid": entry.pw_uid, "home": entry.pw_dir}
+
+
+ACTIONS = {
+    "start": start,
+    "prepare": prepare,
+    "status": runs,
+    "stop": stop,
+    "port": free_port,
+    "account": account,
+    "read": read,
+    "files": files,
+}
 
 
 def main(params):
@@ -742,7 +872,8 @@ def main(params):
         doc = {"supervisor": PROTOCOL, "error": "unknown action %r" % params.get("action")}
     else:
         try:
-            doc = dict(action(params), supervisor=PROTOCOL)
+            refused = become(params["user"]) if params.get("user") else None
+            doc = dict(refused or action(params), supervisor=PROTOCOL)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             doc = {"supervisor": PROTOCOL, "error": "%s: %s" % (type(exc).__name__, exc)}
     sys.stdout.write(json.dumps(doc, separators=(",", ":")) + "\n")

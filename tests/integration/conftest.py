@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,3 +25,17 @@ async def node_pool(sshd_cluster: Any, tmp_path: Path) -> AsyncIterator[tuple[Ss
         yield cluster, pool, loaded.cluster.node_list()[0]
     finally:
         await pool.close()
+
+
+@pytest.fixture
+def shared_run_root() -> Iterator[str]:
+    """A run root for jobs of other uids (run_as: submitter): '<a sticky folder like /tmp>/{user}/runs'.
+
+    pytest's tmp_path is private to root, and uid 65534's home does not exist: a job of that user keeps its
+    run folders in a folder of its own under one every user may create in, as /scratch/{user} on a cluster."""
+    folder = Path(tempfile.mkdtemp(prefix="ftconsole-runs-", dir="/tmp"))
+    folder.chmod(0o1777)
+    try:
+        yield f"{folder}/{{user}}/runs"
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

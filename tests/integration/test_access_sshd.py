@@ -63,9 +63,12 @@ async def test_a_private_job_is_in_no_listing_of_others(sshd_cluster, tmp_path, 
         await client.call("stop", jobs=[private["id"], shared["id"]])
 
 
-async def test_extend_is_bounded_by_max_extend_and_the_heads_reservation(sshd_cluster, tmp_path, sock_dir) -> None:
+async def test_extend_is_bounded_by_max_extend_and_the_heads_reservation(
+    sshd_cluster, tmp_path, sock_dir, shared_run_root
+) -> None:
     cluster: SshdCluster = sshd_cluster(1, gpus=2)
-    loaded = write_config(cluster, tmp_path, sock_dir, scheduler={"max_extend": "1h"})
+    # nobody's job runs as nobody: its run folders go where it may write them
+    loaded = write_config(cluster, tmp_path, sock_dir, scheduler={"max_extend": "1h", "run_root": shared_run_root})
     sock_dir.chmod(0o755)
     path = loaded.socket_path
     async with running(loaded) as (_, client):

@@ -208,19 +208,24 @@ print(sock.makefile("rb").readline().decode().strip())
 
 
 async def as_nobody(path: Path, op: str, **args: Any) -> dict[str, Any]:
+    return await as_uid(65534, path, op, **args)
+
+
+async def as_uid(uid: int, path: Path, op: str, **args: Any) -> dict[str, Any]:
+    """One API request over the socket from a process of `uid` (gid 65534, and group 0 to reach the socket)."""
     request = json.dumps({"id": 1, "op": op, "args": args})
     for python in dict.fromkeys([sys.executable, getattr(sys, "_base_executable", ""), "/usr/bin/python3"]):
         try:
             proc = await asyncio.create_subprocess_exec(
                 python, "-I", "-c", AS_OTHER_USER, str(path), request, stdout=asyncio.subprocess.PIPE,
-                user=65534, group=65534, extra_groups=[0], cwd="/",
+                user=uid, group=65534, extra_groups=[0], cwd="/",
             )  # fmt: skip
         except (PermissionError, FileNotFoundError):
             continue
         out, _ = await asyncio.wait_for(proc.communicate(), WAIT)
         assert proc.returncode == 0
         return dict(json.loads(out))
-    pytest.skip("no Python interpreter that uid 65534 may run")
+    pytest.skip(f"no Python interpreter that uid {uid} may run")
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="acting as another user needs root")

@@ -8,6 +8,7 @@ import pytest
 
 from ftconsole.scheduler.config import expand_nodeset, fold_nodeset, format_duration, load_config, parse_duration
 from ftconsole.scheduler.errors import ConfigError
+from ftconsole.scheduler.runs import user_root
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -132,3 +133,41 @@ def test_example_configs_are_valid() -> None:
     root = Path(__file__).resolve().parents[2]
     loaded = load_config(root / "config" / "cluster.example.yaml")
     assert len(loaded.cluster.node_list()) > 1
+
+
+RUN_AS = """\
+nodes:
+  - {{name: gpu01, host: 10.0.0.1, user: {user}}}
+api: {{group: researchers}}
+scheduler: {{{scheduler}}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("user", "scheduler", "refused"),
+    [
+        ("root", "run_as: ssh_user", "which is root on gpu01, and api.group 'researchers' lets its members submit"),
+        ("root", "run_as: ssh_user, accept_group_as_root: true", None),
+        ("ops", "run_as: ssh_user", None),  # not root: the group gets ops's rights, which is what ssh_user means
+        ("root", "run_as: submitter", None),
+        ("root", "run_root: /scratch/runs", "would be one folder for the runs of every user"),
+        ("root", "run_root: '/scratch/{user}/runs'", None),
+        ("root", "run_root: /scratch/runs, run_as: ssh_user, accept_group_as_root: true", None),
+    ],
+)
+def test_run_as_refuses_a_root_account_for_a_group_and_a_shared_run_root(
+    tmp_path: Path, user: str, scheduler: str, refused: str | None
+) -> None:
+    path = write(tmp_path, RUN_AS.format(user=user, scheduler=scheduler))
+    if refused is None:
+        load_config(path)
+        return
+    with pytest.raises(ConfigError, match=r"scheduler\.run_") as caught:
+        load_config(path)
+    assert refused in str(caught.value)
+
+
+def test_user_root_puts_the_user_in_the_run_root() -> None:
+    assert user_root("/scratch/{user}/runs/cid", "alice") == "/scratch/alice/runs/cid"
+    assert user_root("~/.ftconsole/runs/cid", "alice") == "~/.ftconsole/runs/cid"  # "~": the user's home, there
+    assert user_root("/scratch/{user}/runs", None) == "/scratch/{user}/runs"

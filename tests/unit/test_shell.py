@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shlex
 import shutil
 import subprocess
@@ -168,7 +169,7 @@ def test_ssh_reads_the_paths_back_literally(tmp_path: Path, name: str) -> None:
 
 
 def test_ssh_options_mirror_the_scheduler(tmp_path: Path) -> None:
-    options = ssh_options(loaded(tmp_path))
+    options = ssh_options(loaded(tmp_path, scheduler={"run_as": "ssh_user"}))
     assert options.known_hosts == tmp_path / "keys/known_hosts"
     assert options.identity_file == tmp_path / "keys/id"
     assert options.config_file is None
@@ -178,6 +179,24 @@ def test_ssh_options_mirror_the_scheduler(tmp_path: Path) -> None:
     present = ssh_options(loaded(tmp_path, ssh={"config_file": "ssh_config", "host_key_policy": "accept-new"}))
     assert present.config_file == tmp_path / "ssh_config" and present.host_key_policy == "accept-new"
     assert present.identity_file is None and present.known_hosts == Path(os.path.expanduser("~/.ssh/known_hosts"))
+
+
+def test_under_run_as_submitter_the_shell_is_the_callers_own(tmp_path: Path) -> None:
+    """The caller logs in as themselves (not as the node's configured user), with the scheduler's key and
+    known_hosts only when they may read them."""
+    me = pwd.getpwuid(os.getuid()).pw_name
+    (tmp_path / "keys").mkdir()
+    options = ssh_options(loaded(tmp_path))
+    assert options.login == me and options.identity_file is None  # keys/id does not exist: not theirs to use
+    (tmp_path / "keys/id").write_text("key")
+    assert ssh_options(loaded(tmp_path)).identity_file == tmp_path / "keys/id"
+    node = Node(name="cpu01", host="cpu01", port=None, user="ops", pool="default")
+    argv = ssh_argv(options, node, "CMD", tty=False)
+    assert argv[-5:-3] == ["-l", me] and "UserKnownHostsFile=/dev/null" not in argv
+    assert "GlobalKnownHostsFile=/dev/null" not in argv  # keys/known_hosts is missing: ssh's own files
+    (tmp_path / "keys/known_hosts").write_text("")
+    argv = ssh_argv(ssh_options(loaded(tmp_path)), node, "CMD", tty=False)
+    assert f"UserKnownHostsFile={tmp_path}/keys/known_hosts" in argv
 
 
 @pytest.mark.parametrize(
@@ -280,7 +299,7 @@ def test_node_banner(state: str | None, reasons: tuple[str, ...], expected: str)
 
 
 def test_job_shell_and_node_shell(tmp_path: Path) -> None:
-    cfg = loaded(tmp_path)
+    cfg = loaded(tmp_path, scheduler={"run_as": "ssh_user"})
     target = job_shell(cfg, TWO, rank=1)
     assert target.node == "gpu01" and "rank 1" in target.banner
     assert target.argv[1] == "-t" and target.argv[-2:-1] == ["10.0.0.1"] and "2201" in target.argv
