@@ -45,15 +45,20 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     nodes = loaded.cluster.node_list()
     pools = sorted({n.pool for n in nodes})
     cluster_id = read_cluster_id(loaded.state_dir / STORE_FILE)
+    settings = loaded.cluster.scheduler
     if args.json:
         print_json(
             {"file": str(path), "ok": True, "nodes": len(nodes), "pools": pools, "problems": [],
-             "cluster_id": cluster_id}
+             "cluster_id": cluster_id, "run_as": settings.run_as}
         )  # fmt: skip
     else:
         print(f"{path}: ok ({len(nodes)} nodes in {len(pools)} pool(s): {', '.join(pools) or '-'})")
         made = "none yet: made with the store when the scheduler first starts"
-        print(f"cluster id: {cluster_id or made} (run folders: {loaded.cluster.scheduler.run_root}/<cluster id>/...)")
+        print(f"cluster id: {cluster_id or made} (run folders: {settings.run_root}/<cluster id>/...)")
+        if settings.run_as == "submitter":
+            print("jobs run as: the user who submitted them (the SSH account switches to it: root, or sudo)")
+        else:
+            print("jobs run as: the SSH account (run_as: ssh_user)")
     return 0
 
 

@@ -254,7 +254,11 @@ class Executor:
             else:
                 self._accounts[(user, name)] = now
         if missing:
-            await self._requeue(job, attempt, missing, user)
+            mine = [r for r in await self.store.runs(job=job.id) if r.attempt == attempt.number]
+            if all(r.state == "intent" for r in mine):
+                await self._requeue(job, attempt, missing, user)
+            else:  # some rank was sent already (its account went away since): this attempt fails as a whole
+                await self._fail(job, "; ".join(f"user {user} has no account on {n}" for n in missing))
             return False
         return True
 
@@ -402,16 +406,26 @@ class Executor:
                             pruned=pruned, python=self._python, timeout=self._timeout)  # fmt: skip
         try:
             answer = await self._ask(node, states)
-            if prune is not None:  # the users with no run here now have old run folders here too, maybe
-                for user in set(await self._recent_users()) - set(users.values()):
-                    await prune_runs(self.transport, node, prune, user=user, pruned=pruned, python=self._python,
-                                     timeout=self._timeout)  # fmt: skip
         except FtError as exc:
             log.warning("cannot read runs on %s: %s", read.node, exc)
             return
-        self._was_pruned(node, prune, pruned)
         await afailpoint("observe.after_read")
         self._observed[read.node] = [(r, answer[r.run_dir]) for r in read.runs]
+        if prune is not None:  # users with no run here now may have old run folders here too
+            await self._prune_others(node, prune, pruned, set(await self._recent_users()) - set(users.values()))
+            self._was_pruned(node, prune, pruned)
+
+    async def _prune_others(self, node: Node, prune: Prune, pruned: list[str], users: set[str | None]) -> None:
+        """Retention for users without a run on the node now; one who has no account there has no folders."""
+        for user in sorted(users, key=str):
+            try:
+                await prune_runs(self.transport, node, prune, user=user, pruned=pruned, python=self._python,
+                                 timeout=self._timeout)  # fmt: skip
+            except (NoAccount, CannotSwitch):
+                continue
+            except FtError as exc:
+                log.warning("%s: cannot remove old run folders of %s: %s", node.name, user, exc)
+                return
 
     async def _recent_users(self) -> list[str | None]:
         """Whose run folders a sweep or a prune visits: the owners of jobs active or ended lately (within the
@@ -448,8 +462,8 @@ class Executor:
                 listing = node_runs(self.transport, node, root=self.run_root, prune=prune, pruned=pruned, user=user,
                                     python=self._python, timeout=self._timeout)  # fmt: skip
                 found = await self._ask(node, listing, heartbeat=False)
-            except NoAccount:
-                continue  # no runs of that user here
+            except (NoAccount, CannotSwitch):
+                continue  # no runs of that user here: none could have started
             except FtError as exc:
                 log.warning("cannot sweep %s: %s", node.name, exc)
                 return

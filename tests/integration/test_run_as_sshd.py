@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
+from ftconsole.scheduler import executor
 from ftconsole.scheduler.config import Node
 from ftconsole.scheduler.runs import (
     CannotSwitch,
@@ -138,8 +139,10 @@ async def test_stop_and_kill_reach_a_job_of_another_uid(
 
 
 async def test_a_user_without_an_account_on_the_node_gets_a_clear_error_and_the_node_stays_healthy(
-    sshd_cluster: Any, tmp_path: Path, sock_dir: Path, shared_run_root: str
+    sshd_cluster: Any, tmp_path: Path, sock_dir: Path, shared_run_root: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # retention with every read: it visits the run folders of every recent user, the one without an account too
+    monkeypatch.setattr(executor, "PRUNE_EVERY_S", 0.0)
     cluster: SshdCluster = sshd_cluster(1, gpus=1)
     loaded = write_config(cluster, tmp_path, sock_dir, shared_run_root)
     async with running(loaded) as (_, client):
@@ -156,7 +159,7 @@ async def test_a_user_without_an_account_on_the_node_gets_a_clear_error_and_the_
         (node,) = await client.call("nodes")
         assert node["state"] == "healthy"
         # the next user's job runs there
-        other = (await client.call("submit", spec=job("other", "true")))["id"]
+        other = (await client.call("submit", spec=job("other", "sleep 1")))["id"]  # its end is read
         assert (await finished(client, other))["status"] == "succeeded"
         assert (await client.call("show", job=job_id))["status"] == "queued"
         await client.call("stop", jobs=[job_id])
@@ -190,7 +193,8 @@ def test_run_as_ssh_user_with_a_group_and_a_root_ssh_account_is_refused(sshd_clu
     assert "could run commands as root" in served.stderr
     data["scheduler"]["accept_group_as_root"] = True
     path.write_text(yaml.safe_dump(data))
-    assert _config_check(path).returncode == 0
+    accepted = _config_check(path)
+    assert accepted.returncode == 0 and "jobs run as: the SSH account (run_as: ssh_user)" in accepted.stdout
 
 
 # -- through sudo: an SSH account that is not root ---------------------------------------------------------------
