@@ -47,7 +47,7 @@ if not os.path.isdir(run_dir):
     sys.stderr.write("ftconsole: no run folder %s on this node (or it is not yours to enter)\\n" % run_dir)
     sys.exit(NO_FOLDER_EXIT)
 if not os.access(run_dir, os.R_OK | os.X_OK):
-    sys.stderr.write("ftconsole: run folder %s belongs to the job's user: you cannot enter it\\n" % run_dir)
+    sys.stderr.write("ftconsole: run folder %s is not yours to enter (it belongs to the user of the job)\\n" % run_dir)
     sys.exit(NO_FOLDER_EXIT)
 if not command:
     os.write(2, os.fsencode(banner) + b"\\n")
