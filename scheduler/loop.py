@@ -49,6 +49,7 @@ from ftconsole.scheduler.jobs import (
 from ftconsole.scheduler.jobtx import Conflict, JobTx
 from ftconsole.scheduler.placing import Placer
 from ftconsole.scheduler.reconcile import READ_STATES, Actions, Snapshot, reconcile
+from ftconsole.scheduler.recovery import Outcome, Recoverer
 from ftconsole.scheduler.runs import RunStatus
 from ftconsole.scheduler.service import ClusterService
 
@@ -78,6 +79,7 @@ class Loop:
             run_root=lambda: self.run_root,
             avoided=self.executor.avoided,
         )
+        self.recoverer = Recoverer(service, self.placer, clock=clock, poke=poke)
         self._started = time.monotonic()
         self._read_since_start: set[tuple[int, int, int]] = set()
         self.adopted_s: float | None = None  # seconds from start until every running run was read once
@@ -120,6 +122,7 @@ class Loop:
 
     async def close(self) -> None:
         await self.executor.close()
+        await self.recoverer.close()
 
     async def _probe_loop(self, stop: asyncio.Event, first: asyncio.Future[None]) -> None:
         while not stop.is_set():
@@ -235,6 +238,14 @@ class Loop:
             was_running = attempt is not None and attempt.started is not None
             decision = settle(job, runs, was_running=was_running)
             mine = [(r, f) for r, f in changes if r.job == job.id]
+            if isinstance(decision, Finish) and decision.status is JobStatus.ERROR:
+                outcome = await self.recoverer.after_failure(job, runs, mine, decision)
+                if outcome is Outcome.WAIT:  # decided on a later tick: the runs are stored as read
+                    quiet.extend(mine)
+                    continue
+                if outcome is Outcome.DONE:  # requeued or restarted, the runs written with it
+                    continue
+                decision = outcome
             if decision is None:
                 quiet.extend(mine)
                 continue

@@ -109,7 +109,7 @@ class Placer:
                 return False
             nodes += decision.nodes
         number = job.attempt + 1
-        new, runs = self._new_attempt(job, number, attempt.spec_name, attempt.gpus_per_node, nodes, now)
+        new, runs = self.new_attempt(job, number, attempt.spec_name, attempt.gpus_per_node, nodes, now)
         try:
             async with self.store.jobs_tx("resize a job") as tx:
                 await tx.update_job(
@@ -272,7 +272,7 @@ class Placer:
         next tick chooses its master port and starts them."""
         number = job.attempt + 1
         spec_name, gpus = candidate.spec_name, candidate.gpus_per_node
-        attempt, runs = self._new_attempt(job, number, spec_name, gpus, decision.nodes, now)
+        attempt, runs = self.new_attempt(job, number, spec_name, gpus, decision.nodes, now)
         where = _where(decision.nodes)
         try:
             async with self.store.jobs_tx("place a job") as tx:
@@ -294,7 +294,7 @@ class Placer:
         await afailpoint("place.after_record")
         self._poke()
 
-    def _new_attempt(
+    def new_attempt(
         self,
         job: Job,
         number: int,

@@ -17,17 +17,29 @@ The sets, in the order a run is checked:
   is `orphaned` (its supervisor died, its processes run on) -> `Stop` until the node confirms (`stop_sent`),
   then `Stop(force)` once the grace period and `KILL_MARGIN_S` are over and it still runs; orphans always;
 - to read: `starting`, `running`, `orphaned` -> `Read` of its node (one command for all of them).
+
+`recover(...)` decides what a failed attempt leads to, once every rank of it is down (seeds 000, 002, 004):
+- a hardware fault on one of its nodes (a rank lost with its node: unreachable, rebooted, supervisor gone;
+  or a node the checks now read unhealthy or unreachable) -> `Requeue`: those nodes isolated, the job queued
+  again at the front, while `retries` allow (scenario 3); then `GiveUp` ("error,exiting");
+- no hardware fault seen yet, `retries` set, and a node not probed since the failure -> `ProbeFirst` (the
+  exit may be the first sign of a failing GPU), for at most `PROBE_WAIT_S`;
+- healthy hardware and an exit the restart policy covers (`max_restarts` set; `restart_exit_codes`, by default
+  128 and above: killed by a signal, as Kubeflow's ExitCode policy) -> `RestartInPlace` on the same nodes,
+  while `max_restarts` allow; then `GiveUp`;
+- anything else -> None: the job ends `error` (scenario 4).
 """
 
 from __future__ import annotations
 
+import signal
 import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ftconsole.scheduler.config import format_duration
-from ftconsole.scheduler.jobs import Job, Run
+from ftconsole.scheduler.jobs import Attempt, Job, Run, StopReason
 
 KILL_MARGIN_S = 5.0  # past the grace period, before the scheduler SIGKILLs what the supervisor did not
 READ_STATES = frozenset({"starting", "running", "orphaned"})
@@ -135,3 +147,113 @@ def _silence(snap: Snapshot, node: str, asked: float) -> str:
     since = snap.answered.get(node, asked)
     waited = format_duration(round(snap.now - asked, 1))
     return f"node unreachable since {time.strftime('%H:%M:%S', time.localtime(since))} (no answer for {waited})"
+
+
+# ================================================================ recovery
+
+PROBE_WAIT_S = 20.0  # how long a decision waits for a probe of the job's nodes newer than its failure
+FAULTY = frozenset({"unhealthy", "unreachable"})  # node states that make a failure the hardware's
+DEFAULT_RESTART_CODES = frozenset(range(128, 256))  # killed by a signal (128 + its number): Kubeflow's retryable
+REQUEUED, RESTARTED = "requeued", "restarted"  # results of attempts that led to a new one
+
+
+@dataclass(frozen=True)
+class Health:
+    """A node as the loop last knew it: its state, why, and when it was last probed."""
+
+    state: str
+    reasons: tuple[str, ...] = ()
+    last_probe: float | None = None
+
+
+@dataclass(frozen=True)
+class Requeue:
+    """Isolate `faulty`, queue the job again at the front of its priority; resubmit `number` of `limit`."""
+
+    faulty: tuple[str, ...]
+    cause: str
+    number: int
+    limit: int
+
+
+@dataclass(frozen=True)
+class RestartInPlace:
+    """A new attempt on the same nodes and GPUs (healthy hardware, an exit the policy restarts)."""
+
+    cause: str
+    number: int
+    limit: int
+
+
+@dataclass(frozen=True)
+class ProbeFirst:
+    """Probe these nodes before deciding: no check of theirs is newer than the failure."""
+
+    nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class GiveUp:
+    """The policy allowed restarts and they are used up: the job ends `error` with this message."""
+
+    message: str
+
+
+Recovery = Requeue | RestartInPlace | ProbeFirst | GiveUp | None
+
+
+def recover(
+    job: Job, runs: Sequence[Run], attempts: Sequence[Attempt], health: Mapping[str, Health], now: float
+) -> Recovery:
+    """What the failed current attempt of `job` (every rank down: `runs`) leads to; see the module docstring."""
+    if job.stop_reason not in (None, StopReason.ERROR):
+        return None  # stopped by a user, or past its max_runtime: never restarted
+    failed = sorted((r for r in runs if r.launch and r.failed), key=lambda r: (r.ended or now, r.rank))
+    if not failed:
+        return None
+    ft = job.spec.fault_tolerance
+    first = failed[0]
+    failed_at = first.ended or now
+    nodes = sorted({r.node for r in runs})
+    sick = {r.node: r.describe() for r in failed if r.state == "lost" and r.node in health}
+    for name in nodes:
+        h = health.get(name)
+        if name not in sick and h is not None and h.state in FAULTY:
+            sick[name] = f"{name} {h.state}: {'; '.join(h.reasons) or 'no reason given'}"
+    resubmits = sum(a.result == REQUEUED for a in attempts)
+    restarts = sum(a.result == RESTARTED for a in attempts)
+    if ft.retries and not sick:
+        stale = [n for n in nodes if n in health and (health[n].last_probe or 0) < failed_at]
+        if stale and now - failed_at < PROBE_WAIT_S:
+            return ProbeFirst(tuple(stale))
+    if sick:
+        cause = "hardware fault: " + "; ".join(sick[n] for n in sorted(sick))
+        if resubmits < ft.retries:
+            return Requeue(tuple(sorted(sick)), cause, resubmits + 1, ft.retries)
+        if ft.retries:
+            return GiveUp(f"error,exiting: {cause} (resubmitted {resubmits} of {ft.retries} times)")
+        return None
+    code = _exit_code(first)
+    if ft.max_restarts and code is not None and code in _restart_codes(job):
+        cause = f"{first.describe()}: exit code {code} restarts (max_restarts {ft.max_restarts})"
+        if restarts < ft.max_restarts:
+            return RestartInPlace(cause, restarts + 1, ft.max_restarts)
+        return GiveUp(f"error,exiting: {first.describe()} (restarted {restarts} of {ft.max_restarts} times)")
+    return None
+
+
+def _exit_code(run: Run) -> int | None:
+    """A run's exit as a shell reports it: its code, or 128 + the signal's number when a signal ended it."""
+    if run.state != "exited":
+        return None
+    if run.signal:
+        try:
+            return 128 + int(signal.Signals[run.signal])
+        except KeyError:
+            return None
+    return run.exit_code
+
+
+def _restart_codes(job: Job) -> frozenset[int]:
+    codes = job.spec.fault_tolerance.restart_exit_codes
+    return DEFAULT_RESTART_CODES if codes is None else frozenset(codes)

@@ -254,6 +254,10 @@ class ClusterService:
     async def resume(self, nodeset: str, *, by: str) -> list[NodeHealth]:
         return await self._set_admin(nodeset, None, "", by)
 
+    async def isolate(self, names: Sequence[str], *, reason: str, by: str) -> list[NodeHealth]:
+        """Keep faulty nodes out of placement until an operator resumes them (the recovery policy's state)."""
+        return await self._set_admin(",".join(names), NodeState.ISOLATED, reason, by)
+
     async def _set_admin(self, nodeset: str, state: NodeState | None, reason: str, by: str) -> list[NodeHealth]:
         nodes = self.select(nodeset)
         now = self.clock()

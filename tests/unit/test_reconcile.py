@@ -6,9 +6,26 @@ from typing import Any
 
 import pytest
 
-from ftconsole.scheduler.jobs import Job, JobStatus, Run, StopReason
+from ftconsole.scheduler.jobs import Attempt, Job, JobStatus, Run, StopReason
 from ftconsole.scheduler.jobspec import JobSpec
-from ftconsole.scheduler.reconcile import KILL_MARGIN_S, Actions, Launch, Lose, Read, Snapshot, Stop, reconcile
+from ftconsole.scheduler.reconcile import (
+    KILL_MARGIN_S,
+    PROBE_WAIT_S,
+    Actions,
+    GiveUp,
+    Health,
+    Launch,
+    Lose,
+    ProbeFirst,
+    Read,
+    Recovery,
+    Requeue,
+    RestartInPlace,
+    Snapshot,
+    Stop,
+    reconcile,
+    recover,
+)
 
 NOW = 1000.0
 GRACE = 30.0
@@ -143,3 +160,149 @@ def test_reconcile_is_the_same_twice() -> None:
     """Level-triggered: the same snapshot gives the same actions (safe to run again after a crash)."""
     s = snap([job(stop_reason=StopReason.ERROR)], [run(0, "intent"), run(1, "running"), run(2, "orphaned", node="n2")])
     assert reconcile(s) == reconcile(s)
+
+
+# -- recover: what a failed attempt leads to --------------------------------------------------------------------
+
+
+def ft_job(attempt: int = 1, stop_reason: StopReason | None = StopReason.ERROR, **ft: Any) -> Job:
+    spec = JobSpec.from_json({"name": "j", "command": "train", "nodes": 2, "mode": "pytorch", "fault_tolerance": ft})
+    return Job(
+        id=1, name="j", owner="ann", uid=1000, spec=spec, status=JobStatus.RUNNING, priority="normal",
+        project="default", access="none", submitted=0.0, attempt=attempt, stop_reason=stop_reason,
+    )  # fmt: skip
+
+
+def ended(rank: int, state: str = "exited", code: int | None = 1, at: float = NOW - 5, **fields: Any) -> Run:
+    return run(rank, state, exit_code=code, ended=at, **fields)
+
+
+def attempts(*results: str | None) -> list[Attempt]:
+    return [Attempt(job=1, number=i + 1, spec_name=None, gpus_per_node=1, master_port=1, created=0.0, result=r)
+            for i, r in enumerate(results)]  # fmt: skip
+
+
+FRESH = {"n0": Health("healthy", (), NOW - 1), "n1": Health("healthy", (), NOW - 1)}
+OLD = {"n0": Health("healthy", (), NOW - 60), "n1": Health("healthy", (), NOW - 60)}
+ECC = {**FRESH, "n1": Health("unhealthy", ("gpu 0: 2 uncorrectable ECC errors",), NOW - 1)}
+STOPPED_BY_US = ended(0, signal="SIGTERM", code=None, at=NOW - 4)  # a rank the scheduler stopped
+STOPPED_1 = ended(1, signal="SIGTERM", code=None, at=NOW - 4)
+LOST = ended(1, "lost", None, error="node unreachable since 10:00:00 (no answer for 10s)")
+RECOVERY: list[tuple[str, Job, list[Run], list[Attempt], dict[str, Health], Recovery]] = [
+    ("no policy, healthy: error", ft_job(), [ended(0), ended(1, code=0)], attempts(None), OLD, None),
+    (
+        "retries, exit 1, no probe since the failure: probe first",
+        ft_job(retries=1),
+        [ended(0), STOPPED_1],
+        attempts(None),
+        OLD,
+        ProbeFirst(("n0", "n1")),
+    ),
+    (
+        "retries, probes waited for too long: decided on what is known (healthy: error)",
+        ft_job(retries=1),
+        [ended(0, at=NOW - PROBE_WAIT_S - 1), STOPPED_1],
+        attempts(None),
+        OLD,
+        None,
+    ),
+    (
+        "retries, exit 1, fresh probes say healthy: error (scenario 4)",
+        ft_job(retries=1),
+        [ended(0), STOPPED_1],
+        attempts(None),
+        FRESH,
+        None,
+    ),
+    (
+        "retries, a node unhealthy: isolate it, requeue (scenario 3)",
+        ft_job(retries=2),
+        [STOPPED_BY_US, ended(1)],
+        attempts(None),
+        ECC,
+        Requeue(("n1",), "hardware fault: n1 unhealthy: gpu 0: 2 uncorrectable ECC errors", 1, 2),
+    ),
+    (
+        "retries, a rank lost with its node: requeue without probing",
+        ft_job(retries=1),
+        [STOPPED_BY_US, LOST],
+        attempts(None),
+        OLD,
+        Requeue(("n1",), f"hardware fault: {LOST.describe()}", 1, 1),
+    ),
+    (
+        "retries used up: error,exiting",
+        ft_job(attempt=3, retries=2),
+        [STOPPED_BY_US, LOST],
+        attempts("requeued", "requeued", None),
+        OLD,
+        GiveUp(f"error,exiting: hardware fault: {LOST.describe()} (resubmitted 2 of 2 times)"),
+    ),
+    ("no retries: a lost node ends the job as before", ft_job(), [STOPPED_BY_US, LOST], attempts(None), OLD, None),
+    (
+        "max_restarts, 137 (the default codes): restart in place",
+        ft_job(max_restarts=2),
+        [ended(0, code=137), STOPPED_1],
+        attempts(None),
+        OLD,
+        RestartInPlace(f"{ended(0, code=137).describe()}: exit code 137 restarts (max_restarts 2)", 1, 2),
+    ),
+    (
+        "max_restarts, killed by SIGKILL counts as 137",
+        ft_job(max_restarts=1),
+        [ended(0, code=None, signal="SIGKILL"), STOPPED_1],
+        attempts(None),
+        OLD,
+        RestartInPlace(
+            f"{ended(0, code=None, signal='SIGKILL').describe()}: exit code 137 restarts (max_restarts 1)", 1, 1
+        ),
+    ),
+    (
+        "max_restarts, exit 1 is the user's failure",
+        ft_job(max_restarts=2),
+        [ended(0), STOPPED_1],
+        attempts(None),
+        OLD,
+        None,
+    ),
+    (
+        "restart_exit_codes lists 1: restart",
+        ft_job(max_restarts=1, restart_exit_codes=[1]),
+        [ended(0), STOPPED_1],
+        attempts(None),
+        OLD,
+        RestartInPlace(f"{ended(0).describe()}: exit code 1 restarts (max_restarts 1)", 1, 1),
+    ),
+    (
+        "max_restarts used up: error,exiting",
+        ft_job(attempt=3, max_restarts=2),
+        [ended(0, code=137), STOPPED_1],
+        attempts("restarted", "restarted", None),
+        OLD,
+        GiveUp(f"error,exiting: {ended(0, code=137).describe()} (restarted 2 of 2 times)"),
+    ),
+    (
+        "stopped by a user: never restarted",
+        ft_job(stop_reason=StopReason.STOPPED, max_restarts=2, retries=2),
+        [ended(0, code=137), LOST],
+        attempts(None),
+        ECC,
+        None,
+    ),
+    (
+        "past max_runtime: never restarted",
+        ft_job(stop_reason=StopReason.EXPIRED, max_restarts=2),
+        [ended(0, code=137), STOPPED_1],
+        attempts(None),
+        OLD,
+        None,
+    ),
+]
+
+
+@pytest.mark.parametrize(("what", "the_job", "runs", "history", "health", "expected"), RECOVERY,
+                         ids=[c[0] for c in RECOVERY])  # fmt: skip
+def test_recover(
+    what: str, the_job: Job, runs: list[Run], history: list[Attempt], health: dict[str, Health], expected: Recovery
+) -> None:
+    assert recover(the_job, runs, history, health, NOW) == expected

@@ -1,0 +1,185 @@
+"""Carrying out what `reconcile.recover` decides for a failed attempt: isolate and requeue, restart in place,
+probe first, or give up. The loop calls `Recoverer.after_failure` when a running job's attempt has failed
+and every rank of it is down, in place of ending the job `error`.
+
+Every outcome is written in one transaction with its event: the failed attempt ends with result `requeued`
+or `restarted` (what the restart limits count), its GPUs are released, and the job is queued again at the
+front (`requeued`) or gets its next attempt on the same nodes and GPUs at once; the Restarting condition says
+why, where and which attempt. Faulty nodes are isolated before the job is requeued (placement then leaves
+them out until an operator resumes them), so the next placement cannot pick them again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from enum import Enum
+from typing import Any
+
+from ftconsole.scheduler.errors import FtError
+from ftconsole.scheduler.failpoints import afailpoint
+from ftconsole.scheduler.jobs import Condition, Finish, Job, JobStatus, Run
+from ftconsole.scheduler.jobtx import Conflict
+from ftconsole.scheduler.placing import Placer
+from ftconsole.scheduler.reconcile import (
+    REQUEUED,
+    RESTARTED,
+    GiveUp,
+    Health,
+    ProbeFirst,
+    Requeue,
+    RestartInPlace,
+    recover,
+)
+from ftconsole.scheduler.service import ClusterService
+
+log = logging.getLogger("ftconsole.scheduler")
+
+
+class Outcome(Enum):
+    WAIT = "wait"  # to be decided on a later tick (probes asked for); nothing written
+    DONE = "done"  # requeued or restarted: written, with the run changes
+
+
+class Recoverer:
+    def __init__(
+        self, service: ClusterService, placer: Placer, *, clock: Callable[[], float], poke: Callable[[], None]
+    ) -> None:
+        self.service = service
+        self.store = service.store
+        self.placer = placer
+        self.clock = clock
+        self._poke = poke
+        self._probes: dict[tuple[str, ...], asyncio.Task[None]] = {}
+
+    async def after_failure(
+        self, job: Job, runs: Sequence[Run], changes: Sequence[tuple[Run, dict[str, Any]]], finish: Finish
+    ) -> Finish | Outcome:
+        """The job's attempt failed (`finish`: how it would end); its run `changes` are not written yet. The
+        Finish to write (maybe with the policy's "error,exiting" message), or DONE (requeued or restarted,
+        written here), or WAIT (decided on a later tick, once the probes asked for are in)."""
+        now = self.clock()
+        health = {
+            v.node.name: Health(v.health.state.value, v.health.reasons, v.health.last_probe)
+            for v in await self.service.nodes(extras=False)
+        }
+        decision = recover(job, runs, await self.store.attempts(job.id), health, now)
+        if decision is None:
+            return finish
+        if isinstance(decision, GiveUp):
+            log.warning("job %s: %s", job.id, decision.message)
+            return Finish(JobStatus.ERROR, decision.message, finish.exit_code)
+        if isinstance(decision, ProbeFirst):
+            self._probe(decision.nodes)
+            return Outcome.WAIT
+        if isinstance(decision, Requeue):
+            await self._requeue(job, runs, changes, decision, now)
+        else:
+            await self._restart(job, runs, changes, decision, now)
+        return Outcome.DONE
+
+    def _probe(self, nodes: tuple[str, ...]) -> None:
+        """Probe the nodes now (once at a time): the decision waits for their word on the hardware."""
+        if nodes in self._probes:
+            return
+
+        async def probe() -> None:
+            try:
+                await self.service.probe(",".join(nodes))
+            except FtError as exc:
+                log.warning("probe of %s after a failure: %s", ",".join(nodes), exc)
+            finally:
+                self._probes.pop(nodes, None)
+                self._poke()
+
+        self._probes[nodes] = asyncio.create_task(probe())
+
+    async def _requeue(
+        self, job: Job, runs: Sequence[Run], changes: Sequence[tuple[Run, dict[str, Any]]], d: Requeue, now: float
+    ) -> None:
+        where = ", ".join(d.faulty)
+        reason = f"job {job.id} attempt {job.attempt}: {d.cause}"
+        await self.service.isolate(list(d.faulty), reason=reason, by="scheduler")
+        text = (
+            f"attempt {job.attempt} failed: {d.cause}; isolated {where}; queued again at the front "
+            f"(resubmit {d.number} of {d.limit})"
+        )
+        try:
+            async with self.store.jobs_tx(f"requeue job {job.id}") as tx:
+                for r, fields in changes:
+                    await tx.update_run(r, **fields)
+                await tx.update_attempt(job.id, job.attempt, ended=now, result=REQUEUED, message=d.cause)
+                await tx.release_runs(job.id, attempt=job.attempt)
+                await tx.update_job(
+                    job.id,
+                    expect=[JobStatus.RUNNING],
+                    status=JobStatus.QUEUED,
+                    requeued=True,
+                    stop_requested=None,
+                    stop_reason=None,
+                    stop_by=None,
+                    message=f"queued again after a hardware fault on {where} (resubmit {d.number} of {d.limit})",
+                )
+                await tx.event(now, Condition.RESTARTING, text, job=job.id, data=_data(job, d.faulty, "recover"))
+        except Conflict:
+            return
+        log.warning("job %s: %s", job.id, text)
+        await afailpoint("recover.after_record")
+        self._poke()
+
+    async def _restart(
+        self,
+        job: Job,
+        runs: Sequence[Run],
+        changes: Sequence[tuple[Run, dict[str, Any]]],
+        d: RestartInPlace,
+        now: float,
+    ) -> None:
+        attempt = await self.store.attempt(job.id, job.attempt)
+        assert attempt is not None
+        ordered = sorted(runs, key=lambda r: r.rank)
+        number = job.attempt + 1
+        new, new_runs = self.placer.new_attempt(
+            job, number, attempt.spec_name, attempt.gpus_per_node, [(r.node, r.gpus) for r in ordered], now
+        )
+        nodes = tuple(dict.fromkeys(r.node for r in ordered))
+        text = (
+            f"attempt {job.attempt} failed: {d.cause}; attempt {number} on {', '.join(nodes)} "
+            f"(restart {d.number} of {d.limit})"
+        )
+        try:
+            async with self.store.jobs_tx(f"restart job {job.id}") as tx:
+                for r, fields in changes:
+                    await tx.update_run(r, **fields)
+                await tx.update_attempt(job.id, job.attempt, ended=now, result=RESTARTED, message=d.cause)
+                await tx.release_runs(job.id, attempt=job.attempt)
+                await tx.add_attempt(new, new_runs)
+                await tx.update_job(
+                    job.id,
+                    expect=[JobStatus.RUNNING],
+                    attempt=number,
+                    stop_requested=None,
+                    stop_reason=None,
+                    stop_by=None,
+                    message=f"restarted in place (restart {d.number} of {d.limit})",
+                )
+                nodes_of = tuple(dict.fromkeys(r.node for r in ordered))
+                await tx.event(
+                    now, Condition.RESTARTING, text, job=job.id, data=_data(job, nodes_of, "recover-in-place")
+                )
+        except Conflict:
+            return
+        log.warning("job %s: %s", job.id, text)
+        await afailpoint("recover.after_record")
+        self._poke()
+
+    async def close(self) -> None:
+        tasks = list(self._probes.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _data(job: Job, nodes: Sequence[str], strategy: str) -> dict[str, Any]:
+    return {"attempt": job.attempt, "nodes": list(nodes), "strategy": strategy}

@@ -1,0 +1,124 @@
+"""Fault tolerance on real sshd nodes with real processes (seed 000's scenarios 3 and 4, node failure, the
+exit-code policy): what is checked is what happened: the attempts and the nodes they ran on, the node states,
+the events, and which processes are left on the nodes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tests.integration.test_scheduler_sshd import finished, job, log_of, running, until, write_config
+from tests.sshd_cluster import SshdCluster, gpu_data
+
+# succeeds from its second attempt on; before, waits for $HOME/fail (one node's home) and exits 1
+FAILS_ONCE = (
+    'sh -c \'if [ "$FT_ATTEMPT" -ge 2 ]; then echo attempt $FT_ATTEMPT ok; exit 0; fi; '
+    "echo attempt $FT_ATTEMPT on $(basename $(dirname $HOME)); "
+    'while [ ! -e "$HOME/fail" ]; do sleep 0.1; done; exit 1\''
+)
+
+
+def attempts_of(shown: dict[str, Any]) -> list[tuple[int, str | None, list[str]]]:
+    return [(a["number"], a["result"], [r["node"] for r in a["runs"]]) for a in shown["attempts"]]
+
+
+def restarting(shown: dict[str, Any]) -> list[str]:
+    return [c["message"] for c in shown["conditions"] if c["type"] == "Restarting"]
+
+
+async def test_a_gpu_fault_during_a_run_requeues_the_job_on_a_healthy_node_and_isolates_the_faulty_one(
+    sshd_cluster: Any, tmp_path: Path, sock_dir: Path
+) -> None:
+    """Scenario 3: the GPU reports an uncorrectable ECC error and the process exits non-zero."""
+    cluster: SshdCluster = sshd_cluster(2, gpus=1)
+    loaded = write_config(cluster, tmp_path, sock_dir)
+    async with running(loaded) as (_, client):
+        spec = job("ecc", FAILS_ONCE, fault_tolerance={"retries": 1})
+        submitted = await client.call("submit", spec=spec)
+        shown = await until(client, submitted["id"], lambda j: j["node_names"], "placed")
+        (first,) = shown["node_names"]
+        other = "node02" if first == "node01" else "node01"
+        await until(client, submitted["id"], lambda j: j["attempts"][0]["runs"][0]["pid"], "running")
+        cluster.set_gpus(first, gpu_data(1, ecc_uncorrectable=2))
+        (cluster.node(first).home / "fail").touch()
+        shown = await finished(client, submitted["id"])
+        assert shown["status"] == "succeeded", shown["message"]
+        assert attempts_of(shown) == [(1, "requeued", [first]), (2, "succeeded", [other])]
+        (why,) = restarting(shown)
+        assert f"attempt 1 failed: hardware fault: {first} unhealthy" in why and "ecc" in why.lower()
+        assert f"isolated {first}; queued again at the front (resubmit 1 of 1)" in why
+        assert "attempt 2 ok" in await log_of(client, submitted["id"])
+        nodes = {n["name"]: n for n in await client.call("nodes")}
+        assert (
+            nodes[first]["state"] == "isolated" and f"job {submitted['id']} attempt 1" in nodes[first]["admin_reason"]
+        )
+        assert nodes[other]["state"] == "healthy"
+
+
+async def test_a_failure_on_healthy_hardware_ends_the_job_after_one_attempt(
+    sshd_cluster: Any, tmp_path: Path, sock_dir: Path
+) -> None:
+    """Scenario 4: the checks run again on the job's node after the exit, find it healthy: error, no resubmit."""
+    cluster: SshdCluster = sshd_cluster(1, gpus=1)
+    loaded = write_config(cluster, tmp_path, sock_dir)
+    async with running(loaded) as (_, client):
+        spec = job("buggy", "sh -c 'sleep 0.5; exit 3'", fault_tolerance={"retries": 2})
+        shown = await finished(client, (await client.call("submit", spec=spec))["id"])
+        assert shown["status"] == "error" and shown["exit_code"] == 3
+        assert attempts_of(shown) == [(1, "error", ["node01"])]
+        assert restarting(shown) == []
+        (node,) = await client.call("nodes")
+        assert node["state"] == "healthy"
+        assert node["last_probe"] >= shown["attempts"][0]["runs"][0]["ended"]  # probed again after the exit
+
+
+async def test_a_dead_node_sends_its_job_elsewhere_and_with_retries_used_up_it_ends_error_exiting(
+    sshd_cluster: Any, tmp_path: Path, sock_dir: Path
+) -> None:
+    cluster: SshdCluster = sshd_cluster(3, gpus=1)
+    loaded = write_config(cluster, tmp_path, sock_dir, scheduler={"node_timeout": "2s"})
+    async with running(loaded) as (_, client):
+        spec = job("survivor", "sleep 300", fault_tolerance={"retries": 1})
+        submitted = await client.call("submit", spec=spec)
+        job_id = submitted["id"]
+        shown = await until(client, job_id, lambda j: j["attempts"] and j["attempts"][0]["runs"][0]["pid"], "running")
+        first = shown["attempts"][0]["runs"][0]["node"]
+        cluster.down(first)  # sshd and every process of the node killed: the machine is gone
+        shown = await until(
+            client, job_id, lambda j: len(j["attempts"]) == 2 and j["attempts"][1]["runs"][0]["pid"], "attempt 2"
+        )
+        second = shown["attempts"][1]["runs"][0]["node"]
+        assert second != first and shown["status"] == "running"
+        (why,) = restarting(shown)
+        assert f"hardware fault: rank 0 on {first} lost: node unreachable since" in why
+        assert (await client.call("nodes", nodeset=first))[0]["state"] == "isolated"
+
+        cluster.down(second)  # the second node dies too: the one resubmit is used up
+        shown = await finished(client, job_id)
+        assert shown["status"] == "error"
+        assert shown["message"].startswith(f"error,exiting: hardware fault: rank 0 on {second} lost")
+        assert "(resubmitted 1 of 1 times)" in shown["message"]
+        assert [a["result"] for a in shown["attempts"]] == ["requeued", "error"]
+
+
+async def test_exit_code_policy_restarts_137_in_place_until_max_restarts_and_never_exit_1(
+    sshd_cluster: Any, tmp_path: Path, sock_dir: Path
+) -> None:
+    cluster: SshdCluster = sshd_cluster(2, gpus=1)
+    loaded = write_config(cluster, tmp_path, sock_dir)
+    async with running(loaded) as (_, client):
+        oom = job("oom", "sh -c 'echo try $FT_ATTEMPT; exit 137'", fault_tolerance={"max_restarts": 2})
+        user_bug = job("bug", "sh -c 'exit 1'", fault_tolerance={"max_restarts": 2})
+        first = (await client.call("submit", spec=oom))["id"]
+        second = (await client.call("submit", spec=user_bug))["id"]
+        shown = await finished(client, first)
+        assert shown["status"] == "error"
+        assert [a["result"] for a in shown["attempts"]] == ["restarted", "restarted", "error"]
+        assert len({r["node"] for a in shown["attempts"] for r in a["runs"]}) == 1  # in place: the same node
+        assert shown["message"].startswith("error,exiting: rank 0 on")
+        assert "exited with code 137 (restarted 2 of 2 times)" in shown["message"]
+        assert len(restarting(shown)) == 2
+        assert "try 3" in await log_of(client, first, attempt=3)
+        shown = await finished(client, second)
+        assert shown["status"] == "error" and [a["result"] for a in shown["attempts"]] == ["error"]
