@@ -200,6 +200,8 @@ class SchedulerSettings(_Strict):
     urgent_cap: int | None = Field(None, ge=0)  # urgent jobs (running + queued) per project; None: no cap
     # how much non-admins may add to a job's max_runtime with `extend`, in all (docs/configuration.md)
     max_extend: Duration = 24 * 3600.0
+    # a job queued again after a hardware fault that waits longer than this ends `error` (seed 000: 30 minutes)
+    queue_timeout: PositiveDuration = 30 * 60.0
 
 
 class ApiSettings(_Strict):

@@ -276,7 +276,7 @@ class Executor:
                     if r.attempt == attempt.number and r.state == "intent":
                         await tx.update_run(r, state="cancelled", ended=now, error=text)
                 await tx.release_runs(job.id, attempt=attempt.number)
-                await tx.update_attempt(job.id, attempt.number, message=f"not started: {text}")
+                await tx.update_attempt(job.id, attempt.number, ended=now, result="not started", message=text)
                 await tx.update_job(
                     job.id,
                     expect=[JobStatus.RUNNING],

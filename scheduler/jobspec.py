@@ -209,6 +209,10 @@ class FaultTolerance(_Strict):
     retries: int = Field(0, ge=0, le=3)
     max_restarts: int | None = Field(None, ge=0)
     restart_exit_codes: list[Annotated[int, Field(ge=1, le=255)]] | None = None
+    # the n-th restart in place waits restart_backoff * 2^(n-1) after the failure (at most MAX_BACKOFF_S)
+    restart_backoff: Duration = 0.0
+    # restarts (in place or requeued) are allowed this long after the first failure (seed 004's restartTimeLimit)
+    restart_time_limit: PositiveDuration | None = None
     checkpoint_resume: CheckpointResume | None = None
     elastic: Elastic | None = None
 
@@ -462,6 +466,11 @@ def _fault_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
         out.append(
             (("fault_tolerance", "restart_exit_codes"), "restart_exit_codes needs max_restarts (how many restarts)")
         )
+    restarts = _given(ft, "max_restarts") or _int(ft.get("retries"))
+    for key in ("restart_backoff", "restart_time_limit"):
+        if ft.get(key) and not restarts:  # restart_backoff 0 (the default) asks nothing
+            why = "how long a restart waits" if key == "restart_backoff" else "how long restarts are allowed"
+            out.append((("fault_tolerance", key), f"{key} ({why}) needs max_restarts or retries: nothing restarts"))
     if _given(ft, "elastic"):
         out.extend(_elastic_problems(data, _mapping(ft["elastic"])))
     return out

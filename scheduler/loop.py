@@ -301,7 +301,7 @@ class Loop:
             message=decision.message,
             exit_code=decision.exit_code,
         )
-        if job.attempt:
+        if job.attempt and job.status is JobStatus.RUNNING:  # a queued job's last attempt ended already
             await tx.update_attempt(
                 job.id, job.attempt, ended=now, result=decision.status.value, message=decision.message
             )
@@ -352,6 +352,7 @@ class Loop:
     # ============================================================ 3. expire
 
     async def _expire(self) -> None:
+        await self.recoverer.expire_requeued(self._fail)
         now = self.clock()
         for job in await self.store.jobs(statuses=[JobStatus.RUNNING], deleted=True):
             if not expired(job, now):

@@ -26,7 +26,9 @@ The sets, in the order a run is checked:
   exit may be the first sign of a failing GPU), for at most `PROBE_WAIT_S`;
 - healthy hardware and an exit the restart policy covers (`max_restarts` set; `restart_exit_codes`, by default
   128 and above: killed by a signal, as Kubeflow's ExitCode policy) -> `RestartInPlace` on the same nodes,
-  while `max_restarts` allow; then `GiveUp`;
+  while `max_restarts` allow, once `restart_backoff` (doubled each restart) has passed since the failure
+  (`Hold` until then); then `GiveUp`;
+- restarts past `restart_time_limit` after the first failure -> `GiveUp`;
 - anything else -> None: the job ends `error` (scenario 4).
 """
 
@@ -155,6 +157,7 @@ PROBE_WAIT_S = 20.0  # how long a decision waits for a probe of the job's nodes 
 FAULTY = frozenset({"unhealthy", "unreachable"})  # node states that make a failure the hardware's
 DEFAULT_RESTART_CODES = frozenset(range(128, 256))  # killed by a signal (128 + its number): Kubeflow's retryable
 REQUEUED, RESTARTED = "requeued", "restarted"  # results of attempts that led to a new one
+MAX_BACKOFF_S = 600.0  # a restart in place never waits longer than this
 
 
 @dataclass(frozen=True)
@@ -193,13 +196,21 @@ class ProbeFirst:
 
 
 @dataclass(frozen=True)
+class Hold:
+    """A restart in place waits for its backoff (`restart_backoff`) until `until`; the job keeps its GPUs."""
+
+    until: float
+    message: str
+
+
+@dataclass(frozen=True)
 class GiveUp:
     """The policy allowed restarts and they are used up: the job ends `error` with this message."""
 
     message: str
 
 
-Recovery = Requeue | RestartInPlace | ProbeFirst | GiveUp | None
+Recovery = Requeue | RestartInPlace | ProbeFirst | Hold | GiveUp | None
 
 
 def recover(
@@ -222,6 +233,13 @@ def recover(
             sick[name] = f"{name} {h.state}: {'; '.join(h.reasons) or 'no reason given'}"
     resubmits = sum(a.result == REQUEUED for a in attempts)
     restarts = sum(a.result == RESTARTED for a in attempts)
+    earlier = [a.ended for a in attempts if a.result in (REQUEUED, RESTARTED) and a.ended is not None]
+    if ft.restart_time_limit is not None and earlier and now - min(earlier) > ft.restart_time_limit:
+        limit = format_duration(ft.restart_time_limit)
+        return GiveUp(
+            f"error,exiting: {first.describe()} (restarts are allowed for {limit} after the first failure, "
+            f"{format_duration(round(now - min(earlier)))} ago; restart_time_limit)"
+        )
     if ft.retries and not sick:
         stale = [n for n in nodes if n in health and (health[n].last_probe or 0) < failed_at]
         if stale and now - failed_at < PROBE_WAIT_S:
@@ -237,6 +255,13 @@ def recover(
     if ft.max_restarts and code is not None and code in _restart_codes(job):
         cause = f"{first.describe()}: exit code {code} restarts (max_restarts {ft.max_restarts})"
         if restarts < ft.max_restarts:
+            wait = min(ft.restart_backoff * 2**restarts, MAX_BACKOFF_S)
+            if now < failed_at + wait:
+                until = failed_at + wait
+                when = time.strftime("%H:%M:%S", time.localtime(until))
+                backoff = format_duration(ft.restart_backoff)
+                text = f"restart {restarts + 1} of {ft.max_restarts} at {when} (restart_backoff {backoff}, doubled)"
+                return Hold(until, text)
             return RestartInPlace(cause, restarts + 1, ft.max_restarts)
         return GiveUp(f"error,exiting: {first.describe()} (restarted {restarts} of {ft.max_restarts} times)")
     return None

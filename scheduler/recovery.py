@@ -12,11 +12,13 @@ them out until an operator resumes them), so the next placement cannot pick them
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from enum import Enum
 from typing import Any
 
+from ftconsole.scheduler.config import format_duration
 from ftconsole.scheduler.errors import FtError
 from ftconsole.scheduler.failpoints import afailpoint
 from ftconsole.scheduler.jobs import Condition, Finish, Job, JobStatus, Run
@@ -27,6 +29,7 @@ from ftconsole.scheduler.reconcile import (
     RESTARTED,
     GiveUp,
     Health,
+    Hold,
     ProbeFirst,
     Requeue,
     RestartInPlace,
@@ -72,6 +75,12 @@ class Recoverer:
             return Finish(JobStatus.ERROR, decision.message, finish.exit_code)
         if isinstance(decision, ProbeFirst):
             self._probe(decision.nodes)
+            return Outcome.WAIT
+        if isinstance(decision, Hold):
+            if job.message != decision.message:
+                with contextlib.suppress(Conflict):
+                    async with self.store.jobs_tx(f"note job {job.id} waits to restart") as tx:
+                        await tx.update_job(job.id, expect=[JobStatus.RUNNING], message=decision.message)
             return Outcome.WAIT
         if isinstance(decision, Requeue):
             await self._requeue(job, runs, changes, decision, now)
@@ -173,6 +182,24 @@ class Recoverer:
         log.warning("job %s: %s", job.id, text)
         await afailpoint("recover.after_record")
         self._poke()
+
+    async def expire_requeued(self, fail: Callable[[Job, str], Awaitable[None]]) -> None:
+        """A job queued again after a hardware fault that has waited `scheduler.queue_timeout` ends `error`:
+        the pool is short of healthy capacity (seed 000)."""
+        now = self.clock()
+        limit = self.service.config.scheduler.queue_timeout
+        for job in await self.store.jobs(statuses=[JobStatus.QUEUED]):
+            if not job.requeued or not job.attempt:
+                continue
+            last = await self.store.attempt(job.id, job.attempt)
+            if last is None or last.result != REQUEUED or last.ended is None or now - last.ended < limit:
+                continue
+            waited = format_duration(round(now - last.ended))
+            await fail(
+                job,
+                f"error,exiting: queued again after a hardware fault and waited {waited} for healthy nodes "
+                f"(scheduler.queue_timeout {format_duration(limit)}): the pool is short of capacity",
+            )
 
     async def close(self) -> None:
         tasks = list(self._probes.values())

@@ -122,3 +122,31 @@ async def test_exit_code_policy_restarts_137_in_place_until_max_restarts_and_nev
         assert "try 3" in await log_of(client, first, attempt=3)
         shown = await finished(client, second)
         assert shown["status"] == "error" and [a["result"] for a in shown["attempts"]] == ["error"]
+
+
+async def test_restarts_wait_for_their_backoff_and_a_requeued_job_gives_up_after_queue_timeout(
+    sshd_cluster: Any, tmp_path: Path, sock_dir: Path
+) -> None:
+    cluster: SshdCluster = sshd_cluster(1, gpus=2)
+    loaded = write_config(cluster, tmp_path, sock_dir, scheduler={"node_timeout": "2s", "queue_timeout": "3s"})
+    async with running(loaded) as (_, client):
+        spec = job("patient", "sh -c 'exit 137'", gpus_per_node=1,
+                   fault_tolerance={"max_restarts": 2, "restart_backoff": "1s"})  # fmt: skip
+        shown = await finished(client, (await client.call("submit", spec=spec))["id"])
+        assert [a["result"] for a in shown["attempts"]] == ["restarted", "restarted", "error"]
+        ended = [a["runs"][0]["ended"] for a in shown["attempts"]]
+        created = [a["created"] for a in shown["attempts"]]
+        assert created[1] - ended[0] >= 1.0 and created[2] - ended[1] >= 2.0  # 1 s, then doubled
+
+        # the only node dies under a job with a retry: queued again, no healthy node, gives up after 3 s
+        spec = job("stranded", "sleep 300", gpus_per_node=1, fault_tolerance={"retries": 1})
+        job_id = (await client.call("submit", spec=spec))["id"]
+        await until(client, job_id, lambda j: j["attempts"] and j["attempts"][0]["runs"][0]["pid"], "running")
+        cluster.down("node01")
+        shown = await until(client, job_id, lambda j: j["status"] == "queued", "requeued")
+        assert "isolated node01; queued again at the front (resubmit 1 of 1)" in restarting(shown)[0]
+        shown = await finished(client, job_id)
+        assert shown["status"] == "error"
+        assert shown["message"].startswith("error,exiting: queued again after a hardware fault and waited")
+        assert "(scheduler.queue_timeout 3s): the pool is short of capacity" in shown["message"]
+        assert [a["result"] for a in shown["attempts"]] == ["requeued"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from ftconsole.scheduler.reconcile import (
     Actions,
     GiveUp,
     Health,
+    Hold,
     Launch,
     Lose,
     ProbeFirst,
@@ -296,6 +298,64 @@ RECOVERY: list[tuple[str, Job, list[Run], list[Attempt], dict[str, Health], Reco
         attempts(None),
         OLD,
         None,
+    ),
+]
+
+
+def attempts_ended(*results: tuple[str | None, float | None]) -> list[Attempt]:
+    return [Attempt(job=1, number=i + 1, spec_name=None, gpus_per_node=1, master_port=1, created=0.0, result=r,
+                    ended=e) for i, (r, e) in enumerate(results)]  # fmt: skip
+
+
+RECOVERY += [
+    (
+        "backoff: the first restart waits restart_backoff after the failure",
+        ft_job(max_restarts=2, restart_backoff=10),
+        [ended(0, code=137), STOPPED_1],
+        attempts(None),
+        OLD,
+        Hold(
+            NOW + 5,
+            f"restart 1 of 2 at {time.strftime('%H:%M:%S', time.localtime(NOW + 5))} (restart_backoff 10s, doubled)",
+        ),
+    ),
+    (
+        "backoff: the second one waits twice as long (4 s: over)",
+        ft_job(attempt=2, max_restarts=2, restart_backoff=2),
+        [ended(0, code=137), STOPPED_1],
+        attempts("restarted", None),
+        OLD,
+        RestartInPlace(f"{ended(0, code=137).describe()}: exit code 137 restarts (max_restarts 2)", 2, 2),
+    ),
+    (
+        "backoff: the second one waits twice as long (6 s: not over)",
+        ft_job(attempt=2, max_restarts=2, restart_backoff=3),
+        [ended(0, code=137), STOPPED_1],
+        attempts("restarted", None),
+        OLD,
+        Hold(
+            NOW + 1,
+            f"restart 2 of 2 at {time.strftime('%H:%M:%S', time.localtime(NOW + 1))} (restart_backoff 3s, doubled)",
+        ),
+    ),
+    (
+        "restart_time_limit over since the first failure: error,exiting",
+        ft_job(attempt=2, max_restarts=5, restart_time_limit=60),
+        [ended(0, code=137), STOPPED_1],
+        attempts_ended(("restarted", NOW - 61), (None, None)),
+        OLD,
+        GiveUp(
+            f"error,exiting: {ended(0, code=137).describe()} (restarts are allowed for 1m after the first "
+            "failure, 61s ago; restart_time_limit)"
+        ),
+    ),
+    (
+        "restart_time_limit not over yet: restart",
+        ft_job(attempt=2, max_restarts=5, restart_time_limit=60),
+        [ended(0, code=137), STOPPED_1],
+        attempts_ended(("restarted", NOW - 30), (None, None)),
+        OLD,
+        RestartInPlace(f"{ended(0, code=137).describe()}: exit code 137 restarts (max_restarts 5)", 2, 5),
     ),
 ]
 
