@@ -527,7 +527,9 @@ def plan_attempt(
         master_port=attempt.master_port,
         run_root=user_root(run_root, job.owner),
         ps_count=spec.ps_count or 0,
-        max_restarts=spec.fault_tolerance.max_restarts,
+        hydra_iface=spec.launcher.hydra_iface if spec.launcher else None,
+        torchrun_max_restarts=spec.launcher.torchrun_max_restarts if spec.launcher else None,
+        torchrun_monitor_interval=spec.launcher.torchrun_monitor_interval if spec.launcher else None,
         output_dir=spec.output,
     )
     return plan_job(spec, base)

@@ -31,6 +31,7 @@ from ftconsole.scheduler import yamlfile
 from ftconsole.scheduler.command import check_command
 from ftconsole.scheduler.config import Duration, PositiveDuration, expand_nodeset
 from ftconsole.scheduler.errors import ConfigError, Problem
+from ftconsole.scheduler.launcher import wraps_in_torchrun
 
 Loc = tuple[Any, ...]
 _STORED = "stored"  # validation context key: the spec is read back from the store (see `JobSpec.from_stored`)
@@ -186,6 +187,37 @@ class Hooks(_Strict):
     after: Text | None = None
 
 
+_IFACE = re.compile(r"[A-Za-z0-9_.:-]{1,15}")
+
+
+def _valid_iface(value: str) -> str:
+    if not _IFACE.fullmatch(value) or value in (".", ".."):
+        raise ValueError(
+            f"invalid network interface name {value!r}: use 1 to 15 letters, digits, '_', '.', ':' or '-' "
+            "(as eth0, ib0 or enp65s0f0)"
+        )
+    return value
+
+
+class Launcher(_Strict):
+    """Options of the launcher the job's mode runs (seed 002), each for one mode only (`LAUNCHER_MODES`).
+
+    `torchrun_max_restarts` is torchrun's own restart of its workers, on the node, within one attempt; it is
+    not `fault_tolerance.max_restarts`, the scheduler's restart of the whole job, and the two multiply."""
+
+    torchrun_max_restarts: int | None = Field(None, ge=0, strict=True)
+    torchrun_monitor_interval: PositiveDuration | None = None
+    hydra_iface: Annotated[str, AfterValidator(_valid_iface)] | None = None
+
+
+LAUNCHER_MODES: dict[str, tuple[JobMode, str]] = {
+    "torchrun_max_restarts": (JobMode.PYTORCH, "torchrun's --max_restarts"),
+    "torchrun_monitor_interval": (JobMode.PYTORCH, "torchrun's --monitor_interval"),
+    "hydra_iface": (JobMode.MPICH, "HYDRA_IFACE, the network interface of MPICH's hydra"),
+}
+"""Each key of `launcher:`: the mode it is for, and what it sets."""
+
+
 class CheckpointResume(_Strict):
     """On a hardware fault, signal the job to save a checkpoint, wait `grace_period`, reschedule it."""
 
@@ -254,6 +286,7 @@ class JobSpec(_Strict):
     access: Access = Access.NONE
     output: Text | None = None
     hooks: Hooks = Hooks()
+    launcher: Launcher | None = None
     fault_tolerance: FaultTolerance = FaultTolerance()
 
     @model_validator(mode="before")
@@ -375,6 +408,12 @@ def _mode_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
         out.append((("nodes",), "mode single runs on one node: set nodes: 1 or choose a distributed mode"))
     if _given(data, "ps_count") and mode is not JobMode.TENSORFLOW:
         out.append((("ps_count",), f"ps_count (parameter servers) is only for mode tensorflow, not {mode}"))
+    launcher = _mapping(data.get("launcher"))
+    for key, (wanted, what) in LAUNCHER_MODES.items():
+        if _given(launcher, key) and mode is not wanted:
+            out.append((("launcher", key), f"{key} ({what}) is only for mode {wanted}, not {mode}"))
+    if mode is JobMode.MPICH and _given(launcher, "hydra_iface") and "HYDRA_IFACE" in _mapping(data.get("env")):
+        out.append((("env", "HYDRA_IFACE"), "HYDRA_IFACE is set by launcher.hydra_iface: give the interface once"))
     return out
 
 
@@ -548,6 +587,31 @@ CROSS_CHECKS: tuple[Check, ...] = (
 """Rules of the spec itself: every stored spec obeys them."""
 
 
+def _torchrun_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
+    """torchrun's options apply only where mode pytorch wraps a command in torchrun (launcher.py's rule, which
+    may change: so a submit check); a command left as given (torchrun, a script) would ignore them."""
+    launcher = _mapping(data.get("launcher"))
+    keys = [key for key in ("torchrun_max_restarts", "torchrun_monitor_interval") if _given(launcher, key)]
+    tasks = data.get("tasks")
+    batch = _job_type(data) is JobType.BATCH
+    given = [_mapping(t).get("command") for t in tasks] if batch and isinstance(tasks, list) else [data.get("command")]
+    if not keys or _mode(data) is not JobMode.PYTORCH or not given:
+        return []
+    commands = [c for c in given if isinstance(c, str) and check_command(c) is None]
+    if len(commands) < len(given) or any(wraps_in_torchrun(shlex.split(c)) for c in commands):
+        return []  # wrapped, or a command that the model reports
+    which = "no task's command is wrapped" if batch else f"{commands[0].strip()!r} is run as given"
+    return [
+        (
+            ("launcher", key),
+            f"{key} sets an option of the torchrun that ftconsole wraps a python command in (python SCRIPT, or "
+            f"python -m MODULE other than torch.distributed.run), and {which}: pass "
+            f"--{key.removeprefix('torchrun_')} to your own launcher, or remove the key",
+        )
+        for key in keys
+    ]
+
+
 def _deepspeed_env_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
     """DS_ENV_FILE is ours (the file that carries the env to every rank); with DeepSpeed's runner, each value
     travels as one line of that file, which strips blanks at either end and cannot hold a line break."""
@@ -567,7 +631,13 @@ def _deepspeed_env_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
     return out
 
 
-SUBMIT_CHECKS: tuple[Check, ...] = (_ps_count_problems, _workdir_problems, _nul_problems, _deepspeed_env_problems)
+SUBMIT_CHECKS: tuple[Check, ...] = (
+    _ps_count_problems,
+    _workdir_problems,
+    _nul_problems,
+    _deepspeed_env_problems,
+    _torchrun_problems,
+)
 """What the launcher or the supervisor would refuse later, from the spec alone; run on new specs only."""
 
 

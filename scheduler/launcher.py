@@ -19,7 +19,9 @@ The user's env is merged under ours (ours win; the spec layer rejects collisions
 ``launch=False`` still gets its env and files written, so a debug shell sees them; its argv is the command the
 launching rank runs, for display.
 
-Modes (seed 003, "distributed modes"; seed 002 for ``--max_restarts``/``--monitor_interval``):
+Modes (seed 003, "distributed modes"; seed 002 for ``--max_restarts``/``--monitor_interval`` and ``HYDRA_IFACE``,
+which come from the spec's ``launcher:`` section, never from ``fault_tolerance.max_restarts``: that is the
+scheduler's own restart limit, and giving it to torchrun too would restart a failing job twice over):
 
 single
     The command as given, on exactly one node.
@@ -27,7 +29,8 @@ pytorch
     Every node runs its rank. A command whose argv[0] is a Python interpreter (``python``, ``python3``,
     ``python3.10``, with or without a path) running a script or a module (``-m``) is wrapped in
     ``<same python> -m torch.distributed.run --nproc_per_node=SLOTS --nnodes=N --node_rank=R
-    --master_addr=A --master_port=P [--max_restarts=K] [--monitor_interval=S] <script|-m module> args``.
+    --master_addr=A --master_port=P [--max_restarts=K] [--monitor_interval=S] <script|-m module> args``
+    (K and S: ``torchrun_max_restarts`` and ``torchrun_monitor_interval``, when given).
     Interpreter options (``-u``, ``-X dev``...) stay on the interpreter, before ``-m torch.distributed.run``.
     Left alone: any other command (torchrun, a shell script, deepspeed), ``python -m torch.distributed.run``
     or ``-m torch.distributed.launch`` (already distributed), and ``python -c``/``python -``/bare ``python``,
@@ -52,9 +55,10 @@ horovod (OpenMPI)
     left alone. mpirun on the first node starts the others: only rank 0 launches.
 mpich
     ``HYDRA_HOST_FILE`` points at the hostfile (``host:N``); ``HYDRA_IFACE`` is set when ``hydra_iface`` is
-    given. The seed prefixes OpenMPI commands only; we give a command without a launcher the minimal Hydra
-    prefix ``mpirun -np <total slots>`` (Hydra reads the hostfile and interface from the env and forwards
-    the whole environment by default), so it runs on all nodes. Only rank 0 launches.
+    given (over a ``HYDRA_IFACE`` of the job's env, which the spec refuses together with it). The seed
+    prefixes OpenMPI commands only; we give a command without a launcher the minimal Hydra prefix ``mpirun -np
+    <total slots>`` (Hydra reads the hostfile and interface from the env and forwards the whole environment by
+    default), so it runs on all nodes. Only rank 0 launches.
 tensorflow
     ``TF_CONFIG`` per node, compact JSON ``{"cluster": ..., "task": {"type", "index"}, "environment":
     "cloud"}`` as in the seed. PS-Worker when ``ps_count > 0``: the first ``ps_count`` nodes are ``ps``,
@@ -69,7 +73,7 @@ import json
 import math
 import posixpath
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -152,6 +156,9 @@ class NodeAssignment:
 
 @dataclass(frozen=True)
 class LaunchInput:
+    """One attempt to plan. `hydra_iface` (mpich), `torchrun_max_restarts` and `torchrun_monitor_interval`
+    (pytorch, in seconds) are the launcher's own options, from the spec's `launcher:` section."""
+
     job_id: str
     attempt: int
     mode: str
@@ -163,8 +170,8 @@ class LaunchInput:
     run_root: str
     ps_count: int = 0
     hydra_iface: str | None = None
-    max_restarts: int | None = None
-    monitor_interval: float | None = None
+    torchrun_max_restarts: int | None = None
+    torchrun_monitor_interval: float | None = None
     output_dir: str | None = None
     task: TaskRef | None = None
 
@@ -265,8 +272,8 @@ def _plan_pytorch(inp: LaunchInput, ranks: tuple[_Rank, ...]) -> tuple[RankLaunc
             node_rank=r.rank,
             master_addr=inp.nodes[0].host,
             master_port=inp.master_port,
-            max_restarts=inp.max_restarts,
-            monitor_interval=inp.monitor_interval,
+            max_restarts=inp.torchrun_max_restarts,
+            monitor_interval=inp.torchrun_monitor_interval,
         )
         out.append(_finish(inp, r, argv or inp.argv, hosts))
     return tuple(out)
@@ -406,12 +413,10 @@ def torch_wrap(
     monitor_interval: float | None = None,
 ) -> tuple[str, ...] | None:
     """The argv wrapped in ``torch.distributed.run``, or None when the rule leaves it alone (see module doc)."""
-    split = _split_python(argv)
+    split = _torch_split(argv)
     if split is None:
         return None
     head, target, rest = split
-    if target[0] == "-m" and target[1] in TORCH_LAUNCH_MODULES:
-        return None
     opts = [
         f"--nproc_per_node={nproc_per_node}",
         f"--nnodes={nnodes}",
@@ -424,6 +429,11 @@ def torch_wrap(
     if monitor_interval is not None:
         opts.append(f"--monitor_interval={_number(monitor_interval)}")
     return (*head, "-m", "torch.distributed.run", *opts, *target, *rest)
+
+
+def wraps_in_torchrun(argv: Sequence[str]) -> bool:
+    """Whether mode pytorch wraps this command in ``torch.distributed.run`` (so that torchrun's options apply)."""
+    return _torch_split(tuple(argv)) is not None
 
 
 def tf_config(nodes: tuple[NodeAssignment, ...], ps_count: int, master_port: int, rank: int) -> str:
@@ -485,6 +495,14 @@ def _number(value: float) -> str:
 
 def _host_port(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+def _torch_split(argv: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]] | None:
+    """`_split_python`, or None also when the command runs torch's launcher already."""
+    split = _split_python(argv)
+    if split is None or (split[1][0] == "-m" and split[1][1] in TORCH_LAUNCH_MODULES):
+        return None
+    return split
 
 
 def _split_python(argv: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]] | None:
@@ -575,7 +593,12 @@ def _validate(inp: LaunchInput) -> None:
             )
     elif inp.ps_count:
         raise LaunchError(f"a parameter-server count is for tensorflow mode only, not {inp.mode}")
-    if inp.max_restarts is not None and inp.max_restarts < 0:
-        raise LaunchError(f"max restarts must be 0 or more, not {inp.max_restarts}")
-    if inp.monitor_interval is not None and not (math.isfinite(inp.monitor_interval) and inp.monitor_interval > 0):
-        raise LaunchError(f"monitor interval must be a positive number of seconds, not {inp.monitor_interval}")
+    restarts, interval = inp.torchrun_max_restarts, inp.torchrun_monitor_interval
+    if inp.mode != "pytorch" and (restarts is not None or interval is not None):
+        raise LaunchError(f"torchrun's max restarts and monitor interval are for pytorch mode only, not {inp.mode}")
+    if inp.mode != "mpich" and inp.hydra_iface is not None:
+        raise LaunchError(f"a hydra interface is for mpich mode only, not {inp.mode}")
+    if restarts is not None and restarts < 0:
+        raise LaunchError(f"torchrun max restarts must be 0 or more, not {restarts}")
+    if interval is not None and not (math.isfinite(interval) and interval > 0):
+        raise LaunchError(f"torchrun monitor interval must be a positive number of seconds, not {interval}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
 from pathlib import Path
@@ -15,10 +16,12 @@ from ftconsole.scheduler.command import check_command
 from ftconsole.scheduler.errors import ConfigError
 from ftconsole.scheduler.jobplan import plan_job
 from ftconsole.scheduler.jobspec import (
+    LAUNCHER_MODES,
     GpuRequest,
     JobMode,
     JobSpec,
     JobType,
+    Launcher,
     Priority,
     cross_problems,
     load_jobspec,
@@ -201,6 +204,8 @@ def test_spec_is_frozen() -> None:
 # -- invalid specs -----------------------------------------------------------------------------------------
 
 BASE = "name: j\ncommand: python3 train.py\n"  # lines 1-2; cases add from line 3
+PT = BASE + "mode: pytorch\nnodes: 2\n"  # lines 1-4; cases add from line 5
+MPICH = BASE + "mode: mpich\nnodes: 2\n"
 
 INVALID = [
     (BASE + "bogus: 1\n", 3, "bogus", "unknown key"),
@@ -311,6 +316,49 @@ INVALID = [
     (BASE + "access: everyone\n", 3, "access", "'read-only'"),
     (BASE + "type: cron\n", 3, "type", "'batch'"),
     (BASE + "hooks:\n  during: x\n", 4, "hooks.during", "unknown key"),
+    # launcher: each key for its mode only, never accepted and ignored
+    (
+        BASE + "launcher:\n  hydra_iface: eth0\n",
+        4,
+        "launcher.hydra_iface",
+        "hydra_iface (HYDRA_IFACE, the network interface of MPICH's hydra) is only for mode mpich, not single",
+    ),
+    (PT + "launcher:\n  hydra_iface: ib0\n", 6, "launcher.hydra_iface", "is only for mode mpich, not pytorch"),
+    (
+        MPICH + "launcher:\n  torchrun_max_restarts: 2\n",
+        6,
+        "launcher.torchrun_max_restarts",
+        "torchrun_max_restarts (torchrun's --max_restarts) is only for mode pytorch, not mpich",
+    ),
+    (
+        BASE + "mode: pytorch-deepspeed\nlauncher:\n  torchrun_monitor_interval: 5s\n",
+        5,
+        "launcher.torchrun_monitor_interval",
+        "torchrun_monitor_interval (torchrun's --monitor_interval) is only for mode pytorch, not pytorch-deepspeed",
+    ),
+    (PT + "launcher:\n  max_restarts: 3\n", 6, "launcher.max_restarts", "unknown key"),
+    (PT + "launcher:\n  torchrun_max_restarts: -1\n", 6, "launcher.torchrun_max_restarts", "greater than or equal"),
+    (PT + "launcher:\n  torchrun_max_restarts: '3'\n", 6, "launcher.torchrun_max_restarts", "valid integer"),
+    (PT + "launcher:\n  torchrun_max_restarts: true\n", 6, "launcher.torchrun_max_restarts", "valid integer"),
+    (PT + "launcher:\n  torchrun_monitor_interval: 0s\n", 6, "launcher.torchrun_monitor_interval", "greater than 0"),
+    (PT + "launcher:\n  torchrun_monitor_interval: soon\n", 6, "launcher.torchrun_monitor_interval", "duration"),
+    (
+        MPICH + "launcher:\n  hydra_iface: 'eth0; rm -rf ~'\n",
+        6,
+        "launcher.hydra_iface",
+        "invalid network interface name 'eth0; rm -rf ~': use 1 to 15 letters, digits, '_', '.', ':' or '-'",
+    ),
+    (MPICH + "launcher:\n  hydra_iface: " + "e" * 16 + "\n", 6, "launcher.hydra_iface", "invalid network interface"),
+    (MPICH + "launcher:\n  hydra_iface: ''\n", 6, "launcher.hydra_iface", "invalid network interface"),
+    (MPICH + "launcher:\n  hydra_iface: ..\n", 6, "launcher.hydra_iface", "invalid network interface"),
+    (MPICH + "launcher:\n  hydra_iface: 'eth0\\n'\n", 6, "launcher.hydra_iface", "invalid network interface"),
+    (MPICH + "launcher:\n  hydra_iface: eth/0\n", 6, "launcher.hydra_iface", "invalid network interface"),
+    (
+        MPICH + "env: {HYDRA_IFACE: eth0}\nlauncher: {hydra_iface: ib0}\n",
+        5,
+        "env.HYDRA_IFACE",
+        "HYDRA_IFACE is set by launcher.hydra_iface: give the interface once",
+    ),
     (BASE + "workdir: ''\n", 3, "workdir", "must not be empty"),
     (BASE + "workdir: ~\n", 3, "workdir", "YAML reads a bare ~ as null: write '~' in quotes"),
     (BASE + "name: k\n", 3, "name", "duplicate key"),
@@ -427,6 +475,36 @@ REFUSED_AT_SUBMIT = [
     (BASE + "env: {DS_ENV_FILE: /tmp/x}\n", 3, "env.DS_ENV_FILE", "DS_ENV_FILE is set by ftconsole"),
     (DS + 'env: {X: "a\\nb"}\n', 4, "env.X", "has a line break, which DeepSpeed's env file"),
     (DS + "env: {X: ' padded '}\n", 4, "env.X", "has blanks at its start or end"),
+    # torchrun's options need a command that mode pytorch wraps in torchrun; one run as given would ignore them
+    (
+        "name: j\ncommand: torchrun --nproc_per_node 8 train.py\nmode: pytorch\nlauncher:\n"
+        "  torchrun_max_restarts: 3\n",
+        5,
+        "launcher.torchrun_max_restarts",
+        "torchrun_max_restarts sets an option of the torchrun that ftconsole wraps a python command in (python "
+        "SCRIPT, or python -m MODULE other than torch.distributed.run), and 'torchrun --nproc_per_node 8 train.py' "
+        "is run as given: pass --max_restarts to your own launcher, or remove the key",
+    ),
+    (
+        "name: j\ncommand: python -m torch.distributed.run t.py\nmode: pytorch\nlauncher:\n"
+        "  torchrun_monitor_interval: 5s\n",
+        5,
+        "launcher.torchrun_monitor_interval",
+        "is run as given: pass --monitor_interval to your own launcher",
+    ),
+    (
+        "name: j\ncommand: ./run.sh\nmode: pytorch\nlauncher: {torchrun_max_restarts: 0}\n",
+        4,
+        "launcher.torchrun_max_restarts",
+        "'./run.sh' is",
+    ),
+    (
+        "name: j\nmode: pytorch\ntype: batch\ntasks:\n  - {name: a, command: sh a.sh, output: a}\n"
+        "  - {name: b, command: python -c pass, output: b}\nlauncher:\n  torchrun_max_restarts: 1\n",
+        8,
+        "launcher.torchrun_max_restarts",
+        "and no task's command is wrapped: pass --max_restarts",
+    ),
 ]
 
 
@@ -460,6 +538,14 @@ STILL_VALID = [
     BASE + "workdir: /data/me/../shared/run\n",
     BASE + "workdir: '/data/with space'\n",
     BASE + "env: {X: 'a b', Y: '', Z: 3}\n",
+    PT + "launcher:\n  torchrun_max_restarts: 0\n  torchrun_monitor_interval: 250ms\n",
+    PT + "launcher: {torchrun_max_restarts: 2}\nfault_tolerance: {max_restarts: 1}\n",
+    PT + "launcher: {}\n",
+    MPICH + "launcher: {hydra_iface: enp65s0f0}\n",
+    MPICH + "launcher: {hydra_iface: 'eth0:1'}\nenv: {NCCL_SOCKET_IFNAME: eth0}\n",
+    MPICH + "env: {HYDRA_IFACE: lo}\n",
+    "name: j\nmode: pytorch\ntype: batch\ntasks:\n  - {name: a, command: sh a.sh, output: a}\n"
+    "  - {name: b, command: python3 -u b.py, output: b}\nlauncher: {torchrun_monitor_interval: 1s}\n",
 ]
 
 
@@ -484,8 +570,10 @@ def _launch_input(spec: JobSpec, size: int) -> launcher.LaunchInput:
         master_port=29500,
         run_root="~/.ftconsole/runs",
         ps_count=spec.ps_count or 0,
-        max_restarts=spec.fault_tolerance.max_restarts,
-    )
+        hydra_iface=spec.launcher.hydra_iface if spec.launcher else None,
+        torchrun_max_restarts=spec.launcher.torchrun_max_restarts if spec.launcher else None,
+        torchrun_monitor_interval=spec.launcher.torchrun_monitor_interval if spec.launcher else None,
+    )  # as `executor.plan_attempt` builds it
 
 
 @pytest.mark.parametrize("text", [t for t, _, path, _ in REFUSED_AT_SUBMIT if path == "ps_count"])
@@ -504,6 +592,43 @@ def test_a_stored_spec_accepted_before_the_submit_checks_still_loads() -> None:
         JobSpec.from_json(data)
     with pytest.raises(ValidationError, match="mode single runs on one node"):  # the spec's own rules still hold
         JobSpec.from_stored({"name": "j", "command": "a", "nodes": 2})
+
+
+@pytest.mark.parametrize("key", sorted(LAUNCHER_MODES))
+@pytest.mark.parametrize("mode", list(JobMode))
+def test_a_launcher_key_is_refused_in_every_other_mode(key: str, mode: JobMode) -> None:
+    wanted, what = LAUNCHER_MODES[key]
+    value = {"hydra_iface": "ib0", "torchrun_max_restarts": 1, "torchrun_monitor_interval": 5.0}[key]
+    data = {"name": "j", "mode": mode.value, "command": "python3 t.py", "launcher": {key: value}}
+    problems = [p for p in cross_problems(data) if p[0][0] == "launcher"]
+    if mode is wanted:
+        assert problems == []
+        assert getattr(JobSpec.from_json(data).launcher, key) == value
+    else:
+        assert problems == [(("launcher", key), f"{key} ({what}) is only for mode {wanted}, not {mode}")]
+        with pytest.raises(ValidationError, match=re.escape(f"launcher.{key}: {key} ({what}) is only for mode")):
+            JobSpec.from_json(data)
+
+
+def test_every_launcher_key_has_its_mode_and_its_launch_input_field() -> None:
+    assert set(LAUNCHER_MODES) == set(Launcher.model_fields)
+    assert set(LAUNCHER_MODES) <= {f.name for f in dataclasses.fields(launcher.LaunchInput)}
+
+
+def test_the_launcher_section_round_trips_and_an_old_stored_spec_has_none() -> None:
+    spec = parse_jobspec(PT + "launcher:\n  torchrun_max_restarts: 2\n  torchrun_monitor_interval: 1m\n")
+    assert spec.to_json()["launcher"] == {"torchrun_max_restarts": 2, "torchrun_monitor_interval": 60.0}
+    assert JobSpec.from_json(spec.to_json()) == spec == JobSpec.from_stored(spec.to_json())
+    old = JobSpec.from_stored({"name": "j", "command": "a", "fault_tolerance": {"max_restarts": 3}})
+    assert old.launcher is None and "launcher" not in old.to_json()
+
+
+def test_a_stored_spec_skips_the_torchrun_wrapping_check_and_plans_its_command_as_given() -> None:
+    data = {"name": "j", "mode": "pytorch", "command": "torchrun t.py", "launcher": {"torchrun_max_restarts": 3}}
+    spec = JobSpec.from_stored(data)
+    with pytest.raises(ValidationError, match="is run as given"):
+        JobSpec.from_json(data)
+    assert plan_job(spec, _launch_input(spec, 1)).plan.ranks[0].argv == ("torchrun", "t.py")
 
 
 def test_every_job_mode_has_a_launch_planner() -> None:

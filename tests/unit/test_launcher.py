@@ -33,6 +33,7 @@ from ftconsole.scheduler.launcher import (
     ssh_check_source,
     tf_config,
     torch_wrap,
+    wraps_in_torchrun,
 )
 
 GOLDEN = Path(__file__).parent / "golden" / "launcher"
@@ -98,7 +99,7 @@ def as_json(inp: LaunchInput, plan: LaunchPlan) -> dict[str, Any]:
 GOLDEN_CASES = {
     "single": job("single", "python train.py --lr 3e-4", 1, env={"NCCL_DEBUG": "INFO"}),
     "pytorch": job("pytorch", "python /workspace/algorithm/train.py"),
-    "pytorch_restarts": job("pytorch", "python3 -u train.py", max_restarts=3, monitor_interval=5.0),
+    "pytorch_restarts": job("pytorch", "python3 -u train.py", torchrun_max_restarts=3, torchrun_monitor_interval=5.0),
     "pytorch_torchrun": job(
         "pytorch", "torchrun --nnodes 2 --nproc_per_node 4 --node_rank 0 --master_addr a --master_port 1 t.py"
     ),
@@ -305,6 +306,27 @@ def test_pytorch_restart_options(restarts: int | None, interval: float | None, e
     )
     assert argv is not None
     assert argv[argv.index("--master_port=1") + 1 : -1] == extra
+
+
+@pytest.mark.parametrize(
+    ("command", "wrapped"),
+    [
+        ("python t.py", True),
+        ("python3 -u -m pkg.train --lr 1", True),
+        ("/opt/conda/bin/python3.11 -X dev t.py", True),
+        ("torchrun t.py", False),
+        ("python -m torch.distributed.run t.py", False),
+        ("python -m torch.distributed.launch t.py", False),
+        ("python -c pass", False),
+        ("./run.sh", False),
+        ("deepspeed t.py", False),
+    ],
+)
+def test_wraps_in_torchrun_is_the_wrapping_rule(command: str, wrapped: bool) -> None:
+    """What the spec asks before it accepts torchrun's options: the pytorch plan wraps exactly these."""
+    assert wraps_in_torchrun(command.split()) is wrapped
+    plan = plan_launch(job("pytorch", command, torchrun_max_restarts=2))
+    assert ("--max_restarts=2" in plan.ranks[0].argv) is wrapped
 
 
 def test_pytorch_master_addr_is_node_zero_host_not_name() -> None:
@@ -628,9 +650,16 @@ ERROR_CASES = [
     pytest.param(job("tensorflow", "python t.py", 3, master_port=65534), "out of range", id="tf-ports-overflow"),
     pytest.param(job("pytorch", "python t.py", job_id="../x"), "run folder", id="job-id-slash"),
     pytest.param(job("pytorch", "python t.py", attempt=-1), "attempt", id="attempt-negative"),
-    pytest.param(job("pytorch", "python t.py", max_restarts=-1), "max restarts", id="restarts-negative"),
-    pytest.param(job("pytorch", "python t.py", monitor_interval=0.0), "monitor interval", id="interval-zero"),
-    pytest.param(job("pytorch", "python t.py", monitor_interval=float("nan")), "monitor interval", id="interval-nan"),
+    pytest.param(job("pytorch", "python t.py", torchrun_max_restarts=-1), "max restarts", id="restarts-negative"),
+    pytest.param(job("pytorch", "python t.py", torchrun_monitor_interval=0.0), "monitor interval", id="interval-zero"),
+    pytest.param(
+        job("pytorch", "python t.py", torchrun_monitor_interval=float("nan")), "monitor interval", id="interval-nan"
+    ),
+    pytest.param(
+        job("pytorch-deepspeed", "python t.py", torchrun_max_restarts=1), "pytorch mode only", id="restarts-ds"
+    ),
+    pytest.param(job("mpich", "python t.py", torchrun_monitor_interval=5.0), "pytorch mode only", id="interval-mpich"),
+    pytest.param(job("horovod", "python t.py", hydra_iface="ib0"), "mpich mode only", id="iface-horovod"),
 ]
 
 

@@ -6,7 +6,10 @@ from typing import Any
 
 import pytest
 
-from ftconsole.scheduler.jobplan import plan_job
+from ftconsole.scheduler.config import Node
+from ftconsole.scheduler.executor import plan_attempt
+from ftconsole.scheduler.jobplan import JobLaunch, plan_job
+from ftconsole.scheduler.jobs import Attempt, Job, JobStatus, Run
 from ftconsole.scheduler.jobspec import JobSpec
 from ftconsole.scheduler.launcher import LaunchInput, NodeAssignment
 from ftconsole.scheduler.runs import Step, StepKind
@@ -184,3 +187,90 @@ def test_deepspeed_batch_task_gets_its_own_env_file_with_its_variables() -> None
 )
 def test_step_json(step: Step, doc: dict[str, Any]) -> None:
     assert step.to_json() == doc
+
+
+# -- the spec's launcher: options, through the attempt's plan (`executor.plan_attempt`) ---------------------------
+
+TORCH_FLAGS = ("--max_restarts", "--monitor_interval")
+
+
+def attempt_plan(spec: JobSpec) -> JobLaunch:
+    """`plan_attempt` of a spec's first attempt on n0, n1, ... (two GPUs each), as the scheduler plans it."""
+    job = Job(7, spec.name, "ann", 1000, spec, JobStatus.RUNNING, "normal", "default", "none", 0.0)
+    attempt = Attempt(7, 1, None, 2, 29500, 0.0)
+    runs = [Run(7, 1, rank, f"n{rank}", (0, 1), f"/r/7/1/{rank}", True) for rank in range(spec.nodes)]
+    nodes = {f"n{i}": Node(f"n{i}", f"10.0.0.{i}", None, None, "default") for i in range(spec.nodes)}
+    return plan_attempt(job, attempt, runs, nodes=nodes, run_root="/r")
+
+
+def torch_flags(launch: JobLaunch) -> list[list[str]]:
+    """torchrun's restart options in each rank's command."""
+    return [[a for a in r.argv if a.startswith(TORCH_FLAGS)] for r in launch.plan.ranks]
+
+
+@pytest.mark.parametrize(
+    ("launcher", "flags"),
+    [
+        ({"torchrun_max_restarts": 3}, ["--max_restarts=3"]),
+        ({"torchrun_max_restarts": 0}, ["--max_restarts=0"]),
+        ({"torchrun_monitor_interval": "250ms"}, ["--monitor_interval=0.25"]),
+        ({"torchrun_monitor_interval": "1m"}, ["--monitor_interval=60"]),
+        (
+            {"torchrun_max_restarts": 2, "torchrun_monitor_interval": 5},
+            ["--max_restarts=2", "--monitor_interval=5"],
+        ),
+        ({}, []),
+        (None, []),
+    ],
+)
+def test_launcher_keys_become_torchrun_flags(launcher: dict[str, Any] | None, flags: list[str]) -> None:
+    fields = {} if launcher is None else {"launcher": launcher}
+    launch = attempt_plan(spec("pytorch", 2, **fields))
+    assert torch_flags(launch) == [flags, flags]
+    argv = launch.plan.ranks[1].argv
+    assert argv[:3] == ("python3", "-m", "torch.distributed.run") and argv[-1] == "train.py"
+    assert argv[argv.index("--master_port=29500") + 1 : -1] == tuple(flags)  # before the script, after ours
+
+
+@pytest.mark.parametrize("ft", [{"max_restarts": 3}, {"max_restarts": 2, "restart_exit_codes": [1, 137]}])
+def test_fault_tolerance_max_restarts_is_the_schedulers_own_never_torchruns(ft: dict[str, Any]) -> None:
+    """The scheduler restarts the attempt (reconcile's exit-code policy); torchrun restarting its workers on the
+    same count first would restart a failing job twice over."""
+    assert torch_flags(attempt_plan(spec("pytorch", 2, fault_tolerance=ft))) == [[], []]
+    both = spec("pytorch", 2, fault_tolerance=ft, launcher={"torchrun_max_restarts": 1})
+    assert torch_flags(attempt_plan(both)) == [["--max_restarts=1"]] * 2
+
+
+def test_batch_tasks_that_torchrun_wraps_get_the_flags_and_the_others_run_as_given() -> None:
+    tasks = [
+        {"name": "prep", "command": "sh prep.sh", "output": "prep"},
+        {"name": "train", "command": "python3 train.py", "output": "train"},
+    ]
+    launcher = {"torchrun_max_restarts": 1, "torchrun_monitor_interval": "2s"}
+    launch = attempt_plan(spec("pytorch", 2, type="batch", tasks=tasks, launcher=launcher))
+    for steps in launch.steps.values():
+        prep, train = steps
+        assert prep.argv == ("sh", "prep.sh")
+        assert [a for a in train.argv if a.startswith(TORCH_FLAGS)] == ["--max_restarts=1", "--monitor_interval=2"]
+
+
+@pytest.mark.parametrize(("launcher", "iface"), [({"hydra_iface": "ib0"}, "ib0"), ({}, None), (None, None)])
+def test_hydra_iface_becomes_hydra_iface_on_every_rank(launcher: dict[str, Any] | None, iface: str | None) -> None:
+    fields = {} if launcher is None else {"launcher": launcher}
+    launch = attempt_plan(spec("mpich", 2, **fields))
+    assert [r.env.get("HYDRA_IFACE") for r in launch.plan.ranks] == [iface, iface]
+    assert launch.steps[0][-1].env.get("HYDRA_IFACE") == iface  # the command step rank 0 runs
+    assert launch.plan.ranks[0].argv == ("mpirun", "-np", "4", "python3", "train.py")
+
+
+def test_hydra_iface_of_the_jobs_env_still_reaches_the_ranks() -> None:
+    """Before `launcher.hydra_iface`, env: was the way to pick hydra's interface (docs/jobs.md); it still is."""
+    launch = attempt_plan(spec("mpich", 2, env={"HYDRA_IFACE": "lo"}))
+    assert [r.env["HYDRA_IFACE"] for r in launch.plan.ranks] == ["lo", "lo"]
+
+
+def test_a_stored_spec_from_before_the_launcher_section_plans_as_before() -> None:
+    stored = {"name": "j", "mode": "pytorch", "nodes": 2, "command": "python3 train.py", "gpus_per_node": 2}
+    old = JobSpec.from_stored({**stored, "fault_tolerance": {"max_restarts": 2}})
+    assert old.launcher is None and "launcher" not in old.to_json()
+    assert torch_flags(attempt_plan(old)) == [[], []]
