@@ -84,6 +84,8 @@ class Executor:
         self._unswept: set[str] = set(self.nodes)  # nodes to sweep for runs that are no longer current
         self._swept_at: dict[str, float] = {}  # node -> the last try
         self._pruned_at: dict[str, float] = {}  # node -> when its old run folders were last pruned
+        # the environment pre-check before an attempt's first start (`Recoverer.preflight`, set by the loop)
+        self.gate: Callable[[Job, Attempt, Callable[[Job, str], Awaitable[None]]], Awaitable[bool]] | None = None
         self._owners: dict[int, str] = {}  # job -> its owner (never changes)
         self._accounts: dict[tuple[str, str], float] = {}  # (user, node) -> when its account was last found
         self.no_account: dict[tuple[str, str], float] = {}  # (user, node) -> when it was found to have none
@@ -215,6 +217,8 @@ class Executor:
             return
         try:
             if not await self._preflight(job, attempt, launch.runs):
+                return
+            if self.gate is not None and not await self.gate(job, attempt, self._fail):
                 return
             attempt = await self._port(job, attempt)
             all_runs = [r for r in await self.store.runs(job=job.id) if r.attempt == attempt.number]

@@ -80,6 +80,7 @@ class Loop:
             avoided=self.executor.avoided,
         )
         self.recoverer = Recoverer(service, self.placer, clock=clock, poke=poke)
+        self.executor.gate = self.recoverer.preflight
         self._started = time.monotonic()
         self._read_since_start: set[tuple[int, int, int]] = set()
         self.adopted_s: float | None = None  # seconds from start until every running run was read once

@@ -18,13 +18,15 @@ from collections.abc import Awaitable, Callable, Sequence
 from enum import Enum
 from typing import Any
 
+from ftconsole.probes.results import PREFLIGHT_CHECKS, CheckStatus
 from ftconsole.scheduler.config import format_duration
 from ftconsole.scheduler.errors import FtError
 from ftconsole.scheduler.failpoints import afailpoint
-from ftconsole.scheduler.jobs import Condition, Finish, Job, JobStatus, Run
+from ftconsole.scheduler.jobs import Attempt, Condition, Finish, Job, JobStatus, Run
 from ftconsole.scheduler.jobtx import Conflict
 from ftconsole.scheduler.placing import Placer
 from ftconsole.scheduler.reconcile import (
+    FAULTY,
     REQUEUED,
     RESTARTED,
     GiveUp,
@@ -55,6 +57,7 @@ class Recoverer:
         self.clock = clock
         self._poke = poke
         self._probes: dict[tuple[str, ...], asyncio.Task[None]] = {}
+        self._checked: set[tuple[int, int]] = set()  # (job, attempt) whose pre-flight passed
 
     async def after_failure(
         self, job: Job, runs: Sequence[Run], changes: Sequence[tuple[Run, dict[str, Any]]], finish: Finish
@@ -88,6 +91,55 @@ class Recoverer:
             await self._restart(job, runs, changes, decision, now)
         return Outcome.DONE
 
+    async def preflight(self, job: Job, attempt: Attempt, fail: Callable[[Job, str], Awaitable[None]]) -> bool:
+        """Seed 000's environment pre-check, for a job with `retries`: right before an attempt's first start,
+        probe exactly its nodes and log each pre-flight item (`item NAME: pass|fail VALUE THRESHOLD`). True:
+        go on. A failing node (an item fails, or the node reads unhealthy or unreachable) is isolated and the
+        job queued again at the front (scenarios 1 and 2), or, with its retries used up, fails."""
+        if not job.spec.fault_tolerance.retries or (job.id, attempt.number) in self._checked:
+            return True
+        mine = [r for r in await self.store.runs(job=job.id) if r.attempt == attempt.number]
+        if any(r.state != "intent" for r in mine):  # a start was sent (before a restart of ours): too late
+            self._checked.add((job.id, attempt.number))
+            return True
+        nodes = sorted({r.node for r in mine})
+        outcomes = await self.service.probe(",".join(nodes))
+        now = self.clock()
+        failing: dict[str, list[str]] = {}
+        with contextlib.suppress(Conflict):
+            async with self.store.jobs_tx(f"record the pre-flight of job {job.id}") as tx:
+                for o in outcomes:
+                    name = o.node.name
+                    if o.report is None:
+                        why = f"{o.failure.kind}: {o.failure.message}" if o.failure else "no report"
+                        failing[name] = [f"unreachable ({why})"]
+                        await tx.event(now, "Preflight", f"{name}: no pre-flight ({why})", job=job.id, node=name)
+                        continue
+                    for check in o.report.checks:
+                        if check.name not in PREFLIGHT_CHECKS or check.status is CheckStatus.SKIP:
+                            continue
+                        text = f"item {check.name}: {check.status.value} {_shown(check.value, check.unit)} " + _shown(
+                            check.threshold, check.unit
+                        )
+                        await tx.event(now, "Preflight", text, job=job.id, node=name)
+                        if check.status is CheckStatus.FAIL:
+                            failing.setdefault(name, []).append(text)
+                    if name not in failing and o.health.state.value in FAULTY:
+                        failing[name] = [f"{o.health.state.value}: {'; '.join(o.health.reasons)}"]
+        if not failing:
+            self._checked.add((job.id, attempt.number))
+            return True
+        cause = "pre-flight failed: " + "; ".join(f"{n} {', '.join(why)}" for n, why in sorted(failing.items()))
+        ft = job.spec.fault_tolerance
+        resubmits = sum(a.result == REQUEUED for a in await self.store.attempts(job.id))
+        if resubmits >= ft.retries:
+            await self.service.isolate(sorted(failing), reason=f"job {job.id} attempt {attempt.number}: {cause}",
+                                       by="scheduler")  # fmt: skip
+            await fail(job, f"error,exiting: {cause} (resubmitted {resubmits} of {ft.retries} times)")
+            return False
+        await self._requeue(job, mine, [], Requeue(tuple(sorted(failing)), cause, resubmits + 1, ft.retries), now)
+        return False
+
     def _probe(self, nodes: tuple[str, ...]) -> None:
         """Probe the nodes now (once at a time): the decision waits for their word on the hardware."""
         if nodes in self._probes:
@@ -118,6 +170,9 @@ class Recoverer:
             async with self.store.jobs_tx(f"requeue job {job.id}") as tx:
                 for r, fields in changes:
                     await tx.update_run(r, **fields)
+                for r in runs:
+                    if r.state == "intent":  # never sent (a pre-flight failed): nothing of it runs
+                        await tx.update_run(r, state="cancelled", ended=now, error=d.cause)
                 await tx.update_attempt(job.id, job.attempt, ended=now, result=REQUEUED, message=d.cause)
                 await tx.release_runs(job.id, attempt=job.attempt)
                 await tx.update_job(
@@ -128,7 +183,7 @@ class Recoverer:
                     stop_requested=None,
                     stop_reason=None,
                     stop_by=None,
-                    message=f"queued again after a hardware fault on {where} (resubmit {d.number} of {d.limit})",
+                    message=f"queued again without {where}: {d.cause} (resubmit {d.number} of {d.limit})",
                 )
                 await tx.event(now, Condition.RESTARTING, text, job=job.id, data=_data(job, d.faulty, "recover"))
         except Conflict:
@@ -206,6 +261,14 @@ class Recoverer:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _shown(value: float | str | None, unit: str) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        value = f"{value:g}"
+    return f"{value}{' ' + unit.strip() if unit.strip() else ''}"
 
 
 def _data(job: Job, nodes: Sequence[str], strategy: str) -> dict[str, Any]:

@@ -5,8 +5,12 @@ the events, and which processes are left on the nodes.
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.integration.test_scheduler_sshd import finished, job, log_of, running, until, write_config
 from tests.sshd_cluster import SshdCluster, gpu_data
@@ -150,3 +154,53 @@ async def test_restarts_wait_for_their_backoff_and_a_requeued_job_gives_up_after
         assert shown["message"].startswith("error,exiting: queued again after a hardware fault and waited")
         assert "(scheduler.queue_timeout 3s): the pool is short of capacity" in shown["message"]
         assert [a["result"] for a in shown["attempts"]] == ["requeued"]
+
+
+def _no_gpus(cluster: SshdCluster) -> None:
+    cluster.set_gpus("node01", gpu_data(0))
+
+
+@pytest.mark.parametrize("fault", ["cache", "gpu-check"])
+async def test_a_pre_flight_failure_isolates_the_node_and_the_job_starts_on_a_spare(
+    sshd_cluster: Any, tmp_path: Path, sock_dir: Path, fault: str
+) -> None:
+    """Scenario 2 with a spare: node01 was healthy at its last probe and fails the pre-flight right before the
+    job's start: isolated, and the job runs on the two other nodes."""
+    cluster: SshdCluster = sshd_cluster(3, gpus=1)
+    thresholds = {"gpus_expected": 1} if fault == "gpu-check" else {}
+    loaded = write_config(cluster, tmp_path, sock_dir, probes={"interval": "1h", "thresholds": thresholds})
+    cache = cluster.node("node01").home / "cache"
+    async with running(loaded) as (_, client):
+        await until_nodes(client, lambda ns: all(n["state"] == "healthy" for n in ns), "the first probe sweep")
+        if fault == "cache":  # the cache file system of node01 fills up: 1 MiB, under the 1 GB threshold
+            cache.mkdir(exist_ok=True)
+            mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(cache)], check=False)
+            if mounted.returncode != 0:
+                pytest.skip("cannot mount a small file system here (needs root and CAP_SYS_ADMIN)")
+        else:
+            _no_gpus(cluster)
+        try:
+            spec = job("gated", "sh -c 'echo rank $RANK ok'", mode="pytorch", nodes=2, fault_tolerance={"retries": 1})
+            shown = await finished(client, (await client.call("submit", spec=spec))["id"])
+        finally:
+            if fault == "cache":
+                subprocess.run(["umount", str(cache)], check=False)
+        assert shown["status"] == "succeeded", shown["message"]
+        assert attempts_of(shown) == [(1, "requeued", ["node01", "node02"]), (2, "succeeded", ["node02", "node03"])]
+        assert [r["state"] for r in shown["attempts"][0]["runs"]] == ["cancelled", "cancelled"]  # never started
+        item = "item disk-size cache: fail" if fault == "cache" else "item gpu-check: fail 0 1"
+        events = await client.call("events", job=shown["id"])
+        assert any(e["kind"] == "Preflight" and e["node"] == "node01" and item in e["message"] for e in events)
+        assert any(e["message"].startswith("item gpu-check: pass") and e["node"] == "node02" for e in events)
+        (why,) = restarting(shown)
+        assert why.startswith("attempt 1 failed: pre-flight failed: node01 item") and "isolated node01" in why
+        assert (await client.call("nodes", nodeset="node01"))[0]["state"] == "isolated"
+
+
+async def until_nodes(client: Any, done: Any, what: str) -> list[dict[str, Any]]:
+    for _ in range(300):
+        nodes = await client.call("nodes")
+        if done(nodes):
+            return list(nodes)
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}: {nodes}")
