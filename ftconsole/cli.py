@@ -146,6 +146,13 @@ def cmd_lab(args: argparse.Namespace) -> int:
     from ftconsole import lab
 
     lab_dir = Path(args.dir).expanduser() if args.dir else lab.default_lab_dir()
+    if args.lab_command == "fault":
+        report = lab.lab_fault(lab_dir, args.node, lab.fault_from_args(args))
+        if args.json:
+            print_json(report.to_json())
+        else:
+            print(report.message)
+        return 0
     if args.lab_command == "up":
         layout = Path(args.layout) if args.layout else None
         info = lab.lab_up(lab_dir, layout, nodes=args.nodes)
@@ -260,6 +267,16 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--nodes", type=int, help="number of nodes (default: the layout's)")
             p.add_argument("--layout", help="lab layout file (default: config/lab.yaml)")
         p.set_defaults(func=cmd_lab)
+    # the same arguments as `python -m ftconsole.lab fault` (ftconsole/lab/command.py: add_fault_arguments)
+    fault = lab_sub.add_parser("fault", parents=[listing], help="inject a fault into a lab node, or heal it")
+    fault.add_argument("node", metavar="NODE", help="the lab node, e.g. lab03")
+    fault.add_argument("--dir", help="lab folder (default: $FTCONSOLE_LAB_DIR or ~/.local/state/ftconsole/lab)")
+    what = fault.add_mutually_exclusive_group(required=True)
+    what.add_argument("--kill", action="store_true", help="the node dies: SSH refused, its processes killed")
+    what.add_argument("--hang", action="store_true", help="the node freezes: SSH silent, its processes stopped")
+    what.add_argument("--gpu-ecc", type=int, metavar="GPU", help="GPU index GPU reports an uncorrectable ECC error")
+    what.add_argument("--heal", action="store_true", help="undo all of these: SSH answers, processes go on, ECC clear")
+    fault.set_defaults(func=cmd_lab)
 
     demo = sub.add_parser("demo", help="start the local lab cluster and open the console on it")
     demo.add_argument("--dir", help="lab folder")

@@ -28,6 +28,7 @@ The lab folder (default ``~/.local/state/ftconsole/lab`` or ``$FTCONSOLE_LAB_DIR
     ports.json                   the ports of the last run, reused when free so cluster.yaml stays stable
     lab.json                     the running background server: pid, start time, nodes and ports
     lab.lock                     pid-file lock (flock): one server per lab folder
+    lab.sock                     the background server's control socket (faults; see `control`)
     lab.log                      the background server's log
     nodes/<name>/host_key        the node's ed25519 host key (kept across restarts)
     nodes/<name>/home/           the node's home folder, with cache/
@@ -43,12 +44,18 @@ As a background process (``ftconsole lab up|down|status``, the demo, the benchma
 `lab_down`, which run ``python -m ftconsole.lab serve``. The layout (nodes, GPUs, injected faults and cluster
 settings) is a YAML file, by default ``config/lab.yaml``; see that file for its keys.
 
+Faults (``ftconsole lab fault NODE --kill|--hang|--gpu-ecc GPU|--heal``): a node killed (SSH refused, its
+processes killed), hung (SSH accepted but silent, its processes SIGSTOPped), a GPU's uncorrectable ECC error
+in gpus.json, or all of it healed; in this process ``await lab.fault("lab03", Fault.hang())``, in the
+background lab ``lab_fault(lab_dir, "lab03", Fault.hang())``. Both return a `FaultReport`.
+
 The package::
 
     files          the lab folder (LabPaths) and atomic writes
     layout         the lab layout: its model, loading and validation
     plan           the nodes planned from a layout (NodeSpec)
     gpus           a node's simulated GPUs (gpus.json)
+    faults         faults to inject (Fault), a node's state (NodeState), what a fault did (FaultReport)
     clusterconfig  the generated cluster config (cluster.yaml)
     records        LabInfo and LabNodeInfo (lab.json)
     keys           the client key and the nodes' host keys
@@ -56,7 +63,8 @@ The package::
     session        one SSH session: a local process behind a channel
     node           LabNode: one node's SSH server, environment and GPUs
     cluster        LabCluster: the lab in this process
-    server         the background server: lab_up, lab_status, lab_down, serve
+    control        the background server's control socket (lab.sock): ControlServer and its client
+    server         the background server: lab_up, lab_status, lab_fault, lab_down, serve
     command        the command line of ``python -m ftconsole.lab``
 """
 
@@ -64,7 +72,8 @@ from __future__ import annotations
 
 from ftconsole.lab.cluster import LabCluster
 from ftconsole.lab.clusterconfig import check_cluster_config, deep_merge, render_cluster_config
-from ftconsole.lab.command import main
+from ftconsole.lab.command import fault_from_args, main
+from ftconsole.lab.faults import Fault, FaultKind, FaultReport, NodeState
 from ftconsole.lab.files import LabPaths, default_lab_dir, default_layout_path
 from ftconsole.lab.gpus import render_gpus
 from ftconsole.lab.layout import (
@@ -90,7 +99,7 @@ from ftconsole.lab.processes import (
     pid_alive,
 )
 from ftconsole.lab.records import LabInfo, LabNodeInfo
-from ftconsole.lab.server import lab_down, lab_status, lab_up, serve
+from ftconsole.lab.server import lab_down, lab_fault, lab_status, lab_up, serve
 from ftconsole.lab.session import OUTPUT_GRACE_S, SHELL
 
 __all__ = [
@@ -103,6 +112,9 @@ __all__ = [
     "SHELL",
     "STOP_TIMEOUT_S",
     "EccFault",
+    "Fault",
+    "FaultKind",
+    "FaultReport",
     "GpuFault",
     "LabCluster",
     "LabInfo",
@@ -113,15 +125,18 @@ __all__ = [
     "NodeFaults",
     "NodeGroupLayout",
     "NodeSpec",
+    "NodeState",
     "PidLock",
     "TemperatureFault",
     "check_cluster_config",
     "deep_merge",
     "default_lab_dir",
     "default_layout_path",
+    "fault_from_args",
     "find_lab_processes",
     "kill_lab_processes",
     "lab_down",
+    "lab_fault",
     "lab_status",
     "lab_up",
     "load_layout",

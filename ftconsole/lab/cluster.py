@@ -1,4 +1,5 @@
-"""The lab in this process (`LabCluster`): starts its nodes, writes the client files, stops and kills it all."""
+"""The lab in this process (`LabCluster`): starts its nodes, writes the client files, injects faults into
+nodes and heals them, stops and kills it all."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ import asyncssh
 import yaml
 
 from ftconsole.lab.clusterconfig import check_cluster_config, render_cluster_config
+from ftconsole.lab.faults import Fault, FaultKind, FaultReport, NodeState, plural
 from ftconsole.lab.files import LabPaths, _write_atomic, default_layout_path
+from ftconsole.lab.gpus import ecc_counts, with_ecc_error, without_ecc_errors
 from ftconsole.lab.keys import _load_or_create_key, _public_line
 from ftconsole.lab.layout import LabLayout, load_layout
 from ftconsole.lab.node import LabNode
@@ -28,9 +31,10 @@ from ftconsole.lab.processes import (
     _raise_nofile_limit,
     _signal_all,
     find_lab_processes,
+    start_time,
 )
 from ftconsole.lab.records import LabInfo, LabNodeInfo
-from ftconsole.scheduler.errors import LabError
+from ftconsole.scheduler.errors import LabError, NotFound, UsageError
 from ftconsole.scheduler.ssh import local_user
 
 log = logging.getLogger("ftconsole.lab")
@@ -59,6 +63,7 @@ class LabCluster:
         self._lock = PidLock(self.paths.lock)
         self._authorized: asyncssh.SSHAuthorizedKeys | None = None
         self._running = False
+        self._faults = asyncio.Lock()  # one fault at a time: each reads and changes a node's state
 
     async def __aenter__(self) -> LabCluster:
         await self.start()
@@ -162,26 +167,36 @@ class LabCluster:
 
     async def _shutdown(self) -> None:
         await asyncio.gather(*(n.close_listener() for n in self.nodes))
+        for n in self.nodes:
+            n.resume_io()  # a hung node's sessions: to see their processes end
         await self._kill_processes()
         await asyncio.gather(*(n.wait_sessions(2.0) for n in self.nodes))
         await asyncio.gather(*(n.close_connections(2.0) for n in self.nodes))
 
-    async def _kill_processes(self, node: LabNode | None = None) -> None:
-        """SIGTERM the sessions' process groups and every process of the lab (or of one node); then SIGKILL."""
+    async def _kill_processes(self, node: LabNode | None = None, *, crash: bool = False) -> list[int]:
+        """SIGTERM the sessions' process groups and every process of the lab (or of one node); then SIGKILL.
+
+        With crash=True, SIGKILL at once: on a machine that dies nothing gets to clean up. The pids found."""
         nodes = [node] if node is not None else list(self.nodes)
         deadline = time.monotonic() + STOP_TIMEOUT_S
         term_until = time.monotonic() + KILL_GRACE_S
-        sig = signal.SIGTERM
+        sig = signal.SIGKILL if crash else signal.SIGTERM
+        killed: set[int] = set()
         while True:
             for n in nodes:
                 n.signal_sessions(sig)
             found = find_lab_processes(self.lab_dir, node.name if node is not None else None)
+            killed.update(found)
             _signal_all(found, sig)
+            if sig == signal.SIGTERM:  # a stopped process (a hung node's) takes its SIGTERM when continued
+                for n in nodes:
+                    n.signal_sessions(signal.SIGCONT)
+                _signal_all(found, signal.SIGCONT)
             if not found and not any(n.processes for n in nodes):
-                return
+                return sorted(killed)
             if time.monotonic() > deadline:
                 log.warning("lab processes still running after %gs: %s", STOP_TIMEOUT_S, found)
-                return
+                return sorted(killed)
             if time.monotonic() > term_until:
                 sig = signal.SIGKILL
             await asyncio.sleep(0.05)
@@ -200,20 +215,150 @@ class LabCluster:
             await node.wait_sessions(2.0)
 
     async def start_node(self, name: str) -> None:
-        """Bring a stopped node back on its port, with its host key."""
+        """Bring a stopped node back on its port, with its host key (a hung one: serve it again)."""
         node = self.node(name)
+        if node.state is NodeState.HUNG:
+            await node.thaw()
         if node.listening:
             return
         assert self._authorized is not None, "start() first"
-        node.stopping = False
         try:
             await node.start(self._authorized, node.port)
         except OSError as exc:
             raise LabError(f"{name}: cannot listen on {node.host}:{node.port} again: {exc.strerror or exc}") from exc
 
+    # -- faults ------------------------------------------------------------------------------------------------
+
+    async def fault(self, name: str, fault: Fault) -> FaultReport:
+        """Inject `fault` into node `name` (or heal it) and say what was done; see `ftconsole.lab.faults`.
+
+        NotFound for an unknown node, UsageError for a GPU it does not have, LabError when the node's state
+        does not allow it (a dead node cannot hang)."""
+        if not self._running:
+            raise LabError("the lab is not running")
+        node = self._fault_node(name)
+        async with self._faults:
+            if fault.kind is FaultKind.KILL:
+                return await self._kill(node, fault)
+            if fault.kind is FaultKind.HANG:
+                return await self._hang(node, fault)
+            if fault.kind is FaultKind.GPU_ECC:
+                assert fault.gpu is not None
+                return self._gpu_ecc(node, fault, fault.gpu)
+            return await self._heal(node, fault)
+
+    def _fault_node(self, name: str) -> LabNode:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        names = [n.name for n in self.nodes]
+        known = f"{names[0]} to {names[-1]}" if len(names) > 1 else names[0]
+        raise NotFound(f"no node {name!r} in the lab in {self.lab_dir} (its nodes: {known})")
+
+    def _report(self, node: LabNode, fault: Fault, message: str, processes: list[int] | None = None) -> FaultReport:
+        log.info("fault %s on %s: %s", fault, node.name, message)
+        try:
+            ecc = ecc_counts(node.gpus())
+        except (OSError, ValueError, KeyError, TypeError):
+            ecc = ()
+        return FaultReport(node.name, fault, node.state, message, tuple(sorted(processes or ())), ecc)
+
+    async def _kill(self, node: LabNode, fault: Fault) -> FaultReport:
+        was, dropped, sessions = node.state, len(node.connections), node.processes
+        await node.close_listener()
+        await node.close_connections(2.0, abort=True)
+        node.resume_io()  # a frozen session would not see its process end
+        killed = set(sessions) | set(await self._kill_processes(node, crash=True))
+        node.stopped.clear()
+        await node.wait_sessions(2.0)
+        server = (
+            "its SSH server was down already"
+            if was is NodeState.DOWN
+            else f"SSH server on {node.host}:{node.port} stopped ({plural(dropped, 'connection')} dropped, "
+            "new ones refused)"
+        )
+        message = f"{node.name} killed: {server}, {plural(len(killed), 'process')} killed"
+        return self._report(node, fault, message, sorted(killed))
+
+    async def _hang(self, node: LabNode, fault: Fault) -> FaultReport:
+        if node.state is NodeState.DOWN:
+            raise LabError(f"{node.name} is down: a dead node cannot hang (heal it first: --heal)")
+        held = len(node.connections)
+        node.freeze()
+        stopped = await self._stop_processes(node)
+        message = (
+            f"{node.name} hung: SSH server on {node.host}:{node.port} frozen "
+            f"({plural(held, 'connection')} held open, nothing answers), {plural(len(stopped), 'process')} stopped"
+        )
+        return self._report(node, fault, message, stopped)
+
+    async def _stop_processes(self, node: LabNode) -> list[int]:
+        """SIGSTOP the node's sessions and every process started through it, until no new one turns up."""
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while True:
+            node.signal_sessions(signal.SIGSTOP)
+            found = [p for p in node.processes + find_lab_processes(self.lab_dir, node.name) if p not in node.stopped]
+            for pid in found:
+                node.stopped[pid] = start_time(pid)
+            _signal_all(found, signal.SIGSTOP)
+            if not found or time.monotonic() > deadline:
+                return sorted(node.stopped)
+            await asyncio.sleep(0.02)  # what they forked meanwhile
+
+    def _gpu_ecc(self, node: LabNode, fault: Fault, gpu: int) -> FaultReport:
+        try:
+            data = node.gpus()
+            count = len(data["gpus"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise LabError(f"{node.name}: cannot read {node.gpus_path}: {exc}") from exc
+        if not 0 <= gpu < count:
+            has = f"{count} GPUs (0-{count - 1})" if count > 1 else "1 GPU (0)" if count else "no GPUs"
+            raise UsageError(f"{node.name} has {has}: no GPU {gpu}")
+        changed = with_ecc_error(data, gpu)
+        node.write_gpus(changed)
+        before, after = data["gpus"][gpu].get("ecc_uncorrectable") or 0, changed["gpus"][gpu]["ecc_uncorrectable"]
+        message = (
+            f"{node.name} GPU {gpu}: uncorrectable ECC errors {before} -> {after} in {node.gpus_path.name}; "
+            "its next probe reads the node unhealthy"
+        )
+        return self._report(node, fault, message)
+
+    async def _heal(self, node: LabNode, fault: Fault) -> FaultReport:
+        done = []
+        if node.state is NodeState.HUNG:
+            node.signal_sessions(signal.SIGCONT)
+        continued = [pid for pid, started in node.stopped.items() if started == start_time(pid)]
+        _signal_all(continued, signal.SIGCONT)  # only what the hang stopped, and is still that process
+        node.stopped.clear()
+        if node.state is NodeState.HUNG:
+            await node.thaw()
+            done.append(f"SSH server on {node.host}:{node.port} answering again")
+        elif node.state is NodeState.DOWN:
+            assert self._authorized is not None
+            try:
+                await node.start(self._authorized, node.port)
+            except OSError as exc:
+                why = exc.strerror or exc
+                raise LabError(f"{node.name}: cannot listen on {node.host}:{node.port} again: {why}") from exc
+            done.append(f"SSH server on {node.host}:{node.port} back up")
+        if continued:
+            done.append(f"{plural(len(continued), 'process')} continued")
+        try:
+            data = node.gpus()
+            errors = sum(ecc_counts(data))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise LabError(f"{node.name}: cannot read {node.gpus_path}: {exc}") from exc
+        if errors:
+            node.write_gpus(without_ecc_errors(data))
+            done.append(f"{plural(errors, 'uncorrectable ECC error')} cleared")
+        message = f"{node.name} healed: {', '.join(done)}" if done else f"{node.name} was healthy: nothing to heal"
+        return self._report(node, fault, message, continued)
+
     def info(self) -> LabInfo:
         nodes = tuple(
-            LabNodeInfo(n.name, n.host, n.port, n.spec.pool, n.spec.gpus, n.spec.gpu_model, up=n.listening)
+            LabNodeInfo(
+                n.name, n.host, n.port, n.spec.pool, n.spec.gpus, n.spec.gpu_model, up=n.listening, state=n.state.value
+            )
             for n in self.nodes
         )
         layout = str(self.layout_path) if self.layout_path else None

@@ -1,4 +1,4 @@
-"""The command line of the lab server: ``python -m ftconsole.lab serve|up|down|status``."""
+"""The command line of the lab server: ``python -m ftconsole.lab serve|up|down|status|fault``."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import os
 import sys
 from collections.abc import Sequence
 
+from ftconsole.lab.faults import Fault
 from ftconsole.lab.files import LabPaths
-from ftconsole.lab.server import lab_down, lab_status, lab_up, serve
+from ftconsole.lab.server import lab_down, lab_fault, lab_status, lab_up, serve
 from ftconsole.scheduler.errors import FtError
 
 
@@ -26,7 +27,31 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--nodes", type=int, help="N nodes named lab01.. instead of the layout's")
         if name in ("up", "status"):
             p.add_argument("--json", action="store_true")
+    fault = sub.add_parser("fault", help="inject a fault into a lab node, or heal it")
+    fault.add_argument("--dir", help="lab folder (default: $FTCONSOLE_LAB_DIR or ~/.local/state/ftconsole/lab)")
+    fault.add_argument("--json", action="store_true")
+    add_fault_arguments(fault)
     return parser
+
+
+def add_fault_arguments(parser: argparse.ArgumentParser) -> None:
+    """NODE and exactly one of --kill, --hang, --gpu-ecc GPU, --heal (`ftconsole lab fault` has the same)."""
+    parser.add_argument("node", metavar="NODE", help="the lab node, e.g. lab03")
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--kill", action="store_true", help="the node dies: SSH refused, its processes killed")
+    what.add_argument("--hang", action="store_true", help="the node freezes: SSH silent, its processes stopped")
+    what.add_argument("--gpu-ecc", type=int, metavar="GPU", help="GPU index GPU reports an uncorrectable ECC error")
+    what.add_argument("--heal", action="store_true", help="undo all of these: SSH answers, processes go on, ECC clear")
+
+
+def fault_from_args(args: argparse.Namespace) -> Fault:
+    if args.kill:
+        return Fault.kill()
+    if args.hang:
+        return Fault.hang()
+    if args.gpu_ecc is not None:
+        return Fault.gpu_ecc(args.gpu_ecc)
+    return Fault.heal()
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -35,6 +60,10 @@ def _run(args: argparse.Namespace) -> int:
         root.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chdir(root)
         asyncio.run(serve(root, args.layout, args.nodes))
+        return 0
+    if args.command == "fault":
+        report = lab_fault(args.dir, args.node, fault_from_args(args))
+        print(json.dumps(report.to_json(), indent=1) if args.json else report.message)
         return 0
     if args.command == "down":
         print("lab stopped" if lab_down(args.dir) else "lab was not running")
@@ -47,7 +76,8 @@ def _run(args: argparse.Namespace) -> int:
     else:
         print(f"lab running: pid {info.pid}, {len(info.nodes)} nodes, config {info.config_path}")
         for n in info.nodes:
-            print(f"  {n.name:<8} {n.host}:{n.port:<6} {n.pool:<8} {'up' if n.up else 'DOWN'}")
+            state = "up" if n.up else "HUNG" if n.state == "hung" else "DOWN"
+            print(f"  {n.name:<8} {n.host}:{n.port:<6} {n.pool:<8} {state}")
     return 0 if info is not None else 3
 
 

@@ -64,6 +64,10 @@ class LabPaths:
     def log(self) -> Path:
         return self.root / "lab.log"
 
+    @property
+    def control(self) -> Path:
+        return self.root / "lab.sock"
+
     def node_dir(self, name: str) -> Path:
         return self.root / "nodes" / name
 

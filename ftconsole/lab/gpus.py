@@ -1,7 +1,9 @@
-"""Simulated GPUs (pure): a node's gpus.json (DESIGN.md, "Simulated GPUs") rendered from its planned spec."""
+"""Simulated GPUs (pure): a node's gpus.json (DESIGN.md, "Simulated GPUs") rendered from its planned spec, and
+the uncorrectable ECC errors that the gpu-ecc fault adds to it and heal clears."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ftconsole.lab.layout import DEFAULT_DRIVER_VERSION, EccFault, TemperatureFault
@@ -33,3 +35,21 @@ def render_gpus(spec: NodeSpec, driver_version: str = DEFAULT_DRIVER_VERSION) ->
         elif kind == "unhealthy":
             gpu["healthy"] = False
     return {"driver_version": driver_version, "gpus": gpus}
+
+
+def with_ecc_error(data: Mapping[str, Any], index: int) -> dict[str, Any]:
+    """gpus.json with one more uncorrectable ECC error on GPU `index` (an IndexError when there is no such GPU)."""
+    gpus = [dict(g) for g in data["gpus"]]
+    if not 0 <= index < len(gpus):
+        raise IndexError(index)
+    gpus[index]["ecc_uncorrectable"] = int(gpus[index].get("ecc_uncorrectable") or 0) + 1
+    return {**data, "gpus": gpus}
+
+
+def without_ecc_errors(data: Mapping[str, Any]) -> dict[str, Any]:
+    """gpus.json with every GPU's uncorrectable ECC count back to 0 (as a GPU reset clears the volatile count)."""
+    return {**data, "gpus": [{**g, "ecc_uncorrectable": 0} for g in data["gpus"]]}
+
+
+def ecc_counts(data: Mapping[str, Any]) -> tuple[int, ...]:
+    return tuple(int(g.get("ecc_uncorrectable") or 0) for g in data["gpus"])

@@ -26,6 +26,18 @@ def _proc_state(pid: int) -> str | None:
     return stat.rsplit(")", 1)[-1].split()[0]
 
 
+def start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks after boot (/proc/PID/stat), or None when there is no such process.
+
+    With the pid it names one process: a pid alone may have been reused since it was seen."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()
+    return int(fields[19]) if len(fields) > 19 else None
+
+
 def pid_alive(pid: int) -> bool:
     """Whether `pid` runs (a zombie does not); reaps it when it is our exited child."""
     with contextlib.suppress(ChildProcessError, OSError):

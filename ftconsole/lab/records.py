@@ -20,6 +20,7 @@ class LabNodeInfo:
     gpus: int
     gpu_model: str
     up: bool | None = None  # None: not checked
+    state: str | None = None  # "up", "hung" or "down" as the lab server last wrote it (NodeState); None: not known
 
     def to_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -82,7 +83,9 @@ class LabInfo:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> LabInfo:
         nodes = tuple(
-            LabNodeInfo(n["name"], n["host"], int(n["port"]), n["pool"], int(n["gpus"]), n["gpu_model"])
+            LabNodeInfo(
+                n["name"], n["host"], int(n["port"]), n["pool"], int(n["gpus"]), n["gpu_model"], state=n.get("state")
+            )
             for n in data["nodes"]
         )
         return cls(Path(data["lab_dir"]), int(data["pid"]), str(data["started"]), nodes, data.get("layout"))

@@ -1,4 +1,10 @@
-"""The lab as a background process: `lab_up`, `lab_status` and `lab_down` around `python -m ftconsole.lab serve`."""
+"""The lab as a background process: `lab_up`, `lab_status`, `lab_fault` and `lab_down` around
+`python -m ftconsole.lab serve`.
+
+`lab_up` starts the server detached and waits for lab.json and every node's port; `lab_status` reads lab.json
+and checks the ports; `lab_fault` sends a request to the server's control socket, lab.sock (`control`);
+`lab_down` sends SIGTERM to the pid in lab.json (or lab.lock) and kills whatever of its nodes is left.
+"""
 
 from __future__ import annotations
 
@@ -15,14 +21,18 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
+from ftconsole.lab import control
 from ftconsole.lab.cluster import LabCluster
+from ftconsole.lab.control import ControlServer
+from ftconsole.lab.faults import Fault, FaultReport
 from ftconsole.lab.files import _PACKAGE_ROOT, LabPaths, _write_atomic, default_layout_path
 from ftconsole.lab.layout import load_layout
 from ftconsole.lab.plan import plan_nodes
 from ftconsole.lab.processes import PidLock, _cmdline, _signal_all, kill_lab_processes, pid_alive
 from ftconsole.lab.records import LabInfo, LabNodeInfo
-from ftconsole.scheduler.errors import LabError
+from ftconsole.scheduler.errors import LabError, UsageError
 
 log = logging.getLogger("ftconsole.lab")
 
@@ -185,7 +195,34 @@ def lab_down(lab_dir: Path | str | None = None, timeout: float = 10.0) -> bool:
         _stop_pid(pid, timeout)
     ran = kill_lab_processes(paths.root, timeout) > 0 or ran
     paths.info.unlink(missing_ok=True)
+    paths.control.unlink(missing_ok=True)
     return ran
+
+
+FAULT_TIMEOUT_S = 60.0  # a kill waits for the node's processes to go: STOP_TIMEOUT_S and a little more
+
+
+def lab_fault(lab_dir: Path | str | None, node: str, fault: Fault, timeout: float = FAULT_TIMEOUT_S) -> FaultReport:
+    """Inject `fault` into `node` of the background lab (or heal it) through its control socket; what was done.
+
+    LabError when no lab runs there; NotFound for an unknown node; UsageError for a GPU the node lacks."""
+    paths = LabPaths.of(lab_dir)
+    info = _read_info(paths)
+    if info is None or not _is_lab_server(info.pid):
+        raise LabError(f"no lab is running in {paths.root}; start it with `ftconsole lab up`")
+    try:
+        result = control.call(paths.control, {"op": "fault", "node": node, "fault": fault.to_json()}, timeout)
+    except control.NoAnswer as exc:
+        if not _is_lab_server(info.pid):
+            raise LabError(f"the lab in {paths.root} (pid {info.pid}) stopped meanwhile") from exc
+        hint = ""
+        if isinstance(exc.__cause__, FileNotFoundError):  # a server of a version without faults
+            hint = "; restart the lab (ftconsole lab down; ftconsole lab up) to inject faults into it"
+        raise LabError(f"the lab server (pid {info.pid}, log {paths.log}): {exc}{hint}") from exc
+    try:
+        return FaultReport.from_json(result)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise LabError(f"the lab server sent an unreadable fault report: {result!r}") from exc
 
 
 async def serve(lab_dir: Path | str | None, layout: Path | str | None, nodes: int | None) -> None:
@@ -196,14 +233,27 @@ async def serve(lab_dir: Path | str | None, layout: Path | str | None, nodes: in
         loop.add_signal_handler(sig, stop.set if sig != signal.SIGHUP else (lambda: None))
     try:
         async with LabCluster(lab_dir, layout, nodes) as lab:
-            data = lab.info().to_json()
-            _write_atomic(lab.paths.info, json.dumps(data, indent=1) + "\n")
-            log.info("serving %d nodes (pid %d); config %s", len(lab.nodes), os.getpid(), lab.config_path)
-            try:
-                await stop.wait()
-            finally:
-                lab.paths.info.unlink(missing_ok=True)
-                log.info("stopping")
+
+            def write_info() -> None:
+                _write_atomic(lab.paths.info, json.dumps(lab.info().to_json(), indent=1) + "\n")
+
+            async def handle(op: str, request: dict[str, Any]) -> Any:
+                if op != "fault":
+                    raise UsageError(f"unknown op {op!r} (the lab serves: fault)")
+                if not isinstance(request.get("node"), str):
+                    raise UsageError("bad request: fault needs a node name")
+                report = await lab.fault(request["node"], Fault.from_json(request.get("fault")))
+                write_info()  # the nodes' states, for lab status
+                return report.to_json()
+
+            async with ControlServer(lab.paths.control, handle):
+                write_info()  # last: lab_up takes the lab for started once lab.json is there
+                log.info("serving %d nodes (pid %d); config %s", len(lab.nodes), os.getpid(), lab.config_path)
+                try:
+                    await stop.wait()
+                finally:
+                    lab.paths.info.unlink(missing_ok=True)
+                    log.info("stopping")
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(sig)
