@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import posixpath
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Coroutine, Hashable, Sequence
 from typing import Any
@@ -535,8 +536,22 @@ def plan_attempt(
         torchrun_max_restarts=spec.launcher.torchrun_max_restarts if spec.launcher else None,
         torchrun_monitor_interval=spec.launcher.torchrun_monitor_interval if spec.launcher else None,
         output_dir=spec.output,
+        checkpoint_dir=checkpoint_dir(job, run_root),
     )
     return plan_job(spec, base)
+
+
+def checkpoint_dir(job: Job, run_root: str) -> str:
+    """FT_CHECKPOINT_DIR: the same in every attempt of a job. `checkpoint_resume.dir`, else `<output>/checkpoints`
+    (shared storage, where the job names one), else `~/.ftconsole/checkpoints/<cluster id>/<job>` in the home
+    of the job's user on each node (run folders are per attempt and pruned; this folder is not). `run_root`
+    ends with the cluster id (`Executor.run_root`)."""
+    resume = job.spec.fault_tolerance.checkpoint_resume
+    if resume is not None and resume.dir is not None:
+        return resume.dir
+    if job.spec.output is not None:
+        return posixpath.join(job.spec.output, "checkpoints")
+    return f"~/.ftconsole/checkpoints/{posixpath.basename(run_root.rstrip('/'))}/{job.id}"
 
 
 def _rank(run: Run) -> int:

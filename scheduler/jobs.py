@@ -56,6 +56,7 @@ class StopReason(StrEnum):
     STOPPED = "stopped"  # a user asked
     EXPIRED = "expired"  # max_runtime is over
     ERROR = "error"  # a rank failed: the others are stopped
+    RESCHEDULE = "reschedule"  # a hardware fault under a running checkpoint_resume job: checkpoint, stop, requeue
 
 
 FINAL_STATUS = {StopReason.STOPPED: JobStatus.STOPPED, StopReason.EXPIRED: JobStatus.EXPIRED}
@@ -296,7 +297,7 @@ def settle(job: Job, runs: Sequence[Run], *, was_running: bool) -> Settlement:
         if not was_running and all(r.state == "running" for r in launching):
             return AllRunning()
         return None
-    if job.stop_reason is StopReason.ERROR:
+    if job.stop_reason in (StopReason.ERROR, StopReason.RESCHEDULE):  # the recovery policy decides what next
         return Finish(JobStatus.ERROR, job.message or _failure_message(failed), _exit_code(failed))
     if job.stop_reason is not None:
         reason = "max_runtime reached" if job.stop_reason is StopReason.EXPIRED else f"stopped by {job.stop_by}"

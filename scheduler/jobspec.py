@@ -218,11 +218,26 @@ LAUNCHER_MODES: dict[str, tuple[JobMode, str]] = {
 """Each key of `launcher:`: the mode it is for, and what it sets."""
 
 
+def _catchable_signal(value: str) -> str:
+    name = value if value.startswith("SIG") else "SIG" + value
+    if name not in _CHECKPOINT_SIGNALS:
+        raise ValueError(f"{value!r} is not a signal a job can catch to save a checkpoint: use one of "
+                         f"{', '.join(sorted(_CHECKPOINT_SIGNALS))}")  # fmt: skip
+    return name
+
+
+_CHECKPOINT_SIGNALS = frozenset({"SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"})
+
+
 class CheckpointResume(_Strict):
-    """On a hardware fault, signal the job to save a checkpoint, wait `grace_period`, reschedule it."""
+    """On a hardware fault, signal the job to save a checkpoint, wait `grace_period`, reschedule it (at most
+    `max_resumes` times); `dir` is FT_CHECKPOINT_DIR (default: `<output>/checkpoints`, else a folder in the
+    user's home on each node)."""
 
     max_resumes: int = Field(ge=0)
     grace_period: Duration = 30.0
+    signal: Annotated[str, AfterValidator(_catchable_signal)] = "SIGUSR1"
+    dir: Text | None = None
 
 
 class Elastic(_Strict):
@@ -499,6 +514,14 @@ def _fault_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
             (
                 ("fault_tolerance", "checkpoint_resume"),
                 "fault restart (max_restarts) and checkpoint resume are mutually exclusive: choose one",
+            )
+        )
+    where = _mapping(ft.get("checkpoint_resume")).get("dir")
+    if isinstance(where, str) and not (where.startswith("/") or where.startswith("~/")):
+        out.append(
+            (
+                ("fault_tolerance", "checkpoint_resume", "dir"),
+                f"{where!r} is relative, and every attempt may start elsewhere: give an absolute path or ~/...",
             )
         )
     if _given(ft, "restart_exit_codes") and not _given(ft, "max_restarts"):

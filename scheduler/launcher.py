@@ -13,7 +13,9 @@ Every rank, whatever the mode, gets:
 - ``CUDA_VISIBLE_DEVICES``: the node's GPU indexes, comma-joined in the order given (``"2,5"``). A node
   with no GPUs gets it set to ``""`` on purpose: the job was given no GPUs, so CUDA must see none;
 - ``FT_JOB_ID``, ``FT_ATTEMPT``, ``FT_HOSTFILE`` (``{run_dir}/hostfile``, always written: ``host slots=N``
-  lines, ``host:N`` in mpich mode), ``FT_OUTPUT_DIR`` (``LaunchInput.output_dir``, else ``{run_dir}/output``).
+  lines, ``host:N`` in mpich mode), ``FT_OUTPUT_DIR`` (``LaunchInput.output_dir``, else ``{run_dir}/output``),
+  ``FT_RESTART_COUNT`` (earlier attempts: ``attempt - 1``) and ``FT_RESUME`` (``1`` from the second attempt on),
+  ``FT_CHECKPOINT_DIR`` (``LaunchInput.checkpoint_dir``, when given).
 
 The user's env is merged under ours (ours win; the spec layer rejects collisions before this). A rank with
 ``launch=False`` still gets its env and files written, so a debug shell sees them; its argv is the command the
@@ -174,6 +176,7 @@ class LaunchInput:
     torchrun_monitor_interval: float | None = None
     output_dir: str | None = None
     task: TaskRef | None = None
+    checkpoint_dir: str | None = None  # FT_CHECKPOINT_DIR: the same folder in every attempt of the job
 
 
 @dataclass(frozen=True)
@@ -245,7 +248,12 @@ def plan_launch(inp: LaunchInput) -> LaunchPlan:
             "FT_ATTEMPT": str(inp.attempt),
             "FT_HOSTFILE": hostfile,
             "FT_OUTPUT_DIR": output if inp.task is None else posixpath.join(output, inp.task.output),
+            # every attempt after the first restarts the processes: they resume from their checkpoint
+            "FT_RESTART_COUNT": str(max(0, inp.attempt - 1)),
+            "FT_RESUME": "1" if inp.attempt > 1 else "0",
         }
+        if inp.checkpoint_dir is not None:
+            env["FT_CHECKPOINT_DIR"] = inp.checkpoint_dir
         if inp.task is not None:
             env |= {"FT_TASK": inp.task.name, "FT_TASK_INDEX": str(inp.task.index)}
         ranks.append(_Rank(node=node, rank=rank, run_dir=run_dir, hostfile=hostfile, env=env))

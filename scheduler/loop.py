@@ -354,6 +354,7 @@ class Loop:
 
     async def _expire(self) -> None:
         await self.recoverer.expire_requeued(self._fail)
+        await self.recoverer.watch()
         now = self.clock()
         for job in await self.store.jobs(statuses=[JobStatus.RUNNING], deleted=True):
             if not expired(job, now):

@@ -30,6 +30,8 @@ The sets, in the order a run is checked:
   (`Hold` until then); then `GiveUp`;
 - restarts past `restart_time_limit` after the first failure -> `GiveUp`;
 - anything else -> None: the job ends `error` (scenario 4).
+A `checkpoint_resume` job counts like `retries` with `max_resumes`; one stopped to be rescheduled (a hardware
+fault while it ran: it got its checkpoint signal and `grace_period`, see `scheduler.recovery`) -> `Requeue`.
 """
 
 from __future__ import annotations
@@ -138,6 +140,10 @@ def _stop(job: Job, run: Run, snap: Snapshot) -> bool | None:
         return True  # no supervisor to ask: what is left of it holds the GPUs
     if job.stop_reason is None and run.attempt >= job.attempt:
         return None
+    if job.stop_reason is StopReason.RESCHEDULE and run.stop_sent is None and run.attempt >= job.attempt:
+        resume = job.spec.fault_tolerance.checkpoint_resume
+        if snap.now < (job.stop_requested or snap.now) + (resume.grace_period if resume else 0.0):
+            return None  # it saves its checkpoint (the signal went out): stopped once its grace period is over
     if run.stop_sent is None:
         return False  # not confirmed by the node yet: (again)
     if snap.now >= run.stop_sent + snap.stop_grace + KILL_MARGIN_S:
@@ -217,12 +223,18 @@ def recover(
     job: Job, runs: Sequence[Run], attempts: Sequence[Attempt], health: Mapping[str, Health], now: float
 ) -> Recovery:
     """What the failed current attempt of `job` (every rank down: `runs`) leads to; see the module docstring."""
+    ft = job.spec.fault_tolerance
+    limit = max(ft.retries, ft.checkpoint_resume.max_resumes if ft.checkpoint_resume else 0)
+    resubmits = sum(a.result == REQUEUED for a in attempts)
+    if job.stop_reason is StopReason.RESCHEDULE:  # checkpointed after a hardware fault (nodes isolated then)
+        if resubmits < limit:
+            return Requeue((), job.message or "rescheduled after a hardware fault", resubmits + 1, limit)
+        return GiveUp(f"error,exiting: {job.message or 'hardware fault'} (resumed {resubmits} of {limit} times)")
     if job.stop_reason not in (None, StopReason.ERROR):
         return None  # stopped by a user, or past its max_runtime: never restarted
     failed = sorted((r for r in runs if r.launch and r.failed), key=lambda r: (r.ended or now, r.rank))
     if not failed:
         return None
-    ft = job.spec.fault_tolerance
     first = failed[0]
     failed_at = first.ended or now
     nodes = sorted({r.node for r in runs})
@@ -231,25 +243,24 @@ def recover(
         h = health.get(name)
         if name not in sick and h is not None and h.state in FAULTY:
             sick[name] = f"{name} {h.state}: {'; '.join(h.reasons) or 'no reason given'}"
-    resubmits = sum(a.result == REQUEUED for a in attempts)
     restarts = sum(a.result == RESTARTED for a in attempts)
     earlier = [a.ended for a in attempts if a.result in (REQUEUED, RESTARTED) and a.ended is not None]
     if ft.restart_time_limit is not None and earlier and now - min(earlier) > ft.restart_time_limit:
-        limit = format_duration(ft.restart_time_limit)
+        allowed = format_duration(ft.restart_time_limit)
         return GiveUp(
-            f"error,exiting: {first.describe()} (restarts are allowed for {limit} after the first failure, "
+            f"error,exiting: {first.describe()} (restarts are allowed for {allowed} after the first failure, "
             f"{format_duration(round(now - min(earlier)))} ago; restart_time_limit)"
         )
-    if ft.retries and not sick:
+    if limit and not sick:
         stale = [n for n in nodes if n in health and (health[n].last_probe or 0) < failed_at]
         if stale and now - failed_at < PROBE_WAIT_S:
             return ProbeFirst(tuple(stale))
     if sick:
         cause = "hardware fault: " + "; ".join(sick[n] for n in sorted(sick))
-        if resubmits < ft.retries:
-            return Requeue(tuple(sorted(sick)), cause, resubmits + 1, ft.retries)
-        if ft.retries:
-            return GiveUp(f"error,exiting: {cause} (resubmitted {resubmits} of {ft.retries} times)")
+        if resubmits < limit:
+            return Requeue(tuple(sorted(sick)), cause, resubmits + 1, limit)
+        if limit:
+            return GiveUp(f"error,exiting: {cause} (resubmitted {resubmits} of {limit} times)")
         return None
     code = _exit_code(first)
     if ft.max_restarts and code is not None and code in _restart_codes(job):

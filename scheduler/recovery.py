@@ -22,7 +22,7 @@ from ftconsole.probes.results import PREFLIGHT_CHECKS, CheckStatus
 from ftconsole.scheduler.config import format_duration
 from ftconsole.scheduler.errors import FtError
 from ftconsole.scheduler.failpoints import afailpoint
-from ftconsole.scheduler.jobs import Attempt, Condition, Finish, Job, JobStatus, Run
+from ftconsole.scheduler.jobs import Attempt, Condition, Finish, Job, JobStatus, Run, StopReason
 from ftconsole.scheduler.jobtx import Conflict
 from ftconsole.scheduler.placing import Placer
 from ftconsole.scheduler.reconcile import (
@@ -37,6 +37,7 @@ from ftconsole.scheduler.reconcile import (
     RestartInPlace,
     recover,
 )
+from ftconsole.scheduler.runs import signal_runs
 from ftconsole.scheduler.service import ClusterService
 
 log = logging.getLogger("ftconsole.scheduler")
@@ -58,6 +59,7 @@ class Recoverer:
         self._poke = poke
         self._probes: dict[tuple[str, ...], asyncio.Task[None]] = {}
         self._checked: set[tuple[int, int]] = set()  # (job, attempt) whose pre-flight passed
+        self._signals: set[asyncio.Task[None]] = set()  # checkpoint signals under way
 
     async def after_failure(
         self, job: Job, runs: Sequence[Run], changes: Sequence[tuple[Run, dict[str, Any]]], finish: Finish
@@ -160,10 +162,12 @@ class Recoverer:
         self, job: Job, runs: Sequence[Run], changes: Sequence[tuple[Run, dict[str, Any]]], d: Requeue, now: float
     ) -> None:
         where = ", ".join(d.faulty)
-        reason = f"job {job.id} attempt {job.attempt}: {d.cause}"
-        await self.service.isolate(list(d.faulty), reason=reason, by="scheduler")
+        if d.faulty:
+            reason = f"job {job.id} attempt {job.attempt}: {d.cause}"
+            await self.service.isolate(list(d.faulty), reason=reason, by="scheduler")
+        isolated = f"isolated {where}; " if d.faulty else ""
         text = (
-            f"attempt {job.attempt} failed: {d.cause}; isolated {where}; queued again at the front "
+            f"attempt {job.attempt} failed: {d.cause}; {isolated}queued again at the front "
             f"(resubmit {d.number} of {d.limit})"
         )
         try:
@@ -183,7 +187,7 @@ class Recoverer:
                     stop_requested=None,
                     stop_reason=None,
                     stop_by=None,
-                    message=f"queued again without {where}: {d.cause} (resubmit {d.number} of {d.limit})",
+                    message=f"queued again: {d.cause} (resubmit {d.number} of {d.limit})",
                 )
                 await tx.event(now, Condition.RESTARTING, text, job=job.id, data=_data(job, d.faulty, "recover"))
         except Conflict:
@@ -238,6 +242,90 @@ class Recoverer:
         await afailpoint("recover.after_record")
         self._poke()
 
+    async def watch(self) -> None:
+        """Seed 003's checkpoint resume: a running `checkpoint_resume` job with a node the checks now read
+        unhealthy or unreachable gets its checkpoint signal; after its `grace_period` it is stopped, then
+        queued again at the front (`recover` on StopReason.RESCHEDULE), the faulty nodes isolated now."""
+        jobs = [
+            j
+            for j in await self.store.jobs(statuses=[JobStatus.RUNNING], deleted=True)
+            if j.stop_reason is None and j.spec.fault_tolerance.checkpoint_resume is not None
+        ]
+        if not jobs:
+            return
+        health = {v.node.name: v.health for v in await self.service.nodes(extras=False)}
+        started = await self.store.running_attempts()
+        held = await self.store.runs(held=True)
+        for job in jobs:
+            attempt = started.get(job.id)
+            runs = [r for r in held if r.job == job.id and r.attempt == job.attempt and r.launch and r.active]
+            if attempt is None or attempt.started is None or not runs:
+                continue  # not running everywhere yet: a start that fails is the failure path's
+            sick = sorted({r.node for r in runs if r.node in health and health[r.node].state.value in FAULTY})
+            if sick:
+                await self._checkpoint(job, runs, sick, {n: health[n].reasons for n in sick})
+
+    async def _checkpoint(self, job: Job, runs: Sequence[Run], sick: Sequence[str], why: dict[str, Any]) -> None:
+        resume = job.spec.fault_tolerance.checkpoint_resume
+        assert resume is not None
+        used = sum(a.result == REQUEUED for a in await self.store.attempts(job.id))
+        if used >= resume.max_resumes:
+            return  # no resume left: it runs on while it can; if it fails, it ends error
+        now = self.clock()
+        where = ", ".join(sick)
+        cause = "hardware fault: " + "; ".join(f"{n} {'; '.join(why[n]) or 'unhealthy'}" for n in sick)
+        await self.service.isolate(list(sick), reason=f"job {job.id} attempt {job.attempt}: {cause}", by="scheduler")
+        grace = format_duration(resume.grace_period)
+        text = (
+            f"{cause}: {resume.signal} to every rank to save a checkpoint, stopped after grace_period {grace}, then "
+            f"queued again without {where} (resume {used + 1} of {resume.max_resumes})"
+        )
+        try:
+            async with self.store.jobs_tx(f"reschedule job {job.id}") as tx:
+                await tx.update_job(
+                    job.id,
+                    expect=[JobStatus.RUNNING],
+                    stop_requested=now,
+                    stop_reason=StopReason.RESCHEDULE,
+                    stop_by="scheduler",
+                    message=cause,
+                )
+                await tx.event(now, Condition.STOPPING, text, job=job.id, data=_data(job, sick, "dump"))
+        except Conflict:
+            return
+        log.warning("job %s: %s", job.id, text)
+        self._poke()
+        task = asyncio.create_task(self._send(job, runs, resume.signal))
+        self._signals.add(task)
+        task.add_done_callback(self._signals.discard)
+
+    async def _send(self, job: Job, runs: Sequence[Run], name: str) -> None:
+        """The checkpoint signal to every rank, node by node (a node that does not answer: its trouble)."""
+        settings = self.service.config
+        user = job.owner if settings.scheduler.run_as == "submitter" else None
+        nodes = {n.name: n for n in self.service.all_nodes}
+        by_node: dict[str, list[Run]] = {}
+        for r in runs:
+            by_node.setdefault(r.node, []).append(r)
+
+        async def one(node: str, mine: list[Run]) -> int:
+            dirs = [r.run_dir for r in mine]
+            return await signal_runs(
+                self.service.transport, nodes[node], dirs, name,
+                tokens={r.run_dir: r.token for r in mine if r.token}, users=dict.fromkeys(dirs, user),
+                python=settings.ssh.python, timeout=min(settings.ssh.command_timeout, settings.scheduler.node_timeout),
+            )  # fmt: skip
+
+        known = [(n, rs) for n, rs in by_node.items() if n in nodes]
+        sent = await asyncio.gather(*(one(n, rs) for n, rs in known), return_exceptions=True)
+        count = sum(x for x in sent if isinstance(x, int))
+        failed = [f"{n}: {x}" for (n, _), x in zip(known, sent, strict=True) if isinstance(x, BaseException)]
+        text = f"{name} sent to {count} of {len(runs)} rank(s)"
+        if failed:
+            text += f"; not sent on {'; '.join(failed)}"
+        async with self.store.jobs_tx(f"record the checkpoint signal of job {job.id}") as tx:
+            await tx.event(self.clock(), "Checkpoint", text, job=job.id)
+
     async def expire_requeued(self, fail: Callable[[Job, str], Awaitable[None]]) -> None:
         """A job queued again after a hardware fault that has waited `scheduler.queue_timeout` ends `error`:
         the pool is short of healthy capacity (seed 000)."""
@@ -257,7 +345,7 @@ class Recoverer:
             )
 
     async def close(self) -> None:
-        tasks = list(self._probes.values())
+        tasks = [*self._probes.values(), *self._signals]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

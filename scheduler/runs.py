@@ -463,6 +463,31 @@ async def account(
     return {k: doc[k] for k in ("account", "uid", "home")}
 
 
+async def signal_runs(
+    transport: Transport,
+    node: Node,
+    run_dirs: Sequence[str],
+    signal: str,
+    *,
+    tokens: dict[str, str] | None = None,
+    users: Mapping[str, str | None] | None = None,
+    python: str = "python3",
+    timeout: float = 30.0,
+) -> int:
+    """Send `signal` (a name) to the current step of each run, each as its user; how many were signalled."""
+    count = 0
+    for user, dirs in _by_user(run_dirs, users).items():
+        params = {
+            "action": "signal",
+            "run_dirs": dirs,
+            "signal": signal,
+            "tokens": {d: (tokens or {})[d] for d in dirs if d in (tokens or {})},
+        }
+        doc = await _call(transport, node, python, params, timeout, user)
+        count += sum(1 for a in doc["signalled"] if a.get("signalled"))
+    return count
+
+
 async def free_port(transport: Transport, node: Node, *, python: str = "python3", timeout: float = 30.0) -> int:
     """A TCP port free on the node now (for MASTER_PORT)."""
     doc = await _call(transport, node, python, {"action": "port"}, timeout)

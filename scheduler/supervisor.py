@@ -23,6 +23,9 @@ status  {root, prune?} or {run_dirs, tokens?, prune?}
         folders of ended attempts older than the retention are removed first (see "Retention"); the answer
         lists them in "pruned" (as "<job>/<attempt>"), and a prune that fails says why in "prune_error"
         without failing the read.
+signal  {run_dirs, tokens?, signal}
+        Send the signal (a name, e.g. SIGUSR1: the checkpoint signal) to the process group of each run's
+        current step, when it runs; each answer says whether it was signalled.
 port    {}
         A TCP port free on this node now (bound to port 0 and released), for MASTER_PORT.
 read    {path, offset?, limit, tail?}
@@ -229,6 +232,10 @@ def _prepare(run_dir, params):
         _write_file(target, content)
     _write_json(os.path.join(run_dir, "argv.json"), params["argv"])
     _write_json(os.path.join(run_dir, "env.json"), params.get("env") or {})
+    checkpoints = (params.get("env") or {}).get("FT_CHECKPOINT_DIR")
+    if checkpoints:  # the job's, across attempts: made here when it can be (shared storage may refuse)
+        with contextlib.suppress(OSError):
+            os.makedirs(_expand(checkpoints), 0o700, exist_ok=True)
     if params.get("steps") is not None:
         _write_json(os.path.join(run_dir, "steps.json"), params["steps"])
 
@@ -612,6 +619,28 @@ def stop(params):
     return {"stopped": out}
 
 
+def send_signal(params):
+    """Send `signal` (a name: the checkpoint signal) to the process group of each run's current step."""
+    out = []  # type: List[Dict[str, Any]]
+    tokens = params.get("tokens") or {}
+    sig = signal.Signals[params["signal"]]
+    for given in params.get("run_dirs") or []:
+        status_path = os.path.join(_expand(given), STATUS)
+        status = _read_json(status_path)
+        if status is None or (tokens.get(given) is not None and status.get("token") != tokens[given]):
+            out.append({"run_dir": given, "signalled": False, "reason": "no such run"})
+            continue
+        seen = _observe(status, status_path)
+        leader = status.get("pgid")
+        if seen["state"] != "running" or not _alive(leader, status.get("pid_start"), status.get("boot_id")):
+            out.append({"run_dir": given, "signalled": False, "reason": "not running"})
+            continue
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(leader, sig)
+        out.append({"run_dir": given, "signalled": True})
+    return {"signalled": out}
+
+
 def _kill(status_path, status, seen):
     """SIGKILL the supervisor (if alive) and every process left in the step's group, then record the end."""
     boot = status.get("boot_id")
@@ -863,6 +892,7 @@ ACTIONS = {
     "account": account,
     "read": read,
     "files": files,
+    "signal": send_signal,
 }
 
 

@@ -204,3 +204,40 @@ async def until_nodes(client: Any, done: Any, what: str) -> list[dict[str, Any]]
             return list(nodes)
         await asyncio.sleep(0.1)
     raise AssertionError(f"timed out waiting for {what}: {nodes}")
+
+
+CHECKPOINTS = (
+    "sh -c 'echo resume=$FT_RESUME count=$FT_RESTART_COUNT; "
+    'if [ "$FT_RESUME" = 1 ]; then echo "resumed from $(cat $FT_CHECKPOINT_DIR/ckpt)"; exit 0; fi; '
+    'trap "echo step-42 > $FT_CHECKPOINT_DIR/ckpt; echo saved" USR1; while true; do sleep 0.1; done\''
+)
+
+
+async def test_checkpoint_resume_signals_the_job_then_resumes_it_elsewhere_from_its_checkpoint(
+    sshd_cluster: Any, tmp_path: Path, sock_dir: Path
+) -> None:
+    """Seed 003: a GPU fault under a running job: SIGUSR1, grace period, stop, requeue; the next attempt sees
+    FT_RESUME=1 and the checkpoint the first one wrote into FT_CHECKPOINT_DIR."""
+    cluster: SshdCluster = sshd_cluster(2, gpus=1)
+    loaded = write_config(cluster, tmp_path, sock_dir, probes={"interval": "1s"})
+    output = tmp_path / "out"
+    async with running(loaded) as (_, client):
+        spec = job("resumable", CHECKPOINTS, output=str(output),
+                   fault_tolerance={"checkpoint_resume": {"max_resumes": 1, "grace_period": "3s"}})  # fmt: skip
+        job_id = (await client.call("submit", spec=spec))["id"]
+        shown = await until(client, job_id, lambda j: j["attempts"] and j["attempts"][0]["started"], "running")
+        first = shown["attempts"][0]["runs"][0]["node"]
+        cluster.set_gpus(first, gpu_data(1, ecc_uncorrectable=1))
+        shown = await finished(client, job_id)
+        assert shown["status"] == "succeeded", shown["message"]
+        other = "node02" if first == "node01" else "node01"
+        assert attempts_of(shown) == [(1, "requeued", [first]), (2, "succeeded", [other])]
+        assert "saved" in await log_of(client, job_id, attempt=1)
+        second = await log_of(client, job_id, attempt=2)
+        assert "resume=1 count=1" in second and "resumed from step-42" in second
+        assert (output / "checkpoints" / "ckpt").read_text() == "step-42\n"
+        events = await client.call("events", job=job_id)
+        assert any(e["kind"] == "Checkpoint" and e["message"] == "SIGUSR1 sent to 1 of 1 rank(s)" for e in events)
+        stopping = [e["message"] for e in events if e["kind"] == "Stopping"]
+        assert stopping and "SIGUSR1 to every rank to save a checkpoint, stopped after grace_period 3s" in stopping[0]
+        assert (await client.call("nodes", nodeset=first))[0]["state"] == "isolated"

@@ -35,3 +35,13 @@ def test_what_restarts_nothing_is_refused(ft: dict[str, Any], message: str) -> N
     with pytest.raises(ValidationError, match=r"fault_tolerance") as caught:
         spec(**ft)
     assert message in str(caught.value)
+
+
+def test_checkpoint_resume_names_a_catchable_signal_and_an_absolute_folder() -> None:
+    resume = spec(checkpoint_resume={"max_resumes": 2, "signal": "USR2", "dir": "~/ckpt"}).fault_tolerance
+    assert resume.checkpoint_resume is not None
+    assert (resume.checkpoint_resume.signal, resume.checkpoint_resume.dir) == ("SIGUSR2", "~/ckpt")
+    with pytest.raises(ValidationError, match="'SIGKILL' is not a signal a job can catch"):
+        spec(checkpoint_resume={"max_resumes": 1, "signal": "SIGKILL"})
+    with pytest.raises(ValidationError, match="'ckpt' is relative, and every attempt may start elsewhere"):
+        spec(checkpoint_resume={"max_resumes": 1, "dir": "ckpt"})

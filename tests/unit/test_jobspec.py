@@ -186,7 +186,11 @@ def test_batch_tasks_argv() -> None:
 def test_json_round_trip() -> None:
     spec = load_jobspec(Path(__file__).resolve().parents[2] / "config" / "jobs" / "horovod.yaml")
     data = spec.to_json()
-    assert data["fault_tolerance"]["checkpoint_resume"] == {"max_resumes": 3, "grace_period": 120.0}
+    assert data["fault_tolerance"]["checkpoint_resume"] == {
+        "max_resumes": 3,
+        "grace_period": 120.0,
+        "signal": "SIGUSR1",
+    }
     assert JobSpec.from_json(data) == spec
 
 

@@ -160,6 +160,8 @@ def test_common_env(mode: str) -> None:
             "FT_ATTEMPT": "1",
             "FT_HOSTFILE": f"{run_dir}/hostfile",
             "FT_OUTPUT_DIR": f"{run_dir}/output",
+            "FT_RESTART_COUNT": "0",
+            "FT_RESUME": "0",
         }
         assert set(r.files) == {"hostfile"}
 
@@ -175,6 +177,8 @@ COMMON = (
     "FT_ATTEMPT",
     "FT_HOSTFILE",
     "FT_OUTPUT_DIR",
+    "FT_RESTART_COUNT",
+    "FT_RESUME",
 )
 
 
@@ -365,7 +369,16 @@ def test_horovod_without_mpirun_gets_the_seed_prefix() -> None:
 
 OURS_EXPORTED = [
     a
-    for k in ("FT_ATTEMPT", "FT_HOSTFILE", "FT_JOB_ID", "FT_OUTPUT_DIR", "MASTER_ADDR", "MASTER_PORT")
+    for k in (
+        "FT_ATTEMPT",
+        "FT_HOSTFILE",
+        "FT_JOB_ID",
+        "FT_OUTPUT_DIR",
+        "FT_RESTART_COUNT",
+        "FT_RESUME",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    )
     for a in ("-x", k)
 ]  # what mpirun carries to the ranks it starts on other nodes, with rank 0's values
 
@@ -374,7 +387,10 @@ def test_horovod_exports_user_env_to_remote_ranks() -> None:
     env = {"NCCL_SOCKET_IFNAME": "eth0", "NCCL_DEBUG": "WARN", "PATH": "/x", "A_FLAG": "1"}
     argv = plan_launch(job("horovod", "python t.py", 4, env=env)).ranks[0].argv
     seed = [a if a != "NCCL_DEBUG=INFO" else "NCCL_DEBUG" for a in SEED_PREFIX]
-    exported = ["A_FLAG", "FT_ATTEMPT", "FT_HOSTFILE", "FT_JOB_ID", "FT_OUTPUT_DIR", "MASTER_ADDR", "MASTER_PORT"]
+    exported = [
+        "A_FLAG", "FT_ATTEMPT", "FT_HOSTFILE", "FT_JOB_ID", "FT_OUTPUT_DIR", "FT_RESTART_COUNT", "FT_RESUME",
+        "MASTER_ADDR", "MASTER_PORT",
+    ]  # fmt: skip
     assert list(argv) == [*seed, *(a for k in [*exported, "NCCL_SOCKET_IFNAME"] for a in ("-x", k)), "python", "t.py"]
 
 
@@ -482,6 +498,8 @@ def test_deepspeed_env_file_carries_the_job_env_and_ours_to_every_rank() -> None
         f"FT_HOSTFILE={rank0.run_dir}/hostfile",
         "FT_JOB_ID=j-0042",
         f"FT_OUTPUT_DIR={rank0.run_dir}/output",
+        "FT_RESTART_COUNT=0",
+        "FT_RESUME=0",
         "MASTER_ADDR=10.1.0.1",
         "MASTER_PORT=29500",
     ]  # never RANK, WORLD_SIZE, SLOTS or CUDA_VISIBLE_DEVICES: deepspeed's launch sets its own per process

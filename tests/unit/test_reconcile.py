@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -356,6 +357,39 @@ RECOVERY += [
         attempts_ended(("restarted", NOW - 30), (None, None)),
         OLD,
         RestartInPlace(f"{ended(0, code=137).describe()}: exit code 137 restarts (max_restarts 5)", 2, 5),
+    ),
+]
+
+
+def resumable(attempt: int = 1, stop_reason: StopReason | None = StopReason.RESCHEDULE) -> Job:
+    job = ft_job(attempt=attempt, stop_reason=stop_reason, checkpoint_resume={"max_resumes": 1})
+    return dataclasses.replace(job, message="hardware fault: n1 gpu 0: 1 uncorrectable ECC errors")
+
+
+RECOVERY += [
+    (
+        "checkpoint resume: stopped to be rescheduled -> requeued (its nodes were isolated then)",
+        resumable(),
+        [ended(0, code=None, signal="SIGTERM"), STOPPED_1],
+        attempts(None),
+        ECC,
+        Requeue((), "hardware fault: n1 gpu 0: 1 uncorrectable ECC errors", 1, 1),
+    ),
+    (
+        "checkpoint resume: resumes used up -> error,exiting",
+        resumable(attempt=2),
+        [ended(0, code=None, signal="SIGTERM"), STOPPED_1],
+        attempts("requeued", None),
+        ECC,
+        GiveUp("error,exiting: hardware fault: n1 gpu 0: 1 uncorrectable ECC errors (resumed 1 of 1 times)"),
+    ),
+    (
+        "checkpoint resume: a node failure counts like retries (max_resumes)",
+        resumable(stop_reason=StopReason.ERROR),
+        [STOPPED_BY_US, LOST],
+        attempts(None),
+        OLD,
+        Requeue(("n1",), f"hardware fault: {LOST.describe()}", 1, 1),
     ),
 ]
 
