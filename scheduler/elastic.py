@@ -101,6 +101,7 @@ def grow_request(
         base,
         id=f"{base.id}+{count}",
         nodes=count,
+        min_nodes=None,  # the nodes a grow adds come all at once; the job's min_nodes is about the whole job
         candidates=(candidate,),
         node_names=frozenset(allowed) - frozenset(own),
         priority=priority,

@@ -30,7 +30,9 @@ The sets, in the order a run is checked:
   (`Hold` until then); then `GiveUp`;
 - restarts past `restart_time_limit` after the first failure -> `GiveUp`;
 - anything else -> None: the job ends `error` (scenario 4).
-A `checkpoint_resume` job counts like `retries` with `max_resumes`; one stopped to be rescheduled (a hardware
+An elastic job with a hardware fault goes on at once on the nodes left, while they are at least its
+`min_nodes` -> `Shrink` (no limit: each one isolates a node). A `checkpoint_resume` job counts like `retries`
+with `max_resumes`; one stopped to be rescheduled (a hardware
 fault while it ran: it got its checkpoint signal and `grace_period`, see `scheduler.recovery`) -> `Requeue`.
 """
 
@@ -162,7 +164,7 @@ def _silence(snap: Snapshot, node: str, asked: float) -> str:
 PROBE_WAIT_S = 20.0  # how long a decision waits for a probe of the job's nodes newer than its failure
 FAULTY = frozenset({"unhealthy", "unreachable"})  # node states that make a failure the hardware's
 DEFAULT_RESTART_CODES = frozenset(range(128, 256))  # killed by a signal (128 + its number): Kubeflow's retryable
-REQUEUED, RESTARTED = "requeued", "restarted"  # results of attempts that led to a new one
+REQUEUED, RESTARTED, SHRUNK = "requeued", "restarted", "shrunk"  # results of attempts that led to a new one
 MAX_BACKOFF_S = 600.0  # a restart in place never waits longer than this
 
 
@@ -195,6 +197,16 @@ class RestartInPlace:
 
 
 @dataclass(frozen=True)
+class Shrink:
+    """An elastic job goes on at once on the nodes that are left (`keep`, rank order), `faulty` isolated; it
+    grows back to its size once nodes are free, as any elastic job."""
+
+    keep: tuple[str, ...]
+    faulty: tuple[str, ...]
+    cause: str
+
+
+@dataclass(frozen=True)
 class ProbeFirst:
     """Probe these nodes before deciding: no check of theirs is newer than the failure."""
 
@@ -216,7 +228,7 @@ class GiveUp:
     message: str
 
 
-Recovery = Requeue | RestartInPlace | ProbeFirst | Hold | GiveUp | None
+Recovery = Requeue | RestartInPlace | Shrink | ProbeFirst | Hold | GiveUp | None
 
 
 def recover(
@@ -257,6 +269,10 @@ def recover(
             return ProbeFirst(tuple(stale))
     if sick:
         cause = "hardware fault: " + "; ".join(sick[n] for n in sorted(sick))
+        elastic = ft.elastic
+        keep = tuple(dict.fromkeys(r.node for r in sorted(runs, key=lambda r: r.rank) if r.node not in sick))
+        if elastic is not None and len(keep) >= elastic.min_nodes:
+            return Shrink(keep, tuple(sorted(sick)), cause)
         if resubmits < limit:
             return Requeue(tuple(sorted(sick)), cause, resubmits + 1, limit)
         if limit:

@@ -29,12 +29,14 @@ from ftconsole.scheduler.reconcile import (
     FAULTY,
     REQUEUED,
     RESTARTED,
+    SHRUNK,
     GiveUp,
     Health,
     Hold,
     ProbeFirst,
     Requeue,
     RestartInPlace,
+    Shrink,
     recover,
 )
 from ftconsole.scheduler.runs import signal_runs
@@ -89,6 +91,11 @@ class Recoverer:
             return Outcome.WAIT
         if isinstance(decision, Requeue):
             await self._requeue(job, runs, changes, decision, now)
+        elif isinstance(decision, Shrink):
+            await self.service.isolate(list(decision.faulty), reason=f"job {job.id}: {decision.cause}", by="scheduler")
+            keep = set(decision.keep)
+            shown = f"{decision.cause}; isolated {', '.join(decision.faulty)}; elastic: going on"
+            await self._restart(job, [r for r in runs if r.node in keep], changes, decision, now, shown)
         else:
             await self._restart(job, runs, changes, decision, now)
         return Outcome.DONE
@@ -201,9 +208,12 @@ class Recoverer:
         job: Job,
         runs: Sequence[Run],
         changes: Sequence[tuple[Run, dict[str, Any]]],
-        d: RestartInPlace,
+        d: RestartInPlace | Shrink,
         now: float,
+        cause: str | None = None,
     ) -> None:
+        """The next attempt at once on the nodes and GPUs of `runs` (every rank of the failed attempt, or an
+        elastic job's survivors); the failed attempt's GPUs are all released."""
         attempt = await self.store.attempt(job.id, job.attempt)
         assert attempt is not None
         ordered = sorted(runs, key=lambda r: r.rank)
@@ -212,15 +222,18 @@ class Recoverer:
             job, number, attempt.spec_name, attempt.gpus_per_node, [(r.node, r.gpus) for r in ordered], now
         )
         nodes = tuple(dict.fromkeys(r.node for r in ordered))
-        text = (
-            f"attempt {job.attempt} failed: {d.cause}; attempt {number} on {', '.join(nodes)} "
-            f"(restart {d.number} of {d.limit})"
-        )
+        if isinstance(d, Shrink):
+            result, strategy, note = SHRUNK, "shrink", f"{len(nodes)} of {job.size} nodes, growing back when free"
+            message = f"elastic: on {len(nodes)} of {job.size} nodes after a hardware fault; grows back when free"
+        else:
+            result, strategy, note = RESTARTED, "recover-in-place", f"restart {d.number} of {d.limit}"
+            message = f"restarted in place (restart {d.number} of {d.limit})"
+        text = f"attempt {job.attempt} failed: {cause or d.cause}; attempt {number} on {', '.join(nodes)} ({note})"
         try:
             async with self.store.jobs_tx(f"restart job {job.id}") as tx:
                 for r, fields in changes:
                     await tx.update_run(r, **fields)
-                await tx.update_attempt(job.id, job.attempt, ended=now, result=RESTARTED, message=d.cause)
+                await tx.update_attempt(job.id, job.attempt, ended=now, result=result, message=d.cause)
                 await tx.release_runs(job.id, attempt=job.attempt)
                 await tx.add_attempt(new, new_runs)
                 await tx.update_job(
@@ -230,12 +243,9 @@ class Recoverer:
                     stop_requested=None,
                     stop_reason=None,
                     stop_by=None,
-                    message=f"restarted in place (restart {d.number} of {d.limit})",
+                    message=message,
                 )
-                nodes_of = tuple(dict.fromkeys(r.node for r in ordered))
-                await tx.event(
-                    now, Condition.RESTARTING, text, job=job.id, data=_data(job, nodes_of, "recover-in-place")
-                )
+                await tx.event(now, Condition.RESTARTING, text, job=job.id, data=_data(job, nodes, strategy))
         except Conflict:
             return
         log.warning("job %s: %s", job.id, text)

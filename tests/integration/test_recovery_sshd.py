@@ -241,3 +241,28 @@ async def test_checkpoint_resume_signals_the_job_then_resumes_it_elsewhere_from_
         stopping = [e["message"] for e in events if e["kind"] == "Stopping"]
         assert stopping and "SIGUSR1 to every rank to save a checkpoint, stopped after grace_period 3s" in stopping[0]
         assert (await client.call("nodes", nodeset=first))[0]["state"] == "isolated"
+
+
+async def test_an_elastic_job_goes_on_at_once_on_the_nodes_left_when_one_dies(
+    sshd_cluster: Any, tmp_path: Path, sock_dir: Path
+) -> None:
+    cluster: SshdCluster = sshd_cluster(3, gpus=1)
+    loaded = write_config(cluster, tmp_path, sock_dir, scheduler={"node_timeout": "2s"})
+    async with running(loaded) as (_, client):
+        spec = job("stretchy", "sleep 300", mode="pytorch", nodes=3, fault_tolerance={"elastic": {"min_nodes": 2}})
+        job_id = (await client.call("submit", spec=spec))["id"]
+        await until(client, job_id, lambda j: j["attempts"] and j["attempts"][0]["started"], "running")
+        cluster.down("node02")
+        shown = await until(
+            client, job_id, lambda j: len(j["attempts"]) == 2 and j["attempts"][1]["started"], "attempt 2 running"
+        )
+        assert attempts_of(shown) == [(1, "shrunk", ["node01", "node02", "node03"]), (2, None, ["node01", "node03"])]
+        assert shown["status"] == "running" and shown["nodes"] == 3  # still asks for 3: grows back when free
+        # it waits to grow back: node02, the only node that could, is isolated
+        shown = await until(client, job_id, lambda j: j["message"].startswith("scale out 2 -> 3 waits"), "the note")
+        assert "among node02; only 0 usable nodes can hold it" in shown["message"]
+        (why,) = restarting(shown)
+        assert "hardware fault: rank 1 on node02 lost" in why and "isolated node02; elastic: going on" in why
+        assert (await client.call("nodes", nodeset="node02"))[0]["state"] == "isolated"
+        await client.call("stop", jobs=[job_id])
+        assert (await finished(client, job_id))["status"] == "stopped"

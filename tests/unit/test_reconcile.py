@@ -24,6 +24,7 @@ from ftconsole.scheduler.reconcile import (
     Recovery,
     Requeue,
     RestartInPlace,
+    Shrink,
     Snapshot,
     Stop,
     reconcile,
@@ -390,6 +391,38 @@ RECOVERY += [
         attempts(None),
         OLD,
         Requeue(("n1",), f"hardware fault: {LOST.describe()}", 1, 1),
+    ),
+]
+
+
+def stretchy(min_nodes: int) -> Job:
+    return ft_job(elastic={"min_nodes": min_nodes})
+
+
+RECOVERY += [
+    (
+        "elastic, a node lost, enough left: go on at once on the others",
+        stretchy(1),
+        [STOPPED_BY_US, LOST],
+        attempts(None),
+        OLD,
+        Shrink(("n0",), ("n1",), f"hardware fault: {LOST.describe()}"),
+    ),
+    (
+        "elastic, too few left: as any job (no retries: error)",
+        stretchy(2),
+        [STOPPED_BY_US, LOST],
+        attempts(None),
+        OLD,
+        None,
+    ),
+    (
+        "elastic, a program failure on healthy nodes: no shrink",
+        stretchy(1),
+        [ended(0), STOPPED_1],
+        attempts(None),
+        FRESH,
+        None,
     ),
 ]
 
