@@ -7,12 +7,19 @@ everywhere is the overlay when set, else the health.
 Damping against flapping: a worse state applies at once (a failing node must stop taking work now), a
 better one only after `recover_after` consecutive observations at least that good. A node never probed,
 or whose last probe is older than `stale_after`, is `unknown`, never `healthy`.
+
+Isolation (issue 12): an isolated node stays out until an operator resumes it or, with `resume_isolated_after`
+N, until N probes in a row pass every check (then the scheduler resumes it, with an event). A drained node is
+an operator's decision and never resumed by the scheduler; a node that is flaky (`flaky_faults` faults within
+`flaky_window`) while isolated waits for an operator even once its faults age out of the window.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from typing import Any
 
 from ftconsole.probes.results import CheckStatus, ProbeReport
 
@@ -36,6 +43,7 @@ _SEVERITY = {
     NodeState.UNREACHABLE: 4,
 }
 ADMIN_STATES = (NodeState.DRAINED, NodeState.ISOLATED)
+FAULT_STATES = ("unhealthy", "unreachable")  # a node event into one of these (or `isolated`) counts as a fault
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,7 @@ class Observation:
     time: float
     report: ProbeReport | None = None
     error: str | None = None  # e.g. "connect timed out after 2s", "host key changed: ..."
+    partial: bool = False  # some checks only (`probe --checks`): never counts as passing the checks
 
     def __post_init__(self) -> None:
         if (self.report is None) == (self.error is None):
@@ -74,6 +83,8 @@ class NodeHealth:
     good_streak: int = 0
     boot_id: str | None = None
     last_probe: float | None = None
+    isolated_passes: int = 0  # probes in a row that passed every check since it was isolated
+    needs_operator: bool = False  # it was flaky while isolated: only an operator resumes it
 
     @property
     def state(self) -> NodeState:
@@ -107,8 +118,26 @@ def classify(obs: Observation) -> tuple[NodeState, tuple[str, ...]]:
     return NodeState.HEALTHY, ()
 
 
-def observe(h: NodeHealth, obs: Observation, *, recover_after: int = 2) -> tuple[NodeHealth, list[NodeEvent]]:
-    """Fold one observation into a node's health; return the new health and the events it caused."""
+def observe(
+    h: NodeHealth,
+    obs: Observation,
+    *,
+    recover_after: int = 2,
+    resume_isolated_after: int | None = None,
+    flaky: bool = False,
+) -> tuple[NodeHealth, list[NodeEvent]]:
+    """Fold one observation into a node's health; return the new health and the events it caused.
+
+    `resume_isolated_after` N: an isolated node whose last N probes in a row passed every check (and whose health
+    reads healthy) is resumed; None: only an operator resumes it. `flaky`: the node has too many recent faults; an
+    isolated flaky node is held for an operator (`needs_operator`), however many probes it passes.
+    """
+    target, _ = classify(obs)
+    health, events = _fold(h, obs, recover_after)
+    return _isolation(health, obs, target, events, resume_isolated_after, flaky), events
+
+
+def _fold(h: NodeHealth, obs: Observation, recover_after: int) -> tuple[NodeHealth, list[NodeEvent]]:
     target, reasons = classify(obs)
     events: list[NodeEvent] = []
     boot_id = h.boot_id
@@ -151,6 +180,47 @@ def _move(
     return replace(h, health=target, reasons=reasons, since=now, pending=None, good_streak=0)
 
 
+def _isolation(
+    h: NodeHealth,
+    obs: Observation,
+    target: NodeState,
+    events: list[NodeEvent],
+    resume_after: int | None,
+    flaky: bool,
+) -> NodeHealth:
+    """An isolated node's streak of passing probes, and its resume by the scheduler once the streak is long enough."""
+    if h.admin is not NodeState.ISOLATED:
+        return h
+    held = h.needs_operator or flaky
+    if target is not NodeState.HEALTHY:
+        return replace(h, isolated_passes=0, needs_operator=held)
+    passes = h.isolated_passes + (0 if obs.partial else 1)
+    h = replace(h, isolated_passes=passes, needs_operator=held)
+    if resume_after is None or held or passes < resume_after or h.health is not NodeState.HEALTHY:
+        return h
+    was = f"isolated by {h.admin_by}: {h.admin_reason}" if h.admin_reason else f"isolated by {h.admin_by}"
+    message = f"resumed by scheduler: passed the checks {passes} times in a row since it was isolated ({was})"
+    events.append(NodeEvent(obs.time, h.node, "resumed", message, {"by": "scheduler", "passes": passes}))
+    return _no_admin(h)
+
+
+def _no_admin(h: NodeHealth) -> NodeHealth:
+    return replace(
+        h, admin=None, admin_reason="", admin_since=None, admin_by="", isolated_passes=0, needs_operator=False
+    )
+
+
+def is_fault(kind: str, data: Mapping[str, Any]) -> bool:
+    """A node event that counts as a fault: into unhealthy or unreachable, or isolated."""
+    return kind == "isolated" or (kind == "state-changed" and data.get("to") in FAULT_STATES)
+
+
+def faults_in_window(times: Iterable[float], now: float, window: float) -> int:
+    """How many of these fault times fall within the `window` seconds up to `now` (its start included; a time
+    after `now`, from a clock a little ahead, counts too)."""
+    return sum(1 for t in times if t >= now - window)
+
+
 def stale(h: NodeHealth, now: float, stale_after: float) -> NodeHealth:
     """A node whose last probe is too old reads `unknown`: old good news is no news."""
     if h.last_probe is None or now - h.last_probe <= stale_after or h.health is NodeState.UNKNOWN:
@@ -161,13 +231,22 @@ def stale(h: NodeHealth, now: float, stale_after: float) -> NodeHealth:
 def set_admin(
     h: NodeHealth, state: NodeState | None, reason: str, by: str, now: float
 ) -> tuple[NodeHealth, list[NodeEvent]]:
-    """Drain, isolate or resume a node (state None = resume)."""
+    """Drain, isolate or resume a node (state None = resume).
+
+    Isolating a drained node keeps it drained (an operator's decision, which the scheduler never lifts); the
+    `isolated` event still records the fault. Any change restarts an isolated node's streak of passing probes.
+    """
     if state is not None and state not in ADMIN_STATES:
         raise ValueError(f"{state} is not an admin state")
     if state is None:
         if h.admin is None:
             return h, []
         event = NodeEvent(now, h.node, "resumed", f"resumed by {by} (was {h.admin.value}: {h.admin_reason})")
-        return replace(h, admin=None, admin_reason="", admin_since=None, admin_by=""), [event]
+        return _no_admin(h), [event]
+    if state is NodeState.ISOLATED and h.admin is NodeState.DRAINED:
+        message = f"isolated by {by}: {reason} (it stays drained: {h.admin_reason})"
+        return h, [NodeEvent(now, h.node, state.value, message, {"reason": reason, "kept": h.admin.value})]
     event = NodeEvent(now, h.node, state.value, f"{state.value} by {by}: {reason}", {"reason": reason})
-    return replace(h, admin=state, admin_reason=reason, admin_since=now, admin_by=by), [event]
+    held = h.needs_operator and state is NodeState.ISOLATED and h.admin is NodeState.ISOLATED
+    changed = replace(h, admin=state, admin_reason=reason, admin_since=now, admin_by=by)
+    return replace(changed, isolated_passes=0, needs_operator=held), [event]

@@ -161,6 +161,12 @@ class ProbeSettings(_Strict):
     dns_names: list[str] = []
     recover_after: int = Field(2, ge=1, le=100)
     thresholds: Thresholds = Thresholds()
+    # an isolated node whose last N probes in a row passed every check is resumed by the scheduler; None: only
+    # an operator's `ftconsole resume` lifts an isolation
+    isolation_recover_after: int | None = Field(None, ge=1, le=1000)
+    # a node with at least flaky_faults faults within flaky_window is flaky: an alert, a mark, no auto-resume
+    flaky_faults: int = Field(3, ge=1, le=1000)
+    flaky_window: PositiveDuration = 24 * 3600.0
 
 
 class PoolSettings(_Strict):

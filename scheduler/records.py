@@ -63,8 +63,8 @@ class NewAlert:
     """An alert to raise about a job or a node."""
 
     time: float
-    kind: str  # job_failed | node_unhealthy | node_unreachable | host_key
-    severity: str  # error | critical
+    kind: str  # job_failed | node_unhealthy | node_unreachable | host_key | node_flaky
+    severity: str  # error | critical | warning
     message: str
     job: int | None = None
     node: str | None = None
@@ -129,14 +129,15 @@ def _alert_from_row(row: sqlite3.Row) -> StoredAlert:
 
 _UPSERT_NODE = """
 INSERT INTO nodes (name, health, reasons, since, admin, admin_reason, admin_since, admin_by, pending,
-                   good_streak, boot_id, last_probe)
+                   good_streak, boot_id, last_probe, isolated_passes, needs_operator)
 VALUES (:name, :health, :reasons, :since, :admin, :admin_reason, :admin_since, :admin_by, :pending,
-        :good_streak, :boot_id, :last_probe)
+        :good_streak, :boot_id, :last_probe, :isolated_passes, :needs_operator)
 ON CONFLICT (name) DO UPDATE SET
     health = excluded.health, reasons = excluded.reasons, since = excluded.since, admin = excluded.admin,
     admin_reason = excluded.admin_reason, admin_since = excluded.admin_since, admin_by = excluded.admin_by,
     pending = excluded.pending, good_streak = excluded.good_streak, boot_id = excluded.boot_id,
-    last_probe = excluded.last_probe
+    last_probe = excluded.last_probe, isolated_passes = excluded.isolated_passes,
+    needs_operator = excluded.needs_operator
 """
 
 
@@ -154,6 +155,8 @@ def _health_row(h: NodeHealth) -> dict[str, Any]:
         "good_streak": h.good_streak,
         "boot_id": h.boot_id,
         "last_probe": h.last_probe,
+        "isolated_passes": h.isolated_passes,
+        "needs_operator": int(h.needs_operator),
     }
 
 
@@ -171,4 +174,6 @@ def _health_from_row(row: sqlite3.Row) -> NodeHealth:
         good_streak=row["good_streak"],
         boot_id=row["boot_id"],
         last_probe=row["last_probe"],
+        isolated_passes=row["isolated_passes"],
+        needs_operator=bool(row["needs_operator"]),
     )

@@ -154,5 +154,12 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE runs ADD COLUMN pid_start INTEGER;
     ALTER TABLE runs ADD COLUMN kill_sent REAL;
     """,
+    # 6: isolation (issue 12): an isolated node's passing probes in a row, whether only an operator may resume it
+    #    (it was flaky while isolated); the node faults of a recent window, by time
+    """
+    ALTER TABLE nodes ADD COLUMN isolated_passes INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE nodes ADD COLUMN needs_operator INTEGER NOT NULL DEFAULT 0;
+    CREATE INDEX events_faults ON events (time) WHERE kind IN ('isolated', 'state-changed');
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

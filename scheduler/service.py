@@ -12,9 +12,19 @@ from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ftconsole.probes.health import NodeEvent, NodeHealth, NodeState, Observation, observe, set_admin, stale
+from ftconsole.probes.health import (
+    NodeEvent,
+    NodeHealth,
+    NodeState,
+    Observation,
+    faults_in_window,
+    is_fault,
+    observe,
+    set_admin,
+    stale,
+)
 from ftconsole.probes.results import ProbeReport
-from ftconsole.scheduler.config import LoadedConfig, Node, expand_nodeset
+from ftconsole.scheduler.config import LoadedConfig, Node, ProbeSettings, expand_nodeset, format_duration
 from ftconsole.scheduler.errors import NotFound, UsageError
 from ftconsole.scheduler.probing import ProbeFailure, sweep
 from ftconsole.scheduler.records import AutoResolve, NewAlert, StoredEvent, StoredProbe
@@ -39,6 +49,7 @@ def _health_json(h: NodeHealth, now: float) -> dict[str, Any]:
         "admin_by": h.admin_by or None,
         "last_probe": h.last_probe,
         "last_probe_age_s": round(now - h.last_probe, 1) if h.last_probe is not None else None,
+        "isolated_passes": h.isolated_passes,
     }
 
 
@@ -73,6 +84,9 @@ class NodeView:
     now: float
     held: tuple[tuple[int, int], ...] = ()  # (GPU index, job id) for each GPU a run holds
     faults: int = 0  # how many times it became unhealthy, unreachable or isolated
+    faults_in_window: int = 0  # how many of them within probes.flaky_window
+    flaky: bool = False  # faults_in_window reached probes.flaky_faults
+    faults_window: float = 0.0  # probes.flaky_window, in seconds
 
     def to_json(self) -> dict[str, Any]:
         out = {**_node_json(self.node), **_health_json(self.health, self.now)}
@@ -83,6 +97,9 @@ class NodeView:
         out["last_error"] = self.probe.error if self.probe else None
         out["held"] = [{"gpu": gpu, "job": job} for gpu, job in self.held]
         out["faults"] = self.faults
+        out["faults_in_window"] = self.faults_in_window
+        out["faults_window_s"] = self.faults_window
+        out["flaky"] = self.flaky
         return out
 
 
@@ -120,6 +137,41 @@ def node_alerts(
     elif failure is None and "host_key" in open_kinds:
         resolved.append(AutoResolve(now, name, "host_key", "its host key was verified"))
     return raised, resolved
+
+
+FLAKY_ALERT_LAST = 3  # the faults a node_flaky alert names, newest last
+
+
+def flaky_alert(
+    name: str, past: Sequence[StoredEvent], events: Sequence[NodeEvent], now: float, settings: ProbeSettings
+) -> NewAlert | None:
+    """The node_flaky alert a change of a node raises (pure): when one of its `events` is a fault and, with it, the
+    node's faults within `flaky_window` (`past`: its fault events so far) reach `flaky_faults`.
+
+    The store raises it only while none is open or acknowledged for the node; ftconsole never resolves it (an
+    operator looks at the node first), and a fault after it was resolved raises a new one while still flaky.
+    """
+    new = [(e.time, e.message) for e in events if is_fault(e.kind, e.data)]
+    if not new:
+        return None
+    since = now - settings.flaky_window
+    recent = [(t, message) for t, message in [*((e.time, e.message) for e in past), *new] if t >= since]
+    if len(recent) < settings.flaky_faults:
+        return None
+    last = "; ".join(f"{_clock(t)} {_cut(message)}" for t, message in recent[-FLAKY_ALERT_LAST:])
+    message = (
+        f"{name} is flaky: {len(recent)} faults within {format_duration(settings.flaky_window)} (the last: {last}); "
+        f"it is not resumed automatically: look at it before `ftconsole resume {name}`"
+    )
+    return NewAlert(now, "node_flaky", "warning", message, node=name)
+
+
+def _clock(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
+
+
+def _cut(text: str, limit: int = 160) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 class ClusterService:
@@ -178,8 +230,10 @@ class ClusterService:
         nodes = self.select(nodeset)
         results = await sweep(self.transport, self.config, nodes, checks=checks)
         now = self.clock()
+        settings = self.config.probes
         current = await self.store.all_node_health()
         open_alerts = await self.store.open_node_alerts()
+        history = await self.store.fault_events(since=now - settings.flaky_window)
         changes: list[tuple[NodeHealth, Sequence[NodeEvent]]] = []
         stored: list[StoredProbe] = []
         outcomes: list[ProbeOutcome] = []
@@ -188,17 +242,27 @@ class ClusterService:
         for node in nodes:
             result = results[node.name]
             if isinstance(result, ProbeReport):
-                obs = Observation(now, report=result)
+                obs = Observation(now, report=result, partial=checks is not None)
                 stored.append(StoredProbe(node.name, now, None, result.to_json()))
             else:
                 obs = Observation(now, error=f"{result.kind}: {result.message}")
                 stored.append(StoredProbe(node.name, now, obs.error, None))
             before = current.get(node.name) or NodeHealth(node.name)
-            health, events = observe(before, obs, recover_after=self.config.probes.recover_after)
+            past = history.get(node.name, [])
+            health, events = observe(
+                before,
+                obs,
+                recover_after=settings.recover_after,
+                resume_isolated_after=settings.isolation_recover_after,
+                flaky=faults_in_window((e.time for e in past), now, settings.flaky_window) >= settings.flaky_faults,
+            )
             changes.append((health, events))
             failure = result if isinstance(result, ProbeFailure) else None
             up, down = node_alerts(before, health, failure, open_alerts.get(node.name, set()), now)
             raised.extend(up)
+            flaky = flaky_alert(node.name, past, events, now, settings)
+            if flaky is not None:
+                raised.append(flaky)
             resolved.extend(down)
             outcomes.append(
                 ProbeOutcome(
@@ -215,7 +279,8 @@ class ClusterService:
     # -- listing -----------------------------------------------------------------------------------------
 
     async def nodes(self, nodeset: str | Sequence[str] | None = None, *, extras: bool = True) -> list[NodeView]:
-        """The nodes as last probed; with `extras`, the GPUs runs hold and the fault counts (two queries)."""
+        """The nodes as last probed; with `extras`, the GPUs runs hold, the fault counts and which nodes are flaky
+        (three queries)."""
         nodes = self.select(nodeset)
         now = self.clock()
         healths = await self.store.all_node_health()
@@ -223,10 +288,14 @@ class ClusterService:
         stale_after = self.config.probes.interval * STALE_AFTER_INTERVALS
         held: dict[str, list[tuple[int, int]]] = {}
         faults: dict[str, int] = {}
+        recent: dict[str, int] = {}
+        window, threshold = self.config.probes.flaky_window, self.config.probes.flaky_faults
         if extras:
             for r in await self.store.runs(held=True):
                 held.setdefault(r.node, []).extend((gpu, r.job) for gpu in r.gpus)
             faults = await self.store.node_faults()
+            history = await self.store.fault_events(since=now - window)
+            recent = {name: faults_in_window((e.time for e in evs), now, window) for name, evs in history.items()}
         return [
             NodeView(
                 node=n,
@@ -235,6 +304,9 @@ class ClusterService:
                 now=now,
                 held=tuple(sorted(held.get(n.name, ()))),
                 faults=faults.get(n.name, 0),
+                faults_in_window=recent.get(n.name, 0),
+                flaky=recent.get(n.name, 0) >= threshold,
+                faults_window=window,
             )
             for n in nodes
         ]
@@ -255,7 +327,9 @@ class ClusterService:
         return await self._set_admin(nodeset, None, "", by)
 
     async def isolate(self, names: Sequence[str], *, reason: str, by: str) -> list[NodeHealth]:
-        """Keep faulty nodes out of placement until an operator resumes them (the recovery policy's state)."""
+        """Keep faulty nodes out of placement (the recovery policy's state) until an operator resumes them, or with
+        probes.isolation_recover_after N, until they pass the checks N times in a row. A drained node stays
+        drained. The isolation counts as a fault: it may make the node flaky (node_flaky alert)."""
         return await self._set_admin(",".join(names), NodeState.ISOLATED, reason, by)
 
     async def _set_admin(self, nodeset: str, state: NodeState | None, reason: str, by: str) -> list[NodeHealth]:
@@ -263,5 +337,12 @@ class ClusterService:
         now = self.clock()
         current = await self.store.all_node_health()
         changes = [set_admin(current.get(n.name) or NodeHealth(n.name), state, reason, by, now) for n in nodes]
-        await self.store.save_nodes(changes)
+        alerts: list[NewAlert] = []
+        if any(is_fault(e.kind, e.data) for _, events in changes for e in events):
+            history = await self.store.fault_events(since=now - self.config.probes.flaky_window)
+            for h, events in changes:
+                flaky = flaky_alert(h.node, history.get(h.node, []), events, now, self.config.probes)
+                if flaky is not None:
+                    alerts.append(flaky)
+        await self.store.save_nodes(changes, alerts=alerts)
         return [h for h, _ in changes]

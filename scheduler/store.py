@@ -25,7 +25,8 @@ from typing import Any
 
 import aiosqlite
 
-from ftconsole.probes.health import NodeEvent, NodeHealth
+from ftconsole.probes.health import FAULT_STATES as FAULT_STATES  # what counts as a fault: part of its API
+from ftconsole.probes.health import NodeEvent, NodeHealth, is_fault
 from ftconsole.scheduler.errors import NotFound, StoreError, UsageError
 from ftconsole.scheduler.jobs import Attempt, Job, JobStatus, Run
 from ftconsole.scheduler.jobspec import JobSpec
@@ -52,7 +53,6 @@ STORE_FILE = "state.db"  # in state_dir
 PROBE_HISTORY_PER_NODE = 50
 ALERT_STATES = ("open", "acknowledged", "resolved")
 OPEN_ALERT_STATES = ("open", "acknowledged")
-FAULT_STATES = ("unhealthy", "unreachable")  # a node event into one of these (or `isolated`) counts as a fault
 STORE_MODE = 0o600  # the store holds every spec and env: only the scheduler's user reads it
 STATE_DIR_MODE = 0o700  # 0750 where api.group must reach the socket (its members never read the store)
 
@@ -507,10 +507,20 @@ class Store:
         async with self._db.execute("SELECT name, faults FROM nodes") as cur:
             return {name: faults async for name, faults in cur}
 
-
-def is_fault(kind: str, data: dict[str, Any]) -> bool:
-    """A node event that counts as a fault: into unhealthy or unreachable, or isolated."""
-    return kind == "isolated" or (kind == "state-changed" and data.get("to") in FAULT_STATES)
+    async def fault_events(self, *, since: float) -> dict[str, list[StoredEvent]]:
+        """Each node's faults (`is_fault` events) at `since` or later, oldest first: its recent fault history."""
+        sql = (
+            "SELECT id, time, kind, node, job, message, data FROM events "
+            "WHERE kind IN ('isolated', 'state-changed') AND time >= ? AND node IS NOT NULL ORDER BY id"
+        )  # the partial index events_faults
+        out: dict[str, list[StoredEvent]] = {}
+        async with self._db.execute(sql, (since,)) as cur:
+            async for r in cur:
+                data = json.loads(r[6])
+                if is_fault(r[2], data):
+                    event = StoredEvent(id=r[0], time=r[1], kind=r[2], node=r[3], job=r[4], message=r[5], data=data)
+                    out.setdefault(r[3], []).append(event)
+        return out
 
 
 def _alert_id(value: Any) -> int:

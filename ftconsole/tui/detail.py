@@ -3,7 +3,8 @@
 Job: its facts, spec, attempts with the node, GPUs, state and exit of every rank, the conditions timeline,
 each rank's command, hostfile and env as its run folder holds them, and a live log tail per rank (`[` and `]`
 switch rank). Node: every check with value and threshold, its
-GPUs and who holds them, and its history of faults and drains. Both re-read their data every few seconds.
+GPUs and who holds them, and its history of faults (marked) and drains, with how many faults fell within
+probes.flaky_window and whether that makes it flaky. Both re-read their data every few seconds.
 """
 
 from __future__ import annotations
@@ -23,13 +24,16 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Label, Log, Static, TabbedContent, TabPane
 
 from ftconsole.format import age
+from ftconsole.probes.health import is_fault
 from ftconsole.scheduler.client import Client
+from ftconsole.scheduler.config import format_duration
 from ftconsole.scheduler.errors import FtError
 from ftconsole.tui import rows as R
 
 DETAIL_REFRESH_S = 2.0
 LOG_TAIL_LINES = 200
 NODE_HISTORY_KINDS = ("unhealthy", "unreachable", "isolated", "drained", "resumed", "healthy", "degraded")
+FAULT = "!"  # before the kind of a history event that counts as a fault (probes.health.is_fault)
 
 
 def _when(t: float | None) -> str:
@@ -322,7 +326,7 @@ class NodeScreen(DetailScreen):
         return Text.assemble(
             (v["name"], "bold"),
             "  ",
-            R.styled(v["state"], R.NODE_STATE_STYLE.get(v["state"])),
+            R.node_state_cell(v),
             f"  {v['host']}:{v['port'] or 22}  pool {v['pool']}",
             self._age(),
         )
@@ -332,6 +336,9 @@ class NodeScreen(DetailScreen):
         lines = ["; ".join(v.get("reasons") or []) or "no problem reported"]
         if v.get("admin"):
             lines.append(f"{v['admin']} by {v.get('admin_by') or '?'}: {v.get('admin_reason') or ''}")
+        if v.get("isolated_passes"):
+            lines.append(f"passed the checks {v['isolated_passes']} times in a row since it was isolated")
+        lines.extend(_fault_lines(v))
         lines.append(
             f"{facts.get('os') or '?'}  kernel {facts.get('kernel') or '?'}  {facts.get('cpus') or '?'} CPUs  "
             f"{(facts.get('mem_total_mib') or 0) // 1024} GiB  driver {facts.get('driver_version') or '?'}"
@@ -371,8 +378,28 @@ class NodeScreen(DetailScreen):
         )
         fill(
             self.query_one("#history", DataTable),
-            [(_when(e["time"]), e["kind"], e["message"]) for e in reversed(self.history)],
+            [(_when(e["time"]), _history_kind(e), e["message"]) for e in reversed(self.history)],
         )
+
+
+def _fault_lines(v: dict[str, Any]) -> list[str]:
+    """How many faults the node had within the flaky window, and what being flaky means, when it had any."""
+    recent = int(v.get("faults_in_window") or 0)
+    if not recent:
+        return []
+    window = format_duration(float(v.get("faults_window_s") or 0))
+    line = f"faults: {recent} within {window}, {v.get('faults') or recent} in all (marked {FAULT} below)"
+    if v.get("flaky"):
+        line = f"{R.FLAKY_MARK} flaky: {line}; it is not resumed automatically: look before resuming it"
+    return [line]
+
+
+def _history_kind(event: dict[str, Any]) -> R.Cell:
+    kind = str(event["kind"])
+    if not is_fault(kind, event.get("data") or {}):
+        return kind
+    to = (event.get("data") or {}).get("to")
+    return R.styled(f"{FAULT} {kind}" + (f" to {to}" if to else ""), "bad")
 
 
 def _na(value: Any, unit: str = "") -> str:

@@ -80,6 +80,7 @@ NODE_STATE_ORDER = ("unreachable", "unhealthy", "isolated", "degraded", "drained
 PRIORITY_RANK = {"very-urgent": 0, "urgent": 1, "normal": 2}
 SPARK = " ▁▂▃▄▅▆▇█"
 MARK = "●"
+FLAKY_MARK = "⚑"  # after the state of a flaky node (too many faults within probes.flaky_window)
 
 
 def styled(value: str, role: str | None) -> Cell:
@@ -219,7 +220,7 @@ def _fold(names: tuple[str, ...]) -> str:
 NODE_COLUMNS = (
     Column("mark", " ", 1),
     Column("node", "NODE"),
-    Column("state", "STATE", 11),
+    Column("state", "STATE", 13),  # "unreachable ⚑"
     Column("pool", "POOL"),
     Column("gpus", "GPUS"),
     Column("used", "USED"),
@@ -260,7 +261,6 @@ def node_cells(node: Mapping[str, Any], now: float, history: Sequence[float | No
     held = node.get("held") or []
     util = mean_util(node)
     last = node.get("last_probe")
-    state = str(node["state"])
     job_ids: list[int | str] = sorted({int(h["job"]) for h in held if h.get("job") is not None})
     if any(h.get("private") for h in held):
         job_ids.append("private")
@@ -268,7 +268,7 @@ def node_cells(node: Mapping[str, Any], now: float, history: Sequence[float | No
     return (
         MARK if marked else " ",
         str(node["name"]),
-        styled(state, NODE_STATE_STYLE.get(state)),
+        node_state_cell(node),
         str(node.get("pool") or ""),
         _gpu_model(gpus),
         f"{len(held)}/{len(gpus)}" if gpus else "-",
@@ -279,6 +279,15 @@ def node_cells(node: Mapping[str, Any], now: float, history: Sequence[float | No
         age(now - float(last)) if last is not None else "never",
         "; ".join(node.get("reasons") or []),
     )
+
+
+def node_state_cell(node: Mapping[str, Any]) -> Cell:
+    """The state word, and the flaky mark after it when the node is flaky (the mark reads without colour)."""
+    state = str(node["state"])
+    cell = styled(state, NODE_STATE_STYLE.get(state))
+    if not node.get("flaky"):
+        return cell
+    return Text.assemble(cell, " ", (FLAKY_MARK, style("warn_strong")))
 
 
 def _gpu_model(gpus: Sequence[Mapping[str, Any]]) -> str:

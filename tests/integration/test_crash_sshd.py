@@ -41,6 +41,12 @@ JOBS: dict[str, tuple[dict[str, Any], str, int]] = {
         "error", 2,
     ),
     "expires": ({"command": f"sh -c '{START}; exec sleep 300'", "max_runtime": "3s"}, "expired", 1),
+    # killed (137) in its first attempt, restarted in place once (the recovery path): its rank starts twice
+    "restarts": (
+        {"command": f"sh -c '{START}; if [ $FT_ATTEMPT = 1 ]; then exit 137; fi; sleep 1'",
+         "fault_tolerance": {"max_restarts": 1}},
+        "succeeded", 2,
+    ),
 }  # fmt: skip
 
 
@@ -117,7 +123,7 @@ async def check_outcomes(cluster: SshdCluster, root: Path, ids: dict[int, str], 
     for job_id, name in ids.items():
         assert seen[job_id] == JOBS[name][1], f"job {job_id} ({name}) ended {seen[job_id]}"
         starts = [line for n in cluster for f in n.home.glob(f"starts.{job_id}.*") for line in f.read_text().split()]
-        assert len(starts) == JOBS[name][2], f"job {job_id} ({name}): ranks started {starts}"
+        assert len(starts) == JOBS[name][2], f"job {job_id} ({name}): ranks started {starts}"  # once per attempt
         for pid in starts:
             assert not pid_alive(int(pid)), f"job {job_id} ({name}): process {pid} still runs"
     async with await Store.open(root / "state" / STORE_FILE) as store:
