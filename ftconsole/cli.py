@@ -18,7 +18,7 @@ from typing import Any
 from ftconsole import jobs_cli, shell_cli
 from ftconsole.format import age, gpu_summary, print_json, print_table
 from ftconsole.scheduler.client import open_client
-from ftconsole.scheduler.config import LoadedConfig, check_problems, find_config, load_config
+from ftconsole.scheduler.config import LoadedConfig, check_problems, find_config, format_duration, load_config
 from ftconsole.scheduler.errors import ConfigError, FtError
 from ftconsole.scheduler.service import ClusterService
 from ftconsole.scheduler.store import STORE_FILE, read_cluster_id
@@ -105,7 +105,7 @@ def cmd_nodes(args: argparse.Namespace) -> int:
     rows = [
         [
             v["name"],
-            v["state"],
+            f"{v['state']} (flaky)" if v.get("flaky") else v["state"],
             v["pool"],
             gpu_summary(v["gpus"]),
             age(v["last_probe_age_s"]),
@@ -135,10 +135,22 @@ def _admin(args: argparse.Namespace, op: str, **call: Any) -> int:
 
     views = asyncio.run(go())
     if args.json:
-        print_json([{"name": v["name"], "state": v["state"], "reasons": v["reasons"]} for v in views])
+        print_json(
+            [{"name": v["name"], "state": v["state"], "reasons": v["reasons"], "flaky": v.get("flaky", False),
+              "faults_in_window": v.get("faults_in_window", 0)} for v in views]
+        )  # fmt: skip
     else:
         for v in views:
             print(f"{v['name']}: {v['state']}" + (f" ({v['admin_reason']})" if v["admin_reason"] else ""))
+    if op == "resume":
+        for v in views:
+            if v.get("flaky"):
+                window = format_duration(float(v.get("faults_window_s") or 0))
+                print(
+                    f"{PROG}: warning: {v['name']} is flaky ({v['faults_in_window']} faults within {window}): it takes "
+                    f"work again; `{PROG} events --node {v['name']}` lists its faults",
+                    file=sys.stderr,
+                )
     return 0
 
 
@@ -190,7 +202,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     lab_dir = Path(args.dir).expanduser() if args.dir else lab.default_lab_dir()
     info = lab.lab_up(lab_dir, None, nodes=args.nodes)
     print(f"lab cluster up: {len(info.nodes)} nodes; config {info.config_path}", file=sys.stderr)
-    return run_console(load_config(info.config_path), readonly=False, theme=args.theme)
+    loaded = load_config(info.config_path)
+    if not args.no_demo_jobs:  # queued now; the console's scheduler places them (ftconsole/lab/demo.py)
+        from ftconsole.lab.demo import queue_demo_jobs
+
+        print(asyncio.run(queue_demo_jobs(loaded)).summary(), file=sys.stderr)
+    return run_console(loaded, readonly=False, theme=args.theme)
 
 
 def cmd_console(args: argparse.Namespace) -> int:
@@ -281,6 +298,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="start the local lab cluster and open the console on it")
     demo.add_argument("--dir", help="lab folder")
     demo.add_argument("--nodes", type=int, help="number of nodes (default: the layout's 8)")
+    demo.add_argument(
+        "--no-demo-jobs",
+        action="store_true",
+        help="do not queue the demo jobs (ftconsole/lab/demo_jobs/; by default they are queued unless a job of "
+        "yours named demo-* is still queued or running)",
+    )
     demo.set_defaults(func=cmd_demo)
     return parser
 
