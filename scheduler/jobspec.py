@@ -73,6 +73,15 @@ class JobType(StrEnum):
     BATCH = "batch"
 
 
+class Strategy(StrEnum):
+    """Seed 002's recovery strategies, tried in the order a job lists them (`fault_tolerance.strategies`)."""
+
+    RECOVER_IN_PLACE = "recover-in-place"  # a new attempt on the same nodes (healthy hardware only)
+    RECOVER = "recover"  # a new placement, the faulty nodes isolated and left out
+    DUMP = "dump"  # the ranks still running get the checkpoint signal and its grace period before a stop
+    EXIT = "exit"  # the job ends `error`; nothing after it is tried
+
+
 def _valid_command(value: str) -> str:
     problem = check_command(value)
     if problem is not None:
@@ -262,6 +271,19 @@ class FaultTolerance(_Strict):
     restart_time_limit: PositiveDuration | None = None
     checkpoint_resume: CheckpointResume | None = None
     elastic: Elastic | None = None
+    strategies: Annotated[list[Strategy], AfterValidator(_unique)] | None = Field(None, min_length=1)
+
+    @property
+    def plan(self) -> tuple[Strategy, ...]:
+        """The strategies to try, in order: `strategies`, or what the other keys ask for."""
+        if self.strategies is not None:
+            return tuple(self.strategies)
+        out = [Strategy.DUMP] if self.checkpoint_resume is not None else []
+        if self.max_restarts is not None:
+            out.append(Strategy.RECOVER_IN_PLACE)
+        if self.retries or self.checkpoint_resume is not None or self.elastic is not None:
+            out.append(Strategy.RECOVER)
+        return tuple(out)
 
 
 class GpuRequest(NamedTuple):
@@ -524,7 +546,10 @@ def _fault_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
                 f"{where!r} is relative, and every attempt may start elsewhere: give an absolute path or ~/...",
             )
         )
-    if _given(ft, "restart_exit_codes") and not _given(ft, "max_restarts"):
+    strategies = ft.get("strategies")
+    if isinstance(strategies, list):
+        out.extend(_strategy_problems(ft, [str(x) for x in strategies]))
+    elif _given(ft, "restart_exit_codes") and not _given(ft, "max_restarts"):
         out.append(
             (("fault_tolerance", "restart_exit_codes"), "restart_exit_codes needs max_restarts (how many restarts)")
         )
@@ -535,6 +560,40 @@ def _fault_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
             out.append((("fault_tolerance", key), f"{key} ({why}) needs max_restarts or retries: nothing restarts"))
     if _given(ft, "elastic"):
         out.extend(_elastic_problems(data, _mapping(ft["elastic"])))
+    return out
+
+
+def _strategy_problems(ft: Mapping[str, Any], listed: list[str]) -> list[tuple[Loc, str]]:
+    """Each strategy listed needs its budget, and each budget given needs its strategy: nothing is accepted
+    and then never used."""
+    loc: Loc = ("fault_tolerance", "strategies")
+    out: list[tuple[Loc, str]] = []
+    if Strategy.EXIT in listed and listed.index(Strategy.EXIT) < len(listed) - 1:
+        later = ", ".join(listed[listed.index(Strategy.EXIT) + 1 :])
+        out.append(((*loc, listed.index(Strategy.EXIT)), f"exit ends the job: {later} after it would never be tried"))
+    needs = {
+        Strategy.RECOVER_IN_PLACE: ("max_restarts", _given(ft, "max_restarts"), "how many restarts in place"),
+        Strategy.RECOVER: (
+            "retries",
+            bool(_int(ft.get("retries"))) or _given(ft, "checkpoint_resume") or _given(ft, "elastic"),
+            "how many resubmits; or checkpoint_resume's max_resumes, or elastic",
+        ),
+        Strategy.DUMP: ("checkpoint_resume", _given(ft, "checkpoint_resume"), "its signal and grace_period"),
+    }
+    for strategy, (key, given, why) in needs.items():
+        if strategy in listed and not given:
+            out.append(((*loc, listed.index(strategy)), f"{strategy} needs {key} ({why})"))
+    budgets = {
+        "max_restarts": (_given(ft, "max_restarts"), Strategy.RECOVER_IN_PLACE),
+        "retries": (bool(_int(ft.get("retries"))), Strategy.RECOVER),
+        "checkpoint_resume": (_given(ft, "checkpoint_resume"), Strategy.DUMP),
+    }
+    for key, (given, strategy) in budgets.items():
+        if given and strategy not in listed:
+            out.append((("fault_tolerance", key), f"{key} is used by {strategy}, which strategies does not list"))
+    if _int(_mapping(ft.get("checkpoint_resume")).get("max_resumes")) and Strategy.RECOVER not in listed:
+        where: Loc = ("fault_tolerance", "checkpoint_resume", "max_resumes")
+        out.append((where, "max_resumes counts resumes elsewhere, which is recover: strategies does not list it"))
     return out
 
 

@@ -258,6 +258,8 @@ class Loop:
             except Conflict:
                 continue
             await afailpoint("observe.after_record")
+            if isinstance(decision, StopOthers):
+                self.recoverer.dump(job, runs)
             self._poke()
         if quiet:  # one transaction for all of them: nothing there can conflict
             async with self.store.jobs_tx("record run states") as tx:
@@ -284,7 +286,7 @@ class Loop:
             await tx.update_attempt(job.id, job.attempt, started=now)
             await tx.event(now, Condition.RUNNING, f"every rank of attempt {job.attempt} is running", job=job.id)
         elif isinstance(decision, StopOthers):
-            stopping = f"{decision.message}; stopping the other ranks"
+            stopping = f"{decision.message}; {self.recoverer.stopping_others(job)}"
             await request_stop(tx, job, now, StopReason.ERROR, "scheduler", stopping, message=decision.message)
         elif isinstance(decision, Finish):
             starts = [r.started for r in runs if r.started is not None]
@@ -322,17 +324,21 @@ class Loop:
         started) ends `error` at once; a running one is stopped and ends `error` with this message."""
         now = self.clock()
         runs = [r for r in await self.store.runs(job=job.id) if r.active]
+        dump = False
         try:
             async with self.store.jobs_tx(f"fail job {job.id}") as tx:
                 if job.status is JobStatus.RUNNING and any(r.state != "intent" for r in runs):
                     if job.stop_reason is None:
                         await request_stop(tx, job, now, StopReason.ERROR, "scheduler", message, message=message)
-                    return
-                for r in runs:
-                    await tx.update_run(r, state="cancelled", ended=now)
-                await self._finish(tx, job, Finish(JobStatus.ERROR, message, None), now)
+                        dump = True
+                else:
+                    for r in runs:
+                        await tx.update_run(r, state="cancelled", ended=now)
+                    await self._finish(tx, job, Finish(JobStatus.ERROR, message, None), now)
         except Conflict:
             return
+        if dump:
+            self.recoverer.dump(job, runs)
         self._poke()
 
     def _adopting(self, held: Sequence[Run], observed: dict[str, list[tuple[Run, RunStatus]]]) -> None:

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 
 from ftconsole.scheduler.config import format_duration
 from ftconsole.scheduler.jobs import Attempt, Job, Run, StopReason
+from ftconsole.scheduler.jobspec import Strategy
 
 KILL_MARGIN_S = 5.0  # past the grace period, before the scheduler SIGKILLs what the supervisor did not
 READ_STATES = frozenset({"starting", "running", "orphaned"})
@@ -142,7 +143,7 @@ def _stop(job: Job, run: Run, snap: Snapshot) -> bool | None:
         return True  # no supervisor to ask: what is left of it holds the GPUs
     if job.stop_reason is None and run.attempt >= job.attempt:
         return None
-    if job.stop_reason is StopReason.RESCHEDULE and run.stop_sent is None and run.attempt >= job.attempt:
+    if run.stop_sent is None and run.attempt >= job.attempt and dumps(job):
         resume = job.spec.fault_tolerance.checkpoint_resume
         if snap.now < (job.stop_requested or snap.now) + (resume.grace_period if resume else 0.0):
             return None  # it saves its checkpoint (the signal went out): stopped once its grace period is over
@@ -151,6 +152,16 @@ def _stop(job: Job, run: Run, snap: Snapshot) -> bool | None:
     if snap.now >= run.stop_sent + snap.stop_grace + KILL_MARGIN_S:
         return True  # the supervisor should have killed it by now
     return None
+
+
+def dumps(job: Job) -> bool:
+    """The ranks of this job still running when its attempt fails (a rank failed, or a node under it) get the
+    checkpoint signal and `grace_period` before they are stopped: `checkpoint_resume` with `dump` in its
+    strategies (the default with `checkpoint_resume`)."""
+    ft = job.spec.fault_tolerance
+    if job.stop_reason not in (StopReason.ERROR, StopReason.RESCHEDULE) or ft.checkpoint_resume is None:
+        return False
+    return job.stop_reason is StopReason.RESCHEDULE or Strategy.DUMP in ft.plan
 
 
 def _silence(snap: Snapshot, node: str, asked: float) -> str:
@@ -267,8 +278,11 @@ def recover(
         stale = [n for n in nodes if n in health and (health[n].last_probe or 0) < failed_at]
         if stale and now - failed_at < PROBE_WAIT_S:
             return ProbeFirst(tuple(stale))
+    plan = ft.plan
     if sick:
         cause = "hardware fault: " + "; ".join(sick[n] for n in sorted(sick))
+        if Strategy.RECOVER not in plan:
+            return None  # strategies without recover: a hardware fault ends the job as any failure
         elastic = ft.elastic
         keep = tuple(dict.fromkeys(r.node for r in sorted(runs, key=lambda r: r.rank) if r.node not in sick))
         if elastic is not None and len(keep) >= elastic.min_nodes:
@@ -279,19 +293,32 @@ def recover(
             return GiveUp(f"error,exiting: {cause} (resubmitted {resubmits} of {limit} times)")
         return None
     code = _exit_code(first)
-    if ft.max_restarts and code is not None and code in _restart_codes(job):
-        cause = f"{first.describe()}: exit code {code} restarts (max_restarts {ft.max_restarts})"
-        if restarts < ft.max_restarts:
-            wait = min(ft.restart_backoff * 2**restarts, MAX_BACKOFF_S)
-            if now < failed_at + wait:
-                until = failed_at + wait
-                when = time.strftime("%H:%M:%S", time.localtime(until))
-                backoff = format_duration(ft.restart_backoff)
-                text = f"restart {restarts + 1} of {ft.max_restarts} at {when} (restart_backoff {backoff}, doubled)"
-                return Hold(until, text)
-            return RestartInPlace(cause, restarts + 1, ft.max_restarts)
-        return GiveUp(f"error,exiting: {first.describe()} (restarted {restarts} of {ft.max_restarts} times)")
-    return None
+    explicit = ft.strategies is not None
+    if code is None or code not in _restart_codes(job) or (ft.max_restarts is None and not explicit):
+        return None  # the exit-code policy does not cover it: the program's own failure (scenario 4)
+    cause = f"{first.describe()}: exit code {code} restarts"
+    tried: list[str] = []
+    for strategy in plan:
+        if strategy is Strategy.EXIT:
+            break
+        if strategy is Strategy.RECOVER_IN_PLACE and ft.max_restarts is not None:
+            tried.append(f"restarted in place {restarts} of {ft.max_restarts} times")
+            if restarts < ft.max_restarts:
+                wait = min(ft.restart_backoff * 2**restarts, MAX_BACKOFF_S)
+                if now < failed_at + wait:
+                    until = failed_at + wait
+                    when = time.strftime("%H:%M:%S", time.localtime(until))
+                    backoff = format_duration(ft.restart_backoff)
+                    text = f"restart {restarts + 1} of {ft.max_restarts} at {when} (restart_backoff {backoff}, doubled)"
+                    return Hold(until, text)
+                return RestartInPlace(f"{cause} (max_restarts {ft.max_restarts})", restarts + 1, ft.max_restarts)
+        elif strategy is Strategy.RECOVER and explicit and limit:  # without strategies: hardware faults only
+            tried.append(f"resubmitted {resubmits} of {limit} times")
+            if resubmits < limit:
+                return Requeue((), cause, resubmits + 1, limit)
+    if not tried:
+        return None
+    return GiveUp(f"error,exiting: {first.describe()} ({', '.join(tried)})")
 
 
 def _exit_code(run: Run) -> int | None:

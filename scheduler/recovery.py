@@ -23,6 +23,7 @@ from ftconsole.scheduler.config import format_duration
 from ftconsole.scheduler.errors import FtError
 from ftconsole.scheduler.failpoints import afailpoint
 from ftconsole.scheduler.jobs import Attempt, Condition, Finish, Job, JobStatus, Run, StopReason
+from ftconsole.scheduler.jobspec import Strategy
 from ftconsole.scheduler.jobtx import Conflict
 from ftconsole.scheduler.placing import Placer
 from ftconsole.scheduler.reconcile import (
@@ -305,7 +306,28 @@ class Recoverer:
             return
         log.warning("job %s: %s", job.id, text)
         self._poke()
-        task = asyncio.create_task(self._send(job, runs, resume.signal))
+        self._signal(job, runs, resume.signal)
+
+    def stopping_others(self, job: Job) -> str:
+        """What befalls the ranks still running when a rank of `job` fails (its Stopping event says it)."""
+        resume = job.spec.fault_tolerance.checkpoint_resume
+        if resume is None or Strategy.DUMP not in job.spec.fault_tolerance.plan:
+            return "stopping the other ranks"
+        grace = format_duration(resume.grace_period)
+        return f"dump: {resume.signal} to the other ranks to save a checkpoint, stopped after grace_period {grace}"
+
+    def dump(self, job: Job, runs: Sequence[Run]) -> None:
+        """Seed 002's `dump`: the checkpoint signal to the ranks of a failed attempt that still run; the loop
+        stops them once its `grace_period` is over (`reconcile.dumps`)."""
+        resume = job.spec.fault_tolerance.checkpoint_resume
+        if resume is None or Strategy.DUMP not in job.spec.fault_tolerance.plan:
+            return
+        alive = [r for r in runs if r.launch and r.active and r.state in ("starting", "running")]
+        if alive:
+            self._signal(job, alive, resume.signal)
+
+    def _signal(self, job: Job, runs: Sequence[Run], name: str) -> None:
+        task = asyncio.create_task(self._send(job, runs, name))
         self._signals.add(task)
         task.add_done_callback(self._signals.discard)
 

@@ -121,7 +121,7 @@ async def test_exit_code_policy_restarts_137_in_place_until_max_restarts_and_nev
         assert [a["result"] for a in shown["attempts"]] == ["restarted", "restarted", "error"]
         assert len({r["node"] for a in shown["attempts"] for r in a["runs"]}) == 1  # in place: the same node
         assert shown["message"].startswith("error,exiting: rank 0 on")
-        assert "exited with code 137 (restarted 2 of 2 times)" in shown["message"]
+        assert "exited with code 137 (restarted in place 2 of 2 times)" in shown["message"]
         assert len(restarting(shown)) == 2
         assert "try 3" in await log_of(client, first, attempt=3)
         shown = await finished(client, second)
@@ -237,6 +237,7 @@ async def test_checkpoint_resume_signals_the_job_then_resumes_it_elsewhere_from_
         assert "resume=1 count=1" in second and "resumed from step-42" in second
         assert (output / "checkpoints" / "ckpt").read_text() == "step-42\n"
         events = await client.call("events", job=job_id)
+        # the signal went to the rank left alone, not the failed one
         assert any(e["kind"] == "Checkpoint" and e["message"] == "SIGUSR1 sent to 1 of 1 rank(s)" for e in events)
         stopping = [e["message"] for e in events if e["kind"] == "Stopping"]
         assert stopping and "SIGUSR1 to every rank to save a checkpoint, stopped after grace_period 3s" in stopping[0]
@@ -266,3 +267,56 @@ async def test_an_elastic_job_goes_on_at_once_on_the_nodes_left_when_one_dies(
         assert (await client.call("nodes", nodeset="node02"))[0]["state"] == "isolated"
         await client.call("stop", jobs=[job_id])
         assert (await finished(client, job_id))["status"] == "stopped"
+
+
+async def test_strategies_are_tried_in_order_in_place_then_a_new_placement(
+    sshd_cluster: Any, tmp_path: Path, sock_dir: Path
+) -> None:
+    """Seed 002: `strategies: [recover-in-place, recover]`: a 137 exit restarts in place while max_restarts
+    allow, then the job is placed anew (retries), nothing isolated: the hardware is healthy."""
+    cluster: SshdCluster = sshd_cluster(2, gpus=1)
+    loaded = write_config(cluster, tmp_path, sock_dir)
+    command = "sh -c 'echo attempt $FT_ATTEMPT; if [ $FT_ATTEMPT -le 2 ]; then exit 137; fi'"
+    async with running(loaded) as (_, client):
+        ft = {"strategies": ["recover-in-place", "recover"], "max_restarts": 1, "retries": 1}
+        job_id = (await client.call("submit", spec=job("ordered", command, fault_tolerance=ft)))["id"]
+        shown = await finished(client, job_id)
+        assert shown["status"] == "succeeded", shown["message"]
+        assert [(n, result) for n, result, _ in attempts_of(shown)] == [(1, "restarted"), (2, "requeued"),
+                                                                        (3, "succeeded")]  # fmt: skip
+        first = attempts_of(shown)[0][2]
+        assert attempts_of(shown)[1][2] == first  # in place: the same node
+        why = restarting(shown)
+        assert "attempt 2 on" in why[0] and "(restart 1 of 1)" in why[0]
+        assert "queued again at the front (resubmit 1 of 1)" in why[1] and "isolated" not in why[1]
+        assert {n["state"] for n in await client.call("nodes")} == {"healthy"}
+
+
+DUMPS = (
+    "sh -c 'if [ $RANK = 1 ]; then sleep 1; exit 3; fi; "
+    'trap "echo step-7 > $FT_CHECKPOINT_DIR/ckpt; echo saved" USR1; while true; do sleep 0.1; done\''
+)
+
+
+async def test_dump_signals_the_ranks_left_to_save_a_checkpoint_before_a_failed_job_stops(
+    sshd_cluster: Any, tmp_path: Path, sock_dir: Path
+) -> None:
+    """Seed 002's `dump`: a rank fails on healthy hardware; the rank still running gets SIGUSR1 and its grace
+    period, writes its checkpoint, and only then is stopped; the job ends error (no strategy restarts exit 3)."""
+    cluster: SshdCluster = sshd_cluster(2, gpus=1)
+    loaded = write_config(cluster, tmp_path, sock_dir)
+    output = tmp_path / "out"
+    async with running(loaded) as (_, client):
+        ft = {"strategies": ["dump", "exit"], "checkpoint_resume": {"max_resumes": 0, "grace_period": "2s"}}
+        spec = job("dumps", DUMPS, mode="pytorch", nodes=2, output=str(output), fault_tolerance=ft)
+        job_id = (await client.call("submit", spec=spec))["id"]
+        shown = await finished(client, job_id)
+        assert shown["status"] == "error" and "rank 1" in shown["message"]
+        assert [result for _, result, _ in attempts_of(shown)] == ["error"]
+        assert "saved" in await log_of(client, job_id, rank=0)
+        assert (output / "checkpoints" / "ckpt").read_text() == "step-7\n"
+        events = await client.call("events", job=job_id)
+        stopping = [e["message"] for e in events if e["kind"] == "Stopping"]
+        assert stopping and "dump: SIGUSR1 to the other ranks to save a checkpoint" in stopping[0]
+        # the signal went to the rank left alone, not the failed one
+        assert any(e["kind"] == "Checkpoint" and e["message"] == "SIGUSR1 sent to 1 of 1 rank(s)" for e in events)

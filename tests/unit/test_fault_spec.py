@@ -45,3 +45,40 @@ def test_checkpoint_resume_names_a_catchable_signal_and_an_absolute_folder() -> 
         spec(checkpoint_resume={"max_resumes": 1, "signal": "SIGKILL"})
     with pytest.raises(ValidationError, match="'ckpt' is relative, and every attempt may start elsewhere"):
         spec(checkpoint_resume={"max_resumes": 1, "dir": "ckpt"})
+
+
+def test_without_strategies_the_plan_follows_the_keys_given() -> None:
+    assert spec().fault_tolerance.plan == ()
+    assert spec(max_restarts=2, retries=1).fault_tolerance.plan == ("recover-in-place", "recover")
+    assert spec(checkpoint_resume={"max_resumes": 1}).fault_tolerance.plan == ("dump", "recover")
+    listed = spec(strategies=["recover", "recover-in-place", "exit"], retries=1, max_restarts=1)
+    assert listed.fault_tolerance.plan == ("recover", "recover-in-place", "exit")
+
+
+@pytest.mark.parametrize(
+    ("ft", "message"),
+    [
+        ({"strategies": ["exit", "recover"], "retries": 1}, "strategies[0]: exit ends the job: recover after it"),
+        ({"strategies": ["recover-in-place"]}, "strategies[0]: recover-in-place needs max_restarts"),
+        ({"strategies": ["exit", "recover"][1:]}, "strategies[0]: recover needs retries"),
+        ({"strategies": ["dump", "exit"]}, "strategies[0]: dump needs checkpoint_resume"),
+        ({"strategies": ["recover"], "retries": 1, "max_restarts": 2}, "max_restarts: max_restarts is used by"),
+        ({"strategies": ["recover-in-place"], "max_restarts": 2, "retries": 1}, "retries: retries is used by"),
+        ({"strategies": ["recover"], "checkpoint_resume": {"max_resumes": 1}}, "checkpoint_resume is used by dump"),
+        ({"strategies": ["dump"], "checkpoint_resume": {"max_resumes": 1}}, "max_resumes counts resumes"),
+        ({"strategies": ["recover", "recover"], "retries": 1}, "recover given more than once"),
+        ({"strategies": ["retry"], "retries": 1}, "strategies.0"),
+        ({"strategies": []}, "strategies"),
+    ],
+)
+def test_a_strategy_without_its_budget_or_a_budget_without_its_strategy_is_refused(
+    ft: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValidationError, match=r"fault_tolerance") as caught:
+        spec(**ft)
+    assert message in str(caught.value)
+
+
+def test_with_strategies_restart_exit_codes_needs_no_max_restarts() -> None:
+    ft = spec(strategies=["recover"], retries=2, restart_exit_codes=[137]).fault_tolerance
+    assert ft.restart_exit_codes == [137]
