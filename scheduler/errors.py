@@ -57,14 +57,18 @@ class ConfigError(UsageError):
 
 
 class SSHError(FtError):
-    """A node could not be reached or a command on it could not be run."""
+    """A node could not be reached or a command on it could not be run. `hung`: the node's kernel took the
+    connection (or its sshd the command) and nothing answered: alive but frozen or stalled, not down."""
 
     title = "ssh"
+    hung = False
 
-    def __init__(self, node: str, message: str) -> None:
+    def __init__(self, node: str, message: str, *, hung: bool | None = None) -> None:
         self.node = node
         super().__init__(f"{node}: {message}")
         self.reason = message
+        if hung is not None:
+            self.hung = hung
 
 
 class UnreachableError(SSHError):
@@ -93,6 +97,17 @@ class CommandTimeout(SSHError):
     """A command on a node ran past its timeout."""
 
     title = "timeout"
+    hung = True
+
+
+def silence_text(exc: SSHError) -> str:
+    """Why a node gave no answer, telling a hung node (alive: TCP or the command was taken, nothing answered)
+    from one that is down (refused, no TCP answer, connection lost), as the job's events say it."""
+    if exc.hung:
+        return f"hung: it takes connections but does not answer ({exc.reason})"
+    if isinstance(exc, UnreachableError):
+        return f"down or cut off: {exc.reason}"
+    return exc.reason
 
 
 class StoreError(FtError):

@@ -54,6 +54,7 @@ from ftconsole.scheduler.supervisor import MAX_PRUNED
 log = logging.getLogger("ftconsole.scheduler")
 
 ACT_WAIT_S = 2.0  # how long a tick waits for the node commands it started; slower ones finish in the background
+KNOCK_S = 3.0  # at most this long for a fresh TCP connection to a silent node to say whether it hung or died
 SWEEP_RETRY_S = 5.0  # how often a node still to be swept is tried while it does not answer
 PRUNE_EVERY_S = 3600.0  # run retention along with a node's reads at most this often (and with every sweep)
 ACCOUNT_OK_S = 600.0  # a user's account found on a node is not asked for again before a launch for this long
@@ -82,6 +83,8 @@ class Executor:
         self._observed: dict[str, list[tuple[Run, RunStatus]]] = {}  # node -> what its last read said
         self.waiting: dict[str, float] = {}  # node -> since when an answer about its runs is awaited
         self.answered: dict[str, float] = {}  # node -> its last answer
+        self.silence: dict[str, SSHError] = {}  # node -> why its last command got no answer (since then)
+        self.knocked: dict[str, str] = {}  # node -> what a fresh connection found once it was half silent
         self._unswept: set[str] = set(self.nodes)  # nodes to sweep for runs that are no longer current
         self._swept_at: dict[str, float] = {}  # node -> the last try
         self._pruned_at: dict[str, float] = {}  # node -> when its old run folders were last pruned
@@ -128,6 +131,10 @@ class Executor:
         for name in sorted(stops.keys() | reads.keys()):
             self._spawn(("node", name), self._tend(stops.get(name, []), reads.get(name)))
         now = self.clock()
+        half = self.settings.node_timeout / 2
+        for name, since in sorted(self.waiting.items()):
+            if now - since >= half and name not in self.knocked and name in self.nodes:
+                self._spawn(("knock", name), self._knock(self.nodes[name], half))
         for name in sorted(self._unswept & set(self.nodes) if sweep else ()):
             if now - self._swept_at.get(name, -SWEEP_RETRY_S) >= SWEEP_RETRY_S:
                 self._swept_at[name] = now
@@ -140,6 +147,8 @@ class Executor:
             self._unswept.add(name)
             self.answered.pop(name, None)
             self.waiting.pop(name, None)
+            self.silence.pop(name, None)
+            self.knocked.pop(name, None)
 
     async def wait(self) -> None:
         """Wait for the work under way, at most `ACT_WAIT_S`."""
@@ -188,17 +197,28 @@ class Executor:
             self.waiting.setdefault(node.name, self.clock())
         try:
             result = await work
-        except SSHError:
-            raise  # no answer: unreachable, timed out, refused us
+        except SSHError as exc:
+            if heartbeat:
+                self.silence[node.name] = exc  # no answer: unreachable, timed out, refused us
+            raise
         except FtError:
             self._heard(node.name)  # it answered, with an error
             raise
         self._heard(node.name)
         return result
 
+    async def _knock(self, node: Node, timeout: float) -> None:
+        """Half of `node_timeout` without an answer: find out whether the node hung or died, for the events."""
+        knock = getattr(self.transport, "knock", None)
+        found = await knock(node, min(timeout, KNOCK_S)) if knock is not None else None
+        if node.name in self.waiting:
+            self.knocked[node.name] = found or ""  # "": nothing to tell (a ProxyJump), not asked again
+
     def _heard(self, name: str) -> None:
         self.answered[name] = self.clock()
         self.waiting.pop(name, None)
+        self.silence.pop(name, None)
+        self.knocked.pop(name, None)
 
     @property
     def _timeout(self) -> float:

@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ftconsole.scheduler.config import format_duration
-from ftconsole.scheduler.errors import FtError
+from ftconsole.scheduler.errors import FtError, silence_text
 from ftconsole.scheduler.executor import Executor, missing, status_fields
 from ftconsole.scheduler.failpoints import afailpoint
 from ftconsole.scheduler.jobs import (
@@ -170,6 +170,7 @@ class Loop:
             nodes=frozenset(self._nodes),
             waiting=dict(self.executor.waiting),
             answered=dict(self.executor.answered),
+            silence=self._silence(),
             node_timeout=self.settings.node_timeout,
             stop_grace=self.settings.stop_grace,
         )
@@ -180,6 +181,12 @@ class Loop:
         settled = self.adopted_s is not None or time.monotonic() - self._started > self.settings.node_timeout
         self.executor.carry_out(actions, sweep=settled)
         await self.executor.wait()
+
+    def _silence(self) -> dict[str, str]:
+        """Why each silent node gives no answer: what a fresh connection found, else its last SSH error."""
+        out = {name: silence_text(exc) for name, exc in self.executor.silence.items()}
+        out.update((name, text) for name, text in self.executor.knocked.items() if text)
+        return out
 
     async def _lose(self, actions: Actions, now: float) -> None:
         """Runs nothing can reach: written `lost` with why, their jobs settle on the next observe."""

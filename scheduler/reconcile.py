@@ -64,6 +64,7 @@ class Snapshot:
     answered: Mapping[str, float]  # node -> when it last answered an SSH command of the loop
     node_timeout: float
     stop_grace: float
+    silence: Mapping[str, str] = field(default_factory=dict)  # node -> why its last ask got no answer
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,9 @@ def dumps(job: Job) -> bool:
 def _silence(snap: Snapshot, node: str, asked: float) -> str:
     since = snap.answered.get(node, asked)
     waited = format_duration(round(snap.now - asked, 1))
-    return f"node unreachable since {time.strftime('%H:%M:%S', time.localtime(since))} (no answer for {waited})"
+    text = f"node unreachable since {time.strftime('%H:%M:%S', time.localtime(since))} (no answer for {waited})"
+    why = snap.silence.get(node)
+    return f"{text}: {why}" if why else text
 
 
 # ================================================================ recovery

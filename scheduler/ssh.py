@@ -130,12 +130,16 @@ class _Verdict:
     changed: bool = False
     unknown: bool = False
     recorded: bool = False
+    tcp: bool = False  # the TCP connection was made (the node's kernel answered)
 
 
 class _Client(asyncssh.SSHClient):
     def __init__(self, known: KnownHosts, verdict: _Verdict) -> None:
         self._known = known
         self._verdict = verdict
+
+    def connection_made(self, conn: asyncssh.SSHClientConnection) -> None:
+        self._verdict.tcp = True  # asyncssh calls this once TCP is up, before the SSH handshake
 
     def validate_host_public_key(self, host: str, addr: str, port: int, key: asyncssh.SSHKey) -> bool:
         # asyncssh calls this only for a key that is not among the trusted keys of this host.
@@ -293,6 +297,41 @@ class SSHPool:
             "config": [str(self.config_file)] if self.config_file else [],
         }
 
+    async def knock(self, node: Node, timeout: float) -> str | None:
+        """Tell a hung node from a dead one with a fresh TCP connection to its SSH port, as the events say it:
+        the kernel answers and sshd greets (alive, its commands stalled), the kernel answers and nothing greets
+        (hung), refused (up, no sshd: rebooting?), or no TCP answer at all (down, or cut off). None through a
+        ProxyJump (only the jump host could say) or when the ssh config cannot be read."""
+        try:
+            if await self._proxy_jump(node, node.host, node.port, node.user):
+                return None
+            options = await asyncssh.SSHClientConnectionOptions.construct(
+                host=node.host, port=node.port if node.port is not None else (),
+                config=[str(self.config_file)] if self.config_file else [], known_hosts=None, client_keys=None,
+            )  # fmt: skip
+        except (SSHError, OSError, ValueError):
+            return None
+        host, port = str(options.host or node.host), int(options.port or 22)
+        deadline = asyncio.get_running_loop().time() + timeout
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+        except TimeoutError:
+            return f"down or cut off: no TCP answer from {host}:{port} within {timeout:g}s"
+        except ConnectionRefusedError:
+            return f"down or rebooting: {host}:{port} refuses connections (no sshd)"
+        except OSError as exc:
+            return f"down or cut off: {_reason(exc)}"
+        try:
+            left = max(0.1, deadline - asyncio.get_running_loop().time())
+            greeting = await asyncio.wait_for(reader.readline(), left)
+        except (TimeoutError, OSError):
+            greeting = b""
+        finally:
+            writer.close()
+        if greeting.startswith(b"SSH-"):
+            return "stalled: sshd answers, the commands do not (overloaded, or its processes frozen)"
+        return f"hung: {host}:{port} takes TCP connections, SSH does not answer"
+
     def _connect_options(self, node: Node) -> dict[str, object]:
         options = self._base_options()
         if node.port is not None:
@@ -403,9 +442,10 @@ class SSHPool:
         except asyncssh.PermissionDenied as exc:
             raise AuthError(node.name, f"{_via(jump)}authentication refused: {_reason(exc)}") from exc
         except (TimeoutError, asyncssh.misc.ConnectionLost) as exc:
-            raise UnreachableError(
-                node.name, f"{_via(jump)}connect timed out after {self.settings.connect_timeout:g}s"
-            ) from exc
+            waited = f"{_via(jump)}connect timed out after {self.settings.connect_timeout:g}s"
+            if verdict.tcp and isinstance(exc, TimeoutError):  # the kernel took it, nothing spoke SSH: frozen
+                raise UnreachableError(node.name, f"{waited}: TCP connects, SSH does not answer", hung=True) from exc
+            raise UnreachableError(node.name, waited) from exc
         except asyncssh.DisconnectError as exc:
             raise UnreachableError(node.name, f"{_via(jump)}disconnected: {_reason(exc)}") from exc
         except (OSError, asyncssh.Error) as exc:

@@ -96,6 +96,7 @@ async def test_a_dead_node_sends_its_job_elsewhere_and_with_retries_used_up_it_e
         assert second != first and shown["status"] == "running"
         (why,) = restarting(shown)
         assert f"hardware fault: rank 0 on {first} lost: node unreachable since" in why
+        assert ": down or " in why and "hung" not in why  # told apart from a hung node (below)
         assert (await client.call("nodes", nodeset=first))[0]["state"] == "isolated"
 
         cluster.down(second)  # the second node dies too: the one resubmit is used up
@@ -104,6 +105,33 @@ async def test_a_dead_node_sends_its_job_elsewhere_and_with_retries_used_up_it_e
         assert shown["message"].startswith(f"error,exiting: hardware fault: rank 0 on {second} lost")
         assert "(resubmitted 1 of 1 times)" in shown["message"]
         assert [a["result"] for a in shown["attempts"]] == ["requeued", "error"]
+
+
+async def test_a_hung_node_is_told_apart_from_a_dead_one_and_its_job_runs_elsewhere(
+    sshd_cluster: Any, tmp_path: Path, sock_dir: Path
+) -> None:
+    """SIGSTOP of the node's sshd and of every process of it (the machine froze): the kernel still takes TCP
+    connections, nothing answers. The job runs again elsewhere; the events say the node hung, not died."""
+    cluster: SshdCluster = sshd_cluster(2, gpus=1)
+    loaded = write_config(cluster, tmp_path, sock_dir, scheduler={"node_timeout": "3s"})
+    async with running(loaded) as (_, client):
+        job_id = (await client.call("submit", spec=job("frozen", "sleep 300", fault_tolerance={"retries": 1})))["id"]
+        shown = await until(client, job_id, lambda j: j["attempts"] and j["attempts"][0]["runs"][0]["pid"], "running")
+        first = shown["attempts"][0]["runs"][0]["node"]
+        cluster.hang(first, sessions=True)
+        try:
+            shown = await until(
+                client, job_id, lambda j: len(j["attempts"]) == 2 and j["attempts"][1]["runs"][0]["pid"], "attempt 2"
+            )
+            assert shown["attempts"][1]["runs"][0]["node"] != first
+            (why,) = restarting(shown)
+            assert f"rank 0 on {first} lost: node unreachable since" in why
+            assert ": hung: " in why and "takes TCP connections, SSH does not answer" in why and "down" not in why
+            assert (await client.call("nodes", nodeset=first))[0]["state"] == "isolated"
+        finally:
+            cluster.unhang(first)
+        await client.call("stop", jobs=[job_id])
+        assert (await finished(client, job_id))["status"] == "stopped"
 
 
 async def test_exit_code_policy_restarts_137_in_place_until_max_restarts_and_never_exit_1(

@@ -147,6 +147,13 @@ CASES: list[tuple[str, Snapshot, Actions]] = [
 ]
 
 
+def test_a_silent_node_is_lost_with_why_it_gives_no_answer() -> None:
+    why = "hung: 127.0.0.9:22 takes TCP connections, SSH does not answer"
+    actions = reconcile(snap([job()], [R0], waiting={"n0": NOW - 10}, silence={"n0": why}))
+    (lose,) = actions.lose
+    assert lose.reason.startswith("node unreachable since ") and lose.reason.endswith(f"(no answer for 10s): {why}")
+
+
 @pytest.mark.parametrize(("name", "snapshot", "expected"), CASES, ids=[c[0] for c in CASES])
 def test_reconcile(name: str, snapshot: Snapshot, expected: Actions) -> None:
     actions = reconcile(snapshot)
