@@ -28,7 +28,7 @@ from ftconsole.scheduler.config import Node
 from ftconsole.scheduler.errors import FtError, SSHError
 from ftconsole.scheduler.failpoints import afailpoint
 from ftconsole.scheduler.jobplan import JobLaunch, plan_job
-from ftconsole.scheduler.jobs import Attempt, Condition, Job, JobStatus, Run
+from ftconsole.scheduler.jobs import Attempt, Condition, Job, Run
 from ftconsole.scheduler.jobtx import Conflict
 from ftconsole.scheduler.launcher import LaunchInput, NodeAssignment, RankLaunch
 from ftconsole.scheduler.reconcile import READ_STATES, Actions, Launch, Read, Stop
@@ -297,18 +297,9 @@ class Executor:
         text = "; ".join(f"user {user} has no account on {n}" for n in missing)
         with contextlib.suppress(Conflict):
             async with self.store.jobs_tx("queue a job again") as tx:
-                for r in await self.store.runs(job=job.id):
-                    if r.attempt == attempt.number and r.state == "intent":
-                        await tx.update_run(r, state="cancelled", ended=now, error=text)
-                await tx.release_runs(job.id, attempt=attempt.number)
-                await tx.update_attempt(job.id, attempt.number, ended=now, result="not started", message=text)
-                await tx.update_job(
-                    job.id,
-                    expect=[JobStatus.RUNNING],
-                    status=JobStatus.QUEUED,
-                    requeued=True,
-                    message=f"queued again: {text} (placed elsewhere from now on)",
-                )
+                runs = await self.store.runs(job=job.id)
+                await tx.requeue(job.id, attempt.number, runs, now, result="not started", cause=text,
+                                 message=f"queued again: {text} (placed elsewhere from now on)")  # fmt: skip
                 for name in missing:
                     await tx.event(now, Condition.PENDING, f"attempt {attempt.number} not started: user {user} has "
                                    f"no account on {name}; queued again without it", job=job.id, node=name)  # fmt: skip

@@ -13,7 +13,7 @@ from typing import Any
 import aiosqlite
 
 from ftconsole.scheduler.errors import StoreError
-from ftconsole.scheduler.jobs import Attempt, Job, JobStatus, Run
+from ftconsole.scheduler.jobs import Attempt, Job, JobStatus, Run, StopReason
 from ftconsole.scheduler.records import AutoResolve, NewAlert, StoredAlert, _alert_from_row
 
 AUTO = "ftconsole"  # who resolves the alerts that resolve themselves
@@ -157,6 +157,33 @@ class JobTx:
         else:
             await self._db.execute("UPDATE runs SET released = 1 WHERE job = ? AND attempt = ?", (job_id, attempt))
         await self._touch(job_id)
+
+    async def requeue(
+        self, job_id: int, attempt: int, runs: Iterable[Run], now: float, *, result: str, cause: str, message: str
+    ) -> None:
+        """A running job queued again at the front of its priority: the runs of `attempt` never sent
+        (`intent`) cancelled, its GPUs released, the attempt ended with `result` and `cause`, any stop
+        request of the scheduler's own cleared. Raises Conflict when the job is no longer running, or when a
+        user's stop (or max_runtime) asks it to end: that wins."""
+        cur = await self._db.execute("SELECT stop_reason FROM jobs WHERE id = ?", (job_id,))
+        row = await cur.fetchone()
+        if row is not None and row[0] in (StopReason.STOPPED, StopReason.EXPIRED):
+            raise Conflict(f"job {job_id} is being stopped ({row[0]}): not queued again")
+        for r in runs:
+            if r.attempt == attempt and r.state == "intent":
+                await self.update_run(r, state="cancelled", ended=now, error=cause)
+        await self.release_runs(job_id, attempt=attempt)
+        await self.update_attempt(job_id, attempt, ended=now, result=result, message=cause)
+        await self.update_job(
+            job_id,
+            expect=[JobStatus.RUNNING],
+            status=JobStatus.QUEUED,
+            requeued=True,
+            stop_requested=None,
+            stop_reason=None,
+            stop_by=None,
+            message=message,
+        )
 
     async def event(
         self,

@@ -182,21 +182,9 @@ class Recoverer:
             async with self.store.jobs_tx(f"requeue job {job.id}") as tx:
                 for r, fields in changes:
                     await tx.update_run(r, **fields)
-                for r in runs:
-                    if r.state == "intent":  # never sent (a pre-flight failed): nothing of it runs
-                        await tx.update_run(r, state="cancelled", ended=now, error=d.cause)
-                await tx.update_attempt(job.id, job.attempt, ended=now, result=REQUEUED, message=d.cause)
-                await tx.release_runs(job.id, attempt=job.attempt)
-                await tx.update_job(
-                    job.id,
-                    expect=[JobStatus.RUNNING],
-                    status=JobStatus.QUEUED,
-                    requeued=True,
-                    stop_requested=None,
-                    stop_reason=None,
-                    stop_by=None,
-                    message=f"queued again: {d.cause} (resubmit {d.number} of {d.limit})",
-                )
+                # runs never sent (a pre-flight failed) are cancelled: nothing of them runs
+                await tx.requeue(job.id, job.attempt, runs, now, result=REQUEUED, cause=d.cause,
+                                 message=f"queued again: {d.cause} (resubmit {d.number} of {d.limit})")  # fmt: skip
                 await tx.event(now, Condition.RESTARTING, text, job=job.id, data=_data(job, d.faulty, "recover"))
         except Conflict:
             return

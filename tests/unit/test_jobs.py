@@ -208,6 +208,32 @@ async def test_store_jobs_round_trip_and_conditional_updates(tmp_path: Path) -> 
         assert [j.id for j in await store.jobs(statuses=[JobStatus.SUCCEEDED])] == [job_id]
 
 
+async def test_a_requeue_cancels_what_never_started_and_never_undoes_a_users_stop(tmp_path: Path) -> None:
+    async with await Store.open(tmp_path / "state.db") as store:
+        async with store.jobs_tx("submit") as tx:
+            job_id = await tx.add_job(make_job(attempt=1))
+            attempt = Attempt(job=job_id, number=1, spec_name=None, gpus_per_node=1, master_port=1, created=2.0)
+            await tx.add_attempt(attempt, [run(0, "intent"), run(1, "intent")])
+            await tx.update_job(job_id, stop_requested=3.0, stop_reason=StopReason.STOPPED, stop_by="ann")
+        runs = await store.runs(job=job_id)
+        with pytest.raises(Conflict, match="being stopped"):
+            async with store.jobs_tx("requeue") as tx:
+                await tx.requeue(job_id, 1, runs, 4.0, result="requeued", cause="c", message="m")
+        job = await store.job(job_id)
+        assert job is not None and job.status is JobStatus.RUNNING and job.stop_reason is StopReason.STOPPED
+
+        async with store.jobs_tx("a failure of ours instead") as tx:
+            await tx.update_job(job_id, stop_reason=StopReason.ERROR, stop_by="scheduler")
+        async with store.jobs_tx("requeue") as tx:
+            await tx.requeue(job_id, 1, runs, 4.0, result="requeued", cause="gpu07 died", message="queued again")
+        job = await store.job(job_id)
+        assert job is not None and job.status is JobStatus.QUEUED and job.requeued and job.stop_reason is None
+        assert [(r.state, r.error) for r in await store.runs(job=job_id)] == [("cancelled", "gpu07 died")] * 2
+        assert await store.runs(held=True) == []
+        (ended,) = await store.attempts(job_id)
+        assert (ended.result, ended.message, ended.ended) == ("requeued", "gpu07 died", 4.0)
+
+
 async def test_store_refuses_unknown_columns(tmp_path: Path) -> None:
     async with await Store.open(tmp_path / "state.db") as store:
         with pytest.raises(ValueError, match="cannot set"):
