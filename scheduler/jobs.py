@@ -44,6 +44,7 @@ class Condition(StrEnum):
     STOPPING = "Stopping"
     SCALING = "Scaling"  # an elastic job resized (`scale`): its attempt is replaced by one of the new size
     RESTARTING = "Restarting"
+    SUSPECTED_HUNG = "SuspectedHung"  # no I/O and flat GPUs for the hang window (seed 001); ends when I/O resumes
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     STOPPED = "Stopped"

@@ -29,7 +29,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 from ftconsole.scheduler import yamlfile
 from ftconsole.scheduler.command import check_command
-from ftconsole.scheduler.config import Duration, PositiveDuration, expand_nodeset
+from ftconsole.scheduler.config import Duration, PositiveDuration, expand_nodeset, parse_duration
 from ftconsole.scheduler.errors import ConfigError, Problem
 from ftconsole.scheduler.launcher import wraps_in_torchrun
 
@@ -142,6 +142,35 @@ def _home_not_null(value: Any) -> Any:
     if value is None:
         raise ValueError("YAML reads a bare ~ as null: write '~' in quotes, or leave workdir out (the default is ~)")
     return value
+
+
+HANG_OFF = 0.0  # hang_detect: off, as stored
+HANG_WINDOW_S = 1800.0  # the hang window when the spec names none (seed 001: 30 minutes)
+
+
+def _hang_detect(value: Any) -> float:
+    """A positive duration, or `off` (YAML may read a bare off as false; stored as HANG_OFF)."""
+    if value is False or (isinstance(value, str) and value.strip().lower() == "off") or value == HANG_OFF:
+        return HANG_OFF
+    seconds = parse_duration(value)
+    if seconds <= 0:
+        raise ValueError("must be greater than 0 (or off)")
+    return seconds
+
+
+def hang_minutes(env: Mapping[str, str]) -> float | None:
+    """MA_HANG_DETECT_TIME (seed 001's platform: minutes) from a job's env; ValueError when it is not a
+    positive number."""
+    text = env.get("MA_HANG_DETECT_TIME")
+    if text is None:
+        return None
+    try:
+        minutes = float(text)
+    except ValueError:
+        raise ValueError(f"MA_HANG_DETECT_TIME is minutes, a positive number, not {text!r}") from None
+    if not minutes > 0 or minutes == float("inf"):
+        raise ValueError(f"MA_HANG_DETECT_TIME is minutes, a positive number, not {text!r}")
+    return minutes
 
 
 def _unique(values: list[str]) -> list[str]:
@@ -319,7 +348,8 @@ class JobSpec(_Strict):
     priority: Priority = Priority.NORMAL
     project: Name = "default"
     max_runtime: PositiveDuration | None = None
-    hang_detect: PositiveDuration | None = None
+    # the hang window (seed 001): default HANG_WINDOW_S, or MA_HANG_DETECT_TIME (minutes) in env; `off`: none
+    hang_detect: Annotated[float, BeforeValidator(_hang_detect)] | None = None
     access: Access = Access.NONE
     output: Text | None = None
     hooks: Hooks = Hooks()
@@ -342,6 +372,18 @@ class JobSpec(_Strict):
         return self
 
     # -- derived views -------------------------------------------------------------------------------------
+
+    @property
+    def hang_window(self) -> float | None:
+        """How long without I/O before the job is suspected hung (None: never): `hang_detect`, else
+        MA_HANG_DETECT_TIME in its env (minutes), else HANG_WINDOW_S."""
+        if self.hang_detect is not None:
+            return None if self.hang_detect == HANG_OFF else self.hang_detect
+        try:
+            minutes = hang_minutes({k: str(v) for k, v in self.env.items()})
+        except ValueError:  # refused at submit since; a job stored before keeps the default
+            minutes = None
+        return HANG_WINDOW_S if minutes is None else minutes * 60
 
     @property
     def gpu_request(self) -> list[GpuRequest]:
@@ -713,7 +755,17 @@ def _deepspeed_env_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
     return out
 
 
+def _hang_env_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
+    env = _mapping(data.get("env"))
+    try:
+        hang_minutes({k: str(v) for k, v in env.items() if k == "MA_HANG_DETECT_TIME"})
+    except ValueError as exc:
+        return [(("env", "MA_HANG_DETECT_TIME"), str(exc))]
+    return []
+
+
 SUBMIT_CHECKS: tuple[Check, ...] = (
+    _hang_env_problems,
     _ps_count_problems,
     _workdir_problems,
     _nul_problems,

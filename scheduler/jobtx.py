@@ -207,6 +207,24 @@ class JobTx:
         if job is not None:
             await self._touch(job)
 
+    async def alert_once(
+        self, time: float, kind: str, severity: str, message: str, *, job: int | None = None, node: str | None = None
+    ) -> None:
+        """Raise an alert unless one of its kind is open or acknowledged for the same job and node."""
+        await _insert_alert(self._db, NewAlert(time, kind, severity, message, job=job, node=node), once=True)
+        if job is not None:
+            await self._touch(job)
+
+    async def resolve_job_alerts(self, job: int, kind: str, *, now: float, why: str) -> None:
+        """Resolve, as ftconsole, the job's open and acknowledged alerts of `kind`, each with its event."""
+        sql = "SELECT id FROM alerts WHERE job = ? AND kind = ? AND state IN ('open', 'acknowledged') ORDER BY id"
+        async with self._db.execute(sql, (job, kind)) as cur:
+            ids = [row[0] for row in await cur.fetchall()]
+        for alert_id in ids:
+            await _set_alert_state(self._db, alert_id, "resolved", by=AUTO, now=now, why=why)
+        if ids:
+            await self._touch(job)
+
     async def set_alert_state(self, alert_id: int, state: str, *, by: str, now: float) -> bool:
         """Acknowledge (an open alert) or resolve (an open or acknowledged one), with an event; False when it
         was already so (nothing written)."""

@@ -52,6 +52,7 @@ from ftconsole.scheduler.reconcile import READ_STATES, Actions, Snapshot, reconc
 from ftconsole.scheduler.recovery import Outcome, Recoverer
 from ftconsole.scheduler.runs import RunStatus
 from ftconsole.scheduler.service import ClusterService
+from ftconsole.scheduler.watchdog import Watchdog
 
 log = logging.getLogger("ftconsole.scheduler")
 
@@ -80,6 +81,7 @@ class Loop:
             avoided=self.executor.avoided,
         )
         self.recoverer = Recoverer(service, self.placer, clock=clock, poke=poke)
+        self.watchdog = Watchdog(service, clock=clock)
         self.executor.gate = self.recoverer.preflight
         self._started = time.monotonic()
         self._read_since_start: set[tuple[int, int, int]] = set()
@@ -207,6 +209,7 @@ class Loop:
     async def _observe(self) -> None:
         running = {j.id: j for j in await self.store.jobs(statuses=[JobStatus.RUNNING], deleted=True)}
         observed = self.executor.observations()
+        self.watchdog.observe(observed, self.clock())
         held = [r for r in await self.store.runs(held=True) if r.job in running]
         self._adopting(held, observed)
         if not running:
@@ -368,6 +371,7 @@ class Loop:
     async def _expire(self) -> None:
         await self.recoverer.expire_requeued(self._fail)
         await self.recoverer.watch()
+        await self.watchdog.check()
         now = self.clock()
         for job in await self.store.jobs(statuses=[JobStatus.RUNNING], deleted=True):
             if not expired(job, now):

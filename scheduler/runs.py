@@ -157,6 +157,7 @@ class RunStatus:
     supervisor_pid: int | None = None
     supervisor_start: int | None = None  # start time of the supervisor (clock ticks since boot)
     pid_start: int | None = None  # start time of the step's process (the leader of its process group)
+    io: int | None = None  # running: the I/O counters summed over its process group (the hang detector's)
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> RunStatus:
@@ -177,6 +178,7 @@ class RunStatus:
             supervisor_pid=doc.get("supervisor_pid"),
             supervisor_start=doc.get("supervisor_start"),
             pid_start=doc.get("pid_start"),
+            io=doc.get("io") if isinstance(doc.get("io"), int) else None,
         )
 
     @property

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -174,6 +175,9 @@ def _cut(text: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+GPU_SAMPLES_KEPT = 512  # per GPU: at the default probe interval (60 s), 8.5 hours of utilisation
+
+
 class ClusterService:
     def __init__(
         self,
@@ -189,6 +193,9 @@ class ClusterService:
         self.transport = transport
         self.clock = clock
         self._nodes = {n.name: n for n in self.config.node_list()}
+        # "node:index" -> (time, utilisation %) of each probe that read it, for the hang detector
+        self._util: dict[str, deque[tuple[float, float]]] = {}
+        self._util_seeded = False
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -244,6 +251,7 @@ class ClusterService:
             if isinstance(result, ProbeReport):
                 obs = Observation(now, report=result, partial=checks is not None)
                 stored.append(StoredProbe(node.name, now, None, result.to_json()))
+                self._keep_util(node.name, now, result.to_json())
             else:
                 obs = Observation(now, error=f"{result.kind}: {result.message}")
                 stored.append(StoredProbe(node.name, now, obs.error, None))
@@ -275,6 +283,28 @@ class ClusterService:
             )
         await self.store.save_nodes(changes, stored, alerts=raised, resolve=resolved)
         return outcomes
+
+    def _keep_util(self, node: str, when: float, report: Mapping[str, Any]) -> None:
+        for gpu in report.get("gpus") or []:
+            util = gpu.get("utilization")
+            if isinstance(util, int | float) and isinstance(gpu.get("index"), int):
+                samples = self._util.setdefault(f"{node}:{gpu['index']}", deque(maxlen=GPU_SAMPLES_KEPT))
+                samples.append((when, float(util)))
+
+    async def gpu_samples(self) -> Mapping[str, Sequence[tuple[float, float]]]:
+        """Each GPU's utilisation as the probes read it ("node:index" -> (time, %), oldest first): the
+        probes of this process, after those the store keeps from before it started."""
+        if not self._util_seeded:
+            self._util_seeded = True
+            newer = dict(self._util)
+            self._util = {}
+            for p in await self.store.probe_history():
+                if p.report is not None:
+                    self._keep_util(p.node, p.time, p.report)
+            for key, samples in newer.items():
+                kept = self._util.setdefault(key, deque(maxlen=GPU_SAMPLES_KEPT))
+                kept.extend(s for s in samples if not kept or s[0] > kept[-1][0])
+        return self._util
 
     # -- listing -----------------------------------------------------------------------------------------
 

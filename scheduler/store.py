@@ -287,6 +287,12 @@ class Store:
         self._stamp = max(time.time(), self._stamp + 1e-6)
         return self._stamp
 
+    async def probe_history(self) -> list[StoredProbe]:
+        """Every probe result kept (`PROBE_HISTORY_PER_NODE` per node), oldest first."""
+        async with self._db.execute("SELECT node, time, error, report FROM probe_results ORDER BY id") as cur:
+            rows = await cur.fetchall()
+        return [StoredProbe(node=r[0], time=r[1], error=r[2], report=json.loads(r[3]) if r[3] else None) for r in rows]
+
     async def latest_probes(self) -> dict[str, StoredProbe]:
         sql = (
             "SELECT p.node, p.time, p.error, p.report FROM probe_results p "

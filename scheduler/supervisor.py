@@ -556,10 +556,43 @@ def runs(params):
     return doc
 
 
+IO_FIELDS = ("rchar", "wchar", "read_bytes", "write_bytes")
+
+
+def _io(pids):
+    """The sum of /proc/<pid>/io's counters over `pids` (None when none could be read: another user's, or
+    gone): the hang detector's sign of life, any change of it being one."""
+    total, seen = 0, False
+    for pid in pids:
+        try:
+            with open("/proc/%d/io" % pid) as fh:
+                for line in fh:
+                    key, _, value = line.partition(":")
+                    if key in IO_FIELDS:
+                        total += int(value)
+            seen = True
+        except (OSError, ValueError):
+            continue
+    return total if seen else None
+
+
+def _with_io(status, groups):
+    """A running run's status with `io`: the I/O counters of its step's process group (see `_io`)."""
+    pgid = status.get("pgid")
+    if status.get("state") != "running" or not pgid or pgid not in groups:
+        return status
+    leader = _stat(pgid)
+    if leader is not None and leader[2] != status.get("pid_start"):
+        return status  # the pgid is another group's now
+    io = _io(groups[pgid])
+    return status if io is None else dict(status, io=io)
+
+
 def _runs(params):
     out = []  # type: List[Dict[str, Any]]
     tokens = params.get("tokens") or {}
     if params.get("run_dirs") is not None:
+        groups = None  # type: Optional[Dict[int, List[int]]]
         for given in params["run_dirs"]:
             run_dir = _expand(given)
             status = _read_json(os.path.join(run_dir, STATUS))
@@ -570,6 +603,9 @@ def _runs(params):
                           % status.get("token")}  # fmt: skip
             else:
                 status = _with_output(run_dir, _observe(status, os.path.join(run_dir, STATUS)))
+                if status.get("state") == "running":
+                    groups = _process_groups() if groups is None else groups  # one look at /proc per read
+                    status = _with_io(status, groups)
             parts = run_dir.rstrip("/").split("/")
             out.append({"run_dir": given, "job": parts[-3], "attempt": parts[-2], "rank": parts[-1], "status": status})
         return {"runs": out}

@@ -1,0 +1,126 @@
+"""Watching running jobs for seed 001's hang: the loop hands over each read of run status (`observe`), and on
+each tick `check` runs the detectors of `scheduler.detect` over every running job and writes what changed:
+a `SuspectedHung` condition and a `job_hung` alert when a job goes quiet for its hang window, the alert
+resolved (with an event) once its I/O moves again or the attempt is over.
+
+When each rank's I/O counters last changed is kept in memory: after a scheduler restart the window starts
+again from the first read (a late alert rather than a false one). The GPU utilisation samples are the
+probes' (`ClusterService.gpu_samples`, which survive a restart through the store).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from ftconsole.scheduler.config import format_duration
+from ftconsole.scheduler.detect import Hung, hung
+from ftconsole.scheduler.jobs import Condition, Job, JobStatus, Run
+from ftconsole.scheduler.runs import RunStatus
+from ftconsole.scheduler.service import ClusterService
+
+log = logging.getLogger("ftconsole.scheduler")
+
+HUNG_ALERT = "job_hung"
+Key = tuple[int, int, int]  # (job, attempt, rank)
+
+
+class Watchdog:
+    def __init__(self, service: ClusterService, *, clock: Callable[[], float]) -> None:
+        self.service = service
+        self.store = service.store
+        self.clock = clock
+        self._io: dict[Key, tuple[int, float]] = {}  # a rank's I/O counters, and since when they read so
+        self._moved: set[Key] = set()  # ranks whose counters changed between two reads of this process
+        self._flagged: dict[tuple[int, int], float] = {}  # (job, attempt) suspected hung -> its quiet since
+        self._seeded = False
+
+    def observe(self, observed: Mapping[str, Sequence[tuple[Run, RunStatus]]], now: float) -> None:
+        """A read of run status: any change of a rank's I/O counters starts a new quiet period."""
+        for pairs in observed.values():
+            for run, status in pairs:
+                key = (run.job, run.attempt, run.rank)
+                if status.io is None:
+                    self._io.pop(key, None)  # not readable (or not running): nothing known
+                    continue
+                last = self._io.get(key)
+                if last is None or last[0] != status.io:
+                    self._io[key] = (status.io, now)
+                    if last is not None:
+                        self._moved.add(key)
+
+    def quiet_since(self, runs: Sequence[Run]) -> float | None:
+        """When the I/O of these ranks last changed (the latest of them); None when one was not read."""
+        since = [self._io.get((r.job, r.attempt, r.rank)) for r in runs]
+        if not since or any(s is None for s in since):
+            return None
+        return max(s[1] for s in since if s is not None)
+
+    async def check(self) -> None:
+        now = self.clock()
+        jobs = {j.id: j for j in await self.store.jobs(statuses=[JobStatus.RUNNING], deleted=True)}
+        if not self._seeded:  # alerts raised before a restart: cleared like ours once their job's I/O moves
+            self._seeded = True
+            for alert in await self.store.alerts(limit=10_000):
+                job = jobs.get(alert.job) if alert.kind == HUNG_ALERT and alert.job is not None else None
+                if job is not None:
+                    self._flagged[(job.id, job.attempt)] = float("-inf")
+        held = await self.store.runs(held=True)
+        live = {(r.job, r.attempt, r.rank) for r in held}
+        for key in [k for k in self._io if k not in live]:
+            del self._io[key]
+            self._moved.discard(key)
+        samples = await self.service.gpu_samples()
+        for job_id, attempt in list(self._flagged):
+            job = jobs.get(job_id)
+            if job is None or job.attempt != attempt or job.stop_reason is not None:
+                await self._clear(job_id, attempt, now, "the attempt is over")
+        for job in jobs.values():
+            window = job.spec.hang_window
+            if window is None or job.stop_reason is not None:
+                continue
+            runs = [r for r in held if r.job == job.id and r.attempt == job.attempt and r.launch]
+            if not runs or any(r.state != "running" for r in runs):
+                continue
+            quiet = self.quiet_since(runs)
+            util = {f"{r.node}:{g}": samples.get(f"{r.node}:{g}", ()) for r in runs for g in r.gpus}
+            verdict = hung(quiet, util, now, window)
+            flagged = self._flagged.get((job.id, job.attempt))
+            if verdict is not None and flagged is None:
+                await self._flag(job, runs, verdict, window, now)
+            elif (
+                verdict is None
+                and flagged is not None
+                and quiet is not None
+                and quiet > flagged
+                and self._stirred(runs)
+            ):
+                await self._clear(job.id, job.attempt, now, f"I/O resumed at {_clock(quiet)}")
+
+    def _stirred(self, runs: Sequence[Run]) -> bool:
+        """A rank's I/O changed between two reads (not merely read for the first time)."""
+        return any((r.job, r.attempt, r.rank) in self._moved for r in runs)
+
+    async def _flag(self, job: Job, runs: Sequence[Run], verdict: Hung, window: float, now: float) -> None:
+        outputs = [r.output_at for r in runs if r.output_at is not None]
+        last = f"; last output {format_duration(round(now - max(outputs)))} ago" if outputs else ""
+        what = f"suspected hung: {verdict.describe(window)} (quiet since {_clock(verdict.io_since)}){last}"
+        hint = "if it waits on purpose, set hang_detect: off or a longer window in its spec"
+        async with self.store.jobs_tx(f"flag job {job.id} hung") as tx:
+            await tx.event(now, Condition.SUSPECTED_HUNG, f"attempt {job.attempt} {what}", job=job.id)
+            await tx.alert_once(now, HUNG_ALERT, "warning", f"job {job.id} ({job.name}, {job.owner}) {what}; {hint}",
+                                job=job.id)  # fmt: skip
+        self._flagged[(job.id, job.attempt)] = verdict.io_since
+        log.warning("job %s: %s", job.id, what)
+
+    async def _clear(self, job_id: int, attempt: int, now: float, why: str) -> None:
+        async with self.store.jobs_tx(f"clear the hang of job {job_id}") as tx:
+            await tx.resolve_job_alerts(job_id, HUNG_ALERT, now=now, why=why)
+            await tx.event(now, Condition.SUSPECTED_HUNG, f"attempt {attempt} no longer suspected hung: {why}",
+                           job=job_id)  # fmt: skip
+        del self._flagged[(job_id, attempt)]
+
+
+def _clock(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t))

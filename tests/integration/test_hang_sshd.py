@@ -1,0 +1,72 @@
+"""Seed 001's hang detection on real sshd nodes with real processes: the I/O counters of each rank's processes
+read in the status round trip, the simulated GPUs' utilisation from the probes; what is checked is the
+conditions and alerts the scheduler writes."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from tests.integration.test_scheduler_sshd import job, poll, running, until, write_config
+from tests.sshd_cluster import SshdCluster, gpu_data
+
+# quiet for 8 s (no I/O, the GPU flat at 97 %), then prints every 0.2 s
+WAKES = "sh -c 'sleep 8; while true; do echo step; sleep 0.2; done'"
+PRINTS = "sh -c 'while true; do echo step; sleep 0.2; done'"
+
+
+def conditions(shown: dict[str, Any], kind: str) -> list[str]:
+    return [c["message"] for c in shown["conditions"] if c["type"] == kind]
+
+
+async def test_a_quiet_job_on_a_flat_gpu_is_suspected_hung_until_its_io_moves_and_a_printing_one_never(
+    sshd_cluster: Any, tmp_path: Path, sock_dir: Path
+) -> None:
+    cluster: SshdCluster = sshd_cluster(2, gpus=1)
+    for node in cluster:
+        cluster.set_gpus(node, gpu_data(1, utilization=97))
+    loaded = write_config(cluster, tmp_path, sock_dir, probes={"interval": "0.5s"})
+    async with running(loaded) as (_, client):
+        quiet = (await client.call("submit", spec=job("quiet", WAKES, hang_detect="3s")))["id"]
+        busy = (await client.call("submit", spec=job("busy", PRINTS, hang_detect="3s")))["id"]
+        shown = await until(client, quiet, lambda j: conditions(j, "SuspectedHung"), "the hang condition")
+        (why,) = conditions(shown, "SuspectedHung")
+        assert why.startswith("attempt 1 suspected hung: no I/O by any rank for 3s or more; GPU utilisation flat: ")
+        assert "97%" in why and "(variance 0, median moved +0)" in why
+        alerts = await client.call("alerts")
+        (alert,) = [a for a in alerts if a["kind"] == "job_hung"]
+        assert alert["job"] == quiet and alert["severity"] == "warning"
+        assert "set hang_detect: off or a longer window" in alert["message"]
+
+        # it wakes up and prints: the alert is resolved by ftconsole, the condition says why
+        shown = await until(client, quiet, lambda j: len(conditions(j, "SuspectedHung")) == 2, "the hang to clear")
+        assert conditions(shown, "SuspectedHung")[1].startswith("attempt 1 no longer suspected hung: I/O resumed at")
+        resolved = await client.call("alerts", all=True)
+        assert [a["state"] for a in resolved if a["kind"] == "job_hung"] == ["resolved"]
+
+        # the job that printed all along was never flagged
+        assert conditions(await client.call("show", job=busy), "SuspectedHung") == []
+        await client.call("stop", jobs=[quiet, busy])
+        await poll(lambda: client.call("jobs"), lambda js: all(j["status"] == "stopped" for j in js), "the stops")
+
+
+async def test_hang_detect_off_and_a_working_gpu_are_never_flagged(
+    sshd_cluster: Any, tmp_path: Path, sock_dir: Path
+) -> None:
+    """A quiet job with `hang_detect: off`, and a quiet job whose GPU utilisation keeps changing (the probes
+    read a new figure each time): neither is suspected hung, past several windows."""
+    cluster: SshdCluster = sshd_cluster(2, gpus=1)
+    loaded = write_config(cluster, tmp_path, sock_dir, probes={"interval": "0.5s"})
+    async with running(loaded) as (_, client):
+        off = (await client.call("submit", spec=job("off", "sleep 300", hang_detect="off")))["id"]
+        working = (await client.call("submit", spec=job("working", "sleep 300", hang_detect="2s")))["id"]
+        shown = await until(client, working, lambda j: j["attempts"] and j["attempts"][0]["started"], "running")
+        node = shown["attempts"][0]["runs"][0]["node"]
+        for step in range(16):  # 8 s: four windows, the GPU busy at a changing rate
+            cluster.set_gpus(node, gpu_data(1, utilization=(step * 37) % 100))
+            await asyncio.sleep(0.5)
+        for job_id in (off, working):
+            assert conditions(await client.call("show", job=job_id), "SuspectedHung") == []
+        assert [a for a in await client.call("alerts") if a["kind"] == "job_hung"] == []
+        await client.call("stop", jobs=[off, working])
