@@ -94,3 +94,54 @@ def hung(io_since: float | None, util: Mapping[str, Sequence[Sample]], now: floa
             return None
         figures.append(found)
     return Hung(io_since, tuple(figures))
+
+
+# ================================================================ stragglers (seed 001) and slow jobs (seed 003)
+
+
+@dataclass(frozen=True)
+class Diverged:
+    """Ranks more than the allowed lag apart: each rank's epoch (the latest its log showed)."""
+
+    epochs: tuple[tuple[int, int], ...]  # (rank, epoch), by rank
+    lag: int
+
+    def describe(self) -> str:
+        top = max(e for _, e in self.epochs)
+        behind = [f"rank {r} at {e}" for r, e in self.epochs if e < top]
+        ahead = [str(r) for r, e in self.epochs if e == top]
+        return (
+            f"ranks {self.lag} epochs apart: {', '.join(behind)}; rank{'s' if len(ahead) > 1 else ''} "
+            f"{', '.join(ahead)} at {top}"
+        )
+
+
+def diverged(epochs: Mapping[int, int], max_lag: int) -> Diverged | None:
+    """Seed 001's last-epoch case (`Rank:2 Epoch:[48]` vs `Rank:4 Epoch:[49]`): the ranks' latest epochs
+    differ by more than `max_lag`. Fewer than two ranks seen decide nothing."""
+    if len(epochs) < 2:
+        return None
+    lag = max(epochs.values()) - min(epochs.values())
+    if lag <= max_lag:
+        return None
+    return Diverged(tuple(sorted(epochs.items())), lag)
+
+
+@dataclass(frozen=True)
+class Slow:
+    """The last `iterations` of a rank all took more than `ratio` times their hardware time end to end."""
+
+    ratios: tuple[float, ...]
+    ratio: float
+
+    def describe(self) -> str:
+        shown = ", ".join(f"{r:.2f}" for r in self.ratios)
+        return f"e2e time over {self.ratio:g}x the hardware time for {len(self.ratios)} iterations in a row ({shown})"
+
+
+def slow(ratios: Sequence[float], ratio: float, iterations: int) -> Slow | None:
+    """Seed 003's performance detection over one rank's e2e/hardware time ratios, oldest first."""
+    last = tuple(ratios[-iterations:])
+    if len(last) < iterations or any(r <= ratio for r in last):
+        return None
+    return Slow(last, ratio)

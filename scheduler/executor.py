@@ -85,6 +85,8 @@ class Executor:
         self.answered: dict[str, float] = {}  # node -> its last answer
         self.silence: dict[str, SSHError] = {}  # node -> why its last command got no answer (since then)
         self.knocked: dict[str, str] = {}  # node -> what a fresh connection found once it was half silent
+        # run folder -> what to scan its output.log for in this read (the watchdog's, see runs.run_states)
+        self.scans: Callable[[Sequence[Run]], dict[str, Any]] = lambda runs: {}
         self._unswept: set[str] = set(self.nodes)  # nodes to sweep for runs that are no longer current
         self._swept_at: dict[str, float] = {}  # node -> the last try
         self._pruned_at: dict[str, float] = {}  # node -> when its old run folders were last pruned
@@ -419,7 +421,8 @@ class Executor:
         pruned: list[str] = []
         users = await self._users(read.runs)
         states = run_states(self.transport, node, dirs, tokens=_tokens(read.runs), users=users, prune=prune,
-                            pruned=pruned, python=self._python, timeout=self._timeout)  # fmt: skip
+                            pruned=pruned, scan=self.scans(read.runs), python=self._python,
+                            timeout=self._timeout)  # fmt: skip
         try:
             answer = await self._ask(node, states)
         except FtError as exc:

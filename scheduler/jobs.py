@@ -45,6 +45,8 @@ class Condition(StrEnum):
     SCALING = "Scaling"  # an elastic job resized (`scale`): its attempt is replaced by one of the new size
     RESTARTING = "Restarting"
     SUSPECTED_HUNG = "SuspectedHung"  # no I/O and flat GPUs for the hang window (seed 001); ends when I/O resumes
+    STRAGGLING = "Straggling"  # ranks epochs apart for the progress window (seed 001)
+    SLOW = "Slow"  # iterations over the performance ratio K times in a row (seed 003)
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     STOPPED = "Stopped"

@@ -30,6 +30,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from ftconsole.scheduler import yamlfile
 from ftconsole.scheduler.command import check_command
 from ftconsole.scheduler.config import Duration, PositiveDuration, expand_nodeset, parse_duration
+from ftconsole.scheduler.detectspec import Performance, Progress, progress_off
 from ftconsole.scheduler.errors import ConfigError, Problem
 from ftconsole.scheduler.launcher import wraps_in_torchrun
 
@@ -350,6 +351,8 @@ class JobSpec(_Strict):
     max_runtime: PositiveDuration | None = None
     # the hang window (seed 001): default HANG_WINDOW_S, or MA_HANG_DETECT_TIME (minutes) in env; `off`: none
     hang_detect: Annotated[float, BeforeValidator(_hang_detect)] | None = None
+    progress: Annotated[Progress, BeforeValidator(progress_off)] = Progress()  # stragglers (seed 001)
+    performance: Performance | None = None  # slow iterations (seed 003)
     access: Access = Access.NONE
     output: Text | None = None
     hooks: Hooks = Hooks()

@@ -82,6 +82,7 @@ class Loop:
         )
         self.recoverer = Recoverer(service, self.placer, clock=clock, poke=poke)
         self.watchdog = Watchdog(service, clock=clock)
+        self.executor.scans = self.watchdog.logs.scans
         self.executor.gate = self.recoverer.preflight
         self._started = time.monotonic()
         self._read_since_start: set[tuple[int, int, int]] = set()

@@ -158,6 +158,7 @@ class RunStatus:
     supervisor_start: int | None = None  # start time of the supervisor (clock ticks since boot)
     pid_start: int | None = None  # start time of the step's process (the leader of its process group)
     io: int | None = None  # running: the I/O counters summed over its process group (the hang detector's)
+    scan: dict[str, Any] | None = None  # what a scan of output.log asked for found (see supervisor `_scan`)
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> RunStatus:
@@ -179,6 +180,7 @@ class RunStatus:
             supervisor_start=doc.get("supervisor_start"),
             pid_start=doc.get("pid_start"),
             io=doc.get("io") if isinstance(doc.get("io"), int) else None,
+            scan=doc.get("scan") if isinstance(doc.get("scan"), dict) else None,
         )
 
     @property
@@ -362,6 +364,7 @@ async def run_states(
     users: Mapping[str, str | None] | None = None,
     prune: Prune | None = None,
     pruned: list[str] | None = None,
+    scan: Mapping[str, Any] | None = None,
     python: str = "python3",
     timeout: float = 30.0,
 ) -> dict[str, RunStatus]:
@@ -369,11 +372,12 @@ async def run_states(
     each user they belong to (`users`: run folder -> user; a run read as its user, see `_call`).
 
     With `tokens` (run folder -> attempt token), a folder claimed by another token reads state `foreign`.
-    With `prune`, as `node_runs`, for each of those users."""
+    With `prune`, as `node_runs`, for each of those users. `scan` (run folder -> {"from": offset, "patterns":
+    name -> regex}): those runs' output.log is scanned for the patterns (RunStatus.scan)."""
     out: dict[str, RunStatus] = {}
     for doc in await asyncio.gather(
         *(
-            _states(transport, node, dirs, user, tokens or {}, prune, python, timeout)
+            _states(transport, node, dirs, user, tokens or {}, prune, python, timeout, scan or {})
             for user, dirs in _by_user(run_dirs, users).items()
         )
     ):
@@ -391,12 +395,15 @@ async def _states(
     prune: Prune | None,
     python: str,
     timeout: float,
+    scan: Mapping[str, Any],
 ) -> dict[str, Any]:
     params: dict[str, Any] = {
         "action": "status",
         "run_dirs": list(run_dirs),
         "tokens": {d: tokens[d] for d in run_dirs if d in tokens},
     }
+    if any(d in scan for d in run_dirs):
+        params["scan"] = {d: scan[d] for d in run_dirs if d in scan}
     if prune is not None:
         params["prune"] = prune.to_json(user)
     return await _call(transport, node, python, params, timeout, user)

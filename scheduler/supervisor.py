@@ -557,6 +557,59 @@ def runs(params):
 
 
 IO_FIELDS = ("rchar", "wchar", "read_bytes", "write_bytes")
+SCAN_BYTES = 256 * 1024  # at most this much of output.log (its end) is scanned per read
+SCAN_MATCHES = 64  # the last matches kept per pattern
+SCAN_BUDGET_S = 1.0  # CPU for all the patterns of one read: a pattern that takes longer is reported, not waited for
+
+
+class _ScanTimeout(Exception):
+    pass
+
+
+def _on_alarm(signum, frame):
+    raise _ScanTimeout()
+
+
+def _scan(run_dir, ask):
+    """Matches of a job's patterns (`ask["patterns"]`: name -> regex) in output.log's complete lines after
+    byte `ask["from"]` (at most SCAN_BYTES from its end): {"to": the offset scanned to, "matches": name ->
+    the last SCAN_MATCHES matches' named groups (and "line": the line, cut to 300 characters)}."""
+    import re
+
+    path = os.path.join(run_dir, "output.log")
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            start = ask.get("from") or 0
+            if start > size:
+                start = 0  # the log was replaced: from its start
+            start = max(start, size - SCAN_BYTES)
+            fh.seek(start)
+            data = fh.read(size - start)
+    except OSError as exc:
+        return {"error": "cannot read output.log: %s" % exc.strerror}
+    end = data.rfind(b"\n") + 1
+    out = {"to": start + end, "matches": {}}  # type: Dict[str, Any]
+    lines = data[:end].decode("utf-8", "replace").splitlines()
+    old = signal.signal(signal.SIGALRM, _on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, SCAN_BUDGET_S)
+    try:
+        for name, regex in (ask.get("patterns") or {}).items():
+            found = []
+            compiled = re.compile(regex)
+            for line in lines:
+                m = compiled.search(line)
+                if m is not None:
+                    found.append(dict(m.groupdict(), line=line[:300]))
+            out["matches"][name] = found[-SCAN_MATCHES:]
+    except _ScanTimeout:
+        out["error"] = "the patterns took more than %gs over %d bytes: simplify them" % (SCAN_BUDGET_S, end)
+    except re.error as exc:
+        out["error"] = "bad pattern: %s" % exc
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    return out
 
 
 def _io(pids):
@@ -606,6 +659,9 @@ def _runs(params):
                 if status.get("state") == "running":
                     groups = _process_groups() if groups is None else groups  # one look at /proc per read
                     status = _with_io(status, groups)
+                ask = (params.get("scan") or {}).get(given)
+                if ask is not None:
+                    status = dict(status, scan=_scan(run_dir, ask))
             parts = run_dir.rstrip("/").split("/")
             out.append({"run_dir": given, "job": parts[-3], "attempt": parts[-2], "rank": parts[-1], "status": status})
         return {"runs": out}

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from ftconsole.scheduler.config import format_duration
 from ftconsole.scheduler.detect import Hung, hung
 from ftconsole.scheduler.jobs import Condition, Job, JobStatus, Run
+from ftconsole.scheduler.logwatch import LogWatch
 from ftconsole.scheduler.runs import RunStatus
 from ftconsole.scheduler.service import ClusterService
 
@@ -35,11 +36,13 @@ class Watchdog:
         self._moved: set[Key] = set()  # ranks whose counters changed between two reads of this process
         self._flagged: dict[tuple[int, int], float] = {}  # (job, attempt) suspected hung -> its quiet since
         self._seeded = False
+        self.logs = LogWatch(service.store, clock=clock)  # stragglers, error lines, slow iterations
 
     def observe(self, observed: Mapping[str, Sequence[tuple[Run, RunStatus]]], now: float) -> None:
         """A read of run status: any change of a rank's I/O counters starts a new quiet period."""
         for pairs in observed.values():
             for run, status in pairs:
+                self.logs.observe(run, status, now)
                 key = (run.job, run.attempt, run.rank)
                 if status.io is None:
                     self._io.pop(key, None)  # not readable (or not running): nothing known
@@ -97,6 +100,7 @@ class Watchdog:
                 and self._stirred(runs)
             ):
                 await self._clear(job.id, job.attempt, now, f"I/O resumed at {_clock(quiet)}")
+        await self.logs.check(jobs, held, now)
 
     def _stirred(self, runs: Sequence[Run]) -> bool:
         """A rank's I/O changed between two reads (not merely read for the first time)."""

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from ftconsole.scheduler.detect import Hung, gpu_flat, hung
+from ftconsole.scheduler.detect import Hung, diverged, gpu_flat, hung, slow
 
 NOW = 10_000.0
 WINDOW = 600.0
@@ -70,3 +70,38 @@ def test_the_verdict_names_the_window_and_the_figures() -> None:
 def test_gpu_figures() -> None:
     flat = gpu_flat("n0:0", RISING, NOW - WINDOW, NOW)
     assert flat is not None and flat.samples == 10 and flat.variance < 4 and flat.shift > 2 and not flat.flat
+
+
+@pytest.mark.parametrize(
+    ("epochs", "max_lag", "expected"),
+    [
+        ({}, 1, None),
+        ({0: 48}, 0, None),
+        ({0: 48, 1: 48, 2: 48}, 0, None),
+        ({0: 48, 1: 49}, 1, None),
+        ({2: 48, 4: 50}, 1, "ranks 2 epochs apart: rank 2 at 48; rank 4 at 50"),
+        ({0: 10, 1: 12, 2: 12, 3: 11}, 1, "ranks 2 epochs apart: rank 0 at 10, rank 3 at 11; ranks 1, 2 at 12"),
+    ],
+)
+def test_diverged(epochs: dict[int, int], max_lag: int, expected: str | None) -> None:
+    verdict = diverged(epochs, max_lag)
+    assert (verdict.describe() if verdict else None) == expected
+
+
+@pytest.mark.parametrize(
+    ("ratios", "expected"),
+    [
+        ([], False),
+        ([2.0, 2.0], False),  # fewer than K
+        ([2.0, 2.0, 2.0], True),
+        ([2.0, 1.2, 2.0, 2.0], False),  # not in a row
+        ([1.0, 1.1, 2.0, 1.6, 1.51], True),
+        ([2.0, 2.0, 1.5], False),  # the threshold itself is not over
+    ],
+)
+def test_slow(ratios: list[float], expected: bool) -> None:
+    verdict = slow(ratios, 1.5, 3)
+    assert (verdict is not None) is expected
+    if verdict is not None:
+        assert len(verdict.ratios) == 3
+        assert "over 1.5x the hardware time for 3 iterations in a row" in verdict.describe()

@@ -1,0 +1,73 @@
+"""The job spec's keys for what the scheduler watches in a job's log (`progress:`, `performance:`): the
+patterns, checked at submit as the node will use them (Python's `re`, with the named groups each needs)."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+
+from ftconsole.scheduler.config import PositiveDuration
+
+# seed 001's straggler log line: `Rank:2 Epoch:[48]`
+PROGRESS_PATTERN = r"Rank:\s*(?P<rank>\d+).*?Epoch:\s*\[?(?P<epoch>\d+)"
+ERROR_PATTERN = r"Traceback \(most recent call last\)|NCCL error|CUDA error|RuntimeError:"
+# seed 003's performance line: `this iteration hardware time is X and e2e time is Y ms`
+PERFORMANCE_PATTERN = r"hardware time is\s*(?P<hw>[\d.]+)\D+?e2e time is\s*(?P<e2e>[\d.]+)"
+MAX_PATTERN = 500  # characters
+
+
+def _pattern(*needs: str) -> Any:
+    def check(value: str) -> str:
+        if value == "" and not needs:
+            return value  # errors: off
+        if len(value) > MAX_PATTERN:
+            raise ValueError(f"a pattern is at most {MAX_PATTERN} characters")
+        try:
+            compiled = re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"not a regular expression (Python's re): {exc}") from None
+        missing = [g for g in needs if g not in compiled.groupindex]
+        if missing:
+            named = ", ".join(f"(?P<{g}>...)" for g in missing)
+            raise ValueError(f"the pattern needs the named group{'s' if len(missing) > 1 else ''} {named}")
+        return value
+
+    return AfterValidator(check)
+
+
+def _errors(value: Any) -> Any:
+    """`errors: off` (YAML may read a bare off as false): no error lines looked for, kept as ""."""
+    return "" if value is False or (isinstance(value, str) and value.strip().lower() == "off") else value
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Progress(_Strict):
+    """Seed 001's stragglers: each rank's epoch (or step) from its log lines; ranks more than `max_lag`
+    apart for `window` are reported, and so is a rank whose log shows an error while the job runs on."""
+
+    pattern: Annotated[str, _pattern("epoch")] = PROGRESS_PATTERN  # `rank` optional: else the node's rank
+    max_lag: int = Field(1, ge=0)
+    window: PositiveDuration = 600.0
+    errors: Annotated[str, BeforeValidator(_errors), _pattern()] = ERROR_PATTERN  # off: "" (none looked for)
+    enabled: bool = True  # `progress: off` reads as enabled false
+
+
+def progress_off(value: Any) -> Any:
+    """`progress: off` (YAML may read a bare off as false)."""
+    if value is False or (isinstance(value, str) and value.strip().lower() == "off"):
+        return {"enabled": False}
+    return value
+
+
+class Performance(_Strict):
+    """Seed 003's performance detection: a job whose end-to-end iteration time is more than `ratio` times
+    its hardware time for `iterations` iterations in a row is reported as slow."""
+
+    pattern: Annotated[str, _pattern("hw", "e2e")] = PERFORMANCE_PATTERN
+    ratio: float = Field(1.5, gt=1)
+    iterations: int = Field(5, ge=1, le=64)

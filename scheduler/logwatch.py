@@ -1,0 +1,191 @@
+"""What the scheduler reads in running jobs' logs (seeds 001 and 003): each rank's epoch, error lines, and
+iteration times, from the job's `progress:` and `performance:` patterns.
+
+The node scans output.log itself (supervisor `_scan`: only the bytes written since the last scan, at most
+its last 256 KiB, the patterns given a CPU budget), in the status read the loop makes anyway, every
+`SCAN_EVERY_S` per run; only the matches come back. `check` turns them into conditions and alerts:
+- `job_straggler` (seed 001's last-epoch case): the ranks' latest epochs more than `progress.max_lag` apart
+  for `progress.window`; resolved once they are within it again;
+- `job_rank_error`: a rank's log showed an error line (`progress.errors`) and the rank still ran
+  `progress.window` later: something broke that the job did not notice;
+- `job_slow` (seed 003's performance detection): `performance.iterations` iterations in a row of one rank
+  with end-to-end time over `performance.ratio` times the hardware time; resolved by a faster one.
+State is kept in memory: after a scheduler restart the last 256 KiB of each log are scanned again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from ftconsole.scheduler.config import format_duration
+from ftconsole.scheduler.detect import diverged, slow
+from ftconsole.scheduler.jobs import Condition, Job, Run
+from ftconsole.scheduler.jobspec import JobSpec
+from ftconsole.scheduler.runs import RunStatus
+from ftconsole.scheduler.store import Store
+
+log = logging.getLogger("ftconsole.scheduler")
+
+SCAN_EVERY_S = 10.0  # how often one run's log is scanned
+STRAGGLER_ALERT, SLOW_ALERT, RANK_ERROR_ALERT = "job_straggler", "job_slow", "job_rank_error"
+Key = tuple[int, int, int]  # (job, attempt, rank)
+Attempt = tuple[int, int]  # (job, attempt)
+
+
+def patterns(spec: JobSpec) -> dict[str, str]:
+    """What to look for in the logs of a job with this spec: name -> regex."""
+    out = {}
+    if spec.progress.enabled:
+        out["progress"] = spec.progress.pattern
+        if spec.progress.errors:
+            out["errors"] = spec.progress.errors
+    if spec.performance is not None:
+        out["performance"] = spec.performance.pattern
+    return out
+
+
+class LogWatch:
+    def __init__(self, store: Store, *, clock: Callable[[], float]) -> None:
+        self.store = store
+        self.clock = clock
+        self._jobs: dict[int, Job] = {}  # the running jobs, as of the last check
+        self._offset: dict[Key, int] = {}  # how far each run's log has been scanned
+        self._scanned_at: dict[Key, float] = {}
+        self._epochs: dict[Attempt, dict[int, int]] = {}  # each rank's latest epoch (rank as the log says)
+        self._apart_since: dict[Attempt, float] = {}
+        self._ratios: dict[Key, deque[float]] = {}  # e2e / hardware time of each iteration, oldest first
+        self._error: dict[Key, tuple[float, str]] = {}  # the first error line a rank logged, and when it was seen
+        self._raised: set[tuple[str, int, int]] = set()  # (alert kind, job, attempt) raised and not cleared
+        self._told: set[Key] = set()  # runs whose scan failed (a bad or slow pattern): said once
+
+    def scans(self, runs: Iterable[Run]) -> dict[str, Any]:
+        """The scans due in a read of these runs: run folder -> {"from": offset, "patterns": ...}."""
+        now = self.clock()
+        out: dict[str, Any] = {}
+        for r in runs:
+            job = self._jobs.get(r.job)
+            if job is None or r.attempt != job.attempt or not r.launch or r.state != "running" or not r.run_dir:
+                continue
+            wanted = patterns(job.spec)
+            key = (r.job, r.attempt, r.rank)
+            if not wanted or now - self._scanned_at.get(key, float("-inf")) < SCAN_EVERY_S:
+                continue
+            self._scanned_at[key] = now
+            out[r.run_dir] = {"from": self._offset.get(key, 0), "patterns": wanted}
+        return out
+
+    def observe(self, run: Run, status: RunStatus, now: float) -> None:
+        scan = status.scan
+        if scan is None:
+            return
+        key = (run.job, run.attempt, run.rank)
+        if isinstance(scan.get("to"), int):
+            self._offset[key] = scan["to"]
+        if scan.get("error") and key not in self._told:
+            self._told.add(key)
+            log.warning("job %s rank %s: log scan: %s", run.job, run.rank, scan["error"])
+        matches = scan.get("matches") or {}
+        for m in matches.get("progress") or []:
+            try:
+                rank = int(m.get("rank") or run.rank)
+                self._epochs.setdefault((run.job, run.attempt), {})[rank] = int(m["epoch"])
+            except (KeyError, TypeError, ValueError):
+                continue
+        errors = matches.get("errors") or []
+        if errors and key not in self._error:
+            self._error[key] = (now, str(errors[0].get("line", "")))
+        for m in matches.get("performance") or []:
+            try:
+                hw, e2e = float(m["hw"]), float(m["e2e"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            if hw > 0:
+                self._ratios.setdefault(key, deque(maxlen=64)).append(e2e / hw)
+
+    async def check(self, jobs: Mapping[int, Job], held: Sequence[Run], now: float) -> None:
+        self._jobs = dict(jobs)
+        live = {(j.id, j.attempt) for j in jobs.values() if j.stop_reason is None}
+        for kind, job_id, attempt in sorted(self._raised):
+            if (job_id, attempt) not in live and kind != RANK_ERROR_ALERT:  # an error line stays the operator's
+                async with self.store.jobs_tx(f"clear {kind} of job {job_id}") as tx:
+                    await tx.resolve_job_alerts(job_id, kind, now=now, why="the attempt is over")
+        self._forget(live)
+        for job in jobs.values():
+            if (job.id, job.attempt) not in live:
+                continue
+            runs = [r for r in held if r.job == job.id and r.attempt == job.attempt and r.launch]
+            await self._stragglers(job, now)
+            await self._errors(job, runs, now)
+            await self._slow(job, runs, now)
+
+    async def _stragglers(self, job: Job, now: float) -> None:
+        at = (job.id, job.attempt)
+        verdict = diverged(self._epochs.get(at, {}), job.spec.progress.max_lag)
+        if verdict is None:
+            self._apart_since.pop(at, None)
+            await self._clear(STRAGGLER_ALERT, job, now, "the ranks are within max_lag again")
+            return
+        since = self._apart_since.setdefault(at, now)
+        window = job.spec.progress.window
+        if now - since >= window:
+            lasted = format_duration(round(now - since))
+            what = f"{verdict.describe()}, for {lasted} (progress.window {format_duration(window)})"
+            await self._raise(STRAGGLER_ALERT, Condition.STRAGGLING, job, now, what, "warning")
+
+    async def _errors(self, job: Job, runs: Sequence[Run], now: float) -> None:
+        for r in runs:
+            seen = self._error.get((r.job, r.attempt, r.rank))
+            if seen is None or r.state != "running" or now - seen[0] < job.spec.progress.window:
+                continue
+            what = (
+                f"rank {r.rank} on {r.node} logged an error and still runs {format_duration(job.spec.progress.window)} "
+                f"later: {seen[1]}"
+            )
+            await self._raise(RANK_ERROR_ALERT, "RankError", job, now, what, "error")
+            return
+
+    async def _slow(self, job: Job, runs: Sequence[Run], now: float) -> None:
+        perf = job.spec.performance
+        if perf is None:
+            return
+        found = []
+        for r in runs:
+            verdict = slow(list(self._ratios.get((r.job, r.attempt, r.rank), ())), perf.ratio, perf.iterations)
+            if verdict is not None:
+                found.append(f"rank {r.rank} on {r.node}: {verdict.describe()}")
+        if found:
+            await self._raise(SLOW_ALERT, Condition.SLOW, job, now, "slow: " + "; ".join(found), "warning")
+        elif any(self._ratios.get((r.job, r.attempt, r.rank)) for r in runs):
+            await self._clear(SLOW_ALERT, job, now, "an iteration within the ratio again")
+
+    async def _raise(self, kind: str, event: str, job: Job, now: float, what: str, severity: str) -> None:
+        mark = (kind, job.id, job.attempt)
+        if mark in self._raised:
+            return
+        self._raised.add(mark)
+        async with self.store.jobs_tx(f"raise {kind} for job {job.id}") as tx:
+            await tx.event(now, event, f"attempt {job.attempt} {what}", job=job.id)
+            await tx.alert_once(now, kind, severity, f"job {job.id} ({job.name}, {job.owner}): {what}", job=job.id)
+        log.warning("job %s: %s", job.id, what)
+
+    async def _clear(self, kind: str, job: Job, now: float, why: str) -> None:
+        mark = (kind, job.id, job.attempt)
+        if mark not in self._raised:
+            return
+        self._raised.discard(mark)
+        async with self.store.jobs_tx(f"clear {kind} of job {job.id}") as tx:
+            await tx.resolve_job_alerts(job.id, kind, now=now, why=why)
+
+    def _forget(self, live: set[Attempt]) -> None:
+        for table in (self._offset, self._scanned_at, self._ratios, self._error):
+            for key in [k for k in table if (k[0], k[1]) not in live]:
+                del table[key]
+        for at in [a for a in self._epochs if a not in live]:
+            del self._epochs[at]
+        for at in [a for a in self._apart_since if a not in live]:
+            del self._apart_since[at]
+        self._raised = {m for m in self._raised if (m[1], m[2]) in live}
+        self._told = {k for k in self._told if (k[0], k[1]) in live}
