@@ -60,6 +60,7 @@ class StopReason(StrEnum):
     EXPIRED = "expired"  # max_runtime is over
     ERROR = "error"  # a rank failed: the others are stopped
     RESCHEDULE = "reschedule"  # a hardware fault under a running checkpoint_resume job: checkpoint, stop, requeue
+    HUNG = "hung"  # suspected hung, with hang_action restart: stopped, then restarted by its policy
 
 
 FINAL_STATUS = {StopReason.STOPPED: JobStatus.STOPPED, StopReason.EXPIRED: JobStatus.EXPIRED}
@@ -300,7 +301,7 @@ def settle(job: Job, runs: Sequence[Run], *, was_running: bool) -> Settlement:
         if not was_running and all(r.state == "running" for r in launching):
             return AllRunning()
         return None
-    if job.stop_reason in (StopReason.ERROR, StopReason.RESCHEDULE):  # the recovery policy decides what next
+    if job.stop_reason in (StopReason.ERROR, StopReason.RESCHEDULE, StopReason.HUNG):  # the policy decides next
         return Finish(JobStatus.ERROR, job.message or _failure_message(failed), _exit_code(failed))
     if job.stop_reason is not None:
         reason = "max_runtime reached" if job.stop_reason is StopReason.EXPIRED else f"stopped by {job.stop_by}"

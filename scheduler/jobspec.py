@@ -74,6 +74,13 @@ class JobType(StrEnum):
     BATCH = "batch"
 
 
+class HangAction(StrEnum):
+    """What a suspected hang leads to: an alert, or also a restart through the job's fault tolerance."""
+
+    ALERT = "alert"
+    RESTART = "restart"
+
+
 class Strategy(StrEnum):
     """Seed 002's recovery strategies, tried in the order a job lists them (`fault_tolerance.strategies`)."""
 
@@ -351,6 +358,7 @@ class JobSpec(_Strict):
     max_runtime: PositiveDuration | None = None
     # the hang window (seed 001): default HANG_WINDOW_S, or MA_HANG_DETECT_TIME (minutes) in env; `off`: none
     hang_detect: Annotated[float, BeforeValidator(_hang_detect)] | None = None
+    hang_action: HangAction = HangAction.ALERT  # what a suspected hang leads to
     progress: Annotated[Progress, BeforeValidator(progress_off)] = Progress()  # stragglers (seed 001)
     performance: Performance | None = None  # slow iterations (seed 003)
     access: Access = Access.NONE
@@ -576,6 +584,13 @@ def _elastic_problems(data: Mapping[str, Any], elastic: Mapping[str, Any]) -> li
 def _fault_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
     ft = _mapping(data.get("fault_tolerance"))
     out: list[tuple[Loc, str]] = []
+    if data.get("hang_action") == HangAction.RESTART:
+        if not (_given(ft, "max_restarts") or _int(ft.get("retries"))):
+            why = "hang_action restart needs fault_tolerance.max_restarts or retries: the restarts it may use"
+            out.append((("hang_action",), why))
+        hang = data.get("hang_detect")
+        if hang is False or hang == 0 or (isinstance(hang, str) and hang.strip().lower() in ("off", "0")):
+            out.append((("hang_action",), "hang_action restart with hang_detect off: no hang is ever seen"))
     if _given(ft, "checkpoint_resume") and (_given(ft, "max_restarts") or _given(ft, "restart_exit_codes")):
         out.append(
             (

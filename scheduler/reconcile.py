@@ -256,6 +256,8 @@ def recover(
         if resubmits < limit:
             return Requeue((), job.message or "rescheduled after a hardware fault", resubmits + 1, limit)
         return GiveUp(f"error,exiting: {job.message or 'hardware fault'} (resumed {resubmits} of {limit} times)")
+    if job.stop_reason is StopReason.HUNG:  # hang_action restart: stopped as suspected hung
+        return _hang_restart(job, attempts, resubmits, limit, now)
     if job.stop_reason not in (None, StopReason.ERROR):
         return None  # stopped by a user, or past its max_runtime: never restarted
     failed = sorted((r for r in runs if r.launch and r.failed), key=lambda r: (r.ended or now, r.rank))
@@ -300,8 +302,27 @@ def recover(
     if code is None or code not in _restart_codes(job) or (ft.max_restarts is None and not explicit):
         return None  # the exit-code policy does not cover it: the program's own failure (scenario 4)
     cause = f"{first.describe()}: exit code {code} restarts"
+    return _escalate(job, cause, first.describe(), restarts, resubmits, limit, failed_at, now, requeue=explicit)
+
+
+def _escalate(
+    job: Job,
+    cause: str,
+    what: str,
+    restarts: int,
+    resubmits: int,
+    limit: int,
+    failed_at: float,
+    now: float,
+    *,
+    requeue: bool,
+) -> Recovery:
+    """The job's strategies in order for a failure on healthy hardware: the first with a restart left wins;
+    GiveUp once they are used up; None when no strategy listed restarts anything. `requeue`: `recover` may
+    take it (listed in `strategies`, or a hang restart)."""
+    ft = job.spec.fault_tolerance
     tried: list[str] = []
-    for strategy in plan:
+    for strategy in ft.plan:
         if strategy is Strategy.EXIT:
             break
         if strategy is Strategy.RECOVER_IN_PLACE and ft.max_restarts is not None:
@@ -315,13 +336,37 @@ def recover(
                     text = f"restart {restarts + 1} of {ft.max_restarts} at {when} (restart_backoff {backoff}, doubled)"
                     return Hold(until, text)
                 return RestartInPlace(f"{cause} (max_restarts {ft.max_restarts})", restarts + 1, ft.max_restarts)
-        elif strategy is Strategy.RECOVER and explicit and limit:  # without strategies: hardware faults only
+        elif strategy is Strategy.RECOVER and requeue and limit:  # without strategies: hardware faults only
             tried.append(f"resubmitted {resubmits} of {limit} times")
             if resubmits < limit:
                 return Requeue((), cause, resubmits + 1, limit)
     if not tried:
         return None
-    return GiveUp(f"error,exiting: {first.describe()} ({', '.join(tried)})")
+    return GiveUp(f"error,exiting: {what} ({', '.join(tried)})")
+
+
+MAX_HANG_RESTARTS = 3  # hang restarts in a row (seed 001's platform); then a hang is only reported
+
+
+def hang_restarts(attempts: Sequence[Attempt]) -> int:
+    """How many attempts in a row, the latest ended first, ended as suspected hung."""
+    count = 0
+    for a in sorted((a for a in attempts if a.ended is not None), key=lambda a: a.number, reverse=True):
+        if not (a.message or "").startswith(HUNG_PREFIX):
+            break
+        count += 1
+    return count
+
+
+HUNG_PREFIX = "suspected hung"
+
+
+def _hang_restart(job: Job, attempts: Sequence[Attempt], resubmits: int, limit: int, now: float) -> Recovery:
+    restarts = sum(a.result == RESTARTED for a in attempts)
+    cause = job.message or HUNG_PREFIX
+    stopped = job.stop_requested or now
+    found = _escalate(job, cause, cause, restarts, resubmits, limit, stopped, now, requeue=True)
+    return found if found is not None else GiveUp(f"error,exiting: {cause} (no restart left in its policy)")
 
 
 def _exit_code(run: Run) -> int | None:

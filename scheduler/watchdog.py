@@ -16,8 +16,10 @@ from collections.abc import Callable, Mapping, Sequence
 
 from ftconsole.scheduler.config import format_duration
 from ftconsole.scheduler.detect import Hung, hung
-from ftconsole.scheduler.jobs import Condition, Job, JobStatus, Run
+from ftconsole.scheduler.jobs import Condition, Job, JobStatus, Run, StopReason
+from ftconsole.scheduler.jobspec import HangAction
 from ftconsole.scheduler.logwatch import LogWatch
+from ftconsole.scheduler.reconcile import HUNG_PREFIX, MAX_HANG_RESTARTS, hang_restarts
 from ftconsole.scheduler.runs import RunStatus
 from ftconsole.scheduler.service import ClusterService
 
@@ -109,12 +111,21 @@ class Watchdog:
     async def _flag(self, job: Job, runs: Sequence[Run], verdict: Hung, window: float, now: float) -> None:
         outputs = [r.output_at for r in runs if r.output_at is not None]
         last = f"; last output {format_duration(round(now - max(outputs)))} ago" if outputs else ""
-        what = f"suspected hung: {verdict.describe(window)} (quiet since {_clock(verdict.io_since)}){last}"
+        what = f"{HUNG_PREFIX}: {verdict.describe(window)} (quiet since {_clock(verdict.io_since)}){last}"
         hint = "if it waits on purpose, set hang_detect: off or a longer window in its spec"
+        restart = job.spec.hang_action is HangAction.RESTART
+        if restart and hang_restarts(await self.store.attempts(job.id)) >= MAX_HANG_RESTARTS:
+            restart = False
+            hint = f"not restarted: {MAX_HANG_RESTARTS} hang restarts in a row already; {hint}"
+        action = "; stopping it to restart (hang_action restart)" if restart else ""
         async with self.store.jobs_tx(f"flag job {job.id} hung") as tx:
-            await tx.event(now, Condition.SUSPECTED_HUNG, f"attempt {job.attempt} {what}", job=job.id)
+            await tx.event(now, Condition.SUSPECTED_HUNG, f"attempt {job.attempt} {what}{action}", job=job.id)
             await tx.alert_once(now, HUNG_ALERT, "warning", f"job {job.id} ({job.name}, {job.owner}) {what}; {hint}",
                                 job=job.id)  # fmt: skip
+            if restart:
+                await tx.update_job(job.id, expect=[JobStatus.RUNNING], stop_requested=now, stop_reason=StopReason.HUNG,
+                                    stop_by="scheduler", message=what)  # fmt: skip
+                await tx.event(now, Condition.STOPPING, f"{what}; stopping the ranks", job=job.id)
         self._flagged[(job.id, job.attempt)] = verdict.io_since
         log.warning("job %s: %s", job.id, what)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.integration.test_scheduler_sshd import job, poll, running, until, write_config
-from tests.sshd_cluster import SshdCluster, gpu_data
+from tests.sshd_cluster import SshdCluster, gpu_data, pid_alive
 
 # quiet for 8 s (no I/O, the GPU flat at 97 %), then prints every 0.2 s
 WAKES = "sh -c 'sleep 8; while true; do echo step; sleep 0.2; done'"
@@ -70,3 +70,25 @@ async def test_hang_detect_off_and_a_working_gpu_are_never_flagged(
             assert conditions(await client.call("show", job=job_id), "SuspectedHung") == []
         assert [a for a in await client.call("alerts") if a["kind"] == "job_hung"] == []
         await client.call("stop", jobs=[off, working])
+
+
+async def test_hang_action_restart_restarts_a_hung_job_through_its_policy_then_gives_up(
+    sshd_cluster: Any, tmp_path: Path, sock_dir: Path
+) -> None:
+    """`hang_action: restart` with `max_restarts: 1`: hung, stopped, restarted in place; hung again, and
+    with its one restart used it ends `error,exiting`; no process is left."""
+    cluster: SshdCluster = sshd_cluster(1, gpus=1)
+    loaded = write_config(cluster, tmp_path, sock_dir, probes={"interval": "0.5s"})
+    async with running(loaded) as (_, client):
+        spec = job("stuck", "sleep 300", hang_detect="2s", hang_action="restart", fault_tolerance={"max_restarts": 1})
+        job_id = (await client.call("submit", spec=spec))["id"]
+        shown = await until(client, job_id, lambda j: j["status"] not in ("queued", "running"), "the end")
+        assert shown["status"] == "error"
+        assert shown["message"].startswith("error,exiting: suspected hung: no I/O by any rank for 2s or more")
+        assert shown["message"].endswith("(restarted in place 1 of 1 times)")
+        assert [a["result"] for a in shown["attempts"]] == ["restarted", "error"]
+        flagged = [c for c in conditions(shown, "SuspectedHung") if "no longer" not in c]
+        assert [f.split(" ")[1] for f in flagged] == ["1", "2"]  # each attempt
+        assert all(f.endswith("; stopping it to restart (hang_action restart)") for f in flagged)
+        pids = [r["pid"] for a in shown["attempts"] for r in a["runs"]]
+        assert len(pids) == 2 and all(pid and not pid_alive(pid) for pid in pids)

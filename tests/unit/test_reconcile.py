@@ -27,6 +27,7 @@ from ftconsole.scheduler.reconcile import (
     Shrink,
     Snapshot,
     Stop,
+    hang_restarts,
     reconcile,
     recover,
 )
@@ -501,6 +502,50 @@ RECOVERY += [
         None,
     ),
 ]
+
+
+def hung_job(attempt: int = 1, **ft: Any) -> Job:
+    job = ft_job(attempt=attempt, stop_reason=StopReason.HUNG, **ft)
+    return dataclasses.replace(job, message="suspected hung: no I/O", stop_requested=NOW - 1)
+
+
+RECOVERY += [
+    (
+        "hang_action restart, max_restarts left: in place",
+        hung_job(max_restarts=1),
+        [STOPPED_BY_US, STOPPED_1],
+        attempts(None),
+        FRESH,
+        RestartInPlace("suspected hung: no I/O (max_restarts 1)", 1, 1),
+    ),
+    (
+        "hang_action restart, only retries: placed anew (nothing isolated)",
+        hung_job(retries=1),
+        [STOPPED_BY_US, STOPPED_1],
+        attempts(None),
+        FRESH,
+        Requeue((), "suspected hung: no I/O", 1, 1),
+    ),
+    (
+        "hang_action restart, restarts used up: error,exiting",
+        hung_job(attempt=2, max_restarts=1),
+        [STOPPED_BY_US, STOPPED_1],
+        attempts("restarted", None),
+        FRESH,
+        GiveUp("error,exiting: suspected hung: no I/O (restarted in place 1 of 1 times)"),
+    ),
+]
+
+
+def test_hang_restarts_count_the_latest_attempts_that_ended_hung_in_a_row() -> None:
+    def ended(*messages: str) -> list[Attempt]:
+        return [Attempt(job=1, number=i + 1, spec_name=None, gpus_per_node=1, master_port=1, created=0.0,
+                        ended=1.0, message=m) for i, m in enumerate(messages)]  # fmt: skip
+
+    assert hang_restarts([]) == 0
+    assert hang_restarts(ended("suspected hung: a", "suspected hung: b")) == 2
+    assert hang_restarts(ended("suspected hung: a", "rank 0 exited with code 137", "suspected hung: c")) == 1
+    assert hang_restarts(ended("suspected hung: a", "rank 0 exited with code 137")) == 0
 
 
 @pytest.mark.parametrize(("what", "the_job", "runs", "history", "health", "expected"), RECOVERY,
