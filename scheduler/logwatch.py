@@ -55,6 +55,7 @@ class LogWatch:
         self._offset: dict[Key, int] = {}  # how far each run's log has been scanned
         self._scanned_at: dict[Key, float] = {}
         self._epochs: dict[Attempt, dict[int, int]] = {}  # each rank's latest epoch (rank as the log says)
+        self._where: dict[Attempt, dict[int, tuple[int, str]]] = {}  # log rank -> (our rank, node) it came from
         self._apart_since: dict[Attempt, float] = {}
         self._ratios: dict[Key, deque[float]] = {}  # e2e / hardware time of each iteration, oldest first
         self._error: dict[Key, tuple[float, str]] = {}  # the first error line a rank logged, and when it was seen
@@ -92,6 +93,7 @@ class LogWatch:
             try:
                 rank = int(m.get("rank") or run.rank)
                 self._epochs.setdefault((run.job, run.attempt), {})[rank] = int(m["epoch"])
+                self._where.setdefault((run.job, run.attempt), {})[rank] = (run.rank, run.node)
             except (KeyError, TypeError, ValueError):
                 continue
         errors = matches.get("errors") or []
@@ -133,7 +135,9 @@ class LogWatch:
         if now - since >= window:
             lasted = format_duration(round(now - since))
             what = f"{verdict.describe()}, for {lasted} (progress.window {format_duration(window)})"
-            await self._raise(STRAGGLER_ALERT, Condition.STRAGGLING, job, now, what, "warning")
+            behind = min(verdict.epochs, key=lambda re: (re[1], re[0]))[0]  # the rank furthest behind
+            focus = self._where.get(at, {}).get(behind)
+            await self._raise(STRAGGLER_ALERT, Condition.STRAGGLING, job, now, what, "warning", focus)
 
     async def _errors(self, job: Job, runs: Sequence[Run], now: float) -> None:
         for r in runs:
@@ -144,7 +148,7 @@ class LogWatch:
                 f"rank {r.rank} on {r.node} logged an error and still runs {format_duration(job.spec.progress.window)} "
                 f"later: {seen[1]}"
             )
-            await self._raise(RANK_ERROR_ALERT, "RankError", job, now, what, "error")
+            await self._raise(RANK_ERROR_ALERT, "RankError", job, now, what, "error", (r.rank, r.node))
             return
 
     async def _slow(self, job: Job, runs: Sequence[Run], now: float) -> None:
@@ -152,22 +156,31 @@ class LogWatch:
         if perf is None:
             return
         found = []
+        focus: tuple[int, str] | None = None
         for r in runs:
             verdict = slow(list(self._ratios.get((r.job, r.attempt, r.rank), ())), perf.ratio, perf.iterations)
             if verdict is not None:
                 found.append(f"rank {r.rank} on {r.node}: {verdict.describe()}")
+                focus = focus or (r.rank, r.node)
         if found:
-            await self._raise(SLOW_ALERT, Condition.SLOW, job, now, "slow: " + "; ".join(found), "warning")
+            await self._raise(SLOW_ALERT, Condition.SLOW, job, now, "slow: " + "; ".join(found), "warning", focus)
         elif any(self._ratios.get((r.job, r.attempt, r.rank)) for r in runs):
             await self._clear(SLOW_ALERT, job, now, "an iteration within the ratio again")
 
-    async def _raise(self, kind: str, event: str, job: Job, now: float, what: str, severity: str) -> None:
+    async def _raise(
+        self, kind: str, event: str, job: Job, now: float, what: str, severity: str, focus: tuple[int, str] | None
+    ) -> None:
+        """The condition (its data: the attempt, and the rank and node that stand out, where one does) and
+        the alert, once per attempt."""
         mark = (kind, job.id, job.attempt)
         if mark in self._raised:
             return
         self._raised.add(mark)
+        data: dict[str, Any] = {"attempt": job.attempt, "alert": kind}
+        if focus is not None:
+            data.update(rank=focus[0], node=focus[1])
         async with self.store.jobs_tx(f"raise {kind} for job {job.id}") as tx:
-            await tx.event(now, event, f"attempt {job.attempt} {what}", job=job.id)
+            await tx.event(now, event, f"attempt {job.attempt} {what}", job=job.id, node=data.get("node"), data=data)
             await tx.alert_once(now, kind, severity, f"job {job.id} ({job.name}, {job.owner}): {what}", job=job.id)
         log.warning("job %s: %s", job.id, what)
 
@@ -185,6 +198,7 @@ class LogWatch:
                 del table[key]
         for at in [a for a in self._epochs if a not in live]:
             del self._epochs[at]
+            self._where.pop(at, None)
         for at in [a for a in self._apart_since if a not in live]:
             del self._apart_since[at]
         self._raised = {m for m in self._raised if (m[1], m[2]) in live}

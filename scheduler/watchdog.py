@@ -119,7 +119,10 @@ class Watchdog:
             hint = f"not restarted: {MAX_HANG_RESTARTS} hang restarts in a row already; {hint}"
         action = "; stopping it to restart (hang_action restart)" if restart else ""
         async with self.store.jobs_tx(f"flag job {job.id} hung") as tx:
-            await tx.event(now, Condition.SUSPECTED_HUNG, f"attempt {job.attempt} {what}{action}", job=job.id)
+            first = min(runs, key=lambda r: r.rank)  # every rank is quiet: the shell opens on rank 0's node
+            data = {"attempt": job.attempt, "alert": HUNG_ALERT, "rank": first.rank, "node": first.node}
+            await tx.event(now, Condition.SUSPECTED_HUNG, f"attempt {job.attempt} {what}{action}", job=job.id,
+                           node=first.node, data=data)  # fmt: skip
             await tx.alert_once(now, HUNG_ALERT, "warning", f"job {job.id} ({job.name}, {job.owner}) {what}; {hint}",
                                 job=job.id)  # fmt: skip
             if restart:

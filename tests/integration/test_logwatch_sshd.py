@@ -58,6 +58,9 @@ async def test_ranks_epochs_apart_an_error_that_runs_on_and_slow_iterations_are_
         (why,) = conditions(shown, "Straggling")
         assert why.startswith("attempt 1 ranks 2 epochs apart: rank 0 at 48; rank 1 at 50, for ")
         assert "(progress.window 2s)" in why
+        (event,) = [e for e in await client.call("events", job=apart) if e["kind"] == "Straggling"]
+        behind = shown["attempts"][0]["runs"][0]["node"]  # rank 0, at 48: the one that stands out
+        assert event["data"] == {"attempt": 1, "alert": "job_straggler", "rank": 0, "node": behind}
 
         found = await poll(lambda: events(client, broken, "RankError"), bool, "the rank error")
         assert (
