@@ -1,6 +1,10 @@
-"""Benchmark: re-adoption after a scheduler kill -9, and the cost of one tick with running jobs.
+"""Benchmark: re-adoption after a scheduler kill -9, and the cost of one tick with running jobs; or the time from
+a node's death to its job running again elsewhere (`--what node-death`).
 
     .venv/bin/python bench/recovery.py [--nodes 8,64] [--jobs 1,200] [--ticks 20]
+    .venv/bin/python bench/recovery.py --what node-death [--nodes 8,64] [--repeats 5]
+
+Re-adoption (`--what adoption`, the default):
 
 For each node count N it starts a lab cluster of N nodes (SSH servers in a separate process, run processes
 real and local) whose GPUs add up to the largest job count, so that with that many one-GPU jobs every node
@@ -26,6 +30,25 @@ a subprocess (its own state_dir, `probes.interval` 300 s so no periodic probe ru
    the wall time spent on the nodes). Commands still under way when a tick returns (LATE: ticks where any
    were) are waited for before the next tick; that wait is counted in CPU MS and ANSWERED MS, not WALL MS.
 
+Node death (`--what node-death`): for each node count N, a lab of N nodes of 8 GPUs and `ftconsole serve` with
+the scheduler's default settings (`tick` 2 s, `node_timeout` 10 s; only `probes.interval` 300 s, as above: a
+lab probe sweep loads the 2 shared CPUs, and `ssh.python`). Each of `--repeats` rounds submits a 2-node
+pytorch-mode job (`sleep 3600`, one GPU per node, `fault_tolerance: {retries: 3}`), waits until its attempt is
+started, kills the node of one rank (`lab_fault(..., Fault.kill())`, as `ftconsole lab fault NODE --kill`:
+SSH refused, the node's processes SIGKILLed; ranks 1 and 0 in turn), and waits until a new attempt is started
+with every rank `running`. Then the job is stopped; the dead node stays dead (isolated), so a round needs two
+healthy nodes besides the dead ones (repeats <= N - 2). The times come from the store (`show`, and the runs'
+`stop_sent` read from state.db), all on this machine's clock:
+
+    DETECT    kill -> the dead rank written `lost` (its run's `ended`): bounded by `scheduler.node_timeout`
+    DECIDE    lost -> the attempt ended `requeued` (the other rank stopped first: its process must be down)
+    RELAUNCH  requeued -> the new attempt `started` (placement, pre-flight probe, starts, the read that sees
+              every rank running)
+
+and the steps inside them (second table): lost -> Stopping event, Stopping -> the other rank's stop confirmed
+by its node (`stop_sent`), -> its process ended (node's time), -> requeued; requeued -> new attempt created
+(placed), -> last new rank started (node's time), -> attempt `started`.
+
 Everything it starts is stopped at the end: the serve process, the lab (`lab down` kills every process of
 its nodes), and any `sleep 3600` of this lab still left (it says so if it had to).
 """
@@ -39,6 +62,7 @@ import os
 import re
 import shutil
 import signal
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -55,12 +79,13 @@ sys.path.insert(0, str(ROOT))
 import yaml  # noqa: E402
 
 from ftconsole.format import print_table  # noqa: E402
-from ftconsole.lab import lab_down, lab_up  # noqa: E402
+from ftconsole.lab import Fault, lab_down, lab_fault, lab_up  # noqa: E402
 from ftconsole.scheduler.api import ApiClient  # noqa: E402
 from ftconsole.scheduler.config import LoadedConfig, load_config  # noqa: E402
 from ftconsole.scheduler.engine import Scheduler  # noqa: E402
 from ftconsole.scheduler.errors import FtError  # noqa: E402
 from ftconsole.scheduler.service import ClusterService  # noqa: E402
+from ftconsole.scheduler.store import STORE_FILE  # noqa: E402
 
 SPEC = {"name": "bench-recovery", "command": "sleep 3600", "gpus_per_node": 1}
 SLEEP_ARGV = b"sleep\x003600\x00"
@@ -69,6 +94,21 @@ RUNNING_TIMEOUT_S = 300.0
 ADOPT_TIMEOUT_S = 180.0
 SERVE_STOP_TIMEOUT_S = 30.0
 TICK_DRAIN_TIMEOUT_S = 60.0
+
+ADOPTION_SCHEDULER = {"tick": "2s", "node_timeout": "60s"}  # 2 shared CPUs: see docs/benchmarks.md
+
+# node death: a 2-node job that a node's death sends back to the queue (docs/jobs.md, "When a job fails")
+DEATH_SPEC = {
+    "name": "bench-node-death",
+    "mode": "pytorch",
+    "nodes": 2,
+    "gpus_per_node": 1,
+    "command": "sleep 3600",
+    "fault_tolerance": {"retries": 3},
+}
+DEATH_GPUS_PER_NODE = 8
+DEATH_TIMEOUT_S = 120.0  # from the kill until the job runs again
+POLL_S = 0.5
 
 # the lab layout's `cluster:` section: BUILTIN_LAYOUT's probe thresholds (so lab nodes probe healthy)
 CLUSTER = {
@@ -122,14 +162,16 @@ def write_layout(path: Path, nodes: int, gpus: int) -> None:
     path.write_text(yaml.safe_dump(layout, sort_keys=False))
 
 
-def write_config(root: Path, lab_config: Path) -> Path:
-    """The lab's cluster.yaml with the scheduler's own state_dir, a short socket path and the bench's settings."""
+def write_config(root: Path, lab_config: Path, scheduler: dict[str, Any] | None = ADOPTION_SCHEDULER) -> Path:
+    """The lab's cluster.yaml with the scheduler's own state_dir, a short socket path and the bench's settings
+    (`scheduler`: its section; None: the defaults)."""
     config = yaml.safe_load(lab_config.read_text())
     config["state_dir"] = str(root / "state")
     config["api"] = {"socket": str(root / "ft.sock")}
     config["ssh"]["python"] = sys.executable  # not a pyenv shim: each node command starts this interpreter
     config["probes"]["interval"] = "300s"
-    config["scheduler"] = {"tick": "2s", "node_timeout": "60s"}  # 2 shared CPUs: see docs/benchmarks.md
+    if scheduler is not None:
+        config["scheduler"] = scheduler
     path = root / "cluster.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
@@ -385,18 +427,188 @@ async def one_cluster(
         breakdown, cost = await tick_cost(loaded, nodes, max(counts), ticks)
         return rows, breakdown, cost
     finally:
+        shut_down(lab_dir, serves)
+
+
+def shut_down(lab_dir: Path, serves: Sequence[Serve]) -> None:
+    """Kill the serve processes still running, stop the lab, and any `sleep 3600` of it that is left."""
+    for serve in serves:
+        if serve.proc.poll() is None:
+            serve.kill9()
+    before = leftover_sleeps(lab_dir)  # the check below finds what lab down should end
+    print(f"  {len(before)} `sleep 3600` of this lab before lab down", file=sys.stderr)
+    lab_down(lab_dir)
+    left = leftover_sleeps(lab_dir)
+    if left:
+        print(f"warning: {len(left)} `sleep 3600` left after lab down; killing {left[:10]}", file=sys.stderr)
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+# ------------------------------------------------------------------------------------------------ node death
+
+# (part, step, start, end): durations between the timestamps `death_times` collects, in order
+PARTS = ["DETECT", "DECIDE", "RELAUNCH", "TOTAL"]
+STEPS = [
+    ("DETECT", "kill -> rank lost", "killed", "lost"),
+    ("DECIDE", "lost -> Stopping (other ranks)", "lost", "stopping"),
+    ("DECIDE", "Stopping -> stop confirmed", "stopping", "stop_sent"),
+    ("DECIDE", "stop confirmed -> rank ended (node)", "stop_sent", "other_ended"),
+    ("DECIDE", "rank ended -> requeued", "other_ended", "requeued"),
+    ("RELAUNCH", "requeued -> placed", "requeued", "placed"),
+    ("RELAUNCH", "placed -> pre-flight done", "placed", "preflight"),
+    ("RELAUNCH", "pre-flight -> ranks started (node)", "preflight", "ranks_started"),
+    ("RELAUNCH", "ranks started -> attempt started", "ranks_started", "running"),
+]
+BOUNDS = {
+    "DETECT": "scheduler.node_timeout (10 s), from the first read that gets no answer (one a scheduler.tick, 2 s)",
+    "DECIDE": "the stop sent at once (the loop is poked); the "
+    "other rank's exit after SIGTERM (scheduler.stop_grace, 30 s, then SIGKILL)",
+    "RELAUNCH": "the pre-flight probe (probes.timeout), the starts (ssh.command_timeout)",
+}
+
+
+async def wait_attempt_running(api: ApiClient, job: int, after: int, timeout: float) -> dict[str, Any]:
+    """`show` of `job` once an attempt numbered above `after` is started with every rank read `running`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        shown = await api.call("show", job=job)
+        if shown["status"] not in ("queued", "running"):
+            raise SystemExit(f"job {job} is {shown['status']}: {shown.get('message')}")
+        attempt = shown["attempts"][-1] if shown["attempts"] else None
+        if (
+            attempt is not None
+            and attempt["number"] > after
+            and attempt["started"]
+            and all(r["state"] == "running" for r in attempt["runs"])
+        ):
+            return shown
+        if time.monotonic() > deadline:
+            raise SystemExit(f"job {job}: no attempt after {after} running within {timeout:g}s: {shown.get('message')}")
+        await asyncio.sleep(POLL_S)
+
+
+async def wait_status(api: ApiClient, job: int, statuses: Sequence[str], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while (await api.call("show", job=job))["status"] not in statuses:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"job {job} not {' or '.join(statuses)} within {timeout:g}s")
+        await asyncio.sleep(POLL_S)
+
+
+def stop_sent(db: Path, job: int, attempt: int, rank: int) -> float | None:
+    """A run's `stop_sent` (when its node confirmed the stop), which `show` does not give; read-only."""
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+        row = conn.execute(
+            "SELECT stop_sent FROM runs WHERE job = ? AND attempt = ? AND rank = ?", (job, attempt, rank)
+        ).fetchone()
+    return row[0] if row else None
+
+
+def death_times(shown: dict[str, Any], before: int, victim: str, killed: float, db: Path) -> dict[str, Any]:
+    """The timestamps of one node death (see STEPS), from the job's `show` after it runs again."""
+    attempts = {a["number"]: a for a in shown["attempts"]}
+    old, new = attempts[before], shown["attempts"][-1]
+    lost = next(r for r in old["runs"] if r["node"] == victim)
+    others = [r for r in old["runs"] if r["node"] != victim]
+    if lost["state"] != "lost" or old["result"] != "requeued":
+        raise SystemExit(f"job {shown['id']}: rank on {victim} {lost['state']}, attempt {before} {old['result']}")
+    t_lost = lost["ended"]
+    events = shown["events"]
+    stopping = min((e["time"] for e in events if e["kind"] == "Stopping" and e["time"] >= t_lost), default=None)
+    sent = [t for r in others if (t := stop_sent(db, shown["id"], before, r["rank"])) is not None]
+    preflight = [e["time"] for e in events if e["kind"] == "Preflight" and e["time"] >= new["created"]]
+    times = {
+        "killed": killed,
+        "lost": t_lost,
+        "stopping": stopping,
+        "stop_sent": max(sent) if len(sent) == len(others) else None,
+        "other_ended": max(r["ended"] for r in others),
+        "requeued": old["ended"],
+        "placed": new["created"],
+        "preflight": max(preflight, default=new["created"]),
+        "ranks_started": max(r["started"] for r in new["runs"]),
+        "running": new["started"],
+    }
+    missing = [k for k, v in times.items() if v is None]
+    if missing:
+        raise SystemExit(f"job {shown['id']}: no time for {missing}; events: {events}")
+    return times
+
+
+async def one_death(api: ApiClient, lab_dir: Path, db: Path, nodes: int, round_: int) -> dict[str, float]:
+    """Submit the job, kill the node of one of its ranks once it runs, wait until it runs again elsewhere."""
+    job = (await api.call("submit", spec=DEATH_SPEC))["id"]
+    shown = await wait_attempt_running(api, job, 0, RUNNING_TIMEOUT_S)
+    attempt = shown["attempts"][-1]
+    ranks = sorted(attempt["runs"], key=lambda r: r["rank"])
+    victim = ranks[(round_ + 1) % len(ranks)]["node"]  # rank 1, then rank 0, ...
+    await asyncio.sleep(1.0)  # a tick or so of steady state
+    killed = time.time()
+    report = await asyncio.to_thread(lab_fault, lab_dir, victim, Fault.kill())
+    kill_s = time.time() - killed
+    shown = await wait_attempt_running(api, job, attempt["number"], DEATH_TIMEOUT_S)
+    times = death_times(shown, attempt["number"], victim, killed, db)
+    new_nodes = ",".join(r["node"] for r in shown["attempts"][-1]["runs"])
+    total = times["running"] - killed
+    print(
+        f"  {nodes} nodes, round {round_ + 1}: killed {victim} ({report.message}; {kill_s:.2f}s), "
+        f"running again on {new_nodes} {total:.2f}s after",
+        file=sys.stderr,
+    )
+    await api.call("stop", jobs=[job])
+    await wait_status(api, job, ["stopped", "error"], 60.0)
+    return times
+
+
+async def death_cluster(root: Path, nodes: int, repeats: int) -> list[dict[str, float]]:
+    if repeats > nodes - 2:
+        raise SystemExit(f"{repeats} repeats need {repeats + 2} nodes: each kills one, and the job needs 2")
+    layout = root / "layout.yaml"
+    write_layout(layout, nodes, nodes * DEATH_GPUS_PER_NODE)
+    lab_dir = root / "lab"
+    serves: list[Serve] = []
+    try:
+        info = lab_up(lab_dir, layout, None, timeout=120)
+        config = write_config(root, Path(info.config_path), scheduler=None)
+        loaded = load_config(config)
+        serves.append(Serve(config, root / "serve.log"))
+        api = await connect(loaded)
+        try:
+            db = loaded.state_dir / STORE_FILE
+            return [await one_death(api, lab_dir, db, nodes, i) for i in range(repeats)]
+        finally:
+            await api.close()
+    finally:
         for serve in serves:
-            if serve.proc.poll() is None:
-                serve.kill9()
-        before = leftover_sleeps(lab_dir)  # the check below finds what lab down should end
-        print(f"  {len(before)} `sleep 3600` of this lab before lab down", file=sys.stderr)
-        lab_down(lab_dir)
-        left = leftover_sleeps(lab_dir)
-        if left:
-            print(f"warning: {len(left)} `sleep 3600` left after lab down; killing {left[:10]}", file=sys.stderr)
-            for pid in left:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+            serve.stop()
+        shut_down(lab_dir, serves)
+
+
+def med_max(xs: Sequence[float]) -> str:
+    return f"{statistics.median(xs):.2f} / {max(xs):.2f}"
+
+
+def death_tables(results: dict[int, list[dict[str, float]]]) -> None:
+    rows = []
+    for nodes, samples in results.items():
+        parts = {
+            "DETECT": [t["lost"] - t["killed"] for t in samples],
+            "DECIDE": [t["requeued"] - t["lost"] for t in samples],
+            "RELAUNCH": [t["running"] - t["requeued"] for t in samples],
+            "TOTAL": [t["running"] - t["killed"] for t in samples],
+        }
+        rows.append([nodes, len(samples), *(med_max(parts[p]) for p in PARTS)])
+    print_table(["NODES", "REPEATS", *(f"{p} S" for p in PARTS)], rows)
+    print()
+    rows = []
+    for part, step, start, end in STEPS:
+        rows.append([part, step, *(med_max([t[end] - t[start] for t in s]) for s in results.values())])
+    print_table(["PART", "STEP", *(f"{n} NODES S" for n in results)], rows)
+    print("\n(median / max over the repeats; (node): a time the node's supervisor wrote)")
+    for part in PARTS[:-1]:
+        print(f"{part}: {BOUNDS[part]}")
 
 
 def main() -> None:
@@ -404,7 +616,12 @@ def main() -> None:
     parser.add_argument("--nodes", default="8,64")
     parser.add_argument("--jobs", default="1,200")
     parser.add_argument("--ticks", type=int, default=20)
+    parser.add_argument("--what", choices=["adoption", "node-death"], default="adoption")
+    parser.add_argument("--repeats", type=int, default=5, help="node deaths per node count (--what node-death)")
     args = parser.parse_args()
+    if args.what == "node-death":
+        node_death(args)
+        return
     counts = sorted({int(j) for j in args.jobs.split(",")})
     adoption: list[list[object]] = []
     breakdowns: list[list[object]] = []
@@ -430,6 +647,21 @@ def main() -> None:
     headers = ["NODES", "JOBS", "TICKS", "CPU MS", "WALL MS", "LAST ANSWER MS", "ANSWERED MS", "CMDS", "LATE"]
     print_table(headers, costs)
     print("\n(MS columns: mean / max per tick; CMDS: SSH commands per tick, mean / max)")
+
+
+def node_death(args: argparse.Namespace) -> None:
+    results: dict[int, list[dict[str, float]]] = {}
+    for nodes in [int(n) for n in args.nodes.split(",")]:
+        root = Path(tempfile.mkdtemp(prefix="ftd-", dir="/tmp"))  # short: the API socket path is AF_UNIX
+        try:
+            results[nodes] = asyncio.run(death_cluster(root, nodes, args.repeats))
+        except BaseException:
+            print(f"kept {root} (serve.log, lab/lab.log)", file=sys.stderr)
+            raise
+        shutil.rmtree(root, ignore_errors=True)
+    command = " ".join([".venv/bin/python", "bench/recovery.py", *sys.argv[1:]])
+    print(f"{command}\n{os.cpu_count()} CPUs, Python {sys.version.split()[0]}; scheduler defaults; seconds\n")
+    death_tables(results)
 
 
 if __name__ == "__main__":

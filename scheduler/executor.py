@@ -5,8 +5,9 @@ sweep a node), never started twice at once; each talks to one node with its own 
 `ssh.command_timeout` and `scheduler.node_timeout`), so a node that hangs holds up only its own work. The loop
 waits for the tasks at most `ACT_WAIT_S` per tick; later outcomes are written when they come and wake the
 loop. The executor also keeps count of each node's answers: since when the loop waits for one (the clock of
-`node_timeout`) and when it last answered. Nodes met for the first time, and nodes given up, are swept once
-they answer: every run of this cluster there that the store does not count as current is killed (fencing).
+`node_timeout`, which wakes the loop when it runs out) and when it last answered. Nodes met for the first
+time, and nodes given up, are swept once they answer: every run of this cluster there that the store does not
+count as current is killed (fencing).
 
 Run retention rides on those round trips: each sweep, and a node's run read at most every `PRUNE_EVERY_S`,
 asks the node to remove the folders of this cluster's attempts that ended more than `scheduler.run_retention`
@@ -57,6 +58,7 @@ ACT_WAIT_S = 2.0  # how long a tick waits for the node commands it started; slow
 KNOCK_S = 3.0  # at most this long for a fresh TCP connection to a silent node to say whether it hung or died
 SWEEP_RETRY_S = 5.0  # how often a node still to be swept is tried while it does not answer
 PRUNE_EVERY_S = 3600.0  # run retention along with a node's reads at most this often (and with every sweep)
+TIMEOUT_WAKE_MARGIN_S = 0.05  # the wake-up at a node's node_timeout comes this much after it (clocks differ)
 ACCOUNT_OK_S = 600.0  # a user's account found on a node is not asked for again before a launch for this long
 NO_ACCOUNT_S = 3600.0  # a node where a user has no account is left out of that user's placements this long
 
@@ -85,6 +87,9 @@ class Executor:
         self.answered: dict[str, float] = {}  # node -> its last answer
         self.silence: dict[str, SSHError] = {}  # node -> why its last command got no answer (since then)
         self.knocked: dict[str, str] = {}  # node -> what a fresh connection found once it was half silent
+        # node -> the wake-up of the loop when its node_timeout runs out (reconcile gives it up at once, not at
+        # the next tick after: a node's death costs node_timeout, not node_timeout plus up to a tick)
+        self._deadlines: dict[str, asyncio.TimerHandle] = {}
         # run folder -> what to scan its output.log for in this read (the watchdog's, see runs.run_states)
         self.scans: Callable[[Sequence[Run]], dict[str, Any]] = lambda runs: {}
         self._unswept: set[str] = set(self.nodes)  # nodes to sweep for runs that are no longer current
@@ -151,6 +156,7 @@ class Executor:
             self.waiting.pop(name, None)
             self.silence.pop(name, None)
             self.knocked.pop(name, None)
+            self._cancel_deadline(name)
 
     async def wait(self) -> None:
         """Wait for the work under way, at most `ACT_WAIT_S`."""
@@ -169,6 +175,8 @@ class Executor:
 
     async def close(self) -> None:
         """Cancel the node commands still under way (their outcome is read again by the next scheduler)."""
+        for name in list(self._deadlines):
+            self._cancel_deadline(name)
         tasks = list(self._tasks.values())
         for task in tasks:
             task.cancel()
@@ -195,8 +203,11 @@ class Executor:
     async def _ask(self, node: Node, work: Coroutine[Any, Any, Any], *, heartbeat: bool = True) -> Any:
         """One command on a node, keeping count of whether it answers. With `heartbeat` (a command about its
         runs) the silence clock starts, if it has not: `node_timeout` later the node is given up."""
-        if heartbeat:
-            self.waiting.setdefault(node.name, self.clock())
+        if heartbeat and node.name not in self.waiting:
+            self.waiting[node.name] = self.clock()
+            self._deadlines[node.name] = asyncio.get_running_loop().call_later(
+                self.settings.node_timeout + TIMEOUT_WAKE_MARGIN_S, self._poke
+            )
         try:
             result = await work
         except SSHError as exc:
@@ -221,6 +232,12 @@ class Executor:
         self.waiting.pop(name, None)
         self.silence.pop(name, None)
         self.knocked.pop(name, None)
+        self._cancel_deadline(name)
+
+    def _cancel_deadline(self, name: str) -> None:
+        handle = self._deadlines.pop(name, None)
+        if handle is not None:
+            handle.cancel()
 
     @property
     def _timeout(self) -> float:

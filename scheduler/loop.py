@@ -103,8 +103,8 @@ class Loop:
         self._first_probe = first if probe else None
         try:
             while not stop.is_set():
+                self.wake.clear()  # before the tick: a poke made during it brings the next one forward
                 await self.tick()
-                self.wake.clear()
                 # a poke (submit, stop, a probe) brings the next tick forward, but ticks stay MIN_TICK_GAP_S
                 # apart: a burst of submissions is placed in one pass, not one pass each
                 gap = min(MIN_TICK_GAP_S, self.settings.tick)

@@ -70,7 +70,7 @@ async def test_sweep_with_a_failing_a_hung_a_rekeyed_and_a_healthy_node(sshd_clu
 
     assert hung.health.state.value == "unreachable"
     assert hung.failure is not None and hung.failure.kind == "unreachable"
-    assert hung.failure.message == "connect timed out after 2s"
+    assert hung.failure.message == "connect timed out after 2s: TCP connects, SSH does not answer"
 
     assert rekeyed.health.state.value == "unreachable"
     assert rekeyed.failure is not None and rekeyed.failure.kind == "host-key-changed"
