@@ -17,7 +17,7 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
-from ftconsole.scheduler import failpoints, placement
+from ftconsole.scheduler import failpoints, metrics, notify, placement
 from ftconsole.scheduler.api import ApiServer, Caller
 from ftconsole.scheduler.clusterview import cluster_view
 from ftconsole.scheduler.config import LoadedConfig, parse_duration
@@ -321,6 +321,10 @@ async def serve(
             await stack.enter_async_context(
                 ApiServer(loaded.socket_path, Operations(scheduler), group=loaded.cluster.api.group)
             )
+            # new alerts to the notify targets, in a task of its own (never holds up the loop)
+            await stack.enter_async_context(notify.running(loaded.cluster.notify, service.store))
+            # Prometheus metrics on metrics.listen, read from the store at each scrape (off without it)
+            await stack.enter_async_context(metrics.serving(loaded.cluster.metrics, scheduler))
             log.info(
                 "serving %s on %s (cluster id %s, run folders %s)",
                 loaded.state_dir,

@@ -359,6 +359,7 @@ class JobSpec(_Strict):
     # the hang window (seed 001): default HANG_WINDOW_S, or MA_HANG_DETECT_TIME (minutes) in env; `off`: none
     hang_detect: Annotated[float, BeforeValidator(_hang_detect)] | None = None
     hang_action: HangAction = HangAction.ALERT  # what a suspected hang leads to
+    notify: bool = False  # job alerts go to the config's notify targets (seed 003's "notify me")
     progress: Annotated[Progress, BeforeValidator(progress_off)] = Progress()  # stragglers (seed 001)
     performance: Performance | None = None  # slow iterations (seed 003)
     access: Access = Access.NONE

@@ -34,7 +34,7 @@ from ftconsole.scheduler.client import LocalClient, SocketClient, this_process
 from ftconsole.scheduler.config import LoadedConfig, parse_duration
 from ftconsole.scheduler.daemon import Operations, serve
 from ftconsole.scheduler.errors import AlreadyRunning, FtError, NotRunning
-from ftconsole.scheduler.shell import node_shell, shell_target
+from ftconsole.scheduler.shell import ShellTarget, is_job_id, job_shell, node_shell
 from ftconsole.tui import rows as R
 from ftconsole.tui.detail import JobScreen, NodeScreen
 from ftconsole.tui.dialogs import ChoiceDialog, ConfirmDialog, PromptDialog, SubmitDialog
@@ -73,7 +73,7 @@ ROW_KINDS = {
     "extend": JOB,
     "scale": JOB,
     "logs": JOB,
-    "shell": JOB | NODE,
+    "shell": JOB | NODE | ALERT,  # on an alert: the rank its evidence names, or its node
     "drain": NODE,
     "resume": NODE,
     "probe": NODE,
@@ -358,14 +358,14 @@ class ConsoleApp(App[int]):
         elif kind == "alert":
             alert = self.feed.alerts.get(int(key))
             if alert and alert.get("job") is not None:
-                self.open_job(int(alert["job"]))
+                self.open_job(int(alert["job"]), alert=alert)  # at the evidence: the alert's event on top
             elif alert and alert.get("node"):
                 self.open_node(str(alert["node"]))
 
-    def open_job(self, job_id: int) -> JobScreen | None:
+    def open_job(self, job_id: int, *, alert: dict[str, Any] | None = None) -> JobScreen | None:
         if self.client is None:
             return None
-        screen = JobScreen(self.client, self.clock, job_id)
+        screen = JobScreen(self.client, self.clock, job_id, alert=alert)
         self.push_screen(screen)
         return screen
 
@@ -579,31 +579,63 @@ class ConsoleApp(App[int]):
 
     def action_shell(self) -> None:
         if isinstance(self.screen, JobScreen):
-            self.open_shell(str(self.screen.job_id), self.screen.rank)
+            self.open_shell(str(self.screen.job_id), self.screen.rank, self.screen.focus_attempt)
+            return
+        if not isinstance(self.screen, NodeScreen) and self.view.kind == "alert":
+            if (key := self._one("alert")) is not None:
+                self._shell_on_alert(int(key))
             return
         kind = "node" if isinstance(self.screen, NodeScreen) or self.view.kind == "node" else "job"
         if (target := self._one(kind)) is not None:
             self.open_shell(target, None)
 
+    def _shell_on_alert(self, alert_id: int) -> None:
+        """A job alert: the rank and node its evidence names (rank 0 when it names none); a node alert: the node."""
+        alert = self.feed.alerts.get(alert_id)
+        if alert is not None and alert.get("job") is not None:
+            self.open_shell(str(alert["job"]), None, alert=alert)
+        elif alert is not None and alert.get("node"):
+            self.open_shell(str(alert["node"]), None)
+        else:
+            self.notify(
+                f"alert {alert_id} names no job and no node: no shell to open", title="shell", severity="warning"
+            )
+
     @work(exclusive=True, group="terminal", exit_on_error=False)
-    async def open_shell(self, target: str, rank: int | None) -> None:
+    async def open_shell(
+        self, target: str, rank: int | None, attempt: int | None = None, *, alert: dict[str, Any] | None = None
+    ) -> None:
         """Suspend the app and run `ssh -t` into the node; the scheduler keeps running meanwhile."""
         try:
-            if target.isdigit():
-                shell = await shell_target(self.client, self.loaded, target, rank=rank)
-            else:
-                shell = node_shell(self.loaded, target)
+            shell = await self.shell_for(target, rank, attempt, alert=alert)
         except FtError as exc:
             self.notify(str(exc), title=f"shell: {exc.title}", severity="error", timeout=10)
             return
+        code = await self.run_terminal(shell)
+        if code not in (0, 130):
+            self.notify(f"ssh to {shell.node} ended with exit code {code}", severity="warning")
+
+    async def shell_for(
+        self, target: str, rank: int | None, attempt: int | None = None, *, alert: dict[str, Any] | None = None
+    ) -> ShellTarget:
+        """The ssh argv for a job's rank (a job alert: the rank, and attempt, its evidence names) or a node."""
+        if not is_job_id(target):
+            return node_shell(self.loaded, target)
+        job = await self.client.call("show", job=int(target))
+        if alert is not None:
+            evidence = R.alert_evidence(alert, job.get("events") or [])
+            rank, attempt = evidence.rank, evidence.attempt
+        return job_shell(self.loaded, job, rank=rank, attempt=attempt)
+
+    async def run_terminal(self, shell: ShellTarget) -> int:
+        """Give the terminal to `shell.argv` until it exits; its exit code. (Tests replace this.)"""
         # Nothing is drawn while the shell has the terminal (batch_update), and this waits without blocking
         # the event loop, so the embedded scheduler and its API go on serving.
         with self.batch_update(), self.suspend():  # the remote side prints the banner (where you are)
             process = await asyncio.create_subprocess_exec(*shell.argv)
             code = await process.wait()
         self.refresh(layout=True)
-        if code not in (0, 130):
-            self.notify(f"ssh to {shell.node} ended with exit code {code}", severity="warning")
+        return code
 
     # -- helpers -------------------------------------------------------------------------------------------
 

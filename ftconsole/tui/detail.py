@@ -2,9 +2,10 @@
 
 Job: its facts, spec, attempts with the node, GPUs, state and exit of every rank, the conditions timeline,
 each rank's command, hostfile and env as its run folder holds them, and a live log tail per rank (`[` and `]`
-switch rank). Node: every check with value and threshold, its
-GPUs and who holds them, and its history of faults (marked) and drains, with how many faults fell within
-probes.flaky_window and whether that makes it flaky. Both re-read their data every few seconds.
+switch rank). Opened from an alert, it shows the alert's evidence on top (the event with the detector's
+figures) and starts on the rank that stands out, so `s` and `l` go there. Node: every check with value and
+threshold, its GPUs and who holds them, and its history of faults (marked) and drains, with how many faults
+fell within probes.flaky_window and whether that makes it flaky. Both re-read their data every few seconds.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class DetailScreen(Screen[None]):
     DetailScreen DataTable { height: auto; max-height: 20; }
     DetailScreen .section { text-style: bold; margin-top: 1; padding: 0 1; }
     DetailScreen Log { height: 1fr; }
+    DetailScreen > #evidence { height: auto; max-height: 8; padding: 0 1; border-bottom: solid $warning; }
     """
 
     def __init__(self, client: Client, clock: Callable[[], float]) -> None:
@@ -112,14 +114,21 @@ class JobScreen(DetailScreen):
         Binding("right_square_bracket", "rank(1)", "Rank +"),
     ]
 
-    def __init__(self, client: Client, clock: Callable[[], float], job_id: int) -> None:
+    def __init__(
+        self, client: Client, clock: Callable[[], float], job_id: int, alert: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(client, clock)
         self.job_id = job_id
         self.rank = 0
+        self.alert = alert  # opened from this alert: its evidence on top, the rank that stands out chosen
+        self.evidence: R.Evidence | None = None
+        self.focus_attempt: int | None = None  # the evidence's attempt while its rank is the one shown
+        self._focused = False
         self._streaming: tuple[int, int] | None = None  # (attempt, rank) of the log tail shown
 
     def compose(self) -> ComposeResult:
         yield Static("", id="head")
+        yield Static("", id="evidence")
         with TabbedContent(initial="overview"):
             with TabPane("Overview", id="overview"), VerticalScroll():
                 yield Static("", id="facts")
@@ -141,6 +150,7 @@ class JobScreen(DetailScreen):
         self.query_one("#runs", DataTable).add_columns(
             "TRY", "RANK", "NODE", "GPUS", "STATE", "PID", "EXIT", "STARTED", "ENDED", "RUN FOLDER", "ERROR"
         )
+        self.query_one("#evidence", Static).display = self.alert is not None
         super().on_mount()
 
     async def fetch(self) -> dict[str, Any]:
@@ -163,6 +173,8 @@ class JobScreen(DetailScreen):
 
     def show(self, job: dict[str, Any]) -> None:
         now = self.clock()
+        if self.alert is not None:
+            self._show_evidence(job)
         facts = [
             f"submitted {_when(job['submitted'])}   started {_when(job['started'])}   ended {_when(job['ended'])}",
             f"runtime {age(job['runtime_s']) if job['runtime_s'] is not None else '-'}"
@@ -204,6 +216,17 @@ class JobScreen(DetailScreen):
         if self.query_one(TabbedContent).active == "logs":
             self._ensure_log()
 
+    def _show_evidence(self, job: dict[str, Any]) -> None:
+        """The alert's evidence on top; the first time, its rank becomes the screen's (for `s`, `l`)."""
+        assert self.alert is not None
+        self.evidence = ev = R.alert_evidence(self.alert, job.get("events") or [])
+        self.query_one("#evidence", Static).update(R.evidence_text(ev))
+        if not self._focused and ev.event is not None:
+            self._focused = True
+            if ev.rank is not None:
+                self.rank = ev.rank
+                self.focus_attempt = ev.attempt
+
     # -- logs ----------------------------------------------------------------------------------------------
 
     def ranks(self) -> list[int]:
@@ -222,6 +245,7 @@ class JobScreen(DetailScreen):
             return
         i = ranks.index(self.rank) if self.rank in ranks else 0
         self.rank = ranks[(i + step) % len(ranks)]
+        self.focus_attempt = None  # the current attempt's ranks from now on
         tabs = self.query_one(TabbedContent)
         if tabs.active == "launch":
             self.show_launch(self.rank)
@@ -241,7 +265,8 @@ class JobScreen(DetailScreen):
         """Rank `rank`'s argv, hostfile and env, as its run folder on the node holds them."""
         text = self.query_one("#launch-text", Static)
         try:
-            got = await self.client.call("launch", job=self.job_id, rank=rank)
+            where = {"attempt": self.focus_attempt} if self.focus_attempt is not None else {}
+            got = await self.client.call("launch", job=self.job_id, rank=rank, **where)
         except FtError as exc:
             text.update(Text(str(exc), style=R.style("bad")))
             return
@@ -261,7 +286,7 @@ class JobScreen(DetailScreen):
     def _ensure_log(self) -> None:
         if self.data is None:
             return
-        wanted = (int(self.data["attempt"]), self.rank)
+        wanted = (self.focus_attempt or int(self.data["attempt"]), self.rank)
         if self._streaming == wanted:
             return
         self._streaming = wanted

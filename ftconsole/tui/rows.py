@@ -109,7 +109,7 @@ JOB_COLUMNS = (
     Column("attempt", "TRY"),
     Column("runtime", "RUNTIME/MAX", 13),
     Column("output", "OUTPUT", 7),
-    Column("alerts", "ALERTS", 6),
+    Column("alerts", "ALERTS"),  # "!1 hung?": the count, and what the detectors found
     Column("where", "NODES"),
     Column("message", "MESSAGE"),
 )
@@ -163,7 +163,8 @@ def job_clock(job: Mapping[str, Any], now: float) -> tuple[str, ...]:
     return ()
 
 
-def job_cells(job: Mapping[str, Any], now: float, marked: bool = False) -> Row:
+def job_cells(job: Mapping[str, Any], now: float, marked: bool = False, found: Sequence[str] = ()) -> Row:
+    """`found`: the marks of the job's detector alerts (`job_alert_marks`), shown after the alert count."""
     state = job_state(job, now)
     runtime: str = "-"
     started, ended = job.get("started"), job.get("ended")
@@ -179,7 +180,6 @@ def job_cells(job: Mapping[str, Any], now: float, marked: bool = False) -> Row:
         output = age(now - float(last)) if job["status"] == "running" else "done"
         if state == "stalled":
             output = styled(age(now - float(last)), "warn")
-    alerts = int(job.get("open_alerts") or 0)
     where = job.get("node_names") or []
     return (
         MARK if marked else " ",
@@ -193,10 +193,20 @@ def job_cells(job: Mapping[str, Any], now: float, marked: bool = False) -> Row:
         str(job.get("attempt") or 0),
         runtime,
         output,
-        styled(f"!{alerts}", "bad") if alerts else "",
+        alerts_cell(int(job.get("open_alerts") or 0), found),
         compress_names(where),
         str(job.get("message") or ""),
     )
+
+
+def alerts_cell(count: int, found: Sequence[str]) -> Cell:
+    """`!2 hung? slow`: the count of the job's open alerts, then a word for each thing the detectors found."""
+    if not found:
+        return styled(f"!{count}", "bad") if count else ""
+    parts: list[Any] = [(f"!{count}", style("bad"))] if count else []
+    for mark in found:
+        parts += [" " if parts else "", (mark, style(JOB_ALERT_STYLE.get(mark, "warn_strong")))]
+    return Text.assemble(*parts)
 
 
 def compress_names(names: Sequence[str], limit: int = 40) -> str:
@@ -295,6 +305,97 @@ def _gpu_model(gpus: Sequence[Mapping[str, Any]]) -> str:
         return "-"
     names = {str(g.get("name") or "?").replace("NVIDIA ", "") for g in gpus}
     return f"{len(gpus)}x {names.pop() if len(names) == 1 else 'mixed'}"
+
+
+# -- what the detectors found about jobs (issue 13) ------------------------------------------------------------
+
+# A detector's alert kind -> the word on its job's row, worst first (the order they show in).
+JOB_ALERT_MARKS = {
+    "job_rank_error": "rank error",
+    "job_hung": "hung?",
+    "job_straggler": "straggler",
+    "job_slow": "slow",
+}
+JOB_ALERT_STYLE = {"rank error": "bad"}  # the others: warn_strong (reversed: reads without colour)
+# An alert kind -> the kind of the job event that holds its evidence, where the event does not name the alert
+# in its `data` (the detectors' events do: {"attempt", "alert", "rank", "node"}).
+ALERT_EVENT_KIND = {
+    "job_hung": "SuspectedHung",
+    "job_straggler": "Straggling",
+    "job_slow": "Slow",
+    "job_rank_error": "RankError",
+    "job_failed": "Failed",
+}
+
+
+def job_alert_marks(alerts: Iterable[Mapping[str, Any]]) -> dict[int, tuple[str, ...]]:
+    """Job id -> the marks of its open and acknowledged detector alerts (`JOB_ALERT_MARKS`, in that order)."""
+    kinds: dict[int, set[str]] = {}
+    for a in alerts:
+        if a.get("job") is not None and a["kind"] in JOB_ALERT_MARKS and a["state"] in ("open", "acknowledged"):
+            kinds.setdefault(int(a["job"]), set()).add(str(a["kind"]))
+    return {job: tuple(m for k, m in JOB_ALERT_MARKS.items() if k in found) for job, found in kinds.items()}
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Where a job alert points: the event with its figures (None when the job has none), and the rank, node
+    and attempt that stand out, as the event's `data` names them (None when it does not)."""
+
+    alert: Mapping[str, Any]
+    event: Mapping[str, Any] | None
+    rank: int | None = None
+    node: str | None = None
+    attempt: int | None = None
+
+
+def alert_evidence(alert: Mapping[str, Any], events: Iterable[Mapping[str, Any]]) -> Evidence:
+    """From a job's events (`show`'s or `events job=ID`): the latest event that names the alert's kind in its
+    data, else the latest of the kind that goes with the alert (`ALERT_EVENT_KIND`)."""
+    kind = str(alert["kind"])
+    events = list(events)
+    found = [e for e in events if (e.get("data") or {}).get("alert") == kind]
+    if not found:
+        found = [e for e in events if e["kind"] == ALERT_EVENT_KIND.get(kind)]
+    event = max(found, key=lambda e: (float(e["time"]), int(e.get("id") or 0)), default=None)
+    data = (event or {}).get("data") or {}
+    return Evidence(
+        alert=alert,
+        event=event,
+        rank=_int(data.get("rank")),
+        node=str(data["node"]) if data.get("node") else None,
+        attempt=_int(data.get("attempt")),
+    )
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def evidence_text(ev: Evidence) -> Text:
+    """The job screen's head when it is opened from an alert: the alert, its evidence, where to look."""
+    alert = ev.alert
+    severity = str(alert.get("severity") or "")
+    out = Text()
+    out.append(str(alert["kind"]), style(SEVERITY_STYLE.get(severity, "strong")))
+    out.append(f"  {severity} · {alert.get('state')}  alert {alert['id']}", style("strong"))
+    if ev.event is None:
+        out.append(f"  no {ALERT_EVENT_KIND.get(str(alert['kind']), 'matching')} event found; the alert says:\n")
+        out.append(str(alert["message"]))
+        return out
+    when = time.strftime("%H:%M:%S", time.localtime(float(ev.event["time"])))
+    out.append(f"  {ev.event['kind']} at {when}\n")
+    out.append(str(ev.event["message"]))
+    if ev.rank is not None:
+        where = (
+            f"rank {ev.rank}"
+            + (f" on {ev.node}" if ev.node else "")
+            + (f" (attempt {ev.attempt})" if ev.attempt is not None else "")
+        )
+        out.append("\nstands out: ", style("strong"))
+        out.append(where, style("warn_strong"))
+        out.append("   s: a shell there   l: its log", style("muted"))
+    return out
 
 
 # -- alerts and events -----------------------------------------------------------------------------------------

@@ -99,6 +99,10 @@ class View(Vertical):
         return [key] if key is not None else []
 
 
+# a job row as last built: job dict, marked, clock, detector marks, cells, order key
+_Cached = tuple[Mapping[str, Any], bool, tuple[str, ...], tuple[str, ...], R.Row, tuple[Any, ...]]
+
+
 class JobsView(View):
     title = "Jobs"
     columns = R.JOB_COLUMNS
@@ -107,9 +111,9 @@ class JobsView(View):
 
     def __init__(self, *, id: str) -> None:
         super().__init__(id=id)
-        # id -> (the job dict the cells came from, marked, what the clock shows of it, cells, order key): reused
-        # while all three hold still
-        self._cache: dict[int, tuple[Mapping[str, Any], bool, tuple[str, ...], R.Row, tuple[Any, ...]]] = {}
+        # id -> (the job dict the cells came from, marked, what the clock shows of it, what the detectors found
+        # (its alerts), cells, order key): reused while all four hold still
+        self._cache: dict[int, _Cached] = {}
         self._order_keys: dict[int, tuple[Any, ...]] = {}
         self._order: list[str] = []
 
@@ -120,17 +124,19 @@ class JobsView(View):
         rows: dict[str, R.Row] = {}
         order_keys: dict[int, tuple[Any, ...]] = {}
         cache = self._cache
-        fresh: dict[int, tuple[Mapping[str, Any], bool, tuple[str, ...], R.Row, tuple[Any, ...]]] = {}
+        fresh: dict[int, _Cached] = {}
+        found = R.job_alert_marks(feed.alerts.values())  # the alerts are read on every refresh, whatever the view
         for job_id, job in feed.jobs.items():
             key = str(job_id)
             marked = key in self.marked
             clock = R.job_clock(job, now)
+            marks = found.get(job_id, ())
             hit = cache.get(job_id)
-            if hit is None or hit[0] is not job or hit[1] != marked or hit[2] != clock:
-                hit = (job, marked, clock, R.job_cells(job, now, marked), R.job_order(job, now))
+            if hit is None or hit[0] is not job or hit[1] != marked or hit[2] != clock or hit[3] != marks:
+                hit = (job, marked, clock, marks, R.job_cells(job, now, marked, marks), R.job_order(job, now))
             fresh[job_id] = hit
-            rows[key] = hit[3]
-            order_keys[job_id] = hit[4]
+            rows[key] = hit[4]
+            order_keys[job_id] = hit[5]
         self._cache = fresh
         if order_keys != self._order_keys:
             self._order = [str(j) for j in sorted(order_keys, key=order_keys.__getitem__)]
