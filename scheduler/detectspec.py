@@ -4,11 +4,13 @@ patterns, checked at submit as the node will use them (Python's `re`, with the n
 from __future__ import annotations
 
 import re
+from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BeforeValidator, Field
 
 from ftconsole.scheduler.config import PositiveDuration
+from ftconsole.scheduler.specbase import Strict, is_off
 
 # seed 001's straggler log line: `Rank:2 Epoch:[48]`
 PROGRESS_PATTERN = r"Rank:\s*(?P<rank>\d+).*?Epoch:\s*\[?(?P<epoch>\d+)"
@@ -39,14 +41,17 @@ def _pattern(*needs: str) -> Any:
 
 def _errors(value: Any) -> Any:
     """`errors: off` (YAML may read a bare off as false): no error lines looked for, kept as ""."""
-    return "" if value is False or (isinstance(value, str) and value.strip().lower() == "off") else value
+    return "" if is_off(value) else value
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class HangAction(StrEnum):
+    """What a suspected hang leads to: an alert, or also a restart through the job's fault tolerance."""
+
+    ALERT = "alert"
+    RESTART = "restart"
 
 
-class Progress(_Strict):
+class Progress(Strict):
     """Seed 001's stragglers: each rank's epoch (or step) from its log lines; ranks more than `max_lag`
     apart for `window` are reported, and so is a rank whose log shows an error while the job runs on."""
 
@@ -59,12 +64,12 @@ class Progress(_Strict):
 
 def progress_off(value: Any) -> Any:
     """`progress: off` (YAML may read a bare off as false)."""
-    if value is False or (isinstance(value, str) and value.strip().lower() == "off"):
+    if is_off(value):
         return {"enabled": False}
     return value
 
 
-class Performance(_Strict):
+class Performance(Strict):
     """Seed 003's performance detection: a job whose end-to-end iteration time is more than `ratio` times
     its hardware time for `iterations` iterations in a row is reported as slow."""
 

@@ -25,16 +25,23 @@ from enum import StrEnum
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, NamedTuple
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo, model_validator
 
 from ftconsole.scheduler import yamlfile
 from ftconsole.scheduler.command import check_command
-from ftconsole.scheduler.config import Duration, PositiveDuration, expand_nodeset, parse_duration
-from ftconsole.scheduler.detectspec import Performance, Progress, progress_off
+from ftconsole.scheduler.config import PositiveDuration, expand_nodeset, parse_duration
+from ftconsole.scheduler.detectspec import HangAction, Performance, Progress, progress_off
 from ftconsole.scheduler.errors import ConfigError, Problem
+from ftconsole.scheduler.faultspec import FaultTolerance, fault_problems
 from ftconsole.scheduler.launcher import wraps_in_torchrun
+from ftconsole.scheduler.specbase import Loc, Text, is_off
+from ftconsole.scheduler.specbase import Strict as _Strict
+from ftconsole.scheduler.specbase import as_int as _int
+from ftconsole.scheduler.specbase import given as _given
+from ftconsole.scheduler.specbase import mapping as _mapping
+from ftconsole.scheduler.specbase import not_blank as _not_blank
+from ftconsole.scheduler.specbase import unique as _unique
 
-Loc = tuple[Any, ...]
 _STORED = "stored"  # validation context key: the spec is read back from the store (see `JobSpec.from_stored`)
 
 # -- enums -------------------------------------------------------------------------------------------------
@@ -74,22 +81,6 @@ class JobType(StrEnum):
     BATCH = "batch"
 
 
-class HangAction(StrEnum):
-    """What a suspected hang leads to: an alert, or also a restart through the job's fault tolerance."""
-
-    ALERT = "alert"
-    RESTART = "restart"
-
-
-class Strategy(StrEnum):
-    """Seed 002's recovery strategies, tried in the order a job lists them (`fault_tolerance.strategies`)."""
-
-    RECOVER_IN_PLACE = "recover-in-place"  # a new attempt on the same nodes (healthy hardware only)
-    RECOVER = "recover"  # a new placement, the faulty nodes isolated and left out
-    DUMP = "dump"  # the ranks still running get the checkpoint signal and its grace period before a stop
-    EXIT = "exit"  # the job ends `error`; nothing after it is tried
-
-
 def _valid_command(value: str) -> str:
     problem = check_command(value)
     if problem is not None:
@@ -113,12 +104,6 @@ def _valid_name(value: str) -> str:
         raise ValueError(
             f"invalid name {value!r}: use 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit"
         )
-    return value
-
-
-def _not_blank(value: str) -> str:
-    if not value.strip():
-        raise ValueError("must not be empty")
     return value
 
 
@@ -158,7 +143,7 @@ HANG_WINDOW_S = 1800.0  # the hang window when the spec names none (seed 001: 30
 
 def _hang_detect(value: Any) -> float:
     """A positive duration, or `off` (YAML may read a bare off as false; stored as HANG_OFF)."""
-    if value is False or (isinstance(value, str) and value.strip().lower() == "off") or value == HANG_OFF:
+    if is_off(value) or value == HANG_OFF:
         return HANG_OFF
     seconds = parse_duration(value)
     if seconds <= 0:
@@ -181,13 +166,6 @@ def hang_minutes(env: Mapping[str, str]) -> float | None:
     return minutes
 
 
-def _unique(values: list[str]) -> list[str]:
-    repeated = sorted({v for v in values if values.count(v) > 1})
-    if repeated:
-        raise ValueError(f"each entry must be unique: {', '.join(repeated)} given more than once")
-    return values
-
-
 def _sub_folder(value: str) -> str:
     path = PurePosixPath(value)
     if value.startswith(("/", "~")):
@@ -200,7 +178,6 @@ def _sub_folder(value: str) -> str:
 
 
 Name = Annotated[str, AfterValidator(_valid_name)]
-Text = Annotated[str, AfterValidator(_not_blank)]
 Command = Annotated[str, AfterValidator(_valid_command)]
 NodeSetExpr = Annotated[str, AfterValidator(_valid_nodeset)]
 Version = Annotated[str, BeforeValidator(_version_text), AfterValidator(_not_blank)]
@@ -209,10 +186,6 @@ SubFolder = Annotated[str, AfterValidator(_not_blank), AfterValidator(_sub_folde
 
 
 # -- models ------------------------------------------------------------------------------------------------
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class Task(_Strict):
@@ -264,65 +237,6 @@ LAUNCHER_MODES: dict[str, tuple[JobMode, str]] = {
 """Each key of `launcher:`: the mode it is for, and what it sets."""
 
 
-def _catchable_signal(value: str) -> str:
-    name = value if value.startswith("SIG") else "SIG" + value
-    if name not in _CHECKPOINT_SIGNALS:
-        raise ValueError(f"{value!r} is not a signal a job can catch to save a checkpoint: use one of "
-                         f"{', '.join(sorted(_CHECKPOINT_SIGNALS))}")  # fmt: skip
-    return name
-
-
-_CHECKPOINT_SIGNALS = frozenset({"SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"})
-
-
-class CheckpointResume(_Strict):
-    """On a hardware fault, signal the job to save a checkpoint, wait `grace_period`, reschedule it (at most
-    `max_resumes` times); `dir` is FT_CHECKPOINT_DIR (default: `<output>/checkpoints`, else a folder in the
-    user's home on each node)."""
-
-    max_resumes: int = Field(ge=0)
-    grace_period: Duration = 30.0
-    signal: Annotated[str, AfterValidator(_catchable_signal)] = "SIGUSR1"
-    dir: Text | None = None
-
-
-class Elastic(_Strict):
-    """Start on as few as `min_nodes` when not all `nodes` are free, and grow back to the job's size once they
-    are (`grow`, on by default); `scale` resizes it from `min_nodes` to `max_nodes` (default: `nodes`)."""
-
-    min_nodes: int = Field(ge=1, strict=True)
-    max_nodes: int | None = Field(None, ge=1, strict=True)
-    grow: bool = True
-
-
-class FaultTolerance(_Strict):
-    """`retries`: pre-check and resubmit (0 = neither); fault restart (`max_restarts`, `restart_exit_codes`)
-    or `checkpoint_resume`, not both; `elastic` resizing."""
-
-    retries: int = Field(0, ge=0, le=3)
-    max_restarts: int | None = Field(None, ge=0)
-    restart_exit_codes: list[Annotated[int, Field(ge=1, le=255)]] | None = None
-    # the n-th restart in place waits restart_backoff * 2^(n-1) after the failure (at most MAX_BACKOFF_S)
-    restart_backoff: Duration = 0.0
-    # restarts (in place or requeued) are allowed this long after the first failure (seed 004's restartTimeLimit)
-    restart_time_limit: PositiveDuration | None = None
-    checkpoint_resume: CheckpointResume | None = None
-    elastic: Elastic | None = None
-    strategies: Annotated[list[Strategy], AfterValidator(_unique)] | None = Field(None, min_length=1)
-
-    @property
-    def plan(self) -> tuple[Strategy, ...]:
-        """The strategies to try, in order: `strategies`, or what the other keys ask for."""
-        if self.strategies is not None:
-            return tuple(self.strategies)
-        out = [Strategy.DUMP] if self.checkpoint_resume is not None else []
-        if self.max_restarts is not None:
-            out.append(Strategy.RECOVER_IN_PLACE)
-        if self.retries or self.checkpoint_resume is not None or self.elastic is not None:
-            out.append(Strategy.RECOVER)
-        return tuple(out)
-
-
 class GpuRequest(NamedTuple):
     """One candidate resource request: a named spec (resolved by the scheduler) or a GPU count per node."""
 
@@ -352,7 +266,7 @@ class JobSpec(_Strict):
     command: Command | None = None
     tasks: list[Task] | None = Field(None, min_length=1)
     workdir: Annotated[Text, BeforeValidator(_home_not_null)] = "~"
-    env: dict[str, EnvValue] = {}
+    env: dict[str, EnvValue] = Field(default_factory=dict)
     priority: Priority = Priority.NORMAL
     project: Name = "default"
     max_runtime: PositiveDuration | None = None
@@ -441,18 +355,6 @@ class JobSpec(_Strict):
 
 
 # -- checks across keys ------------------------------------------------------------------------------------
-
-
-def _given(data: Mapping[str, Any], key: str) -> bool:
-    return data.get(key) is not None
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
 
 
 def _mode(data: Mapping[str, Any]) -> JobMode | None:
@@ -566,98 +468,6 @@ def _env_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
     return out
 
 
-def _elastic_problems(data: Mapping[str, Any], elastic: Mapping[str, Any]) -> list[tuple[Loc, str]]:
-    loc: Loc = ("fault_tolerance", "elastic")
-    if _mode(data) is JobMode.SINGLE:
-        return [(loc, "elastic needs a distributed mode (mode single runs on one node)")]
-    nodes = _int(data.get("nodes", 1))
-    low, high = _int(elastic.get("min_nodes")), _int(elastic.get("max_nodes"))
-    if nodes is None:
-        return []
-    out: list[tuple[Loc, str]] = []
-    if low is not None and low > nodes:
-        out.append(((*loc, "min_nodes"), f"min_nodes ({low}) must not exceed nodes ({nodes})"))
-    if high is not None and high < nodes:
-        out.append(((*loc, "max_nodes"), f"max_nodes ({high}) must be at least nodes ({nodes})"))
-    return out
-
-
-def _fault_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
-    ft = _mapping(data.get("fault_tolerance"))
-    out: list[tuple[Loc, str]] = []
-    if data.get("hang_action") == HangAction.RESTART:
-        if not (_given(ft, "max_restarts") or _int(ft.get("retries"))):
-            why = "hang_action restart needs fault_tolerance.max_restarts or retries: the restarts it may use"
-            out.append((("hang_action",), why))
-        hang = data.get("hang_detect")
-        if hang is False or hang == 0 or (isinstance(hang, str) and hang.strip().lower() in ("off", "0")):
-            out.append((("hang_action",), "hang_action restart with hang_detect off: no hang is ever seen"))
-    if _given(ft, "checkpoint_resume") and (_given(ft, "max_restarts") or _given(ft, "restart_exit_codes")):
-        out.append(
-            (
-                ("fault_tolerance", "checkpoint_resume"),
-                "fault restart (max_restarts) and checkpoint resume are mutually exclusive: choose one",
-            )
-        )
-    where = _mapping(ft.get("checkpoint_resume")).get("dir")
-    if isinstance(where, str) and not (where.startswith("/") or where.startswith("~/")):
-        out.append(
-            (
-                ("fault_tolerance", "checkpoint_resume", "dir"),
-                f"{where!r} is relative, and every attempt may start elsewhere: give an absolute path or ~/...",
-            )
-        )
-    strategies = ft.get("strategies")
-    if isinstance(strategies, list):
-        out.extend(_strategy_problems(ft, [str(x) for x in strategies]))
-    elif _given(ft, "restart_exit_codes") and not _given(ft, "max_restarts"):
-        out.append(
-            (("fault_tolerance", "restart_exit_codes"), "restart_exit_codes needs max_restarts (how many restarts)")
-        )
-    restarts = _given(ft, "max_restarts") or _int(ft.get("retries"))
-    for key in ("restart_backoff", "restart_time_limit"):
-        if ft.get(key) and not restarts:  # restart_backoff 0 (the default) asks nothing
-            why = "how long a restart waits" if key == "restart_backoff" else "how long restarts are allowed"
-            out.append((("fault_tolerance", key), f"{key} ({why}) needs max_restarts or retries: nothing restarts"))
-    if _given(ft, "elastic"):
-        out.extend(_elastic_problems(data, _mapping(ft["elastic"])))
-    return out
-
-
-def _strategy_problems(ft: Mapping[str, Any], listed: list[str]) -> list[tuple[Loc, str]]:
-    """Each strategy listed needs its budget, and each budget given needs its strategy: nothing is accepted
-    and then never used."""
-    loc: Loc = ("fault_tolerance", "strategies")
-    out: list[tuple[Loc, str]] = []
-    if Strategy.EXIT in listed and listed.index(Strategy.EXIT) < len(listed) - 1:
-        later = ", ".join(listed[listed.index(Strategy.EXIT) + 1 :])
-        out.append(((*loc, listed.index(Strategy.EXIT)), f"exit ends the job: {later} after it would never be tried"))
-    needs = {
-        Strategy.RECOVER_IN_PLACE: ("max_restarts", _given(ft, "max_restarts"), "how many restarts in place"),
-        Strategy.RECOVER: (
-            "retries",
-            bool(_int(ft.get("retries"))) or _given(ft, "checkpoint_resume") or _given(ft, "elastic"),
-            "how many resubmits; or checkpoint_resume's max_resumes, or elastic",
-        ),
-        Strategy.DUMP: ("checkpoint_resume", _given(ft, "checkpoint_resume"), "its signal and grace_period"),
-    }
-    for strategy, (key, given, why) in needs.items():
-        if strategy in listed and not given:
-            out.append(((*loc, listed.index(strategy)), f"{strategy} needs {key} ({why})"))
-    budgets = {
-        "max_restarts": (_given(ft, "max_restarts"), Strategy.RECOVER_IN_PLACE),
-        "retries": (bool(_int(ft.get("retries"))), Strategy.RECOVER),
-        "checkpoint_resume": (_given(ft, "checkpoint_resume"), Strategy.DUMP),
-    }
-    for key, (given, strategy) in budgets.items():
-        if given and strategy not in listed:
-            out.append((("fault_tolerance", key), f"{key} is used by {strategy}, which strategies does not list"))
-    if _int(_mapping(ft.get("checkpoint_resume")).get("max_resumes")) and Strategy.RECOVER not in listed:
-        where: Loc = ("fault_tolerance", "checkpoint_resume", "max_resumes")
-        out.append((where, "max_resumes counts resumes elsewhere, which is recover: strategies does not list it"))
-    return out
-
-
 # -- what would fail only when the job is planned or started ---------------------------------------------------
 
 
@@ -725,7 +535,7 @@ CROSS_CHECKS: tuple[Check, ...] = (
     _mode_problems,
     _type_problems,
     _env_problems,
-    _fault_problems,
+    fault_problems,
 )
 """Rules of the spec itself: every stored spec obeys them."""
 

@@ -45,8 +45,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ftconsole.scheduler.config import format_duration
+from ftconsole.scheduler.faultspec import Strategy
 from ftconsole.scheduler.jobs import Attempt, Job, Run, StopReason
-from ftconsole.scheduler.jobspec import Strategy
 
 KILL_MARGIN_S = 5.0  # past the grace period, before the scheduler SIGKILLs what the supervisor did not
 READ_STATES = frozenset({"starting", "running", "orphaned"})

@@ -22,8 +22,8 @@ from ftconsole.probes.results import PREFLIGHT_CHECKS, CheckStatus
 from ftconsole.scheduler.config import format_duration
 from ftconsole.scheduler.errors import FtError
 from ftconsole.scheduler.failpoints import afailpoint
+from ftconsole.scheduler.faultspec import Strategy
 from ftconsole.scheduler.jobs import Attempt, Condition, Finish, Job, JobStatus, Run, StopReason
-from ftconsole.scheduler.jobspec import Strategy
 from ftconsole.scheduler.jobtx import Conflict
 from ftconsole.scheduler.placing import Placer
 from ftconsole.scheduler.reconcile import (

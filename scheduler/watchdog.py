@@ -16,8 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 from ftconsole.scheduler.config import format_duration
 from ftconsole.scheduler.detect import Hung, hung
+from ftconsole.scheduler.detectspec import HangAction
 from ftconsole.scheduler.jobs import Condition, Job, JobStatus, Run, StopReason
-from ftconsole.scheduler.jobspec import HangAction
 from ftconsole.scheduler.logwatch import LogWatch
 from ftconsole.scheduler.reconcile import HUNG_PREFIX, MAX_HANG_RESTARTS, hang_restarts
 from ftconsole.scheduler.runs import RunStatus
