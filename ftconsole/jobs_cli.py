@@ -208,6 +208,11 @@ def cmd_delete(args: argparse.Namespace) -> int:
     return _print_jobs(jobs, args, "deleted")
 
 
+def cmd_release(args: argparse.Namespace) -> int:
+    jobs = _with_client(args, "release", lambda c: c.call("release", jobs=args.jobs))
+    return _print_jobs(jobs, args, "GPUs held for debugging released")
+
+
 def cmd_clone(args: argparse.Namespace) -> int:
     job = _with_client(args, "clone", lambda c: c.call("clone", job=args.job))
     if args.json:
@@ -367,6 +372,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser, listing: argparse.Arg
     for name, func, text in (
         ("stop", cmd_stop, "stop jobs (SIGTERM to each run's process group, SIGKILL after the grace period)"),
         ("delete", cmd_delete, "delete jobs (stopping them first); their events stay in the timeline"),
+        ("release", cmd_release, "give up the GPUs failed jobs hold for debugging (debug.hold_nodes)"),
     ):
         p = sub.add_parser(name, parents=parents, help=text)
         p.add_argument("jobs", metavar="JOB", nargs="+", help="job ids")

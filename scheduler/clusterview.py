@@ -22,12 +22,22 @@ from ftconsole.scheduler.requests import candidates, node_slot
 
 
 def cluster_view(
-    config: ClusterConfig, views: Sequence[dict[str, Any]], held: Iterable[Run], queued: Iterable[Job]
+    config: ClusterConfig,
+    views: Sequence[dict[str, Any]],
+    held: Iterable[Run],
+    queued: Iterable[Job],
+    debug_held: Iterable[tuple[Run, float]] = (),
 ) -> dict[str, Any]:
+    """`debug_held`: the runs of failed jobs whose GPUs stay held for debugging, with until when."""
     holders: dict[str, dict[int, int]] = defaultdict(dict)
+    debug_until: dict[str, dict[int, float]] = defaultdict(dict)
     for run in held:
         for gpu in run.gpus:
             holders[run.node][gpu] = run.job
+    for run, until in debug_held:
+        for gpu in run.gpus:
+            holders[run.node][gpu] = run.job
+            debug_until[run.node][gpu] = until
     degraded_ok = {name for name, pool in config.pools.items() if pool.schedule_degraded}
     nodes, free = [], {}
     for view in views:
@@ -51,7 +61,7 @@ def cluster_view(
                 "gpus_total": slot.gpus_total,
                 "gpus_used": len(held_here),
                 "gpus": [
-                    {"index": g.get("index", i), "job": held_here.get(g.get("index", i))}
+                    _gpu(g.get("index", i), held_here, debug_until.get(view["name"], {}))
                     for i, g in enumerate(view.get("gpus") or [])
                 ],
             }
@@ -90,3 +100,10 @@ def cluster_view(
             continue
         demand[first.gpu_model or "any"] += first.gpus_per_node * job.spec.nodes
     return {"nodes": nodes, "specs": specs, "queued_demand": dict(demand)}
+
+
+def _gpu(index: int, held: dict[int, int], debug_until: dict[int, float]) -> dict[str, Any]:
+    out: dict[str, Any] = {"index": index, "job": held.get(index)}
+    if index in debug_until:
+        out["held_for_debug_until"] = debug_until[index]
+    return out

@@ -212,6 +212,42 @@ class SchedulerSettings(_Strict):
     queue_timeout: PositiveDuration = 30 * 60.0
 
 
+class DebugSettings(_Strict):
+    """The kept debugging environment (seed 003): after a job fails, its last attempt's run folders stay on its
+    nodes at least this long (a job's own `debug.retention`, at most `max_retention`), and with the job's
+    `debug.hold_nodes` its GPUs stay held for that time, at most `max_hold` (0: no job may hold any)."""
+
+    retention: PositiveDuration = 4 * 3600.0
+    max_retention: PositiveDuration = 7 * 86400.0
+    max_hold: Duration = 4 * 3600.0
+
+    @model_validator(mode="after")
+    def _retention_within_max(self) -> DebugSettings:
+        if self.retention > self.max_retention:
+            raise ValueError(
+                f"retention ({format_duration(self.retention)}) is over max_retention "
+                f"({format_duration(self.max_retention)})"
+            )
+        return self
+
+
+def _data_root(value: str) -> str:
+    if "\0" in value or not (value.startswith("/") or value.startswith("~/")) or ".." in value.split("/"):
+        raise ValueError(f"{value!r}: give an absolute folder (as /local) or one starting with ~/, without '..'")
+    if value.rstrip("/") in ("", "~"):
+        raise ValueError(f"{value!r} is the whole file system or a home folder: name the node-local storage itself")
+    return value.rstrip("/")
+
+
+class DataPrepSettings(_Strict):
+    """Data preparation (seed 003, docs/jobs.md): the node-local fast storage that jobs' `data_prep` may copy data
+    sets into (none: no job may), and how long a prepared data set is kept after its last use (0 or off: until
+    removed by hand); see `scheduler.dataprep`."""
+
+    roots: list[Annotated[str, AfterValidator(_data_root)]] = []
+    retention: RetentionDuration = 7 * 86400.0
+
+
 class ApiSettings(_Strict):
     """The local API socket that `ftconsole serve` (or the console) serves and the CLI calls."""
 
@@ -393,6 +429,8 @@ class ClusterConfig(_Strict):
     api: ApiSettings = ApiSettings()
     metrics: MetricsSettings | None = None  # Prometheus endpoint of `serve`; None: off
     notify: NotifySettings = NotifySettings()  # where new alerts are sent; no target: nowhere
+    debug: DebugSettings = DebugSettings()  # how long a failed job's environment is kept (seed 003)
+    data_prep: DataPrepSettings = DataPrepSettings()  # node-local storage for jobs' data sets (seed 003)
 
     def cross_problems(self) -> list[tuple[tuple[Any, ...], str]]:
         """Problems that span several keys, as (key path, message); pydantic checks each key alone."""

@@ -17,7 +17,7 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
-from ftconsole.scheduler import failpoints, metrics, notify, placement
+from ftconsole.scheduler import debugenv, failpoints, metrics, notify, placement
 from ftconsole.scheduler.api import ApiServer, Caller
 from ftconsole.scheduler.clusterview import cluster_view
 from ftconsole.scheduler.config import LoadedConfig, parse_duration
@@ -33,7 +33,7 @@ log = logging.getLogger("ftconsole.daemon")
 
 # ops that change something (the CLI warns when no scheduler runs to act on them)
 # (ack, resolve, drain and resume take effect at once, scheduler or not)
-WRITE_OPS = frozenset({"submit", "stop", "delete", "clone", "priority", "extend", "scale"})
+WRITE_OPS = frozenset({"submit", "stop", "delete", "clone", "priority", "extend", "scale", "release"})
 
 
 class Operations:
@@ -54,6 +54,7 @@ class Operations:
             "priority": self._priority,
             "extend": self._extend,
             "scale": self._scale,
+            "release": self._release,
             "logs": self._logs,
             "wait": self._wait,
             "events": self._events,
@@ -136,6 +137,9 @@ class Operations:
     async def _delete(self, caller: Caller, args: dict[str, Any]) -> Any:
         return await self._json(await self.scheduler.delete(caller, _ids(args)))
 
+    async def _release(self, caller: Caller, args: dict[str, Any]) -> Any:
+        return await self._json(await self.scheduler.release(caller, _ids(args)))
+
     async def _clone(self, caller: Caller, args: dict[str, Any]) -> Any:
         return {**(await self.scheduler.clone(caller, args["job"])).to_json(self.now), **JobActivity().to_json()}
 
@@ -215,7 +219,9 @@ class Operations:
         s = self.scheduler
         views = [v.to_json() for v in await s.service.nodes()]
         queued = await s.store.jobs(statuses=[JobStatus.QUEUED])
-        view = cluster_view(s.config, views, await s.store.runs(held=True), queued)
+        holds = await debugenv.holds(s.store, s.config.debug, s.clock())
+        debug_held = [(h.run, h.until) for h in holds]
+        view = cluster_view(s.config, views, await s.store.runs(held=True), queued, debug_held)
         hidden = await self._hidden(caller)
         for node in view.get("nodes") or []:
             for gpu in node.get("gpus") or []:
@@ -261,11 +267,15 @@ BRIEF_GPU_FIELDS = ("index", "name", "utilization")
 
 
 def _mask_held(view: dict[str, Any], hidden: frozenset[int]) -> dict[str, Any]:
-    """A node view whose GPUs held by hidden jobs say only that: held by a private job."""
-    if not hidden or not view.get("held"):
+    """A node view whose GPUs held by hidden jobs (running, or held for debugging) say only that: held by a
+    private job."""
+    if not hidden:
         return view
-    held = [{"gpu": h["gpu"], "job": None, "private": True} if h["job"] in hidden else h for h in view["held"]]
-    return {**view, "held": held}
+    out = dict(view)
+    for key in ("held", "held_for_debug"):
+        if view.get(key):
+            out[key] = [{**h, "job": None, "private": True} if h["job"] in hidden else h for h in view[key]]
+    return out
 
 
 def brief_node(view: dict[str, Any]) -> dict[str, Any]:

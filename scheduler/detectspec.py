@@ -4,13 +4,14 @@ patterns, checked at submit as the node will use them (Python's `re`, with the n
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BeforeValidator, Field
 
 from ftconsole.scheduler.config import PositiveDuration
-from ftconsole.scheduler.specbase import Strict, is_off
+from ftconsole.scheduler.specbase import Loc, Strict, as_int, given, is_off, mapping
 
 # seed 001's straggler log line: `Rank:2 Epoch:[48]`
 PROGRESS_PATTERN = r"Rank:\s*(?P<rank>\d+).*?Epoch:\s*\[?(?P<epoch>\d+)"
@@ -69,10 +70,30 @@ def progress_off(value: Any) -> Any:
     return value
 
 
+class SlowAction(StrEnum):
+    """What a slow job leads to (seed 003): an alert only, or also a reschedule through its fault tolerance."""
+
+    ALERT = "alert"
+    RESCHEDULE = "reschedule"  # stopped (checkpoint signal first, with checkpoint_resume), queued again
+
+
 class Performance(Strict):
     """Seed 003's performance detection: a job whose end-to-end iteration time is more than `ratio` times
-    its hardware time for `iterations` iterations in a row is reported as slow."""
+    its hardware time for `iterations` iterations in a row is reported as slow; with `action: reschedule` it
+    is also stopped and queued again, without the slow rank's node."""
 
     pattern: Annotated[str, _pattern("hw", "e2e")] = PERFORMANCE_PATTERN
     ratio: float = Field(1.5, gt=1)
     iterations: int = Field(5, ge=1, le=64)
+    action: SlowAction = SlowAction.ALERT
+
+
+def performance_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
+    """`performance.action: reschedule` needs resubmits to spend: fault_tolerance.retries or checkpoint_resume."""
+    perf, ft = mapping(data.get("performance")), mapping(data.get("fault_tolerance"))
+    if perf.get("action") != SlowAction.RESCHEDULE:
+        return []
+    if as_int(ft.get("retries")) or given(ft, "checkpoint_resume"):
+        return []
+    why = "performance.action reschedule needs fault_tolerance.retries or checkpoint_resume: the resubmits it uses"
+    return [(("performance", "action"), why)]

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ftconsole.scheduler import elastic, placement
+from ftconsole.scheduler import debugenv, elastic, placement
 from ftconsole.scheduler.api import Caller
 from ftconsole.scheduler.config import Node, format_duration
 from ftconsole.scheduler.errors import NotFound, PermissionDenied, UsageError
@@ -167,6 +167,8 @@ class Scheduler:
                 {"type": e.kind, "time": e.time, "message": e.message} for e in events if e.kind in conditions
             ],
             "events": [e.to_json() for e in events],
+            "debug": debugenv.view(job, self.config.debug, self.settings, now),
+            "env_until": debugenv.env_until(job, self.config.debug, self.settings),
         }
 
     async def stop(self, caller: Caller, job_ids: Iterable[int | str]) -> list[Job]:
@@ -218,6 +220,23 @@ class Scheduler:
         """Hide jobs from every listing; a queued or running one is stopped first (its record and events stay)."""
         jobs = [await self._job(caller, j, "delete", write=True) for j in job_ids]
         return [await self._stop(caller, job, StopReason.STOPPED, delete=True) for job in jobs]
+
+    async def release(self, caller: Caller, job_ids: Iterable[int | str]) -> list[Job]:
+        """Give up the GPUs failed jobs hold for debugging (`debug.hold_nodes`) before their time is over; the
+        run folders stay for the rest of the retention."""
+        jobs = [await self._job(caller, j, "release", write=True) for j in job_ids]
+        now = self.clock()
+        for job in jobs:
+            until = debugenv.held_until(job, self.config.debug)
+            if until is None or until <= now:
+                why = "holds no GPUs for debugging" if until is None else "held its GPUs until " + _clock(until)
+                raise UsageError(f"job {job.id} is {job.status.value} and {why}: nothing to release")
+        async with self.store.jobs_tx("release a job's held GPUs") as tx:
+            for job in jobs:
+                await tx.update_job(job.id, expect=[JobStatus.ERROR], debug_released=now)
+                await tx.event(now, "Released", f"GPUs held for debugging released by {caller.user}", job=job.id)
+        self._poke()
+        return [await self._fresh(job.id) for job in jobs]
 
     async def clone(self, caller: Caller, job_id: int | str) -> Job:
         job = await self._job(caller, job_id, "clone", write=False)
@@ -538,3 +557,7 @@ def _spec(spec: JobSpec | dict[str, Any]) -> JobSpec:
         return JobSpec.from_json(spec)
     except ValidationError as exc:
         raise UsageError(f"invalid job spec: {exc}") from None
+
+
+def _clock(when: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when))

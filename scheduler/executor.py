@@ -4,10 +4,10 @@ Every piece of node work is a task keyed by what it does (launch an attempt, sto
 sweep a node), never started twice at once; each talks to one node with its own deadline (the smaller of
 `ssh.command_timeout` and `scheduler.node_timeout`), so a node that hangs holds up only its own work. The loop
 waits for the tasks at most `ACT_WAIT_S` per tick; later outcomes are written when they come and wake the
-loop. The executor also keeps count of each node's answers: since when the loop waits for one (the clock of
-`node_timeout`, which wakes the loop when it runs out) and when it last answered. Nodes met for the first
-time, and nodes given up, are swept once they answer: every run of this cluster there that the store does not
-count as current is killed (fencing).
+loop. Each node command goes through `NodeSilence` (silence.py), which keeps count of the node's answers: since
+when the loop waits for one (the clock of `node_timeout`, which wakes the loop when it runs out), when it last
+answered, and why it is silent. Nodes met for the first time, and nodes given up, are swept once they answer:
+every run of this cluster there that the store does not count as current is killed (fencing).
 
 Run retention rides on those round trips: each sweep, and a node's run read at most every `PRUNE_EVERY_S`,
 asks the node to remove the folders of this cluster's attempts that ended more than `scheduler.run_retention`
@@ -25,7 +25,8 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Coroutine, Hashable, Sequence
 from typing import Any
 
-from ftconsole.scheduler.config import Node
+from ftconsole.scheduler import debugenv
+from ftconsole.scheduler.config import DataPrepSettings, Node
 from ftconsole.scheduler.errors import FtError, SSHError
 from ftconsole.scheduler.failpoints import afailpoint
 from ftconsole.scheduler.jobplan import JobLaunch, plan_job
@@ -50,15 +51,14 @@ from ftconsole.scheduler.runs import (
     user_root,
 )
 from ftconsole.scheduler.service import ClusterService
+from ftconsole.scheduler.silence import NodeSilence
 from ftconsole.scheduler.supervisor import MAX_PRUNED
 
 log = logging.getLogger("ftconsole.scheduler")
 
 ACT_WAIT_S = 2.0  # how long a tick waits for the node commands it started; slower ones finish in the background
-KNOCK_S = 3.0  # at most this long for a fresh TCP connection to a silent node to say whether it hung or died
 SWEEP_RETRY_S = 5.0  # how often a node still to be swept is tried while it does not answer
 PRUNE_EVERY_S = 3600.0  # run retention along with a node's reads at most this often (and with every sweep)
-TIMEOUT_WAKE_MARGIN_S = 0.05  # the wake-up at a node's node_timeout comes this much after it (clocks differ)
 ACCOUNT_OK_S = 600.0  # a user's account found on a node is not asked for again before a launch for this long
 NO_ACCOUNT_S = 3600.0  # a node where a user has no account is left out of that user's placements this long
 
@@ -83,13 +83,10 @@ class Executor:
         self._tasks: dict[Hashable, asyncio.Task[None]] = {}
         self._in_tick = False
         self._observed: dict[str, list[tuple[Run, RunStatus]]] = {}  # node -> what its last read said
-        self.waiting: dict[str, float] = {}  # node -> since when an answer about its runs is awaited
-        self.answered: dict[str, float] = {}  # node -> its last answer
-        self.silence: dict[str, SSHError] = {}  # node -> why its last command got no answer (since then)
-        self.knocked: dict[str, str] = {}  # node -> what a fresh connection found once it was half silent
-        # node -> the wake-up of the loop when its node_timeout runs out (reconcile gives it up at once, not at
-        # the next tick after: a node's death costs node_timeout, not node_timeout plus up to a tick)
-        self._deadlines: dict[str, asyncio.TimerHandle] = {}
+        self.tracker = NodeSilence(self.transport, clock=clock, poke=poke, node_timeout=self.settings.node_timeout)
+        # the tracker's own dicts (the loop reads them for its Snapshot); see silence.py
+        self.waiting, self.answered = self.tracker.waiting, self.tracker.answered
+        self.silence, self.knocked = self.tracker.silence, self.tracker.knocked
         # run folder -> what to scan its output.log for in this read (the watchdog's, see runs.run_states)
         self.scans: Callable[[Sequence[Run]], dict[str, Any]] = lambda runs: {}
         self._unswept: set[str] = set(self.nodes)  # nodes to sweep for runs that are no longer current
@@ -138,10 +135,9 @@ class Executor:
         for name in sorted(stops.keys() | reads.keys()):
             self._spawn(("node", name), self._tend(stops.get(name, []), reads.get(name)))
         now = self.clock()
-        half = self.settings.node_timeout / 2
-        for name, since in sorted(self.waiting.items()):
-            if now - since >= half and name not in self.knocked and name in self.nodes:
-                self._spawn(("knock", name), self._knock(self.nodes[name], half))
+        for name in self.tracker.to_knock(now):
+            if name in self.nodes:
+                self._spawn(("knock", name), self.tracker.knock(self.nodes[name]))
         for name in sorted(self._unswept & set(self.nodes) if sweep else ()):
             if now - self._swept_at.get(name, -SWEEP_RETRY_S) >= SWEEP_RETRY_S:
                 self._swept_at[name] = now
@@ -152,11 +148,7 @@ class Executor:
         swept once they answer."""
         for name in nodes:
             self._unswept.add(name)
-            self.answered.pop(name, None)
-            self.waiting.pop(name, None)
-            self.silence.pop(name, None)
-            self.knocked.pop(name, None)
-            self._cancel_deadline(name)
+            self.tracker.forget(name)
 
     async def wait(self) -> None:
         """Wait for the work under way, at most `ACT_WAIT_S`."""
@@ -175,8 +167,7 @@ class Executor:
 
     async def close(self) -> None:
         """Cancel the node commands still under way (their outcome is read again by the next scheduler)."""
-        for name in list(self._deadlines):
-            self._cancel_deadline(name)
+        self.tracker.close()
         tasks = list(self._tasks.values())
         for task in tasks:
             task.cancel()
@@ -201,43 +192,8 @@ class Executor:
             self._poke()  # finished after its tick stopped waiting: the next tick reads what it wrote
 
     async def _ask(self, node: Node, work: Coroutine[Any, Any, Any], *, heartbeat: bool = True) -> Any:
-        """One command on a node, keeping count of whether it answers. With `heartbeat` (a command about its
-        runs) the silence clock starts, if it has not: `node_timeout` later the node is given up."""
-        if heartbeat and node.name not in self.waiting:
-            self.waiting[node.name] = self.clock()
-            self._deadlines[node.name] = asyncio.get_running_loop().call_later(
-                self.settings.node_timeout + TIMEOUT_WAKE_MARGIN_S, self._poke
-            )
-        try:
-            result = await work
-        except SSHError as exc:
-            if heartbeat:
-                self.silence[node.name] = exc  # no answer: unreachable, timed out, refused us
-            raise
-        except FtError:
-            self._heard(node.name)  # it answered, with an error
-            raise
-        self._heard(node.name)
-        return result
-
-    async def _knock(self, node: Node, timeout: float) -> None:
-        """Half of `node_timeout` without an answer: find out whether the node hung or died, for the events."""
-        knock = getattr(self.transport, "knock", None)
-        found = await knock(node, min(timeout, KNOCK_S)) if knock is not None else None
-        if node.name in self.waiting:
-            self.knocked[node.name] = found or ""  # "": nothing to tell (a ProxyJump), not asked again
-
-    def _heard(self, name: str) -> None:
-        self.answered[name] = self.clock()
-        self.waiting.pop(name, None)
-        self.silence.pop(name, None)
-        self.knocked.pop(name, None)
-        self._cancel_deadline(name)
-
-    def _cancel_deadline(self, name: str) -> None:
-        handle = self._deadlines.pop(name, None)
-        if handle is not None:
-            handle.cancel()
+        """One command on a node, its answer or silence counted (`NodeSilence.ask`)."""
+        return await self.tracker.ask(node.name, work, heartbeat=heartbeat)
 
     @property
     def _timeout(self) -> float:
@@ -393,7 +349,9 @@ class Executor:
         self._poke()
 
     def _plan(self, job: Job, attempt: Attempt, runs: Sequence[Run]) -> JobLaunch:
-        return plan_attempt(job, attempt, runs, nodes=self.nodes, run_root=self.run_root)
+        return plan_attempt(
+            job, attempt, runs, nodes=self.nodes, run_root=self.run_root, data_prep=self.config.data_prep
+        )
 
     # -- stop -------------------------------------------------------------------------------------------
 
@@ -472,11 +430,14 @@ class Executor:
         return list(await self.store.owners(since=self.clock() - window - 86400.0))
 
     async def _prune(self) -> Prune | None:
-        """Run retention for one node's next read or sweep (None when off): keep every held run's attempt."""
+        """Run retention for one node's next read or sweep (None when off): keep every held run's attempt, and
+        the last attempt of each failed job within its debug retention (`debugenv`)."""
         if not self.settings.run_retention:
             return None
         held = await self.store.runs(held=True)
-        return Prune.keeping(self.settings.run_root, self.store.cluster_id, self.settings.run_retention, held)
+        failed = await debugenv.failed_lately(self.store, self.config.debug, self.clock())
+        prune = Prune.keeping(self.settings.run_root, self.store.cluster_id, self.settings.run_retention, held)
+        return dataclasses.replace(prune, keep=tuple(sorted({*prune.keep, *debugenv.kept_attempts(failed)})))
 
     def _was_pruned(self, node: Node, prune: Prune | None, pruned: Sequence[str]) -> None:
         if prune is None:
@@ -546,10 +507,16 @@ class Executor:
 
 
 def plan_attempt(
-    job: Job, attempt: Attempt, runs: Sequence[Run], *, nodes: dict[str, Node], run_root: str
+    job: Job,
+    attempt: Attempt,
+    runs: Sequence[Run],
+    *,
+    nodes: dict[str, Node],
+    run_root: str,
+    data_prep: DataPrepSettings | None = None,
 ) -> JobLaunch:
     """What each rank of an attempt runs (pure: `plan_job` with the attempt's nodes, port and run folders, under
-    the run root of the job's owner)."""
+    the run root of the job's owner; `data_prep`: the cluster's roots and retention, for a job's data step)."""
     ordered = sorted(runs, key=lambda r: r.rank)
     spec = job.spec
     base = LaunchInput(
@@ -569,7 +536,7 @@ def plan_attempt(
         output_dir=spec.output,
         checkpoint_dir=checkpoint_dir(job, run_root),
     )
-    return plan_job(spec, base)
+    return plan_job(spec, base, data_prep=data_prep)
 
 
 def checkpoint_dir(job: Job, run_root: str) -> str:

@@ -6,8 +6,10 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ftconsole.scheduler.config import DataPrepSettings
+from ftconsole.scheduler.dataprep import DATA_STEP, copy_source, node_params
 from ftconsole.scheduler.jobspec import Hooks, JobSpec, Task
-from ftconsole.scheduler.launcher import LaunchInput, LaunchPlan, RankLaunch, TaskRef, plan_launch
+from ftconsole.scheduler.launcher import LaunchError, LaunchInput, LaunchPlan, RankLaunch, TaskRef, plan_launch
 from ftconsole.scheduler.runs import Step, StepKind
 
 
@@ -23,7 +25,7 @@ class JobLaunch:
         return self.plan.launching
 
 
-def plan_job(spec: JobSpec, base: LaunchInput) -> JobLaunch:
+def plan_job(spec: JobSpec, base: LaunchInput, *, data_prep: DataPrepSettings | None = None) -> JobLaunch:
     """What each rank of a job runs, in order (pure; `base` is the attempt's launch input without a command).
 
     A regular job runs its command. A batch job runs its tasks one after another, each planned by
@@ -34,6 +36,10 @@ def plan_job(spec: JobSpec, base: LaunchInput) -> JobLaunch:
     starts the other nodes itself only for `deepspeed` commands), and runs only the tasks that launch there.
     `hooks.before` and `hooks.after` run as `sh -c TEXT` on rank 0 only, around its command or tasks, with its
     env (FT_OUTPUT_DIR the job's output folder); the other ranks wait for nothing and start at once.
+    With `data_prep`, every rank first copies the job's data sets to its node's local storage (step kind
+    "data": `scheduler/datacopy.py` as ``python3 -c SOURCE PARAMS``, with the cluster's `data_prep` settings,
+    which decide what is cleaned up; without them nothing is), before the SSH check and the hooks: a rank that
+    launches nothing would get no copy, so such a plan is refused (the spec's checks refuse it at submit).
     """
     tasks = spec.tasks or []
     if tasks:
@@ -43,12 +49,16 @@ def plan_job(spec: JobSpec, base: LaunchInput) -> JobLaunch:
     launching = {r.rank for p in plans for r in p.launching}
     check = next((p.ssh_check for p in plans if p.ssh_check is not None), None)
     steps: dict[int, tuple[Step, ...]] = {}
+    if spec.data_prep and len(launching) < len(plans[0].ranks):
+        raise LaunchError(f"job {spec.name}: data_prep needs every node to run its rank, and in mode {spec.mode} "
+                          "the first node starts the others' itself")  # fmt: skip
     for rank in sorted(launching):
         main = [_main_step(tasks, i, r) for i, r in enumerate(p.ranks[rank] for p in plans) if r.launch]
         hooks = spec.hooks if rank == 0 else Hooks()
         first = (Step(StepKind.BEFORE, "ssh check", check, _first_env(base)),) if rank == 0 and check else ()
         before = _hook(base, StepKind.BEFORE, hooks.before)
-        steps[rank] = (*first, *before, *main, *_hook(base, StepKind.AFTER, hooks.after))
+        data = _data_step(spec, plans[0].ranks[rank].run_dir, data_prep)
+        steps[rank] = (*data, *first, *before, *main, *_hook(base, StepKind.AFTER, hooks.after))
     ranks = tuple(
         dataclasses.replace(
             r, launch=r.rank in launching, files={k: v for p in plans for k, v in p.ranks[r.rank].files.items()}
@@ -56,6 +66,14 @@ def plan_job(spec: JobSpec, base: LaunchInput) -> JobLaunch:
         for r in plans[0].ranks
     )
     return JobLaunch(LaunchPlan(ranks, check), steps)
+
+
+def _data_step(spec: JobSpec, run_dir: str, settings: DataPrepSettings | None) -> tuple[Step, ...]:
+    """The rank's data preparation (none without `data_prep`); the supervisor runs it with its own interpreter."""
+    if not spec.data_prep:
+        return ()
+    argv = ("python3", "-c", copy_source(), node_params(spec.data_prep, run_dir, settings))
+    return (Step(StepKind.DATA, DATA_STEP, argv, {}),)
 
 
 def _main_step(tasks: Sequence[Task], index: int, rank: RankLaunch) -> Step:

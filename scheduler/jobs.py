@@ -3,7 +3,7 @@
 A job is `queued` until placement gives it nodes; from then on it is `running` (its first attempt's runs
 are being created, then run) until every launching rank has finished, when it becomes `succeeded`,
 `error`, `stopped` or `expired`. Conditions (seed 004) are the job's timeline, recorded as events:
-Pending, Creating, Running, Stopping, Succeeded, Failed, Stopped, Expired.
+Pending, Creating, Preparing (data_prep), Running, Stopping, Succeeded, Failed, Stopped, Expired.
 
 `settle` decides, from a running job and the last observed state of its runs, what happens next; it reads
 no clock and does no I/O, so it is tested from tables.
@@ -40,6 +40,7 @@ class Condition(StrEnum):
 
     PENDING = "Pending"
     CREATING = "Creating"
+    PREPARING = "Preparing"  # ranks copy the job's data sets to node-local storage (data_prep) before its command
     RUNNING = "Running"
     STOPPING = "Stopping"
     SCALING = "Scaling"  # an elastic job resized (`scale`): its attempt is replaced by one of the new size
@@ -97,6 +98,8 @@ class Job:
     deleted: bool = False
     cloned_from: int | None = None
     scaled_to: int | None = None  # an elastic job's size once scaled (`scale`); None: the spec's `nodes`
+    debug_released: float | None = None  # when its hold for debugging was given up (`release`)
+    excluded: tuple[str, ...] = ()  # nodes it is not placed on again (rescheduled as slow without them)
 
     @property
     def size(self) -> int:
@@ -145,6 +148,7 @@ class Job:
             "message": self.message,
             "exit_code": self.exit_code,
             "cloned_from": self.cloned_from,
+            "excluded": list(self.excluded),
             "deleted": self.deleted,
         }
 

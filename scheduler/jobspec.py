@@ -30,7 +30,8 @@ from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo, mod
 from ftconsole.scheduler import yamlfile
 from ftconsole.scheduler.command import check_command
 from ftconsole.scheduler.config import PositiveDuration, expand_nodeset, parse_duration
-from ftconsole.scheduler.detectspec import HangAction, Performance, Progress, progress_off
+from ftconsole.scheduler.dataprep import DataPrep, data_prep_problems
+from ftconsole.scheduler.detectspec import HangAction, Performance, Progress, performance_problems, progress_off
 from ftconsole.scheduler.errors import ConfigError, Problem
 from ftconsole.scheduler.faultspec import FaultTolerance, fault_problems
 from ftconsole.scheduler.launcher import wraps_in_torchrun
@@ -237,6 +238,15 @@ LAUNCHER_MODES: dict[str, tuple[JobMode, str]] = {
 """Each key of `launcher:`: the mode it is for, and what it sets."""
 
 
+class Debug(_Strict):
+    """The kept debugging environment of a job that fails (seed 003): its last attempt's run folders stay on
+    its nodes for `retention` (default: the cluster's `debug.retention`), and with `hold_nodes` its GPUs stay
+    held for that time, so that `ftconsole shell` finds the nodes as the job left them."""
+
+    retention: PositiveDuration | None = None
+    hold_nodes: bool = False
+
+
 class GpuRequest(NamedTuple):
     """One candidate resource request: a named spec (resolved by the scheduler) or a GPU count per node."""
 
@@ -281,6 +291,8 @@ class JobSpec(_Strict):
     hooks: Hooks = Hooks()
     launcher: Launcher | None = None
     fault_tolerance: FaultTolerance = FaultTolerance()
+    data_prep: DataPrep | None = None  # data sets copied to node-local storage first (seed 003)
+    debug: Debug = Debug()  # what stays after a failure, for `ftconsole shell`
 
     @model_validator(mode="before")
     @classmethod
@@ -536,6 +548,7 @@ CROSS_CHECKS: tuple[Check, ...] = (
     _type_problems,
     _env_problems,
     fault_problems,
+    performance_problems,
 )
 """Rules of the spec itself: every stored spec obeys them."""
 
@@ -600,6 +613,7 @@ SUBMIT_CHECKS: tuple[Check, ...] = (
     _nul_problems,
     _deepspeed_env_problems,
     _torchrun_problems,
+    data_prep_problems,
 )
 """What the launcher or the supervisor would refuse later, from the spec alone; run on new specs only."""
 

@@ -41,6 +41,8 @@ _JOB_COLUMNS = frozenset(
         "exit_code",
         "deleted",
         "scaled_to",
+        "debug_released",
+        "excluded",
     }
 )
 _ATTEMPT_COLUMNS = frozenset({"started", "ended", "result", "message", "master_port"})
@@ -308,4 +310,6 @@ def _column_value(value: Any) -> Any:
         return int(value)
     if isinstance(value, Enum):
         return value.value
+    if isinstance(value, tuple | list):
+        return json.dumps(list(value))  # a JSON list column (jobs.excluded)
     return value

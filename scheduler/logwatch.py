@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ftconsole.scheduler.config import format_duration
 from ftconsole.scheduler.detect import diverged, slow
+from ftconsole.scheduler.detectspec import SlowAction
 from ftconsole.scheduler.jobs import Condition, Job, Run
 from ftconsole.scheduler.jobspec import JobSpec
 from ftconsole.scheduler.runs import RunStatus
@@ -47,10 +48,15 @@ def patterns(spec: JobSpec) -> dict[str, str]:
     return out
 
 
+Reschedule = Callable[[Job, Sequence[Run], str | None, str], Awaitable[str]]
+
+
 class LogWatch:
     def __init__(self, store: Store, *, clock: Callable[[], float]) -> None:
         self.store = store
         self.clock = clock
+        # performance.action reschedule: (job, its runs, the one slow rank's node, what) -> what was done
+        self.reschedule: Reschedule | None = None
         self._jobs: dict[int, Job] = {}  # the running jobs, as of the last check
         self._offset: dict[Key, int] = {}  # how far each run's log has been scanned
         self._scanned_at: dict[Key, float] = {}
@@ -163,9 +169,19 @@ class LogWatch:
                 found.append(f"rank {r.rank} on {r.node}: {verdict.describe()}")
                 focus = focus or (r.rank, r.node)
         if found:
-            await self._raise(SLOW_ALERT, Condition.SLOW, job, now, "slow: " + "; ".join(found), "warning", focus)
+            what = "slow: " + "; ".join(found)
+            done = None
+            if perf.action is SlowAction.RESCHEDULE and self.reschedule is not None and self._due(SLOW_ALERT, job):
+                culprit = focus[1] if focus is not None and len(found) == 1 else None  # one slow rank: its node
+                done = await self.reschedule(job, runs, culprit, what)
+            await self._raise(SLOW_ALERT, Condition.SLOW, job, now, what + (f"; {done}" if done else ""), "warning",
+                              focus)  # fmt: skip
         elif any(self._ratios.get((r.job, r.attempt, r.rank)) for r in runs):
             await self._clear(SLOW_ALERT, job, now, "an iteration within the ratio again")
+
+    def _due(self, kind: str, job: Job) -> bool:
+        """Whether `kind` is yet to be raised for the job's attempt."""
+        return (kind, job.id, job.attempt) not in self._raised
 
     async def _raise(
         self, kind: str, event: str, job: Job, now: float, what: str, severity: str, focus: tuple[int, str] | None

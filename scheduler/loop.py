@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ftconsole.scheduler import dataprep
 from ftconsole.scheduler.config import format_duration
 from ftconsole.scheduler.errors import FtError, silence_text
 from ftconsole.scheduler.executor import Executor, missing, status_fields
@@ -83,11 +84,14 @@ class Loop:
         self.recoverer = Recoverer(service, self.placer, clock=clock, poke=poke)
         self.watchdog = Watchdog(service, clock=clock)
         self.executor.scans = self.watchdog.logs.scans
+        self.watchdog.logs.reschedule = self.recoverer.reschedule_slow
         self.executor.gate = self.recoverer.preflight
         self._started = time.monotonic()
         self._read_since_start: set[tuple[int, int, int]] = set()
         self.adopted_s: float | None = None  # seconds from start until every running run was read once
         self._first_probe: asyncio.Future[None] | None = None  # the first probe sweep, while `run` drives
+        self._prepared: set[tuple[int, int]] = set()  # (job, attempt) whose Preparing condition is written
+        self._steps: dict[tuple[int, int, int], str | None] = {}  # (job, attempt, rank) read running -> its step
 
     # ============================================================ driving
 
@@ -216,12 +220,17 @@ class Loop:
         if not running:
             return
         now = self.clock()
+        self._prepared = {k for k in self._prepared if k[0] in running}
+        self._steps = {k: step for k, step in self._steps.items() if k[0] in running}
         key = {(r.job, r.attempt, r.rank): r for r in held}
         updated: dict[tuple[int, int, int], Run] = {}
         changes: list[tuple[Run, dict[str, Any]]] = []
         moved = False  # a run changed more than its output heartbeat
         for pairs in observed.values():
             for seen, status in pairs:
+                self._steps.pop((seen.job, seen.attempt, seen.rank), None)
+                if status.state == "running":
+                    self._steps[(seen.job, seen.attempt, seen.rank)] = status.step
                 r = key.get((seen.job, seen.attempt, seen.rank))
                 if r is None or r.state not in READ_STATES:
                     continue  # written since it was read (lost, stopped...): the newer word stands
@@ -248,7 +257,7 @@ class Loop:
                 continue
             attempt = attempts.get(job.id)
             was_running = attempt is not None and attempt.started is not None
-            decision = settle(job, runs, was_running=was_running)
+            decision = await self._preparing(job, runs, settle(job, runs, was_running=was_running), now)
             mine = [(r, f) for r, f in changes if r.job == job.id]
             if isinstance(decision, Finish) and decision.status is JobStatus.ERROR:
                 outcome = await self.recoverer.after_failure(job, runs, mine, decision)
@@ -287,6 +296,21 @@ class Loop:
                 text = f"attempt {down} is down: attempt {job.attempt} starts"
                 await tx.event(now, Condition.SCALING, text, job=job.id)
             self._poke()
+
+    async def _preparing(self, job: Job, runs: Sequence[Run], decision: Any, now: float) -> Any:
+        """A job with data_prep: ranks last read in their data step make a Preparing condition (once per attempt;
+        after a scheduler restart it may come once more), and Running waits until every rank was read past it."""
+        if not job.spec.data_prep:
+            return decision
+        steps = [(r, self._steps.get((r.job, r.attempt, r.rank))) for r in runs if r.launch]
+        if isinstance(decision, AllRunning) and any(step in (None, dataprep.DATA_STEP) for _, step in steps):
+            decision = None  # started, but not yet known to run the command
+        text = dataprep.preparing(job.attempt, [(r.rank, r.node) for r, step in steps if step == dataprep.DATA_STEP])
+        if text is not None and (job.id, job.attempt) not in self._prepared:
+            self._prepared.add((job.id, job.attempt))
+            async with self.store.jobs_tx(f"record job {job.id} preparing") as tx:
+                await tx.event(now, Condition.PREPARING, text, job=job.id)
+        return decision
 
     async def _apply(
         self, tx: JobTx, job: Job, decision: Any, now: float, runs: Sequence[Run], *, was_running: bool

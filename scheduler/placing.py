@@ -16,7 +16,7 @@ import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from ftconsole.scheduler import elastic, placement
+from ftconsole.scheduler import debugenv, elastic, placement
 from ftconsole.scheduler.errors import FtError, SSHError, StoreError
 from ftconsole.scheduler.executor import plan_attempt
 from ftconsole.scheduler.failpoints import afailpoint
@@ -193,7 +193,10 @@ class Placer:
 
     def _why(self, job: Job) -> str:
         avoided = self._avoided(job.owner)
-        return f" (user {job.owner} has no account on {', '.join(sorted(avoided))})" if avoided else ""
+        why = f" (user {job.owner} has no account on {', '.join(sorted(avoided))})" if avoided else ""
+        if job.excluded:
+            why += f" (not on {', '.join(job.excluded)}: it was slow there)"
+        return why
 
     @property
     def degraded_ok(self) -> list[str]:
@@ -225,6 +228,16 @@ class Placer:
                     priority=placement.Priority.parse(holder.priority) if holder else placement.Priority.NORMAL,
                 )
             )
+        for hold in await debugenv.holds(self.store, self.config.debug, self.clock()):
+            allocations.append(  # a failed job's GPUs, held for debugging (debug.hold_nodes) until `until`
+                placement.Allocation(
+                    job_id=str(hold.job.id),
+                    node=hold.run.node,
+                    gpus=hold.run.gpus,
+                    ends_at=hold.until,
+                    project=urgent_scope(self.config, hold.job.owner, hold.job.project),
+                )
+            )
         state = placement.ClusterState(
             nodes=tuple(node_slot(v.to_json()) for v in views), allocations=tuple(allocations)
         )
@@ -240,7 +253,7 @@ class Placer:
                     nodes=job.size,
                     min_nodes=None if request.min_nodes is None else min(request.min_nodes, job.size),
                 )
-                avoided = self._avoided(job.owner)
+                avoided = self._avoided(job.owner) | set(job.excluded)  # no account there; or it was slow there
                 if avoided:
                     allowed = request.node_names if request.node_names is not None else frozenset(self._nodes)
                     request = dataclasses.replace(request, node_names=allowed - avoided)

@@ -110,6 +110,7 @@ def _job_from_row(row: sqlite3.Row, spec: JobSpec) -> Job:
         requeued=bool(row["requeued"]),
         stop_reason=StopReason(row["stop_reason"]) if row["stop_reason"] else None,
         deleted=bool(row["deleted"]),
+        excluded=tuple(json.loads(row["excluded"])),
     )
 
 

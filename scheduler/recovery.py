@@ -296,6 +296,48 @@ class Recoverer:
         self._poke()
         self._signal(job, runs, resume.signal)
 
+    async def reschedule_slow(self, job: Job, runs: Sequence[Run], slow_node: str | None, what: str) -> str:
+        """Seed 003's "reschedule and alert" for a slow job (`performance.action: reschedule`): stopped (the
+        checkpoint signal and its grace period first, with checkpoint_resume) and queued again at the front
+        (`recover` on StopReason.RESCHEDULE), never again on `slow_node` (the node of the one slow rank; None
+        when several were). Spends a resubmit; with none left it only alerts. What was done, for the alert."""
+        ft = job.spec.fault_tolerance
+        limit = max(ft.retries, ft.checkpoint_resume.max_resumes if ft.checkpoint_resume else 0)
+        used = sum(a.result == REQUEUED for a in await self.store.attempts(job.id))
+        if used >= limit:
+            return f"no resubmit left ({used} of {limit} used): alert only"
+        now = self.clock()
+        excluded = tuple(sorted({*job.excluded, slow_node} if slow_node else set(job.excluded)))
+        without = f" without {slow_node}" if slow_node else ""
+        resume = ft.checkpoint_resume
+        how = (
+            f"{resume.signal} to every rank to save a checkpoint, stopped after grace_period "
+            f"{format_duration(resume.grace_period)}"
+            if resume
+            else "stopped"
+        )
+        text = f"{what}: {how}, then queued again{without} (resubmit {used + 1} of {limit}; performance.action)"
+        try:
+            async with self.store.jobs_tx(f"reschedule slow job {job.id}") as tx:
+                await tx.update_job(
+                    job.id,
+                    expect=[JobStatus.RUNNING],
+                    stop_requested=now,
+                    stop_reason=StopReason.RESCHEDULE,
+                    stop_by="scheduler",
+                    message=what,
+                    excluded=excluded,
+                )
+                nodes = [slow_node] if slow_node else []
+                await tx.event(now, Condition.STOPPING, text, job=job.id, data=_data(job, nodes, "reschedule"))
+        except Conflict:
+            return "it was stopping already"
+        log.warning("job %s: %s", job.id, text)
+        self._poke()
+        if resume is not None:
+            self._signal(job, runs, resume.signal)
+        return f"rescheduled{without} (resubmit {used + 1} of {limit})"
+
     def stopping_others(self, job: Job) -> str:
         """What befalls the ranks still running when a rank of `job` fails (its Stopping event says it)."""
         resume = job.spec.fault_tolerance.checkpoint_resume

@@ -11,7 +11,7 @@ import dataclasses
 import time
 from collections.abc import Sequence
 
-from ftconsole.scheduler import placement
+from ftconsole.scheduler import dataprep, placement
 from ftconsole.scheduler.api import Caller
 from ftconsole.scheduler.config import format_duration
 from ftconsole.scheduler.errors import PermissionDenied, UsageError
@@ -50,6 +50,18 @@ class Rules:
         members = projects[spec.project].members if projects else None
         if members is not None and caller.user not in members and not self.is_admin(caller):
             raise PermissionDenied(f"{caller.user} is not a member of project {spec.project} ({', '.join(members)})")
+        debug = self.config.debug
+        if spec.debug.retention is not None and spec.debug.retention > debug.max_retention:
+            raise UsageError(
+                f"job {spec.name}: debug.retention {format_duration(spec.debug.retention)} is over this cluster's "
+                f"debug.max_retention ({format_duration(debug.max_retention)})"
+            )
+        if spec.debug.hold_nodes and debug.max_hold <= 0:
+            raise UsageError(
+                f"job {spec.name}: debug.hold_nodes is refused here: this cluster lets no failed job keep its GPUs "
+                "(debug.max_hold is 0); leave it out, the run folders are kept all the same"
+            )
+        dataprep.check_admissible(spec, self.config.data_prep, run_root=self.settings.run_root, user=caller.user)
 
     async def within_cap(self, owner: str, project: str, priority: str) -> None:
         """The urgent cap (`scheduler.urgent_cap`), counted over `urgent_scope`: called inside the transaction

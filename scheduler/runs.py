@@ -61,6 +61,7 @@ _THROUGH_SUDO: set[tuple[str, str]] = set()
 
 
 class StepKind(StrEnum):
+    DATA = "data"  # data_prep: copies the job's data sets to node-local storage, first (scheduler.dataprep)
     BEFORE = "before"  # hooks.before: its failure ends the run before the command
     COMMAND = "command"  # a regular job's command
     TASK = "task"  # one task of a batch job

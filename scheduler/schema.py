@@ -161,5 +161,12 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE nodes ADD COLUMN needs_operator INTEGER NOT NULL DEFAULT 0;
     CREATE INDEX events_faults ON events (time) WHERE kind IN ('isolated', 'state-changed');
     """,
+    # 7: detection (issue 13): when a failed job's hold on its GPUs was given up early (the kept debugging
+    #    environment); the nodes a job is not placed on again (a slow job rescheduled without its slow node)
+    """
+    ALTER TABLE jobs ADD COLUMN debug_released REAL;
+    ALTER TABLE jobs ADD COLUMN excluded TEXT NOT NULL DEFAULT '[]';  -- JSON list of node names
+    CREATE INDEX jobs_status_ended ON jobs (status, ended);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

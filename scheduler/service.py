@@ -25,6 +25,7 @@ from ftconsole.probes.health import (
     stale,
 )
 from ftconsole.probes.results import ProbeReport
+from ftconsole.scheduler import debugenv
 from ftconsole.scheduler.config import LoadedConfig, Node, ProbeSettings, expand_nodeset, format_duration
 from ftconsole.scheduler.errors import NotFound, UsageError
 from ftconsole.scheduler.probing import ProbeFailure, sweep
@@ -88,6 +89,8 @@ class NodeView:
     faults_in_window: int = 0  # how many of them within probes.flaky_window
     flaky: bool = False  # faults_in_window reached probes.flaky_faults
     faults_window: float = 0.0  # probes.flaky_window, in seconds
+    # (GPU index, job id, until) for each GPU a failed job holds for debugging (debug.hold_nodes)
+    held_for_debug: tuple[tuple[int, int, float], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         out = {**_node_json(self.node), **_health_json(self.health, self.now)}
@@ -97,6 +100,7 @@ class NodeView:
         out["checks"] = report.get("checks", []) if report else []
         out["last_error"] = self.probe.error if self.probe else None
         out["held"] = [{"gpu": gpu, "job": job} for gpu, job in self.held]
+        out["held_for_debug"] = [{"gpu": gpu, "job": job, "until": until} for gpu, job, until in self.held_for_debug]
         out["faults"] = self.faults
         out["faults_in_window"] = self.faults_in_window
         out["faults_window_s"] = self.faults_window
@@ -317,12 +321,15 @@ class ClusterService:
         probes = await self.store.latest_probes()
         stale_after = self.config.probes.interval * STALE_AFTER_INTERVALS
         held: dict[str, list[tuple[int, int]]] = {}
+        debug_held: dict[str, list[tuple[int, int, float]]] = {}
         faults: dict[str, int] = {}
         recent: dict[str, int] = {}
         window, threshold = self.config.probes.flaky_window, self.config.probes.flaky_faults
         if extras:
             for r in await self.store.runs(held=True):
                 held.setdefault(r.node, []).extend((gpu, r.job) for gpu in r.gpus)
+            for h in await debugenv.holds(self.store, self.config.debug, now):
+                debug_held.setdefault(h.run.node, []).extend((gpu, h.job.id, h.until) for gpu in h.run.gpus)
             faults = await self.store.node_faults()
             history = await self.store.fault_events(since=now - window)
             recent = {name: faults_in_window((e.time for e in evs), now, window) for name, evs in history.items()}
@@ -333,6 +340,7 @@ class ClusterService:
                 probe=probes.get(n.name),
                 now=now,
                 held=tuple(sorted(held.get(n.name, ()))),
+                held_for_debug=tuple(sorted(debug_held.get(n.name, ()))),
                 faults=faults.get(n.name, 0),
                 faults_in_window=recent.get(n.name, 0),
                 flaky=recent.get(n.name, 0) >= threshold,

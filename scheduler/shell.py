@@ -21,12 +21,13 @@ import math
 import os
 import pwd
 import shlex
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ftconsole.scheduler.config import LoadedConfig, Node
+from ftconsole.scheduler.config import LoadedConfig, Node, SchedulerSettings
 from ftconsole.scheduler.errors import NotFound, UsageError
 from ftconsole.scheduler.ssh import ssh_files
 
@@ -36,15 +37,17 @@ if TYPE_CHECKING:  # the client drags in the whole scheduler; only its type is n
 # Exit status of the remote side when the run folder (or $HOME) is not there; a command's own passes through.
 NO_FOLDER_EXIT = 2
 
-# Node side, Python 3.8, stdlib only. argv: run_dir banner [command]. The env is the run's: the session's
+# Node side, Python 3.8, stdlib only. argv: run_dir banner gone [command]: `gone` is what to say when the run
+# folder is not there (whether it was removed by retention, and when). The env is the run's: the session's
 # environment with env.json over it, values starting with "~/" expanded (supervisor.py `_child_env`).
 # Without a command: the banner on stderr, then an interactive (not login: a profile would reset PATH)
 # shell, $SHELL or bash or sh. With one: `sh -c COMMAND`, its exit status passed through.
 JOB_SNIPPET = """\
 import json, os, sys
-run_dir, banner, command = os.path.abspath(os.path.expanduser(sys.argv[1])), sys.argv[2], sys.argv[3:]
+run_dir, banner, gone = os.path.abspath(os.path.expanduser(sys.argv[1])), sys.argv[2], sys.argv[3]
+command = sys.argv[4:]
 if not os.path.isdir(run_dir):
-    sys.stderr.write("ftconsole: no run folder %s on this node (or it is not yours to enter)\\n" % run_dir)
+    sys.stderr.write("ftconsole: no run folder %s on this node (or it is not yours to enter)%s\\n" % (run_dir, gone))
     sys.exit(NO_FOLDER_EXIT)
 if not os.access(run_dir, os.R_OK | os.X_OK):
     sys.stderr.write("ftconsole: run folder %s is not yours to enter (it belongs to the user of the job)\\n" % run_dir)
@@ -176,9 +179,12 @@ def ssh_argv(options: SshOptions, node: Node, remote_command: str, *, tty: bool)
 # -- remote commands -------------------------------------------------------------------------------------
 
 
-def job_remote_command(run_dir: str, *, banner: str, command: str | None = None, python: str = "python3") -> str:
-    """Start in `run_dir` with the run's env: an interactive shell after `banner`, or `sh -c command`."""
-    argv = ["exec", python, "-c", JOB_SNIPPET, run_dir, banner]
+def job_remote_command(
+    run_dir: str, *, banner: str, command: str | None = None, python: str = "python3", gone: str = ""
+) -> str:
+    """Start in `run_dir` with the run's env: an interactive shell after `banner`, or `sh -c command`; `gone` is
+    added to the message when the folder is not there."""
+    argv = ["exec", python, "-c", JOB_SNIPPET, run_dir, banner, gone]
     if command is not None:
         argv.append(command)
     return shlex.join(argv)
@@ -231,6 +237,36 @@ def _run_state(run: dict[str, Any]) -> str:
     return f"exited, {run['signal']}" if run["signal"] else f"exited with code {run['exit_code']}"
 
 
+def kept_until(job: dict[str, Any], run: dict[str, Any], settings: SchedulerSettings) -> tuple[float | None, str]:
+    """Until when the run's folder stays on its node at least (None: no end known), and what keeps it: for the
+    job's last attempt `env_until` of `show` (a failed job's debug retention, or run retention), for an
+    earlier one its end plus `scheduler.run_retention`."""
+    debug = job.get("debug") or {}
+    if run["attempt"] == job.get("attempt") and "env_until" in job:
+        until = job["env_until"]
+        failed = until is not None and until == debug.get("kept_until")
+        kept_by = "debug.retention, as the job failed" if failed else "scheduler.run_retention"
+        return until, kept_by
+    ended = {a["number"]: a.get("ended") for a in job.get("attempts") or []}.get(run["attempt"])
+    if ended is None or not settings.run_retention:
+        return None, "scheduler.run_retention"
+    return ended + settings.run_retention, "scheduler.run_retention"
+
+
+def gone_message(job: dict[str, Any], run: dict[str, Any], settings: SchedulerSettings, now: float) -> str:
+    """What the node adds when the run folder is not there: whether retention removed it, and when."""
+    until, kept_by = kept_until(job, run, settings)
+    if until is None:
+        return ""
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(until))
+    if now >= until:
+        return (
+            f"\nftconsole: the environment of job {job['id']} attempt {run['attempt']} is gone: it was kept until "
+            f"{when} ({kept_by}), and ended runs are removed after that"
+        )
+    return f"\nftconsole: it should be kept until {when} ({kept_by}): it was never made there, or was removed by hand"
+
+
 def job_banner(job: dict[str, Any], run: dict[str, Any]) -> str:
     return (
         f"ftconsole: job {job['id']} ({job['name']}, {job['status']}) attempt {run['attempt']} rank {run['rank']} "
@@ -260,7 +296,8 @@ def job_shell(
         raise NotFound(f"node {run['node']} of job {job['id']} rank {run['rank']} is not in {loaded.file} any more")
     options = options or ssh_options(loaded)
     banner = job_banner(job, run)
-    remote = job_remote_command(run["run_dir"], banner=banner, command=command, python=options.python)
+    gone = gone_message(job, run, loaded.cluster.scheduler, time.time())
+    remote = job_remote_command(run["run_dir"], banner=banner, command=command, python=options.python, gone=gone)
     return ShellTarget(argv=ssh_argv(options, node, remote, tty=command is None), banner=banner, node=node.name)
 
 

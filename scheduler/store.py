@@ -334,13 +334,19 @@ class Store:
         )
         return [row[0] for row in await cur.fetchall()]
 
-    async def jobs(self, *, statuses: Iterable[JobStatus] | None = None, deleted: bool = False) -> list[Job]:
+    async def jobs(
+        self, *, statuses: Iterable[JobStatus] | None = None, deleted: bool = False, ended_since: float | None = None
+    ) -> list[Job]:
+        """Jobs by id; `ended_since`: only those that ended at or after that time."""
         sql = "SELECT * FROM jobs WHERE deleted <= ?"
         args: list[Any] = [1 if deleted else 0]
         if statuses is not None:
             wanted = [s.value for s in statuses]
             sql += f" AND status IN ({','.join('?' * len(wanted))})"
             args.extend(wanted)
+        if ended_since is not None:
+            sql += " AND ended >= ?"
+            args.append(ended_since)
         async with self._db.execute(sql + " ORDER BY id", args) as cur:
             rows = await cur.fetchall()
         return [self._job_from_row(r) for r in rows]

@@ -42,12 +42,15 @@ stop    {run_dirs, tokens?, force?}
         is over) and for an orphaned run (its supervisor is dead), SIGKILL goes to the supervisor and to every
         process left in the step's process group. Each answer says whether anything of the run is still alive.
 
-Steps: [{"kind": "before"|"command"|"task"|"after", "name", "argv", "env", "index"?, "count"?}], in order:
-the before hook, the command or a batch job's tasks (`index` 0-based of `count`), the after hook. A before,
-command or task step that fails (non-zero exit, signal, cannot start) ends the sequence with its result; the
-after step runs whatever the outcome (not after a SIGKILL) and its failure is only logged. With more than one
-step, output.log gets a header line before each (`== ftconsole: task NAME (i/N) ==`, `== ftconsole: before
-hook ==`) and a line for a step that failed (`ftconsole: task NAME exited with code N`, `... killed by SIGTERM`).
+Steps: [{"kind": "data"|"before"|"command"|"task"|"after", "name", "argv", "env", "index"?, "count"?}], in
+order: the data preparation (the job's data_prep: `scheduler/datacopy.py`, run with this supervisor's own
+interpreter, the scheduler's ssh.python, in place of argv[0]), the before hook, the command or a batch job's
+tasks (`index` 0-based of `count`), the after hook. A data, before, command or task step that fails (non-zero
+exit, signal, cannot start) ends the sequence with its result (a data or before step's error quotes its last
+line of output); the after step runs whatever the outcome (not after a SIGKILL) and its failure is only logged.
+With more than one step, output.log gets a header line before each (`== ftconsole: task NAME (i/N) ==`, `==
+ftconsole: before hook ==`) and a line for a step that failed (`ftconsole: task NAME exited with code N`, `...
+killed by SIGTERM`).
 
 status.json: {"state": "starting"|"running"|"exited"|"failed", "supervisor_pid", "pid", "pgid", "step",
 "started", "ended", "exit_code", "signal", "stop_requested", "error"}; pid, pgid and step are the current (at
@@ -340,9 +343,12 @@ def _supervise(run_dir, params):
     def run(step):
         """(returncode, None) once the step ended, or (None, error) when it could not start."""
         state["kind"] = step["kind"]
+        argv = [_tilde(a) for a in step["argv"]]
+        if step["kind"] == "data" and sys.executable:
+            argv[0] = sys.executable  # the interpreter the scheduler runs node-side programs with (ssh.python)
         try:
             child = subprocess.Popen(
-                [_tilde(a) for a in step["argv"]],
+                argv,
                 cwd=workdir,
                 env=_child_env(step),
                 stdin=subprocess.DEVNULL,
@@ -388,13 +394,13 @@ def _supervise(run_dir, params):
             log.write(_header(step).encode())
         mark = log.tell()
         code, error = run(step)
-        if code and step["kind"] == "before":  # a check or hook that stops the run: say which, and its last words
+        if code and step["kind"] in ("data", "before"):  # a step that stops the run first: which, its last words
             error = "%s %s: %s" % (_label(step), _how(code), _last_line(log_path, mark) or "no output")
         if code and len(steps) > 1:
             log.write(("ftconsole: %s %s\n" % (_label(step), _how(code))).encode())
         if step["kind"] == "after":
             continue  # its failure is logged, it does not change the run's outcome
-        if step["kind"] != "before" or code != 0:
+        if step["kind"] not in ("data", "before") or code != 0:
             outcome = (code, error)
         failed = code != 0
     log.close()

@@ -385,6 +385,9 @@ class NodeScreen(DetailScreen):
             ],
         )
         holders = {h["gpu"]: "private job" if h.get("private") else h["job"] for h in v.get("held") or []}
+        for h in v.get("held_for_debug") or []:
+            until = time.strftime("%H:%M", time.localtime(h["until"]))
+            holders[h["gpu"]] = f"{'private job' if h.get('private') else h['job']} (held for debug until {until})"
         fill(
             self.query_one("#gpus", DataTable),
             [

@@ -268,10 +268,14 @@ def sparkline(values: Iterable[float | None], width: int = 12) -> str:
 
 def node_cells(node: Mapping[str, Any], now: float, history: Sequence[float | None] = (), marked: bool = False) -> Row:
     gpus = node.get("gpus") or []
-    held = node.get("held") or []
+    debug = node.get("held_for_debug") or []
+    held = [*(node.get("held") or []), *debug]
     util = mean_util(node)
     last = node.get("last_probe")
     job_ids: list[int | str] = sorted({int(h["job"]) for h in held if h.get("job") is not None})
+    # a failed job holding its GPUs for debugging (debug.hold_nodes) reads `12:debug`
+    held_for_debug = {int(h["job"]) for h in debug if h.get("job") is not None}
+    job_ids = [f"{j}:debug" if j in held_for_debug else j for j in job_ids]
     if any(h.get("private") for h in held):
         job_ids.append("private")
     faults = int(node.get("faults") or 0)
@@ -474,7 +478,7 @@ def cluster_node_cells(node: Mapping[str, Any]) -> Row:
     mem = node.get("mem_total_mib")
     avail = node.get("mem_available_mib")
     memory = "?" if mem is None else f"{(avail or 0) // 1024}/{mem // 1024} GiB free"
-    holders = " ".join(f"{g['index']}:{g['job'] if g.get('job') is not None else '-'}" for g in node.get("gpus") or [])
+    holders = " ".join(_holder(g) for g in node.get("gpus") or [])
     state = str(node["state"])
     return (
         str(node["name"]),
@@ -488,6 +492,13 @@ def cluster_node_cells(node: Mapping[str, Any]) -> Row:
         f"{node.get('gpus_used', 0)}/{node.get('gpus_total', 0)}",
         holders,
     )
+
+
+def _holder(gpu: Mapping[str, Any]) -> str:
+    """`0:12`, `1:-`, or `0:12(debug)` for a GPU a failed job holds for debugging."""
+    job = gpu.get("job")
+    debug = "(debug)" if gpu.get("held_for_debug_until") is not None else ""
+    return f"{gpu['index']}:{job if job is not None else '-'}{debug}"
 
 
 # -- filtering -------------------------------------------------------------------------------------------------

@@ -169,9 +169,11 @@ class NodesView(View):
         counts = Counter(n["state"] for n in self._node_views)
         gpus = sum(len(n.get("gpus") or []) for n in self._node_views)
         held = sum(len(n.get("held") or []) for n in self._node_views)
+        debug = sum(len(n.get("held_for_debug") or []) for n in self._node_views)
         return Text.assemble(
             *_counts(counts, R.NODE_STATE_ORDER, R.NODE_STATE_STYLE),
             f"{len(self._node_views)} nodes · GPUs {held}/{gpus} used",
+            f" ({debug} held for debug)" if debug else "",
         )
 
 

@@ -101,3 +101,37 @@ async def test_a_job_whose_ranks_agree_or_that_turns_progress_off_is_never_repor
             assert conditions(await client.call("show", job=job_id), "Straggling") == []
         assert [a for a in await client.call("alerts") if a["kind"].startswith("job_")] == []
         await client.call("stop", jobs=[agree, off])
+
+
+# slow in its first attempt, then fast: the reschedule is what makes it well
+SLOW_ONCE = (
+    'sh -c \'if [ "$FT_ATTEMPT" = 1 ]; then e2e=31.5; else e2e=10.5; fi; '
+    'for i in 1 2 3 4; do echo "this iteration hardware time is 10.0 and e2e time is $e2e ms"; done; '
+    "exec sleep 300'"
+)
+
+
+async def test_a_slow_job_with_action_reschedule_runs_again_without_its_slow_node(
+    sshd_cluster: Any, tmp_path: Path, sock_dir: Path
+) -> None:
+    cluster: SshdCluster = sshd_cluster(2, gpus=1)
+    loaded = write_config(cluster, tmp_path, sock_dir)
+    perf = {"ratio": 3, "iterations": 4, "action": "reschedule"}
+    async with running(loaded) as (_, client):
+        slowed = (await client.call("submit", spec=job("slowed", SLOW_ONCE, performance=perf,
+                                                       fault_tolerance={"retries": 1})))["id"]  # fmt: skip
+        shown = await until(client, slowed, lambda j: j["attempt"] == 2 and j["status"] == "running", "attempt 2")
+        first, second = shown["attempts"]
+        (slow_node,) = {r["node"] for r in first["runs"]}
+        assert first["result"] == "requeued" and first["message"].startswith(f"slow: rank 0 on {slow_node}: ")
+        assert shown["excluded"] == [slow_node]
+        assert {r["node"] for r in second["runs"]} == {"node01", "node02"} - {slow_node}
+        (stopping,) = [c["message"] for c in shown["conditions"] if c["type"] == "Stopping"]
+        assert stopping.endswith(f"then queued again without {slow_node} (resubmit 1 of 1; performance.action)")
+        (slow_event,) = await events(client, slowed, "Slow")
+        assert slow_event.endswith(f"; rescheduled without {slow_node} (resubmit 1 of 1)"), slow_event
+        await asyncio.sleep(2)  # several scans of the second attempt: its iterations are within the ratio
+        again = await client.call("show", job=slowed)
+        assert again["attempt"] == 2 and again["status"] == "running" and len(await events(client, slowed, "Slow")) == 1
+        await client.call("stop", jobs=[slowed])
+        await poll(lambda: client.call("show", job=slowed), lambda j: j["status"] == "stopped", "the stop")

@@ -82,3 +82,28 @@ def test_a_strategy_without_its_budget_or_a_budget_without_its_strategy_is_refus
 def test_with_strategies_restart_exit_codes_needs_no_max_restarts() -> None:
     ft = spec(strategies=["recover"], retries=2, restart_exit_codes=[137]).fault_tolerance
     assert ft.restart_exit_codes == [137]
+
+
+@pytest.mark.parametrize(
+    ("ft", "refused"),
+    [
+        ({}, True),
+        ({"max_restarts": 2}, True),  # restarts in place: the same nodes, which is what a reschedule avoids
+        ({"retries": 1}, False),
+        ({"checkpoint_resume": {"max_resumes": 2}}, False),
+    ],
+)
+def test_performance_action_reschedule_needs_resubmits(ft: dict[str, Any], refused: bool) -> None:
+    data = {"name": "j", "command": "train", "fault_tolerance": ft, "performance": {"action": "reschedule"}}
+    if not refused:
+        assert JobSpec.from_json(data).performance.action == "reschedule"  # type: ignore[union-attr]
+        return
+    with pytest.raises(ValidationError, match=r"performance\.action: performance\.action reschedule needs fault_t"):
+        JobSpec.from_json(data)
+
+
+def test_performance_action_is_alert_or_reschedule() -> None:
+    base = {"name": "j", "command": "train", "fault_tolerance": {"retries": 1}}
+    assert JobSpec.from_json({**base, "performance": {}}).performance.action == "alert"  # type: ignore[union-attr]
+    with pytest.raises(ValidationError, match=r"performance\.action"):
+        JobSpec.from_json({**base, "performance": {"action": "restart"}})

@@ -304,7 +304,8 @@ def test_job_shell_and_node_shell(tmp_path: Path) -> None:
     assert target.node == "gpu01" and "rank 1" in target.banner
     assert target.argv[1] == "-t" and target.argv[-2:-1] == ["10.0.0.1"] and "2201" in target.argv
     remote = shlex.split(target.argv[-1])
-    assert remote[:3] == ["exec", "python3", "-c"] and remote[4:] == ["/h/.ftconsole/runs/7/2/1", target.banner]
+    assert remote[:3] == ["exec", "python3", "-c"] and remote[4:6] == ["/h/.ftconsole/runs/7/2/1", target.banner]
+    assert len(remote) == 7  # and what to say when the folder is gone
     with_command = job_shell(cfg, TWO, rank=2, command="echo hi")
     assert with_command.argv[1] == "-T" and with_command.argv[-2] == "cpu01"
     assert with_command.argv[-5:-3] == ["-l", "ops"]
