@@ -63,7 +63,8 @@ class NewAlert:
     """An alert to raise about a job or a node."""
 
     time: float
-    kind: str  # job_failed | node_unhealthy | node_unreachable | host_key | node_flaky
+    kind: str  # job_failed | job_hung | job_straggler | job_slow | job_rank_error | node_unhealthy |
+    #            node_unreachable | node_isolated | host_key | node_flaky
     severity: str  # error | critical | warning
     message: str
     job: int | None = None

@@ -144,6 +144,18 @@ def node_alerts(
     return raised, resolved
 
 
+def isolation_alerts(events: Sequence[NodeEvent]) -> tuple[list[NewAlert], list[AutoResolve]]:
+    """A node isolated (by the recovery policy, or an operator) raises `node_isolated`: a person decides when
+    it comes back, or sees it come back by itself (probes.isolation_recover_after); resumed: resolved."""
+    raised, resolved = [], []
+    for e in events:
+        if e.kind == NodeState.ISOLATED.value:
+            raised.append(NewAlert(e.time, "node_isolated", "error", f"{e.node} {e.message}", node=e.node))
+        elif e.kind == "resumed":
+            resolved.append(AutoResolve(e.time, e.node, "node_isolated", e.message))
+    return raised, resolved
+
+
 FLAKY_ALERT_LAST = 3  # the faults a node_flaky alert names, newest last
 
 
@@ -276,6 +288,9 @@ class ClusterService:
             if flaky is not None:
                 raised.append(flaky)
             resolved.extend(down)
+            up, down = isolation_alerts(events)
+            raised.extend(up)
+            resolved.extend(down)
             outcomes.append(
                 ProbeOutcome(
                     node=node,
@@ -376,11 +391,16 @@ class ClusterService:
         current = await self.store.all_node_health()
         changes = [set_admin(current.get(n.name) or NodeHealth(n.name), state, reason, by, now) for n in nodes]
         alerts: list[NewAlert] = []
+        resolved: list[AutoResolve] = []
+        for _, events in changes:
+            up, down = isolation_alerts(events)
+            alerts.extend(up)
+            resolved.extend(down)
         if any(is_fault(e.kind, e.data) for _, events in changes for e in events):
             history = await self.store.fault_events(since=now - self.config.probes.flaky_window)
             for h, events in changes:
                 flaky = flaky_alert(h.node, history.get(h.node, []), events, now, self.config.probes)
                 if flaky is not None:
                     alerts.append(flaky)
-        await self.store.save_nodes(changes, alerts=alerts)
+        await self.store.save_nodes(changes, alerts=alerts, resolve=resolved)
         return [h for h, _ in changes]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from ftconsole.probes.health import NodeHealth, NodeState
+from ftconsole.probes.health import NodeEvent, NodeHealth, NodeState, set_admin
 from ftconsole.scheduler.probing import ProbeFailure
-from ftconsole.scheduler.service import node_alerts
+from ftconsole.scheduler.service import isolation_alerts, node_alerts
 
 H, D, U, X, K = NodeState.HEALTHY, NodeState.DEGRADED, NodeState.UNHEALTHY, NodeState.UNREACHABLE, NodeState.UNKNOWN
 CHANGED = ProbeFailure("host-key-changed", "host key changed: the key of 10.0.0.1 does not match known_hosts")
@@ -67,3 +67,17 @@ def test_alert_messages_and_severities() -> None:
     assert key.message == f"gpu01: {CHANGED.message}"
     _, (a, b) = node_alerts(node(U), node(H), None, set(), 1.0)
     assert a.why == b.why == "gpu01 is healthy again"
+
+
+def test_an_isolation_raises_node_isolated_and_a_resume_resolves_it() -> None:
+    isolated, events = set_admin(
+        NodeHealth("gpu01"), NodeState.ISOLATED, "job 4 attempt 1: gpu-health: ECC", "scheduler", 5.0
+    )
+    (alert,), resolved = isolation_alerts(events)
+    assert (alert.kind, alert.severity, alert.node, resolved) == ("node_isolated", "error", "gpu01", [])
+    assert alert.message == "gpu01 isolated by scheduler: job 4 attempt 1: gpu-health: ECC"
+    _, back = set_admin(isolated, None, "", "alice", 9.0)
+    raised, (done,) = isolation_alerts(back)
+    assert raised == [] and (done.node, done.kind, done.time) == ("gpu01", "node_isolated", 9.0)
+    assert done.why.startswith("resumed by alice (was isolated: job 4 attempt 1")
+    assert isolation_alerts([NodeEvent(1.0, "gpu01", "drained", "drained by bob: bios")]) == ([], [])
