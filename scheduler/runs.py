@@ -1,8 +1,9 @@
 """Console side of the run supervisor: start, read and stop runs on a node, one SSH command each.
 
-The supervisor (`scheduler/supervisor.py`, stdlib-only) is sent to `python3 -` with its parameters in a
-prepended line, exactly like the probe agent; `status` reads every run of a node in one round trip. A run is
-one command, or a sequence of `Step`s (hooks, batch tasks) that the supervisor runs in turn.
+The supervisor (`scheduler/supervisor.py` and its `supervisor_*.py` modules, stdlib-only, bundled into one script
+by `supervisor_source()`) is sent to `python3 -` with its parameters in a prepended line, as the probe agent is;
+`status` reads every run of a node in one round trip. A run is one command, or a sequence of `Step`s (hooks,
+batch tasks) that the supervisor runs in turn.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from ftconsole.scheduler.bundle import bundle
 from ftconsole.scheduler.config import Node
 from ftconsole.scheduler.errors import FtError
 from ftconsole.scheduler.jobs import Run
@@ -128,7 +130,8 @@ def _pruned(node: Node, doc: dict[str, Any], into: list[str] | None) -> None:
 
 @functools.cache
 def supervisor_source() -> str:
-    return (Path(__file__).parent / "supervisor.py").read_text(encoding="utf-8")
+    """supervisor.py and the node-side modules it imports (supervisor_*.py), as one script (see bundle.py)."""
+    return bundle(Path(__file__).parent, "supervisor")
 
 
 def supervisor_script(params: dict[str, Any]) -> str:

@@ -39,7 +39,7 @@ NO_FOLDER_EXIT = 2
 
 # Node side, Python 3.8, stdlib only. argv: run_dir banner gone [command]: `gone` is what to say when the run
 # folder is not there (whether it was removed by retention, and when). The env is the run's: the session's
-# environment with env.json over it, values starting with "~/" expanded (supervisor.py `_child_env`).
+# environment with env.json over it, values starting with "~/" expanded (supervisor_steps.py `_child_env`).
 # Without a command: the banner on stderr, then an interactive (not login: a profile would reset PATH)
 # shell, $SHELL or bash or sh. With one: `sh -c COMMAND`, its exit status passed through.
 JOB_SNIPPET = """\

@@ -92,137 +92,55 @@ action through `sudo -n -u USER`. A user with no account here answers {"no_accou
 
 Paths: run_dir, workdir, argv entries and env values that start with "~/" are expanded with the HOME of the
 account the action runs as.
+Modules: this file holds the actions and `main`; what they share lives beside it, node side too (stdlib only,
+Python 3.8): supervisor_files (run folder files, writes, the claim), supervisor_liveness (process identity,
+"Liveness"), supervisor_scan (output.log and /proc I/O counters), supervisor_retention ("Retention") and
+supervisor_steps (the detached supervisor that runs the steps). Their imports of each other end in "# bundled":
+`scheduler/runs.py` `supervisor_source()` sends them as one script, each module's source in dependency order
+and this file last, without those lines (`scheduler/bundle.py`).
 """
 
 import base64
 import contextlib
 import fcntl
-import itertools
 import json
 import os
 import pwd
-import shutil
 import signal
 import socket
-import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional, Tuple  # noqa: F401  (used in type comments: this file runs on Python 3.8)
+from typing import Any, Dict, List, Optional  # noqa: F401  (used in type comments: this file runs on Python 3.8)
+
+from ftconsole.scheduler.supervisor_files import (  # bundled
+    CLAIM,
+    STATUS,
+    _claim,
+    _expand,
+    _private_dirs,
+    _read_json,
+    _write_file,
+    _write_json,
+)
+from ftconsole.scheduler.supervisor_liveness import (  # bundled
+    _alive,
+    _group,
+    _observe,
+    _process_groups,
+    _stat,
+    boot_id,
+    start_time,
+)
+from ftconsole.scheduler.supervisor_retention import MAX_PRUNED as MAX_PRUNED  # bundled
+from ftconsole.scheduler.supervisor_retention import prune  # bundled
+from ftconsole.scheduler.supervisor_scan import SCAN_BYTES as SCAN_BYTES  # bundled
+from ftconsole.scheduler.supervisor_scan import _scan, _tail_start, _with_io, _with_output  # bundled
+from ftconsole.scheduler.supervisor_steps import _supervise  # bundled
 
 PROTOCOL = 2
-STATUS = "status.json"
-CLAIM = "claim"
-BOOT_ID = "/proc/sys/kernel/random/boot_id"
-_WRITES = itertools.count()
-
-
-def _expand(path):
-    return os.path.abspath(os.path.expanduser(path))
-
-
-def _write_file(path, text):
-    """Write whole or not at all: a temporary file, fsync'd, then renamed over `path`."""
-    tmp = "%s.%d.%d.tmp" % (path, os.getpid(), next(_WRITES))  # a stop handler may write meanwhile
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, text.encode("utf-8"))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-
-
-def _write_json(path, doc):
-    _write_file(path, json.dumps(doc, separators=(",", ":")))
-
-
-def _read_json(path):
-    try:
-        with open(path) as fh:
-            return json.load(fh)
-    except (OSError, ValueError):
-        return None
-
-
-def boot_id():
-    try:
-        with open(BOOT_ID) as fh:
-            return fh.read().strip()
-    except OSError:
-        return None
-
-
-def _stat(pid):
-    """(state, pgrp, start time in clock ticks since boot) of a process, or None when there is none."""
-    try:
-        with open("/proc/%d/stat" % pid) as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-        return fields[0], int(fields[2]), int(fields[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def start_time(pid):
-    stat = _stat(pid)
-    return None if stat is None else stat[2]
-
-
-def _alive(pid, started, boot=None):
-    """The process `pid` started at `started` (clock ticks) in this boot, and not a zombie."""
-    if not pid or started is None or (boot is not None and boot != boot_id()):
-        return False
-    stat = _stat(pid)
-    return stat is not None and stat[2] == started and stat[0] != "Z"
-
-
-def _group(pgid, leader_start, boot):
-    """Pids of the live processes of the step's process group `pgid` (leader started at `leader_start`).
-
-    A pgid is not reused while any process of the group lives, so the group is ours when its leader (pid ==
-    pgid) is gone or is the very process we started; never in another boot."""
-    if not pgid or leader_start is None or boot != boot_id():
-        return []
-    leader = _stat(pgid)
-    if leader is not None and leader[2] != leader_start:
-        return []  # the pid was reused: another process group
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            stat = _stat(int(entry))
-            if stat is not None and stat[1] == pgid and stat[0] != "Z":
-                out.append(int(entry))
-    return sorted(out)
 
 
 # -- start -----------------------------------------------------------------------------------------------------
-
-
-def _private_dirs(path):
-    """Make the folder `path` (0700) and the missing folders above it (0700 too, whatever the umask).
-
-    Folders that exist already are left as they are, but `path` itself, which this supervisor owns. Tried
-    again when a folder above vanishes meanwhile (an old job's folder pruned at that instant)."""
-    for attempt in range(3):
-        missing = []
-        here = path
-        while not os.path.isdir(here):
-            missing.append(here)
-            parent = os.path.dirname(here)
-            if parent == here:
-                break
-            here = parent
-        try:
-            for folder in reversed(missing):
-                try:
-                    os.mkdir(folder, 0o700)
-                except FileExistsError:
-                    continue
-                os.chmod(folder, 0o700)
-            break
-        except FileNotFoundError:
-            if attempt == 2:
-                raise
-    os.chmod(path, 0o700)
 
 
 def _prepare(run_dir, params):
@@ -241,191 +159,6 @@ def _prepare(run_dir, params):
             os.makedirs(_expand(checkpoints), 0o700, exist_ok=True)
     if params.get("steps") is not None:
         _write_json(os.path.join(run_dir, "steps.json"), params["steps"])
-
-
-def _read_text(path):
-    try:
-        with open(path) as fh:
-            return fh.read().strip()
-    except OSError:
-        return None
-
-
-def _claim(run_dir, token):
-    """None once the run folder is `token`'s (claimed now, or earlier by the same token), else why not.
-
-    The claim is a hard link to a complete file holding the token: link() fails when `claim` exists, so of
-    two schedulers racing for one folder exactly one wins, and a crash leaves either no claim or a whole one.
-    """
-    _private_dirs(run_dir)
-    claim = os.path.join(run_dir, CLAIM)
-    if not os.path.exists(claim) and os.path.exists(os.path.join(run_dir, STATUS)):
-        return "run folder %s holds a run without a claim (an earlier ftconsole's, or not ours)" % run_dir
-    tmp = "%s.%s.%d.tmp" % (claim, token, os.getpid())
-    _write_file(tmp, token)
-    try:
-        os.link(tmp, claim)
-    except FileExistsError:
-        pass
-    finally:
-        os.unlink(tmp)
-    owner = _read_text(claim)
-    if owner != token:
-        return "run folder %s is claimed by another attempt (token %s, this one is %s)" % (run_dir, owner, token)
-    return None
-
-
-def _tilde(value):
-    return os.path.expanduser(value) if value.startswith("~/") else value
-
-
-def _child_env(step):
-    env = dict(os.environ)
-    env.update({str(k): _tilde(str(v)) for k, v in (step.get("env") or {}).items()})
-    return env
-
-
-def _steps(params):
-    if params.get("steps") is not None:
-        return params["steps"]
-    return [{"kind": "command", "name": "command", "argv": params["argv"], "env": params.get("env") or {}}]
-
-
-def _label(step):
-    return "task " + step["name"] if step["kind"] == "task" else step["name"]
-
-
-def _header(step):
-    if step["kind"] == "task":
-        return "== ftconsole: task %s (%d/%d) ==\n" % (step["name"], step["index"] + 1, step["count"])
-    return "== ftconsole: %s ==\n" % step["name"]
-
-
-def _how(code):
-    return "killed by %s" % signal.Signals(-code).name if code < 0 else "exited with code %d" % code
-
-
-def _supervise(run_dir, params):
-    """Runs in the detached grandchild: run the steps in turn, record their life in status.json."""
-    status_path = os.path.join(run_dir, STATUS)
-    status = _read_json(status_path) or {}
-    grace = float(params.get("grace") or 30)
-    workdir = _expand(params.get("workdir") or "~")
-    if params.get("workdir", "~") == "~" and not os.path.isdir(workdir):  # as slurmd does for a missing home
-        workdir = "/tmp"
-        notice = "ftconsole: no home folder %s: running in /tmp\n" % _expand("~")
-    else:
-        notice = None
-    steps = _steps(params)
-    state = {"child": None, "kind": None, "stopping": False, "killed": False}  # type: Dict[str, Any]
-
-    def signal_child(sig):
-        child = state["child"]
-        if child is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(child.pid, sig)
-
-    def on_stop(signum, frame):
-        if state["stopping"]:
-            return
-        state["stopping"] = True
-        status["stop_requested"] = time.time()
-        _write_json(status_path, status)
-        if state["kind"] != "after":  # the after hook is not interrupted: the grace period bounds it
-            signal_child(signal.SIGTERM)
-        signal.signal(signal.SIGALRM, on_grace_over)
-        signal.setitimer(signal.ITIMER_REAL, grace)
-
-    def on_grace_over(signum, frame):
-        state["killed"] = True
-        signal_child(signal.SIGKILL)
-
-    def run(step):
-        """(returncode, None) once the step ended, or (None, error) when it could not start."""
-        state["kind"] = step["kind"]
-        argv = [_tilde(a) for a in step["argv"]]
-        if step["kind"] == "data" and sys.executable:
-            argv[0] = sys.executable  # the interpreter the scheduler runs node-side programs with (ssh.python)
-        try:
-            child = subprocess.Popen(
-                argv,
-                cwd=workdir,
-                env=_child_env(step),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        except (OSError, ValueError) as exc:
-            error = "cannot start %s: %s" % (step["argv"][0], exc)
-            log.write(("ftconsole: %s\n" % error).encode())
-            return None, error
-        state["child"] = child
-        status.update(
-            state="running", pid=child.pid, pgid=child.pid, pid_start=start_time(child.pid), step=step["name"]
-        )
-        status.setdefault("started", time.time())
-        _write_json(status_path, status)
-        if state["stopping"] and step["kind"] != "after":  # the stop came while it was being started
-            signal_child(signal.SIGTERM)
-        code = child.wait()
-        state["child"] = None
-        # the process group may outlive its leader: finish it off so nothing of the step is left behind
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(child.pid, signal.SIGKILL)
-        return code, None
-
-    signal.signal(signal.SIGTERM, on_stop)
-    signal.signal(signal.SIGINT, on_stop)
-    log_path = os.path.join(run_dir, "output.log")
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    log = os.fdopen(log_fd, "ab", buffering=0)  # open for the whole run
-    if notice:
-        log.write(notice.encode())
-    outcome = (None, "stopped before the command started")  # type: Tuple[Optional[int], Optional[str]]
-    failed = False
-    for step in steps:
-        if step["kind"] == "after":
-            if state["killed"]:
-                continue
-        elif failed or state["stopping"]:
-            continue
-        if len(steps) > 1:
-            log.write(_header(step).encode())
-        mark = log.tell()
-        code, error = run(step)
-        if code and step["kind"] in ("data", "before"):  # a step that stops the run first: which, its last words
-            error = "%s %s: %s" % (_label(step), _how(code), _last_line(log_path, mark) or "no output")
-        if code and len(steps) > 1:
-            log.write(("ftconsole: %s %s\n" % (_label(step), _how(code))).encode())
-        if step["kind"] == "after":
-            continue  # its failure is logged, it does not change the run's outcome
-        if step["kind"] not in ("data", "before") or code != 0:
-            outcome = (code, error)
-        failed = code != 0
-    log.close()
-    code, error = outcome
-    status.update(ended=time.time())
-    if code is None:
-        status.update(state="failed", error=error)
-    elif code < 0:
-        status.update(state="exited", exit_code=None, signal=signal.Signals(-code).name, error=error)
-    else:
-        status.update(state="exited", exit_code=code, signal=None, error=error)
-    _write_json(status_path, status)
-
-
-def _last_line(path, since, limit=4096):
-    """The last non-empty line written to `path` after offset `since` (at most `limit` bytes back), or None."""
-    try:
-        with open(path, "rb") as fh:
-            end = fh.seek(0, os.SEEK_END)
-            fh.seek(max(since, end - limit))
-            text = fh.read().decode("utf-8", "replace")
-    except OSError:
-        return None
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    return lines[-1][:500] if lines else None
 
 
 def start(params):
@@ -498,59 +231,6 @@ def _detach_stdio():
 # -- status and stop -------------------------------------------------------------------------------------------
 
 
-def _observe(status, path):
-    """The status with what is true now: "lost" or "orphaned" when its supervisor is gone (see Liveness).
-
-    The supervisor writes its end before it exits, so once it is seen gone, status.json is read again: a run
-    that ended between the first read and the look at its supervisor reads as ended, never as lost."""
-    if status.get("state") not in ("starting", "running"):
-        return status
-    if "supervisor_start" not in status:  # written by an earlier ftconsole: the pid is all there is
-        if _alive_legacy(status.get("supervisor_pid")):
-            return status
-        return _ended(path) or dict(status, state="lost")
-    boot = status.get("boot_id")
-    if boot != boot_id():
-        return dict(status, state="lost", error="the node rebooted since the run started")
-    if _alive(status.get("supervisor_pid"), status.get("supervisor_start"), boot):
-        return status
-    ended = _ended(path)
-    if ended is not None:
-        return ended
-    left = _group(status.get("pgid"), status.get("pid_start"), boot)
-    if left:
-        return dict(status, state="orphaned", orphans=left, error="its supervisor died; its processes still run")
-    return dict(status, state="lost", error="its supervisor died without recording an end")
-
-
-def _ended(path):
-    """status.json read again, if it now records an end."""
-    again = _read_json(path)
-    return again if again is not None and again.get("state") not in ("starting", "running") else None
-
-
-def _alive_legacy(pid):
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    stat = _stat(pid)
-    return stat is None or stat[0] != "Z"
-
-
-def _with_output(run_dir, status):
-    """The status with output.log's mtime and size (a run that prints is making progress)."""
-    try:
-        st = os.stat(os.path.join(run_dir, "output.log"))
-    except OSError:
-        return status
-    return dict(status, output_mtime=st.st_mtime, output_size=st.st_size)
-
-
 def runs(params):
     doc = {}  # type: Dict[str, Any]
     if params.get("prune"):
@@ -560,91 +240,6 @@ def runs(params):
             doc["prune_error"] = "%s: %s" % (type(exc).__name__, exc)
     doc.update(_runs(params))
     return doc
-
-
-IO_FIELDS = ("rchar", "wchar", "read_bytes", "write_bytes")
-SCAN_BYTES = 256 * 1024  # at most this much of output.log (its end) is scanned per read
-SCAN_MATCHES = 64  # the last matches kept per pattern
-SCAN_BUDGET_S = 1.0  # CPU for all the patterns of one read: a pattern that takes longer is reported, not waited for
-
-
-class _ScanTimeout(Exception):
-    pass
-
-
-def _on_alarm(signum, frame):
-    raise _ScanTimeout()
-
-
-def _scan(run_dir, ask):
-    """Matches of a job's patterns (`ask["patterns"]`: name -> regex) in output.log's complete lines after
-    byte `ask["from"]` (at most SCAN_BYTES from its end): {"to": the offset scanned to, "matches": name ->
-    the last SCAN_MATCHES matches' named groups (and "line": the line, cut to 300 characters)}."""
-    import re
-
-    path = os.path.join(run_dir, "output.log")
-    try:
-        with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            start = ask.get("from") or 0
-            if start > size:
-                start = 0  # the log was replaced: from its start
-            start = max(start, size - SCAN_BYTES)
-            fh.seek(start)
-            data = fh.read(size - start)
-    except OSError as exc:
-        return {"error": "cannot read output.log: %s" % exc.strerror}
-    end = data.rfind(b"\n") + 1
-    out = {"to": start + end, "matches": {}}  # type: Dict[str, Any]
-    lines = data[:end].decode("utf-8", "replace").splitlines()
-    old = signal.signal(signal.SIGALRM, _on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, SCAN_BUDGET_S)
-    try:
-        for name, regex in (ask.get("patterns") or {}).items():
-            found = []
-            compiled = re.compile(regex)
-            for line in lines:
-                m = compiled.search(line)
-                if m is not None:
-                    found.append(dict(m.groupdict(), line=line[:300]))
-            out["matches"][name] = found[-SCAN_MATCHES:]
-    except _ScanTimeout:
-        out["error"] = "the patterns took more than %gs over %d bytes: simplify them" % (SCAN_BUDGET_S, end)
-    except re.error as exc:
-        out["error"] = "bad pattern: %s" % exc
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
-    return out
-
-
-def _io(pids):
-    """The sum of /proc/<pid>/io's counters over `pids` (None when none could be read: another user's, or
-    gone): the hang detector's sign of life, any change of it being one."""
-    total, seen = 0, False
-    for pid in pids:
-        try:
-            with open("/proc/%d/io" % pid) as fh:
-                for line in fh:
-                    key, _, value = line.partition(":")
-                    if key in IO_FIELDS:
-                        total += int(value)
-            seen = True
-        except (OSError, ValueError):
-            continue
-    return total if seen else None
-
-
-def _with_io(status, groups):
-    """A running run's status with `io`: the I/O counters of its step's process group (see `_io`)."""
-    pgid = status.get("pgid")
-    if status.get("state") != "running" or not pgid or pgid not in groups:
-        return status
-    leader = _stat(pgid)
-    if leader is not None and leader[2] != status.get("pid_start"):
-        return status  # the pgid is another group's now
-    io = _io(groups[pgid])
-    return status if io is None else dict(status, io=io)
 
 
 def _runs(params):
@@ -764,127 +359,6 @@ def _kill(status_path, status, seen):
     return {"signalled": bool(victims), "alive": bool(left)}
 
 
-# -- retention -------------------------------------------------------------------------------------------------
-
-ENDED = ("exited", "failed", "lost")
-# attempt folders removed by one prune at most: the prune rides on the node's status read, the scheduler's
-# heartbeat of the node, which must answer within node_timeout; what is left goes on the next prune
-MAX_PRUNED = 100
-
-
-def _plain(name):
-    return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\0" not in name
-
-
-def prune(spec):
-    """Remove the attempt folders of <run_root>/<cluster> that may go (see "Retention"); their names."""
-    retention = float(spec["retention"])
-    cluster = spec["cluster"]
-    if not _plain(cluster):
-        raise ValueError("not a cluster id: %r" % (cluster,))
-    if retention <= 0:
-        return []
-    run_root = _expand(spec["run_root"])
-    root = os.path.join(run_root, cluster)
-    if os.path.islink(root) or not os.path.isdir(root):
-        return []
-    real_root = os.path.realpath(root)
-    if os.path.dirname(real_root) != os.path.realpath(run_root):
-        raise ValueError("%s is not a folder of the run root %s" % (root, run_root))
-    keep = set(spec.get("keep") or ())
-    tokens = set(spec.get("tokens") or ())
-    cutoff = time.time() - retention
-    groups = None  # type: Optional[Dict[int, List[int]]]
-    removed = []
-    for job in sorted(os.listdir(root)):
-        job_dir = os.path.join(root, job)
-        if not _plain(job) or os.path.islink(job_dir) or not os.path.isdir(job_dir):
-            continue
-        for attempt in sorted(os.listdir(job_dir)):
-            name = "%s/%s" % (job, attempt)
-            attempt_dir = os.path.join(job_dir, attempt)
-            if name in keep or not _plain(attempt) or os.path.islink(attempt_dir) or not os.path.isdir(attempt_dir):
-                continue
-            if groups is None:
-                groups = _process_groups()
-            if not _expired(attempt_dir, cutoff, tokens, groups):
-                continue
-            if os.path.dirname(os.path.dirname(os.path.realpath(attempt_dir))) != real_root:
-                continue  # never reached through a link: only the run root's own folders go
-            shutil.rmtree(attempt_dir)
-            removed.append(name)
-            if len(removed) >= MAX_PRUNED:
-                return removed
-        if not any(k.split("/", 1)[0] == job for k in keep):
-            with contextlib.suppress(OSError):
-                os.rmdir(job_dir)  # only when empty: a job none of whose attempts is left
-    return removed
-
-
-def _expired(attempt_dir, cutoff, tokens, groups):
-    """Every rank of the attempt folder ended before `cutoff`, none is alive, none is a current token's."""
-    for rank in os.listdir(attempt_dir):
-        run_dir = os.path.join(attempt_dir, rank)
-        if os.path.islink(run_dir) or not os.path.isdir(run_dir):
-            if os.lstat(run_dir).st_mtime >= cutoff:
-                return False
-            continue
-        if _read_text(os.path.join(run_dir, CLAIM)) in tokens:
-            return False
-        status_path = os.path.join(run_dir, STATUS)
-        status = _read_json(status_path)
-        if status is None:  # nothing was started in it (a rank mpirun starts): judged by its last change
-            if _last_change(run_dir) >= cutoff:
-                return False
-            continue
-        if status.get("token") in tokens:
-            return False
-        seen = _observe(status, status_path)
-        if seen.get("state") not in ENDED or _any_alive(status, groups):
-            return False
-        ended = seen.get("ended")
-        if not isinstance(ended, (int, float)):
-            ended = os.stat(status_path).st_mtime
-        if ended >= cutoff:
-            return False
-    return True
-
-
-def _last_change(folder):
-    times = [os.lstat(folder).st_mtime]
-    for entry in os.listdir(folder):
-        with contextlib.suppress(OSError):
-            times.append(os.lstat(os.path.join(folder, entry)).st_mtime)
-    return max(times)
-
-
-def _process_groups():
-    """pgid -> pids of the live (not zombie) processes of this node now: one look at /proc for a whole prune."""
-    out = {}  # type: Dict[int, List[int]]
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            stat = _stat(int(entry))
-            if stat is not None and stat[0] != "Z":
-                out.setdefault(stat[1], []).append(int(entry))
-    return out
-
-
-def _any_alive(status, groups):
-    """The run's supervisor or a process of its step's group still runs (as `_group`, from one /proc scan)."""
-    boot = status.get("boot_id")
-    if boot is not None and boot != boot_id():
-        return False  # another boot: nothing of it survived
-    if "supervisor_start" not in status:
-        return _alive_legacy(status.get("supervisor_pid")) or bool(status.get("pgid") in groups)
-    if _alive(status.get("supervisor_pid"), status.get("supervisor_start"), boot):
-        return True
-    pgid = status.get("pgid")
-    if not pgid or pgid not in groups:
-        return False
-    leader = _stat(pgid)
-    return leader is None or leader[2] == status.get("pid_start")
-
-
 # -- reading a run's files -------------------------------------------------------------------------------------
 
 
@@ -902,31 +376,6 @@ def read(params):
     return {"exists": True, "offset": offset, "data": base64.b64encode(data).decode("ascii")}
 
 
-def _tail_start(fh, end, lines):
-    """Where the last `lines` lines of the file start (a last line without a newline counts as one)."""
-    if lines <= 0:
-        return end
-    pos, seen, block = end, 0, 65536
-    fh.seek(max(0, end - 1))
-    if fh.read(1) == b"\n":
-        end -= 1  # the final newline ends the last line, it does not start a new one
-        pos = end
-    while pos > 0:
-        start = max(0, pos - block)
-        fh.seek(start)
-        chunk = fh.read(pos - start)
-        at = len(chunk)
-        while True:
-            at = chunk.rfind(b"\n", 0, at)
-            if at < 0:
-                break
-            seen += 1
-            if seen == lines:
-                return start + at + 1
-        pos = start
-    return 0
-
-
 def files(params):
     run_dir = _expand(params["run_dir"])
     if not os.path.isdir(run_dir):
@@ -942,6 +391,7 @@ def files(params):
 
 
 # -- users -----------------------------------------------------------------------------------------------------
+
 
 # what a session of the SSH account leaves in the environment that is not the user's
 _NOT_THE_USERS = ("MAIL", "PWD", "OLDPWD", "SUDO_USER", "SUDO_UID", "SUDO_GID", "SUDO_COMMAND", "XDG_RUNTIME_DIR")

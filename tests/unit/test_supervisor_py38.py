@@ -63,3 +63,37 @@ def test_the_ssh_check_runs_on_python38(tmp_path: Path) -> None:
         "ftconsole: ssh check: gpu01 cannot reach gpu02 (10.1.0.2) by SSH without a prompt: "
         "Permission denied (publickey). (ssh exit 255)"
     )
+
+
+def test_the_supervisor_bundle_answers_every_reading_action_on_python38(tmp_path: Path) -> None:
+    """The bundle (supervisor.py and its supervisor_*.py modules, one script) on Python 3.8: each action that
+    does not start anything, retention included, reaches code of every bundled module."""
+    python = python38()
+    if python is None:
+        pytest.skip("no Python 3.8 interpreter on this machine")
+    root = tmp_path / "runs"
+    old = root / "c1" / "7" / "1" / "0"
+    old.mkdir(parents=True)
+    (old / "status.json").write_text(json.dumps({"state": "exited", "ended": 1.0, "token": "t-old"}))
+    (old / "output.log").write_text("step 1\nstep 2\n")
+    prepared = root / "c1" / "8" / "1" / "0"
+    made = supervise(python, {"action": "prepare", "run_dir": str(prepared), "argv": ["true"], "env": {"A": "1"},
+                              "files": {"hostfile": "gpu01\n"}})  # fmt: skip
+    assert made == {"run_dir": str(prepared), "supervisor": 2}
+    assert supervise(python, {"action": "files", "run_dir": str(prepared)})["hostfile"] == "gpu01\n"
+    assert isinstance(supervise(python, {"action": "port"})["port"], int)
+    assert supervise(python, {"action": "account"})["home"]
+    tail = supervise(python, {"action": "read", "path": str(old / "output.log"), "limit": 100, "tail": 1})
+    assert tail["offset"] == len("step 1\n")
+    scan = {str(old): {"from": 0, "patterns": {"step": r"step (?P<n>\d+)"}}}
+    prune = {"run_root": str(root), "cluster": "c1", "retention": 60, "keep": ["8/1"], "tokens": []}
+    status = supervise(python, {"action": "status", "run_dirs": [str(old)], "scan": scan})["runs"][0]["status"]
+    assert status["state"] == "exited" and status["output_size"] == len("step 1\nstep 2\n")
+    assert [m["n"] for m in status["scan"]["matches"]["step"]] == ["1", "2"]
+    read = supervise(python, {"action": "status", "run_dirs": [str(old)], "prune": prune})
+    assert read["pruned"] == ["7/1"] and not old.exists() and prepared.exists()
+    assert read["runs"][0]["status"]["state"] == "absent"  # the prune comes first
+    stopped = supervise(python, {"action": "stop", "run_dirs": [str(prepared)]})["stopped"]
+    assert stopped == [{"run_dir": str(prepared), "signalled": False, "alive": False, "reason": "no such run"}]
+    signalled = supervise(python, {"action": "signal", "run_dirs": [str(prepared)], "signal": "SIGUSR1"})
+    assert signalled["signalled"] == [{"run_dir": str(prepared), "signalled": False, "reason": "no such run"}]

@@ -1,0 +1,156 @@
+"""The detached run supervisor: node side, standard library only, Python 3.8.
+
+`_supervise` runs in the grandchild that action `start` detaches: it runs the steps one after another, each in
+its own process group with its output in output.log, handles the stop (SIGTERM, the grace period, SIGKILL) and
+keeps status.json up to date (see "Steps" and "status.json" in supervisor.py). Bundled into the supervisor
+script (`scheduler/bundle.py`): it imports only the standard library and the other bundled modules (lines
+marked "# bundled", dropped from the bundle).
+"""
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any, Dict, Optional, Tuple  # noqa: F401  (used in type comments: this file runs on Python 3.8)
+
+from ftconsole.scheduler.supervisor_files import STATUS, _expand, _read_json, _tilde, _write_json  # bundled
+from ftconsole.scheduler.supervisor_liveness import start_time  # bundled
+from ftconsole.scheduler.supervisor_scan import _last_line  # bundled
+
+
+def _child_env(step):
+    env = dict(os.environ)
+    env.update({str(k): _tilde(str(v)) for k, v in (step.get("env") or {}).items()})
+    return env
+
+
+def _steps(params):
+    if params.get("steps") is not None:
+        return params["steps"]
+    return [{"kind": "command", "name": "command", "argv": params["argv"], "env": params.get("env") or {}}]
+
+
+def _label(step):
+    return "task " + step["name"] if step["kind"] == "task" else step["name"]
+
+
+def _header(step):
+    if step["kind"] == "task":
+        return "== ftconsole: task %s (%d/%d) ==\n" % (step["name"], step["index"] + 1, step["count"])
+    return "== ftconsole: %s ==\n" % step["name"]
+
+
+def _how(code):
+    return "killed by %s" % signal.Signals(-code).name if code < 0 else "exited with code %d" % code
+
+
+def _supervise(run_dir, params):
+    """Runs in the detached grandchild: run the steps in turn, record their life in status.json."""
+    status_path = os.path.join(run_dir, STATUS)
+    status = _read_json(status_path) or {}
+    grace = float(params.get("grace") or 30)
+    workdir = _expand(params.get("workdir") or "~")
+    if params.get("workdir", "~") == "~" and not os.path.isdir(workdir):  # as slurmd does for a missing home
+        workdir = "/tmp"
+        notice = "ftconsole: no home folder %s: running in /tmp\n" % _expand("~")
+    else:
+        notice = None
+    steps = _steps(params)
+    state = {"child": None, "kind": None, "stopping": False, "killed": False}  # type: Dict[str, Any]
+
+    def signal_child(sig):
+        child = state["child"]
+        if child is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, sig)
+
+    def on_stop(signum, frame):
+        if state["stopping"]:
+            return
+        state["stopping"] = True
+        status["stop_requested"] = time.time()
+        _write_json(status_path, status)
+        if state["kind"] != "after":  # the after hook is not interrupted: the grace period bounds it
+            signal_child(signal.SIGTERM)
+        signal.signal(signal.SIGALRM, on_grace_over)
+        signal.setitimer(signal.ITIMER_REAL, grace)
+
+    def on_grace_over(signum, frame):
+        state["killed"] = True
+        signal_child(signal.SIGKILL)
+
+    def run(step):
+        """(returncode, None) once the step ended, or (None, error) when it could not start."""
+        state["kind"] = step["kind"]
+        argv = [_tilde(a) for a in step["argv"]]
+        if step["kind"] == "data" and sys.executable:
+            argv[0] = sys.executable  # the interpreter the scheduler runs node-side programs with (ssh.python)
+        try:
+            child = subprocess.Popen(
+                argv,
+                cwd=workdir,
+                env=_child_env(step),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except (OSError, ValueError) as exc:
+            error = "cannot start %s: %s" % (step["argv"][0], exc)
+            log.write(("ftconsole: %s\n" % error).encode())
+            return None, error
+        state["child"] = child
+        status.update(
+            state="running", pid=child.pid, pgid=child.pid, pid_start=start_time(child.pid), step=step["name"]
+        )
+        status.setdefault("started", time.time())
+        _write_json(status_path, status)
+        if state["stopping"] and step["kind"] != "after":  # the stop came while it was being started
+            signal_child(signal.SIGTERM)
+        code = child.wait()
+        state["child"] = None
+        # the process group may outlive its leader: finish it off so nothing of the step is left behind
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.pid, signal.SIGKILL)
+        return code, None
+
+    signal.signal(signal.SIGTERM, on_stop)
+    signal.signal(signal.SIGINT, on_stop)
+    log_path = os.path.join(run_dir, "output.log")
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    log = os.fdopen(log_fd, "ab", buffering=0)  # open for the whole run
+    if notice:
+        log.write(notice.encode())
+    outcome = (None, "stopped before the command started")  # type: Tuple[Optional[int], Optional[str]]
+    failed = False
+    for step in steps:
+        if step["kind"] == "after":
+            if state["killed"]:
+                continue
+        elif failed or state["stopping"]:
+            continue
+        if len(steps) > 1:
+            log.write(_header(step).encode())
+        mark = log.tell()
+        code, error = run(step)
+        if code and step["kind"] in ("data", "before"):  # a step that stops the run first: which, its last words
+            error = "%s %s: %s" % (_label(step), _how(code), _last_line(log_path, mark) or "no output")
+        if code and len(steps) > 1:
+            log.write(("ftconsole: %s %s\n" % (_label(step), _how(code))).encode())
+        if step["kind"] == "after":
+            continue  # its failure is logged, it does not change the run's outcome
+        if step["kind"] not in ("data", "before") or code != 0:
+            outcome = (code, error)
+        failed = code != 0
+    log.close()
+    code, error = outcome
+    status.update(ended=time.time())
+    if code is None:
+        status.update(state="failed", error=error)
+    elif code < 0:
+        status.update(state="exited", exit_code=None, signal=signal.Signals(-code).name, error=error)
+    else:
+        status.update(state="exited", exit_code=code, signal=None, error=error)
+    _write_json(status_path, status)
