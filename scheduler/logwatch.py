@@ -113,7 +113,8 @@ class LogWatch:
             if hw > 0:
                 self._ratios.setdefault(key, deque(maxlen=64)).append(e2e / hw)
 
-    async def check(self, jobs: Mapping[int, Job], held: Sequence[Run], now: float) -> None:
+    async def check(self, jobs: Mapping[int, Job], current: Mapping[int, Sequence[Run]], now: float) -> None:
+        """`current`: each job's launching runs of its current attempt."""
         self._jobs = dict(jobs)
         live = {(j.id, j.attempt) for j in jobs.values() if j.stop_reason is None}
         for kind, job_id, attempt in sorted(self._raised):
@@ -124,7 +125,7 @@ class LogWatch:
         for job in jobs.values():
             if (job.id, job.attempt) not in live:
                 continue
-            runs = [r for r in held if r.job == job.id and r.attempt == job.attempt and r.launch]
+            runs = current.get(job.id, ())
             await self._stragglers(job, now)
             await self._errors(job, runs, now)
             await self._slow(job, runs, now)

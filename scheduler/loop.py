@@ -247,8 +247,14 @@ class Loop:
         attempts = await self.store.running_attempts()
         quiet: list[tuple[Run, dict[str, Any]]] = []  # run changes of jobs with nothing to decide
         drained: list[tuple[Job, list[int]]] = []  # resized jobs whose earlier attempts are down
+        by_job: dict[int, list[Run]] = {}  # one pass over the runs, not one per job
+        for r in held:
+            by_job.setdefault(r.job, []).append(updated.get((r.job, r.attempt, r.rank), r))
+        changed: dict[int, list[tuple[Run, dict[str, Any]]]] = {}
+        for r, f in changes:
+            changed.setdefault(r.job, []).append((r, f))
         for job in running.values():
-            mine_now = [updated.get((r.job, r.attempt, r.rank), r) for r in held if r.job == job.id]
+            mine_now = by_job.get(job.id, [])
             runs = [r for r in mine_now if r.attempt == job.attempt]
             earlier = [r for r in mine_now if r.attempt < job.attempt]  # a resize's old attempt: never settles the job
             if earlier and not any(r.active for r in earlier):
@@ -258,7 +264,7 @@ class Loop:
             attempt = attempts.get(job.id)
             was_running = attempt is not None and attempt.started is not None
             decision = await self._preparing(job, runs, settle(job, runs, was_running=was_running), now)
-            mine = [(r, f) for r, f in changes if r.job == job.id]
+            mine = changed.get(job.id, [])
             if isinstance(decision, Finish) and decision.status is JobStatus.ERROR:
                 outcome = await self.recoverer.after_failure(job, runs, mine, decision)
                 if outcome is Outcome.WAIT:  # decided on a later tick: the runs are stored as read

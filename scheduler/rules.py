@@ -50,6 +50,7 @@ class Rules:
         members = projects[spec.project].members if projects else None
         if members is not None and caller.user not in members and not self.is_admin(caller):
             raise PermissionDenied(f"{caller.user} is not a member of project {spec.project} ({', '.join(members)})")
+        self._hang_window_seen(spec)
         debug = self.config.debug
         if spec.debug.retention is not None and spec.debug.retention > debug.max_retention:
             raise UsageError(
@@ -62,6 +63,19 @@ class Rules:
                 "(debug.max_hold is 0); leave it out, the run folders are kept all the same"
             )
         dataprep.check_admissible(spec, self.config.data_prep, run_root=self.settings.run_root, user=caller.user)
+
+    def _hang_window_seen(self, spec: JobSpec) -> None:
+        """A hang window under 3 probe intervals would never flag anything: the GPU utilisation is sampled once a
+        probe, and the detector needs samples in each half of the window (scheduler.detect.gpu_flat)."""
+        window, interval = spec.hang_window, self.config.probes.interval
+        if window is None or window >= 3 * interval:
+            return
+        where = "hang_detect" if spec.hang_detect is not None else "MA_HANG_DETECT_TIME in env"
+        raise UsageError(
+            f"job {spec.name}: a hang window of {format_duration(window)} ({where}) would never see a hang: GPU "
+            f"utilisation is sampled once a probe (probes.interval {format_duration(interval)}) and a hang needs "
+            f"3 samples; give at least {format_duration(3 * interval)}, or hang_detect: off"
+        )
 
     async def within_cap(self, owner: str, project: str, priority: str) -> None:
         """The urgent cap (`scheduler.urgent_cap`), counted over `urgent_scope`: called inside the transaction

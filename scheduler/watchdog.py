@@ -26,6 +26,16 @@ from ftconsole.scheduler.service import ClusterService
 log = logging.getLogger("ftconsole.scheduler")
 
 HUNG_ALERT = "job_hung"
+
+
+def current_runs(jobs: Mapping[int, Job], held: Sequence[Run]) -> dict[int, list[Run]]:
+    """Each job's launching runs of its current attempt, in one pass over the runs (not one per job)."""
+    out: dict[int, list[Run]] = {}
+    for r in held:
+        job = jobs.get(r.job)
+        if job is not None and r.attempt == job.attempt and r.launch:
+            out.setdefault(r.job, []).append(r)
+    return out
 Key = tuple[int, int, int]  # (job, attempt, rank)
 
 
@@ -73,6 +83,7 @@ class Watchdog:
                     self._flagged[(job.id, job.attempt)] = float("-inf")
         held = await self.store.runs(held=True)
         live = {(r.job, r.attempt, r.rank) for r in held}
+        current = current_runs(jobs, held)
         for key in [k for k in self._io if k not in live]:
             del self._io[key]
             self._moved.discard(key)
@@ -85,7 +96,7 @@ class Watchdog:
             window = job.spec.hang_window
             if window is None or job.stop_reason is not None:
                 continue
-            runs = [r for r in held if r.job == job.id and r.attempt == job.attempt and r.launch]
+            runs = current.get(job.id, [])
             if not runs or any(r.state != "running" for r in runs):
                 continue
             quiet = self.quiet_since(runs)
@@ -102,7 +113,7 @@ class Watchdog:
                 and self._stirred(runs)
             ):
                 await self._clear(job.id, job.attempt, now, f"I/O resumed at {_clock(quiet)}")
-        await self.logs.check(jobs, held, now)
+        await self.logs.check(jobs, current, now)
 
     def _stirred(self, runs: Sequence[Run]) -> bool:
         """A rank's I/O changed between two reads (not merely read for the first time)."""
@@ -110,7 +121,8 @@ class Watchdog:
 
     async def _flag(self, job: Job, runs: Sequence[Run], verdict: Hung, window: float, now: float) -> None:
         outputs = [r.output_at for r in runs if r.output_at is not None]
-        last = f"; last output {format_duration(round(now - max(outputs)))} ago" if outputs else ""
+        # output.log's mtime: the last line, or the start of a job that never printed
+        last = f"; output.log last written {format_duration(round(now - max(outputs)))} ago" if outputs else ""
         what = f"{HUNG_PREFIX}: {verdict.describe(window)} (quiet since {_clock(verdict.io_since)}){last}"
         hint = "if it waits on purpose, set hang_detect: off or a longer window in its spec"
         restart = job.spec.hang_action is HangAction.RESTART

@@ -91,3 +91,21 @@ async def test_the_admins_limits_refuse_a_longer_retention_and_any_hold_at_submi
         shown = await finished(client, kept)
         assert shown["status"] == "error" and shown["debug"]["kept_until"] == pytest.approx(shown["ended"] + 86400)
         assert shown["debug"]["held_until"] is None
+
+
+async def test_a_hang_window_under_three_probe_intervals_is_refused(
+    sshd_cluster: Any, tmp_path: Path, sock_dir: Path
+) -> None:
+    cluster: SshdCluster = sshd_cluster(1, gpus=1)
+    loaded = write_config(cluster, tmp_path, sock_dir, probes={"interval": "60s"})
+    async with running(loaded) as (_, client):
+        refused = (
+            r"a hang window of 2m \(hang_detect\) would never see a hang: .* give at least 3m, or hang_detect: off"
+        )
+        with pytest.raises(UsageError, match=refused):
+            await client.call("submit", spec=job("short", "true", hang_detect="2m"))
+        with pytest.raises(UsageError, match=r"a hang window of 1m \(MA_HANG_DETECT_TIME in env\)"):
+            await client.call("submit", spec=job("env", "true", env={"MA_HANG_DETECT_TIME": "1"}))
+        for fine in ({"hang_detect": "3m"}, {"hang_detect": "off"}, {}):
+            await client.call("submit", spec=job("fine", "true", **fine))
+        assert len(await client.call("jobs")) == 3
