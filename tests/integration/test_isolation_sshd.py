@@ -58,13 +58,18 @@ async def test_an_isolated_node_is_resumed_after_passing_the_checks_n_times(sshd
         assert (node01["faults"], node01["faults_in_window"], node01["flaky"]) == (1, 1, False)  # the isolation
         assert (node02["state"], node02["admin_by"]) == ("drained", "root")
 
-        kinds = [(e.kind, e.message) for e in await svc.events(node="node01")]
-        assert kinds[-2][0] == "isolated" and kinds[-1] == (
-            "resumed",
+        events = await svc.events(node="node01")
+        kinds = [(e.kind, e.message) for e in events if not e.kind.startswith("alert-")]
+        resumed = (
             "resumed by scheduler: passed the checks 3 times in a row since it was isolated "
-            "(isolated by scheduler: job 4 attempt 1: rank 0 lost with its node)",
+            "(isolated by scheduler: job 4 attempt 1: rank 0 lost with its node)"
         )
-        assert [a.kind for a in await svc.store.alerts()] == []  # one fault is no flaky node
+        assert kinds[-2][0] == "isolated" and kinds[-1] == ("resumed", resumed)
+        # the node_isolated alert was raised with the isolation and resolved by the resume; no flaky node
+        assert [a.kind for a in await svc.store.alerts()] == []
+        (alert,) = await svc.store.alerts(states=("resolved",))
+        assert (alert.kind, alert.node, alert.resolved_by) == ("node_isolated", "node01", "ftconsole")
+        assert alert.message == "node01 isolated by scheduler: job 4 attempt 1: rank 0 lost with its node"
 
 
 async def test_repeated_ecc_faults_make_a_node_flaky(sshd_cluster, tmp_path: Path) -> None:
