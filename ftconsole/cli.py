@@ -20,6 +20,7 @@ from ftconsole.format import age, gpu_summary, print_json, print_table
 from ftconsole.scheduler.client import open_client
 from ftconsole.scheduler.config import LoadedConfig, check_problems, find_config, format_duration, load_config
 from ftconsole.scheduler.errors import ConfigError, FtError
+from ftconsole.scheduler.jobspec import HANG_WINDOW_S
 from ftconsole.scheduler.service import ClusterService
 from ftconsole.scheduler.store import STORE_FILE, read_cluster_id
 
@@ -59,7 +60,20 @@ def cmd_config_check(args: argparse.Namespace) -> int:
             print("jobs run as: the user who submitted them (the SSH account switches to it: root, or sudo)")
         else:
             print("jobs run as: the SSH account (run_as: ssh_user)")
+        print(_hang_line(loaded.cluster.probes.interval))
     return 0
+
+
+def _hang_line(interval: float) -> str:
+    """What hang detection can see with these probes: a window needs 3 GPU samples (docs/jobs.md, Hung jobs)."""
+    least = format_duration(3 * interval)
+    if 3 * interval <= HANG_WINDOW_S:
+        default = format_duration(HANG_WINDOW_S)
+        return f"hang detection: windows of {least} or more (3 probe intervals); the default {default}"
+    return (
+        f"hang detection: only for jobs that set hang_detect to {least} or more: probes.interval "
+        f"{format_duration(interval)} is too far apart for the default {format_duration(HANG_WINDOW_S)} window"
+    )
 
 
 def cmd_probe(args: argparse.Namespace) -> int:

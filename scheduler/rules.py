@@ -65,10 +65,12 @@ class Rules:
         dataprep.check_admissible(spec, self.config.data_prep, run_root=self.settings.run_root, user=caller.user)
 
     def _hang_window_seen(self, spec: JobSpec) -> None:
-        """A hang window under 3 probe intervals would never flag anything: the GPU utilisation is sampled once a
-        probe, and the detector needs samples in each half of the window (scheduler.detect.gpu_flat)."""
+        """A hang window the job asks for under 3 probe intervals would never flag anything: the GPU utilisation is
+        sampled once a probe, and the detector needs samples in each half of the window (scheduler.detect.gpu_flat).
+        The default window is never refused: with probes that far apart, no job's default could be seen either."""
         window, interval = spec.hang_window, self.config.probes.interval
-        if window is None or window >= 3 * interval:
+        asked = spec.hang_detect is not None or "MA_HANG_DETECT_TIME" in spec.env  # not the default window
+        if window is None or window >= 3 * interval or not asked:
             return
         where = "hang_detect" if spec.hang_detect is not None else "MA_HANG_DETECT_TIME in env"
         raise UsageError(

@@ -36,6 +36,8 @@ def current_runs(jobs: Mapping[int, Job], held: Sequence[Run]) -> dict[int, list
         if job is not None and r.attempt == job.attempt and r.launch:
             out.setdefault(r.job, []).append(r)
     return out
+
+
 Key = tuple[int, int, int]  # (job, attempt, rank)
 
 

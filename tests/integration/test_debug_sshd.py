@@ -109,3 +109,9 @@ async def test_a_hang_window_under_three_probe_intervals_is_refused(
         for fine in ({"hang_detect": "3m"}, {"hang_detect": "off"}, {}):
             await client.call("submit", spec=job("fine", "true", **fine))
         assert len(await client.call("jobs")) == 3
+    # probes an hour apart: a window the job asks for must be 3h; the default (30m) is never refused for it
+    loaded = write_config(cluster, tmp_path, sock_dir, probes={"interval": "1h"})
+    async with running(loaded) as (_, client):
+        with pytest.raises(UsageError, match=r"give at least 3h"):
+            await client.call("submit", spec=job("asked", "true", hang_detect="30m"))
+        await client.call("submit", spec=job("default", "true"))

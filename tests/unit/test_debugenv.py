@@ -130,3 +130,10 @@ def test_the_console_marks_gpus_held_for_debugging() -> None:
     assert "2/2" in cells and "7:debug,8" in cells
     cluster_node = {"name": "n1", "state": "healthy", "gpus": [{"index": 0, "job": 7, "held_for_debug_until": ENDED}]}
     assert rows.cluster_node_cells(cluster_node)[-1] == "0:7(debug)"
+
+
+def test_config_check_says_what_hang_detection_can_see() -> None:
+    from ftconsole.cli import _hang_line
+
+    assert _hang_line(60) == "hang detection: windows of 3m or more (3 probe intervals); the default 30m"
+    assert _hang_line(3600).startswith("hang detection: only for jobs that set hang_detect to 3h or more")
