@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ftconsole import jobs_cli, shell_cli
-from ftconsole.format import age, gpu_summary, print_json, print_table
+from ftconsole.format import age, gpu_summary, print_json, print_table, runtime_lines
 from ftconsole.scheduler.client import open_client
 from ftconsole.scheduler.config import LoadedConfig, check_problems, find_config, format_duration, load_config
 from ftconsole.scheduler.errors import ConfigError, FtError
@@ -128,6 +128,12 @@ def cmd_nodes(args: argparse.Namespace) -> int:
         for v in views
     ]
     print_table(["NODE", "STATE", "POOL", "GPUS", "PROBED", "REASONS"], rows)
+    if args.nodeset:  # named nodes: what the table has no room for, a block per node
+        for v in views:
+            lines = runtime_lines(v.get("facts"))
+            if lines:
+                print(f"\n{v['name']}:")
+                print("\n".join(f"  {line}" for line in lines))
     return 0
 
 

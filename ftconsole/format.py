@@ -7,6 +7,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ftconsole.probes.results import parse_runtimes
+
 
 def node_count(job: Mapping[str, Any]) -> str:
     """A job's node count; `1/3` for a running elastic job on fewer nodes than it asks for (or being resized)."""
@@ -35,6 +37,17 @@ def gpu_summary(gpus: Sequence[dict[str, Any]]) -> str:
     name = names.pop() if len(names) == 1 else "mixed"
     short = name.replace("NVIDIA ", "")
     return f"{len(gpus)}x {short}"
+
+
+def runtime_lines(facts: Mapping[str, Any] | None) -> list[str]:
+    """A line per container runtime of a node's facts ("podman 4.3.1, GPUs: CDI"); no line where they were not
+    probed (no report yet, or one stored by an older ftconsole)."""
+    if not facts or "runtimes" not in facts:
+        return []
+    runtimes = parse_runtimes(facts.get("runtimes"))
+    if not runtimes:
+        return ["container runtimes: none found"]
+    return [f"container runtime {r.describe()}" for r in runtimes]
 
 
 def print_json(value: Any) -> None:

@@ -2,7 +2,8 @@
 
 Protocol
 --------
-The console ships this file over SSH and runs it as ``python3 -``. It prepends exactly one statement::
+The console ships this file (bundled with its modules, see below) over SSH and runs it as ``python3 -``. It
+prepends exactly one statement::
 
     source = "import json\\nPARAMS = json.loads(%r)\\n" % json.dumps(params) + AGENT_SOURCE
 
@@ -14,8 +15,9 @@ defaults below are used. PARAMS keys, all optional:
     cache_dir     folder of the ``disk-size cache`` check (default /cache; ``~`` is expanded)
     thresholds    pass conditions; keys and defaults as ``scheduler.config.Thresholds``
     sim_gpus_env  name of the env var naming a simulated-GPU JSON file (default FTCONSOLE_SIM_GPUS)
-    sysroot       prefix for /, /dev/shm, /proc, /sys/class/infiniband and /etc/os-release (tests: a fake tree)
-    timeout       seconds for all slow sub-steps together (DNS, nvidia-smi); default 10
+    sysroot       prefix for /, /dev/shm, /proc, /sys/class/infiniband, /etc/os-release and the container
+                  runtimes' files (CDI specs, hooks; tests: a fake tree)
+    timeout       seconds for all slow sub-steps together (DNS, nvidia-smi, container runtimes); default 10
 
 The agent prints exactly ONE line on stdout, compact JSON that ``probes.results.parse_document`` reads::
 
@@ -24,24 +26,38 @@ The agent prints exactly ONE line on stdout, compact JSON that ``probes.results.
 A value that cannot be read is null, never a crash. A check that raises is reported as that check's "fail"
 with the error as its message. The exit status is 0 whenever the document was printed, whatever the checks say.
 
-Layers: readers (node facts; GPUs from a simulated file, NVML, or nvidia-smi, all normalized to the same
-dicts) -> checks (one code path for every GPU source) -> the document. Python 3.8, standard library only;
-``pynvml`` is used when it imports and initializes.
+Layers: readers (node facts here; GPUs from a simulated file, NVML, or nvidia-smi, all normalized to the same
+dicts, in agent_gpus.py; container runtimes in agent_runtimes.py) -> checks (one code path for every GPU
+source) -> the document. Python 3.8, standard library only; ``pynvml`` is used when it imports and
+initializes.
+
+The node runs one script: this file after the modules it imports with lines marked ``# bundled``
+(agent_common.py, agent_gpus.py, agent_runtimes.py), joined by ``scheduler/bundle.py``
+(``scheduler.probing.agent_source()``). Run here as a plain script, those imports find the modules in the
+installed ftconsole package.
 """
 
 import collections
-import csv
 import json
-import math
 import os
 import platform
 import resource
-import shutil
 import socket
-import subprocess
 import sys
 import threading
 import time
+
+from ftconsole.probes.agent_common import (  # bundled
+    Deadline,
+    as_int,
+    as_list,
+    as_number,
+    host_path,
+    read_text,
+    safe,
+)
+from ftconsole.probes.agent_gpus import read_gpus  # bundled
+from ftconsole.probes.agent_runtimes import read_runtimes  # bundled
 
 AGENT_PROTOCOL = 1
 
@@ -88,46 +104,6 @@ DEFAULT_PARAMS: dict = {
 }
 
 GB = 1e9
-MIB = 1024 * 1024
-NOT_AVAILABLE = ("", "N/A", "[N/A]", "[Not Supported]", "Not Supported", "[Unknown Error]")
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Value coercion: everything that leaves a reader goes through these, so the checks see clean types.
-
-
-def as_number(value):
-    """An int or finite float, else None (bools are not numbers here)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
-def as_int(value):
-    number = as_number(value)
-    return None if number is None else int(number)
-
-
-def as_str(value):
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return value if isinstance(value, str) else None
-
-
-def as_bool(value):
-    return value if isinstance(value, bool) else None
-
-
-def as_list(value):
-    if isinstance(value, (list, tuple)):
-        return list(value)
-    return []
-
-
-def as_pids(value):
-    return [p for p in as_list(value) if isinstance(p, int) and not isinstance(p, bool)]
 
 
 def fmt(number):
@@ -169,37 +145,8 @@ def selected_checks(checks):
     return [name for name in CHECK_NAMES if name in wanted]
 
 
-class Deadline(object):
-    """The one time budget shared by the slow sub-steps."""
-
-    def __init__(self, seconds):
-        self.end = time.monotonic() + max(0.0, float(seconds))
-
-    def remaining(self, floor=0.05):
-        return max(floor, self.end - time.monotonic())
-
-
 # ---------------------------------------------------------------------------------------------------------
 # Node facts
-
-
-def host_path(sysroot, path):
-    return os.path.join(sysroot, path.lstrip("/"))
-
-
-def read_text(path):
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read()
-    except OSError:
-        return None
-
-
-def safe(function, *args):
-    try:
-        return function(*args)
-    except Exception:
-        return None
 
 
 def read_meminfo(sysroot):
@@ -276,260 +223,8 @@ def read_facts(sysroot):
         "driver_version": None,
         "gpu_source": None,
         "infiniband": bool(safe(ib_devices, sysroot)),
+        "runtimes": [],
     }
-
-
-# ---------------------------------------------------------------------------------------------------------
-# GPUs: three readers, one shape. Each returns a GpuReading whose gpus are normalized dicts.
-
-GPU_FIELDS = (
-    ("name", as_str),
-    ("uuid", as_str),
-    ("memory_total_mib", as_int),
-    ("memory_used_mib", as_int),
-    ("utilization", as_number),
-    ("temperature", as_number),
-    ("ecc_uncorrectable", as_int),
-    ("retired_pages_pending", as_bool),
-    ("remapped_rows_pending", as_bool),
-    ("nvlink_down", as_int),
-    ("healthy", as_bool),
-    ("processes", as_pids),
-)
-
-
-def normalize_gpu(raw, position):
-    """One GPU as the document's dict: every key present, wrong types and unknown values as null."""
-    if not isinstance(raw, dict):
-        raw = {}
-    index = as_int(raw.get("index"))
-    gpu = {"index": position if index is None else index}
-    for key, convert in GPU_FIELDS:
-        gpu[key] = convert(raw.get(key))
-    return gpu
-
-
-class GpuReading(object):
-    def __init__(self, source, gpus=(), driver_version=None, error=None):
-        self.source = source
-        self.gpus = [normalize_gpu(raw, i) for i, raw in enumerate(gpus)]
-        self.driver_version = as_str(driver_version)
-        self.error = error
-
-
-def read_gpus(params, deadline):
-    """Simulated file if its env var is set, else NVML, else nvidia-smi, else no GPUs."""
-    sim_path = os.environ.get(str(params["sim_gpus_env"]))
-    if sim_path:
-        return read_sim_gpus(sim_path)
-    try:
-        return read_nvml_gpus() or read_smi_gpus(deadline) or GpuReading("none")
-    except Exception as exc:
-        return GpuReading("none", error="reading GPUs failed: %s: %s" % (type(exc).__name__, exc))
-
-
-def read_sim_gpus(path):
-    """The simulated-GPU file (DESIGN.md, "Simulated GPUs"), read afresh at every run."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-    except (OSError, ValueError) as exc:
-        return GpuReading("sim", error="cannot read simulated GPU file %s: %s" % (path, exc))
-    if not isinstance(doc, dict) or not isinstance(doc.get("gpus"), list):
-        return GpuReading("sim", error='simulated GPU file %s has no "gpus" list' % path)
-    return GpuReading("sim", doc["gpus"], doc.get("driver_version"))
-
-
-def nvml_value(nv, function, *args):
-    """Call one NVML function by name; any error (NotSupported, missing in an old pynvml, ...) reads as None."""
-    try:
-        return getattr(nv, function)(*args)
-    except Exception:
-        return None
-
-
-def read_nvml_gpus():
-    """GPUs through pynvml, or None when pynvml is missing or NVML does not initialize."""
-    try:
-        import pynvml as nv
-    except Exception:
-        return None
-    try:
-        nv.nvmlInit()
-    except Exception:
-        return None
-    try:
-        count = nv.nvmlDeviceGetCount()
-        gpus = [read_nvml_gpu(nv, index) for index in range(count)]
-        return GpuReading("nvml", gpus, nvml_value(nv, "nvmlSystemGetDriverVersion"))
-    except Exception as exc:
-        return GpuReading("nvml", error="NVML: %s" % exc)
-    finally:
-        nvml_value(nv, "nvmlShutdown")
-
-
-def read_nvml_gpu(nv, index):
-    handle = nvml_value(nv, "nvmlDeviceGetHandleByIndex", index)
-    if handle is None:
-        return {"index": index, "healthy": False}
-    memory = nvml_value(nv, "nvmlDeviceGetMemoryInfo", handle)
-    rates = nvml_value(nv, "nvmlDeviceGetUtilizationRates", handle)
-    remapped = nvml_value(nv, "nvmlDeviceGetRemappedRows", handle)  # (corrected, uncorrected, pending, failed)
-    ecc = nvml_value(
-        nv,
-        "nvmlDeviceGetTotalEccErrors",
-        handle,
-        getattr(nv, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1),
-        getattr(nv, "NVML_VOLATILE_ECC", 0),
-    )
-    retired = nvml_value(nv, "nvmlDeviceGetRetiredPagesPendingStatus", handle)
-    return {
-        "index": index,
-        "name": nvml_value(nv, "nvmlDeviceGetName", handle),
-        "uuid": nvml_value(nv, "nvmlDeviceGetUUID", handle),
-        "memory_total_mib": mib_attr(memory, "total"),
-        "memory_used_mib": mib_attr(memory, "used"),
-        "utilization": getattr(rates, "gpu", None),
-        "temperature": nvml_value(nv, "nvmlDeviceGetTemperature", handle, getattr(nv, "NVML_TEMPERATURE_GPU", 0)),
-        "ecc_uncorrectable": ecc,
-        "retired_pages_pending": None if as_int(retired) is None else bool(retired),
-        "remapped_rows_pending": tuple_flag(remapped, 2),
-        "nvlink_down": nvml_nvlink_down(nv, handle),
-        "healthy": False if tuple_flag(remapped, 3) else None,
-        "processes": nvml_pids(nv, handle),
-    }
-
-
-def mib_attr(memory, name):
-    value = as_int(getattr(memory, name, None))
-    return None if value is None else value // MIB
-
-
-def tuple_flag(values, position):
-    if not isinstance(values, (list, tuple)) or len(values) <= position:
-        return None
-    return bool(values[position])
-
-
-def nvml_nvlink_down(nv, handle):
-    """Links that are supported but not active; None when the GPU reports no NVLink at all."""
-    supported = down = 0
-    for link in range(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18)):
-        state = as_int(nvml_value(nv, "nvmlDeviceGetNvLinkState", handle, link))
-        if state is None:
-            continue
-        supported += 1
-        if not state:
-            down += 1
-    return down if supported else None
-
-
-def nvml_pids(nv, handle):
-    processes = nvml_value(nv, "nvmlDeviceGetComputeRunningProcesses", handle) or []
-    return [getattr(p, "pid", None) for p in processes]
-
-
-SMI_FIELDS = (
-    "index",
-    "name",
-    "uuid",
-    "memory.total",
-    "memory.used",
-    "utilization.gpu",
-    "temperature.gpu",
-    "ecc.errors.uncorrected.volatile.total",
-    "retired_pages.pending",
-    "driver_version",
-)
-
-
-def run_command(argv, deadline):
-    """stdout of a command, or an exception (OSError, SubprocessError) with a readable message."""
-    done = subprocess.run(
-        argv,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        universal_newlines=True,
-        timeout=deadline.remaining(),
-    )
-    if done.returncode != 0:
-        said = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()[0]
-        raise subprocess.SubprocessError("exit status %d: %s" % (done.returncode, said))
-    return done.stdout
-
-
-def read_smi_gpus(deadline):
-    """GPUs through nvidia-smi's CSV output, or None when nvidia-smi is not on PATH."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return None
-    query = ["--query-gpu=" + ",".join(SMI_FIELDS), "--format=csv,noheader,nounits"]
-    try:
-        output = run_command([smi, *query], deadline)
-    except (OSError, subprocess.SubprocessError) as exc:
-        return GpuReading("nvidia-smi", error="nvidia-smi failed: %s" % exc)
-    rows = [smi_row(cells) for cells in csv.reader(output.splitlines(), skipinitialspace=True) if cells]
-    pids = smi_pids_by_uuid(smi, deadline)
-    gpus = [smi_gpu(row, pids) for row in rows]
-    driver = smi_text(rows[0].get("driver_version")) if rows else None
-    return GpuReading("nvidia-smi", gpus, driver)
-
-
-def smi_row(cells):
-    """{field: cell} of one CSV row; fields missing at the end of a short row are left out."""
-    return dict((field, cells[i]) for i, field in enumerate(SMI_FIELDS) if i < len(cells))
-
-
-def smi_text(cell):
-    cell = (cell or "").strip()
-    return None if cell in NOT_AVAILABLE else cell
-
-
-def smi_number(cell):
-    text = smi_text(cell)
-    if text is None:
-        return None
-    for convert in (int, float):
-        try:
-            return convert(text)
-        except ValueError:
-            pass
-    return None
-
-
-def smi_yes_no(cell):
-    text = (smi_text(cell) or "").lower()
-    return {"yes": True, "no": False}.get(text)
-
-
-def smi_gpu(row, pids_by_uuid):
-    uuid = smi_text(row.get("uuid"))
-    return {
-        "index": smi_number(row.get("index")),
-        "name": smi_text(row.get("name")),
-        "uuid": uuid,
-        "memory_total_mib": smi_number(row.get("memory.total")),
-        "memory_used_mib": smi_number(row.get("memory.used")),
-        "utilization": smi_number(row.get("utilization.gpu")),
-        "temperature": smi_number(row.get("temperature.gpu")),
-        "ecc_uncorrectable": smi_number(row.get("ecc.errors.uncorrected.volatile.total")),
-        "retired_pages_pending": smi_yes_no(row.get("retired_pages.pending")),
-        "processes": pids_by_uuid.get(uuid, []),
-    }
-
-
-def smi_pids_by_uuid(smi, deadline):
-    """{gpu uuid: [pid]} of compute processes; {} when nvidia-smi cannot say."""
-    query = ["--query-compute-apps=gpu_uuid,pid", "--format=csv,noheader,nounits"]
-    try:
-        output = run_command([smi, *query], deadline)
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    pids = collections.defaultdict(list)
-    for cells in csv.reader(output.splitlines(), skipinitialspace=True):
-        if len(cells) >= 2 and smi_number(cells[1]) is not None:
-            pids[cells[0].strip()].append(smi_number(cells[1]))
-    return dict(pids)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -819,6 +514,7 @@ def probe(params):
     reading = read_gpus(params, deadline)
     facts["driver_version"] = reading.driver_version
     facts["gpu_source"] = reading.source
+    facts["runtimes"] = safe(read_runtimes, str(params["sysroot"]), deadline) or []
     checks = run_checks(Context(params, facts, reading, dns, deadline), names)
     return {
         "agent": AGENT_PROTOCOL,

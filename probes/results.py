@@ -83,6 +83,31 @@ class GPUInfo:
 
 
 @dataclass(frozen=True)
+class ContainerRuntime:
+    """A container runtime found on a node's PATH (podman, docker, apptainer, singularity, enroot)."""
+
+    name: str
+    path: str | None = None
+    version: str | None = None  # parsed from `--version`; its first line as it is when no number is in it
+    usable: bool = False  # docker: `docker info` reaches the daemon; podman: `podman info` works; else it runs
+    problem: str | None = None  # why it is not usable
+    gpus: bool = False  # usable, and it can give GPUs to a container
+    gpus_via: tuple[str, ...] = ()  # how: "CDI", "nvidia runtime", "--gpus (toolkit)", "OCI hook", "--nv", ...
+
+    def to_json(self) -> dict[str, Any]:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d["gpus_via"] = list(self.gpus_via)
+        return d
+
+    def describe(self) -> str:
+        """One line for people: "podman 4.3.1, GPUs: CDI" or "docker 28.2.2: daemon not reachable: ..."."""
+        named = f"{self.name} {self.version}" if self.version else self.name
+        if not self.usable:
+            return f"{named}: {self.problem or 'not usable'}"
+        return f"{named}, GPUs: {', '.join(self.gpus_via)}" if self.gpus else f"{named}, no GPUs"
+
+
+@dataclass(frozen=True)
 class NodeFacts:
     hostname: str | None = None
     boot_id: str | None = None
@@ -96,9 +121,12 @@ class NodeFacts:
     driver_version: str | None = None
     gpu_source: str | None = None  # nvml | nvidia-smi | sim | none
     infiniband: bool | None = None
+    runtimes: tuple[ContainerRuntime, ...] = ()  # container runtimes on PATH, in the agent's order
 
     def to_json(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d["runtimes"] = [r.to_json() for r in self.runtimes]
+        return d
 
 
 @dataclass(frozen=True)
@@ -161,6 +189,28 @@ def _value(v: Any) -> float | str | None:
     return None
 
 
+def parse_runtimes(value: Any) -> tuple[ContainerRuntime, ...]:
+    """The runtimes of the facts (the agent's list, or a stored report's); an entry without a name is left
+    out, wrong types read as not available."""
+    out = []
+    for r in value if isinstance(value, list) else []:
+        if not isinstance(r, dict) or not _str(r.get("name")):
+            continue
+        via = r.get("gpus_via")
+        out.append(
+            ContainerRuntime(
+                name=r["name"],
+                path=_str(r.get("path")),
+                version=_str(r.get("version")),
+                usable=_bool(r.get("usable")) is True,
+                problem=_str(r.get("problem")),
+                gpus=_bool(r.get("gpus")) is True,
+                gpus_via=tuple(v for v in (via if isinstance(via, list) else []) if isinstance(v, str)),
+            )
+        )
+    return tuple(out)
+
+
 def parse_report(text: str) -> ProbeReport:
     """Parse the agent's stdout. The document is the last line that starts with '{' (ignoring login noise)."""
     doc = None
@@ -195,6 +245,7 @@ def parse_document(doc: dict[str, Any]) -> ProbeReport:
         driver_version=_str(f.get("driver_version")),
         gpu_source=_str(f.get("gpu_source")),
         infiniband=_bool(f.get("infiniband")),
+        runtimes=parse_runtimes(f.get("runtimes")),
     )
     gpus = []
     for i, g in enumerate(doc.get("gpus") or []):

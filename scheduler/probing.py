@@ -1,7 +1,8 @@
 """Running the probe agent on nodes: one SSH round trip per node per sweep.
 
-The agent (`probes/agent.py`, stdlib-only) is sent on standard input to `python3 -`, preceded by one line
-that sets its parameters; nothing is installed on the node. The parameters travel inside the script as a
+The agent (`probes/agent.py` and the `probes/agent_*.py` modules it imports, stdlib-only, joined into one
+script by `scheduler/bundle.py`) is sent on standard input to `python3 -`, preceded by one line that sets its
+parameters; nothing is installed on the node. The parameters travel inside the script as a
 Python string literal (`repr` of a JSON document), never through a shell.
 """
 
@@ -15,6 +16,7 @@ from typing import Any
 
 from ftconsole import probes
 from ftconsole.probes.results import AgentOutputError, ProbeReport, parse_report
+from ftconsole.scheduler.bundle import bundle
 from ftconsole.scheduler.config import ClusterConfig, Node
 from ftconsole.scheduler.errors import AuthError, CommandTimeout, FtError, HostKeyError, SSHError, UnreachableError
 from ftconsole.scheduler.ssh import Transport, python_stdin_script, run_on_all
@@ -22,7 +24,8 @@ from ftconsole.scheduler.ssh import Transport, python_stdin_script, run_on_all
 
 @functools.cache
 def agent_source() -> str:
-    return (Path(probes.__file__).parent / "agent.py").read_text(encoding="utf-8")
+    """agent.py and the node-side modules it imports (agent_*.py), as one script (see bundle.py)."""
+    return bundle(Path(probes.__file__).parent, "agent", "ftconsole.probes")
 
 
 def agent_params(config: ClusterConfig, node: Node, *, checks: Sequence[str] | None = None) -> dict[str, Any]:

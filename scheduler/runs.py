@@ -131,7 +131,7 @@ def _pruned(node: Node, doc: dict[str, Any], into: list[str] | None) -> None:
 @functools.cache
 def supervisor_source() -> str:
     """supervisor.py and the node-side modules it imports (supervisor_*.py), as one script (see bundle.py)."""
-    return bundle(Path(__file__).parent, "supervisor")
+    return bundle(Path(__file__).parent, "supervisor", "ftconsole.scheduler")
 
 
 def supervisor_script(params: dict[str, Any]) -> str:

@@ -24,7 +24,7 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Label, Log, Static, TabbedContent, TabPane
 
-from ftconsole.format import age
+from ftconsole.format import age, runtime_lines
 from ftconsole.probes.health import is_fault
 from ftconsole.scheduler.client import Client
 from ftconsole.scheduler.config import format_duration
@@ -368,6 +368,7 @@ class NodeScreen(DetailScreen):
             f"{facts.get('os') or '?'}  kernel {facts.get('kernel') or '?'}  {facts.get('cpus') or '?'} CPUs  "
             f"{(facts.get('mem_total_mib') or 0) // 1024} GiB  driver {facts.get('driver_version') or '?'}"
         )
+        lines.extend(runtime_lines(v.get("facts")))
         last = v.get("last_probe")
         lines.append(f"last probe {age(self.clock() - last) + ' ago' if last else 'never'}")
         self.query_one("#facts", Static).update(Text("\n".join(lines)))

@@ -24,9 +24,10 @@ import pytest
 from ftconsole.probes import agent
 from ftconsole.probes.results import ALL_CHECKS, CheckStatus, GPUInfo, NodeFacts, ProbeReport, parse_report
 from ftconsole.scheduler.config import Thresholds
+from ftconsole.scheduler.probing import agent_source
 
 AGENT_PATH = Path(agent.__file__)
-AGENT_SOURCE = AGENT_PATH.read_text()
+AGENT_SOURCE = agent_source()  # agent.py and its agent_*.py modules, one script, as the console sends it
 GPU_CHECKS = ["gpu-check", "gpu-health", "gpu-temperature", "nvlink"]
 RUN_TIMEOUT_S = 30
 
