@@ -279,22 +279,8 @@ class Recoverer:
             f"{cause}: {resume.signal} to every rank to save a checkpoint, stopped after grace_period {grace}, then "
             f"queued again without {where} (resume {used + 1} of {resume.max_resumes})"
         )
-        try:
-            async with self.store.jobs_tx(f"reschedule job {job.id}") as tx:
-                await tx.update_job(
-                    job.id,
-                    expect=[JobStatus.RUNNING],
-                    stop_requested=now,
-                    stop_reason=StopReason.RESCHEDULE,
-                    stop_by="scheduler",
-                    message=cause,
-                )
-                await tx.event(now, Condition.STOPPING, text, job=job.id, data=_data(job, sick, "dump"))
-        except Conflict:
-            return
-        log.warning("job %s: %s", job.id, text)
-        self._poke()
-        self._signal(job, runs, resume.signal)
+        if await self._reschedule(job, now, cause, text, _data(job, sick, "dump")):
+            self._signal(job, runs, resume.signal)
 
     async def reschedule_slow(self, job: Job, runs: Sequence[Run], slow_node: str | None, what: str) -> str:
         """Seed 003's "reschedule and alert" for a slow job (`performance.action: reschedule`): stopped (the
@@ -317,26 +303,35 @@ class Recoverer:
             else "stopped"
         )
         text = f"{what}: {how}, then queued again{without} (resubmit {used + 1} of {limit}; performance.action)"
+        data = _data(job, [slow_node] if slow_node else [], "reschedule")
+        if not await self._reschedule(job, now, what, text, data, excluded=excluded):
+            return "it was stopping already"
+        if resume is not None:
+            self._signal(job, runs, resume.signal)
+        return f"rescheduled{without} (resubmit {used + 1} of {limit})"
+
+    async def _reschedule(
+        self, job: Job, now: float, message: str, text: str, data: dict[str, Any], **fields: Any
+    ) -> bool:
+        """The stop that a requeue follows (StopReason.RESCHEDULE, `recover` requeues once the ranks are down),
+        with its Stopping event; False when the job was no longer running as it was."""
         try:
-            async with self.store.jobs_tx(f"reschedule slow job {job.id}") as tx:
+            async with self.store.jobs_tx(f"reschedule job {job.id}") as tx:
                 await tx.update_job(
                     job.id,
                     expect=[JobStatus.RUNNING],
                     stop_requested=now,
                     stop_reason=StopReason.RESCHEDULE,
                     stop_by="scheduler",
-                    message=what,
-                    excluded=excluded,
+                    message=message,
+                    **fields,
                 )
-                nodes = [slow_node] if slow_node else []
-                await tx.event(now, Condition.STOPPING, text, job=job.id, data=_data(job, nodes, "reschedule"))
+                await tx.event(now, Condition.STOPPING, text, job=job.id, data=data)
         except Conflict:
-            return "it was stopping already"
+            return False
         log.warning("job %s: %s", job.id, text)
         self._poke()
-        if resume is not None:
-            self._signal(job, runs, resume.signal)
-        return f"rescheduled{without} (resubmit {used + 1} of {limit})"
+        return True
 
     def stopping_others(self, job: Job) -> str:
         """What befalls the ranks still running when a rank of `job` fails (its Stopping event says it)."""
