@@ -19,8 +19,8 @@ from ftconsole import jobs_cli, shell_cli
 from ftconsole.format import age, gpu_summary, print_json, print_table, runtime_lines
 from ftconsole.scheduler.client import open_client
 from ftconsole.scheduler.config import LoadedConfig, check_problems, find_config, format_duration, load_config
+from ftconsole.scheduler.detectspec import HANG_WINDOW_S
 from ftconsole.scheduler.errors import ConfigError, FtError
-from ftconsole.scheduler.jobspec import HANG_WINDOW_S
 from ftconsole.scheduler.service import ClusterService
 from ftconsole.scheduler.store import STORE_FILE, read_cluster_id
 

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BeforeValidator, Field
 
-from ftconsole.scheduler.config import PositiveDuration
+from ftconsole.scheduler.config import PositiveDuration, parse_duration
 from ftconsole.scheduler.specbase import Loc, Strict, as_int, given, is_off, mapping
 
 # seed 001's straggler log line: `Rank:2 Epoch:[48]`
@@ -97,3 +97,43 @@ def performance_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
         return []
     why = "performance.action reschedule needs fault_tolerance.retries or checkpoint_resume: the resubmits it uses"
     return [(("performance", "action"), why)]
+
+
+# -- the hang window (seed 001) --------------------------------------------------------------------------------
+
+HANG_OFF = 0.0  # hang_detect: off, as stored
+HANG_WINDOW_S = 1800.0  # the hang window when the spec names none (seed 001: 30 minutes)
+
+
+def hang_detect_value(value: Any) -> float:
+    """A positive duration, or `off` (YAML may read a bare off as false; stored as HANG_OFF)."""
+    if is_off(value) or value == HANG_OFF:
+        return HANG_OFF
+    seconds = parse_duration(value)
+    if seconds <= 0:
+        raise ValueError("must be greater than 0 (or off)")
+    return seconds
+
+
+def hang_minutes(env: Mapping[str, str]) -> float | None:
+    """MA_HANG_DETECT_TIME (seed 001's platform: minutes) from a job's env; ValueError when it is not a
+    positive number."""
+    text = env.get("MA_HANG_DETECT_TIME")
+    if text is None:
+        return None
+    try:
+        minutes = float(text)
+    except ValueError:
+        raise ValueError(f"MA_HANG_DETECT_TIME is minutes, a positive number, not {text!r}") from None
+    if not minutes > 0 or minutes == float("inf"):
+        raise ValueError(f"MA_HANG_DETECT_TIME is minutes, a positive number, not {text!r}")
+    return minutes
+
+
+def hang_env_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
+    env = mapping(data.get("env"))
+    try:
+        hang_minutes({k: str(v) for k, v in env.items() if k == "MA_HANG_DETECT_TIME"})
+    except ValueError as exc:
+        return [(("env", "MA_HANG_DETECT_TIME"), str(exc))]
+    return []

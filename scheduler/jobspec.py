@@ -29,13 +29,24 @@ from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo, mod
 
 from ftconsole.scheduler import yamlfile
 from ftconsole.scheduler.command import check_command
-from ftconsole.scheduler.config import PositiveDuration, expand_nodeset, parse_duration
+from ftconsole.scheduler.config import PositiveDuration, expand_nodeset
 from ftconsole.scheduler.dataprep import DataPrep, data_prep_problems
-from ftconsole.scheduler.detectspec import HangAction, Performance, Progress, performance_problems, progress_off
+from ftconsole.scheduler.detectspec import (
+    HANG_OFF,
+    HANG_WINDOW_S,
+    HangAction,
+    Performance,
+    Progress,
+    hang_detect_value,
+    hang_env_problems,
+    hang_minutes,
+    performance_problems,
+    progress_off,
+)
 from ftconsole.scheduler.errors import ConfigError, Problem
 from ftconsole.scheduler.faultspec import FaultTolerance, fault_problems
-from ftconsole.scheduler.launcher import wraps_in_torchrun
-from ftconsole.scheduler.specbase import Loc, Text, is_off
+from ftconsole.scheduler.launchspec import Launcher, deepspeed_env_problems, torchrun_problems
+from ftconsole.scheduler.specbase import Loc, Text
 from ftconsole.scheduler.specbase import Strict as _Strict
 from ftconsole.scheduler.specbase import as_int as _int
 from ftconsole.scheduler.specbase import given as _given
@@ -138,35 +149,6 @@ def _home_not_null(value: Any) -> Any:
     return value
 
 
-HANG_OFF = 0.0  # hang_detect: off, as stored
-HANG_WINDOW_S = 1800.0  # the hang window when the spec names none (seed 001: 30 minutes)
-
-
-def _hang_detect(value: Any) -> float:
-    """A positive duration, or `off` (YAML may read a bare off as false; stored as HANG_OFF)."""
-    if is_off(value) or value == HANG_OFF:
-        return HANG_OFF
-    seconds = parse_duration(value)
-    if seconds <= 0:
-        raise ValueError("must be greater than 0 (or off)")
-    return seconds
-
-
-def hang_minutes(env: Mapping[str, str]) -> float | None:
-    """MA_HANG_DETECT_TIME (seed 001's platform: minutes) from a job's env; ValueError when it is not a
-    positive number."""
-    text = env.get("MA_HANG_DETECT_TIME")
-    if text is None:
-        return None
-    try:
-        minutes = float(text)
-    except ValueError:
-        raise ValueError(f"MA_HANG_DETECT_TIME is minutes, a positive number, not {text!r}") from None
-    if not minutes > 0 or minutes == float("inf"):
-        raise ValueError(f"MA_HANG_DETECT_TIME is minutes, a positive number, not {text!r}")
-    return minutes
-
-
 def _sub_folder(value: str) -> str:
     path = PurePosixPath(value)
     if value.startswith(("/", "~")):
@@ -205,29 +187,6 @@ class Hooks(_Strict):
 
     before: Text | None = None
     after: Text | None = None
-
-
-_IFACE = re.compile(r"[A-Za-z0-9_.:-]{1,15}")
-
-
-def _valid_iface(value: str) -> str:
-    if not _IFACE.fullmatch(value) or value in (".", ".."):
-        raise ValueError(
-            f"invalid network interface name {value!r}: use 1 to 15 letters, digits, '_', '.', ':' or '-' "
-            "(as eth0, ib0 or enp65s0f0)"
-        )
-    return value
-
-
-class Launcher(_Strict):
-    """Options of the launcher the job's mode runs (seed 002), each for one mode only (`LAUNCHER_MODES`).
-
-    `torchrun_max_restarts` is torchrun's own restart of its workers, on the node, within one attempt; it is
-    not `fault_tolerance.max_restarts`, the scheduler's restart of the whole job, and the two multiply."""
-
-    torchrun_max_restarts: int | None = Field(None, ge=0, strict=True)
-    torchrun_monitor_interval: PositiveDuration | None = None
-    hydra_iface: Annotated[str, AfterValidator(_valid_iface)] | None = None
 
 
 LAUNCHER_MODES: dict[str, tuple[JobMode, str]] = {
@@ -281,7 +240,7 @@ class JobSpec(_Strict):
     project: Name = "default"
     max_runtime: PositiveDuration | None = None
     # the hang window (seed 001): default HANG_WINDOW_S, or MA_HANG_DETECT_TIME (minutes) in env; `off`: none
-    hang_detect: Annotated[float, BeforeValidator(_hang_detect)] | None = None
+    hang_detect: Annotated[float, BeforeValidator(hang_detect_value)] | None = None
     hang_action: HangAction = HangAction.ALERT  # what a suspected hang leads to
     notify: bool = False  # job alerts go to the config's notify targets (seed 003's "notify me")
     progress: Annotated[Progress, BeforeValidator(progress_off)] = Progress()  # stragglers (seed 001)
@@ -553,66 +512,13 @@ CROSS_CHECKS: tuple[Check, ...] = (
 """Rules of the spec itself: every stored spec obeys them."""
 
 
-def _torchrun_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
-    """torchrun's options apply only where mode pytorch wraps a command in torchrun (launcher.py's rule, which
-    may change: so a submit check); a command left as given (torchrun, a script) would ignore them."""
-    launcher = _mapping(data.get("launcher"))
-    keys = [key for key in ("torchrun_max_restarts", "torchrun_monitor_interval") if _given(launcher, key)]
-    tasks = data.get("tasks")
-    batch = _job_type(data) is JobType.BATCH
-    given = [_mapping(t).get("command") for t in tasks] if batch and isinstance(tasks, list) else [data.get("command")]
-    if not keys or _mode(data) is not JobMode.PYTORCH or not given:
-        return []
-    commands = [c for c in given if isinstance(c, str) and check_command(c) is None]
-    if len(commands) < len(given) or any(wraps_in_torchrun(shlex.split(c)) for c in commands):
-        return []  # wrapped, or a command that the model reports
-    which = "no task's command is wrapped" if batch else f"{commands[0].strip()!r} is run as given"
-    return [
-        (
-            ("launcher", key),
-            f"{key} sets an option of the torchrun that ftconsole wraps a python command in (python SCRIPT, or "
-            f"python -m MODULE other than torch.distributed.run), and {which}: pass "
-            f"--{key.removeprefix('torchrun_')} to your own launcher, or remove the key",
-        )
-        for key in keys
-    ]
-
-
-def _deepspeed_env_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
-    """DS_ENV_FILE is ours (the file that carries the env to every rank); with DeepSpeed's runner, each value
-    travels as one line of that file, which strips blanks at either end and cannot hold a line break."""
-    out: list[tuple[Loc, str]] = []
-    env = _mapping(data.get("env"))
-    if "DS_ENV_FILE" in env:
-        out.append(
-            (("env", "DS_ENV_FILE"), "DS_ENV_FILE is set by ftconsole (it carries env: to every rank); remove it")
-        )
-    if _mode(data) is JobMode.PYTORCH_DEEPSPEED:
-        for key, value in env.items():
-            if isinstance(value, str) and ("\n" in value or "\r" in value or value != value.strip()):
-                why = "a line break" if "\n" in value or "\r" in value else "blanks at its start or end"
-                out.append(
-                    (("env", key), f"has {why}, which DeepSpeed's env file (one KEY=VALUE line each) cannot carry")
-                )
-    return out
-
-
-def _hang_env_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
-    env = _mapping(data.get("env"))
-    try:
-        hang_minutes({k: str(v) for k, v in env.items() if k == "MA_HANG_DETECT_TIME"})
-    except ValueError as exc:
-        return [(("env", "MA_HANG_DETECT_TIME"), str(exc))]
-    return []
-
-
 SUBMIT_CHECKS: tuple[Check, ...] = (
-    _hang_env_problems,
+    hang_env_problems,
     _ps_count_problems,
     _workdir_problems,
     _nul_problems,
-    _deepspeed_env_problems,
-    _torchrun_problems,
+    deepspeed_env_problems,
+    torchrun_problems,
     data_prep_problems,
 )
 """What the launcher or the supervisor would refuse later, from the spec alone; run on new specs only."""
