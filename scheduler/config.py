@@ -19,6 +19,7 @@ from ClusterShell.NodeSet import NodeSet, NodeSetParseError
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from ftconsole.scheduler import yamlfile
+from ftconsole.scheduler.containers import ContainerSettings, PoolContainers
 from ftconsole.scheduler.errors import ConfigError, Problem
 
 DEFAULT_CONFIG_PATHS = (
@@ -175,6 +176,7 @@ class PoolSettings(_Strict):
     description: str = ""
     schedule_degraded: bool = False
     thresholds: PartialThresholds = PartialThresholds()
+    containers: PoolContainers | None = None  # its own container runtime (else the cluster's containers.runtime)
 
 
 class NodeSpecSettings(_Strict):
@@ -431,6 +433,7 @@ class ClusterConfig(_Strict):
     notify: NotifySettings = NotifySettings()  # where new alerts are sent; no target: nowhere
     debug: DebugSettings = DebugSettings()  # how long a failed job's environment is kept (seed 003)
     data_prep: DataPrepSettings = DataPrepSettings()  # node-local storage for jobs' data sets (seed 003)
+    containers: ContainerSettings = ContainerSettings()  # the runtime jobs with `image` run in (issue 17)
 
     def cross_problems(self) -> list[tuple[tuple[Any, ...], str]]:
         """Problems that span several keys, as (key path, message); pydantic checks each key alone."""
@@ -502,6 +505,12 @@ class ClusterConfig(_Strict):
                     )
                 )
         return out
+
+    def runtime_for(self, pool: str) -> str:
+        """The container runtime of a pool's nodes: the pool's own, else `containers.runtime` (auto: any)."""
+        settings = self.pools.get(pool)
+        own = settings.containers if settings is not None else None
+        return own.runtime if own is not None else self.containers.runtime
 
     def thresholds_for(self, pool: str) -> Thresholds:
         base = self.probes.thresholds

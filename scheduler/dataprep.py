@@ -130,19 +130,27 @@ def _to_problem(src: str, dst: str) -> str | None:
     return None
 
 
-def _mode_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
-    """The copy is a step of each rank's run: a launcher that starts the other nodes' ranks itself (mpirun,
-    hydra, DeepSpeed's runner) would leave those nodes without it."""
+def first_node_launcher(data: Mapping[str, Any]) -> str | None:
+    """The launcher that starts the other nodes' ranks itself from the first node (mpirun, hydra, DeepSpeed's
+    runner), for a job of more than one node (raw job data); None when each node runs its own rank."""
     elastic = mapping(mapping(data.get("fault_tolerance")).get("elastic"))
     sizes = [as_int(data.get("nodes", 1)), as_int(elastic.get("max_nodes"))]
     if max((n for n in sizes if n is not None), default=1) < 2:
-        return []
+        return None
     mode = data.get("mode")
     launcher = FIRST_NODE_LAUNCHES.get(str(mode))
     if mode == "pytorch-deepspeed":
         commands = [data.get("command"), *(mapping(t).get("command") for t in data.get("tasks") or [])]
         if any(_program(c) == "deepspeed" for c in commands):
             launcher = "DeepSpeed's runner"
+    return launcher
+
+
+def _mode_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
+    """The copy is a step of each rank's run: a launcher that starts the other nodes' ranks itself (mpirun,
+    hydra, DeepSpeed's runner) would leave those nodes without it."""
+    launcher = first_node_launcher(data)
+    mode = data.get("mode")
     if launcher is None:
         return []
     return [

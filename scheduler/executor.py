@@ -27,9 +27,10 @@ from typing import Any
 
 from ftconsole.scheduler import debugenv
 from ftconsole.scheduler.config import DataPrepSettings, Node
+from ftconsole.scheduler.containers import pick_runtime, why_not
 from ftconsole.scheduler.errors import FtError, SSHError
 from ftconsole.scheduler.failpoints import afailpoint
-from ftconsole.scheduler.jobplan import JobLaunch, plan_job
+from ftconsole.scheduler.jobplan import Images, JobLaunch, plan_job
 from ftconsole.scheduler.jobs import Attempt, Condition, Job, Run
 from ftconsole.scheduler.jobtx import Conflict
 from ftconsole.scheduler.launcher import LaunchInput, NodeAssignment, RankLaunch
@@ -218,7 +219,10 @@ class Executor:
                 return
             attempt = await self._port(job, attempt)
             all_runs = [r for r in await self.store.runs(job=job.id) if r.attempt == attempt.number]
-            plan = self._plan(job, attempt, all_runs)
+            plan = self._plan(job, attempt, all_runs, await self._images(job, attempt, all_runs))
+        except ImageError as exc:  # the node changed since placement: this attempt fails, the node is not blamed
+            await self._fail(job, str(exc))
+            return
         except FtError as exc:
             log.warning("job %s: cannot launch attempt %s yet: %s", job.id, launch.attempt, exc)
             return  # the node did not answer: asked again next tick (node_timeout decides when to give up)
@@ -348,10 +352,28 @@ class Executor:
             await tx.update_run(run, **fields)
         self._poke()
 
-    def _plan(self, job: Job, attempt: Attempt, runs: Sequence[Run]) -> JobLaunch:
+    def _plan(self, job: Job, attempt: Attempt, runs: Sequence[Run], images: Images | None = None) -> JobLaunch:
         return plan_attempt(
-            job, attempt, runs, nodes=self.nodes, run_root=self.run_root, data_prep=self.config.data_prep
-        )
+            job, attempt, runs, nodes=self.nodes, run_root=self.run_root, data_prep=self.config.data_prep,
+            images=images,
+        )  # fmt: skip
+
+    async def _images(self, job: Job, attempt: Attempt, runs: Sequence[Run]) -> Images | None:
+        """For a job with `image`: the runtime of each of its nodes, from their last probe (as placement saw)."""
+        if job.spec.image is None:
+            return None
+        probes = await self.store.latest_probes()
+        runtimes = {}
+        for run in runs:
+            probe = probes.get(run.node)
+            found = ((probe.report if probe is not None else None) or {}).get("facts", {}).get("runtimes") or []
+            wanted = self.config.runtime_for(self.nodes[run.node].pool)
+            choice = pick_runtime(found, wanted)
+            if choice is None:
+                raise ImageError(f"{run.node} cannot run image {job.spec.image} now "
+                                 f"(containers.runtime {wanted}): {why_not(found, wanted)}")  # fmt: skip
+            runtimes[run.node] = choice
+        return Images(runtimes, self.config.containers, attempt.token or f"{job.id}-{attempt.number}")
 
     # -- stop -------------------------------------------------------------------------------------------
 
@@ -506,6 +528,10 @@ class Executor:
 # ================================================================ helpers
 
 
+class ImageError(Exception):
+    """A node of an attempt cannot run the job's image (its runtime changed since placement)."""
+
+
 def plan_attempt(
     job: Job,
     attempt: Attempt,
@@ -514,6 +540,7 @@ def plan_attempt(
     nodes: dict[str, Node],
     run_root: str,
     data_prep: DataPrepSettings | None = None,
+    images: Images | None = None,
 ) -> JobLaunch:
     """What each rank of an attempt runs (pure: `plan_job` with the attempt's nodes, port and run folders, under
     the run root of the job's owner; `data_prep`: the cluster's roots and retention, for a job's data step)."""
@@ -536,7 +563,7 @@ def plan_attempt(
         output_dir=spec.output,
         checkpoint_dir=checkpoint_dir(job, run_root),
     )
-    return plan_job(spec, base, data_prep=data_prep)
+    return plan_job(spec, base, data_prep=data_prep, images=images)
 
 
 def checkpoint_dir(job: Job, run_root: str) -> str:

@@ -5,12 +5,26 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ftconsole.scheduler.config import DataPrepSettings
+from ftconsole.scheduler.containers import ContainerSettings, RuntimeChoice, container_name, container_step
 from ftconsole.scheduler.dataprep import DATA_STEP, copy_source, node_params
 from ftconsole.scheduler.jobspec import Hooks, JobSpec, Task
 from ftconsole.scheduler.launcher import LaunchError, LaunchInput, LaunchPlan, RankLaunch, TaskRef, plan_launch
 from ftconsole.scheduler.runs import Step, StepKind
+
+PULL_STEP = "pull image"
+
+
+@dataclass(frozen=True)
+class Images:
+    """How a job with `image` runs on its nodes: each node's runtime, the cluster's settings, the attempt's
+    token (it names the containers)."""
+
+    runtimes: dict[str, RuntimeChoice]
+    settings: ContainerSettings
+    token: str
 
 
 @dataclass(frozen=True)
@@ -25,7 +39,9 @@ class JobLaunch:
         return self.plan.launching
 
 
-def plan_job(spec: JobSpec, base: LaunchInput, *, data_prep: DataPrepSettings | None = None) -> JobLaunch:
+def plan_job(
+    spec: JobSpec, base: LaunchInput, *, data_prep: DataPrepSettings | None = None, images: Images | None = None
+) -> JobLaunch:
     """What each rank of a job runs, in order (pure; `base` is the attempt's launch input without a command).
 
     A regular job runs its command. A batch job runs its tasks one after another, each planned by
@@ -40,6 +56,9 @@ def plan_job(spec: JobSpec, base: LaunchInput, *, data_prep: DataPrepSettings | 
     "data": `scheduler/datacopy.py` as ``python3 -c SOURCE PARAMS``, with the cluster's `data_prep` settings,
     which decide what is cleaned up; without them nothing is), before the SSH check and the hooks: a rank that
     launches nothing would get no copy, so such a plan is refused (the spec's checks refuse it at submit).
+    With `image` and `images`, every rank first pulls the image (step kind "pull", PULL_STEP), and its command
+    or tasks run in a container of it (`Step.container`, one container per task); the hooks and the data copy
+    run on the node. Without `images` (placement's look at which ranks launch) nothing is wrapped.
     """
     tasks = spec.tasks or []
     if tasks:
@@ -52,13 +71,19 @@ def plan_job(spec: JobSpec, base: LaunchInput, *, data_prep: DataPrepSettings | 
     if spec.data_prep and len(launching) < len(plans[0].ranks):
         raise LaunchError(f"job {spec.name}: data_prep needs every node to run its rank, and in mode {spec.mode} "
                           "the first node starts the others' itself")  # fmt: skip
+    if spec.image is not None and images is not None and len(launching) < len(plans[0].ranks):
+        raise LaunchError(f"job {spec.name}: an image needs every node to run its rank, and in mode {spec.mode} "
+                          "the first node starts the others' itself")  # fmt: skip
     for rank in sorted(launching):
         main = [_main_step(tasks, i, r) for i, r in enumerate(p.ranks[rank] for p in plans) if r.launch]
         hooks = spec.hooks if rank == 0 else Hooks()
         first = (Step(StepKind.BEFORE, "ssh check", check, _first_env(base)),) if rank == 0 and check else ()
         before = _hook(base, StepKind.BEFORE, hooks.before)
         data = _data_step(spec, plans[0].ranks[rank].run_dir, data_prep)
-        steps[rank] = (*data, *first, *before, *main, *_hook(base, StepKind.AFTER, hooks.after))
+        pull: tuple[Step, ...] = ()
+        if spec.image is not None and images is not None:
+            pull, main = _in_containers(spec, base, rank, main, plans[0].ranks[rank], images)
+        steps[rank] = (*pull, *data, *first, *before, *main, *_hook(base, StepKind.AFTER, hooks.after))
     ranks = tuple(
         dataclasses.replace(
             r, launch=r.rank in launching, files={k: v for p in plans for k, v in p.ranks[r.rank].files.items()}
@@ -74,6 +99,25 @@ def _data_step(spec: JobSpec, run_dir: str, settings: DataPrepSettings | None) -
         return ()
     argv = ("python3", "-c", copy_source(), node_params(spec.data_prep, run_dir, settings))
     return (Step(StepKind.DATA, DATA_STEP, argv, {}),)
+
+
+def _in_containers(
+    spec: JobSpec, base: LaunchInput, rank: int, main: list[Step], launch: RankLaunch, images: Images
+) -> tuple[tuple[Step, ...], list[Step]]:
+    """The rank's pull step, and its command or tasks each in a container of the job's image."""
+    assert spec.image is not None
+    node = base.nodes[rank]
+    choice = images.runtimes[node.name]
+    shares = [spec.workdir, launch.run_dir, spec.output or "", base.checkpoint_dir or ""]
+    shares += [d.to for d in spec.data_prep or ()]
+
+    def container(task: int | None) -> dict[str, Any]:
+        return container_step(choice, image=spec.image or "", name=container_name(images.token, rank, task),
+                              gpus=node.gpus, mounts=spec.mounts or (), shares=shares,
+                              settings=images.settings)  # fmt: skip
+
+    pull = Step(StepKind.PULL, PULL_STEP, (), {}, container=container(None))
+    return (pull,), [dataclasses.replace(m, container=container(m.index)) for m in main]
 
 
 def _main_step(tasks: Sequence[Task], index: int, rank: RankLaunch) -> Step:

@@ -40,6 +40,7 @@ class Condition(StrEnum):
 
     PENDING = "Pending"
     CREATING = "Creating"
+    PULLING = "Pulling"  # ranks pull the job's image (the nodes that lack it) before its command
     PREPARING = "Preparing"  # ranks copy the job's data sets to node-local storage (data_prep) before its command
     RUNNING = "Running"
     STOPPING = "Stopping"

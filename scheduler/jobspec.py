@@ -30,7 +30,8 @@ from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo, mod
 from ftconsole.scheduler import yamlfile
 from ftconsole.scheduler.command import check_command
 from ftconsole.scheduler.config import PositiveDuration, expand_nodeset
-from ftconsole.scheduler.dataprep import DataPrep, data_prep_problems
+from ftconsole.scheduler.containers import Image, Mounts, container_problems, image_mode_problems
+from ftconsole.scheduler.dataprep import DataPrep, data_prep_problems, first_node_launcher
 from ftconsole.scheduler.detectspec import (
     HANG_OFF,
     HANG_WINDOW_S,
@@ -252,6 +253,8 @@ class JobSpec(_Strict):
     fault_tolerance: FaultTolerance = FaultTolerance()
     data_prep: DataPrep | None = None  # data sets copied to node-local storage first (seed 003)
     debug: Debug = Debug()  # what stays after a failure, for `ftconsole shell`
+    image: Image | None = None  # the container image each rank runs in (issue 17)
+    mounts: Mounts | None = None  # folders of the node the container sees
 
     @model_validator(mode="before")
     @classmethod
@@ -498,6 +501,10 @@ def _nul_problems(value: Any, loc: Loc = ()) -> list[tuple[Loc, str]]:
     return []
 
 
+def _image_mode_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
+    return image_mode_problems(data, first_node_launcher(data))
+
+
 Check = Callable[[Mapping[str, Any]], list[tuple[Loc, str]]]
 
 CROSS_CHECKS: tuple[Check, ...] = (
@@ -508,6 +515,7 @@ CROSS_CHECKS: tuple[Check, ...] = (
     _env_problems,
     fault_problems,
     performance_problems,
+    container_problems,
 )
 """Rules of the spec itself: every stored spec obeys them."""
 
@@ -520,6 +528,7 @@ SUBMIT_CHECKS: tuple[Check, ...] = (
     deepspeed_env_problems,
     torchrun_problems,
     data_prep_problems,
+    _image_mode_problems,
 )
 """What the launcher or the supervisor would refuse later, from the spec alone; run on new specs only."""
 

@@ -31,9 +31,11 @@ from typing import Any
 
 from ftconsole.scheduler import dataprep
 from ftconsole.scheduler.config import format_duration
+from ftconsole.scheduler.containers import pulling
 from ftconsole.scheduler.errors import FtError, silence_text
 from ftconsole.scheduler.executor import Executor, missing, status_fields
 from ftconsole.scheduler.failpoints import afailpoint
+from ftconsole.scheduler.jobplan import PULL_STEP
 from ftconsole.scheduler.jobs import (
     FINAL_CONDITION,
     AllRunning,
@@ -90,7 +92,7 @@ class Loop:
         self._read_since_start: set[tuple[int, int, int]] = set()
         self.adopted_s: float | None = None  # seconds from start until every running run was read once
         self._first_probe: asyncio.Future[None] | None = None  # the first probe sweep, while `run` drives
-        self._prepared: set[tuple[int, int]] = set()  # (job, attempt) whose Preparing condition is written
+        self._prepared: set[tuple[int, int, str]] = set()  # (job, attempt, step) whose Pulling/Preparing is written
         self._steps: dict[tuple[int, int, int], str | None] = {}  # (job, attempt, rank) read running -> its step
 
     # ============================================================ driving
@@ -304,18 +306,27 @@ class Loop:
             self._poke()
 
     async def _preparing(self, job: Job, runs: Sequence[Run], decision: Any, now: float) -> Any:
-        """A job with data_prep: ranks last read in their data step make a Preparing condition (once per attempt;
-        after a scheduler restart it may come once more), and Running waits until every rank was read past it."""
-        if not job.spec.data_prep:
+        """A job with an image or data_prep: ranks last read in their pull or data step make a Pulling or Preparing
+        condition (each once per attempt; after a scheduler restart it may come once more), and Running waits until
+        every rank was read past them."""
+        first = {PULL_STEP: Condition.PULLING} if job.spec.image is not None else {}
+        if job.spec.data_prep:
+            first[dataprep.DATA_STEP] = Condition.PREPARING
+        if not first:
             return decision
         steps = [(r, self._steps.get((r.job, r.attempt, r.rank))) for r in runs if r.launch]
-        if isinstance(decision, AllRunning) and any(step in (None, dataprep.DATA_STEP) for _, step in steps):
+        if isinstance(decision, AllRunning) and any(step is None or step in first for _, step in steps):
             decision = None  # started, but not yet known to run the command
-        text = dataprep.preparing(job.attempt, [(r.rank, r.node) for r, step in steps if step == dataprep.DATA_STEP])
-        if text is not None and (job.id, job.attempt) not in self._prepared:
-            self._prepared.add((job.id, job.attempt))
-            async with self.store.jobs_tx(f"record job {job.id} preparing") as tx:
-                await tx.event(now, Condition.PREPARING, text, job=job.id)
+        for name, condition in first.items():
+            where = [(r.rank, r.node) for r, step in steps if step == name]
+            if name == PULL_STEP:
+                text = pulling(job.spec.image or "", job.attempt, where)
+            else:
+                text = dataprep.preparing(job.attempt, where)
+            if text is not None and (job.id, job.attempt, name) not in self._prepared:
+                self._prepared.add((job.id, job.attempt, name))
+                async with self.store.jobs_tx(f"record job {job.id} {condition.lower()}") as tx:
+                    await tx.event(now, condition, text, job=job.id)
         return decision
 
     async def _apply(

@@ -106,6 +106,7 @@ class NodeSlot:
     state_ok: bool = True
     labels: frozenset[str] = frozenset()
     degraded: bool = False
+    images: bool = False  # its container runtime can run a job's image with GPUs (scheduler.containers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +170,7 @@ class JobRequest:
     labels: frozenset[str] = frozenset()
     max_runtime: float | None = None
     min_nodes: int | None = None  # elastic: may start on fewer nodes, down to this many
+    image: bool = False  # runs in a container image: only on nodes with `images`
 
     def __post_init__(self) -> None:
         if self.nodes < 1:
@@ -284,7 +286,10 @@ def _decisions(
 
 # --------------------------------------------------------------------------------------------- the catalog
 
-_GroupKey = tuple[str, str, str, frozenset[str]]  # pool, gpu model, driver, labels
+_GroupKey = tuple[str, str, str, frozenset[str], bool]  # pool, gpu model, driver, labels, images
+
+
+_Query = tuple[str | None, str | None, str | None, frozenset[str], bool]  # a job's: the same, None: any
 
 
 def _usable(node: NodeSlot, allow_degraded: Collection[str]) -> bool:
@@ -298,7 +303,7 @@ class _Catalog:
         usable = {n.name: n for n in nodes if _usable(n, allow_degraded) and n.gpus_total > 0}
         self.nodes: dict[str, NodeSlot] = dict(sorted(usable.items()))
         self.keys: list[_GroupKey] = sorted(
-            {_group_key(n) for n in self.nodes.values()}, key=lambda k: (k[0], k[1], k[2], sorted(k[3]))
+            {_group_key(n) for n in self.nodes.values()}, key=lambda k: (k[0], k[1], k[2], sorted(k[3]), k[4])
         )
         gid = {key: i for i, key in enumerate(self.keys)}
         self.group_of: dict[str, int] = {name: gid[_group_key(n)] for name, n in self.nodes.items()}
@@ -308,11 +313,11 @@ class _Catalog:
             self.members[group].append(name)
         # capacity[g][k]: nodes of group g with at least k GPUs in total
         self.capacity = [_at_least((self.nodes[m].gpus_total for m in ms), self.max_gpus) for ms in self.members]
-        self._groups: dict[tuple[str | None, str | None, str | None, frozenset[str]], tuple[int, ...]] = {}
+        self._groups: dict[_Query, tuple[int, ...]] = {}
 
     def groups(self, job: JobRequest, cand: Candidate) -> tuple[int, ...]:
         """The groups whose nodes match the job's constraints and the candidate's model."""
-        query = (job.pool, cand.gpu_model, job.driver_version, job.labels)
+        query = (job.pool, cand.gpu_model, job.driver_version, job.labels, job.image)
         found = self._groups.get(query)
         if found is None:
             found = tuple(i for i, key in enumerate(self.keys) if _key_matches(key, query))
@@ -345,16 +350,17 @@ class _Catalog:
 
 
 def _group_key(node: NodeSlot) -> _GroupKey:
-    return (node.pool, node.gpu_model, node.driver_version, node.labels)
+    return (node.pool, node.gpu_model, node.driver_version, node.labels, node.images)
 
 
-def _key_matches(key: _GroupKey, query: tuple[str | None, str | None, str | None, frozenset[str]]) -> bool:
-    pool, model, driver, labels = query
+def _key_matches(key: _GroupKey, query: _Query) -> bool:
+    pool, model, driver, labels, image = query
     return (
         (pool is None or key[0] == pool)
         and (model is None or key[1] == model)
         and (driver is None or key[2] == driver)
         and labels <= key[3]
+        and (key[4] or not image)
     )
 
 
@@ -589,6 +595,8 @@ def _shape(job: JobRequest, cand: Candidate) -> str:
         text += f" with driver {job.driver_version}"
     if job.labels:
         text += f" labelled {','.join(sorted(job.labels))}"
+    if job.image:
+        text += " whose container runtime can run its image with GPUs"
     if job.node_names is not None:
         text += f" among {_names(job.node_names)}"
     return text

@@ -239,7 +239,8 @@ class Placer:
                 )
             )
         state = placement.ClusterState(
-            nodes=tuple(node_slot(v.to_json()) for v in views), allocations=tuple(allocations)
+            nodes=tuple(node_slot(v.to_json(), self.config.runtime_for(v.node.pool)) for v in views),
+            allocations=tuple(allocations),
         )
         requests, by_id, unplaceable = [], {}, []
         for job in queued:

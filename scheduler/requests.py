@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ftconsole.scheduler.config import ClusterConfig, expand_nodeset
+from ftconsole.scheduler.containers import pick_runtime
 from ftconsole.scheduler.errors import UsageError
 from ftconsole.scheduler.jobspec import JobSpec
 from ftconsole.scheduler.placement import Candidate, JobRequest, NodeSlot, Priority
@@ -50,11 +51,13 @@ def job_request(spec: JobSpec, config: ClusterConfig, *, job_id: str, now: float
         driver_version=spec.driver_version,
         max_runtime=spec.max_runtime,
         min_nodes=None if spec.elastic_range is None else spec.elastic_range[0],
+        image=spec.image is not None,
     )
 
 
-def node_slot(view: dict[str, Any]) -> NodeSlot:
-    """A node as placement sees it, from `NodeView.to_json()`: GPUs and driver from its last report."""
+def node_slot(view: dict[str, Any], runtime: str = "auto") -> NodeSlot:
+    """A node as placement sees it, from `NodeView.to_json()`: GPUs, driver and container runtimes from its last
+    report; `runtime`: the one its pool runs images with (`ClusterConfig.runtime_for`)."""
     gpus = view.get("gpus") or []
     models = {g.get("name") for g in gpus if g.get("name")}
     facts = view.get("facts") or {}
@@ -67,6 +70,7 @@ def node_slot(view: dict[str, Any]) -> NodeSlot:
         state_ok=view["state"] == "healthy",
         labels=frozenset(f"{k}={v}" for k, v in (view.get("labels") or {}).items()),
         degraded=view["state"] == "degraded",
+        images=pick_runtime(facts.get("runtimes") or (), runtime) is not None,
     )
 
 

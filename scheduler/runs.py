@@ -63,6 +63,7 @@ _THROUGH_SUDO: set[tuple[str, str]] = set()
 
 
 class StepKind(StrEnum):
+    PULL = "pull"  # a job with `image`: pulls it unless the node has it, first (scheduler.containers)
     DATA = "data"  # data_prep: copies the job's data sets to node-local storage, first (scheduler.dataprep)
     BEFORE = "before"  # hooks.before: its failure ends the run before the command
     COMMAND = "command"  # a regular job's command
@@ -80,9 +81,12 @@ class Step:
     env: dict[str, str]
     index: int | None = None
     count: int | None = None
+    container: dict[str, Any] | None = None  # runs in this container (scheduler.containers.container_step)
 
     def to_json(self) -> dict[str, Any]:
-        doc = {"kind": self.kind.value, "name": self.name, "argv": list(self.argv), "env": self.env}
+        doc: dict[str, Any] = {"kind": self.kind.value, "name": self.name, "argv": list(self.argv), "env": self.env}
+        if self.container is not None:
+            doc["container"] = self.container
         return doc if self.index is None else {**doc, "index": self.index, "count": self.count}
 
 

@@ -42,12 +42,16 @@ stop    {run_dirs, tokens?, force?}
         is over) and for an orphaned run (its supervisor is dead), SIGKILL goes to the supervisor and to every
         process left in the step's process group. Each answer says whether anything of the run is still alive.
 
-Steps: [{"kind": "data"|"before"|"command"|"task"|"after", "name", "argv", "env", "index"?, "count"?}], in
-order: the data preparation (the job's data_prep: `scheduler/datacopy.py`, run with this supervisor's own
-interpreter, the scheduler's ssh.python, in place of argv[0]), the before hook, the command or a batch job's
-tasks (`index` 0-based of `count`), the after hook. A data, before, command or task step that fails (non-zero
-exit, signal, cannot start) ends the sequence with its result (a data or before step's error quotes its last
-line of output); the after step runs whatever the outcome (not after a SIGKILL) and its failure is only logged.
+Steps: [{"kind": "data"|"pull"|"before"|"command"|"task"|"after", "name", "argv", "env", "index"?, "count"?,
+"container"?}], in order: for a job with an image, its pull (nothing is pulled when the node has it); the data
+preparation (the job's data_prep: `scheduler/datacopy.py`, run with this supervisor's own interpreter, the
+scheduler's ssh.python, in place of argv[0]), the before hook, the command or a batch job's tasks (`index`
+0-based of `count`; with an image each in its own container: "container", see supervisor_container, names the
+runtime, the image and the container, which is removed once the step ends, on the SIGKILL after the grace period
+and by a stop of an orphaned run, status.json's "container" naming it), the after hook. A pull, data, before,
+command or task step that fails (non-zero exit, signal, cannot start) ends the sequence with its result (a
+pull, data or before step's error quotes its last line of output);
+the after step runs whatever the outcome (not after a SIGKILL) and its failure is only logged.
 With more than one step, output.log gets a header line before each (`== ftconsole: task NAME (i/N) ==`, `==
 ftconsole: before hook ==`) and a line for a step that failed (`ftconsole: task NAME exited with code N`, `...
 killed by SIGTERM`).
@@ -95,7 +99,8 @@ account the action runs as.
 Modules: this file holds the actions and `main`; what they share lives beside it, node side too (stdlib only,
 Python 3.8): supervisor_files (run folder files, writes, the claim), supervisor_liveness (process identity,
 "Liveness"), supervisor_scan (output.log and /proc I/O counters), supervisor_retention ("Retention") and
-supervisor_steps (the detached supervisor that runs the steps). Their imports of each other end in "# bundled":
+supervisor_steps (the detached supervisor that runs the steps) and supervisor_container (a step's
+container). Their imports of each other end in "# bundled":
 `scheduler/runs.py` `supervisor_source()` sends them as one script, each module's source in dependency order
 and this file last, without those lines (`scheduler/bundle.py`).
 """
@@ -112,6 +117,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional  # noqa: F401  (used in type comments: this file runs on Python 3.8)
 
+from ftconsole.scheduler.supervisor_container import container_remove  # bundled
 from ftconsole.scheduler.supervisor_files import (  # bundled
     CLAIM,
     STATUS,
@@ -344,6 +350,8 @@ def _kill(status_path, status, seen):
     for pid in victims:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
+    if status.get("container"):
+        container_remove(status["container"])  # its client is killed: the container itself would run on
     deadline = time.time() + 2
     left = victims
     while left and time.time() < deadline:
@@ -356,7 +364,7 @@ def _kill(status_path, status, seen):
         end = dict(status, ended=time.time(), signal="SIGKILL", exit_code=None, error=how)
         end["state"] = "lost" if seen["state"] == "orphaned" else "exited"
         _write_json(status_path, end)
-    return {"signalled": bool(victims), "alive": bool(left)}
+    return {"signalled": bool(victims) or bool(status.get("container")), "alive": bool(left)}
 
 
 # -- reading a run's files -------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ standard library and the other bundled modules (lines marked "# bundled", droppe
 import os
 from typing import Dict, List  # noqa: F401  (used in type comments: this file runs on Python 3.8)
 
+from ftconsole.scheduler.supervisor_container import container_running  # bundled
 from ftconsole.scheduler.supervisor_files import _read_json  # bundled
 
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
@@ -126,6 +127,8 @@ def _observe(status, path):
     left = _group(status.get("pgid"), status.get("pid_start"), boot)
     if left:
         return dict(status, state="orphaned", orphans=left, error="its supervisor died; its processes still run")
+    if status.get("container") and container_running(status["container"]):
+        return dict(status, state="orphaned", orphans=[], error="its supervisor died; its container still runs")
     return dict(status, state="lost", error="its supervisor died without recording an end")
 
 

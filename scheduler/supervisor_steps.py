@@ -15,6 +15,15 @@ import sys
 import time
 from typing import Any, Dict, Optional, Tuple  # noqa: F401  (used in type comments: this file runs on Python 3.8)
 
+from ftconsole.scheduler.supervisor_container import (  # bundled
+    container_argv,
+    container_gpu_env,
+    container_mount_problem,
+    container_remove,
+    image_present,
+    image_pull_argv,
+    image_pulled,
+)
 from ftconsole.scheduler.supervisor_files import STATUS, _expand, _read_json, _tilde, _write_json  # bundled
 from ftconsole.scheduler.supervisor_liveness import start_time  # bundled
 from ftconsole.scheduler.supervisor_scan import _last_line  # bundled
@@ -24,6 +33,34 @@ def _child_env(step):
     env = dict(os.environ)
     env.update({str(k): _tilde(str(v)) for k, v in (step.get("env") or {}).items()})
     return env
+
+
+def _container(step):
+    """The step's container (see supervisor_container.py) with ~ expanded in its paths, or None."""
+    container = step.get("container")
+    if container is None:
+        return None
+    mounts = [dict(m, **{"from": _expand(m["from"])}) for m in container.get("mounts") or []]
+    return dict(container, mounts=mounts, shares=[_expand(p) for p in container.get("shares") or []])
+
+
+def _in_container(step, container, argv, env, workdir, run_dir, log):
+    """The argv that runs the step (a pull, or the command in its container), or (None, error) or (0, None)
+    when there is nothing to run: the image is there already."""
+    problem = container_mount_problem(container, run_dir)
+    if problem is not None:
+        return None, problem
+    if step["kind"] == "pull":
+        if image_present(container):
+            log.write(("ftconsole: image %s is on this node: not pulled\n" % container["image"]).encode())
+            return 0, None
+        pull = image_pull_argv(container)
+        if pull is None:
+            return None, "image %s is not on this node" % container["image"]
+        return pull, None
+    env["CUDA_VISIBLE_DEVICES"] = container_gpu_env(container)
+    names = step.get("env") or {}
+    return container_argv(container, argv, names, workdir, os.getuid(), os.getgid()), None
 
 
 def _steps(params):
@@ -58,7 +95,7 @@ def _supervise(run_dir, params):
     else:
         notice = None
     steps = _steps(params)
-    state = {"child": None, "kind": None, "stopping": False, "killed": False}  # type: Dict[str, Any]
+    state = {"child": None, "kind": None, "container": None, "stopping": False, "killed": False}  # type: Dict[str, Any]
 
     def signal_child(sig):
         child = state["child"]
@@ -80,6 +117,8 @@ def _supervise(run_dir, params):
     def on_grace_over(signum, frame):
         state["killed"] = True
         signal_child(signal.SIGKILL)
+        if state["container"] is not None:
+            container_remove(state["container"])  # the client is gone: its container would run on
 
     def run(step):
         """(returncode, None) once the step ended, or (None, error) when it could not start."""
@@ -87,11 +126,22 @@ def _supervise(run_dir, params):
         argv = [_tilde(a) for a in step["argv"]]
         if step["kind"] == "data" and sys.executable:
             argv[0] = sys.executable  # the interpreter the scheduler runs node-side programs with (ssh.python)
+        env = _child_env(step)
+        container = _container(step)
+        if container is not None:
+            argv, error = _in_container(step, container, argv, env, workdir, run_dir, log)
+            if not isinstance(argv, list):
+                if error is not None:
+                    log.write(("ftconsole: %s\n" % error).encode())
+                return argv, error
+            if step["kind"] != "pull":
+                state["container"] = container
+                status["container"] = {k: container[k] for k in ("runtime", "path", "name")}
         try:
             child = subprocess.Popen(
                 argv,
                 cwd=workdir,
-                env=_child_env(step),
+                env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -114,6 +164,11 @@ def _supervise(run_dir, params):
         # the process group may outlive its leader: finish it off so nothing of the step is left behind
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(child.pid, signal.SIGKILL)
+        if state["container"] is not None:
+            container_remove(state["container"])  # --rm's own removal may not have happened (a kill)
+            state["container"] = None
+        elif container is not None and code == 0:
+            image_pulled(container)
         return code, None
 
     signal.signal(signal.SIGTERM, on_stop)
@@ -135,13 +190,13 @@ def _supervise(run_dir, params):
             log.write(_header(step).encode())
         mark = log.tell()
         code, error = run(step)
-        if code and step["kind"] in ("data", "before"):  # a step that stops the run first: which, its last words
+        if code and step["kind"] in ("data", "pull", "before"):  # a step that stops the run first: its last words
             error = "%s %s: %s" % (_label(step), _how(code), _last_line(log_path, mark) or "no output")
         if code and len(steps) > 1:
             log.write(("ftconsole: %s %s\n" % (_label(step), _how(code))).encode())
         if step["kind"] == "after":
             continue  # its failure is logged, it does not change the run's outcome
-        if step["kind"] not in ("data", "before") or code != 0:
+        if step["kind"] not in ("data", "pull", "before") or code != 0:
             outcome = (code, error)
         failed = code != 0
     log.close()
