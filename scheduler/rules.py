@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from ftconsole.scheduler import dataprep, placement
 from ftconsole.scheduler.api import Caller
 from ftconsole.scheduler.config import format_duration
+from ftconsole.scheduler.containers import run_root_problem
 from ftconsole.scheduler.errors import PermissionDenied, UsageError
 from ftconsole.scheduler.jobs import Job, JobStatus
 from ftconsole.scheduler.jobspec import Access, JobSpec
@@ -63,6 +64,9 @@ class Rules:
                 "(debug.max_hold is 0); leave it out, the run folders are kept all the same"
             )
         dataprep.check_admissible(spec, self.config.data_prep, run_root=self.settings.run_root, user=caller.user)
+        over = run_root_problem(spec.mounts or (), self.settings.run_root)
+        if over is not None:
+            raise UsageError(f"job {spec.name}: {over}")
 
     def _hang_window_seen(self, spec: JobSpec) -> None:
         """A hang window the job asks for under 3 probe intervals would never flag anything: the GPU utilisation is

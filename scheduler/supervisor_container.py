@@ -6,12 +6,14 @@ A step of a job with `image` carries "container" (see `scheduler/containers.py`,
      "gpu_via": "cdi"|"gpus"|"nvidia-runtime"|"hook"|"nv"|None, "mounts": [{"from", "to", "readonly"}],
      "shares": [path...], "ulimits": {name: "soft:hard"}}
 
-`run_argv` turns the step's argv into the runtime's (``podman run ... IMAGE ARGV``, ``apptainer exec ...``):
-the host network and IPC, the rank's GPUs only, the job's env by name (``-e NAME``: the value is read from
+`container_argv` turns the step's argv into the runtime's (``podman run ... IMAGE ARGV``, ``apptainer exec ...``):
+an init process (the program as PID 1 would ignore a stop's SIGTERM, which the client passes on), the host
+network and IPC, the rank's GPUs only, the job's env by name (``-e NAME``: the value is read from
 the client's environment, so no value shows in ``ps``), the mounts, and `shares` (the workdir, output,
 checkpoint and run folders, the data sets) at the same paths unless a mount already covers them. A "pull" step
-(`pull_argv`) brings the image unless `present` finds it. `remove` is what the supervisor runs once a container
-step is over, or on a SIGKILL after the grace period: the container is removed whatever state it is in.
+(`image_pull_argv`) brings the image unless `image_present` finds it. `container_remove` is what the
+supervisor runs once a container step is over, or on a SIGKILL after the grace period: the container is removed
+whatever state it is in, at once.
 
 Bundled into the supervisor script (`scheduler/bundle.py`).
 """
@@ -83,7 +85,8 @@ def container_argv(container, argv, env_names, workdir, uid, gid):
 
 def _oci_argv(container, argv, env_names, workdir, uid, gid):
     rt = container["runtime"]
-    out = [container["path"], "run", "--rm", "--pull", "never", "--name", container["name"]]
+    # --init: the program is not PID 1, which would ignore the SIGTERM of a stop (catatonit, docker-init)
+    out = [container["path"], "run", "--rm", "--init", "--pull", "never", "--name", container["name"]]
     out += ["--network", "host", "--ipc", "host", "--workdir", workdir]
     if rt == "podman":
         if uid != 0:
@@ -151,7 +154,8 @@ def image_pulled(container):
 def container_remove(container):
     """Remove the container, running or not (podman, docker); apptainer keeps none."""
     if container.get("runtime") in ("podman", "docker") and container.get("name"):
-        _runtime_call([container["path"], "rm", "--force", container["name"]])
+        now = ["--time", "0"] if container["runtime"] == "podman" else []  # docker's --force kills at once
+        _runtime_call([container["path"], "rm", "--force", *now, container["name"]])
 
 
 def container_running(container):
