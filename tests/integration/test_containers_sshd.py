@@ -22,7 +22,11 @@ from typing import Any
 import pytest
 
 from ftconsole.scheduler.api import ApiClient
+from ftconsole.scheduler.config import load_config
+from ftconsole.scheduler.containers import ContainerSettings, Mount, RuntimeChoice, container_step
 from ftconsole.scheduler.errors import NotRunning
+from ftconsole.scheduler.runs import RunStatus, Step, StepKind, node_runs, start_run, stop_runs
+from ftconsole.scheduler.ssh import SSHPool
 from tests.integration.test_scheduler_sshd import finished, job, log_of, poll, running, until, write_config
 from tests.podman_lab import PodmanLab, podman_lab_fixture  # noqa: F401  (the fixture)
 from tests.sshd_cluster import SshdCluster
@@ -235,3 +239,46 @@ def _marked(mark: str) -> list[int]:
         if needle in environ and cmd[:2] == [b"sleep", b"300"]:
             out.append(int(pid))
     return out
+
+
+# -- the supervisor dies: the container is found by its name ---------------------------------------------------
+
+
+async def test_a_container_whose_supervisor_and_client_died_reads_orphaned_and_a_stop_removes_it(
+    sshd_cluster, podman_lab, tmp_path
+) -> None:
+    lab: PodmanLab = podman_lab
+    cluster: SshdCluster = sshd_cluster(1, gpus=1)
+    python = str(lab.python_wrapper(tmp_path))
+    loaded = load_config(cluster.write_config(tmp_path / "cluster.yaml", ssh={"python": python}))
+    node = loaded.cluster.node_list()[0]
+    pool = SSHPool.from_config(loaded)
+    name = f"ft-orphan{os.getpid()}-r0"
+    container = container_step(
+        RuntimeChoice("podman", "/usr/bin/podman", "cdi"), image=lab.image, name=name, gpus=[0],
+        mounts=[Mount.model_validate(m) for m in lab.host_mounts], shares=[],
+        settings=ContainerSettings(ulimits=lab.ulimits),
+    )  # fmt: skip
+    step = Step(StepKind.COMMAND, "command", ("sleep", "300"), {}, container=container)
+    run_dir = "~/.ftconsole/runs/o1/1/0"
+    try:
+        await start_run(pool, node, run_dir=run_dir, argv=["sleep", "300"], env={}, workdir="/tmp", steps=[step],
+                        token="tok1", python=python)  # fmt: skip
+
+        async def state() -> RunStatus:
+            return {r.job: r.status for r in await node_runs(pool, node, python=python)}["o1"]
+
+        running = await poll(state, lambda s: s.state == "running" and lab.containers(name) == [name], "the container")
+        os.kill(running.supervisor_pid, signal.SIGKILL)  # the supervisor, then the podman client (the step's group)
+        os.killpg(running.pid, signal.SIGKILL)
+        orphaned = await poll(state, lambda s: s.state == "orphaned", "the orphaned state")
+        assert orphaned.error == "its supervisor died; its container still runs"
+        assert lab.containers(name) == [name]
+        (answer,) = await stop_runs(pool, node, [run_dir], tokens={run_dir: "tok1"}, python=python)
+        assert answer["signalled"] and not answer["alive"]
+        assert lab.containers(name) == []  # podman rm --force --time 0: removed by the time the stop answers
+        lost = await poll(state, lambda s: s.finished, "the lost state")
+        assert lost.state == "lost"
+    finally:
+        lab.podman("rm", "--force", "--time", "0", name, check=False)
+        await pool.close()
