@@ -323,9 +323,10 @@ def cmd_cluster(args: argparse.Namespace) -> int:
                 n["driver_version"] or "-",
                 f"{n['gpus_used']}/{n['gpus_total']} {(n['gpu_model'] or '').replace('NVIDIA ', '')}".strip(),
                 ",".join(map(str, holders)) or "-",
+                n.get("image_runtime") or "-",
             ]
         )
-    print_table(["NODE", "STATE", "POOL", "OS", "KERNEL", "CPUS", "MEM", "DRIVER", "GPUS USED", "JOBS"], rows)
+    print_table(["NODE", "STATE", "POOL", "OS", "KERNEL", "CPUS", "MEM", "DRIVER", "GPUS USED", "JOBS", "IMAGES"], rows)
     print()
     print_table(
         ["SPEC", "SHAPE", "NODES", "FREE NODES", "FREE GPUS", "STATE"],

@@ -3,7 +3,8 @@
 Pure: node views (as `ClusterService.nodes` gives them), the runs holding GPUs and the queued jobs in, one
 JSON-ready document out.
 
-- nodes: OS and kernel, CPUs, memory, driver, GPUs used/total, and which job holds each GPU;
+- nodes: OS and kernel, CPUs, memory, driver, GPUs used/total, which job holds each GPU, and the container
+  runtime that runs jobs with an image there (`image_runtime`, as "podman (cdi)");
 - specs: per named spec of the config (and per GPU model present), how many usable nodes could take one more
   job of that shape now: `idle` when at least one, else `tight`;
 - demand: GPUs asked for by queued jobs, per GPU model (`any` when the job does not name one).
@@ -16,6 +17,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ftconsole.scheduler.config import ClusterConfig
+from ftconsole.scheduler.containers import pick_runtime
 from ftconsole.scheduler.errors import FtError
 from ftconsole.scheduler.jobs import Job, Run
 from ftconsole.scheduler.requests import candidates, node_slot
@@ -41,9 +43,11 @@ def cluster_view(
     degraded_ok = {name for name, pool in config.pools.items() if pool.schedule_degraded}
     nodes, free = [], {}
     for view in views:
-        slot = node_slot(view)
+        wanted = config.runtime_for(view["pool"])
+        slot = node_slot(view, wanted)
         held_here = holders.get(view["name"], {})
         facts = view.get("facts") or {}
+        runtime = pick_runtime(facts.get("runtimes") or (), wanted)
         usable = slot.state_ok or (slot.degraded and slot.pool in degraded_ok)
         free[view["name"]] = (slot, slot.gpus_total - len(held_here) if usable else 0)
         nodes.append(
@@ -60,6 +64,8 @@ def cluster_view(
                 "gpu_model": slot.gpu_model or None,
                 "gpus_total": slot.gpus_total,
                 "gpus_used": len(held_here),
+                # the runtime that runs jobs with an image here, and how it gives GPUs (None: no image job here)
+                "image_runtime": None if runtime is None else f"{runtime.runtime} ({runtime.gpu_via})",
                 "gpus": [
                     _gpu(g.get("index", i), held_here, debug_until.get(view["name"], {}))
                     for i, g in enumerate(view.get("gpus") or [])

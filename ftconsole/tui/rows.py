@@ -471,6 +471,7 @@ CLUSTER_NODE_COLUMNS = (
     Column("model", "GPU"),
     Column("used", "USED/TOTAL"),
     Column("holders", "JOBS ON GPUS"),
+    Column("images", "IMAGES"),
 )
 
 
@@ -491,6 +492,7 @@ def cluster_node_cells(node: Mapping[str, Any]) -> Row:
         str(node.get("gpu_model") or "-").replace("NVIDIA ", ""),
         f"{node.get('gpus_used', 0)}/{node.get('gpus_total', 0)}",
         holders,
+        str(node.get("image_runtime") or "-"),
     )
 
 

@@ -129,7 +129,7 @@ def test_the_console_marks_gpus_held_for_debugging() -> None:
     cells = rows.node_cells(node, ENDED)
     assert "2/2" in cells and "7:debug,8" in cells
     cluster_node = {"name": "n1", "state": "healthy", "gpus": [{"index": 0, "job": 7, "held_for_debug_until": ENDED}]}
-    assert rows.cluster_node_cells(cluster_node)[-1] == "0:7(debug)"
+    assert rows.cluster_node_cells(cluster_node)[-2] == "0:7(debug)"
 
 
 def test_config_check_says_what_hang_detection_can_see() -> None:
