@@ -88,6 +88,8 @@ def _oci_argv(container, argv, env_names, workdir, uid, gid):
     # --init: the program is not PID 1, which would ignore the SIGTERM of a stop (catatonit, docker-init)
     out = [container["path"], "run", "--rm", "--init", "--pull", "never", "--name", container["name"]]
     out += ["--network", "host", "--ipc", "host", "--workdir", workdir]
+    if container.get("cidfile"):
+        out += ["--cidfile", container["cidfile"]]  # its id: how the hang detector finds its processes
     if rt == "podman":
         if uid != 0:
             out += ["--userns", "keep-id"]  # rootless: the job's user inside is the user outside
@@ -179,3 +181,25 @@ def _runtime_call(argv):
         ).returncode
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+def container_pids(cidfile):
+    """The processes of the container whose id the runtime wrote to `cidfile` (its cgroup names the id), for
+    the hang detector's I/O counters: they are not in the step's process group, which holds the client."""
+    try:
+        with open(cidfile) as fh:
+            cid = fh.read().strip()
+    except OSError:
+        return []
+    if len(cid) < 12 or not all(c in "0123456789abcdef" for c in cid):
+        return []
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open("/proc/%s/cgroup" % entry) as fh:
+                    if cid in fh.read():
+                        out.append(int(entry))
+            except OSError:
+                continue
+    return out

@@ -11,6 +11,7 @@ import os
 import signal
 from typing import Any, Dict  # noqa: F401  (used in type comments: this file runs on Python 3.8)
 
+from ftconsole.scheduler.supervisor_container import container_pids  # bundled
 from ftconsole.scheduler.supervisor_liveness import _stat  # bundled
 
 IO_FIELDS = ("rchar", "wchar", "read_bytes", "write_bytes")
@@ -96,14 +97,19 @@ def _io(pids):
 
 
 def _with_io(status, groups):
-    """A running run's status with `io`: the I/O counters of its step's process group (see `_io`)."""
+    """A running run's status with `io`: the I/O counters of its step's process group (see `_io`), and of its
+    container's processes when the step runs in one."""
     pgid = status.get("pgid")
     if status.get("state") != "running" or not pgid or pgid not in groups:
         return status
     leader = _stat(pgid)
     if leader is not None and leader[2] != status.get("pid_start"):
         return status  # the pgid is another group's now
-    io = _io(groups[pgid])
+    pids = groups[pgid]
+    container = status.get("container") or {}
+    if container.get("cidfile"):
+        pids = pids + container_pids(container["cidfile"])  # the client's group holds only the client
+    io = _io(pids)
     return status if io is None else dict(status, io=io)
 
 

@@ -58,6 +58,10 @@ def _in_container(step, container, argv, env, workdir, run_dir, log):
         if pull is None:
             return None, "image %s is not on this node" % container["image"]
         return pull, None
+    if container["runtime"] != "apptainer":
+        container["cidfile"] = os.path.join(run_dir, container["name"] + ".cid")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(container["cidfile"])  # the runtime refuses to write over one
     env["CUDA_VISIBLE_DEVICES"] = container_gpu_env(container)
     names = step.get("env") or {}
     return container_argv(container, argv, names, workdir, os.getuid(), os.getgid()), None
@@ -136,7 +140,7 @@ def _supervise(run_dir, params):
                 return argv, error
             if step["kind"] != "pull":
                 state["container"] = container
-                status["container"] = {k: container[k] for k in ("runtime", "path", "name")}
+                status["container"] = {k: container.get(k) for k in ("runtime", "path", "name", "cidfile")}
         try:
             child = subprocess.Popen(
                 argv,

@@ -25,7 +25,7 @@ from ftconsole.scheduler.api import ApiClient
 from ftconsole.scheduler.config import load_config
 from ftconsole.scheduler.containers import ContainerSettings, Mount, RuntimeChoice, container_step
 from ftconsole.scheduler.errors import NotRunning
-from ftconsole.scheduler.runs import RunStatus, Step, StepKind, node_runs, start_run, stop_runs
+from ftconsole.scheduler.runs import RunStatus, Step, StepKind, node_runs, run_states, start_run, stop_runs
 from ftconsole.scheduler.ssh import SSHPool
 from tests.integration.test_scheduler_sshd import finished, job, log_of, poll, running, until, write_config
 from tests.podman_lab import PodmanLab, podman_lab_fixture  # noqa: F401  (the fixture)
@@ -279,6 +279,42 @@ async def test_a_container_whose_supervisor_and_client_died_reads_orphaned_and_a
         assert lab.containers(name) == []  # podman rm --force --time 0: removed by the time the stop answers
         lost = await poll(state, lambda s: s.finished, "the lost state")
         assert lost.state == "lost"
+    finally:
+        lab.podman("rm", "--force", "--time", "0", name, check=False)
+        await pool.close()
+
+
+async def test_the_hang_detectors_io_counts_the_containers_processes(sshd_cluster, podman_lab, tmp_path) -> None:
+    """The step's process group holds only podman's client: the I/O of the program in the container is read
+    from its own processes (found by the container id the runtime writes), so a silent rank that reads and
+    writes is not taken for hung."""
+    lab: PodmanLab = podman_lab
+    cluster: SshdCluster = sshd_cluster(1, gpus=1)
+    python = str(lab.python_wrapper(tmp_path))
+    loaded = load_config(cluster.write_config(tmp_path / "cluster.yaml", ssh={"python": python}))
+    node = loaded.cluster.node_list()[0]
+    pool = SSHPool.from_config(loaded)
+    name = f"ft-io{os.getpid()}-r0"
+    container = container_step(
+        RuntimeChoice("podman", "/usr/bin/podman", "cdi"), image=lab.image, name=name, gpus=[0],
+        mounts=[Mount.model_validate(m) for m in lab.host_mounts], shares=[],
+        settings=ContainerSettings(ulimits=lab.ulimits),
+    )  # fmt: skip
+    busy = ("sh", "-c", "while :; do head -c 1000000 /dev/zero > /tmp/busy; sleep 0.1; done")  # silent, busy
+    run_dir = "~/.ftconsole/runs/io1/1/0"
+    try:
+        step = Step(StepKind.COMMAND, "command", busy, {}, container=container)
+        await start_run(pool, node, run_dir=run_dir, argv=list(busy), env={}, workdir="/tmp", steps=[step],
+                        python=python)  # fmt: skip
+
+        async def status() -> RunStatus:
+            return (await run_states(pool, node, [run_dir], python=python))[run_dir]
+
+        first = await poll(status, lambda s: s.state == "running" and s.io is not None, "the first I/O count")
+        await asyncio.sleep(1.0)
+        later = await status()
+        assert later.io is not None and first.io is not None
+        assert later.io - first.io > 2_000_000, (first.io, later.io)  # megabytes a second, none of them printed
     finally:
         lab.podman("rm", "--force", "--time", "0", name, check=False)
         await pool.close()
