@@ -20,6 +20,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from ftconsole.scheduler import nodecache
 from ftconsole.scheduler.bundle import bundle
 from ftconsole.scheduler.config import Node
 from ftconsole.scheduler.errors import FtError
@@ -60,6 +61,8 @@ class CannotSwitch(SupervisorError):
 
 # nodes (name, host) whose SSH account switches users through sudo: asked once, then sent through sudo directly
 _THROUGH_SUDO: set[tuple[str, str]] = set()
+# (node, host, python, user, sudo) that keep this supervisor's source (scheduler.nodecache): sent only the loader
+_STORED: set[tuple[str, str, str, str, bool]] = set()
 
 
 class StepKind(StrEnum):
@@ -246,8 +249,17 @@ async def _answer(
     argv = [python, "-"]
     if sudo:
         argv = ["sudo", "-n", "-H", "-u", str(params["user"]), "--", *argv]
-    result = await transport.run(node, argv, input=supervisor_script(params), timeout=timeout)
-    line = next((ln for ln in reversed(result.stdout.splitlines()) if ln.startswith("{")), None)
+    key = (node.name, node.host, python, str(params.get("user")), sudo)
+    cached = key in _STORED
+    script = nodecache.script("supervisor", supervisor_source(), params, cached=cached)
+    result = await transport.run(node, argv, input=script, timeout=timeout)
+    lines = result.stdout.splitlines()
+    if cached and nodecache.MISSING in lines:  # removed on the node (or another version there): send it whole
+        _STORED.discard(key)
+        return await _answer(transport, node, python, params, timeout, sudo=sudo, account=account)
+    if not cached and nodecache.STORED in lines:
+        _STORED.add(key)
+    line = next((ln for ln in reversed(lines) if ln.startswith("{") and ln != nodecache.STORED), None)
     if line is None:
         if sudo:
             _sudo_failed(node, account, str(params["user"]), python, result.stderr)
