@@ -20,20 +20,19 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import posixpath
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Coroutine, Hashable, Sequence
 from typing import Any
 
 from ftconsole.scheduler import debugenv
-from ftconsole.scheduler.config import DataPrepSettings, Node
+from ftconsole.scheduler.config import Node
 from ftconsole.scheduler.containers import pick_runtime, why_not
 from ftconsole.scheduler.errors import FtError, SSHError
 from ftconsole.scheduler.failpoints import afailpoint
-from ftconsole.scheduler.jobplan import Images, JobLaunch, plan_job
+from ftconsole.scheduler.jobplan import Images, JobLaunch, plan_attempt
 from ftconsole.scheduler.jobs import Attempt, Condition, Job, Run
 from ftconsole.scheduler.jobtx import Conflict
-from ftconsole.scheduler.launcher import LaunchInput, NodeAssignment, RankLaunch
+from ftconsole.scheduler.launcher import RankLaunch
 from ftconsole.scheduler.reconcile import READ_STATES, Actions, Launch, Read, Stop
 from ftconsole.scheduler.runs import (
     CannotSwitch,
@@ -530,53 +529,6 @@ class Executor:
 
 class ImageError(Exception):
     """A node of an attempt cannot run the job's image (its runtime changed since placement)."""
-
-
-def plan_attempt(
-    job: Job,
-    attempt: Attempt,
-    runs: Sequence[Run],
-    *,
-    nodes: dict[str, Node],
-    run_root: str,
-    data_prep: DataPrepSettings | None = None,
-    images: Images | None = None,
-) -> JobLaunch:
-    """What each rank of an attempt runs (pure: `plan_job` with the attempt's nodes, port and run folders, under
-    the run root of the job's owner; `data_prep`: the cluster's roots and retention, for a job's data step)."""
-    ordered = sorted(runs, key=lambda r: r.rank)
-    spec = job.spec
-    base = LaunchInput(
-        job_id=str(job.id),
-        attempt=attempt.number,
-        mode=spec.mode.value,
-        argv=(),
-        env=dict(spec.env),
-        workdir=spec.workdir,
-        nodes=tuple(NodeAssignment(r.node, nodes[r.node].host, r.gpus) for r in ordered),
-        master_port=attempt.master_port,
-        run_root=user_root(run_root, job.owner),
-        ps_count=spec.ps_count or 0,
-        hydra_iface=spec.launcher.hydra_iface if spec.launcher else None,
-        torchrun_max_restarts=spec.launcher.torchrun_max_restarts if spec.launcher else None,
-        torchrun_monitor_interval=spec.launcher.torchrun_monitor_interval if spec.launcher else None,
-        output_dir=spec.output,
-        checkpoint_dir=checkpoint_dir(job, run_root),
-    )
-    return plan_job(spec, base, data_prep=data_prep, images=images)
-
-
-def checkpoint_dir(job: Job, run_root: str) -> str:
-    """FT_CHECKPOINT_DIR: the same in every attempt of a job. `checkpoint_resume.dir`, else `<output>/checkpoints`
-    (shared storage, where the job names one), else `~/.ftconsole/checkpoints/<cluster id>/<job>` in the home
-    of the job's user on each node (run folders are per attempt and pruned; this folder is not). `run_root`
-    ends with the cluster id (`Executor.run_root`)."""
-    resume = job.spec.fault_tolerance.checkpoint_resume
-    if resume is not None and resume.dir is not None:
-        return resume.dir
-    if job.spec.output is not None:
-        return posixpath.join(job.spec.output, "checkpoints")
-    return f"~/.ftconsole/checkpoints/{posixpath.basename(run_root.rstrip('/'))}/{job.id}"
 
 
 def _rank(run: Run) -> int:

@@ -1,18 +1,30 @@
-"""What each rank of a job runs, in order: its command, or a batch job's tasks, between the hooks (pure)."""
+"""What each rank of a job runs, in order: its command, or a batch job's tasks, between the hooks (pure).
+
+`plan_attempt` plans one attempt of a stored job on its nodes; `plan_job` is the spec's part of it."""
 
 from __future__ import annotations
 
 import dataclasses
+import posixpath
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ftconsole.scheduler.config import DataPrepSettings
+from ftconsole.scheduler.config import DataPrepSettings, Node
 from ftconsole.scheduler.containers import ContainerSettings, RuntimeChoice, container_name, container_step
 from ftconsole.scheduler.dataprep import DATA_STEP, copy_source, node_params
+from ftconsole.scheduler.jobs import Attempt, Job, Run
 from ftconsole.scheduler.jobspec import Hooks, JobSpec, Task
-from ftconsole.scheduler.launcher import LaunchError, LaunchInput, LaunchPlan, RankLaunch, TaskRef, plan_launch
-from ftconsole.scheduler.runs import Step, StepKind
+from ftconsole.scheduler.launcher import (
+    LaunchError,
+    LaunchInput,
+    LaunchPlan,
+    NodeAssignment,
+    RankLaunch,
+    TaskRef,
+    plan_launch,
+)
+from ftconsole.scheduler.runs import Step, StepKind, user_root
 
 PULL_STEP = "pull image"
 
@@ -141,3 +153,50 @@ def _hook(base: LaunchInput, kind: StepKind, text: str | None) -> tuple[Step, ..
 def _first_env(base: LaunchInput) -> dict[str, str]:
     """Rank 0's env outside its command (hooks, the SSH check): FT_OUTPUT_DIR the job's output folder."""
     return plan_launch(dataclasses.replace(base, argv=("sh",))).ranks[0].env
+
+
+def plan_attempt(
+    job: Job,
+    attempt: Attempt,
+    runs: Sequence[Run],
+    *,
+    nodes: dict[str, Node],
+    run_root: str,
+    data_prep: DataPrepSettings | None = None,
+    images: Images | None = None,
+) -> JobLaunch:
+    """What each rank of an attempt runs (pure: `plan_job` with the attempt's nodes, port and run folders, under
+    the run root of the job's owner; `data_prep`: the cluster's roots and retention, for a job's data step)."""
+    ordered = sorted(runs, key=lambda r: r.rank)
+    spec = job.spec
+    base = LaunchInput(
+        job_id=str(job.id),
+        attempt=attempt.number,
+        mode=spec.mode.value,
+        argv=(),
+        env=dict(spec.env),
+        workdir=spec.workdir,
+        nodes=tuple(NodeAssignment(r.node, nodes[r.node].host, r.gpus) for r in ordered),
+        master_port=attempt.master_port,
+        run_root=user_root(run_root, job.owner),
+        ps_count=spec.ps_count or 0,
+        hydra_iface=spec.launcher.hydra_iface if spec.launcher else None,
+        torchrun_max_restarts=spec.launcher.torchrun_max_restarts if spec.launcher else None,
+        torchrun_monitor_interval=spec.launcher.torchrun_monitor_interval if spec.launcher else None,
+        output_dir=spec.output,
+        checkpoint_dir=checkpoint_dir(job, run_root),
+    )
+    return plan_job(spec, base, data_prep=data_prep, images=images)
+
+
+def checkpoint_dir(job: Job, run_root: str) -> str:
+    """FT_CHECKPOINT_DIR: the same in every attempt of a job. `checkpoint_resume.dir`, else `<output>/checkpoints`
+    (shared storage, where the job names one), else `~/.ftconsole/checkpoints/<cluster id>/<job>` in the home
+    of the job's user on each node (run folders are per attempt and pruned; this folder is not). `run_root`
+    ends with the cluster id (`Executor.run_root`)."""
+    resume = job.spec.fault_tolerance.checkpoint_resume
+    if resume is not None and resume.dir is not None:
+        return resume.dir
+    if job.spec.output is not None:
+        return posixpath.join(job.spec.output, "checkpoints")
+    return f"~/.ftconsole/checkpoints/{posixpath.basename(run_root.rstrip('/'))}/{job.id}"

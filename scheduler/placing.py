@@ -18,8 +18,8 @@ from typing import Any
 
 from ftconsole.scheduler import debugenv, elastic, placement
 from ftconsole.scheduler.errors import FtError, SSHError, StoreError
-from ftconsole.scheduler.executor import plan_attempt
 from ftconsole.scheduler.failpoints import afailpoint
+from ftconsole.scheduler.jobplan import plan_attempt
 from ftconsole.scheduler.jobs import Attempt, Condition, Job, JobStatus, Run
 from ftconsole.scheduler.jobtx import Conflict
 from ftconsole.scheduler.requests import job_request, node_slot, urgent_scope

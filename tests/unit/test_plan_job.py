@@ -7,8 +7,7 @@ from typing import Any
 import pytest
 
 from ftconsole.scheduler.config import Node
-from ftconsole.scheduler.executor import plan_attempt
-from ftconsole.scheduler.jobplan import JobLaunch, plan_job
+from ftconsole.scheduler.jobplan import JobLaunch, plan_attempt, plan_job
 from ftconsole.scheduler.jobs import Attempt, Job, JobStatus, Run
 from ftconsole.scheduler.jobspec import JobSpec
 from ftconsole.scheduler.launcher import LaunchInput, NodeAssignment
