@@ -14,8 +14,8 @@ from pydantic import AfterValidator, Field
 
 from ftconsole.scheduler.command import check_command
 from ftconsole.scheduler.config import PositiveDuration
-from ftconsole.scheduler.launcher import wraps_in_torchrun
 from ftconsole.scheduler.specbase import Loc, Strict, given, mapping
+from ftconsole.scheduler.torchwrap import wraps_in_torchrun
 
 _IFACE = re.compile(r"[A-Za-z0-9_.:-]{1,15}")
 
