@@ -18,7 +18,6 @@ import contextlib
 import time
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 from typing import Any, ClassVar
 
 from textual import on, work
@@ -31,19 +30,17 @@ from textual.worker import Worker, WorkerCancelled, WorkerFailed, WorkerState
 
 from ftconsole.scheduler.api import ApiClient
 from ftconsole.scheduler.client import LocalClient, SocketClient, this_process
-from ftconsole.scheduler.config import LoadedConfig, parse_duration
+from ftconsole.scheduler.config import LoadedConfig
 from ftconsole.scheduler.daemon import Operations, serve
 from ftconsole.scheduler.errors import AlreadyRunning, FtError, NotRunning
-from ftconsole.scheduler.shell import ShellTarget, is_job_id, job_shell, node_shell
 from ftconsole.tui import rows as R
+from ftconsole.tui.actions import Actions
 from ftconsole.tui.detail import JobScreen, NodeScreen
-from ftconsole.tui.dialogs import ChoiceDialog, ConfirmDialog, PromptDialog, SubmitDialog
 from ftconsole.tui.feed import Feed
 from ftconsole.tui.views import AlertsView, ClusterView, EventsView, JobsView, NodesView, View
 
 REFRESH_S = 1.0
 VIEWS = (("jobs", "1"), ("nodes", "2"), ("alerts", "3"), ("events", "4"), ("cluster", "5"))
-PRIORITIES = ("normal", "urgent", "very-urgent")
 
 # what each action changes (hidden under --readonly) and which kind of row it works on
 WRITES = frozenset(
@@ -107,7 +104,7 @@ class JumpProvider(Provider):
                 yield Hit(score, matcher.highlight(text), callback, help=help_)
 
 
-class ConsoleApp(App[int]):
+class ConsoleApp(Actions):
     TITLE = "ftconsole"
     COMMANDS = App.COMMANDS | {JumpProvider}
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -412,245 +409,7 @@ class ConsoleApp(App[int]):
         await self.refresh_data()
         return result
 
-    # -- job actions ---------------------------------------------------------------------------------------
-
-    def action_stop(self) -> None:
-        ids = self._targets("job")
-        if ids:
-            self._confirmed(f"Stop {_plural(ids, 'job')}?", "Running ranks get SIGTERM, then SIGKILL.",
-                            lambda: self.act(f"stop requested for {_plural(ids, 'job')}", "stop",
-                                              jobs=[int(i) for i in ids]))  # fmt: skip
-
-    def action_delete(self) -> None:
-        ids = self._targets("job")
-        if ids:
-            self._confirmed(f"Delete {_plural(ids, 'job')}?", "Running ones are stopped first; gone from the queue.",
-                            lambda: self.act(f"deleted {_plural(ids, 'job')}", "delete",
-                                              jobs=[int(i) for i in ids]))  # fmt: skip
-
-    def action_clone(self) -> None:
-        if (job := self._one("job")) is not None:
-            self.act(f"cloned job {job}", "clone", job=int(job))
-
-    def action_priority(self) -> None:
-        ids = self._targets("job")
-        if not ids:
-            return
-        current = self.feed.jobs.get(int(ids[0]), {}).get("priority")
-
-        def chosen(level: str | None) -> None:
-            for job in ids if level else []:
-                self.act(f"job {job} is now {level}", "priority", job=int(job), level=level)
-
-        self.push_screen(ChoiceDialog(f"Priority of {_plural(ids, 'job')}", PRIORITIES, current), chosen)
-
-    def action_extend(self) -> None:
-        ids = self._targets("job")
-        if not ids:
-            return
-
-        def check(value: str) -> str | None:
-            try:
-                parse_duration(value)
-            except (ValueError, FtError) as exc:
-                return str(exc)
-            return None
-
-        def given(value: str | None) -> None:
-            for job in ids if value else []:
-                self.act(f"job {job} extended by {value}", "extend", job=int(job), duration=value)
-
-        self.push_screen(
-            PromptDialog(
-                f"Extend the max runtime of {_plural(ids, 'job')} by", placeholder="e.g. 2h, 30m", check=check
-            ),
-            given,
-        )
-
-    def action_scale(self) -> None:
-        """Resize elastic jobs: a running one's attempt is replaced by one of the new size (the `scale` op)."""
-        ids = self._targets("job")
-        if not ids:
-            return
-        ranges = {job: r for job in ids if (r := self._job(int(job)).get("elastic"))}
-        if not ranges:
-            what = f"job {ids[0]} is" if len(ids) == 1 else f"none of the {len(ids)} jobs is"
-            text = f"{what} not elastic (no fault_tolerance.elastic in its spec)"
-            self.notify(text, title="scale", severity="error", timeout=10)
-            return
-        elastic = list(ranges)
-        low = max(r["min_nodes"] for r in ranges.values())
-        high = min(r["max_nodes"] for r in ranges.values())
-        if low > high:
-            text = f"the elastic ranges of {_plural(elastic, 'job')} have no size in common: mark fewer"
-            self.notify(text, title="scale", severity="error", timeout=10)
-            return
-
-        def check(value: str) -> str | None:
-            if value.isdecimal() and low <= int(value) <= high:
-                return None
-            return f"a whole number of nodes from {low} to {high}"
-
-        def given(value: str | None) -> None:
-            if value is None:
-                return
-            for job in elastic:
-                self.act(f"job {job} scaling to {value} nodes", "scale", job=int(job), nodes=int(value))
-
-        now = f", now {self._job(int(elastic[0]))['nodes']}" if len(elastic) == 1 else ""
-        skipped = sorted(set(ids) - set(elastic), key=int)
-        notes = [
-            f"Not elastic, left as they are: job(s) {', '.join(skipped)}." if skipped else "",
-            "A running job restarts at the new size: SIGTERM first, to save a checkpoint.",
-        ]
-        self.push_screen(
-            PromptDialog(
-                f"Scale {_plural(elastic, 'job')} to how many nodes? ({low}-{high}{now})\n"
-                + "\n".join(filter(None, notes)),
-                placeholder=f"{low}-{high}",
-                check=check,
-            ),
-            given,
-        )
-
-    def action_logs(self) -> None:
-        if isinstance(self.screen, JobScreen):
-            self.screen.action_logs()
-        elif (job := self._one("job")) is not None and (screen := self.open_job(int(job))) is not None:
-            self.call_after_refresh(screen.action_logs)
-
-    def action_submit(self) -> None:
-        async def predict(spec: dict[str, Any]) -> dict[str, Any]:
-            return dict(await self.client.call("predict", spec=spec))
-
-        def chosen(spec: dict[str, Any] | None) -> None:
-            if spec is not None:
-                self.act(f"submitted {spec.get('name')}", "submit", spec=spec)
-
-        self.push_screen(SubmitDialog(predict, start=Path.cwd()), chosen)
-
-    # -- node actions --------------------------------------------------------------------------------------
-
-    def action_drain(self) -> None:
-        nodes = self._targets("node")
-        if not nodes:
-            return
-
-        def given(reason: str | None) -> None:
-            if reason:
-                self.act(f"drained {','.join(nodes)}: {reason}", "drain", nodeset=",".join(nodes), reason=reason)
-
-        self.push_screen(
-            PromptDialog(
-                f"Drain {','.join(nodes)}: no new work is placed there. Reason:",
-                placeholder="e.g. fan alarm, ticket #123",
-                check=lambda v: None if v else "a reason, so the next person on call knows why",
-            ),
-            given,
-        )
-
-    def action_resume(self) -> None:
-        if nodes := self._targets("node"):
-            self.act(f"resumed {','.join(nodes)}", "resume", nodeset=",".join(nodes))
-
-    def action_probe(self) -> None:
-        if nodes := self._targets("node"):
-            self.notify(f"probing {','.join(nodes)}…", timeout=2)
-            self.act(f"probed {','.join(nodes)}", "probe", nodeset=",".join(nodes))
-
-    def action_probe_all(self) -> None:
-        self.notify("probing every node…", timeout=2)
-        self.act("probed every node", "probe", nodeset=None)
-
-    # -- alert actions -------------------------------------------------------------------------------------
-
-    def action_ack(self) -> None:
-        if ids := self._targets("alert"):
-            self.act(f"acknowledged {_plural(ids, 'alert')}", "ack", alerts=[int(i) for i in ids])
-
-    def action_resolve(self) -> None:
-        ids = self._targets("alert")
-        if ids:
-            self._confirmed(f"Resolve {_plural(ids, 'alert')}?", "They leave the open list.",
-                            lambda: self.act(f"resolved {_plural(ids, 'alert')}", "resolve",
-                                              alerts=[int(i) for i in ids]))  # fmt: skip
-
-    # -- the debug terminal --------------------------------------------------------------------------------
-
-    def action_shell(self) -> None:
-        if isinstance(self.screen, JobScreen):
-            self.open_shell(str(self.screen.job_id), self.screen.rank, self.screen.focus_attempt)
-            return
-        if not isinstance(self.screen, NodeScreen) and self.view.kind == "alert":
-            if (key := self._one("alert")) is not None:
-                self._shell_on_alert(int(key))
-            return
-        kind = "node" if isinstance(self.screen, NodeScreen) or self.view.kind == "node" else "job"
-        if (target := self._one(kind)) is not None:
-            self.open_shell(target, None)
-
-    def _shell_on_alert(self, alert_id: int) -> None:
-        """A job alert: the rank and node its evidence names (rank 0 when it names none); a node alert: the node."""
-        alert = self.feed.alerts.get(alert_id)
-        if alert is not None and alert.get("job") is not None:
-            self.open_shell(str(alert["job"]), None, alert=alert)
-        elif alert is not None and alert.get("node"):
-            self.open_shell(str(alert["node"]), None)
-        else:
-            self.notify(
-                f"alert {alert_id} names no job and no node: no shell to open", title="shell", severity="warning"
-            )
-
-    @work(exclusive=True, group="terminal", exit_on_error=False)
-    async def open_shell(
-        self, target: str, rank: int | None, attempt: int | None = None, *, alert: dict[str, Any] | None = None
-    ) -> None:
-        """Suspend the app and run `ssh -t` into the node; the scheduler keeps running meanwhile."""
-        try:
-            shell = await self.shell_for(target, rank, attempt, alert=alert)
-        except FtError as exc:
-            self.notify(str(exc), title=f"shell: {exc.title}", severity="error", timeout=10)
-            return
-        code = await self.run_terminal(shell)
-        if code not in (0, 130):
-            self.notify(f"ssh to {shell.node} ended with exit code {code}", severity="warning")
-
-    async def shell_for(
-        self, target: str, rank: int | None, attempt: int | None = None, *, alert: dict[str, Any] | None = None
-    ) -> ShellTarget:
-        """The ssh argv for a job's rank (a job alert: the rank, and attempt, its evidence names) or a node."""
-        if not is_job_id(target):
-            return node_shell(self.loaded, target)
-        job = await self.client.call("show", job=int(target))
-        if alert is not None:
-            evidence = R.alert_evidence(alert, job.get("events") or [])
-            rank, attempt = evidence.rank, evidence.attempt
-        return job_shell(self.loaded, job, rank=rank, attempt=attempt)
-
-    async def run_terminal(self, shell: ShellTarget) -> int:
-        """Give the terminal to `shell.argv` until it exits; its exit code. (Tests replace this.)"""
-        # Nothing is drawn while the shell has the terminal (batch_update), and this waits without blocking
-        # the event loop, so the embedded scheduler and its API go on serving.
-        with self.batch_update(), self.suspend():  # the remote side prints the banner (where you are)
-            process = await asyncio.create_subprocess_exec(*shell.argv)
-            code = await process.wait()
-        self.refresh(layout=True)
-        return code
-
-    # -- helpers -------------------------------------------------------------------------------------------
-
-    def _confirmed(self, question: str, detail: str, then: Callable[[], Any]) -> None:
-        def answered(yes: bool | None) -> None:
-            if yes:
-                then()
-
-        self.push_screen(ConfirmDialog(question, detail), answered)
-
     def get_system_commands(self, screen: Screen[Any]) -> Any:
         yield from super().get_system_commands(screen)
         for name, key in VIEWS:
             yield SystemCommand(f"View: {name} ({key})", f"Show the {name} view", partial(self.action_view, name))
-
-
-def _plural(items: list[str], word: str) -> str:
-    return f"{word} {items[0]}" if len(items) == 1 else f"{len(items)} {word}s"
