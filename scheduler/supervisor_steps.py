@@ -57,6 +57,7 @@ def _in_container(step, container, argv, env, workdir, run_dir, log):
         pull = image_pull_argv(container)
         if pull is None:
             return None, "image %s is not on this node" % container["image"]
+        log.write(("ftconsole: pulling image %s\n" % container["image"]).encode())  # docker's errors omit it
         return pull, None
     if container["runtime"] != "apptainer":
         container["cidfile"] = os.path.join(run_dir, container["name"] + ".cid")
