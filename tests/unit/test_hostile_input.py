@@ -5,7 +5,6 @@ Each is refused with exit 2 and a problem naming the file (and line), never a tr
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -58,15 +57,15 @@ def test_config_not_utf8(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 
 
 @pytest.mark.parametrize("command", [("config", "check"), ("submit", "JOB")])
-def test_alias_bomb_is_refused_within_a_second(
+def test_alias_bomb_is_refused_before_it_expands(
     tmp_path: Path, config: Path, capsys: pytest.CaptureFixture[str], command: tuple[str, ...]
 ) -> None:
+    """387 million values: expanded, it would take minutes and gigabytes; the count stops it at MAX_VALUES (the
+    suite's timeout is the bound on time: a wall-clock assertion here failed on a loaded machine)."""
     target = tmp_path / "bomb.yaml"
-    target.write_text(bomb(9))  # 387 million values
+    target.write_text(bomb(9))
     argv = ["--config", str(target if command[0] == "config" else config), *command]
-    started = time.monotonic()
     code, err = run(capsys, *[str(target) if a == "JOB" else a for a in argv])
-    assert time.monotonic() - started < 1.0
     assert code == 2
     assert f"expands to more than {yamlfile.MAX_VALUES} values" in err and str(target) in err
 
