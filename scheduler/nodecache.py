@@ -1,7 +1,8 @@
-"""A node-side program kept on the node by its hash, so that the calls after the first send a few hundred bytes.
+"""A node-side program kept on the node by its hash, so that the calls after the first send only a loader (2 kB).
 
 The run supervisor (about 60 kB) runs for every status read, start and stop: sent whole each time, it was 97 % of
-the bytes the scheduler sent its nodes (docs/benchmarks.md). `script(source, params, cached=False)` sends it
+the bytes the scheduler sent its nodes (docs/benchmarks.md); the probe agent (40 kB) runs at every probe. `run`
+is how both are sent. `script(source, params, cached=False)` sends it
 whole, compressed, with a loader that also stores it as ``~/.ftconsole/lib/<name>-<sha256>.py`` (0600 in a 0700
 folder of the account the program runs as) and prints STORED once it is there; `script(..., cached=True)` sends
 only the loader, which runs the stored copy when its hash is the one asked for, and otherwise prints MISSING and
@@ -13,15 +14,23 @@ stored. The loader is Python 3.8, standard library only.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import functools
 import hashlib
 import json
 import zlib
+from collections.abc import Sequence
 from typing import Any
+
+from ftconsole.scheduler.config import Node
+from ftconsole.scheduler.ssh import CommandResult, Transport
 
 STORED = '{"ftconsole_cache":"stored"}'
 MISSING = '{"ftconsole_cache":"missing"}'
 STALE_S = 7 * 86400.0
+
+# (node, host, argv, program) that keep this version of the program: sent only the loader
+_STORED: set[tuple[str, str, tuple[str, ...], str]] = set()
 
 _LOADER = '''
 import base64 as _ft_b85, hashlib as _ft_hash, os as _ft_os, sys as _ft_sys, time as _ft_time, zlib as _ft_zlib
@@ -108,3 +117,30 @@ def script(name: str, source: str, params: dict[str, Any], *, cached: bool) -> s
             "    _ft_sys.stdout.flush()\n"  # before the program forks (a start): printed once
         )
     return head + body + f"exec(compile(_ft_source, {name!r}, 'exec'))\n"
+
+
+async def run(
+    transport: Transport,
+    node: Node,
+    argv: Sequence[str],
+    *,
+    name: str,
+    source: str,
+    params: dict[str, Any],
+    timeout: float,
+) -> CommandResult:
+    """Run the program on the node with `python3 -` as `argv` says: the loader alone where the node keeps this
+    version of it (as far as this process knows), else the whole program, stored for the next calls. A copy
+    found missing is sent whole at once. The STORED line is taken out of the result's stdout."""
+    key = (node.name, node.host, tuple(argv), name)
+    cached = key in _STORED
+    result = await transport.run(node, list(argv), input=script(name, source, params, cached=cached), timeout=timeout)
+    lines = result.stdout.splitlines()
+    if cached and MISSING in lines:  # removed on the node, or replaced by another version there
+        _STORED.discard(key)
+        return await run(transport, node, argv, name=name, source=source, params=params, timeout=timeout)
+    if STORED not in lines:
+        return result
+    if not cached:
+        _STORED.add(key)
+    return dataclasses.replace(result, stdout="".join(ln + "\n" for ln in lines if ln != STORED))

@@ -16,6 +16,7 @@ from typing import Any
 
 from ftconsole import probes
 from ftconsole.probes.results import AgentOutputError, ProbeReport, parse_report
+from ftconsole.scheduler import nodecache
 from ftconsole.scheduler.bundle import bundle
 from ftconsole.scheduler.config import ClusterConfig, Node
 from ftconsole.scheduler.errors import AuthError, CommandTimeout, FtError, HostKeyError, SSHError, UnreachableError
@@ -56,8 +57,9 @@ async def probe_node(
     transport: Transport, config: ClusterConfig, node: Node, *, checks: Sequence[str] | None = None
 ) -> ProbeReport:
     """Run the agent on one node; raise SSHError (cannot run) or AgentOutputError (ran, but no report)."""
-    script = agent_script(agent_params(config, node, checks=checks))
-    result = await transport.run(node, [config.ssh.python, "-"], input=script, timeout=config.probes.timeout)
+    params = agent_params(config, node, checks=checks)
+    result = await nodecache.run(transport, node, [config.ssh.python, "-"], name="agent", source=agent_source(),
+                                 params=params, timeout=config.probes.timeout)  # fmt: skip
     if not result.ok and not result.stdout.strip():
         raise AgentOutputError(f"probe agent failed on {node.name}: {result.describe_failure()}")
     try:

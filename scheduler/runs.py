@@ -61,8 +61,6 @@ class CannotSwitch(SupervisorError):
 
 # nodes (name, host) whose SSH account switches users through sudo: asked once, then sent through sudo directly
 _THROUGH_SUDO: set[tuple[str, str]] = set()
-# (node, host, python, user, sudo) that keep this supervisor's source (scheduler.nodecache): sent only the loader
-_STORED: set[tuple[str, str, str, str, bool]] = set()
 
 
 class StepKind(StrEnum):
@@ -249,17 +247,9 @@ async def _answer(
     argv = [python, "-"]
     if sudo:
         argv = ["sudo", "-n", "-H", "-u", str(params["user"]), "--", *argv]
-    key = (node.name, node.host, python, str(params.get("user")), sudo)
-    cached = key in _STORED
-    script = nodecache.script("supervisor", supervisor_source(), params, cached=cached)
-    result = await transport.run(node, argv, input=script, timeout=timeout)
-    lines = result.stdout.splitlines()
-    if cached and nodecache.MISSING in lines:  # removed on the node (or another version there): send it whole
-        _STORED.discard(key)
-        return await _answer(transport, node, python, params, timeout, sudo=sudo, account=account)
-    if not cached and nodecache.STORED in lines:
-        _STORED.add(key)
-    line = next((ln for ln in reversed(lines) if ln.startswith("{") and ln != nodecache.STORED), None)
+    result = await nodecache.run(transport, node, argv, name="supervisor", source=supervisor_source(), params=params,
+                                 timeout=timeout)  # fmt: skip
+    line = next((ln for ln in reversed(result.stdout.splitlines()) if ln.startswith("{")), None)
     if line is None:
         if sudo:
             _sudo_failed(node, account, str(params["user"]), python, result.stderr)

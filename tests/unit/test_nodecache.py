@@ -13,7 +13,10 @@ from pathlib import Path
 import pytest
 
 from ftconsole.scheduler import nodecache
+from ftconsole.scheduler.config import Node
+from ftconsole.scheduler.probing import agent_source
 from ftconsole.scheduler.runs import supervisor_source
+from ftconsole.scheduler.ssh import CommandResult
 from tests.unit.test_agent import python38
 
 PORT = {"action": "port"}
@@ -73,3 +76,37 @@ def test_other_versions_are_removed_once_stale(tmp_path: Path) -> None:
     os.utime(old, (week, week))
     call(tmp_path, cached=False)
     assert sorted(p.name for p in folder.iterdir()) == sorted([recent.name, stored(tmp_path).name])
+
+
+class LocalTransport:
+    """Runs the program here with `python3 -` under a given HOME, as a node would; records what was sent."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.sent: list[int] = []
+
+    async def run(self, node: Node, argv: list[str], *, input: str, timeout: float) -> CommandResult:
+        self.sent.append(len(input))
+        done = subprocess.run([sys.executable, "-"], input=input, capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, "HOME": str(self.home)})  # fmt: skip
+        return CommandResult(node.name, tuple(argv), done.returncode, None, done.stdout, done.stderr, 0.0)
+
+
+async def test_run_keeps_track_of_what_each_node_holds(tmp_path: Path) -> None:
+    transport = LocalTransport(tmp_path)
+    node = Node(name=f"n{os.getpid()}", host="127.0.0.9", port=None, user=None, pool="default")
+    source = agent_source()
+
+    async def probe() -> dict:
+        result = await nodecache.run(transport, node, ["python3", "-"], name="agent", source=source,
+                                     params={"checks": ["os"], "timeout": 5.0}, timeout=30)  # fmt: skip
+        assert nodecache.STORED not in result.stdout
+        return json.loads(result.stdout.splitlines()[-1])
+
+    first, second = await probe(), await probe()
+    assert first["facts"]["os"] and second["facts"]["os"]
+    assert transport.sent[0] > 10_000 > 2_500 > transport.sent[1]  # whole once, then the loader
+    (tmp_path / ".ftconsole" / "lib" / f"agent-{nodecache.digest(source)}.py").unlink()  # the node lost it
+    assert (await probe())["facts"]["os"]
+    assert transport.sent[2] < 2_500 < 10_000 < transport.sent[3]  # told it is missing: sent whole at once
+    assert transport.sent[4:] == []
