@@ -268,10 +268,18 @@ def gone_message(job: dict[str, Any], run: dict[str, Any], settings: SchedulerSe
 
 
 def job_banner(job: dict[str, Any], run: dict[str, Any]) -> str:
-    return (
+    text = (
         f"ftconsole: job {job['id']} ({job['name']}, {job['status']}) attempt {run['attempt']} rank {run['rank']} "
         f"({_run_state(run)}) on {run['node']}:{run['run_dir']} - env of the run loaded; exit to return"
     )
+    image = (job.get("spec") or {}).get("image")
+    token = next((a.get("token") for a in job.get("attempts") or () if a.get("number") == run["attempt"]), None)
+    if image and token:  # this shell is on the node: say where the rank itself runs
+        text += (
+            f"\nftconsole: the rank runs in container ft-{token}-r{run['rank']} of {image} (its runtime's "
+            f"`exec -it ft-{token}-r{run['rank']} sh` enters it while it runs)"
+        )
+    return text
 
 
 def node_banner(node: str, state: str | None = None, reasons: Sequence[str] = ()) -> str:

@@ -438,3 +438,14 @@ def test_node_commands(tmp_path: Path) -> None:
     gone = remote(node_remote_command(banner="b", command="true"), home=tmp_path / "nope")
     assert gone.returncode == NO_FOLDER_EXIT
     assert not list(tmp_path.rglob("PWNED"))
+
+
+def test_the_banner_of_a_job_in_an_image_names_the_ranks_container() -> None:
+    in_image = {**TWO, "spec": {"image": "nvcr.io/nvidia/pytorch:24.05-py3"}}
+    in_image["attempts"] = [{**a, "token": f"tok{a['number']}"} for a in TWO["attempts"]]
+    banner = job_banner(in_image, run(2, 1))
+    assert banner.splitlines()[1] == (
+        "ftconsole: the rank runs in container ft-tok2-r1 of nvcr.io/nvidia/pytorch:24.05-py3 (its runtime's "
+        "`exec -it ft-tok2-r1 sh` enters it while it runs)"
+    )
+    assert "\n" not in job_banner(TWO, run(2, 1))  # no image: as before
