@@ -203,17 +203,18 @@ class JobTx:
         )
 
     async def alert(
-        self, time: float, kind: str, severity: str, message: str, *, job: int | None = None, node: str | None = None
+        self,
+        time: float,
+        kind: str,
+        severity: str,
+        message: str,
+        *,
+        job: int | None = None,
+        node: str | None = None,
+        once: bool = False,
     ) -> None:
-        await _insert_alert(self._db, NewAlert(time, kind, severity, message, job=job, node=node), once=False)
-        if job is not None:
-            await self._touch(job)
-
-    async def alert_once(
-        self, time: float, kind: str, severity: str, message: str, *, job: int | None = None, node: str | None = None
-    ) -> None:
-        """Raise an alert unless one of its kind is open or acknowledged for the same job and node."""
-        await _insert_alert(self._db, NewAlert(time, kind, severity, message, job=job, node=node), once=True)
+        """Raise an alert; with `once`, unless one of its kind is open or acknowledged for the same job and node."""
+        await _insert_alert(self._db, NewAlert(time, kind, severity, message, job=job, node=node), once=once)
         if job is not None:
             await self._touch(job)
 

@@ -198,7 +198,8 @@ class LogWatch:
             data.update(rank=focus[0], node=focus[1])
         async with self.store.jobs_tx(f"raise {kind} for job {job.id}") as tx:
             await tx.event(now, event, f"attempt {job.attempt} {what}", job=job.id, node=data.get("node"), data=data)
-            await tx.alert_once(now, kind, severity, f"job {job.id} ({job.name}, {job.owner}): {what}", job=job.id)
+            text = f"job {job.id} ({job.name}, {job.owner}): {what}"
+            await tx.alert(now, kind, severity, text, job=job.id, once=True)
         log.warning("job %s: %s", job.id, what)
 
     async def _clear(self, kind: str, job: Job, now: float, why: str) -> None:

@@ -137,8 +137,8 @@ class Watchdog:
             data = {"attempt": job.attempt, "alert": HUNG_ALERT, "rank": first.rank, "node": first.node}
             await tx.event(now, Condition.SUSPECTED_HUNG, f"attempt {job.attempt} {what}{action}", job=job.id,
                            node=first.node, data=data)  # fmt: skip
-            await tx.alert_once(now, HUNG_ALERT, "warning", f"job {job.id} ({job.name}, {job.owner}) {what}; {hint}",
-                                job=job.id)  # fmt: skip
+            await tx.alert(now, HUNG_ALERT, "warning", f"job {job.id} ({job.name}, {job.owner}) {what}; {hint}",
+                           job=job.id, once=True)  # fmt: skip
             if restart:
                 await tx.update_job(job.id, expect=[JobStatus.RUNNING], stop_requested=now, stop_reason=StopReason.HUNG,
                                     stop_by="scheduler", message=what)  # fmt: skip
