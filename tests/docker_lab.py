@@ -33,11 +33,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -56,7 +54,10 @@ from tests.podman_lab import (
     _start_time,
     lab_host_mounts,
     lab_ulimits,
+    python_wrapper,
     rootfs_tar,
+    run_client,
+    run_options,
 )
 
 LAB_PARENT, LAB_PREFIX = "/tmp", "ftdock-"  # each lab's folder: /tmp/ftdock-XXXX (not ftlab-: podman's sweep)
@@ -229,33 +230,16 @@ class DockerLab:
         self, *args: str, check: bool = True, timeout: float = TIMEOUT, input: str | None = None
     ) -> subprocess.CompletedProcess[str]:
         """Run the docker client against the lab's daemon; raises DockerLabError on failure when `check`."""
-        argv = ["docker", *args]
-        try:
-            done = subprocess.run(
-                argv, env={**os.environ, **self.env}, capture_output=True, text=True, timeout=timeout, input=input
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise DockerLabError(f"{shlex.join(argv)} took over {timeout:.0f} s") from exc
-        if check and done.returncode != 0:
-            raise DockerLabError(f"{shlex.join(argv)} exited {done.returncode}: {done.stderr.strip()}")
-        return done
+        return run_client(["docker", *args], self.env, DockerLabError, timeout=timeout, check=check, input=input)
 
     def run_options(self, mounts: list[dict[str, Any]] | None = None) -> list[str]:
         """``docker run`` options every lab container needs: the ulimits, and binds (default ``host_mounts``)."""
-        options = [f"--ulimit={name}={value}" for name, value in self.ulimits.items()]
-        for m in self.host_mounts if mounts is None else mounts:
-            options += ["-v", f"{m['from']}:{m['to']}" + (":ro" if m.get("readonly") else "")]
-        return options
+        return run_options(self.ulimits, self.host_mounts if mounts is None else mounts)
 
     def python_wrapper(self, root: Path) -> Path:
-        """An executable script that exports ``env`` and runs this Python: the config's ``ssh.python``, so the
-        nodes' probe and supervisor, and the docker client it starts, talk to the lab's daemon. PATH stays the
-        node's."""
-        script = root / "python-docker-lab"
-        exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in self.env.items())
-        script.write_text(f'#!/bin/sh\n{exports}exec {shlex.quote(sys.executable)} "$@"\n')
-        script.chmod(0o755)
-        return script
+        """The lab's ``ssh.python`` (see podman_lab.python_wrapper): the nodes' docker client reaches the lab's
+        daemon."""
+        return python_wrapper(root / "python-docker-lab", self.env)
 
     def containers(self, prefix: str = "") -> list[str]:
         """Names of the daemon's containers, running or not, that start with `prefix`."""

@@ -289,6 +289,38 @@ def _pids_naming(folder: str) -> list[int]:
     return pids
 
 
+def run_client(
+    argv: list[str], env: dict[str, str], error: type[Exception], *, timeout: float, check: bool, input: str | None
+) -> subprocess.CompletedProcess[str]:
+    """A lab's client command (podman, docker) under the lab's `env`; `error` raised on failure when `check`."""
+    try:
+        done = subprocess.run(
+            argv, env={**os.environ, **env}, capture_output=True, text=True, timeout=timeout, input=input
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise error(f"{shlex.join(argv)} took over {timeout:.0f} s") from exc
+    if check and done.returncode != 0:
+        raise error(f"{shlex.join(argv)} exited {done.returncode}: {done.stderr.strip()}")
+    return done
+
+
+def run_options(ulimits: dict[str, str], mounts: list[dict[str, Any]]) -> list[str]:
+    """``run`` options every lab container needs: the ulimits, and the binds."""
+    options = [f"--ulimit={name}={value}" for name, value in ulimits.items()]
+    for m in mounts:
+        options += ["-v", f"{m['from']}:{m['to']}" + (":ro" if m.get("readonly") else "")]
+    return options
+
+
+def python_wrapper(script: Path, env: dict[str, str]) -> Path:
+    """An executable script that exports `env` and runs this Python: the config's ``ssh.python``, so that what
+    the nodes start (probe, supervisor, the runtime's client) talks to the lab. PATH stays the node's."""
+    exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
+    script.write_text(f'#!/bin/sh\n{exports}exec {shlex.quote(sys.executable)} "$@"\n')
+    script.chmod(0o755)
+    return script
+
+
 class PodmanLab:
     """A private podman store with the lab image and the CDI spec; :meth:`close` removes all of it."""
 
@@ -350,32 +382,15 @@ class PodmanLab:
         self, *args: str, timeout: float = TIMEOUT, check: bool = True, input: str | None = None
     ) -> subprocess.CompletedProcess[str]:
         """Run podman under the lab's configuration; raises PodmanLabError on failure when `check`."""
-        argv = ["podman", *args]
-        try:
-            done = subprocess.run(
-                argv, env={**os.environ, **self.env}, capture_output=True, text=True, timeout=timeout, input=input
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise PodmanLabError(f"{shlex.join(argv)} took over {timeout:.0f} s") from exc
-        if check and done.returncode != 0:
-            raise PodmanLabError(f"{shlex.join(argv)} exited {done.returncode}: {done.stderr.strip()}")
-        return done
+        return run_client(["podman", *args], self.env, PodmanLabError, timeout=timeout, check=check, input=input)
 
     def run_options(self, mounts: list[dict[str, Any]] | None = None) -> list[str]:
         """``podman run`` options every lab container needs: the ulimits, and binds (default ``host_mounts``)."""
-        options = [f"--ulimit={name}={value}" for name, value in self.ulimits.items()]
-        for m in self.host_mounts if mounts is None else mounts:
-            options += ["-v", f"{m['from']}:{m['to']}" + (":ro" if m.get("readonly") else "")]
-        return options
+        return run_options(self.ulimits, self.host_mounts if mounts is None else mounts)
 
     def python_wrapper(self, root: Path) -> Path:
-        """An executable script that exports ``env`` and runs this Python: the config's ``ssh.python``, so the
-        nodes' supervisor and the podman it starts use the lab's store. PATH stays the node's."""
-        script = root / "python-podman-lab"
-        exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in self.env.items())
-        script.write_text(f'#!/bin/sh\n{exports}exec {shlex.quote(sys.executable)} "$@"\n')
-        script.chmod(0o755)
-        return script
+        """The lab's ``ssh.python`` (see `python_wrapper`): the nodes' podman uses the lab's store."""
+        return python_wrapper(root / "python-podman-lab", self.env)
 
     def containers(self, prefix: str = "") -> list[str]:
         """Names of the store's containers, running or not, that start with `prefix`."""

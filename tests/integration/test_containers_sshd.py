@@ -244,21 +244,26 @@ def _marked(mark: str) -> list[int]:
 # -- the supervisor dies: the container is found by its name ---------------------------------------------------
 
 
-async def test_a_container_whose_supervisor_and_client_died_reads_orphaned_and_a_stop_removes_it(
-    sshd_cluster, podman_lab, tmp_path
-) -> None:
-    lab: PodmanLab = podman_lab
+def one_node(sshd_cluster: Any, lab: PodmanLab, tmp_path: Path, name: str) -> tuple[SSHPool, Any, str, dict]:
+    """One sshd node whose supervisor runs podman under the lab, an SSH pool to it, its python, and the
+    "container" of a step (podman, one GPU by CDI, the host's programs) named `name`."""
     cluster: SshdCluster = sshd_cluster(1, gpus=1)
     python = str(lab.python_wrapper(tmp_path))
     loaded = load_config(cluster.write_config(tmp_path / "cluster.yaml", ssh={"python": python}))
-    node = loaded.cluster.node_list()[0]
-    pool = SSHPool.from_config(loaded)
-    name = f"ft-orphan{os.getpid()}-r0"
     container = container_step(
         RuntimeChoice("podman", "/usr/bin/podman", "cdi"), image=lab.image, name=name, gpus=[0],
         mounts=[Mount.model_validate(m) for m in lab.host_mounts], shares=[],
         settings=ContainerSettings(ulimits=lab.ulimits),
     )  # fmt: skip
+    return SSHPool.from_config(loaded), loaded.cluster.node_list()[0], python, container
+
+
+async def test_a_container_whose_supervisor_and_client_died_reads_orphaned_and_a_stop_removes_it(
+    sshd_cluster, podman_lab, tmp_path
+) -> None:
+    lab: PodmanLab = podman_lab
+    name = f"ft-orphan{os.getpid()}-r0"
+    pool, node, python, container = one_node(sshd_cluster, lab, tmp_path, name)
     step = Step(StepKind.COMMAND, "command", ("sleep", "300"), {}, container=container)
     run_dir = "~/.ftconsole/runs/o1/1/0"
     try:
@@ -289,17 +294,8 @@ async def test_the_hang_detectors_io_counts_the_containers_processes(sshd_cluste
     from its own processes (found by the container id the runtime writes), so a silent rank that reads and
     writes is not taken for hung."""
     lab: PodmanLab = podman_lab
-    cluster: SshdCluster = sshd_cluster(1, gpus=1)
-    python = str(lab.python_wrapper(tmp_path))
-    loaded = load_config(cluster.write_config(tmp_path / "cluster.yaml", ssh={"python": python}))
-    node = loaded.cluster.node_list()[0]
-    pool = SSHPool.from_config(loaded)
     name = f"ft-io{os.getpid()}-r0"
-    container = container_step(
-        RuntimeChoice("podman", "/usr/bin/podman", "cdi"), image=lab.image, name=name, gpus=[0],
-        mounts=[Mount.model_validate(m) for m in lab.host_mounts], shares=[],
-        settings=ContainerSettings(ulimits=lab.ulimits),
-    )  # fmt: skip
+    pool, node, python, container = one_node(sshd_cluster, lab, tmp_path, name)
     busy = ("sh", "-c", "while :; do head -c 1000000 /dev/zero > /tmp/busy; sleep 0.1; done")  # silent, busy
     run_dir = "~/.ftconsole/runs/io1/1/0"
     try:
