@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from ftconsole.scheduler.api import ApiClient
-from ftconsole.scheduler.config import load_config
+from ftconsole.scheduler.config import LoadedConfig, load_config
 from ftconsole.scheduler.containers import ContainerSettings, Mount, RuntimeChoice, container_step
 from ftconsole.scheduler.errors import NotRunning
 from ftconsole.scheduler.runs import RunStatus, Step, StepKind, node_runs, run_states, start_run, stop_runs
@@ -37,7 +37,8 @@ WAIT = 60.0
 # what each rank reports from inside its container
 PROBE = r"""
 import errno, json, os, sys
-out = {"env": {k: v for k, v in os.environ.items() if k.startswith(("FT_", "FTLAB_", "CUDA_", "RANK", "WORLD"))}}
+keys = ("FT_", "FTLAB_", "CUDA_", "NVIDIA_", "RANK", "WORLD")
+out = {"env": {k: v for k, v in os.environ.items() if k.startswith(keys)}}
 out["marker"] = open("/etc/ftlab-image").read()
 out["data"] = open("/data/input.txt").read()
 try:
@@ -53,29 +54,37 @@ print("rank", os.environ["RANK"], "reported")
 """
 
 
-def lab_config(cluster: SshdCluster, lab: PodmanLab, root: Path, sock_dir: Path, python: Path | None = None):
+def lab_config(
+    cluster: SshdCluster, lab: Any, root: Path, sock_dir: Path, python: Path | None = None, runtime: str = "podman"
+) -> LoadedConfig:
+    """A config whose nodes run `runtime` under `lab` (the podman or docker lab): its python wrapper, its ulimits."""
     return write_config(
         cluster, root, sock_dir,
         ssh={"python": str(python or lab.python_wrapper(root))},
-        containers={"runtime": "podman", "ulimits": lab.ulimits},
+        containers={"runtime": runtime, "ulimits": lab.ulimits},
         probes={"interval": "30s"},
     )  # fmt: skip
 
 
-def image_job(name: str, command: str, lab: PodmanLab, **fields: Any) -> dict[str, Any]:
+def image_job(name: str, command: str, lab: Any, **fields: Any) -> dict[str, Any]:
+    """A job in the lab's image (or `image`), with the host's programs mounted, and `mounts` after them."""
     mounts = [*lab.host_mounts, *fields.pop("mounts", [])]
-    return job(name, command, image=lab.image, mounts=mounts, **fields)
+    return job(name, command, image=fields.pop("image", lab.image), mounts=mounts, **fields)
 
 
-async def test_ranks_run_in_the_image_with_their_env_gpus_and_mounts(sshd_cluster, podman_lab, tmp_path, sock_dir):
-    lab: PodmanLab = podman_lab
+async def ranks_report_from_the_image(
+    sshd_cluster: Any, lab: Any, tmp_path: Path, sock_dir: Path, runtime: str
+) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """A 2-node job that runs PROBE in the image with a read-only data mount: checks what every runtime must
+    give (the image, the env, the mount, the workdir, CUDA_VISIBLE_DEVICES 0, no container left); returns each
+    rank's run and environment for the runtime's own GPU checks."""
     cluster: SshdCluster = sshd_cluster(2, gpus=2)
     data, out, work = tmp_path / "data", tmp_path / "out", tmp_path / "work"
     for folder in (data, out, work):
         folder.mkdir()
     (data / "input.txt").write_text("the data set\n")
     (work / "probe.py").write_text(PROBE)
-    loaded = lab_config(cluster, lab, tmp_path, sock_dir)
+    loaded = lab_config(cluster, lab, tmp_path, sock_dir, runtime=runtime)
     spec = image_job(
         "in-image", f"sh -c 'exec {sys.executable} probe.py'", lab, mode="pytorch", nodes=2, workdir=str(work),
         output=str(out), mounts=[{"from": str(data), "to": "/data", "readonly": True}],
@@ -83,21 +92,28 @@ async def test_ranks_run_in_the_image_with_their_env_gpus_and_mounts(sshd_cluste
     async with running(loaded) as (_, client):
         job_id = (await client.call("submit", spec=spec))["id"]
         ended = await finished(client, job_id)
-        log = await log_of(client, job_id, rank=1)
-    assert ended["status"] == "succeeded", (ended, log)
-    assert f"image {lab.image} is on this node: not pulled" in log
+        logs = [await log_of(client, job_id, rank=rank) for rank in (0, 1)]
+    assert ended["status"] == "succeeded", (ended, logs)
+    assert all(f"image {lab.image} is on this node: not pulled" in log for log in logs), logs
+    seen = []
     for rank, run in enumerate(ended["attempts"][0]["runs"]):
-        seen = json.loads((out / f"rank{rank}.json").read_text())
-        assert seen["marker"] == lab.marker  # the image's own file: the rank ran in the image
-        assert seen["data"] == "the data set\n" and seen["write"] == "EROFS"  # the read-only mount
-        assert seen["cwd"] == str(work) and seen["uid"] == 0
-        env = seen["env"]
+        report = json.loads((out / f"rank{rank}.json").read_text())
+        assert report["marker"] == lab.marker  # the image's own file: the rank ran in the image
+        assert report["data"] == "the data set\n" and report["write"] == "EROFS"  # the read-only mount
+        assert report["cwd"] == str(work) and report["uid"] == 0  # --workdir; root (docker: --user 0:0)
+        env = report["env"]
         assert (env["RANK"], env["WORLD_SIZE"], env["FT_JOB_ID"]) == (str(rank), "2", str(job_id))
         assert env["CUDA_VISIBLE_DEVICES"] == "0"  # its one GPU, numbered from 0 inside
-        gpu = run["gpus"][0]
-        assert [k for k in env if k.startswith("FTLAB_CDI_GPU_")] == [f"FTLAB_CDI_GPU_{gpu}"]  # that GPU only
+        seen.append((run, env))
     assert not (data / "written-from-the-container").exists()
     assert lab.containers("ft-") == []  # each container was removed when its rank ended
+    return seen
+
+
+async def test_ranks_run_in_the_image_with_their_env_gpus_and_mounts(sshd_cluster, podman_lab, tmp_path, sock_dir):
+    for run, env in await ranks_report_from_the_image(sshd_cluster, podman_lab, tmp_path, sock_dir, "podman"):
+        gpu = run["gpus"][0]
+        assert [k for k in env if k.startswith("FTLAB_CDI_GPU_")] == [f"FTLAB_CDI_GPU_{gpu}"]  # that GPU only
 
 
 # -- a node that cannot run images, a pull that fails -----------------------------------------------------------
