@@ -124,19 +124,32 @@ def container_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
     return out
 
 
-def image_mode_problems(data: Mapping[str, Any], first_node_launcher: str | None) -> list[tuple[Loc, str]]:
-    """A launcher that starts the other nodes' ranks itself (mpirun, hydra, DeepSpeed's runner) would start them
-    outside any container: refused, with the way out (`first_node_launcher`: its name, from dataprep)."""
+def image_mode_problems(
+    data: Mapping[str, Any], first_node_launcher: str | None, own_launchers: Sequence[tuple[Loc, str]]
+) -> list[tuple[Loc, str]]:
+    """A job of several nodes whose first node starts every rank itself (`first_node_launcher`, from dataprep)
+    runs in its image by the MPI hybrid model (scheduler/container_exec.py): mpirun on the host starts each MPI
+    process in the runtime. That needs the mpirun line ftconsole writes, so a command that is its own launcher
+    (`own_launchers`: where, and the program) is refused, as is DeepSpeed's runner, which has no program to wrap."""
     if data.get("image") is None or first_node_launcher is None:
         return []
+    if first_node_launcher == "DeepSpeed's runner":
+        return [
+            (
+                ("image",),
+                "DeepSpeed's runner starts deepspeed.launcher.launch on every node over pdsh, outside any container, "
+                "and has no program of each rank to start in it: with an image, use mode pytorch-deepspeed with a "
+                "python command (each node runs torchrun in the image) or a job of one node",
+            )
+        ]
     return [
         (
-            ("image",),
-            f"in mode {data.get('mode')}, {first_node_launcher} on the first node starts the ranks of the other "
-            "nodes itself, outside any container: a job with an image needs a mode where each node runs its own "
-            "rank (pytorch, tensorflow, single) or a job of one node (the MPI hybrid model, mpirun on the host "
-            "starting each rank in the runtime, is not built yet)",
+            loc,
+            f"{program} is ftconsole's to write for a job with an image in mode {data.get('mode')}: it starts each MPI "
+            "process in the image through the runtime (the MPI hybrid model); give the program and its arguments "
+            "without the launcher (mpirun's own options go in the job's env as OMPI_MCA_* or HYDRA_* variables)",
         )
+        for loc, program in own_launchers
     ]
 
 

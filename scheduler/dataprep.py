@@ -141,7 +141,7 @@ def first_node_launcher(data: Mapping[str, Any]) -> str | None:
     launcher = FIRST_NODE_LAUNCHES.get(str(mode))
     if mode == "pytorch-deepspeed":
         commands = [data.get("command"), *(mapping(t).get("command") for t in data.get("tasks") or [])]
-        if any(_program(c) == "deepspeed" for c in commands):
+        if any(program_name(c) == "deepspeed" for c in commands):
             launcher = "DeepSpeed's runner"
     return launcher
 
@@ -163,7 +163,7 @@ def _mode_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
     ]
 
 
-def _program(command: Any) -> str | None:
+def program_name(command: Any) -> str | None:
     try:
         argv = shlex.split(command) if isinstance(command, str) else []
     except ValueError:

@@ -372,7 +372,8 @@ class Executor:
                 raise ImageError(f"{run.node} cannot run image {job.spec.image} now "
                                  f"(containers.runtime {wanted}): {why_not(found, wanted)}")  # fmt: skip
             runtimes[run.node] = choice
-        return Images(runtimes, self.config.containers, attempt.token or f"{job.id}-{attempt.number}")
+        token = attempt.token or f"{job.id}-{attempt.number}"
+        return Images(runtimes, self.config.containers, token, self._python)
 
     # -- stop -------------------------------------------------------------------------------------------
 

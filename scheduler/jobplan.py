@@ -24,9 +24,15 @@ from ftconsole.scheduler.launcher import (
     TaskRef,
     plan_launch,
 )
-from ftconsole.scheduler.runs import Step, StepKind, user_root
+from ftconsole.scheduler.runs import Step, StepKind, hybrid_script, user_root
 
 PULL_STEP = "pull image"
+HYBRID_SCRIPT = "container.py"  # in the attempt's folder of every node: scheduler/container_exec.py, bundled
+# runs HYBRID_SCRIPT, named relative to the home folder (or absolute), with the MPI process's program after it
+HYBRID_LOADER = (
+    "import os,runpy,sys;sys.argv=sys.argv[1:];sys.argv[0]=os.path.join(os.path.expanduser('~'),sys.argv[0]);"
+    "runpy.run_path(sys.argv[0],run_name='__main__')"
+)
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,7 @@ class Images:
     runtimes: dict[str, RuntimeChoice]
     settings: ContainerSettings
     token: str
+    python: str = "python3"  # the nodes' interpreter (ssh.python): it runs HYBRID_SCRIPT under mpirun
 
 
 @dataclass(frozen=True)
@@ -78,13 +85,14 @@ def plan_job(
     else:
         plans = [plan_launch(dataclasses.replace(base, argv=tuple(spec.argv())))]
     launching = {r.rank for p in plans for r in p.launching}
+    hybrid: dict[str, bytes] = {}
+    if spec.image is not None and images is not None and len(launching) < len(plans[0].ranks):
+        base, hybrid = _hybrid(spec, base, plans[0], images)
+        return _with_files(plan_job(spec, base, data_prep=data_prep, images=None), hybrid, images, spec, base)
     check = next((p.ssh_check for p in plans if p.ssh_check is not None), None)
     steps: dict[int, tuple[Step, ...]] = {}
     if spec.data_prep and len(launching) < len(plans[0].ranks):
         raise LaunchError(f"job {spec.name}: data_prep needs every node to run its rank, and in mode {spec.mode} "
-                          "the first node starts the others' itself")  # fmt: skip
-    if spec.image is not None and images is not None and len(launching) < len(plans[0].ranks):
-        raise LaunchError(f"job {spec.name}: an image needs every node to run its rank, and in mode {spec.mode} "
                           "the first node starts the others' itself")  # fmt: skip
     for rank in sorted(launching):
         main = [_main_step(tasks, i, r) for i, r in enumerate(p.ranks[rank] for p in plans) if r.launch]
@@ -130,6 +138,42 @@ def _in_containers(
 
     pull = Step(StepKind.PULL, PULL_STEP, (), {}, container=container(None))
     return (pull,), [dataclasses.replace(m, container=container(m.index)) for m in main]
+
+
+def _hybrid(spec: JobSpec, base: LaunchInput, plan: LaunchPlan, images: Images) -> tuple[LaunchInput, dict[str, bytes]]:
+    """The MPI hybrid model (scheduler/container_exec.py): mpirun on the first node's host starts every MPI
+    process through HYBRID_SCRIPT, which runs it in its node's container. The input with that wrapper, and the
+    script every node gets in its attempt folder (one document for all nodes: each process finds its own)."""
+    assert spec.image is not None
+    nodes, first = [], 0
+    for rank, node in zip(plan.ranks, base.nodes, strict=True):
+        shares = [spec.workdir, rank.run_dir, spec.output or "", base.checkpoint_dir or ""]
+        container = container_step(images.runtimes[node.name], image=spec.image, name="", gpus=node.gpus,
+                                   mounts=spec.mounts or (), shares=shares, settings=images.settings)  # fmt: skip
+        nodes.append({"rank": rank.rank, "first": first, "slots": node.slots, "container": container})
+        first += node.slots
+    doc = {"token": images.token, "image": spec.image, "nodes": nodes}
+    attempt_dir = posixpath.dirname(plan.ranks[0].run_dir.rstrip("/"))
+    script = posixpath.join(attempt_dir.removeprefix("~/") if attempt_dir.startswith("~/") else attempt_dir,
+                            HYBRID_SCRIPT)  # fmt: skip
+    wrapper = (images.python, "-c", HYBRID_LOADER, script)
+    return dataclasses.replace(base, rank_wrapper=wrapper), {f"../{HYBRID_SCRIPT}": hybrid_script(doc).encode()}
+
+
+def _with_files(
+    launch: JobLaunch, files: dict[str, bytes], images: Images, spec: JobSpec, base: LaunchInput
+) -> JobLaunch:
+    """A hybrid launch: every rank writes HYBRID_SCRIPT, and the first node pulls the image before mpirun starts
+    (the other nodes pull in HYBRID_SCRIPT, where they lack it)."""
+    ranks = tuple(dataclasses.replace(r, files={**r.files, **files}) for r in launch.plan.ranks)
+    steps = {}
+    for rank, rank_steps in launch.steps.items():
+        choice = images.runtimes[base.nodes[rank].name]
+        name, gpus = container_name(images.token, rank), base.nodes[rank].gpus
+        container = container_step(choice, image=spec.image or "", name=name, gpus=gpus, mounts=(), shares=(),
+                                   settings=images.settings)  # fmt: skip
+        steps[rank] = (Step(StepKind.PULL, PULL_STEP, (), {}, container=container), *rank_steps)
+    return JobLaunch(LaunchPlan(ranks, launch.plan.ssh_check), steps)
 
 
 def _main_step(tasks: Sequence[Task], index: int, rank: RankLaunch) -> Step:

@@ -31,7 +31,7 @@ from ftconsole.scheduler import yamlfile
 from ftconsole.scheduler.command import check_command
 from ftconsole.scheduler.config import PositiveDuration, expand_nodeset
 from ftconsole.scheduler.containers import Image, Mounts, container_problems, image_mode_problems
-from ftconsole.scheduler.dataprep import DataPrep, data_prep_problems, first_node_launcher
+from ftconsole.scheduler.dataprep import DataPrep, data_prep_problems, first_node_launcher, program_name
 from ftconsole.scheduler.detectspec import (
     HANG_OFF,
     HANG_WINDOW_S,
@@ -46,6 +46,7 @@ from ftconsole.scheduler.detectspec import (
 )
 from ftconsole.scheduler.errors import ConfigError, Problem
 from ftconsole.scheduler.faultspec import FaultTolerance, fault_problems
+from ftconsole.scheduler.launcher import MPI_LAUNCHERS
 from ftconsole.scheduler.launchspec import Launcher, deepspeed_env_problems, torchrun_problems
 from ftconsole.scheduler.specbase import Loc, Text
 from ftconsole.scheduler.specbase import Strict as _Strict
@@ -502,7 +503,11 @@ def _nul_problems(value: Any, loc: Loc = ()) -> list[tuple[Loc, str]]:
 
 
 def _image_mode_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
-    return image_mode_problems(data, first_node_launcher(data))
+    commands: list[tuple[Loc, Any]] = [(("command",), data.get("command"))]
+    tasks = data.get("tasks")
+    commands += [(("tasks", i, "command"), _mapping(t).get("command")) for i, t in enumerate(tasks or [])]
+    own = [(loc, name) for loc, command in commands if (name := program_name(command)) in MPI_LAUNCHERS]
+    return image_mode_problems(data, first_node_launcher(data), own)
 
 
 Check = Callable[[Mapping[str, Any]], list[tuple[Loc, str]]]

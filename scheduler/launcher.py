@@ -173,6 +173,9 @@ class LaunchInput:
     output_dir: str | None = None
     task: TaskRef | None = None
     checkpoint_dir: str | None = None  # FT_CHECKPOINT_DIR: the same folder in every attempt of the job
+    # horovod, mpich: what each MPI process runs the program through (the MPI hybrid model of a job with an
+    # image: scheduler/container_exec.py), put between the generated launcher line and the program
+    rank_wrapper: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -299,7 +302,11 @@ def _plan_deepspeed(inp: LaunchInput, ranks: tuple[_Rank, ...]) -> tuple[RankLau
 def _plan_horovod(inp: LaunchInput, ranks: tuple[_Rank, ...]) -> tuple[RankLaunch, ...]:
     hosts = openmpi_hostfile(inp.nodes)
     ours = forwarded_env({**inp.env, **ranks[0].env}, inp.env)
-    argv = inp.argv if is_mpi_launcher(inp.argv) else openmpi_prefix(inp.nodes, inp.env, ours) + inp.argv
+    argv = (
+        inp.argv
+        if is_mpi_launcher(inp.argv)
+        else openmpi_prefix(inp.nodes, inp.env, ours) + inp.rank_wrapper + inp.argv
+    )
     return tuple(
         _finish(inp, r, argv, hosts, {"OMPI_MCA_orte_default_hostfile": r.hostfile}, launch=r.rank == 0) for r in ranks
     )
@@ -308,7 +315,11 @@ def _plan_horovod(inp: LaunchInput, ranks: tuple[_Rank, ...]) -> tuple[RankLaunc
 def _plan_mpich(inp: LaunchInput, ranks: tuple[_Rank, ...]) -> tuple[RankLaunch, ...]:
     hosts = mpich_hostfile(inp.nodes)
     total = sum(n.slots for n in inp.nodes)
-    argv = inp.argv if is_mpi_launcher(inp.argv) else ("mpirun", "-np", str(total), *inp.argv)
+    argv = (
+        inp.argv
+        if is_mpi_launcher(inp.argv)
+        else ("mpirun", *_hydra_hybrid(inp, ranks), "-np", str(total), *inp.rank_wrapper, *inp.argv)
+    )
     out = []
     for r in ranks:
         extra = {"HYDRA_HOST_FILE": r.hostfile}
@@ -316,6 +327,17 @@ def _plan_mpich(inp: LaunchInput, ranks: tuple[_Rank, ...]) -> tuple[RankLaunch,
             extra["HYDRA_IFACE"] = inp.hydra_iface
         out.append(_finish(inp, r, argv, hosts, extra, launch=r.rank == 0))
     return tuple(out)
+
+
+def _hydra_hybrid(inp: LaunchInput, ranks: tuple[_Rank, ...]) -> tuple[str, ...]:
+    """Hydra's options for the MPI hybrid model: ``-pmi-port`` (the processes reach the proxy over TCP, PMI_PORT,
+    not through an inherited descriptor, PMI_FD, which no container runtime passes on) and ``-envlist`` of the
+    job's env and ours, PATH and LD_LIBRARY_PATH, as OpenMPI's ``-x``: hydra's default, the first node's whole
+    environment, would give every node its HOME, where each node's own folders are found."""
+    if not inp.rank_wrapper:
+        return ()
+    names = {*forwarded_env({**inp.env, **ranks[0].env}, inp.env), "PATH", "LD_LIBRARY_PATH"}
+    return ("-pmi-port", "-envlist", ",".join(sorted(names)))
 
 
 def _plan_tensorflow(inp: LaunchInput, ranks: tuple[_Rank, ...]) -> tuple[RankLaunch, ...]:
@@ -497,6 +519,10 @@ def _validate(inp: LaunchInput) -> None:
     restarts, interval = inp.torchrun_max_restarts, inp.torchrun_monitor_interval
     if inp.mode != "pytorch" and (restarts is not None or interval is not None):
         raise LaunchError(f"torchrun's max restarts and monitor interval are for pytorch mode only, not {inp.mode}")
+    if inp.rank_wrapper and (inp.mode not in ("horovod", "mpich") or is_mpi_launcher(inp.argv)):
+        raise LaunchError(f"each MPI process is wrapped only under the mpirun line ftconsole writes (modes horovod "
+                          f"and mpich, a command without its own launcher), not in mode {inp.mode} for "
+                          f"{inp.argv[0]}")  # fmt: skip
     if inp.mode != "mpich" and inp.hydra_iface is not None:
         raise LaunchError(f"a hydra interface is for mpich mode only, not {inp.mode}")
     if restarts is not None and restarts < 0:

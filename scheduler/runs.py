@@ -139,6 +139,17 @@ def supervisor_source() -> str:
     return bundle(Path(__file__).parent, "supervisor", "ftconsole.scheduler")
 
 
+@functools.cache
+def _hybrid_source() -> str:
+    return bundle(Path(__file__).parent, "container_exec", "ftconsole.scheduler")
+
+
+def hybrid_script(doc: dict[str, Any]) -> str:
+    """container_exec.py and what it imports as one script, with `doc` as its PARAMS: the MPI hybrid model's
+    program, written into the attempt folder of each node of a job with an image in mode horovod or mpich."""
+    return python_stdin_script(_hybrid_source(), doc)
+
+
 def supervisor_script(params: dict[str, Any]) -> str:
     return python_stdin_script(supervisor_source(), params)
 

@@ -13,7 +13,8 @@ start   {run_dir, token?, argv, env, workdir, files, grace, steps?}
         token is refused ({"started": false, "refused": why}): never adopted, never started.
 prepare {run_dir, argv, env, files, steps?}
         Write the run folder (files, argv.json, env.json, steps.json) without starting anything: the ranks of
-        an MPI job that mpirun starts itself, so a debug shell on them still finds the hostfile and env.
+        an MPI job that mpirun starts itself, so a debug shell on them still finds the hostfile and env. A file
+        named "../NAME" goes into the attempt's folder, beside the rank's (container.py, see container_exec).
 status  {root, prune?} or {run_dirs, tokens?, prune?}
         Every run under root (<root>/<job>/<attempt>/<rank>/status.json), or only the given run folders, in
         one JSON document (see "Liveness" for the states it adds). A given run folder without status.json
@@ -153,7 +154,8 @@ def _prepare(run_dir, params):
     _private_dirs(run_dir)
     for name, content in sorted((params.get("files") or {}).items()):
         target = os.path.normpath(os.path.join(run_dir, name))
-        if not target.startswith(run_dir + os.sep):
+        attempt_file = name.startswith("../") and os.path.dirname(target) == os.path.dirname(run_dir)
+        if not (target.startswith(run_dir + os.sep) or attempt_file):
             raise ValueError("file outside the run folder: %r" % name)
         _private_dirs(os.path.dirname(target))
         _write_file(target, content)

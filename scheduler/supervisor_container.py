@@ -4,7 +4,7 @@ A step of a job with `image` carries "container" (see `scheduler/containers.py`,
 
     {"runtime": "podman"|"docker"|"apptainer", "path", "image", "name", "gpus": [host index...],
      "gpu_via": "cdi"|"gpus"|"nvidia-runtime"|"hook"|"nv"|None, "mounts": [{"from", "to", "readonly"}],
-     "shares": [path...], "ulimits": {name: "soft:hard"}}
+     "shares": [path...], "ulimits": {name: "soft:hard"}, "pid_host"?: true}
 
 `container_argv` turns the step's argv into the runtime's (``podman run ... IMAGE ARGV``, ``apptainer exec ...``):
 an init process (the program as PID 1 would ignore a stop's SIGTERM, which the client passes on), the host
@@ -85,8 +85,11 @@ def container_argv(container, argv, env_names, workdir, uid, gid):
 
 def _oci_argv(container, argv, env_names, workdir, uid, gid):
     rt = container["runtime"]
-    # --init: the program is not PID 1, which would ignore the SIGTERM of a stop (catatonit, docker-init)
-    out = [container["path"], "run", "--rm", "--init", "--pull", "never", "--name", container["name"]]
+    out = [container["path"], "run", "--rm", "--pull", "never", "--name", container["name"]]
+    if container.get("pid_host"):  # an MPI process of the hybrid model (container_exec): the host's pids
+        out += ["--pid", "host"]
+    else:  # --init: the program is not PID 1, which would ignore the SIGTERM of a stop (catatonit, docker-init)
+        out.insert(3, "--init")
     out += ["--network", "host", "--ipc", "host", "--workdir", workdir]
     if container.get("cidfile"):
         out += ["--cidfile", container["cidfile"]]  # its id: how the hang detector finds its processes

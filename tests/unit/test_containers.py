@@ -75,7 +75,6 @@ def test_image_and_mounts_round_trip() -> None:
         ("image: '-v /:/host'\n", "is not an image"),
         ("image: 'a b'\n", "is not an image"),
         ("image: x\nmounts: [{from: /a, to: /b, rw: true}]\n", "unknown key"),
-        ("image: x\nmode: horovod\nnodes: 2\n", "outside any container"),
     ],
 )
 def test_bad_image_or_mounts_are_refused_with_the_reason(text: str, expected: str) -> None:
