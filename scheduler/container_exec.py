@@ -29,10 +29,13 @@ rank - first, and the node's own run folder of the attempt must be there. Then:
   is gone, whatever the way, it removes the container. A SIGKILL of the client, which the launcher sends to
   what outlives its SIGTERM, would leave the container running under podman's conmon or docker's shim;
 - this process becomes the runtime's client (exec), so the launcher's signals reach the container.
+
+A process that cannot start its rank says why on stderr ("ftconsole: ...") and ends by SIGTERM (see `main`).
 """
 
 import fcntl
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -56,7 +59,7 @@ REAP_EVERY_S = 0.5
 
 
 class HybridError(Exception):
-    """This process cannot start its rank: the message says why (written to stderr, exit 125)."""
+    """This process cannot start its rank: the message says why (written to stderr, then SIGTERM: `main`)."""
 
 
 def mpi_rank(env):
@@ -180,6 +183,11 @@ def main(doc, args):
         hybrid_exec(doc, args[0], args[1:], dict(os.environ))
     except (HybridError, OSError) as exc:
         sys.stderr.write("ftconsole: %s\n" % exc)
+        sys.stderr.flush()
+        # ended by a signal: hydra cleans up the job's other processes only then (an exit code alone leaves them
+        # waiting in MPI_Init for this one); mpirun ends the job either way
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
         return 125
     return 0  # not reached: the process became the runtime's client
 
