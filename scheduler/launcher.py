@@ -54,13 +54,15 @@ horovod (OpenMPI)
     -x LD_LIBRARY_PATH -x PATH -mca pml ob1 -mca btl ^openib``, followed by ``-x KEY`` for each user env
     key (sorted), because mpirun starts the other ranks over SSH where only exported variables arrive. A
     user ``NCCL_DEBUG`` replaces ``-x NCCL_DEBUG=INFO`` by ``-x NCCL_DEBUG``. A command with a launcher is
-    left alone. mpirun on the first node starts the others: only rank 0 launches.
+    left alone. mpirun on the first node starts the others: only rank 0 launches. With ``rank_wrapper`` (the
+    MPI hybrid model of a job with an image) it goes between the prefix and the program.
 mpich
     ``HYDRA_HOST_FILE`` points at the hostfile (``host:N``); ``HYDRA_IFACE`` is set when ``hydra_iface`` is
     given (over a ``HYDRA_IFACE`` of the job's env, which the spec refuses together with it). The seed
     prefixes OpenMPI commands only; we give a command without a launcher the minimal Hydra prefix ``mpirun -np
     <total slots>`` (Hydra reads the hostfile and interface from the env and forwards the whole environment by
-    default), so it runs on all nodes. Only rank 0 launches.
+    default), so it runs on all nodes. Only rank 0 launches. With ``rank_wrapper``: ``mpirun -pmi-port -envlist
+    NAMES -np <total> WRAPPER PROGRAM`` (see `_hydra_hybrid`).
 tensorflow
     ``TF_CONFIG`` per node, compact JSON ``{"cluster": ..., "task": {"type", "index"}, "environment":
     "cloud"}`` as in the seed. PS-Worker when ``ps_count > 0``: the first ``ps_count`` nodes are ``ps``,
