@@ -91,7 +91,7 @@ def main():
     client, container = client_of(rank)
     with open("/etc/ftlab-image") as fh:
         marker = fh.read()
-    keep = ("FT_", "FTLAB_CDI_GPU_", "PEER_MARK", "CUDA_VISIBLE_DEVICES", "PATH", "HOME")
+    keep = ("FT_", "FTLAB_CDI_GPU_", "NVIDIA_VISIBLE_DEVICES", "PEER_MARK", "CUDA_VISIBLE_DEVICES", "PATH", "HOME")
     record = {
         "rank": rank,
         "size": size,

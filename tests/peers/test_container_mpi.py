@@ -1,8 +1,9 @@
-"""The MPI hybrid model of issue 17: mpirun on the host, each MPI process in a podman container, on two nodes.
+"""The MPI hybrid model of issue 17: mpirun on the host, each MPI process in a container, on two nodes.
 
 A job with `image` in mode horovod (Debian's OpenMPI) or mpich (Debian's MPICH, hydra) on two sshd test nodes
 with two simulated GPUs each: four MPI processes. mpirun starts each through the attempt's container.py
-(scheduler/container_exec.py) in the podman lab's image (tests/podman_lab.py), where tests/peers/mpi_rank.py
+(scheduler/container_exec.py) in the podman lab's image (tests/podman_lab.py; one case in the docker lab's,
+tests/docker_lab.py), where tests/peers/mpi_rank.py
 calls the MPI library itself: MPI_Init must reach the launcher's PMI server on the host from inside the
 container, and MPI_Allreduce must cross containers and nodes. Each process records what it saw, and the node
 its runtime client ran on; what is checked is what exists: the records, the containers podman lists, the
@@ -22,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from tests.docker_lab import docker_lab_fixture  # noqa: F401  (the fixture)
 from tests.integration.test_containers_sshd import image_job, lab_config
 from tests.integration.test_scheduler_sshd import log_of, running
 from tests.peers.nodessh import ssh_bin
@@ -36,10 +38,9 @@ RANK = HERE / "mpi_rank.py"
 WAIT = 60.0
 
 
-def mpi_job(
-    name: str, mode: str, lab: PodmanLab, cluster: SshdCluster, root: Path, slots: int, **env: str
-) -> dict[str, Any]:
-    """MPI processes of mpi_rank.py on 2 nodes, `slots` (GPUs) per node, in the lab's image; all on loopback."""
+def mpi_job(name: str, mode: str, lab: Any, cluster: SshdCluster, root: Path, slots: int, **env: str) -> dict[str, Any]:
+    """MPI processes of mpi_rank.py on 2 nodes, `slots` (GPUs) per node, in the image of `lab` (podman's or
+    docker's); all on loopback."""
     results = root / "results"
     results.mkdir(exist_ok=True)
     path = [str(ssh_bin(cluster, root / "ssh-bin")), "/usr/bin", "/bin"]
@@ -91,13 +92,15 @@ async def until(what: str, check: Any, timeout: float = WAIT) -> Any:
 # shared-memory segments by host name, job and local rank (vader_segment.<host>...), so two processes of local
 # rank 0 on two test nodes would share one segment (a crash no real cluster sees). MPICH's names differ per
 # process: with two per node it also checks two containers on one node meeting through the host's /dev/shm.
-@pytest.mark.parametrize(("mode", "slots"), [("horovod", 1), ("mpich", 2)])
+@pytest.mark.parametrize(
+    ("mode", "slots", "runtime"), [("horovod", 1, "podman"), ("mpich", 2, "podman"), ("horovod", 1, "docker")]
+)
 async def test_mpi_processes_all_reduce_across_two_nodes_each_in_its_container(
-    mode: str, slots: int, sshd_cluster, podman_lab, tmp_path: Path, sock_dir: Path
+    mode: str, slots: int, runtime: str, sshd_cluster, request, tmp_path: Path, sock_dir: Path
 ) -> None:
-    lab: PodmanLab = podman_lab
+    lab = request.getfixturevalue(f"{runtime}_lab")
     cluster: SshdCluster = sshd_cluster(2, gpus=2)
-    loaded = lab_config(cluster, lab, tmp_path, sock_dir)
+    loaded = lab_config(cluster, lab, tmp_path, sock_dir, runtime=runtime)
     spec = mpi_job("mpi-image", mode, lab, cluster, tmp_path, slots)
     async with running(loaded) as (_, client):
         job_id = (await client.call("submit", spec=spec))["id"]
@@ -127,8 +130,11 @@ async def test_mpi_processes_all_reduce_across_two_nodes_each_in_its_container(
         env = r["env"]
         assert env["PEER_MARK"] == MARK and env["FT_JOB_ID"] == str(job_id), r
         assert env["CUDA_VISIBLE_DEVICES"] == ",".join(str(i) for i in range(slots)), r  # from 0 inside
-        cdi = sorted(int(k.removeprefix("FTLAB_CDI_GPU_")) for k in env if k.startswith("FTLAB_CDI_GPU_"))
-        assert cdi == sorted(gpus[node]), r  # its node's GPUs, by CDI
+        if runtime == "podman":
+            cdi = sorted(int(k.removeprefix("FTLAB_CDI_GPU_")) for k in env if k.startswith("FTLAB_CDI_GPU_"))
+            assert cdi == sorted(gpus[node]), r  # its node's GPUs, by CDI
+        else:  # --runtime nvidia: its node's GPUs by their host indexes
+            assert env["NVIDIA_VISIBLE_DEVICES"] == ",".join(map(str, gpus[node])), r
         assert "ssh-bin" not in env.get("PATH", ""), r  # the image's PATH, not the host's
     assert lab.containers("ft-") == []  # each container was removed when its process ended
 
