@@ -255,6 +255,7 @@ def _runs(params):
     tokens = params.get("tokens") or {}
     if params.get("run_dirs") is not None:
         groups = None  # type: Optional[Dict[int, List[int]]]
+        cgroups = {}  # type: Dict[int, str]
         for given in params["run_dirs"]:
             run_dir = _expand(given)
             status = _read_json(os.path.join(run_dir, STATUS))
@@ -267,7 +268,7 @@ def _runs(params):
                 status = _with_output(run_dir, _observe(status, os.path.join(run_dir, STATUS)))
                 if status.get("state") == "running":
                     groups = _process_groups() if groups is None else groups  # one look at /proc per read
-                    status = _with_io(status, groups)
+                    status = _with_io(status, groups, cgroups)
                 ask = (params.get("scan") or {}).get(given)
                 if ask is not None:
                     status = dict(status, scan=_scan(run_dir, ask))

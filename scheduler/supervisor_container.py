@@ -186,9 +186,11 @@ def _runtime_call(argv):
         return None
 
 
-def container_pids(cidfile):
+def container_pids(cidfile, cgroups):
     """The processes of the container whose id the runtime wrote to `cidfile` (its cgroup names the id), for
-    the hang detector's I/O counters: they are not in the step's process group, which holds the client."""
+    the hang detector's I/O counters: they are not in the step's process group, which holds the client.
+    `cgroups`: a dict for one read of the node, filled by the first call ({pid: its /proc cgroup text}), so
+    that a read of many runs in containers looks at /proc once."""
     try:
         with open(cidfile) as fh:
             cid = fh.read().strip()
@@ -196,13 +198,12 @@ def container_pids(cidfile):
         return []
     if len(cid) < 12 or not all(c in "0123456789abcdef" for c in cid):
         return []
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open("/proc/%s/cgroup" % entry) as fh:
-                    if cid in fh.read():
-                        out.append(int(entry))
-            except OSError:
-                continue
-    return out
+    if not cgroups:
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open("/proc/%s/cgroup" % entry) as fh:
+                        cgroups[int(entry)] = fh.read()
+                except OSError:
+                    continue
+    return [pid for pid, text in cgroups.items() if cid in text]

@@ -96,9 +96,9 @@ def _io(pids):
     return total if seen else None
 
 
-def _with_io(status, groups):
+def _with_io(status, groups, cgroups):
     """A running run's status with `io`: the I/O counters of its step's process group (see `_io`), and of its
-    container's processes when the step runs in one."""
+    container's processes when the step runs in one (`cgroups`: see container_pids)."""
     pgid = status.get("pgid")
     if status.get("state") != "running" or not pgid or pgid not in groups:
         return status
@@ -108,7 +108,7 @@ def _with_io(status, groups):
     pids = groups[pgid]
     container = status.get("container") or {}
     if container.get("cidfile"):
-        pids = pids + container_pids(container["cidfile"])  # the client's group holds only the client
+        pids = pids + container_pids(container["cidfile"], cgroups)  # the client's group holds only the client
     io = _io(pids)
     return status if io is None else dict(status, io=io)
 
