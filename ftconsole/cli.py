@@ -82,7 +82,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
     async def go() -> list[dict[str, Any]]:
         async with ClusterService.open(loaded) as svc:
-            outcomes = await svc.probe(args.nodeset, checks=checks)
+            outcomes = await svc.probe(args.nodeset, checks=checks, fresh=True)
             return [o.to_json() for o in outcomes]
 
     results = asyncio.run(go())

@@ -18,6 +18,9 @@ defaults below are used. PARAMS keys, all optional:
     sysroot       prefix for /, /dev/shm, /proc, /sys/class/infiniband, /etc/os-release and the container
                   runtimes' files (CDI specs, hooks; tests: a fake tree)
     timeout       seconds for all slow sub-steps together (DNS, nvidia-smi, container runtimes); default 10
+    runtimes_max_age  seconds the last reading of the container runtimes is reused (kept in RUNTIMES_CACHE
+                  under the account's home, while nothing it depends on changed: see agent_runtimes); default
+                  0, read every time; never with a sysroot other than /
 
 The agent prints exactly ONE line on stdout, compact JSON that ``probes.results.parse_document`` reads::
 
@@ -57,7 +60,7 @@ from ftconsole.probes.agent_common import (  # bundled
     safe,
 )
 from ftconsole.probes.agent_gpus import read_gpus  # bundled
-from ftconsole.probes.agent_runtimes import read_runtimes  # bundled
+from ftconsole.probes.agent_runtimes import RUNTIMES_CACHE, read_runtimes  # bundled
 
 AGENT_PROTOCOL = 1
 
@@ -100,6 +103,7 @@ DEFAULT_PARAMS: dict = {
     "cache_dir": "/cache",
     "sim_gpus_env": "FTCONSOLE_SIM_GPUS",
     "sysroot": "/",
+    "runtimes_max_age": 0,
     "timeout": 10.0,
 }
 
@@ -514,7 +518,9 @@ def probe(params):
     reading = read_gpus(params, deadline)
     facts["driver_version"] = reading.driver_version
     facts["gpu_source"] = reading.source
-    facts["runtimes"] = safe(read_runtimes, str(params["sysroot"]), deadline) or []
+    cache = os.path.expanduser(RUNTIMES_CACHE) if params["sysroot"] == "/" else None  # not for a test's tree
+    max_age = as_number(params.get("runtimes_max_age")) or 0.0
+    facts["runtimes"] = safe(read_runtimes, str(params["sysroot"]), deadline, max_age, cache) or []
     checks = run_checks(Context(params, facts, reading, dns, deadline), names)
     return {
         "agent": AGENT_PROTOCOL,

@@ -361,8 +361,9 @@ class Scheduler:
     async def probe(
         self, caller: Caller, nodeset: str | None, *, checks: Sequence[str] | None = None
     ) -> list[ProbeOutcome]:
-        """Probe nodes now (anyone may: it changes nothing a probe on its own would not)."""
-        outcomes = await self.service.probe(nodeset, checks=checks)
+        """Probe nodes now (anyone may: it changes nothing a probe on its own would not), reading every node's
+        container runtimes anew."""
+        outcomes = await self.service.probe(nodeset, checks=checks, fresh=True)
         self._poke()
         return outcomes
 

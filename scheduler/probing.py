@@ -22,6 +22,8 @@ from ftconsole.scheduler.config import ClusterConfig, Node
 from ftconsole.scheduler.errors import AuthError, CommandTimeout, FtError, HostKeyError, SSHError, UnreachableError
 from ftconsole.scheduler.ssh import Transport, python_stdin_script, run_on_all
 
+RUNTIMES_MAX_AGE_S = 300.0  # the loop's probes reuse a node's last reading of its container runtimes this long
+
 
 @functools.cache
 def agent_source() -> str:
@@ -29,12 +31,17 @@ def agent_source() -> str:
     return bundle(Path(probes.__file__).parent, "agent", "ftconsole.probes")
 
 
-def agent_params(config: ClusterConfig, node: Node, *, checks: Sequence[str] | None = None) -> dict[str, Any]:
+def agent_params(
+    config: ClusterConfig, node: Node, *, checks: Sequence[str] | None = None, fresh: bool = False
+) -> dict[str, Any]:
+    """The agent's PARAMS; `fresh`: read the container runtimes now, not the last reading kept on the node
+    (an operator's probe), else a reading younger than RUNTIMES_MAX_AGE_S whose inputs did not change."""
     params: dict[str, Any] = {
         "cache_dir": config.probes.cache_dir,
         "dns_names": list(config.probes.dns_names),
         "thresholds": config.thresholds_for(node.pool).model_dump(),
         "timeout": max(1.0, config.probes.timeout / 2),
+        "runtimes_max_age": 0 if fresh else RUNTIMES_MAX_AGE_S,
     }
     if checks is not None:
         params["checks"] = list(checks)
@@ -54,10 +61,15 @@ class ProbeFailure:
 
 
 async def probe_node(
-    transport: Transport, config: ClusterConfig, node: Node, *, checks: Sequence[str] | None = None
+    transport: Transport,
+    config: ClusterConfig,
+    node: Node,
+    *,
+    checks: Sequence[str] | None = None,
+    fresh: bool = False,
 ) -> ProbeReport:
     """Run the agent on one node; raise SSHError (cannot run) or AgentOutputError (ran, but no report)."""
-    params = agent_params(config, node, checks=checks)
+    params = agent_params(config, node, checks=checks, fresh=fresh)
     result = await nodecache.run(transport, node, [config.ssh.python, "-"], name="agent", source=agent_source(),
                                  params=params, timeout=config.probes.timeout)  # fmt: skip
     if not result.ok and not result.stdout.strip():
@@ -75,9 +87,12 @@ async def sweep(
     *,
     checks: Sequence[str] | None = None,
     limit: int = 512,
+    fresh: bool = False,
 ) -> dict[str, ProbeReport | ProbeFailure]:
     """Probe every node concurrently; a node that hangs costs its own timeout, not the sweep's."""
-    results = await run_on_all(nodes, lambda node: probe_node(transport, config, node, checks=checks), limit=limit)
+    results = await run_on_all(
+        nodes, lambda node: probe_node(transport, config, node, checks=checks, fresh=fresh), limit=limit
+    )
     return {name: failure_of(r) if isinstance(r, FtError) else r for name, r in results.items()}
 
 

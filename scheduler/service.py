@@ -248,10 +248,13 @@ class ClusterService:
 
     # -- probing -----------------------------------------------------------------------------------------
 
-    async def probe(self, nodeset: str | None = None, *, checks: Sequence[str] | None = None) -> list[ProbeOutcome]:
-        """Probe nodes now; fold the results into their health and persist both, with the events."""
+    async def probe(
+        self, nodeset: str | None = None, *, checks: Sequence[str] | None = None, fresh: bool = False
+    ) -> list[ProbeOutcome]:
+        """Probe nodes now; fold the results into their health and persist both, with the events. `fresh`: an
+        operator's probe, which reads the container runtimes anew (see probing.agent_params)."""
         nodes = self.select(nodeset)
-        results = await sweep(self.transport, self.config, nodes, checks=checks)
+        results = await sweep(self.transport, self.config, nodes, checks=checks, fresh=fresh)
         now = self.clock()
         settings = self.config.probes
         current = await self.store.all_node_health()

@@ -3,6 +3,7 @@ PATH of their own, a fake node tree for CDI specs, hooks and driver libraries; t
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -278,3 +279,53 @@ def test_parse_runtimes_keeps_what_it_can_read() -> None:
 )  # fmt: skip
 def test_runtime_lines(facts: dict[str, Any] | None, lines: list[str]) -> None:
     assert runtime_lines(facts) == lines
+
+
+# --- the last reading, kept on the node -------------------------------------------------------------------------
+
+
+def counting(version: str, calls: Path) -> str:
+    """A fake podman that appends each call's first argument to `calls`."""
+    return f'#!/bin/sh\necho "$1" >> {calls}\n' + script(version, '{"host": {}}').split("\n", 1)[1]
+
+
+def test_the_last_reading_is_reused_while_young_and_nothing_it_depends_on_changed(tmp_path: Path, monkeypatch) -> None:
+    calls, cache = tmp_path / "calls", tmp_path / "home" / ".ftconsole" / "probe" / "runtimes.json"
+    bin_dir, root = node(tmp_path, {"podman": counting("podman version 4.3.1", calls)}, {})
+    monkeypatch.setenv("PATH", str(bin_dir))
+
+    def read(max_age: float = 300.0) -> list[dict[str, Any]]:
+        return rt.read_runtimes(str(root), rt.Deadline(10.0), max_age, str(cache))
+
+    def runs() -> int:
+        return calls.read_text().count("info") if calls.exists() else 0
+
+    first = read()
+    assert first[0]["version"] == "4.3.1" and first[0]["usable"] and runs() == 1
+    assert cache.stat().st_mode & 0o777 == 0o600
+    assert read() == first and runs() == 1  # kept: podman info not run again
+    assert read(max_age=0) == first and runs() == 2  # an operator's probe reads anew
+    monkeypatch.setenv("CONTAINERS_CONF", "/elsewhere.conf")
+    read()
+    assert runs() == 3  # another configuration: read anew
+    (root / "etc" / "cdi").mkdir(parents=True)
+    (root / "etc" / "cdi" / "nvidia.yaml").write_text(CDI_SPEC)
+    assert read()[0]["gpus_via"] == ["CDI"] and runs() == 4  # a new CDI spec: read anew
+    (bin_dir / "podman").write_text(counting("podman version 5.0.0", calls))  # an upgrade
+    assert read()[0]["version"] == "5.0.0" and runs() == 5
+    doc = json.loads(cache.read_text())
+    doc["at"] -= 301
+    cache.write_text(json.dumps(doc))
+    read()
+    assert runs() == 6  # too old
+
+
+def test_a_home_that_cannot_keep_the_reading_reads_every_time(tmp_path: Path, monkeypatch) -> None:
+    calls = tmp_path / "calls"
+    bin_dir, root = node(tmp_path, {"podman": counting("podman version 4.3.1", calls)}, {})
+    monkeypatch.setenv("PATH", str(bin_dir))
+    (tmp_path / "file").write_text("")
+    cache = str(tmp_path / "file" / "probe" / "runtimes.json")  # under a file: cannot be made
+    for _ in range(2):
+        assert rt.read_runtimes(str(root), rt.Deadline(10.0), 300.0, cache)[0]["usable"]
+    assert calls.read_text().count("info") == 2
