@@ -150,6 +150,7 @@ class Loop:
 
     async def tick(self) -> None:
         """One pass of the control loop (see the module docstring); a step that fails does not stop the others."""
+        self.store.forget()  # the store's kept reads start afresh: another process may have written
         steps = [self._act, self._observe, self._expire]
         if self._probed():
             steps += [self.placer.resize, self.placer.place]

@@ -19,7 +19,7 @@ import os
 import sqlite3
 import stat
 import time
-from collections.abc import AsyncIterator, Collection, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +141,10 @@ class Store:
         self._specs: dict[str, JobSpec] = {}  # spec JSON -> parsed (specs never change once stored)
         self._stamp = 0.0  # the last `jobs.updated` stamp handed out (see `_next_stamp`)
         self.cluster_id = ""  # random, made with the store: run folders on the nodes are keyed by it
+        # reads of jobs, runs and attempts kept until the next write (see `_kept_read`): a tick asks for the
+        # running jobs and the held runs in each of its steps, and rebuilding their records was most of its CPU
+        self._generation = 0
+        self._kept: dict[tuple[Any, ...], tuple[int, Any]] = {}
 
     @classmethod
     async def open(cls, path: Path) -> Store:
@@ -256,12 +260,14 @@ class Store:
 
     @contextlib.asynccontextmanager
     async def _transaction(self, what: str) -> AsyncIterator[None]:
-        """BEGIN IMMEDIATE ... COMMIT; any exception rolls the whole transaction back."""
+        """BEGIN IMMEDIATE ... COMMIT; any exception rolls the whole transaction back. The kept reads are
+        forgotten when it begins (reads inside it see its writes) and when it ends, committed or not."""
         async with self._writing:
             try:
                 await self._db.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
                 raise StoreError(f"cannot {what} in {self.path}: {exc}") from exc
+            self.forget()
             try:
                 yield
                 await self._db.execute("COMMIT")
@@ -271,6 +277,25 @@ class Store:
                 if isinstance(exc, sqlite3.Error):
                     raise StoreError(f"cannot {what} in {self.path}: {exc}") from exc
                 raise
+            finally:
+                self.forget()
+
+    def forget(self) -> None:
+        """Drop the kept reads: after a write, and where another process may have written (each tick)."""
+        self._generation += 1
+        self._kept.clear()
+
+    async def _kept_read(self, key: tuple[Any, ...], read: Callable[[], Awaitable[Any]]) -> Any:
+        """`read()`, or what it gave last for `key` when nothing was written since. A read under way when a
+        transaction begins is not kept: it may have read before or after the write."""
+        generation = self._generation
+        kept = self._kept.get(key)
+        if kept is not None and kept[0] == generation:
+            return kept[1]
+        value = await read()
+        if generation == self._generation:
+            self._kept[key] = (generation, value)
+        return value
 
     @contextlib.asynccontextmanager
     async def jobs_tx(self, what: str) -> AsyncIterator[JobTx]:
@@ -338,6 +363,11 @@ class Store:
         self, *, statuses: Iterable[JobStatus] | None = None, deleted: bool = False, ended_since: float | None = None
     ) -> list[Job]:
         """Jobs by id; `ended_since`: only those that ended at or after that time."""
+        wanted = None if statuses is None else tuple(statuses)
+        key = ("jobs", wanted, deleted, ended_since)
+        return list(await self._kept_read(key, lambda: self._jobs(wanted, deleted, ended_since)))
+
+    async def _jobs(self, statuses: Iterable[JobStatus] | None, deleted: bool, ended_since: float | None) -> list[Job]:
         sql = "SELECT * FROM jobs WHERE deleted <= ?"
         args: list[Any] = [1 if deleted else 0]
         if statuses is not None:
@@ -379,6 +409,9 @@ class Store:
 
     async def running_attempts(self) -> dict[int, Attempt]:
         """The current attempt of every running job, by job id, in one query."""
+        return dict(await self._kept_read(("running_attempts",), self._running_attempts))
+
+    async def _running_attempts(self) -> dict[int, Attempt]:
         sql = (
             "SELECT a.* FROM attempts a JOIN jobs j ON a.job = j.id AND a.number = j.attempt WHERE j.status = 'running'"
         )
@@ -393,6 +426,9 @@ class Store:
 
     async def runs(self, *, job: int | None = None, held: bool | None = None) -> list[Run]:
         """Runs of one job (every attempt) or of all jobs; `held`: only those whose GPUs are not released."""
+        return list(await self._kept_read(("runs", job, held), lambda: self._runs(job, held)))
+
+    async def _runs(self, job: int | None, held: bool | None) -> list[Run]:
         where, args = [], []
         if job is not None:
             where.append("r.job = ?")

@@ -1,0 +1,96 @@
+"""The store keeps its reads of jobs, runs and running attempts until the next write (issue 17's debt: a tick
+asked for the running jobs and the held runs in each of its steps, and rebuilding the records was most of its
+CPU). What must hold: a read after any write, committed or rolled back, sees the store as it is; a read kept
+is the same data, as a list of its own; another process's write is seen after `forget` (each tick)."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from ftconsole.scheduler.jobs import Attempt, JobStatus
+from ftconsole.scheduler.jobtx import Conflict
+from ftconsole.scheduler.store import Store
+from tests.unit.test_jobs import make_job, run
+
+
+async def test_reads_are_kept_until_a_write_and_each_caller_gets_its_own_list(tmp_path: Path, monkeypatch) -> None:
+    async with await Store.open(tmp_path / "state.db") as store:
+        async with store.jobs_tx("submit") as tx:
+            job_id = await tx.add_job(make_job(attempt=1))
+            attempt = Attempt(job=job_id, number=1, spec_name=None, gpus_per_node=1, master_port=1, created=2.0)
+            await tx.add_attempt(attempt, [run(0, "intent"), run(1, "intent")])
+        queries = []
+        real = store._runs
+
+        async def counted(*args):
+            queries.append(args)
+            return await real(*args)
+
+        monkeypatch.setattr(store, "_runs", counted)
+        first = await store.runs(held=True)
+        second = await store.runs(held=True)
+        assert first == second and first is not second and len(queries) == 1  # kept: one query
+        first.clear()  # a caller's list is its own
+        assert len(await store.runs(held=True)) == 2 and len(queries) == 1
+        await store.runs(job=job_id)
+        assert len(queries) == 2  # another question is another query
+
+        async with store.jobs_tx("start") as tx:
+            await tx.update_run(second[0], state="running")
+        assert [r.state for r in await store.runs(held=True)] == ["running", "intent"]  # read again
+        assert len(queries) == 3
+
+        with pytest.raises(Conflict):  # a transaction rolled back: its writes gone, and so are the kept reads
+            async with store.jobs_tx("stop") as tx:
+                await tx.update_run(second[1], state="running")
+                assert [r.state for r in await store.runs(held=True)] == ["running", "running"]  # inside: its own
+                await tx.update_job(job_id, expect=[JobStatus.QUEUED], status=JobStatus.STOPPED)
+        assert [r.state for r in await store.runs(held=True)] == ["running", "intent"]
+
+
+async def test_jobs_and_running_attempts_are_kept_and_forget_reads_another_processs_write(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    async with await Store.open(path) as store:
+        async with store.jobs_tx("submit") as tx:
+            job_id = await tx.add_job(make_job(attempt=1))
+            attempt = Attempt(job=job_id, number=1, spec_name=None, gpus_per_node=1, master_port=1, created=2.0)
+            await tx.add_attempt(attempt, [run(0, "running")])
+            await tx.update_job(job_id, status=JobStatus.RUNNING, attempt=1)
+        assert [j.status for j in await store.jobs(statuses=[JobStatus.RUNNING])] == [JobStatus.RUNNING]
+        assert list(await store.running_attempts()) == [job_id]
+        with sqlite3.connect(path) as other:  # another process (a CLI) writes behind this store's back
+            other.execute("UPDATE jobs SET status = 'succeeded' WHERE id = ?", (job_id,))
+        assert [j.id for j in await store.jobs(statuses=[JobStatus.RUNNING])] == [job_id]  # kept
+        store.forget()  # what each tick does first
+        assert await store.jobs(statuses=[JobStatus.RUNNING]) == []
+        assert await store.running_attempts() == {}
+
+
+async def test_a_read_under_way_when_a_write_begins_is_not_kept(tmp_path: Path, monkeypatch) -> None:
+    async with await Store.open(tmp_path / "state.db") as store:
+        async with store.jobs_tx("submit") as tx:
+            job_id = await tx.add_job(make_job(attempt=1))
+            attempt = Attempt(job=job_id, number=1, spec_name=None, gpus_per_node=1, master_port=1, created=2.0)
+            await tx.add_attempt(attempt, [run(0, "intent")])
+        gate = asyncio.Event()
+        real = store._runs
+
+        async def slow(*args):
+            got = await real(*args)
+            await gate.wait()  # the write below begins and ends while this read is under way
+            return got
+
+        monkeypatch.setattr(store, "_runs", slow)
+        reading = asyncio.create_task(store.runs(held=True))
+        await asyncio.sleep(0)
+        (old,) = await real(None, True)
+        async with store.jobs_tx("start") as tx:
+            await tx.update_run(old, state="running")
+        gate.set()
+        assert [r.state for r in await asyncio.wait_for(reading, 10)] == ["intent"]  # what it read, before
+        monkeypatch.setattr(store, "_runs", real)
+        assert [r.state for r in await store.runs(held=True)] == ["running"]  # not kept: read again
