@@ -267,14 +267,25 @@ def gone_message(job: dict[str, Any], run: dict[str, Any], settings: SchedulerSe
     return f"\nftconsole: it should be kept until {when} ({kept_by}): it was never made there, or was removed by hand"
 
 
+HYBRID_MODES = ("horovod", "mpich")  # on several nodes, with an image: the MPI hybrid model
+
+
 def job_banner(job: dict[str, Any], run: dict[str, Any]) -> str:
     text = (
         f"ftconsole: job {job['id']} ({job['name']}, {job['status']}) attempt {run['attempt']} rank {run['rank']} "
         f"({_run_state(run)}) on {run['node']}:{run['run_dir']} - env of the run loaded; exit to return"
     )
-    image = (job.get("spec") or {}).get("image")
-    token = next((a.get("token") for a in job.get("attempts") or () if a.get("number") == run["attempt"]), None)
-    if image and token:  # this shell is on the node: say where the rank itself runs
+    spec = job.get("spec") or {}
+    image = spec.get("image")
+    attempt: dict[str, Any] = next((a for a in job.get("attempts") or () if a.get("number") == run["attempt"]), {})
+    token = attempt.get("token")
+    if image and token and spec.get("mode") in HYBRID_MODES and len(attempt.get("runs") or ()) > 1:
+        text += (  # the MPI hybrid model (scheduler/container_exec.py): one container per MPI process
+            f"\nftconsole: mpirun starts each MPI process in a container of {image} of its own, "
+            f"ft-{token}-p<MPI rank> (its runtime's `ps --filter name=ft-{token}-` lists this node's; "
+            "`exec -it NAME sh` enters one while it runs)"
+        )
+    elif image and token:  # this shell is on the node: say where the rank itself runs
         text += (
             f"\nftconsole: the rank runs in container ft-{token}-r{run['rank']} of {image} (its runtime's "
             f"`exec -it ft-{token}-r{run['rank']} sh` enters it while it runs)"

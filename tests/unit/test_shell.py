@@ -449,3 +449,12 @@ def test_the_banner_of_a_job_in_an_image_names_the_ranks_container() -> None:
         "`exec -it ft-tok2-r1 sh` enters it while it runs)"
     )
     assert "\n" not in job_banner(TWO, run(2, 1))  # no image: as before
+
+
+def test_the_banner_of_an_mpi_job_in_an_image_names_its_processes_containers() -> None:
+    hybrid = {**TWO, "spec": {"image": "img:1", "mode": "horovod"}}
+    hybrid["attempts"] = [{**a, "token": f"tok{a['number']}"} for a in TWO["attempts"]]
+    assert job_banner(hybrid, run(2, 1)).splitlines()[1] == (
+        "ftconsole: mpirun starts each MPI process in a container of img:1 of its own, ft-tok2-p<MPI rank> (its "
+        "runtime's `ps --filter name=ft-tok2-` lists this node's; `exec -it NAME sh` enters one while it runs)"
+    )
