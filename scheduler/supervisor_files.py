@@ -26,7 +26,8 @@ def _tilde(value):
 
 def _write_file(path, text):
     """Write whole or not at all: a temporary file, fsync'd, then renamed over `path`."""
-    tmp = "%s.%d.%d.tmp" % (path, os.getpid(), next(_WRITES))  # a stop handler may write meanwhile
+    # a stop handler may write meanwhile; nodes sharing a home write the attempt's container.py at once
+    tmp = "%s.%s.%d.%d.tmp" % (path, os.uname()[1], os.getpid(), next(_WRITES))
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         os.write(fd, text.encode("utf-8"))
