@@ -142,6 +142,7 @@ def _reaper(container):
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
+    os.closerange(3, 65536)  # nothing of the launcher's (its output pipes, sockets) is held open by the reaper
     try:
         while True:
             try:
