@@ -172,6 +172,10 @@ def hybrid_exec(doc, script, argv, env):
             "not where ftconsole placed them" % (rank, node["rank"], run_dir, os.uname()[1])
         )
     container = rank_container(doc, node, rank, env)
+    if container["runtime"] != "apptainer":  # its id, for the hang detector's I/O counters (supervisor_scan)
+        container["cidfile"] = os.path.join(run_dir, container["name"] + ".cid")
+        if os.path.exists(container["cidfile"]):
+            os.unlink(container["cidfile"])  # the runtime refuses to write over one
     _pull(container, run_dir)
     env = dict(env, CUDA_VISIBLE_DEVICES=container_gpu_env(container))
     command = container_argv(container, list(argv), passed_env(env), os.getcwd(), os.getuid(), os.getgid())

@@ -268,7 +268,7 @@ def _runs(params):
                 status = _with_output(run_dir, _observe(status, os.path.join(run_dir, STATUS)))
                 if status.get("state") == "running":
                     groups = _process_groups() if groups is None else groups  # one look at /proc per read
-                    status = _with_io(status, groups, cgroups)
+                    status = _with_io(status, groups, cgroups, run_dir)
                 ask = (params.get("scan") or {}).get(given)
                 if ask is not None:
                     status = dict(status, scan=_scan(run_dir, ask))

@@ -7,6 +7,7 @@ into the supervisor script (`scheduler/bundle.py`): it imports only the standard
 modules (lines marked "# bundled", dropped from the bundle).
 """
 
+import glob
 import os
 import signal
 from typing import Any, Dict  # noqa: F401  (used in type comments: this file runs on Python 3.8)
@@ -15,6 +16,7 @@ from ftconsole.scheduler.supervisor_container import container_pids  # bundled
 from ftconsole.scheduler.supervisor_liveness import _stat  # bundled
 
 IO_FIELDS = ("rchar", "wchar", "read_bytes", "write_bytes")
+HYBRID_CIDS = "ft-*-p*.cid"  # in a run folder: the containers container.py started for MPI processes
 SCAN_BYTES = 256 * 1024  # at most this much of output.log (its end) is scanned per read
 SCAN_MATCHES = 64  # the last matches kept per pattern
 SCAN_BUDGET_S = 1.0  # CPU for all the patterns of one read: a pattern that takes longer is reported, not waited for
@@ -96,19 +98,22 @@ def _io(pids):
     return total if seen else None
 
 
-def _with_io(status, groups, cgroups):
+def _with_io(status, groups, cgroups, run_dir=None):
     """A running run's status with `io`: the I/O counters of its step's process group (see `_io`), and of its
-    container's processes when the step runs in one (`cgroups`: see container_pids)."""
+    containers' processes: its step's container, and those container.py started on this node for the MPI
+    processes of the hybrid model (their id files in `run_dir`, HYBRID_CIDS). `cgroups`: see container_pids."""
     pgid = status.get("pgid")
     if status.get("state") != "running" or not pgid or pgid not in groups:
         return status
     leader = _stat(pgid)
     if leader is not None and leader[2] != status.get("pid_start"):
         return status  # the pgid is another group's now
-    pids = groups[pgid]
-    container = status.get("container") or {}
-    if container.get("cidfile"):
-        pids = pids + container_pids(container["cidfile"], cgroups)  # the client's group holds only the client
+    pids = list(groups[pgid])
+    cidfiles = [(status.get("container") or {}).get("cidfile")]
+    cidfiles += sorted(glob.glob(os.path.join(glob.escape(run_dir), HYBRID_CIDS))) if run_dir else []
+    for cidfile in cidfiles:
+        if cidfile:
+            pids += container_pids(cidfile, cgroups)  # the client's group holds only the client
     io = _io(pids)
     return status if io is None else dict(status, io=io)
 

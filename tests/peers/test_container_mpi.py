@@ -151,9 +151,10 @@ async def sleeping_job(client: Any, lab: PodmanLab, cluster: SshdCluster, root: 
     return job_id, prefix
 
 
-async def nothing_left(lab: PodmanLab) -> None:
-    await until("no container left", lambda: lab.containers("ft-") == [])
-    await until("no process of the job left", lambda: not client_pids("ft-") and not _running(RANK))
+async def nothing_left(lab: PodmanLab, prefix: str) -> None:
+    """No container of the job's attempt in the lab's store, no runtime client naming one, no MPI process."""
+    await until("no container left", lambda: lab.containers(prefix) == [])
+    await until("no process of the job left", lambda: not client_pids(prefix) and not _running(RANK))
 
 
 async def test_a_stopped_mpi_job_leaves_no_container_and_no_process_on_any_node(
@@ -164,11 +165,13 @@ async def test_a_stopped_mpi_job_leaves_no_container_and_no_process_on_any_node(
     lab: PodmanLab = podman_lab
     cluster: SshdCluster = sshd_cluster(2, gpus=2)
     async with running(lab_config(cluster, lab, tmp_path, sock_dir)) as (_, client):
-        job_id, _ = await sleeping_job(client, lab, cluster, tmp_path)
+        job_id, prefix = await sleeping_job(client, lab, cluster, tmp_path)
+        first = Path((await client.call("show", job=job_id))["attempts"][0]["runs"][0]["run_dir"])
+        assert (first / f"{prefix}-p0.cid").is_file()  # the first node's read counts that container's I/O
         await client.call("stop", jobs=[job_id])
         shown = await finished(client, job_id)
         assert shown["status"] == "stopped", shown["message"]
-        await nothing_left(lab)
+        await nothing_left(lab, prefix)
 
 
 async def test_a_killed_runtime_client_leaves_no_container_behind(
@@ -186,7 +189,7 @@ async def test_a_killed_runtime_client_leaves_no_container_behind(
         await until("rank 1's container removed", lambda: f"{prefix}-p1" not in lab.containers(prefix))
         shown = await finished(client, job_id)
         assert shown["status"] == "error", shown["message"]  # mpirun saw a process killed, and ended the job
-        await nothing_left(lab)
+        await nothing_left(lab, prefix)
     daemons = [json.loads((tmp_path / "results" / f"{r}.json").read_text())["node"] for r in (0, 1)]
     assert daemons[0] != daemons[1]  # rank 1 ran on the other node
 

@@ -250,3 +250,27 @@ def test_container_py_is_one_python38_script_of_stdlib_modules_each_name_defined
                 for symbol in names:
                     assert symbol not in where, f"{symbol} in {where.get(symbol)} and {name}"
                     where[symbol] = name
+
+
+def test_the_first_nodes_read_counts_the_io_of_the_mpi_processes_containers(tmp_path: Path) -> None:
+    """container.py writes each container's id into its node's run folder (``ft-<token>-p<rank>.cid``): the
+    status read of the first node's rank (mpirun's) adds the I/O of those containers' processes, found by the
+    id in their cgroup, to that of mpirun's process group."""
+    from ftconsole.scheduler.supervisor_liveness import start_time
+    from ftconsole.scheduler.supervisor_scan import _with_io
+
+    leader = subprocess.Popen(["sleep", "30"], start_new_session=True)  # mpirun's group, doing no I/O
+    try:
+        status = {"state": "running", "pgid": leader.pid, "pid_start": start_time(leader.pid)}
+        groups = {leader.pid: [leader.pid]}
+        cid = "ab" * 32
+        (tmp_path / "ft-tok-p1.cid").write_text(cid + "\n")
+        cgroups = {os.getpid(): f"0::/machine/libpod-{cid}.scope\n"}  # this process stands for the container's
+        alone = _with_io(status, groups, {}, None)["io"]
+        with_containers = _with_io(status, groups, cgroups, str(tmp_path))["io"]
+        assert with_containers > alone  # this test process has read and written far more than `sleep`
+        (tmp_path / "ft-tok-p1.cid").unlink()
+        assert _with_io(status, groups, cgroups, str(tmp_path))["io"] == alone
+    finally:
+        leader.kill()
+        leader.wait(WAIT)
