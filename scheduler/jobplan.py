@@ -77,7 +77,9 @@ def plan_job(
     launches nothing would get no copy, so such a plan is refused (the spec's checks refuse it at submit).
     With `image` and `images`, every rank first pulls the image (step kind "pull", PULL_STEP), and its command
     or tasks run in a container of it (`Step.container`, one container per task); the hooks and the data copy
-    run on the node. Without `images` (placement's look at which ranks launch) nothing is wrapped.
+    run on the node. Where the first node's launcher starts every rank itself (horovod, mpich on several
+    nodes), the launcher runs on the host and starts each MPI process through HYBRID_SCRIPT (`_hybrid`: the
+    MPI hybrid model). Without `images` (placement's look at which ranks launch) nothing is wrapped.
     """
     tasks = spec.tasks or []
     if tasks:
@@ -85,10 +87,9 @@ def plan_job(
     else:
         plans = [plan_launch(dataclasses.replace(base, argv=tuple(spec.argv())))]
     launching = {r.rank for p in plans for r in p.launching}
-    hybrid: dict[str, bytes] = {}
     if spec.image is not None and images is not None and len(launching) < len(plans[0].ranks):
-        base, hybrid = _hybrid(spec, base, plans[0], images)
-        return _with_files(plan_job(spec, base, data_prep=data_prep, images=None), hybrid, images, spec, base)
+        base, script = _hybrid(spec, base, plans[0], images)
+        return _with_files(plan_job(spec, base, data_prep=data_prep, images=None), script, images, spec, base)
     check = next((p.ssh_check for p in plans if p.ssh_check is not None), None)
     steps: dict[int, tuple[Step, ...]] = {}
     if spec.data_prep and len(launching) < len(plans[0].ranks):
