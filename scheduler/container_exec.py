@@ -49,6 +49,7 @@ from ftconsole.scheduler.supervisor_container import (  # bundled
     image_pulled,
 )
 from ftconsole.scheduler.supervisor_files import _expand  # bundled
+from ftconsole.scheduler.supervisor_liveness import _alive, start_time  # bundled
 
 RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMI_ID", "PMIX_RANK")  # OpenMPI, hydra (PMI_ID: -pmi-port), PMIx
 LOCAL_VARS = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
@@ -131,8 +132,7 @@ def _reaper(container):
     if container["runtime"] not in ("podman", "docker"):
         return  # apptainer's processes are the program's own: nothing outlives them
     watched = os.getpid()
-    with open("/proc/%d/stat" % watched) as fh:
-        started = fh.read().rsplit(")", 1)[1].split()[19]
+    started = start_time(watched)
     if os.fork() != 0:
         os.wait()
         return
@@ -144,14 +144,7 @@ def _reaper(container):
         os.dup2(devnull, fd)
     os.closerange(3, 65536)  # nothing of the launcher's (its output pipes, sockets) is held open by the reaper
     try:
-        while True:
-            try:
-                with open("/proc/%d/stat" % watched) as fh:
-                    fields = fh.read().rsplit(")", 1)[1].split()
-            except OSError:
-                break
-            if fields[19] != started or fields[0] == "Z":
-                break
+        while _alive(watched, started):  # the same process (pid and start time), not a zombie
             time.sleep(REAP_EVERY_S)
         container_remove(container)
     finally:
