@@ -259,10 +259,18 @@ def test_the_first_nodes_read_counts_the_io_of_the_mpi_processes_containers(tmp_
     status read of the first node's rank (mpirun's) adds the I/O of those containers' processes, found by the
     id in their cgroup, to that of mpirun's process group."""
     from ftconsole.scheduler.supervisor_liveness import start_time
-    from ftconsole.scheduler.supervisor_scan import _with_io
+    from ftconsole.scheduler.supervisor_scan import _io, _with_io
 
     leader = subprocess.Popen(["sleep", "30"], start_new_session=True)  # mpirun's group, doing no I/O
     try:
+        settled: list[int | None] = [None]  # sleep reads its libraries as it starts: wait until it is done
+
+        def still() -> bool:
+            before, settled[0] = settled[0], _io([leader.pid])
+            time.sleep(0.1)
+            return before is not None and before == settled[0] == _io([leader.pid])
+
+        until("sleep's I/O settles", still)
         status = {"state": "running", "pgid": leader.pid, "pid_start": start_time(leader.pid)}
         groups = {leader.pid: [leader.pid]}
         cid = "ab" * 32
