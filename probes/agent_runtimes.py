@@ -9,6 +9,7 @@ probe's deadline) is kept apart from deciding (``runtime_entry``, ``gpus_via``: 
 out), so the decisions are tested from tables. Python 3.8, standard library only.
 """
 
+import contextlib
 import glob
 import json
 import os
@@ -222,11 +223,15 @@ def keep_reading(path, key, entries, now):
     try:
         os.makedirs(folder, 0o700, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".runtimes.")
+    except OSError:
+        return
+    try:
         with os.fdopen(fd, "w") as fh:
             json.dump({"key": key, "at": now, "entries": entries}, fh)
         os.replace(tmp, path)
     except OSError:
-        return
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
 
 
 def read_runtimes(sysroot, deadline, max_age=0.0, cache=None):

@@ -42,13 +42,13 @@ import time
 
 from ftconsole.scheduler.supervisor_container import (  # bundled
     container_argv,
+    container_expanded,
     container_gpu_env,
     container_remove,
     image_present,
     image_pull_argv,
     image_pulled,
 )
-from ftconsole.scheduler.supervisor_files import _expand  # bundled
 from ftconsole.scheduler.supervisor_liveness import _alive, start_time  # bundled
 
 RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMI_ID", "PMIX_RANK")  # OpenMPI, hydra (PMI_ID: -pmi-port), PMIx
@@ -94,12 +94,9 @@ def _slots(doc):
 
 def rank_container(doc, node, rank, env):
     """The container document of one MPI process: its node's, named by rank, with the launcher's folders."""
-    base = node["container"]
-    mounts = [dict(m, **{"from": _expand(m["from"])}) for m in base.get("mounts") or []]
-    shares = [_expand(p) for p in base.get("shares") or []]
-    shares += [env[n] for n in SESSION_VARS if env.get(n)]
-    name = "ft-%s-p%d" % (doc["token"], rank)
-    return dict(base, name=name, mounts=mounts, shares=shares, pid_host=True)
+    base = container_expanded(node["container"])
+    shares = base["shares"] + [env[n] for n in SESSION_VARS if env.get(n)]
+    return dict(base, name="ft-%s-p%d" % (doc["token"], rank), shares=shares, pid_host=True)
 
 
 def passed_env(env):

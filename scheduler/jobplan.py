@@ -129,8 +129,7 @@ def _in_containers(
     assert spec.image is not None
     node = base.nodes[rank]
     choice = images.runtimes[node.name]
-    shares = [spec.workdir, launch.run_dir, spec.output or "", base.checkpoint_dir or ""]
-    shares += [d.to for d in spec.data_prep or ()]
+    shares = _shares(spec, base, launch.run_dir)
 
     def container(task: int | None) -> dict[str, Any]:
         return container_step(choice, image=spec.image or "", name=container_name(images.token, rank, task),
@@ -148,7 +147,7 @@ def _hybrid(spec: JobSpec, base: LaunchInput, plan: LaunchPlan, images: Images) 
     assert spec.image is not None
     nodes, first = [], 0
     for rank, node in zip(plan.ranks, base.nodes, strict=True):
-        shares = [spec.workdir, rank.run_dir, spec.output or "", base.checkpoint_dir or ""]
+        shares = _shares(spec, base, rank.run_dir)
         container = container_step(images.runtimes[node.name], image=spec.image, name="", gpus=node.gpus,
                                    mounts=spec.mounts or (), shares=shares, settings=images.settings)  # fmt: skip
         nodes.append({"rank": rank.rank, "first": first, "slots": node.slots, "container": container})
@@ -175,6 +174,13 @@ def _with_files(
                                    settings=images.settings)  # fmt: skip
         steps[rank] = (Step(StepKind.PULL, PULL_STEP, (), {}, container=container), *rank_steps)
     return JobLaunch(LaunchPlan(ranks, launch.plan.ssh_check), steps)
+
+
+def _shares(spec: JobSpec, base: LaunchInput, run_dir: str) -> list[str]:
+    """The node's folders a rank's container sees at their own paths: the workdir, the run folder, the output
+    and checkpoint folders, data_prep's copies."""
+    shares = [spec.workdir, run_dir, spec.output or "", base.checkpoint_dir or ""]
+    return shares + [d.to for d in spec.data_prep or ()]
 
 
 def _main_step(tasks: Sequence[Task], index: int, rank: RankLaunch) -> Step:

@@ -22,10 +22,18 @@ import hashlib
 import os
 import subprocess
 
+from ftconsole.scheduler.supervisor_files import _expand  # bundled
+
 IB_DEVICES = "/dev/infiniband"
 RUNTIME_CALL_S = 60.0  # at most, for one call of the runtime's own (inspect, rm): never hangs the supervisor
 SIF_SCHEMES = ("docker://", "oras://", "library://", "shub://", "docker-daemon:", "oci-archive:")
 GPU_ISOLATING = ("cdi", "gpus", "nvidia-runtime", "hook")  # the container sees its GPUs only, numbered from 0
+
+
+def container_expanded(container):
+    """The document with ~ expanded in its mounts' `from` and its shares, with the HOME of the user it runs as."""
+    mounts = [dict(m, **{"from": _expand(m["from"])}) for m in container.get("mounts") or []]
+    return dict(container, mounts=mounts, shares=[_expand(p) for p in container.get("shares") or []])
 
 
 def container_gpu_env(container):

@@ -17,6 +17,7 @@ from typing import Any, Dict, Optional, Tuple  # noqa: F401  (used in type comme
 
 from ftconsole.scheduler.supervisor_container import (  # bundled
     container_argv,
+    container_expanded,
     container_gpu_env,
     container_mount_problem,
     container_remove,
@@ -38,10 +39,7 @@ def _child_env(step):
 def _container(step):
     """The step's container (see supervisor_container.py) with ~ expanded in its paths, or None."""
     container = step.get("container")
-    if container is None:
-        return None
-    mounts = [dict(m, **{"from": _expand(m["from"])}) for m in container.get("mounts") or []]
-    return dict(container, mounts=mounts, shares=[_expand(p) for p in container.get("shares") or []])
+    return None if container is None else container_expanded(container)
 
 
 def _in_container(step, container, argv, env, workdir, run_dir, log):

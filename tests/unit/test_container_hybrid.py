@@ -236,7 +236,7 @@ def test_container_py_refuses_a_process_whose_node_folder_is_not_here(attempt) -
 def test_container_py_is_one_python38_script_of_stdlib_modules_each_name_defined_once() -> None:
     folder = Path(hybrid.__file__).parent
     assert modules(folder, "container_exec") == [
-        "supervisor_container", "supervisor_files", "supervisor_liveness", "container_exec"
+        "supervisor_files", "supervisor_container", "supervisor_liveness", "container_exec"
     ]  # fmt: skip
     script = hybrid_script(DOC)
     ast.parse(script, feature_version=(3, 8))
