@@ -80,8 +80,17 @@ async def test_failed_job_raises_an_alert_its_owner_acks_and_resolves(sshd_clust
 
 async def test_unreachable_node_raises_one_alert_resolved_when_it_is_back(sshd_cluster, tmp_path, sock_dir) -> None:
     cluster: SshdCluster = sshd_cluster(2, gpus=2)
-    loaded = write_config(cluster, tmp_path, sock_dir)
+    # the loop's own sweeps must not race this test's probes: a sweep in flight on node02 when it goes down
+    # fails there as "agent" (its connection cut mid-command) and raises the alert before the probes below
+    loaded = write_config(cluster, tmp_path, sock_dir, probes={"interval": "1h"})
     async with running(loaded) as (scheduler, client):
+
+        async def first_sweep() -> asyncio.Future[None] | None:
+            return scheduler.loop._first_probe
+
+        started = await poll(first_sweep, lambda f: f is not None, "the loop's start")
+        assert started is not None
+        await asyncio.wait_for(asyncio.shield(started), WAIT)  # the loop's first sweep is over
         assert {o["name"]: o["state"] for o in await client.call("probe", nodeset=None)} == {
             "node01": "healthy",
             "node02": "healthy",
