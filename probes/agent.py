@@ -21,6 +21,8 @@ defaults below are used. PARAMS keys, all optional:
     runtimes_max_age  seconds the last reading of the container runtimes is reused (kept in RUNTIMES_CACHE
                   under the account's home, while nothing it depends on changed: see agent_runtimes); default
                   0, read every time; never with a sysroot other than /
+    node          the name of the node the scheduler asks about: the kept reading is that node's alone
+                  (RUNTIMES_CACHE with the name in it), as nodes may share a home
 
 The agent prints exactly ONE line on stdout, compact JSON that ``probes.results.parse_document`` reads::
 
@@ -105,6 +107,7 @@ DEFAULT_PARAMS: dict = {
     "sysroot": "/",
     "runtimes_max_age": 0,
     "timeout": 10.0,
+    "node": None,
 }
 
 GB = 1e9
@@ -508,6 +511,17 @@ def run_checks(ctx, names):
 # ---------------------------------------------------------------------------------------------------------
 
 
+def runtimes_cache(node):
+    """Where the kept reading of the container runtimes of `node` lies: one file per node, as nodes that share a
+    home (NFS) each have runtimes of their own; a name that is not plain keeps none."""
+    if node is None:
+        return os.path.expanduser(RUNTIMES_CACHE)
+    if not isinstance(node, str) or not node or node.startswith(".") or any(c in node for c in "/\\\0"):
+        return None
+    base, ext = os.path.splitext(os.path.expanduser(RUNTIMES_CACHE))
+    return "%s-%s%s" % (base, node, ext)
+
+
 def probe(params):
     """Read the node, run the selected checks, and return the document."""
     started = time.monotonic()
@@ -518,7 +532,7 @@ def probe(params):
     reading = read_gpus(params, deadline)
     facts["driver_version"] = reading.driver_version
     facts["gpu_source"] = reading.source
-    cache = os.path.expanduser(RUNTIMES_CACHE) if params["sysroot"] == "/" else None  # not for a test's tree
+    cache = runtimes_cache(params.get("node")) if params["sysroot"] == "/" else None  # not for a test's tree
     max_age = as_number(params.get("runtimes_max_age")) or 0.0
     facts["runtimes"] = safe(read_runtimes, str(params["sysroot"]), deadline, max_age, cache) or []
     checks = run_checks(Context(params, facts, reading, dns, deadline), names)

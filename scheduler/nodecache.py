@@ -52,7 +52,7 @@ def _ft_store(name, digest, source):
     try:
         folder = _ft_folder()
         path = _ft_os.path.join(folder, "%s-%s.py" % (name, digest))
-        tmp = "%s.%d.tmp" % (path, _ft_os.getpid())
+        tmp = "%s.%s.%d.tmp" % (path, _ft_os.uname()[1], _ft_os.getpid())  # nodes may share the home
         fd = _ft_os.open(tmp, _ft_os.O_WRONLY | _ft_os.O_CREAT | _ft_os.O_TRUNC, 0o600)
         with _ft_os.fdopen(fd, "wb") as fh:
             fh.write(source)

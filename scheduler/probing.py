@@ -42,6 +42,7 @@ def agent_params(
         "thresholds": config.thresholds_for(node.pool).model_dump(),
         "timeout": max(1.0, config.probes.timeout / 2),
         "runtimes_max_age": 0 if fresh else RUNTIMES_MAX_AGE_S,
+        "node": node.name,  # the kept reading of the runtimes is this node's (nodes may share a home)
     }
     if checks is not None:
         params["checks"] = list(checks)

@@ -229,7 +229,9 @@ async def _call(
     user: str | None = None,
 ) -> dict[str, Any]:
     """One supervisor action on a node; with `user`, as that account of the node (supervisor.py "Users"):
-    switched on the node when the SSH account is root, else through `sudo -n -u USER`."""
+    switched on the node when the SSH account is root, else through `sudo -n -u USER`. Every action names the
+    node it asks: a start records it, and the others act only on that node's runs (supervisor.py "Nodes")."""
+    params = {**params, "node": node.name}
     if user is not None:
         params = {**params, "user": user}
     key = (node.name, node.host)

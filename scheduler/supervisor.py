@@ -74,6 +74,13 @@ the node rebooted, or the supervisor died) once nothing of it is alive, or "orph
 is dead but processes of its step's group still run (they hold GPUs: the scheduler kills them with
 `stop`, then the run reads "lost").
 
+Nodes: PARAMS["node"] (the scheduler sends every action the name of the node it is asking) is recorded in
+status.json at a start, as "node". Nodes may share the run folders (an NFS home) and the kernel (containers on
+one host), so an action acts only on runs started for the node it was asked about: a status read of the
+root lists only those (and runs that record no node, started by an earlier ftconsole); a given run folder
+started for another node reads "foreign"; stop and signal leave another node's runs alone; retention judges
+another node's ranks only by what their status.json says (ended, and when), never by this node's processes.
+
 Writes: status.json and the other files are written to a temporary file, fsync'd, then renamed. Every
 file of a run folder (env.json holds the job's tokens and keys) is 0600, and the run folder and the folders
 this creates above it 0700: other users of the node read none of it.
@@ -194,8 +201,8 @@ def start(params):
         if supervisor != 0:  # status.json appears whole, with the supervisor's identity in it
             boot = boot_id()
             start = start_time(supervisor)
-            _write_json(status_path, dict(_STARTING, token=token, boot_id=boot, supervisor_pid=supervisor,
-                                          supervisor_start=start))  # fmt: skip
+            _write_json(status_path, dict(_STARTING, token=token, node=params.get("node"), boot_id=boot,
+                                          supervisor_pid=supervisor, supervisor_start=start))  # fmt: skip
             os._exit(0)
         _detach_stdio()
         deadline = time.time() + 10
@@ -239,11 +246,20 @@ def _detach_stdio():
 # -- status and stop -------------------------------------------------------------------------------------------
 
 
+def _other_node(status, params):
+    """The node another than the one asked about that the run was started for (None: this node's, or a run
+    that records no node, or no node asked about): see "Nodes"."""
+    asked, started_for = params.get("node"), status.get("node")
+    if asked is None or started_for is None or started_for == asked:
+        return None
+    return started_for
+
+
 def runs(params):
     doc = {}  # type: Dict[str, Any]
     if params.get("prune"):
         try:
-            doc["pruned"] = prune(params["prune"])
+            doc["pruned"] = prune(params["prune"], params.get("node"))
         except Exception as exc:  # never let retention break the read: it is the node's heartbeat
             doc["prune_error"] = "%s: %s" % (type(exc).__name__, exc)
     doc.update(_runs(params))
@@ -264,6 +280,9 @@ def _runs(params):
             elif tokens.get(given) is not None and status.get("token") != tokens[given]:
                 status = {"state": "foreign", "error": "the run folder holds another attempt's run (token %s)"
                           % status.get("token")}  # fmt: skip
+            elif _other_node(status, params) is not None:
+                status = {"state": "foreign", "error": "the run folder holds a run started for %s"
+                          % _other_node(status, params)}  # fmt: skip
             else:
                 status = _with_output(run_dir, _observe(status, os.path.join(run_dir, STATUS)))
                 if status.get("state") == "running":
@@ -289,7 +308,7 @@ def _runs(params):
             for rank in sorted(os.listdir(attempt_dir)):
                 run_dir = os.path.join(attempt_dir, rank)
                 status = _read_json(os.path.join(run_dir, STATUS))
-                if status is not None:
+                if status is not None and _other_node(status, params) is None:
                     status = _with_output(run_dir, _observe(status, os.path.join(run_dir, STATUS)))
                     out.append({"job": job, "attempt": attempt, "rank": rank, "status": status})
     return {"root": root, "runs": out}
@@ -309,6 +328,10 @@ def stop(params):
             continue
         if tokens.get(given) is not None and status.get("token") != tokens[given]:
             out.append({"run_dir": given, "signalled": False, "alive": False, "reason": "another attempt's run"})
+            continue
+        if _other_node(status, params) is not None:
+            why = "a run started for %s" % _other_node(status, params)
+            out.append({"run_dir": given, "signalled": False, "alive": False, "reason": why})
             continue
         seen = _observe(status, status_path)
         if seen["state"] in ("starting", "running") and not params.get("force"):
@@ -331,6 +354,10 @@ def send_signal(params):
         status = _read_json(status_path)
         if status is None or (tokens.get(given) is not None and status.get("token") != tokens[given]):
             out.append({"run_dir": given, "signalled": False, "reason": "no such run"})
+            continue
+        if _other_node(status, params) is not None:
+            out.append({"run_dir": given, "signalled": False, "reason": "a run started for %s"
+                        % _other_node(status, params)})  # fmt: skip
             continue
         seen = _observe(status, status_path)
         leader = status.get("pgid")

@@ -25,8 +25,9 @@ def _plain(name):
     return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\0" not in name
 
 
-def prune(spec):
-    """Remove the attempt folders of <run_root>/<cluster> that may go (see "Retention"); their names."""
+def prune(spec, node=None):
+    """Remove the attempt folders of <run_root>/<cluster> that may go (see "Retention"); their names. `node`:
+    the node asked about; a rank started for another (a shared home) counts by what its status.json says."""
     retention = float(spec["retention"])
     cluster = spec["cluster"]
     if not _plain(cluster):
@@ -56,7 +57,7 @@ def prune(spec):
                 continue
             if groups is None:
                 groups = _process_groups()
-            if not _expired(attempt_dir, cutoff, tokens, groups):
+            if not _expired(attempt_dir, cutoff, tokens, groups, node):
                 continue
             if os.path.dirname(os.path.dirname(os.path.realpath(attempt_dir))) != real_root:
                 continue  # never reached through a link: only the run root's own folders go
@@ -70,8 +71,10 @@ def prune(spec):
     return removed
 
 
-def _expired(attempt_dir, cutoff, tokens, groups):
-    """Every rank of the attempt folder ended before `cutoff`, none is alive, none is a current token's."""
+def _expired(attempt_dir, cutoff, tokens, groups, node=None):
+    """Every rank of the attempt folder ended before `cutoff`, none is alive, none is a current token's. A
+    rank started for another node than `node` has ended only when its status.json records the end: its
+    processes are that node's, which this one cannot see (or, sharing a kernel, must not judge)."""
     for rank in os.listdir(attempt_dir):
         run_dir = os.path.join(attempt_dir, rank)
         if os.path.islink(run_dir) or not os.path.isdir(run_dir):
@@ -88,8 +91,13 @@ def _expired(attempt_dir, cutoff, tokens, groups):
             continue
         if status.get("token") in tokens:
             return False
-        seen = _observe(status, status_path)
-        if seen.get("state") not in ENDED or _any_alive(status, groups):
+        if node is not None and status.get("node") not in (None, node):
+            seen = status  # another node's: as it recorded itself
+        else:
+            seen = _observe(status, status_path)
+            if _any_alive(status, groups):
+                return False
+        if seen.get("state") not in ENDED:
             return False
         ended = seen.get("ended")
         if not isinstance(ended, (int, float)):

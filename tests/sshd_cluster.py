@@ -1,12 +1,14 @@
 """A cluster of real OpenSSH sshd processes on loopback addresses, for integration tests.
 
 Node i (1-based) is named ``nodeNN``, listens on 127.0.0.(10+i) and a free high port (kept across restarts),
-and has its own ed25519 host key, sshd_config, log, home folder and simulated-GPU file. One client key in
+and has its own ed25519 host key, sshd_config, log, home folder and simulated-GPU file; with
+``shared_home=True`` every node has the same home folder, ``<root>/home`` (an NFS ``/home``, as on most real
+clusters; the nodes share a kernel too, as containers on one host do). One client key in
 ``root`` is authorized on every node and ``root/known_hosts`` holds every node's host key.
 
 Every SSH session on a node gets, through ``SetEnv`` in that node's sshd_config::
 
-    HOME=<root>/nodes/nodeNN/home
+    HOME=<root>/nodes/nodeNN/home      (shared_home: <root>/home)
     FTCONSOLE_SIM_GPUS=<root>/nodes/nodeNN/gpus.json
     FTCONSOLE_LAB_NODE=nodeNN
     FTCONSOLE_LAB_ROOT=<root>
@@ -255,13 +257,14 @@ class SshdNode:
     address: str
     port: int
     dir: Path
+    shared_home: Path | None = None  # the home every node shares (SshdCluster's shared_home), else its own
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     stopped: bool = False  # SIGSTOPped by hang()
     frozen: set[int] = field(default_factory=set, repr=False)  # processes SIGSTOPped by hang(sessions=True)
 
     @property
     def home(self) -> Path:
-        return self.dir / "home"
+        return self.shared_home or self.dir / "home"
 
     @property
     def cache_dir(self) -> Path:
@@ -313,10 +316,11 @@ class SshdNode:
 class SshdCluster:
     """`count` real sshd processes on 127.0.0.11, 127.0.0.12, ...; started by the constructor.
 
-    `gpus` is the number of simulated GPUs of every node, or a list with one number per node.
+    `gpus` is the number of simulated GPUs of every node, or a list with one number per node. With
+    `shared_home`, every node's HOME is the same folder (`homes` lists each home once).
     """
 
-    def __init__(self, root: Path, count: int, gpus: Sequence[int] | int = 8) -> None:
+    def __init__(self, root: Path, count: int, gpus: Sequence[int] | int = 8, *, shared_home: bool = False) -> None:
         if not sshd_available():
             raise SshdClusterError(SSHD_MISSING)
         if not 1 <= count <= 200:
@@ -330,6 +334,7 @@ class SshdCluster:
         self.authorized_keys = self.root / "authorized_keys"
         self.known_hosts = self.root / "known_hosts"
         self.state_dir = self.root / "state"
+        self.shared_home = self.root / "home" if shared_home else None
         self.nodes: list[SshdNode] = []
         self._closed = False
         try:
@@ -359,7 +364,9 @@ class SshdCluster:
         for i, gpu_count in enumerate(per_node, start=1):
             name = f"node{i:02d}"
             address = f"127.0.0.{10 + i}"
-            node = SshdNode(name=name, address=address, port=_free_port(address), dir=self.root / "nodes" / name)
+            node = SshdNode(name=name, address=address, port=_free_port(address), dir=self.root / "nodes" / name,
+                            shared_home=self.shared_home)  # fmt: skip
+            node.dir.mkdir(parents=True, exist_ok=True)
             node.cache_dir.mkdir(parents=True, exist_ok=True)
             _keygen(node.host_key, f"{name}@ftconsole-test")
             self._write_sshd_config(node)
@@ -436,6 +443,11 @@ class SshdCluster:
 
     def __len__(self) -> int:
         return len(self.nodes)
+
+    @property
+    def homes(self) -> list[Path]:
+        """Each home folder of the nodes once (one for all of them with shared_home)."""
+        return sorted({n.home for n in self.nodes})
 
     @property
     def names(self) -> list[str]:
@@ -767,9 +779,9 @@ def _lab_thresholds() -> dict[str, Any]:
 
 @pytest.fixture(name="sshd_cluster")
 def sshd_cluster_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., SshdCluster]]:
-    """Fixture ``sshd_cluster``: a factory ``make(count=4, gpus=8) -> SshdCluster``; every cluster it made is
-    stopped at teardown, whatever the test did. (Named apart from the fixture so that importing it does not
-    clash with the test arguments: ``from tests.sshd_cluster import sshd_cluster_fixture``.)
+    """Fixture ``sshd_cluster``: a factory ``make(count=4, gpus=8, shared_home=False) -> SshdCluster``; every
+    cluster it made is stopped at teardown, whatever the test did. (Named apart from the fixture so that importing
+    it does not clash with the test arguments: ``from tests.sshd_cluster import sshd_cluster_fixture``.)
 
     Skips the test where /usr/sbin/sshd is missing.
     """
@@ -777,8 +789,8 @@ def sshd_cluster_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[C
         pytest.skip(SSHD_MISSING)
     made: list[SshdCluster] = []
 
-    def make(count: int = 4, gpus: Sequence[int] | int = 8) -> SshdCluster:
-        cluster = SshdCluster(tmp_path_factory.mktemp("sshd"), count, gpus)
+    def make(count: int = 4, gpus: Sequence[int] | int = 8, *, shared_home: bool = False) -> SshdCluster:
+        cluster = SshdCluster(tmp_path_factory.mktemp("sshd"), count, gpus, shared_home=shared_home)
         made.append(cluster)
         return cluster
 

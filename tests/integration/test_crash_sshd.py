@@ -1,9 +1,11 @@
 """The scheduler killed (-9) at every step of its loop, and at random moments, on real sshd nodes.
 
-After each crash a fresh `ftconsole serve` takes over the same store. What is checked is what exists, not
-what a log says (Jepsen's way): every job ends with the status its command earns, each rank's command
-started exactly once (each start appends its pid to a file on its node), no process of any job is left
-running, and no run holds GPUs.
+After each crash a fresh `ftconsole serve` takes over the same store. Both layouts of the nodes' homes run:
+each node with its own, and every node with the same one (an NFS home; here the nodes share a kernel too), where
+each node's sweep after a restart sees every other node's run folders and must leave them alone. What is
+checked is what exists, not what a log says (Jepsen's way): every job ends with the status its command earns,
+each rank's command started exactly once (each start appends its pid to a file on its node), no process of any
+job is left running, and no run holds GPUs.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from tests.sshd_cluster import SshdCluster, pid_alive
 
 pytestmark = pytest.mark.sshd
 WAIT = 60.0
+LAYOUTS = ["own-home", "shared-home"]
 START = 'echo $$ >> "$HOME/starts.$FT_JOB_ID.$RANK"'
 
 # name -> (spec, the status it must end with, its ranks)
@@ -122,7 +125,7 @@ async def settle(config: Path, root: Path, ids: dict[int, str]) -> dict[int, str
 async def check_outcomes(cluster: SshdCluster, root: Path, ids: dict[int, str], seen: dict[int, str]) -> None:
     for job_id, name in ids.items():
         assert seen[job_id] == JOBS[name][1], f"job {job_id} ({name}) ended {seen[job_id]}"
-        starts = [line for n in cluster for f in n.home.glob(f"starts.{job_id}.*") for line in f.read_text().split()]
+        starts = [line for h in cluster.homes for f in h.glob(f"starts.{job_id}.*") for line in f.read_text().split()]
         assert len(starts) == JOBS[name][2], f"job {job_id} ({name}): ranks started {starts}"  # once per attempt
         for pid in starts:
             assert not pid_alive(int(pid)), f"job {job_id} ({name}): process {pid} still runs"
@@ -130,9 +133,12 @@ async def check_outcomes(cluster: SshdCluster, root: Path, ids: dict[int, str], 
         assert [r for r in await store.runs(held=True)] == []
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("point", sorted(failpoints.POINTS))
-async def test_a_crash_at_each_failpoint_loses_nothing_and_runs_nothing_twice(sshd_cluster, tmp_path, point) -> None:
-    cluster: SshdCluster = sshd_cluster(2, gpus=2)
+async def test_a_crash_at_each_failpoint_loses_nothing_and_runs_nothing_twice(
+    sshd_cluster, tmp_path, point, layout
+) -> None:
+    cluster: SshdCluster = sshd_cluster(2, gpus=2, shared_home=layout == "shared-home")
     config = write_config(cluster, tmp_path)
     ids = await preload(tmp_path, list(JOBS))
     crashing = serve(config, tmp_path, f"{point}=crash")
@@ -146,12 +152,12 @@ async def test_a_crash_at_each_failpoint_loses_nothing_and_runs_nothing_twice(ss
     await check_outcomes(cluster, tmp_path, ids, seen)
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-async def test_random_kills_while_jobs_are_submitted_run_and_end(sshd_cluster, tmp_path, seed) -> None:
+@pytest.mark.parametrize(("seed", "layout"), [(1, "own-home"), (2, "own-home"), (3, "shared-home")])
+async def test_random_kills_while_jobs_are_submitted_run_and_end(sshd_cluster, tmp_path, seed, layout) -> None:
     """kill -9 at random moments (seeded: a failing seed replays) while jobs are queued, placed, started,
     stopped and ending, then a last scheduler that lets everything finish."""
     rng = random.Random(seed)
-    cluster: SshdCluster = sshd_cluster(2, gpus=2)
+    cluster: SshdCluster = sshd_cluster(2, gpus=2, shared_home=layout == "shared-home")
     config = write_config(cluster, tmp_path)
     ids = await preload(tmp_path, list(JOBS))
     for _ in range(6):
