@@ -2,7 +2,8 @@
 
 Every listing takes `--json`. Errors go to stderr as `ftconsole: <title>: <message>`; bad input or config
 exits 2, other failures 1. `probe` exits 1 when a probed node is not healthy, so it works as a check in
-scripts and monitoring.
+scripts and monitoring. `probe`, `nodes`, `drain` and `resume` go through the scheduler when one serves, and
+act on the store from this process when none does.
 """
 
 from __future__ import annotations
@@ -10,36 +11,101 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import pwd
+import shlex
 import sys
 from collections.abc import Sequence
+from importlib import metadata, resources
 from pathlib import Path
 from typing import Any
 
+import ftconsole
 from ftconsole import jobs_cli, shell_cli
 from ftconsole.format import age, gpu_summary, print_json, print_table, runtime_lines
+from ftconsole.jobs_cli import find_config, loaded_config
 from ftconsole.scheduler.client import open_client
-from ftconsole.scheduler.config import LoadedConfig, check_problems, find_config, format_duration, load_config
+from ftconsole.scheduler.config import LoadedConfig, check_problems, format_duration, load_config
 from ftconsole.scheduler.detectspec import HANG_WINDOW_S
-from ftconsole.scheduler.errors import ConfigError, FtError
-from ftconsole.scheduler.service import ClusterService
+from ftconsole.scheduler.errors import ConfigError, FtError, Problem
 from ftconsole.scheduler.store import STORE_FILE, read_cluster_id
 
 PROG = "ftconsole"
 
 
-# -- output helpers ------------------------------------------------------------------------------------------
+# The keys of a lab layout (config/lab.yaml, ftconsole/lab) that a cluster config does not have: a config check
+# that finds them is pointed at the layout, and says so.
+LAB_KEYS = frozenset({"cluster", "faults", "prefix", "base_port", "driver_version"})
+LAB_NODE_KEYS = frozenset({"gpus", "gpu_model", "memory_mib"})
+
+
+def version() -> str:
+    """The installed distribution's version, else (run from a source tree) the package's own."""
+    try:
+        return metadata.version("ftconsole")
+    except metadata.PackageNotFoundError:
+        return ftconsole.__version__
+
+
+def data_file(name: str) -> str:
+    """A file shipped in the package, under ftconsole/data/."""
+    return resources.files("ftconsole").joinpath("data", name).read_text(encoding="utf-8")
 
 
 # -- commands ------------------------------------------------------------------------------------------------
 
 
-def _loaded(args: argparse.Namespace) -> LoadedConfig:
-    return load_config(find_config(args.config))
+def cmd_config_example(args: argparse.Namespace) -> int:
+    sys.stdout.write(data_file("cluster.example.yaml"))
+    return 0
+
+
+def cmd_config_systemd(args: argparse.Namespace) -> int:
+    """The shipped unit file, for this install: User, ExecStart (this ftconsole, the config found)."""
+    script = Path(sys.executable).parent / "ftconsole"
+    program = [str(script)] if script.is_file() else [sys.executable, "-m", "ftconsole.cli"]
+    try:
+        config = str(find_config(args.config).resolve())
+    except ConfigError:
+        config = "/etc/ftconsole/cluster.yaml"
+        print(
+            f"{PROG}: note: no cluster config found: the unit names /etc/ftconsole/cluster.yaml; put it there, or "
+            "give --config FILE",
+            file=sys.stderr,
+        )
+    try:
+        user = pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        user = str(os.getuid())
+    out = []
+    for line in data_file("ftconsole.service").splitlines():
+        if line.startswith("User="):
+            line = f"User={user}"
+        elif line.startswith("ExecStart="):
+            line = "ExecStart=" + shlex.join([*program, "--config", config, "serve"])
+        out.append(line)
+    print("\n".join(out))
+    return 0
+
+
+def _lab_layout(path: Path, exc: ConfigError) -> ConfigError | None:
+    """The error to give when `path` is a lab layout, which a cluster config's keys cannot read."""
+    unknown = [p.path for p in exc.problems if p.message == "unknown key"]
+    if not any(key in LAB_KEYS or key.rsplit(".", 1)[-1] in LAB_NODE_KEYS for key in unknown):
+        return None
+    message = (
+        "this is a lab layout (the fake nodes `ftconsole lab up --layout FILE` starts), not a cluster config. "
+        "The lab writes its own cluster config, cluster.yaml in its folder (`ftconsole lab status` names it); "
+        "for a real cluster start from `ftconsole config example`"
+    )
+    return ConfigError([Problem(str(path), None, "", message)])
 
 
 def cmd_config_check(args: argparse.Namespace) -> int:
-    path = find_config(args.config)
-    loaded = load_config(path)  # raises ConfigError with every problem
+    path = find_config(args.config, stdin=True)
+    try:
+        loaded = load_config(path)  # raises ConfigError with every problem
+    except ConfigError as exc:
+        raise _lab_layout(path, exc) or exc from None
     problems = check_problems(loaded, path)  # loads, but cannot schedule (no nodes)
     if problems:
         raise ConfigError(problems)
@@ -77,13 +143,12 @@ def _hang_line(interval: float) -> str:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
-    loaded = _loaded(args)
+    loaded = loaded_config(args)
     checks = [c.strip() for c in args.checks.split(",")] if args.checks else None
 
     async def go() -> list[dict[str, Any]]:
-        async with ClusterService.open(loaded) as svc:
-            outcomes = await svc.probe(args.nodeset, checks=checks, fresh=True)
-            return [o.to_json() for o in outcomes]
+        async with open_client(loaded) as client:  # the scheduler's probe when one serves
+            return list(await client.call("probe", nodeset=args.nodeset, checks=checks))
 
     results = asyncio.run(go())
     if args.json:
@@ -104,11 +169,11 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 
 def cmd_nodes(args: argparse.Namespace) -> int:
-    loaded = _loaded(args)
+    loaded = loaded_config(args)
 
     async def go() -> list[dict[str, Any]]:
-        async with ClusterService.open(loaded) as svc:
-            return [v.to_json() for v in await svc.nodes(args.nodeset)]
+        async with open_client(loaded) as client:  # the scheduler's view when one serves
+            return list(await client.call("nodes", nodeset=args.nodeset))
 
     views = asyncio.run(go())
     if args.state:
@@ -147,7 +212,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def _admin(args: argparse.Namespace, op: str, **call: Any) -> int:
     """drain and resume, through the scheduler's API (in-process when none runs): admins only."""
-    loaded = _loaded(args)
+    loaded = loaded_config(args)
 
     async def go() -> list[dict[str, Any]]:
         async with open_client(loaded) as client:
@@ -231,7 +296,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_console(args: argparse.Namespace) -> int:
-    return run_console(_loaded(args), readonly=args.readonly, theme=args.theme)
+    return run_console(loaded_config(args), readonly=args.readonly, theme=args.theme)
 
 
 def run_console(loaded: LoadedConfig, *, readonly: bool, theme: str | None = None) -> int:
@@ -259,6 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Without a command, opens the console.",
     )
     parser.add_argument("--config", "-c", metavar="FILE", help=config_help)
+    parser.add_argument("--version", action="version", version=f"{PROG} {version()}")
     parser.add_argument("--readonly", action="store_true", help="console: hide every action that changes anything")
     parser.add_argument(
         "--theme",
@@ -270,8 +336,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     config = sub.add_parser("config", help="work with the cluster config")
     config_sub = config.add_subparsers(dest="config_command", metavar="SUBCOMMAND", required=True)
-    check = config_sub.add_parser("check", parents=[common, listing], help="validate the config, list every problem")
+    check = config_sub.add_parser(
+        "check", parents=[common, listing], help="validate the config, list every problem (--config -: from stdin)"
+    )
     check.set_defaults(func=cmd_config_check)
+    example = config_sub.add_parser("example", help="print the annotated example config, every key with its default")
+    example.set_defaults(func=cmd_config_example)
+    systemd = config_sub.add_parser(
+        "systemd", parents=[common], help="print a systemd unit that runs `ftconsole serve` (run it as its user)"
+    )
+    systemd.set_defaults(func=cmd_config_systemd)
 
     probe = sub.add_parser("probe", parents=[common, listing], help="run the node checks now and print results")
     probe.add_argument("nodeset", nargs="?", help="node set expression, e.g. gpu[01-04] (default: all)")

@@ -1,6 +1,12 @@
 """The job commands of the CLI: serve, submit, predict, jobs, show, stop, delete, clone, priority, extend, scale,
-logs, events, cluster, alerts. They talk to the scheduler through `scheduler.client` (its socket, or in-process
-when none runs)."""
+release, logs, events, cluster, alerts. They talk to the scheduler through `scheduler.client`, over its socket.
+
+With no scheduler serving, a command that changes a job (`WRITE_OPS`: submit, stop, delete, clone, priority,
+extend, scale, release) is refused, saying how to start one, unless `--local` asks for it on purpose: then the
+change is written to the store from this process and waits for a scheduler (`submit --local --wait` runs one
+here until the job ends). Listings, and the alert and node commands that only change the store, read and write
+the store directly when no scheduler serves.
+"""
 
 from __future__ import annotations
 
@@ -13,30 +19,86 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ftconsole.format import age, node_count, print_json, print_table
-from ftconsole.scheduler.client import Client, open_client
-from ftconsole.scheduler.config import LoadedConfig, find_config, format_duration, load_config
+from ftconsole.scheduler import config
+from ftconsole.scheduler.client import Client, connect, local_client, scheduler_here
+from ftconsole.scheduler.config import DEFAULT_CONFIG_PATHS, LoadedConfig, format_duration, load_config
 from ftconsole.scheduler.daemon import WRITE_OPS
-from ftconsole.scheduler.errors import UsageError
+from ftconsole.scheduler.errors import ConfigError, NotRunning, Problem, UsageError
 
 T = TypeVar("T")
 
+STDIN = Path("/dev/stdin")
 
-def _loaded(args: argparse.Namespace) -> LoadedConfig:
+# what --local does, per command, when no scheduler serves (the rest: the change waits for one)
+_LOCAL_HELP = (
+    "with no scheduler serving, do it anyway from this process: the change is written to the store and takes "
+    "effect when a scheduler starts (`ftconsole serve` or the console)"
+)
+_LOCAL_SUBMIT_HELP = (
+    "with no scheduler serving, queue the job anyway from this process: it waits queued until a scheduler starts; "
+    "with --wait, a scheduler runs in this process until the job ends (a one-off local run)"
+)
+
+
+def find_config(explicit: str | None, *, stdin: bool = False) -> Path:
+    """The config file, found as `scheduler.config.find_config` finds it; `-` reads stdin where `stdin` allows."""
+    if explicit == "-":
+        if not stdin:
+            raise UsageError("--config -: only `config check` reads a config from stdin; give a file")
+        return STDIN
+    try:
+        return config.find_config(explicit)
+    except ConfigError:  # none in any of the places searched
+        where = ", ".join(DEFAULT_CONFIG_PATHS)
+        message = (
+            f"no cluster config found: pass --config FILE, set FTCONSOLE_CONFIG, or create one of {where}. "
+            "`ftconsole config example` prints an annotated one, every key with its default, to start from: "
+            "mkdir -p ~/.config/ftconsole && ftconsole config example > ~/.config/ftconsole/cluster.yaml "
+            "(then set its nodes). For the local lab cluster run `ftconsole lab up`"
+        )
+        raise ConfigError([Problem("<config>", None, "", message)]) from None
+
+
+def loaded_config(args: argparse.Namespace) -> LoadedConfig:
     return load_config(find_config(args.config))
 
 
+def not_serving(loaded: LoadedConfig, command: str) -> NotRunning:
+    """The refusal of a job command with no scheduler to act on it: where none answers, and how to start one."""
+    local = (
+        "or add --local to queue it anyway (it waits until a scheduler starts; with --wait, one runs in this "
+        "process until the job ends)"
+        if command == "submit"
+        else "or add --local to record the change in the store anyway (it takes effect when a scheduler starts)"
+    )
+    return NotRunning(
+        f"no scheduler is serving {loaded.state_dir} (nothing answers on {loaded.socket_path}), so nothing would "
+        f"act on this {command}. Start one with `ftconsole serve` (as a service: `ftconsole config systemd`) or "
+        f"open the console (`ftconsole`), then run it again; {local}"
+    )
+
+
 def _with_client(args: argparse.Namespace, op: str, action: Callable[[Client], Awaitable[T]]) -> T:
-    loaded = _loaded(args)
+    """`action` with the scheduler's client; with none serving, on the store in this process, where `op` may."""
+    loaded = loaded_config(args)
 
     async def go() -> T:
-        async with open_client(loaded) as client:
-            if client.embedded and op in WRITE_OPS:
-                print(
-                    f"ftconsole: warning: no scheduler is running on {loaded.state_dir}; the change is recorded and "
-                    "takes effect when `ftconsole serve` or the console starts",
-                    file=sys.stderr,
-                )
-            return await action(client)
+        client = await connect(loaded)
+        if client is not None:
+            try:
+                return await action(client)
+            finally:
+                await client.close()
+        if op in WRITE_OPS:
+            if not getattr(args, "local", False):
+                raise not_serving(loaded, op)
+            print(
+                f"ftconsole: warning: no scheduler is serving {loaded.state_dir} (--local): the change is recorded "
+                "and takes effect when `ftconsole serve` or the console starts",
+                file=sys.stderr,
+            )
+        async with local_client(loaded) as local:
+            return await action(local)
 
     return asyncio.run(go())
 
@@ -67,7 +129,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("asyncssh").setLevel(logging.WARNING)
-    loaded = _loaded(args)
+    loaded = loaded_config(args)
     print(f"ftconsole serve: state {loaded.state_dir}, API {loaded.socket_path}", file=sys.stderr)
     asyncio.run(serve_until_signalled(loaded))
     return 0
@@ -80,16 +142,14 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from ftconsole.scheduler.jobspec import load_jobspec
 
     spec = load_jobspec(Path(args.job))  # ConfigError: every problem with its line, exit 2
+    loaded = loaded_config(args)
 
-    async def go(client: Client) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    async def submit(client: Client) -> tuple[dict[str, Any], dict[str, Any] | None]:
         job = await client.call("submit", spec=spec.to_json())
         if not args.wait:
             return job, None
         if not args.json:
             print(job["id"], flush=True)
-        if client.embedded:
-            print("ftconsole: --wait needs a running scheduler (`ftconsole serve` or the console)", file=sys.stderr)
-            return job, None
         final = job
         async for state in client.stream("wait", job=job["id"]):
             final = state
@@ -98,7 +158,32 @@ def cmd_submit(args: argparse.Namespace) -> int:
                 print(f"job {state['id']} {state['status']}{detail}", file=sys.stderr)
         return job, final
 
-    job, final = _with_client(args, "submit", go)
+    async def go() -> tuple[dict[str, Any], dict[str, Any] | None]:
+        client = await connect(loaded)
+        if client is not None:
+            try:
+                return await submit(client)
+            finally:
+                await client.close()
+        if not args.local:
+            raise not_serving(loaded, "submit")
+        if args.wait:  # a one-off local run: a scheduler in this process until the job ends
+            print(
+                f"ftconsole: no scheduler is serving {loaded.state_dir}: running one in this process until the job "
+                "ends (--local); if this command is stopped, the job waits for the next scheduler",
+                file=sys.stderr,
+            )
+            async with scheduler_here(loaded) as here:
+                return await submit(here)
+        print(
+            f"ftconsole: warning: no scheduler is serving {loaded.state_dir} (--local): the job waits queued until "
+            "`ftconsole serve` or the console starts",
+            file=sys.stderr,
+        )
+        async with local_client(loaded) as local:
+            return await submit(local)
+
+    job, final = asyncio.run(go())
     shown = final or job
     if args.json:
         print_json({"id": shown["id"], "status": shown["status"], "message": shown["message"]})
@@ -238,14 +323,36 @@ def cmd_scale(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    async def go(client: Client) -> None:
-        async for chunk in client.stream(
-            "logs", job=args.job, rank=args.rank, attempt=args.attempt, follow=args.follow, tail=args.tail
-        ):
-            sys.stdout.write(chunk)
-            sys.stdout.flush()
+    if args.json and args.follow:
+        raise UsageError(
+            "logs --json prints one JSON document once the log is read; --follow prints lines as they come: "
+            "give one or the other"
+        )
 
-    _with_client(args, "logs", go)
+    async def go(client: Client) -> dict[str, Any] | None:
+        if not args.json:
+            async for chunk in client.stream(
+                "logs", job=args.job, rank=args.rank, attempt=args.attempt, follow=args.follow, tail=args.tail
+            ):
+                sys.stdout.write(chunk)
+                sys.stdout.flush()
+            return None
+        job = await client.call("show", job=args.job)  # which attempt and node the lines come from
+        attempts = [a for a in job["attempts"] if args.attempt is None or a["number"] == args.attempt]
+        attempt = attempts[-1]["number"] if attempts else args.attempt
+        runs = [r for a in attempts[-1:] for r in a["runs"] if r["rank"] == args.rank]
+        chunks = [c async for c in client.stream("logs", job=args.job, rank=args.rank, attempt=attempt, tail=args.tail)]
+        return {
+            "job": job["id"],
+            "attempt": attempt,
+            "rank": args.rank,
+            "node": runs[0]["node"] if runs else None,
+            "lines": "".join(chunks).splitlines(),
+        }
+
+    document = _with_client(args, "logs", go)
+    if document is not None:
+        print_json(document)
     return 0
 
 
@@ -352,6 +459,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser, listing: argparse.Arg
     p = sub.add_parser("submit", parents=parents, help="queue a job from a YAML spec; prints its id")
     p.add_argument("job", metavar="JOB.yaml", help="job spec file")
     p.add_argument("--wait", action="store_true", help="wait for the job to end; exit 0 only if it succeeded")
+    p.add_argument("--local", action="store_true", help=_LOCAL_SUBMIT_HELP)
     p.set_defaults(func=cmd_submit)
 
     p = sub.add_parser("predict", parents=parents, help="would a job start now, or its queue position and why")
@@ -377,33 +485,38 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser, listing: argparse.Arg
     ):
         p = sub.add_parser(name, parents=parents, help=text)
         p.add_argument("jobs", metavar="JOB", nargs="+", help="job ids")
+        p.add_argument("--local", action="store_true", help=_LOCAL_HELP)
         p.set_defaults(func=func)
 
     p = sub.add_parser("clone", parents=parents, help="submit a copy of a job; prints the new id")
     p.add_argument("job", metavar="JOB", help="job id")
+    p.add_argument("--local", action="store_true", help=_LOCAL_HELP)
     p.set_defaults(func=cmd_clone)
 
     p = sub.add_parser("priority", parents=parents, help="change a queued job's priority")
     p.add_argument("job", metavar="JOB", help="job id")
     p.add_argument("level", choices=["normal", "urgent", "very-urgent"], help="new level (very-urgent: admins)")
+    p.add_argument("--local", action="store_true", help=_LOCAL_HELP)
     p.set_defaults(func=cmd_priority)
 
     p = sub.add_parser("extend", parents=parents, help="lengthen a job's max_runtime")
     p.add_argument("job", metavar="JOB", help="job id")
     p.add_argument("duration", help="how much longer, e.g. 30m or 2h")
+    p.add_argument("--local", action="store_true", help=_LOCAL_HELP)
     p.set_defaults(func=cmd_extend)
 
     p = sub.add_parser("scale", parents=parents, help="resize an elastic job (fault_tolerance.elastic) to NODES nodes")
     p.add_argument("job", metavar="JOB", help="job id")
     p.add_argument("nodes", metavar="NODES", type=int, help="the new number of nodes, within min_nodes..max_nodes")
+    p.add_argument("--local", action="store_true", help=_LOCAL_HELP)
     p.set_defaults(func=cmd_scale)
 
-    p = sub.add_parser("logs", parents=[common], help="a job's output.log, from its node")
+    p = sub.add_parser("logs", parents=parents, help="a job's output.log, from its node")
     p.add_argument("job", metavar="JOB", help="job id")
     p.add_argument("--rank", type=int, default=0, help="which rank (node) of the job (default 0)")
     p.add_argument("--attempt", type=int, help="which attempt (default: the latest)")
     p.add_argument("--tail", type=int, metavar="N", help="only the last N lines")
-    p.add_argument("--follow", "-f", action="store_true", help="keep printing until the run ends")
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing until the run ends (not with --json)")
     p.set_defaults(func=cmd_logs)
 
     p = sub.add_parser("events", parents=parents, help="the cluster's timeline, or one job's")

@@ -1,5 +1,6 @@
 """The job commands of the CLI as a user runs them: `ftconsole serve` in the background, then submit, jobs,
-show, logs, stop, delete, clone, priority, scale, and the errors a user sees."""
+show, logs, stop, delete, clone, priority, scale, and the errors a user sees; without a scheduler, the refusal,
+and `--local` (the store from this process, or a one-off scheduler for `submit --local --wait`)."""
 
 from __future__ import annotations
 
@@ -54,6 +55,11 @@ def test_cli_job_commands_against_serve(setup) -> None:
         job_id = int(ok.stdout.split()[0])
         assert "succeeded" in ok.stderr
         assert cli("logs", str(job_id)).stdout == f"hello from {job_id}\n"
+        document = cli.json("logs", str(job_id))
+        assert document == {"job": job_id, "attempt": 1, "rank": 0, "node": "node01", "lines": [f"hello from {job_id}"]}
+        (node,) = cli.json("nodes")  # through the scheduler, as probe
+        assert node["name"] == "node01" and node["state"] == "healthy"
+        assert [r["name"] for r in cli.json("probe")] == ["node01"]
         failed = cli("submit", spec(tmp_path, "fails", "command: sh -c 'exit 4'\n"), "--wait", "--json", check=1)
         assert json.loads(failed.stdout)["status"] == "error"
 
@@ -117,33 +123,57 @@ def test_cli_job_commands_against_serve(setup) -> None:
     assert not (sock_dir / "ft.sock").exists()
 
 
-def test_cli_without_a_scheduler_records_and_warns(setup) -> None:
-    cli, tmp_path, _ = setup
-    submitted = cli("submit", spec(tmp_path, "later", "command: 'true'\n"), "--json")
-    assert "no scheduler is running" in submitted.stderr
+def test_cli_without_a_scheduler_refuses_job_commands_unless_local(setup) -> None:
+    cli, tmp_path, sock_dir = setup
+    job = spec(tmp_path, "later", "command: 'true'\n")
+    for wait in ([], ["--wait"]):
+        refused = cli("submit", job, *wait, check=1)
+        assert refused.stderr.startswith("ftconsole: not running: no scheduler is serving ")
+        assert f"(nothing answers on {sock_dir / 'ft.sock'})" in refused.stderr
+        assert "`ftconsole serve`" in refused.stderr and "--local" in refused.stderr
+        assert refused.stdout == ""
+    assert cli.json("jobs") == []  # nothing was queued; listings read the store without a scheduler
+
+    submitted = cli("submit", job, "--local", "--json")
+    assert "no scheduler is serving" in submitted.stderr and "(--local)" in submitted.stderr
     job_id = json.loads(submitted.stdout)["id"]
     assert [(j["id"], j["status"]) for j in cli.json("jobs")] == [(job_id, "queued")]
-    assert cli("stop", str(job_id)).stdout.strip() == f"job {job_id} later: stop requested, stopped"
+    for command in (["stop", str(job_id)], ["priority", str(job_id), "urgent"], ["clone", str(job_id)]):
+        assert "no scheduler is serving" in cli(*command, check=1).stderr
+    assert cli("stop", str(job_id), "--local").stdout.strip() == f"job {job_id} later: stop requested, stopped"
     assert cli("logs", str(job_id), check=2).stderr.endswith("has not started: no logs yet\n")
+    assert "give one or the other" in cli("logs", str(job_id), "--json", "--follow", check=2).stderr
+    assert [e["kind"] for e in cli.json("events", str(job_id), "--limit", "1")] == ["Stopped"]
+
+
+def test_cli_submit_local_wait_runs_a_scheduler_until_the_job_ends(setup) -> None:
+    cli, tmp_path, sock_dir = setup
+    done = cli("submit", spec(tmp_path, "here", "command: sh -c 'echo ran here'\n"), "--local", "--wait")
+    job_id = int(done.stdout.split()[0])
+    assert "running one in this process until the job ends" in done.stderr
+    assert f"job {job_id} succeeded" in done.stderr
+    assert not (sock_dir / "ft.sock").exists()  # the one-off scheduler is gone with the command
+    assert cli("logs", str(job_id)).stdout == "ran here\n"
+    assert "no scheduler is serving" in cli("submit", spec(tmp_path, "after", "command: 'true'\n"), check=1).stderr
 
 
 def test_cli_scale_an_elastic_job(setup) -> None:
     cli, tmp_path, _ = setup
-    fixed = cli.json("submit", spec(tmp_path, "fixed", "command: 'true'\nmode: pytorch\n"))["id"]
+    fixed = cli.json("submit", spec(tmp_path, "fixed", "command: 'true'\nmode: pytorch\n"), "--local")["id"]
     elastic = spec(
         tmp_path,
         "elastic",
         "command: 'true'\nmode: pytorch\nfault_tolerance:\n  elastic: {min_nodes: 1, max_nodes: 3}\n",
     )
-    job_id = cli.json("submit", elastic)["id"]  # no scheduler runs: it stays queued
+    job_id = cli.json("submit", elastic, "--local")["id"]  # no scheduler runs: it stays queued
 
-    assert "not elastic" in cli("scale", str(fixed), "2", check=2).stderr
+    assert "not elastic" in cli("scale", str(fixed), "2", "--local", check=2).stderr
     assert "invalid int value: 'two'" in cli("scale", str(job_id), "two", check=2).stderr
-    out_of_range = cli("scale", str(job_id), "4", check=2).stderr
+    out_of_range = cli("scale", str(job_id), "4", "--local", check=2).stderr
     assert f"job {job_id} scales from 1 to 3 nodes (fault_tolerance.elastic), not to 4" in out_of_range
 
-    (scaled,) = cli.json("scale", str(job_id), "2")
+    (scaled,) = cli.json("scale", str(job_id), "2", "--local")
     assert (scaled["id"], scaled["nodes"], scaled["elastic"]) == (job_id, 2, {"min_nodes": 1, "max_nodes": 3})
-    assert cli("scale", str(job_id), "3").stdout == f"job {job_id} elastic: scaling to 3 node(s), queued\n"
+    assert cli("scale", str(job_id), "3", "--local").stdout == f"job {job_id} elastic: scaling to 3 node(s), queued\n"
     shown = cli.json("show", str(job_id))
     assert shown["nodes"] == 3 and [c["type"] for c in shown["conditions"]].count("Scaling") == 2
