@@ -11,9 +11,13 @@ serve` is killed (-9) at a failpoint, in both orders:
   then the node dies while no scheduler runs, and the next one finds both the crash's intents and the loss.
 
 A clean scheduler then settles everything. What is checked is what exists: every job's final status, each
-rank of each attempt started at most once (each start appends its pid to ``starts.JOB.ATTEMPT.RANK`` in its
-node's home), the rank on the dead node started once and never again, no process of any job left, no run
+rank of each attempt started at most once (each start appends its pid to ``starts.JOB.ATTEMPT.RANK.NODE`` in
+its node's home), the rank on the dead node started once and never again, no process of any job left, no run
 holding GPUs, and the dead node isolated.
+
+The node-then-crash order runs again with every node sharing one home (an NFS home; the test nodes share a
+kernel too): the survivor's second attempt runs on the nodes left, and each restart's sweep of a node sees the
+other nodes' run folders.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -41,7 +46,8 @@ from tests.sshd_cluster import SshdCluster, pid_alive
 
 pytestmark = pytest.mark.sshd
 WAIT = 60.0
-START = 'echo $$ >> "$HOME/starts.$FT_JOB_ID.$FT_ATTEMPT.$RANK"'
+# the node's name (sshd_cluster's SetEnv) in the file's: nodes may share a home
+START = 'echo $$ >> "$HOME/starts.$FT_JOB_ID.$FT_ATTEMPT.$RANK.$FTCONSOLE_LAB_NODE"'
 
 # its first attempt runs until its node dies; the next one, on healthy nodes, succeeds
 SURVIVOR: dict[str, Any] = {
@@ -167,10 +173,10 @@ async def settle(config: Path, root: Path, sock: Path, ids: dict[int, str]) -> d
 def starts(cluster: SshdCluster, job_id: int) -> dict[tuple[int, int], list[tuple[str, int]]]:
     """(attempt, rank) -> [(node, pid)] of every start of the job's commands, on every node."""
     out: dict[tuple[int, int], list[tuple[str, int]]] = defaultdict(list)
-    for node in cluster:
-        for f in node.home.glob(f"starts.{job_id}.*.*"):
-            attempt, rank = (int(x) for x in f.name.split(".")[2:4])
-            out[attempt, rank] += [(node.name, int(pid)) for pid in f.read_text().split()]
+    for home in cluster.homes:
+        for f in home.glob(f"starts.{job_id}.*.*.*"):
+            attempt, rank, node = f.name.split(".")[2:5]
+            out[int(attempt), int(rank)] += [(node, int(pid)) for pid in f.read_text().split()]
     return dict(out)
 
 
@@ -203,12 +209,27 @@ def nodes_json(config: Path) -> dict[str, dict[str, Any]]:
     return {v["name"]: v for v in json.loads(done.stdout)}
 
 
+async def no_fencing_elsewhere(store: Store) -> None:
+    """Every run fenced was fenced on the node it ran on (a sweep that took another node's run folder, in a
+    shared home, for its own would name its own node)."""
+    where = {(str(r.job), r.attempt, r.rank): r.node for r in await store.runs()}
+    for event in await store.events(limit=10000):
+        if event.kind == "Fenced":
+            found = re.match(r"fenced: rank (\d+) of attempt (\d+) ", event.message)
+            assert found is not None, event.message
+            ran_on = where.get((event.job, int(found[2]), int(found[1])))
+            assert ran_on == event.node, f"job {event.job}: {event.message!r} on {event.node}, ran on {ran_on}"
+
+
 @pytest.mark.parametrize("point", sorted(failpoints.POINTS))
-@pytest.mark.parametrize("order", ["node-then-crash", "crash-then-node"])
+@pytest.mark.parametrize(
+    ("order", "layout"),
+    [("node-then-crash", "own-home"), ("crash-then-node", "own-home"), ("node-then-crash", "shared-home")],
+)
 async def test_a_crash_at_each_failpoint_with_a_node_down_loses_no_job_and_runs_no_rank_twice(
-    sshd_cluster: Any, tmp_path: Path, sock_dir: Path, order: str, point: str
+    sshd_cluster: Any, tmp_path: Path, sock_dir: Path, order: str, layout: str, point: str
 ) -> None:
-    cluster: SshdCluster = sshd_cluster(3, gpus=4)
+    cluster: SshdCluster = sshd_cluster(3, gpus=4, shared_home=layout == "shared-home")
     config = write_config(cluster, tmp_path, sock_dir)
     sock = sock_dir / "ft.sock"
 
@@ -276,6 +297,7 @@ async def test_a_crash_at_each_failpoint_with_a_node_down_loses_no_job_and_runs_
 
     async with await Store.open(tmp_path / "state" / STORE_FILE) as store:
         assert await store.runs(held=True) == []
+        await no_fencing_elsewhere(store)
         attempts = await store.attempts(survivor)
         survivor_runs = await store.runs(job=survivor)
         events = await store.events(job=str(survivor), limit=1000)
