@@ -96,12 +96,18 @@ class Executor:
         self.gate: Callable[[Job, Attempt, Callable[[Job, str], Awaitable[None]]], Awaitable[bool]] | None = None
         self._owners: dict[int, str] = {}  # job -> its owner (never changes)
         self._accounts: dict[tuple[str, str], float] = {}  # (user, node) -> when its account was last found
-        self.no_account: dict[tuple[str, str], float] = {}  # (user, node) -> when it was found to have none
+        # (user, node) -> (when, what the user lacks there: "no account", "no home folder")
+        self.no_account: dict[tuple[str, str], tuple[float, str]] = {}
 
-    def avoided(self, user: str) -> set[str]:
-        """The nodes where `user` was lately found to have no account: placement leaves them out for that user."""
+    def avoided(self, user: str) -> dict[str, str]:
+        """The nodes where `user` was lately found to have no account (or no home folder for its run folders),
+        each with what it lacks there: placement leaves them out for that user."""
         now = self.clock()
-        return {node for (who, node), at in self.no_account.items() if who == user and now - at < NO_ACCOUNT_S}
+        return {
+            node: lacks
+            for (who, node), (at, lacks) in self.no_account.items()
+            if who == user and now - at < NO_ACCOUNT_S
+        }
 
     def run_user(self, job: Job) -> str | None:
         """Whom a job's runs run as on the nodes: its owner (run_as: submitter), or None: the SSH account."""
@@ -244,11 +250,11 @@ class Executor:
             {r.node for r in runs if now - self._accounts.get((user, r.node), -ACCOUNT_OK_S) >= ACCOUNT_OK_S}
         )
         found = await asyncio.gather(*(self._account(user, self.nodes[n]) for n in nodes), return_exceptions=True)
-        missing = []
+        missing: list[NoAccount] = []
         for name, outcome in zip(nodes, found, strict=True):
             if isinstance(outcome, NoAccount):
-                missing.append(name)
-                self.no_account[(user, name)] = now
+                missing.append(outcome)
+                self.no_account[(user, name)] = (now, outcome.lacks)
             elif isinstance(outcome, CannotSwitch):
                 await self._fail(job, str(outcome))
                 return False
@@ -261,26 +267,27 @@ class Executor:
             if all(r.state == "intent" for r in mine):
                 await self._requeue(job, attempt, missing, user)
             else:  # some rank was sent already (its account went away since): this attempt fails as a whole
-                await self._fail(job, "; ".join(f"user {user} has no account on {n}" for n in missing))
+                await self._fail(job, "; ".join(str(m) for m in missing))
             return False
         return True
 
     async def _account(self, user: str, node: Node) -> None:
-        await self._ask(node, account(self.transport, node, user, python=self._python, timeout=self._timeout),
-                        heartbeat=False)  # fmt: skip
+        needs_home = user_root(self.run_root, user).startswith("~")  # its run folders would be in its home
+        await self._ask(node, account(self.transport, node, user, needs_home=needs_home, python=self._python,
+                                      timeout=self._timeout), heartbeat=False)  # fmt: skip
 
-    async def _requeue(self, job: Job, attempt: Attempt, missing: Sequence[str], user: str) -> None:
+    async def _requeue(self, job: Job, attempt: Attempt, missing: Sequence[NoAccount], user: str) -> None:
         """Nothing of the attempt started: cancel it and queue the job again, at the front of its priority."""
         now = self.clock()
-        text = "; ".join(f"user {user} has no account on {n}" for n in missing)
+        text = "; ".join(str(m) for m in missing)
         with contextlib.suppress(Conflict):
             async with self.store.jobs_tx("queue a job again") as tx:
                 runs = await self.store.runs(job=job.id)
                 await tx.requeue(job.id, attempt.number, runs, now, result="not started", cause=text,
                                  message=f"queued again: {text} (placed elsewhere from now on)")  # fmt: skip
-                for name in missing:
-                    await tx.event(now, Condition.PENDING, f"attempt {attempt.number} not started: user {user} has "
-                                   f"no account on {name}; queued again without it", job=job.id, node=name)  # fmt: skip
+                for lack in missing:
+                    await tx.event(now, Condition.PENDING, f"attempt {attempt.number} not started: {lack}; queued "
+                                   "again without it", job=job.id, node=lack.node)  # fmt: skip
         log.warning("job %s: %s; queued again", job.id, text)
         self._poke()
 

@@ -13,7 +13,7 @@ import contextlib
 import dataclasses
 import logging
 import secrets
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from ftconsole.scheduler import debugenv, elastic, placement
@@ -40,7 +40,7 @@ class Placer:
         poke: Callable[[], None],
         fail: Callable[[Job, str], Awaitable[None]],
         run_root: Callable[[], str],
-        avoided: Callable[[str], set[str]] = lambda user: set(),
+        avoided: Callable[[str], Mapping[str, str]] = lambda user: {},
     ) -> None:
         self.service = service
         self.store = service.store
@@ -50,7 +50,7 @@ class Placer:
         self._poke = poke
         self._fail = fail
         self._run_root = run_root
-        self._avoided = avoided  # user -> the nodes where that user has no account (not placed there)
+        self._avoided = avoided  # user -> the nodes where that user has no account or home, and which it lacks
         self._nodes = {n.name: n for n in service.all_nodes}
 
     @property
@@ -192,8 +192,10 @@ class Placer:
         await self.notes(notes)
 
     def _why(self, job: Job) -> str:
-        avoided = self._avoided(job.owner)
-        why = f" (user {job.owner} has no account on {', '.join(sorted(avoided))})" if avoided else ""
+        lacks: dict[str, list[str]] = {}
+        for node, what in sorted(self._avoided(job.owner).items()):
+            lacks.setdefault(what, []).append(node)
+        why = "".join(f" (user {job.owner} has {what} on {', '.join(nodes)})" for what, nodes in lacks.items())
         if job.excluded:
             why += f" (not on {', '.join(job.excluded)}: it was slow there)"
         return why
@@ -254,7 +256,7 @@ class Placer:
                     nodes=job.size,
                     min_nodes=None if request.min_nodes is None else min(request.min_nodes, job.size),
                 )
-                avoided = self._avoided(job.owner) | set(job.excluded)  # no account there; or it was slow there
+                avoided = set(self._avoided(job.owner)) | set(job.excluded)  # no account there; or it was slow there
                 if avoided:
                     allowed = request.node_names if request.node_names is not None else frozenset(self._nodes)
                     request = dataclasses.replace(request, node_names=allowed - avoided)

@@ -43,14 +43,28 @@ class SupervisorError(FtError):
 
 
 class NoAccount(SupervisorError):
-    """The user a job runs as has no account on a node: the job's trouble there, not the node's."""
+    """The user a job runs as has no account on a node: the job's trouble there, not the node's. `lacks` says
+    what it lacks there ("no account"; NoHome: "no home folder")."""
 
     title = "no account"
 
-    def __init__(self, node: str, user: str) -> None:
-        super().__init__(f"user {user} has no account on {node}")
+    def __init__(self, node: str, user: str, lacks: str = "no account", detail: str = "") -> None:
+        super().__init__(f"user {user} has {lacks} on {node}{detail}")
         self.node = node
         self.user = user
+        self.lacks = lacks  # "no account", "no home folder"
+
+
+class NoHome(NoAccount):
+    """The user's account on a node has no home folder it may write in (nobody's /nonexistent, an account made
+    without one) while its run folders would be there (scheduler.run_root under "~"): as if it had no account
+    there; a run root outside homes with "{user}" in it needs none."""
+
+    title = "no home folder"
+
+    def __init__(self, node: str, user: str, home: str) -> None:
+        super().__init__(node, user, "no home folder", f" ({home or 'none set'})")
+        self.home = home
 
 
 class CannotSwitch(SupervisorError):
@@ -487,11 +501,20 @@ async def run_files(
 
 
 async def account(
-    transport: Transport, node: Node, user: str, *, python: str = "python3", timeout: float = 30.0
+    transport: Transport,
+    node: Node,
+    user: str,
+    *,
+    needs_home: bool = False,
+    python: str = "python3",
+    timeout: float = 30.0,
 ) -> dict[str, Any]:
     """The node's account of `user` ({account, uid, home}), as the runs of that user would meet it: NoAccount
-    when there is none, CannotSwitch when the SSH account may not become it."""
+    when there is none, CannotSwitch when the SSH account may not become it, and with `needs_home` (its run
+    folders would be in its home) NoHome when it has no home folder it may write in."""
     doc = await _call(transport, node, python, {"action": "account"}, timeout, user)
+    if needs_home and doc.get("home_usable") is False:
+        raise NoHome(node.name, user, str(doc.get("home") or ""))
     return {k: doc[k] for k in ("account", "uid", "home")}
 
 

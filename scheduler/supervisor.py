@@ -100,7 +100,8 @@ command), its files and its run folder are that user's, and a stop or a read act
 The SSH account switches itself when it is root (initgroups, setgid, setuid: for good), runs on when it is
 that user, and otherwise answers {"sudo": user, "account": its own name}: the scheduler then sends the same
 action through `sudo -n -u USER`. A user with no account here answers {"no_account": user}. Action `account`
-{user} does only that: it answers the user's uid and home.
+{user} does only that: it answers the user's uid and home, and whether the home is usable ("home_usable": a
+folder the user may write in; not so for an account made without one, such as nobody's /nonexistent).
 
 Paths: run_dir, workdir, argv entries and env values that start with "~/" are expanded with the HOME of the
 account the action runs as.
@@ -465,8 +466,18 @@ def become(user):
 
 
 def account(params):
+    """The account's name, uid and home, and whether it may keep run folders in that home (a folder it can
+    enter and write in, or whose .ftconsole it can): an account made without a home (nobody's /nonexistent)
+    cannot, whatever it may do elsewhere."""
     entry = pwd.getpwuid(os.geteuid())
-    return {"account": entry.pw_name, "uid": entry.pw_uid, "home": entry.pw_dir}
+    home = entry.pw_dir or ""
+    mine = os.path.join(home, ".ftconsole")
+    usable = (
+        os.path.isdir(home)
+        and os.access(home, os.X_OK)
+        and (os.access(home, os.W_OK) or (os.path.isdir(mine) and os.access(mine, os.W_OK | os.X_OK)))
+    )
+    return {"account": entry.pw_name, "uid": entry.pw_uid, "home": home, "home_usable": usable}
 
 
 ACTIONS = {

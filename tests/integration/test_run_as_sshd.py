@@ -167,6 +167,36 @@ async def test_a_user_without_an_account_on_the_node_gets_a_clear_error_and_the_
     assert not Path("/tmp/ghost-ran").exists()
 
 
+async def test_a_user_without_a_home_folder_is_left_off_the_node_with_the_reason_when_run_folders_live_in_homes(
+    sshd_cluster: Any, tmp_path: Path, sock_dir: Path
+) -> None:
+    """nobody's home is /nonexistent: with the default run root (~/.ftconsole/runs) its job cannot keep its run
+    folder there. It is not started and fails nowhere: queued again with the reason, placed elsewhere; the
+    node stays healthy and runs the next user's job."""
+    home = pwd.getpwuid(NOBODY).pw_dir
+    assert not os.path.isdir(home), f"{home} exists: this test needs an account without a home"
+    cluster: SshdCluster = sshd_cluster(1, gpus=1)
+    loaded = write_config(cluster, tmp_path, sock_dir, "~/.ftconsole/runs")
+    name = pwd.getpwuid(NOBODY).pw_name
+    async with running(loaded) as (_, client):
+        submitted = await as_nobody(loaded.socket_path, "submit", spec=job("homeless", "touch /tmp/homeless-ran"))
+        job_id = submitted["result"]["id"]
+        text = f"user {name} has no home folder on node01 ({home})"
+        note = f"(user {name} has no home folder on node01)"
+        shown = await until(client, job_id, lambda j: j["message"].endswith(note), "the placement note")
+        assert shown["status"] == "queued" and shown["message"].startswith("waiting"), shown
+        assert [r["state"] for a in shown["attempts"] for r in a["runs"]] == ["cancelled"]
+        events = await client.call("events", job=job_id)
+        assert any(text in e["message"] and e["node"] == "node01" for e in events), events
+        (node,) = await client.call("nodes")
+        assert node["state"] == "healthy"
+        other = (await client.call("submit", spec=job("other", "sleep 0.5")))["id"]
+        assert (await finished(client, other))["status"] == "succeeded"
+        await client.call("stop", jobs=[job_id])
+        assert (await finished(client, job_id))["status"] == "stopped"
+    assert not Path("/tmp/homeless-ran").exists()
+
+
 def _config_check(path: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "ftconsole.cli", "config", "check", "--config", str(path)],
