@@ -29,7 +29,7 @@ T = TypeVar("T")
 
 STDIN = Path("/dev/stdin")
 
-# what --local does, per command, when no scheduler serves (the rest: the change waits for one)
+# --local's help: the job commands' (WRITE_OPS), and submit's
 _LOCAL_HELP = (
     "with no scheduler serving, do it anyway from this process: the change is written to the store and takes "
     "effect when a scheduler starts (`ftconsole serve` or the console)"
