@@ -563,7 +563,8 @@ def find_config(explicit: str | None) -> Path:
                 "",
                 "no cluster config found: pass --config FILE, set FTCONSOLE_CONFIG, or create one of "
                 + ", ".join(DEFAULT_CONFIG_PATHS)
-                + " (see config/cluster.example.yaml); for the local lab cluster run `ftconsole lab up`",
+                + " (`ftconsole config example` prints an annotated one); for the local lab cluster run "
+                "`ftconsole lab up`",
             )
         ]
     )

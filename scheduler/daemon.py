@@ -31,7 +31,7 @@ from ftconsole.scheduler.store import ALERT_STATES
 
 log = logging.getLogger("ftconsole.daemon")
 
-# ops that change something (the CLI warns when no scheduler runs to act on them)
+# ops that change something (the CLI refuses them when no scheduler runs to act on them, unless --local)
 # (ack, resolve, drain and resume take effect at once, scheduler or not)
 WRITE_OPS = frozenset({"submit", "stop", "delete", "clone", "priority", "extend", "scale", "release"})
 
