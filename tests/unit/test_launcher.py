@@ -540,24 +540,47 @@ def test_deepspeed_env_file_leaves_out_what_a_line_cannot_carry(value: str) -> N
 
 # --- the pre-launch SSH check ------------------------------------------------------------------------------------
 
-CHECK_CASES = [
-    ("deepspeed t.py", "pytorch-deepspeed", 2, ("gpu01", "10.1.0.1", "gpu02", "10.1.0.2"), ""),
-    ("deepspeed --ssh_port 2222 t.py", "pytorch-deepspeed", 2, ("gpu01", "10.1.0.1", "gpu02", "10.1.0.2"), "2222"),
-    ("deepspeed --ssh_port=22 t.py", "pytorch-deepspeed", 2, ("gpu01", "10.1.0.1", "gpu02", "10.1.0.2"), "22"),
-    ("python t.py", "horovod", 3, ("gpu02", "10.1.0.2", "gpu03", "10.1.0.3"), ""),
-    ("mpirun -np 8 python t.py", "horovod", 2, ("gpu02", "10.1.0.2"), ""),
-    ("python t.py", "mpich", 2, ("gpu02", "10.1.0.2"), ""),
-]
+OMPI, HYDRA, PDSH = "mpirun (OpenMPI)", "MPICH's mpirun (hydra)", "DeepSpeed's runner (pdsh)"
+PAIRS_2 = ("gpu01", "10.1.0.1", "gpu02", "10.1.0.2")
+CHECK_CASES = [  # command, mode, nodes, the check's SETTINGS and LAUNCHER, its peers
+    ("deepspeed t.py", "pytorch-deepspeed", 2, "", PDSH, PAIRS_2),
+    ("deepspeed --ssh_port 2222 t.py", "pytorch-deepspeed", 2, '{"pdsh":{"port":"2222"}}', PDSH, PAIRS_2),
+    ("deepspeed --ssh_port=22 t.py", "pytorch-deepspeed", 2, '{"pdsh":{"port":"22"}}', PDSH, PAIRS_2),
+    (("deepspeed", "--launcher_args", "-R exec -l bob -t3", "t.py"), "pytorch-deepspeed", 2,
+     '{"pdsh":{"rcmd":"exec","timeout":"3","user":"bob"}}', PDSH, PAIRS_2),
+    ("deepspeed --launcher openmpi t.py", "pytorch-deepspeed", 2,
+     '{"skip":"DeepSpeed\'s runner starts the ranks with --launcher openmpi; the check follows pdsh only"}', PDSH,
+     PAIRS_2),
+    ("python t.py", "horovod", 3, "", OMPI, ("gpu02", "10.1.0.2", "gpu03", "10.1.0.3")),
+    ("mpirun -np 8 python t.py", "horovod", 2, "", OMPI, ("gpu02", "10.1.0.2")),
+    (("mpirun", "-np", "8", "--mca", "plm_rsh_args", "-p 2222 -i k", "-mca", "btl", "tcp", "-gmca", "plm_rsh_agent",
+      "ssh", "python", "t.py", "--mca", "plm", "x"), "horovod", 2,
+     '{"mca":{"plm_rsh_agent":"ssh","plm_rsh_args":"-p 2222 -i k"}}', OMPI, ("gpu02", "10.1.0.2")),
+    ("/opt/ompi/bin/mpirun --allow-run-as-root python t.py --mca plm_rsh_args x", "horovod", 2,
+     '{"program":"/opt/ompi/bin/mpirun"}', OMPI, ("gpu02", "10.1.0.2")),
+    ("mpiexec.hydra -n 8 -launcher rsh python t.py", "horovod", 2,
+     '{"hydra":{"launcher":"rsh"},"program":"mpiexec.hydra"}', HYDRA, ("gpu02", "10.1.0.2")),
+    ("horovodrun -np 2 -p 2222 python t.py", "horovod", 2,
+     '{"skip":"horovodrun checks SSH to every host itself (its --ssh-port, --ssh-identity-file) before it starts"}',
+     OMPI, ("gpu02", "10.1.0.2")),
+    ("python t.py", "mpich", 2, "", HYDRA, ("gpu02", "10.1.0.2")),
+    ("mpiexec -genv A -launcher -launcher=ssh -launcher-exec /x/ssh -disable-x python t.py -launcher rsh", "mpich", 2,
+     '{"hydra":{"launcher":"ssh","launcher-exec":"/x/ssh","x":""},"program":"mpiexec"}', HYDRA, ("gpu02", "10.1.0.2")),
+    ("mpirun.openmpi --mca plm_rsh_args -p1 python t.py", "mpich", 2,
+     '{"mca":{"plm_rsh_args":"-p1"},"program":"mpirun.openmpi"}', OMPI, ("gpu02", "10.1.0.2")),
+]  # fmt: skip
 
 
-@pytest.mark.parametrize(("command", "mode", "count", "peers", "port"), CHECK_CASES)
+@pytest.mark.parametrize(("command", "mode", "count", "settings", "launcher", "peers"), CHECK_CASES)
 def test_ssh_check_where_a_launcher_starts_ranks_from_the_first_node(
-    command: str, mode: str, count: int, peers: tuple[str, ...], port: str
+    command: str | tuple[str, ...], mode: str, count: int, settings: str, launcher: str, peers: tuple[str, ...]
 ) -> None:
+    """The check's arguments: what the launcher's command line says of its way to connect (SETTINGS), which
+    launcher it imitates, and the peers it reaches (DeepSpeed's pdsh reaches the first node too)."""
     check = plan_launch(job(mode, command, count)).ssh_check
     assert check is not None
     assert check[:3] == ("python3", "-c", ssh_check_source())
-    assert check[3:6] == ("gpu01", "5", port)
+    assert check[3:7] == ("gpu01", "5", settings, launcher)
     assert check[7:] == peers
 
 
@@ -586,7 +609,8 @@ def test_ssh_check_skips_a_host_twice_and_the_first_nodes_own_for_mpirun() -> No
 
 
 def test_ssh_check_script_names_the_pair_and_the_fix(tmp_path: Path) -> None:
-    """The script itself, with an `ssh` on PATH that refuses one host as a missing known_hosts entry would."""
+    """The script itself, with an `ssh` on PATH that refuses one host as a missing known_hosts entry would; it
+    connects as mpirun does by default (``-x`` after ssh) with no Open MPI setting of this machine's."""
     fake = tmp_path / "ssh"
     fake.write_text(
         '#!/bin/sh\necho "$@" >> "$0.calls"\n'
@@ -595,7 +619,8 @@ def test_ssh_check_script_names_the_pair_and_the_fix(tmp_path: Path) -> None:
     fake.chmod(0o755)
     check = plan_launch(job("horovod", "python t.py", 3)).ssh_check
     assert check is not None
-    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PRTE_", "OPAL_"))}
+    env |= {"PATH": f"{tmp_path}:{os.environ['PATH']}", "HOME": str(tmp_path), "OPAL_SYSCONFDIR": str(tmp_path)}
     done = subprocess.run([sys.executable, *check[1:]], env=env, capture_output=True, text=True, timeout=30)
     assert done.returncode == 255
     assert (
@@ -605,13 +630,18 @@ def test_ssh_check_script_names_the_pair_and_the_fix(tmp_path: Path) -> None:
     assert "gpu02" not in done.stderr
     assert done.stderr.splitlines()[-1].startswith("ftconsole: ssh check: gpu01 cannot reach gpu03")  # last: quoted
     assert "mpirun (OpenMPI) starts this job's ranks from gpu01 over SSH" in done.stderr
+    assert "'ssh -o BatchMode=yes -x -o ConnectTimeout=5 HOST true' must work for HOST in 10.1.0.3" in done.stderr
     assert "known_hosts" in done.stderr and "authorized_keys" in done.stderr
     calls = sorted((tmp_path / "ssh.calls").read_text().splitlines())
-    assert calls == [f"-o BatchMode=yes -o ConnectTimeout=5 10.1.0.{i} true" for i in (2, 3)]
+    assert calls == [f"-o BatchMode=yes -x -o ConnectTimeout=5 10.1.0.{i} true" for i in (2, 3)]
     ok = plan_launch(job("horovod", "python t.py", 2)).ssh_check
     assert ok is not None
     done = subprocess.run([sys.executable, *ok[1:]], env=env, capture_output=True, text=True, timeout=30)
-    assert (done.returncode, done.stdout) == (0, "ftconsole: ssh check: gpu01 reaches gpu02 by SSH\n")
+    assert (done.returncode, done.stdout) == (
+        0,
+        "ftconsole: ssh check: gpu01 reaches gpu02 by SSH as mpirun (OpenMPI) does: "
+        "ssh -o BatchMode=yes -x -o ConnectTimeout=5 HOST true\n",
+    )
 
 
 # --- tensorflow --------------------------------------------------------------------------------------------------
