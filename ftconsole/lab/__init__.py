@@ -4,7 +4,8 @@ Every lab node is an asyncssh server on its own loopback port, all of them serve
 event loop. A session on a node runs the requested command as a real local process
 (``/bin/sh -c COMMAND`` in the node's home folder, in a new session), with the node's environment::
 
-    HOME=<lab>/nodes/<name>/home               the node's home folder (with ``cache/``)
+    HOME=<lab>/nodes/<name>/home               the node's home folder (with ``cache/``); <lab>/home for every
+                                               node with the layout's ``shared_home: true`` (or ``up --shared-home``)
     FTCONSOLE_SIM_GPUS=<lab>/nodes/<name>/gpus.json   its simulated GPUs (DESIGN.md, "Simulated GPUs")
     FTCONSOLE_LAB_NODE=<name>
     FTCONSOLE_LAB_ROOT=<lab>                   (as tests/sshd_cluster.py sets it: finds a lab's processes)
@@ -19,6 +20,12 @@ hangup would); a process that detached into its own session (a run supervisor) i
 stops, every process of every node is killed: the tracked process groups and every process of our uid whose
 environment names this lab (found in ``/proc/*/environ``).
 
+Shared home (layout key ``shared_home: true``, ``python -m ftconsole.lab up --shared-home``; default false):
+every node's HOME is the same folder, ``<lab>/home``, as on a cluster with an NFS ``/home``; run folders, the
+probes' cache and the kept agent files of all nodes then lie side by side, as the scheduler must expect on
+such clusters. The lab itself never tells nodes apart by folder: a node's processes are the ones whose
+environment says ``FTCONSOLE_LAB_NODE=<name>`` (what a kill or hang fault acts on), whatever their folder.
+
 The lab folder (default ``~/.local/state/ftconsole/lab`` or ``$FTCONSOLE_LAB_DIR``)::
 
     id_ed25519, id_ed25519.pub   the client key, authorized on every node (kept across restarts)
@@ -31,7 +38,8 @@ The lab folder (default ``~/.local/state/ftconsole/lab`` or ``$FTCONSOLE_LAB_DIR
     lab.sock                     the background server's control socket (faults; see `control`)
     lab.log                      the background server's log
     nodes/<name>/host_key        the node's ed25519 host key (kept across restarts)
-    nodes/<name>/home/           the node's home folder, with cache/
+    nodes/<name>/home/           the node's home folder, with cache/ (not with shared_home)
+    home/                        with shared_home: the home folder of every node, with cache/
     nodes/<name>/gpus.json       its simulated GPUs, written from the layout when the node starts
 
 In-process (tests)::

@@ -44,19 +44,27 @@ class LabCluster:
     """The lab in this process: ``async with LabCluster(lab_dir, layout, nodes=N) as lab: ...``.
 
     `layout` is a LabLayout, a layout file, or None for the default (config/lab.yaml or the built-in one);
-    `nodes` replaces the layout's nodes by N nodes named lab01.. in the layout's proportions.
+    `nodes` replaces the layout's nodes by N nodes named lab01.. in the layout's proportions; `shared_home`,
+    when not None, replaces the layout's `shared_home` (True: every node's HOME is <lab>/home).
     """
 
     def __init__(
-        self, lab_dir: Path | str | None = None, layout: LabLayout | Path | str | None = None, nodes: int | None = None
+        self,
+        lab_dir: Path | str | None = None,
+        layout: LabLayout | Path | str | None = None,
+        nodes: int | None = None,
+        *,
+        shared_home: bool | None = None,
     ) -> None:
         self.paths = LabPaths.of(lab_dir)
         self.layout_path = (
             None if isinstance(layout, LabLayout) else (Path(layout) if layout else default_layout_path())
         )
         self.layout = layout if isinstance(layout, LabLayout) else load_layout(self.layout_path)
+        self.shared_home = self.layout.shared_home if shared_home is None else shared_home
         self.nodes = tuple(
-            LabNode(spec, self.paths, self.layout.driver_version) for spec in plan_nodes(self.layout, nodes)
+            LabNode(spec, self.paths, self.layout.driver_version, shared_home=self.shared_home)
+            for spec in plan_nodes(self.layout, nodes)
         )
         self.started = ""
         self.user = local_user()
@@ -100,7 +108,8 @@ class LabCluster:
             raise
         self.started = datetime.now(UTC).isoformat(timespec="seconds")
         self._running = True
-        log.info("lab up: %d nodes in %s", len(self.nodes), self.lab_dir)
+        homes = f"one home shared by all, {self.paths.shared_home}" if self.shared_home else "a home each"
+        log.info("lab up: %d nodes in %s (%s)", len(self.nodes), self.lab_dir, homes)
 
     def _prepare(self) -> asyncssh.SSHAuthorizedKeys:
         self.paths.state_dir.mkdir(exist_ok=True)
@@ -362,7 +371,7 @@ class LabCluster:
             for n in self.nodes
         )
         layout = str(self.layout_path) if self.layout_path else None
-        return LabInfo(self.lab_dir, os.getpid(), self.started, nodes, layout)
+        return LabInfo(self.lab_dir, os.getpid(), self.started, nodes, layout, shared_home=self.shared_home)
 
     def connect_options(self, name: str) -> dict[str, Any]:
         """Keyword arguments for asyncssh.connect to one node, verifying its host key."""

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from ftconsole.lab.faults import Fault
 from ftconsole.lab.files import LabPaths
+from ftconsole.lab.records import LabInfo
 from ftconsole.lab.server import lab_down, lab_fault, lab_status, lab_up, serve
 from ftconsole.scheduler.errors import FtError
 
@@ -25,6 +26,11 @@ def _parser() -> argparse.ArgumentParser:
         if name in ("serve", "up"):
             p.add_argument("--layout", help="lab layout file (default: config/lab.yaml)")
             p.add_argument("--nodes", type=int, help="N nodes named lab01.. instead of the layout's")
+            p.add_argument(
+                "--shared-home",
+                action=argparse.BooleanOptionalAction,
+                help="every node's HOME is <lab>/home, as with an NFS /home (default: the layout's shared_home)",
+            )
         if name in ("up", "status"):
             p.add_argument("--json", action="store_true")
     fault = sub.add_parser("fault", help="inject a fault into a lab node, or heal it")
@@ -59,7 +65,7 @@ def _run(args: argparse.Namespace) -> int:
         root = LabPaths.of(args.dir).root
         root.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chdir(root)
-        asyncio.run(serve(root, args.layout, args.nodes))
+        asyncio.run(serve(root, args.layout, args.nodes, args.shared_home))
         return 0
     if args.command == "fault":
         report = lab_fault(args.dir, args.node, fault_from_args(args))
@@ -68,13 +74,17 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "down":
         print("lab stopped" if lab_down(args.dir) else "lab was not running")
         return 0
-    info = lab_up(args.dir, args.layout, args.nodes) if args.command == "up" else lab_status(args.dir)
+    if args.command == "up":
+        info: LabInfo | None = lab_up(args.dir, args.layout, args.nodes, shared_home=args.shared_home)
+    else:
+        info = lab_status(args.dir)
     if args.json:
         print(json.dumps(info.to_json() if info else {"running": False}, indent=1))
     elif info is None:
         print("lab is not running")
     else:
-        print(f"lab running: pid {info.pid}, {len(info.nodes)} nodes, config {info.config_path}")
+        homes = ", one home shared by all nodes" if info.shared_home else ""
+        print(f"lab running: pid {info.pid}, {len(info.nodes)} nodes{homes}, config {info.config_path}")
         for n in info.nodes:
             state = "up" if n.up else "HUNG" if n.state == "hung" else "DOWN"
             print(f"  {n.name:<8} {n.host}:{n.port:<6} {n.pool:<8} {state}")

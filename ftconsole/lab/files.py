@@ -68,6 +68,11 @@ class LabPaths:
     def control(self) -> Path:
         return self.root / "lab.sock"
 
+    @property
+    def shared_home(self) -> Path:
+        """The home folder of every node when the nodes share one (the layout's `shared_home`)."""
+        return self.root / "home"
+
     def node_dir(self, name: str) -> Path:
         return self.root / "nodes" / name
 

@@ -91,6 +91,7 @@ class LabLayout(_Strict):
     prefix: str = Field("lab", pattern=r"^[A-Za-z][A-Za-z0-9-]*$")  # node names of `--nodes N`
     base_port: int | None = Field(None, ge=1024, le=65535)  # fixed ports base_port + i; default: free ports
     driver_version: str = DEFAULT_DRIVER_VERSION
+    shared_home: bool = False  # every node's HOME is <lab>/home (an NFS /home); false: <lab>/nodes/<name>/home
     nodes: list[NodeGroupLayout] = Field(min_length=1)
     faults: dict[str, NodeFaults] = {}
     cluster: dict[str, Any] = {}

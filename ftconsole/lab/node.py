@@ -43,13 +43,21 @@ def _transport(conn: asyncssh.SSHServerConnection) -> asyncio.Transport | None:
 class LabNode:
     """One lab node: a folder, a host key, simulated GPUs and an SSH server on its own port."""
 
-    def __init__(self, spec: NodeSpec, paths: LabPaths, driver_version: str = DEFAULT_DRIVER_VERSION) -> None:
+    def __init__(
+        self,
+        spec: NodeSpec,
+        paths: LabPaths,
+        driver_version: str = DEFAULT_DRIVER_VERSION,
+        *,
+        shared_home: bool = False,
+    ) -> None:
         self.spec = spec
         self.name = spec.name
         self.host = LAB_HOST
         self.port = 0
         self.dir = paths.node_dir(spec.name)
-        self.home = self.dir / "home"
+        # with shared_home every node has the same HOME (an NFS /home): only FTCONSOLE_LAB_NODE tells them apart
+        self.home = paths.shared_home if shared_home else self.dir / "home"
         self.gpus_path = self.dir / "gpus.json"
         self.host_key_path = self.dir / "host_key"
         self.driver_version = driver_version
@@ -81,6 +89,7 @@ class LabNode:
 
     def prepare(self) -> None:
         """Create the folders, load (or create) the host key and write gpus.json from the layout."""
+        self.dir.mkdir(parents=True, exist_ok=True)  # not under the home folder when the nodes share one
         (self.home / "cache").mkdir(parents=True, exist_ok=True)
         self._host_key = _load_or_create_key(self.host_key_path)
         self.write_gpus(render_gpus(self.spec, self.driver_version))

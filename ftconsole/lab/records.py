@@ -35,6 +35,7 @@ class LabInfo:
     started: str  # ISO 8601, UTC
     nodes: tuple[LabNodeInfo, ...]
     layout: str | None = None
+    shared_home: bool = False  # every node's HOME is <lab>/home (else <lab>/nodes/<name>/home)
 
     @property
     def paths(self) -> LabPaths:
@@ -73,6 +74,7 @@ class LabInfo:
             "pid": self.pid,
             "started": self.started,
             "layout": self.layout,
+            "shared_home": self.shared_home,
             "config": str(self.config_path),
             "known_hosts": str(self.known_hosts_path),
             "identity_file": str(self.identity_file),
@@ -88,4 +90,11 @@ class LabInfo:
             )
             for n in data["nodes"]
         )
-        return cls(Path(data["lab_dir"]), int(data["pid"]), str(data["started"]), nodes, data.get("layout"))
+        return cls(
+            Path(data["lab_dir"]),
+            int(data["pid"]),
+            str(data["started"]),
+            nodes,
+            data.get("layout"),
+            shared_home=bool(data.get("shared_home", False)),
+        )

@@ -85,13 +85,15 @@ def _log_tail(path: Path, offset: int, lines: int = 12) -> str:
     return "\n".join(tail) if tail else "(log is empty)"
 
 
-def _spawn_server(paths: LabPaths, layout_path: Path | None, nodes: int | None) -> int:
+def _spawn_server(paths: LabPaths, layout_path: Path | None, nodes: int | None, shared_home: bool | None) -> int:
     """Start `python -m ftconsole.lab serve` detached (new session), its output appended to lab.log."""
     argv = [sys.executable, "-P", "-m", "ftconsole.lab", "serve", "--dir", str(paths.root)]
     if layout_path is not None:
         argv += ["--layout", str(layout_path)]
     if nodes is not None:
         argv += ["--nodes", str(nodes)]
+    if shared_home is not None:
+        argv.append("--shared-home" if shared_home else "--no-shared-home")
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_PACKAGE_ROOT), os.environ.get("PYTHONPATH")) if p)
     log_fd = os.open(paths.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -134,8 +136,12 @@ def lab_up(
     layout_path: Path | str | None = None,
     nodes: int | None = None,
     timeout: float = 30.0,
+    *,
+    shared_home: bool | None = None,
 ) -> LabInfo:
-    """Start the lab in the background (idempotent) and return it once every node answers."""
+    """Start the lab in the background (idempotent) and return it once every node answers.
+
+    `shared_home`, when not None, replaces the layout's: True gives every node the same HOME, <lab>/home."""
     paths = LabPaths.of(lab_dir)
     running = lab_status(paths.root)
     if running is not None:
@@ -144,13 +150,16 @@ def lab_up(
                 f"the lab in {paths.root} runs {len(running.nodes)} nodes, not {nodes}; "
                 "stop it first (ftconsole lab down)"
             )
+        if shared_home is not None and shared_home != running.shared_home:
+            homes = "one home shared by its nodes" if running.shared_home else "a home per node"
+            raise LabError(f"the lab in {paths.root} runs with {homes}; stop it first (ftconsole lab down)")
         return running
     layout = Path(layout_path).expanduser().resolve() if layout_path is not None else default_layout_path()
     plan_nodes(load_layout(layout), nodes)  # bad layouts and node counts fail here, naming file and line
     paths.root.mkdir(parents=True, exist_ok=True, mode=0o700)
     paths.info.unlink(missing_ok=True)  # stale: its server is gone
     offset = paths.log.stat().st_size if paths.log.exists() else 0
-    pid = _spawn_server(paths, layout, nodes)
+    pid = _spawn_server(paths, layout, nodes, shared_home)
     try:
         return _wait_started(paths, pid, offset, timeout)
     except BaseException:
@@ -225,14 +234,16 @@ def lab_fault(lab_dir: Path | str | None, node: str, fault: Fault, timeout: floa
         raise LabError(f"the lab server sent an unreadable fault report: {result!r}") from exc
 
 
-async def serve(lab_dir: Path | str | None, layout: Path | str | None, nodes: int | None) -> None:
+async def serve(
+    lab_dir: Path | str | None, layout: Path | str | None, nodes: int | None, shared_home: bool | None = None
+) -> None:
     """Run the lab until SIGTERM or SIGINT, with lab.json written while it serves."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.add_signal_handler(sig, stop.set if sig != signal.SIGHUP else (lambda: None))
     try:
-        async with LabCluster(lab_dir, layout, nodes) as lab:
+        async with LabCluster(lab_dir, layout, nodes, shared_home=shared_home) as lab:
 
             def write_info() -> None:
                 _write_atomic(lab.paths.info, json.dumps(lab.info().to_json(), indent=1) + "\n")

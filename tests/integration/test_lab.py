@@ -80,6 +80,29 @@ async def test_each_node_has_its_own_home_and_gpus(lab: LabCluster) -> None:
         assert (node.home / "cache").is_dir()
 
 
+async def test_shared_home_gives_every_node_the_same_home(tmp_path: Path) -> None:
+    layout = parse_layout(BUILTIN_LAYOUT + "shared_home: true\n")
+    async with LabCluster(tmp_path / "lab", layout, nodes=2) as cluster:
+        shared = cluster.paths.shared_home
+        assert shared == cluster.lab_dir / "home" and cluster.info().shared_home is True
+        seen = []
+        for node in cluster.nodes:
+            result = await run(cluster, node.name, "echo $HOME $FTCONSOLE_LAB_NODE $FTCONSOLE_SIM_GPUS; pwd")
+            assert result.exit_status == 0, result.stderr
+            first, cwd = result.stdout.splitlines()
+            seen.append(first.split())
+            assert cwd == str(shared) and node.home == shared
+        assert seen == [[str(shared), n.name, str(n.gpus_path)] for n in cluster.nodes]  # GPUs stay the node's
+        assert (shared / "cache").is_dir()
+        assert not (cluster.lab_dir / "nodes" / "lab01" / "home").exists()
+        await run(cluster, "lab01", "echo from-lab01 > ~/note")
+        assert (await run(cluster, "lab02", "cat ~/note")).stdout == "from-lab01\n"
+    async with LabCluster(tmp_path / "lab2", nodes=2, shared_home=True) as overridden:  # the layout says false
+        assert {n.home for n in overridden.nodes} == {overridden.paths.shared_home}
+    async with LabCluster(tmp_path / "lab3", layout, nodes=2, shared_home=False) as own:
+        assert [n.home for n in own.nodes] == [own.lab_dir / "nodes" / n.name / "home" for n in own.nodes]
+
+
 async def test_stdin_reaches_the_command_with_its_eof(lab: LabCluster) -> None:
     result = await run(lab, "lab01", "cat", input="x")
     assert (result.exit_status, result.stdout) == (0, "x")

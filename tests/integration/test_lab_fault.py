@@ -181,6 +181,38 @@ async def test_kill_drops_connections_refuses_new_ones_and_kills_the_nodes_proce
     assert (await ssh_run(info, "lab02", "echo $FTCONSOLE_LAB_NODE")) == "lab02\n"  # same port, same host key
 
 
+async def test_with_a_shared_home_kill_and_hang_act_only_on_their_nodes_processes(tmp_path: Path) -> None:
+    """Every node's HOME is <lab>/home, so their processes share a folder: faults go by FTCONSOLE_LAB_NODE."""
+    lab_dir = tmp_path / "lab"
+    info = lab_up(lab_dir, None, nodes=2, timeout=30, shared_home=True)
+    try:
+        assert info.shared_home is True and json.loads((lab_dir / "lab.json").read_text())["shared_home"] is True
+        homes = [await ssh_run(info, n, "echo $HOME; pwd") for n in ("lab01", "lab02")]
+        assert homes == [f"{lab_dir / 'home'}\n" * 2] * 2
+        with pytest.raises(LabError, match="runs with one home shared by its nodes"):
+            lab_up(lab_dir, None, shared_home=False)
+        survivor, doomed = await start_sleeper(info, "lab01"), await start_sleeper(info, "lab02")
+        assert all(os.readlink(f"/proc/{pid}/cwd") == str(lab_dir / "home") for pid in (survivor, doomed))
+
+        hung = fault_cli(lab_dir, "lab01", "--hang")
+        assert survivor in hung["processes"] and doomed not in hung["processes"]
+        assert await wait_until(lambda: proc_state(survivor) == "T")
+        assert proc_state(doomed) in ("S", "R"), "a hang of lab01 stopped a process of lab02"
+        assert fault_cli(lab_dir, "lab01", "--heal")["processes"] == [survivor]
+
+        killed = fault_cli(lab_dir, "lab02", "--kill")
+        assert doomed in killed["processes"] and survivor not in killed["processes"]
+        assert await wait_until(lambda: not pid_alive(doomed)), "lab02's process survived its node's death"
+        assert pid_alive(survivor) and proc_state(survivor) in ("S", "R"), "lab02's death ended a process of lab01"
+        assert find_lab_processes(lab_dir, "lab02") == [] and survivor in find_lab_processes(lab_dir, "lab01")
+        assert (await ssh_run(info, "lab01", "echo up")) == "up\n"
+    finally:
+        with contextlib.suppress(LabError):
+            lab_fault(lab_dir, "lab02", Fault.heal(), timeout=TIMEOUT)
+        lab_down(lab_dir, timeout=10)
+    assert not pid_alive(survivor) and find_lab_processes(lab_dir) == [], "lab down left a process of a node"
+
+
 async def test_hang_freezes_ssh_and_stops_the_nodes_processes_until_heal(background_lab: LabInfo) -> None:
     info = background_lab
     sleeper = await start_sleeper(info, "lab01")
