@@ -65,6 +65,8 @@ START_TIMEOUT = 10.0  # sshd up and answering with its banner
 STOP_TIMEOUT = 5.0  # a terminated process gone, a port closed
 KEYGEN_TIMEOUT = 30.0
 RUN_TIMEOUT = 30.0
+# the two layouts of the nodes' homes a test may run in: each node with its own, or one shared by every node
+HOME_LAYOUTS = ("own-home", "shared-home")
 
 
 class SshdClusterError(RuntimeError):

@@ -29,7 +29,7 @@ from ftconsole.scheduler.runs import RunStatus, Step, StepKind, node_runs, run_s
 from ftconsole.scheduler.ssh import SSHPool
 from tests.integration.test_scheduler_sshd import finished, job, log_of, poll, running, until, write_config
 from tests.podman_lab import PodmanLab, podman_lab_fixture  # noqa: F401  (the fixture)
-from tests.sshd_cluster import SshdCluster
+from tests.sshd_cluster import HOME_LAYOUTS, SshdCluster
 
 pytestmark = pytest.mark.sshd
 WAIT = 60.0
@@ -192,11 +192,14 @@ async def call(sock: Path, op: str, **args: Any) -> Any:
     return (await poll(once, lambda v: v is not None, f"the scheduler to answer {op}"))["ok"]
 
 
+@pytest.mark.parametrize("layout", HOME_LAYOUTS)
 async def test_a_killed_scheduler_readopts_the_containers_and_a_stop_removes_them(
-    sshd_cluster, podman_lab, tmp_path, sock_dir
+    sshd_cluster, podman_lab, tmp_path, sock_dir, layout
 ) -> None:
+    """With a shared home too: the new scheduler's sweep of each node meets the other node's run folder and
+    leaves its container alone."""
     lab: PodmanLab = podman_lab
-    cluster: SshdCluster = sshd_cluster(2, gpus=1)
+    cluster: SshdCluster = sshd_cluster(2, gpus=1, shared_home=layout == "shared-home")
     loaded = lab_config(cluster, lab, tmp_path, sock_dir)
     sock = loaded.socket_path
     first = serve(loaded.file, tmp_path)

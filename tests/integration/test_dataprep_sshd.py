@@ -92,6 +92,29 @@ async def test_each_node_gets_its_copy_then_a_second_job_skips_it(sshd_cluster, 
             assert "copying" not in text and f"rank {run['rank']} read: cat dog" in text
 
 
+async def test_nodes_that_share_a_home_make_one_copy_and_both_ranks_read_it(sshd_cluster, tmp_path, sock_dir) -> None:
+    """data_prep.roots on a shared home (an NFS home; here the nodes share a kernel too): the two ranks prepare
+    the same folder; one copies, the other waits for it and then finds it ready, and both read the data."""
+    cluster: SshdCluster = sshd_cluster(2, gpus=2, shared_home=True)
+    loaded = write_config(cluster, tmp_path, sock_dir, data_prep=ROOTS)
+    src = dataset(tmp_path)
+    prep = [{"from": str(src), "to": "~/local/imagenet"}]
+    (home,) = cluster.homes
+    async with running(loaded) as (_, client):
+        for name in ("prep", "again"):
+            spec = job(name, READ, mode="pytorch", nodes=2, gpus_per_node=1, data_prep=prep)
+            shown = await finished(client, (await client.call("submit", spec=spec))["id"])
+            assert shown["status"] == "succeeded", shown["message"]
+            assert {r["node"] for r in shown["attempts"][0]["runs"]} == {"node01", "node02"}
+            logs = [await log_of(client, shown["id"], r["rank"]) for r in shown["attempts"][0]["runs"]]
+            copies = [text for text in logs if "data_prep: %s: copied 2 files" % (home / "local" / "imagenet") in text]
+            assert len(copies) == (1 if name == "prep" else 0), logs
+            for rank, text in enumerate(logs):
+                assert f"rank {rank} read: cat dog" in text, text
+        assert (home / "local" / "imagenet" / "labels.txt").read_text() == "cat dog\n"
+        assert json.loads((home / "local" / "imagenet" / ".ftconsole-data.json").read_text())["state"] == "ready"
+
+
 async def test_a_failed_copy_fails_the_job_with_its_reason(sshd_cluster, tmp_path, sock_dir) -> None:
     cluster: SshdCluster = sshd_cluster(1, gpus=2)
     loaded = write_config(cluster, tmp_path, sock_dir, data_prep=ROOTS)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.integration.test_scheduler_sshd import finished, job, log_of, running, until, write_config
-from tests.sshd_cluster import SshdCluster, gpu_data
+from tests.sshd_cluster import HOME_LAYOUTS, SshdCluster, gpu_data
 
 # succeeds from its second attempt on; before, waits for $HOME/fail (one node's home) and exits 1
 FAILS_ONCE = (
@@ -77,10 +77,11 @@ async def test_a_failure_on_healthy_hardware_ends_the_job_after_one_attempt(
         assert node["last_probe"] >= shown["attempts"][0]["runs"][0]["ended"]  # probed again after the exit
 
 
+@pytest.mark.parametrize("layout", HOME_LAYOUTS)
 async def test_a_dead_node_sends_its_job_elsewhere_and_with_retries_used_up_it_ends_error_exiting(
-    sshd_cluster: Any, tmp_path: Path, sock_dir: Path
+    sshd_cluster: Any, tmp_path: Path, sock_dir: Path, layout: str
 ) -> None:
-    cluster: SshdCluster = sshd_cluster(3, gpus=1)
+    cluster: SshdCluster = sshd_cluster(3, gpus=1, shared_home=layout == "shared-home")
     loaded = write_config(cluster, tmp_path, sock_dir, scheduler={"node_timeout": "2s"})
     async with running(loaded) as (_, client):
         spec = job("survivor", "sleep 300", fault_tolerance={"retries": 1})
