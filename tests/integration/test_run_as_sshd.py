@@ -138,6 +138,40 @@ async def test_stop_and_kill_reach_a_job_of_another_uid(
         assert not set(map(int, ps.stdout.split())) & set(pids.values())
 
 
+async def test_a_restart_leaves_both_ranks_of_another_uids_job_running_where_its_run_folders_are_shared(
+    sshd_cluster: Any, tmp_path: Path, sock_dir: Path, shared_run_root: str
+) -> None:
+    """The user's run root is one folder for every node (its home on a cluster, a sticky /scratch/{user} here),
+    so each node's sweep after a restart meets the other node's rank: it must leave it alone."""
+    cluster: SshdCluster = sshd_cluster(2, gpus=1, shared_home=True)
+    loaded = write_config(cluster, tmp_path, sock_dir, shared_run_root)
+    async with running(loaded) as (_, client):
+        submitted = await as_nobody(
+            loaded.socket_path, "submit", spec=job("pair", "sleep 300", mode="pytorch", nodes=2)
+        )
+        job_id = submitted["result"]["id"]
+        shown = await until(
+            client, job_id, lambda j: j["attempts"] and all(r["pid"] for r in j["attempts"][0]["runs"]), "pids"
+        )
+        pids = [r["pid"] for r in shown["attempts"][0]["runs"]]
+        assert len(pids) == 2 and all(uid_of(p) == NOBODY for p in pids)
+    async with running(loaded) as (scheduler, client):
+        for _ in range(WAIT * 10):
+            if not scheduler.loop.executor._unswept:
+                break
+            await asyncio.sleep(0.1)
+        assert not scheduler.loop.executor._unswept, "the nodes were not swept"
+        await asyncio.sleep(1.0)  # a few ticks more
+        shown = await client.call("show", job=job_id)
+        assert shown["status"] == "running" and len(shown["attempts"]) == 1, shown["message"]
+        assert [e["message"] for e in shown["events"] if e["kind"] == "Fenced"] == []
+        assert all(uid_of(p) == NOBODY for p in pids), "a rank was killed"
+        await client.call("stop", jobs=[job_id])
+        assert (await finished(client, job_id))["status"] == "stopped"
+    for pid in pids:
+        assert await gone(pid), f"pid {pid} still runs"
+
+
 async def test_a_user_without_an_account_on_the_node_gets_a_clear_error_and_the_node_stays_healthy(
     sshd_cluster: Any, tmp_path: Path, sock_dir: Path, shared_run_root: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
