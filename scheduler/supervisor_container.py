@@ -154,8 +154,9 @@ def image_pull_argv(container):
 
 
 def partial_sif(container):
-    """Where apptainer pulls to (renamed into place once whole: two ranks never read half a SIF)."""
-    return "%s.%d.partial" % (apptainer_image(container), os.getpid())
+    """Where apptainer pulls to (renamed into place once whole: two ranks never read half a SIF; the host name
+    in it, as nodes that share a home may pull at once with the same pid)."""
+    return "%s.%s.%d.partial" % (apptainer_image(container), os.uname()[1], os.getpid())
 
 
 def image_pulled(container):
