@@ -35,9 +35,10 @@ DeepSpeed's runner (pdsh)
     ``%h`` added where missing; T is pdsh's connect timeout (``-t``, ``PDSH_CONNECT_TIMEOUT``, 10 s).
 
 ssh gets ``-o BatchMode=yes`` right after its name (the launchers run it with no terminal, where it cannot ask
-either) and, where the launcher gives none, ``-o ConnectTimeout=TIMEOUT`` right before the host: after the
-launcher's own options, as ssh takes the first value it reads of an option and reads ``~/.ssh/config`` after its
-command line, so the launcher's options beat ours and the user's config applies as it does for the launcher.
+either) and, where neither the launcher's options nor the user's ssh config (asked with ``ssh -G``) give one,
+``-o ConnectTimeout=TIMEOUT`` right before the host: ssh takes the first value it reads of an option and reads
+``~/.ssh/config`` after its command line, so the launcher's options, then the user's config, stand as they do for
+the launcher. The deadline of a connection is its ConnectTimeout and GRACE seconds.
 Another program (rsh, a wrapper script) is run as the launcher would run it, bounded by the same deadline. A way
 the check cannot follow (pdsh's built-in rsh, hydra's slurm launcher, a missing agent, which the launcher reports
 itself) is not checked: one line says why, exit 0. Never a refusal for a way the launcher does not take.
@@ -71,24 +72,30 @@ _HYDRA_LAUNCHERS = ("ssh", "rsh")  # hydra's launchers that reach a host by a re
 
 
 class Way:
-    """How a launcher reaches a host: `argv` before the host (`template`: pdsh's, with %h %u %n inside), the
-    deadline of one connection, and where its settings came from (for messages)."""
+    """How a launcher reaches a host: `argv` before the host (`template`: pdsh's, with %h %u %n inside), where
+    its settings came from (for messages); for ssh, the ConnectTimeout the launcher gives (`timeout`), else where
+    ours would go (`ours_at`: right before the host)."""
 
-    def __init__(self, argv, timeout, origin, template=False, user=""):
-        self.argv, self.timeout, self.origin, self.template, self.user = argv, timeout, origin, template, user
+    def __init__(self, argv, origin, template=False, user="", timeout=None, ours_at=None):
+        self.argv, self.origin, self.template, self.user = argv, origin, template, user
+        self.timeout, self.ours_at = timeout, ours_at
 
-    def command(self, host, rank=0):
-        """The argv that runs ``true`` on `host` (`rank`: its place in the launcher's host list, pdsh's %n)."""
+    def command(self, host, rank=0, ours=None):
+        """The argv that runs ``true`` on `host` (`rank`: its place in the launcher's host list, pdsh's %n),
+        with ``-o ConnectTimeout=OURS`` where the way has room for it."""
+        argv = list(self.argv)
+        if ours is not None and self.ours_at is not None:
+            argv[self.ours_at : self.ours_at] = ["-o", "ConnectTimeout=%d" % ours]
         if self.template:
-            return [_pdsh_format(a, host, self.user, rank) for a in self.argv] + ["true"]
-        return [*self.argv, host, "true"]
+            return [_pdsh_format(a, host, self.user, rank) for a in argv] + ["true"]
+        return [*argv, host, "true"]
 
     @property
     def ssh(self):
         return os.path.basename(self.argv[0]) == "ssh"
 
 
-def way(launcher, settings, env, timeout):
+def way(launcher, settings, env):
     """How `launcher` (a name of LAUNCHERS) will connect, with `settings` (the SETTINGS object) and `env` (the
     launcher's environment): a Way, or a str saying why the check cannot follow it."""
     if settings.get("skip"):
@@ -107,13 +114,25 @@ def way(launcher, settings, env, timeout):
     argv, origin, user = found
     template = kind == "pdsh"
     if os.path.basename(argv[0]) != "ssh":
-        return Way(argv, timeout, origin, template, user)
+        return Way(argv, origin, template, user)
     argv = [argv[0], "-o", "BatchMode=yes", *argv[1:]]
     given = _ssh_timeout(argv)
-    if given is None:  # ours right before the host: after the launcher's own options, which come first
-        host_at = next((i for i, a in enumerate(argv) if "%h" in a), len(argv)) if template else len(argv)
-        argv[host_at:host_at] = ["-o", "ConnectTimeout=%d" % timeout]
-    return Way(argv, timeout if given is None else given, origin, template, user)
+    if given is not None:
+        return Way(argv, origin, template, user, timeout=given)
+    host_at = next((i for i, a in enumerate(argv) if "%h" in a), len(argv)) if template else len(argv)
+    return Way(argv, origin, template, user, ours_at=host_at)
+
+
+def connection(how, host, rank, timeout, env):
+    """The argv that reaches `host` and the seconds its connection may take: ssh's ConnectTimeout, the
+    launcher's, else the one of the user's ssh config for that host (``ssh -G``, which connects nowhere), else
+    ours (`timeout`, added right before the host); `timeout` for another program."""
+    if how.ours_at is None:
+        return how.command(host, rank), how.timeout or timeout
+    configured = _configured_timeout(how.command(host, rank)[:-1], env)
+    if configured is not None:
+        return how.command(host, rank), configured
+    return how.command(host, rank, ours=timeout), timeout
 
 
 # --- Open MPI ----------------------------------------------------------------------------------------------------
@@ -346,6 +365,20 @@ def _ssh_timeout(argv):
     return None
 
 
+def _configured_timeout(argv, env):
+    """The ConnectTimeout ssh's config files give for the connection of `argv` (``ssh -G``), or None."""
+    try:
+        done = subprocess.run([argv[0], "-G", *argv[1:]], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, env=env, timeout=GRACE or 1)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in done.stdout.decode("utf-8", "replace").splitlines() if done.returncode == 0 else []:
+        key, _, value = line.partition(" ")
+        if key.lower() == "connecttimeout":
+            return _int(value, None)
+    return None
+
+
 def _etc_beside(program, env):
     """``etc`` beside the ``bin`` folder of `program` found in PATH (symbolic links followed), or None."""
     found = shutil.which(program, path=env.get("PATH", os.defpath))
@@ -384,33 +417,34 @@ def check(me, timeout, settings, launcher, peers, env=None):
     """Exit status: 0 when every peer answers (or the check cannot follow the launcher's way: one line says
     why), else 255 after the lines on stderr (see the module docstring)."""
     env = dict(os.environ if env is None else env)
-    how = way(launcher, settings, env, timeout)
+    how = way(launcher, settings, env)
     if isinstance(how, str):
         print("ftconsole: ssh check: not run: %s" % how)
         return 0
-    procs = []
+    procs, ours = [], False
     for rank, (name, host) in enumerate(peers):
+        argv, seconds = connection(how, host, rank, timeout, env)
+        ours = ours or len(argv) > len(how.command(host, rank))
         try:
-            proc = subprocess.Popen(how.command(host, rank), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.PIPE, env=env, start_new_session=True)  # fmt: skip
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                    env=env, start_new_session=True)  # fmt: skip
         except OSError as exc:
             sys.stderr.write("ftconsole: ssh check: cannot run %s on %s: %s\n" % (how.argv[0], me, exc))
             return 255
-        procs.append((name, host, proc))
-    deadline = time.monotonic() + how.timeout + GRACE
+        procs.append((name, host, proc, time.monotonic() + seconds + GRACE, seconds + GRACE))
     failed = []
-    for name, host, proc in procs:
+    for name, host, proc, deadline, allowed in procs:
         try:
             err = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))[1]
         except subprocess.TimeoutExpired:
             _stop(proc)
-            failed.append((name, host, "no answer within %ds" % (how.timeout + GRACE)))
+            failed.append((name, host, "no answer within %ds" % allowed))
             continue
         if proc.returncode != 0:
             lines = [ln.strip() for ln in err.decode("utf-8", "replace").splitlines() if ln.strip()]
             last = lines[-1] if lines else "no message"
             failed.append((name, host, "%s (%s exit %d)" % (last, os.path.basename(how.argv[0]), proc.returncode)))
-    shown = shlex.join(how.command("HOST"))
+    shown = shlex.join(how.command("HOST", ours=timeout if ours else None))
     settings_note = " (%s)" % "; ".join(how.origin) if how.origin else ""
     if not failed:
         print("ftconsole: ssh check: %s reaches %s by SSH as %s does: %s%s"

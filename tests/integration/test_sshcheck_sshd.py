@@ -84,10 +84,11 @@ def test_mpirun_told_how_to_connect_passes_the_check(how: str, world: tuple[Sshd
         argv = ("mpirun", "-np", "2", "--mca", "plm_rsh_args", options, "python3", "t.py")
     elif how == "mca-params.conf":
         (root / "home" / ".openmpi" / "mca-params.conf").write_text(f"# mine\nplm_rsh_args = {options}\n")
-    elif how == "ssh config file":  # as ~/.ssh/config would: the port from the file, none of ours over it
+    elif how == "ssh config file":  # as ~/.ssh/config would: its port and timeout, none of ours over them
         config = root / "ssh_config"
         config.write_text(f"Host {node.address}\n  Port {node.port}\n  IdentityFile {cluster.key}\n"
-                          f"  UserKnownHostsFile {cluster.known_hosts}\n  IdentitiesOnly yes\n")  # fmt: skip
+                          f"  UserKnownHostsFile {cluster.known_hosts}\n  IdentitiesOnly yes\n"
+                          "  ConnectTimeout 7\n")  # fmt: skip
         env["OMPI_MCA_plm_rsh_args"] = f"-F {config}"
     else:  # another agent: run as mpirun would run it, AGENT HOST COMMAND
         agent = root / "bin" / "agent"
@@ -97,6 +98,7 @@ def test_mpirun_told_how_to_connect_passes_the_check(how: str, world: tuple[Sshd
     done = run_check(check_argv("horovod", argv, node.address), root, env)
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout.startswith("ftconsole: ssh check: gpu00 reaches node01 by SSH as mpirun (OpenMPI) does: ")
+    assert ("ConnectTimeout=5" in done.stdout) is (how not in ("ssh config file", "agent script")), done.stdout
 
 
 def test_mpirun_told_a_wrong_way_fails_naming_the_pair(world: tuple[SshdCluster, Path]) -> None:

@@ -632,8 +632,10 @@ def test_ssh_check_script_names_the_pair_and_the_fix(tmp_path: Path) -> None:
     assert "mpirun (OpenMPI) starts this job's ranks from gpu01 over SSH" in done.stderr
     assert "'ssh -o BatchMode=yes -x -o ConnectTimeout=5 HOST true' must work for HOST in 10.1.0.3" in done.stderr
     assert "known_hosts" in done.stderr and "authorized_keys" in done.stderr
-    calls = sorted((tmp_path / "ssh.calls").read_text().splitlines())
-    assert calls == [f"-o BatchMode=yes -x -o ConnectTimeout=5 10.1.0.{i} true" for i in (2, 3)]
+    calls = sorted((tmp_path / "ssh.calls").read_text().splitlines())  # first ssh -G: a ConnectTimeout configured?
+    assert calls == [f"-G -o BatchMode=yes -x 10.1.0.{i}" for i in (2, 3)] + [
+        f"-o BatchMode=yes -x -o ConnectTimeout=5 10.1.0.{i} true" for i in (2, 3)
+    ]
     ok = plan_launch(job("horovod", "python t.py", 2)).ssh_check
     assert ok is not None
     done = subprocess.run([sys.executable, *ok[1:]], env=env, capture_output=True, text=True, timeout=30)

@@ -19,7 +19,7 @@ import pytest
 
 from ftconsole.scheduler import sshcheck
 from ftconsole.scheduler.launcher import ssh_check_source
-from ftconsole.scheduler.sshcheck import LAUNCHERS, Way, check, way
+from ftconsole.scheduler.sshcheck import LAUNCHERS, Way, check, connection, way
 from tests.unit.test_agent import imported_modules
 
 OMPI, HYDRA, PDSH = LAUNCHERS["openmpi"], LAUNCHERS["hydra"], LAUNCHERS["pdsh"]
@@ -57,8 +57,8 @@ def argv_for(tmp_path: Path, world: dict[str, str], launcher: str, settings: dic
     write(tmp_path, files)
     full = {**world, **{k: v.replace("TMP", str(tmp_path)) for k, v in env.items() if v is not None}}
     full = {k: v for k, v in full.items() if env.get(k, "") is not None}
-    how = way(launcher, settings, full, 5)
-    return how if isinstance(how, str) else how.command("h2", 1)
+    how = way(launcher, settings, full)
+    return how if isinstance(how, str) else connection(how, "h2", 1, 5, full)[0]
 
 
 # --- mpirun (Open MPI) -------------------------------------------------------------------------------------------
@@ -254,25 +254,38 @@ def test_pdsh_way(case: str, tmp_path: Path, world: dict[str, str]) -> None:
 
 
 def test_another_launcher_name_gets_plain_ssh_and_a_skip_is_a_skip(world: dict[str, str]) -> None:
-    how = way("the launcher", {}, world, 5)
-    assert isinstance(how, Way) and how.command("h2") == ["ssh", *BATCH, *OURS, "h2", "true"]
-    assert way(OMPI, {"skip": "horovodrun checks SSH itself"}, world, 5) == "horovodrun checks SSH itself"
+    how = way("the launcher", {}, world)
+    assert isinstance(how, Way) and connection(how, "h2", 0, 5, world) == (["ssh", *BATCH, *OURS, "h2", "true"], 5)
+    assert way(OMPI, {"skip": "horovodrun checks SSH itself"}, world) == "horovodrun checks SSH itself"
 
 
 @pytest.mark.parametrize(
-    ("env", "timeout"),
+    ("env", "config", "timeout", "ours"),
     [
-        ({}, 5),
-        ({"OMPI_MCA_plm_rsh_args": "-o ConnectTimeout=30"}, 30),
-        ({"OMPI_MCA_plm_rsh_args": "-o connecttimeout 12"}, 5),  # two words after -o: "connecttimeout" alone
-        ({"OMPI_MCA_plm_rsh_args": "-oconnecttimeout=12 -o ConnectTimeout=40"}, 12),  # ssh takes the first
-        ({"OMPI_MCA_plm_rsh_agent": "rsh"}, 5),
+        ({}, "", 5, True),
+        ({}, "connecttimeout none", 5, True),
+        ({}, "user me\nconnecttimeout 30", 30, False),  # the user's ssh config: none of ours over it
+        ({"OMPI_MCA_plm_rsh_args": "-o ConnectTimeout=30"}, "connecttimeout 30", 30, False),
+        ({"OMPI_MCA_plm_rsh_args": "-oconnecttimeout=12 -o ConnectTimeout=40"}, "", 12, False),  # the first
+        ({"OMPI_MCA_plm_rsh_args": "-o connecttimeout 12"}, "", 5, True),  # "-o connecttimeout" then "12"
+        ({"OMPI_MCA_plm_rsh_agent": "rsh"}, "connecttimeout 30", 5, False),  # not ssh: our deadline
     ],
 )
-def test_the_deadline_follows_the_connect_timeout_ssh_uses(world: dict[str, str], env: dict[str, str],
-                                                          timeout: int) -> None:  # fmt: skip
-    how = way(OMPI, {}, {**world, **env}, 5)
-    assert isinstance(how, Way) and how.timeout == timeout
+def test_the_deadline_follows_the_connect_timeout_ssh_uses(
+    tmp_path: Path, world: dict[str, str], env: dict[str, str], config: str, timeout: int, ours: bool
+) -> None:
+    """ssh's ConnectTimeout: the launcher's options', else the user's ssh config's (``ssh -G``, asked with the
+    same options and host), else ours; the connection's deadline follows it."""
+    ssh = tmp_path / "bin" / "ssh"
+    ssh.write_text(f'#!/bin/sh\necho "$@" >> "$0.calls"\n[ "$1" = -G ] && printf "{config}\\n"\nexit 0\n')
+    how = way(OMPI, {}, {**world, **env})
+    assert isinstance(how, Way)
+    argv, seconds = connection(how, "h2", 0, 5, {**world, **env})
+    assert seconds == timeout
+    assert ("ConnectTimeout=5" in argv) is ours
+    if how.ssh and how.timeout is None:
+        asked = (tmp_path / "bin" / "ssh.calls").read_text().splitlines()
+        assert asked == [" ".join(["-G", *argv[1:-1]]).replace(" -o ConnectTimeout=5", "")]
 
 
 # --- the check, run -----------------------------------------------------------------------------------------------
@@ -287,7 +300,7 @@ def test_check_connects_as_mpirun_and_names_the_pair_that_fails(
     env = {**world, "OMPI_MCA_plm_rsh_args": "-p 2222 -i /k"}
     peers = [("n2", "10.0.0.2"), ("n3", "10.0.0.3")]
     assert check("n1", 5, {}, OMPI, peers, env) == 255
-    calls = sorted((tmp_path / "bin" / "ssh.calls").read_text().splitlines())
+    calls = sorted(c for c in (tmp_path / "bin" / "ssh.calls").read_text().splitlines() if not c.startswith("-G"))
     assert calls == [f"-o BatchMode=yes -x -p 2222 -i /k -o ConnectTimeout=5 10.0.0.{i} true" for i in (2, 3)]
     err = capsys.readouterr().err.splitlines()
     assert err[-1] == "ftconsole: ssh check: n1 cannot reach n3 (10.0.0.3) by SSH without a prompt: " \
