@@ -2,7 +2,7 @@
 a node's death to its job running again elsewhere (`--what node-death`).
 
     .venv/bin/python bench/recovery.py [--nodes 8,64] [--jobs 1,200] [--ticks 20]
-    .venv/bin/python bench/recovery.py --what node-death [--nodes 8,64] [--repeats 5]
+    .venv/bin/python bench/recovery.py --what node-death [--nodes 8,64] [--repeats 5] [--layout own-home,shared-home]
 
 Re-adoption (`--what adoption`, the default):
 
@@ -30,7 +30,9 @@ a subprocess (its own state_dir, `probes.interval` 300 s so no periodic probe ru
    the wall time spent on the nodes). Commands still under way when a tick returns (LATE: ticks where any
    were) are waited for before the next tick; that wait is counted in CPU MS and ANSWERED MS, not WALL MS.
 
-Node death (`--what node-death`): for each node count N, a lab of N nodes of 8 GPUs and `ftconsole serve` with
+Node death (`--what node-death`): for each node count N and each `--layout` (`own-home`: every node has a
+home folder of its own; `shared-home`: every node's HOME is the same folder, as with an NFS /home, the lab
+layout's `shared_home: true`), a lab of N nodes of 8 GPUs and `ftconsole serve` with
 the scheduler's default settings (`tick` 2 s, `node_timeout` 10 s; only `probes.interval` 300 s, as above: a
 lab probe sweep loads the 2 shared CPUs, and `ssh.python`). Each of `--repeats` rounds submits a 2-node
 pytorch-mode job (`sleep 3600`, one GPU per node, `fault_tolerance: {retries: 3}`), waits until its attempt is
@@ -45,7 +47,16 @@ healthy nodes besides the dead ones (repeats <= N - 2). The times come from the 
     RELAUNCH  requeued -> the new attempt `started` (placement, pre-flight probe, starts, the read that sees
               every rank running)
 
-and the steps inside them (second table): lost -> Stopping event, Stopping -> the other rank's stop confirmed
+and the steps inside them (second table). Each round also counts what exists afterwards and reports what is
+wrong (CHECKS: the rounds with a problem; each problem is printed, with the job's `show`): the dead rank not
+`lost` or its attempt not `requeued`, a rank on a live node (the old attempt's other rank, the new attempt's)
+that did not end `exited` by the stop's SIGTERM (a fence SIGKILLs), a new rank on a dead node, a Fenced event,
+the job not `stopped` after its stop, a `sleep 3600` of the lab still alive 10 s after the stop; and at the
+end the serve log's WARNING and ERROR lines that name no dead node, or speak of fencing, strays, foreign runs
+or a traceback. A round whose job ends or does
+not run again ends the bench, with the job's `show`; the folder (serve.log, lab/lab.log) is kept.
+
+The steps inside the parts (second table): lost -> Stopping event, Stopping -> the other rank's stop confirmed
 by its node (`stop_sent`), -> its process ended (node's time), -> requeued; requeued -> new attempt created
 (placed), -> last new rank started (node's time), -> attempt `started`.
 
@@ -107,6 +118,9 @@ DEATH_SPEC = {
     "fault_tolerance": {"retries": 3},
 }
 DEATH_GPUS_PER_NODE = 8
+LAYOUTS = ("own-home", "shared-home")  # --layout: the lab layout's shared_home false / true
+STOPPED_TIMEOUT_S = 60.0
+LEFTOVER_TIMEOUT_S = 10.0  # after the job's stop, until none of its processes is left
 DEATH_TIMEOUT_S = 120.0  # from the kill until the job runs again
 POLL_S = 0.5
 
@@ -147,9 +161,10 @@ def node_groups(nodes: int, gpus: int) -> list[tuple[str, int]]:
     return out
 
 
-def write_layout(path: Path, nodes: int, gpus: int) -> None:
+def write_layout(path: Path, nodes: int, gpus: int, *, shared_home: bool = False) -> None:
     groups = node_groups(nodes, gpus)
     layout: dict[str, Any] = {
+        "shared_home": shared_home,
         "nodes": [
             {"name": name, "pool": f"g{n}", "gpus": n, "gpu_model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559}
             for name, n in groups
@@ -469,13 +484,39 @@ BOUNDS = {
 }
 
 
+class RoundFailed(SystemExit):
+    """A node-death round that cannot go on: the job ended, or did not run again; with the job's `show`."""
+
+    def __init__(self, message: str, shown: dict[str, Any] | None) -> None:
+        super().__init__(message)
+        self.shown = shown
+
+
+def dump_show(shown: dict[str, Any]) -> str:
+    """The parts of a job's `show` that tell what happened to it: status, message, attempts with runs, events."""
+    lines = [f"job {shown['id']} {shown['status']}: {shown.get('message')}"]
+    for attempt in shown["attempts"]:
+        lines.append(
+            f"  attempt {attempt['number']} result={attempt.get('result')} created={attempt.get('created')} "
+            f"started={attempt.get('started')} ended={attempt.get('ended')}"
+        )
+        for r in attempt["runs"]:
+            lines.append(
+                f"    rank {r['rank']} on {r['node']}: {describe_run(r)} "
+                f"started={r.get('started')} ended={r.get('ended')}"
+            )
+    for e in shown["events"]:
+        lines.append(f"  event {e['time']:.3f} {e['kind']} {e.get('node') or ''}: {e.get('message')}")
+    return "\n".join(lines)
+
+
 async def wait_attempt_running(api: ApiClient, job: int, after: int, timeout: float) -> dict[str, Any]:
     """`show` of `job` once an attempt numbered above `after` is started with every rank read `running`."""
     deadline = time.monotonic() + timeout
     while True:
         shown = await api.call("show", job=job)
         if shown["status"] not in ("queued", "running"):
-            raise SystemExit(f"job {job} is {shown['status']}: {shown.get('message')}")
+            raise RoundFailed(f"job {job} is {shown['status']}: {shown.get('message')}", shown)
         attempt = shown["attempts"][-1] if shown["attempts"] else None
         if (
             attempt is not None
@@ -485,16 +526,19 @@ async def wait_attempt_running(api: ApiClient, job: int, after: int, timeout: fl
         ):
             return shown
         if time.monotonic() > deadline:
-            raise SystemExit(f"job {job}: no attempt after {after} running within {timeout:g}s: {shown.get('message')}")
+            message = f"job {job}: no attempt after {after} running within {timeout:g}s: {shown.get('message')}"
+            raise RoundFailed(message, shown)
         await asyncio.sleep(POLL_S)
 
 
-async def wait_status(api: ApiClient, job: int, statuses: Sequence[str], timeout: float) -> None:
+async def wait_status(api: ApiClient, job: int, statuses: Sequence[str], timeout: float) -> dict[str, Any]:
+    """`show` of `job` once its status is one of `statuses`; RoundFailed when it is not within `timeout`."""
     deadline = time.monotonic() + timeout
-    while (await api.call("show", job=job))["status"] not in statuses:
+    while (shown := await api.call("show", job=job))["status"] not in statuses:
         if time.monotonic() > deadline:
-            raise SystemExit(f"job {job} not {' or '.join(statuses)} within {timeout:g}s")
+            raise RoundFailed(f"job {job} not {' or '.join(statuses)} within {timeout:g}s", shown)
         await asyncio.sleep(POLL_S)
+    return dict(shown)
 
 
 def stop_sent(db: Path, job: int, attempt: int, rank: int) -> float | None:
@@ -513,7 +557,8 @@ def death_times(shown: dict[str, Any], before: int, victim: str, killed: float, 
     lost = next(r for r in old["runs"] if r["node"] == victim)
     others = [r for r in old["runs"] if r["node"] != victim]
     if lost["state"] != "lost" or old["result"] != "requeued":
-        raise SystemExit(f"job {shown['id']}: rank on {victim} {lost['state']}, attempt {before} {old['result']}")
+        message = f"job {shown['id']}: rank on {victim} {lost['state']}, attempt {before} {old['result']}"
+        raise RoundFailed(message, shown)
     t_lost = lost["ended"]
     events = shown["events"]
     stopping = min((e["time"] for e in events if e["kind"] == "Stopping" and e["time"] >= t_lost), default=None)
@@ -533,12 +578,53 @@ def death_times(shown: dict[str, Any], before: int, victim: str, killed: float, 
     }
     missing = [k for k, v in times.items() if v is None]
     if missing:
-        raise SystemExit(f"job {shown['id']}: no time for {missing}; events: {events}")
+        raise RoundFailed(f"job {shown['id']}: no time for {missing}", shown)
     return times
 
 
-async def one_death(api: ApiClient, lab_dir: Path, db: Path, nodes: int, round_: int) -> dict[str, float]:
-    """Submit the job, kill the node of one of its ranks once it runs, wait until it runs again elsewhere."""
+def stopped_by_us(run: dict[str, Any]) -> bool:
+    """A rank the scheduler stopped: its `sleep` ended by the SIGTERM of the stop (a fence would SIGKILL it)."""
+    return run["state"] == "exited" and run.get("signal") == "SIGTERM"
+
+
+def round_problems(shown: dict[str, Any], before: int, victim: str, dead: set[str]) -> list[str]:
+    """What is wrong in a job's `show` after its round (stopped): see the docstring's list."""
+    out = []
+    attempts = {a["number"]: a for a in shown["attempts"]}
+    old, new = attempts[before], shown["attempts"][-1]
+    for r in old["runs"]:
+        if r["node"] != victim and not stopped_by_us(r):
+            out.append(f"rank {r['rank']} of attempt {before} on {r['node']} (alive) ended {describe_run(r)}")
+    for r in new["runs"]:
+        if r["node"] in dead:
+            out.append(f"rank {r['rank']} of attempt {new['number']} placed on dead node {r['node']}")
+        if not stopped_by_us(r):
+            out.append(f"rank {r['rank']} of attempt {new['number']} on {r['node']} ended {describe_run(r)}")
+    for e in shown["events"]:
+        if e["kind"] == "Fenced":
+            out.append(f"Fenced event on {e.get('node')}: {e.get('message')}")
+    if shown["status"] != "stopped":
+        out.append(f"job {shown['status']} after its stop: {shown.get('message')}")
+    return out
+
+
+def describe_run(r: dict[str, Any]) -> str:
+    return f"{r['state']} exit={r.get('exit_code')} signal={r.get('signal')} error={r.get('error')!r}"
+
+
+async def wait_no_leftovers(lab_dir: Path, timeout: float) -> list[int]:
+    """Until no `sleep 3600` of the lab is left; those still alive after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while (left := leftover_sleeps(lab_dir)) and time.monotonic() < deadline:
+        await asyncio.sleep(POLL_S)
+    return left
+
+
+async def one_death(
+    api: ApiClient, lab_dir: Path, db: Path, label: str, round_: int, dead: set[str]
+) -> tuple[dict[str, float], list[str]]:
+    """Submit the job, kill the node of one of its ranks once it runs, wait until it runs again elsewhere, stop it;
+    its times and what went wrong. `dead` (the nodes killed so far) gets the node killed."""
     job = (await api.call("submit", spec=DEATH_SPEC))["id"]
     shown = await wait_attempt_running(api, job, 0, RUNNING_TIMEOUT_S)
     attempt = shown["attempts"][-1]
@@ -548,64 +634,121 @@ async def one_death(api: ApiClient, lab_dir: Path, db: Path, nodes: int, round_:
     killed = time.time()
     report = await asyncio.to_thread(lab_fault, lab_dir, victim, Fault.kill())
     kill_s = time.time() - killed
+    dead.add(victim)
     shown = await wait_attempt_running(api, job, attempt["number"], DEATH_TIMEOUT_S)
     times = death_times(shown, attempt["number"], victim, killed, db)
     new_nodes = ",".join(r["node"] for r in shown["attempts"][-1]["runs"])
     total = times["running"] - killed
     print(
-        f"  {nodes} nodes, round {round_ + 1}: killed {victim} ({report.message}; {kill_s:.2f}s), "
+        f"  {label}, round {round_ + 1}: job {job} killed {victim} ({report.message}; {kill_s:.2f}s), "
         f"running again on {new_nodes} {total:.2f}s after",
         file=sys.stderr,
     )
     await api.call("stop", jobs=[job])
-    await wait_status(api, job, ["stopped", "error"], 60.0)
-    return times
+    shown = await wait_status(api, job, ["stopped", "error", "succeeded", "expired"], STOPPED_TIMEOUT_S)
+    problems = round_problems(shown, attempt["number"], victim, dead)
+    left = await wait_no_leftovers(lab_dir, LEFTOVER_TIMEOUT_S)
+    if left:
+        problems.append(f"{len(left)} `sleep 3600` of the lab alive {LEFTOVER_TIMEOUT_S:g}s after the stop: {left}")
+    if problems:
+        print(f"  {label}, round {round_ + 1}: PROBLEMS:\n" + "\n".join(f"    {p}" for p in problems), file=sys.stderr)
+        print(dump_show(shown), file=sys.stderr)
+    return times, problems
 
 
-async def death_cluster(root: Path, nodes: int, repeats: int) -> list[dict[str, float]]:
+SUSPECT = re.compile(r"(?i:fenc|stray|foreign)|Traceback| ERROR ")
+
+
+def log_problems(log: Path, dead: set[str]) -> list[str]:
+    """The serve log's WARNING and ERROR lines that a node death does not explain: those that name no dead node,
+    and any about fencing, strays, other nodes' runs (foreign) or a traceback."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError as exc:
+        return [f"cannot read {log}: {exc}"]
+    named = re.compile(r"\b(" + "|".join(map(re.escape, sorted(dead))) + r")\b") if dead else None
+    out = []
+    for line in lines:
+        if not (" WARNING " in line or " ERROR " in line or "Traceback" in line):
+            continue
+        if SUSPECT.search(line) or named is None or not named.search(line):
+            out.append(line)
+    return out
+
+
+async def death_cluster(
+    root: Path, nodes: int, repeats: int, layout_name: str
+) -> tuple[list[dict[str, float]], int, list[str]]:
+    """The rounds on one lab: their times, how many had a problem, and the serve log's warnings."""
     if repeats > nodes - 2:
         raise SystemExit(f"{repeats} repeats need {repeats + 2} nodes: each kills one, and the job needs 2")
     layout = root / "layout.yaml"
-    write_layout(layout, nodes, nodes * DEATH_GPUS_PER_NODE)
+    write_layout(layout, nodes, nodes * DEATH_GPUS_PER_NODE, shared_home=layout_name == "shared-home")
     lab_dir = root / "lab"
+    label = f"{layout_name}, {nodes} nodes"
     serves: list[Serve] = []
+    samples: list[dict[str, float]] = []
+    bad_rounds = 0
+    dead: set[str] = set()
     try:
         info = lab_up(lab_dir, layout, None, timeout=120)
+        if info.shared_home != (layout_name == "shared-home"):
+            raise SystemExit(f"the lab in {lab_dir} has shared_home {info.shared_home}, not as {layout_name} asks")
         config = write_config(root, Path(info.config_path), scheduler=None)
         loaded = load_config(config)
         serves.append(Serve(config, root / "serve.log"))
         api = await connect(loaded)
         try:
             db = loaded.state_dir / STORE_FILE
-            return [await one_death(api, lab_dir, db, nodes, i) for i in range(repeats)]
+            for i in range(repeats):
+                try:
+                    times, problems = await one_death(api, lab_dir, db, label, i, dead)
+                except RoundFailed as exc:
+                    print(f"  {label}, round {i + 1}: {exc}", file=sys.stderr)
+                    if exc.shown is not None:
+                        print(dump_show(exc.shown), file=sys.stderr)
+                    raise
+                samples.append(times)
+                bad_rounds += bool(problems)
         finally:
             await api.close()
     finally:
         for serve in serves:
             serve.stop()
         shut_down(lab_dir, serves)
+    warnings = log_problems(root / "serve.log", dead)
+    for line in warnings:
+        print(f"  {label}: serve log: {line}", file=sys.stderr)
+    return samples, bad_rounds, warnings
 
 
 def med_max(xs: Sequence[float]) -> str:
     return f"{statistics.median(xs):.2f} / {max(xs):.2f}"
 
 
-def death_tables(results: dict[int, list[dict[str, float]]]) -> None:
+DeathResult = tuple[list[dict[str, float]], int, list[str]]  # samples, rounds with a problem, serve log warnings
+
+
+def death_tables(results: dict[tuple[str, int], DeathResult]) -> None:
     rows = []
-    for nodes, samples in results.items():
+    for (layout, nodes), (samples, bad_rounds, warnings) in results.items():
         parts = {
             "DETECT": [t["lost"] - t["killed"] for t in samples],
             "DECIDE": [t["requeued"] - t["lost"] for t in samples],
             "RELAUNCH": [t["running"] - t["requeued"] for t in samples],
             "TOTAL": [t["running"] - t["killed"] for t in samples],
         }
-        rows.append([nodes, len(samples), *(med_max(parts[p]) for p in PARTS)])
-    print_table(["NODES", "REPEATS", *(f"{p} S" for p in PARTS)], rows)
+        checks = "ok" if not bad_rounds else f"{bad_rounds} of {len(samples)} rounds wrong"
+        if warnings:
+            checks += f", {len(warnings)} unexplained log warnings"
+        rows.append([layout, nodes, len(samples), *(med_max(parts[p]) for p in PARTS), checks])
+    print_table(["LAYOUT", "NODES", "REPEATS", *(f"{p} S" for p in PARTS), "CHECKS"], rows)
     print()
     rows = []
     for part, step, start, end in STEPS:
-        rows.append([part, step, *(med_max([t[end] - t[start] for t in s]) for s in results.values())])
-    print_table(["PART", "STEP", *(f"{n} NODES S" for n in results)], rows)
+        cells = [med_max([t[end] - t[start] for t in samples]) for samples, _, _ in results.values()]
+        rows.append([part, step, *cells])
+    print_table(["PART", "STEP", *(f"{layout.upper()} {n} S" for layout, n in results)], rows)
     print("\n(median / max over the repeats; (node): a time the node's supervisor wrote)")
     for part in PARTS[:-1]:
         print(f"{part}: {BOUNDS[part]}")
@@ -618,10 +761,16 @@ def main() -> None:
     parser.add_argument("--ticks", type=int, default=20)
     parser.add_argument("--what", choices=["adoption", "node-death"], default="adoption")
     parser.add_argument("--repeats", type=int, default=5, help="node deaths per node count (--what node-death)")
+    parser.add_argument(
+        "--layout",
+        help=f"lab layouts, comma-separated, of {', '.join(LAYOUTS)} (--what node-death; default: both)",
+    )
     args = parser.parse_args()
     if args.what == "node-death":
         node_death(args)
         return
+    if args.layout is not None:
+        parser.error("--layout goes with --what node-death")
     counts = sorted({int(j) for j in args.jobs.split(",")})
     adoption: list[list[object]] = []
     breakdowns: list[list[object]] = []
@@ -650,15 +799,23 @@ def main() -> None:
 
 
 def node_death(args: argparse.Namespace) -> None:
-    results: dict[int, list[dict[str, float]]] = {}
+    layouts = [name.strip() for name in (args.layout or ",".join(LAYOUTS)).split(",") if name.strip()]
+    unknown = [name for name in layouts if name not in LAYOUTS]
+    if unknown or not layouts:
+        raise SystemExit(f"--layout: {', '.join(unknown) or 'none given'}: not one of {', '.join(LAYOUTS)}")
+    results: dict[tuple[str, int], DeathResult] = {}
     for nodes in [int(n) for n in args.nodes.split(",")]:
-        root = Path(tempfile.mkdtemp(prefix="ftd-", dir="/tmp"))  # short: the API socket path is AF_UNIX
-        try:
-            results[nodes] = asyncio.run(death_cluster(root, nodes, args.repeats))
-        except BaseException:
-            print(f"kept {root} (serve.log, lab/lab.log)", file=sys.stderr)
-            raise
-        shutil.rmtree(root, ignore_errors=True)
+        for layout in layouts:
+            root = Path(tempfile.mkdtemp(prefix="ftd-", dir="/tmp"))  # short: the API socket path is AF_UNIX
+            try:
+                results[(layout, nodes)] = asyncio.run(death_cluster(root, nodes, args.repeats, layout))
+            except BaseException:
+                print(f"kept {root} (serve.log, lab/lab.log)", file=sys.stderr)
+                raise
+            if results[(layout, nodes)][1] or results[(layout, nodes)][2]:
+                print(f"kept {root} (serve.log, lab/lab.log): {layout}, {nodes} nodes had problems", file=sys.stderr)
+            else:
+                shutil.rmtree(root, ignore_errors=True)
     command = " ".join([".venv/bin/python", "bench/recovery.py", *sys.argv[1:]])
     print(f"{command}\n{os.cpu_count()} CPUs, Python {sys.version.split()[0]}; scheduler defaults; seconds\n")
     death_tables(results)
