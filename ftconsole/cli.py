@@ -239,6 +239,9 @@ def _admin(args: argparse.Namespace, op: str, **call: Any) -> int:
     return 0
 
 
+SHARED_HOME_HELP = "every node's HOME is <lab>/home, as with an NFS /home (default: the layout's shared_home)"
+
+
 def cmd_lab(args: argparse.Namespace) -> int:
     from ftconsole import lab
 
@@ -252,7 +255,7 @@ def cmd_lab(args: argparse.Namespace) -> int:
         return 0
     if args.lab_command == "up":
         layout = Path(args.layout) if args.layout else None
-        info = lab.lab_up(lab_dir, layout, nodes=args.nodes)
+        info = lab.lab_up(lab_dir, layout, nodes=args.nodes, shared_home=args.shared_home)
         if args.json:
             print_json(info.to_json())
         else:
@@ -285,7 +288,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from ftconsole import lab
 
     lab_dir = Path(args.dir).expanduser() if args.dir else lab.default_lab_dir()
-    info = lab.lab_up(lab_dir, None, nodes=args.nodes)
+    info = lab.lab_up(lab_dir, None, nodes=args.nodes, shared_home=args.shared_home)
     print(f"lab cluster up: {len(info.nodes)} nodes; config {info.config_path}", file=sys.stderr)
     loaded = load_config(info.config_path)
     if not args.no_demo_jobs:  # queued now; the console's scheduler places them (ftconsole/lab/demo.py)
@@ -377,6 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "up":
             p.add_argument("--nodes", type=int, help="number of nodes (default: the layout's)")
             p.add_argument("--layout", help="lab layout file (default: config/lab.yaml)")
+            p.add_argument("--shared-home", action=argparse.BooleanOptionalAction, help=SHARED_HOME_HELP)
         p.set_defaults(func=cmd_lab)
     # the same arguments as `python -m ftconsole.lab fault` (ftconsole/lab/command.py: add_fault_arguments)
     fault = lab_sub.add_parser("fault", parents=[listing], help="inject a fault into a lab node, or heal it")
@@ -392,6 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="start the local lab cluster and open the console on it")
     demo.add_argument("--dir", help="lab folder")
     demo.add_argument("--nodes", type=int, help="number of nodes (default: the layout's 8)")
+    demo.add_argument("--shared-home", action=argparse.BooleanOptionalAction, help=SHARED_HOME_HELP)
     demo.add_argument(
         "--no-demo-jobs",
         action="store_true",

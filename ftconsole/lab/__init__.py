@@ -20,7 +20,7 @@ hangup would); a process that detached into its own session (a run supervisor) i
 stops, every process of every node is killed: the tracked process groups and every process of our uid whose
 environment names this lab (found in ``/proc/*/environ``).
 
-Shared home (layout key ``shared_home: true``, ``python -m ftconsole.lab up --shared-home``; default false):
+Shared home (layout key ``shared_home: true``, ``ftconsole lab up --shared-home``; default false):
 every node's HOME is the same folder, ``<lab>/home``, as on a cluster with an NFS ``/home``; run folders, the
 probes' cache and the kept agent files of all nodes then lie side by side, as the scheduler must expect on
 such clusters. The lab itself never tells nodes apart by folder: a node's processes are the ones whose
