@@ -432,8 +432,9 @@ def files(params):
 # -- users -----------------------------------------------------------------------------------------------------
 
 
-# what a session of the SSH account leaves in the environment that is not the user's
-_NOT_THE_USERS = ("MAIL", "PWD", "OLDPWD", "SUDO_USER", "SUDO_UID", "SUDO_GID", "SUDO_COMMAND", "XDG_RUNTIME_DIR")
+# what a session of the SSH account (or sudo) leaves in the environment that is not the user's: these names, and
+# every SUDO_* (sudo sets SUDO_USER, SUDO_UID, SUDO_GID, SUDO_COMMAND, and newer ones SUDO_HOME...)
+_NOT_THE_USERS = ("MAIL", "PWD", "OLDPWD", "XDG_RUNTIME_DIR")
 
 
 def _account_name():
@@ -444,20 +445,28 @@ def _account_name():
 
 
 def become(user):
-    """Go on as `user` (see "Users"): None once this process is that user, else the answer that says why not."""
+    """Go on as `user` (see "Users"): None once this process is that user, else the answer that says why not.
+
+    Switched here by root or before by sudo, the process goes on with the same environment (the session's,
+    without what is not the user's, and the user's HOME, USER, LOGNAME and SHELL) and umask 077. When the SSH
+    account is the user (no switch at all, no SUDO_UID of another uid), the session is the user's own and kept
+    as it is (its HOME may be the admin's `SetEnv`, as on the lab's nodes): only the umask is set."""
     try:
         entry = pwd.getpwnam(user)
     except KeyError:
         return {"no_account": user}
-    if os.geteuid() == entry.pw_uid:
-        return None  # the SSH account itself (or sudo made us the user): the session's environment is the user's
-    if os.geteuid() != 0:
-        return {"sudo": user, "account": _account_name()}
-    os.initgroups(user, entry.pw_gid)
-    os.setgid(entry.pw_gid)
-    os.setuid(entry.pw_uid)  # real, effective and saved: there is no way back to root
-    for name in _NOT_THE_USERS:
-        os.environ.pop(name, None)
+    if os.geteuid() == entry.pw_uid and os.environ.get("SUDO_UID", str(entry.pw_uid)) == str(entry.pw_uid):
+        os.umask(0o077)  # run folders and whatever the job writes are the user's alone, in every case
+        return None
+    if os.geteuid() != entry.pw_uid:
+        if os.geteuid() != 0:
+            return {"sudo": user, "account": _account_name()}
+        os.initgroups(user, entry.pw_gid)
+        os.setgid(entry.pw_gid)
+        os.setuid(entry.pw_uid)  # real, effective and saved: there is no way back to root
+    for name in list(os.environ):  # a switch, here or by sudo: the same clean-up
+        if name in _NOT_THE_USERS or name.startswith("SUDO_"):
+            del os.environ[name]
     os.environ.update(HOME=entry.pw_dir, USER=user, LOGNAME=user, SHELL=entry.pw_shell or "/bin/sh")
     os.umask(0o077)
     with contextlib.suppress(OSError):

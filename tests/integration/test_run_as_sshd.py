@@ -341,6 +341,58 @@ async def test_a_non_root_ssh_account_switches_through_sudo_or_says_what_it_need
     assert read is not None and read[1].decode().strip() == str(user.pw_uid)
 
 
+async def _job_env(transport: AsUid, node: Node, run_dir: str, python: str) -> tuple[str, dict[str, str]]:
+    """The umask and the environment a job of daemon's started through `transport` sees (`sh -c 'umask; env'`)."""
+    started, _ = await start_run(
+        transport, node, run_dir=run_dir, argv=["sh", "-c", "umask; env"], env={}, workdir="/tmp", token="t1",
+        user="daemon", python=python,
+    )  # fmt: skip
+    assert started
+    users, tokens = {run_dir: "daemon"}, {run_dir: "t1"}
+    for _ in range(WAIT * 10):
+        states = await run_states(transport, node, [run_dir], tokens=tokens, users=users, python=python)
+        if states[run_dir].state == "exited":
+            break
+        await asyncio.sleep(0.1)
+    assert states[run_dir].state == "exited" and states[run_dir].exit_code == 0, states[run_dir]
+    read = await read_file(transport, node, f"{run_dir}/output.log", limit=65536, user="daemon", python=python)
+    assert read is not None
+    umask, *lines = read[1].decode().splitlines()
+    return umask, dict(line.split("=", 1) for line in lines if "=" in line)
+
+
+async def test_a_job_switched_through_sudo_gets_the_environment_and_umask_of_one_switched_by_root(
+    sudoers: Callable[[str], None], shared_run_root: str
+) -> None:
+    """sudo leaves SUDO_*, MAIL and its own umask behind; the job must not see them, as when root switches."""
+    python = "/usr/bin/python3"
+    if not os.access(python, os.X_OK):
+        pytest.skip("no /usr/bin/python3")
+    sudoers(f"nobody ALL=(daemon) NOPASSWD: {python}")
+    user = pwd.getpwnam("daemon")
+    root = f"{shared_run_root.replace('{user}', 'daemon')}/cid"
+    through_sudo = await _job_env(
+        AsUid(NOBODY), Node(name="sudo-node", host="127.0.0.1", port=None, user=None, pool="default"),
+        f"{root}/1/1/0", python,
+    )  # fmt: skip
+    by_root = await _job_env(
+        AsUid(0), Node(name="root-node", host="127.0.0.1", port=None, user=None, pool="default"), f"{root}/2/1/0",
+        python,
+    )  # fmt: skip
+    for umask, env in (through_sudo, by_root):
+        assert umask == "0077", (umask, env)
+        assert not [name for name in env if name.startswith("SUDO_")], env
+        assert not {"MAIL", "OLDPWD", "XDG_RUNTIME_DIR"} & set(env), env
+        mine = {"HOME": user.pw_dir, "USER": "daemon", "LOGNAME": "daemon", "SHELL": user.pw_shell}
+        assert {name: env.get(name) for name in mine} == mine, env
+    # the SSH account is the user: no switch, the session's own environment, and still umask 077
+    umask, _ = await _job_env(
+        AsUid(user.pw_uid), Node(name="self-node", host="127.0.0.1", port=None, user=None, pool="default"),
+        f"{root}/3/1/0", python,
+    )  # fmt: skip
+    assert umask == "0077"
+
+
 async def test_the_scheduler_kills_what_is_left_of_another_uids_run_whose_supervisor_died(
     sshd_cluster: Any, tmp_path: Path, sock_dir: Path, shared_run_root: str
 ) -> None:
