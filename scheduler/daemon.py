@@ -21,7 +21,7 @@ from ftconsole.scheduler import debugenv, failpoints, metrics, notify, placement
 from ftconsole.scheduler.api import ApiServer, Caller
 from ftconsole.scheduler.clusterview import cluster_view
 from ftconsole.scheduler.config import LoadedConfig, parse_duration
-from ftconsole.scheduler.engine import Scheduler
+from ftconsole.scheduler.engine import Scheduler, redact_json
 from ftconsole.scheduler.errors import UsageError
 from ftconsole.scheduler.jobs import Job, JobStatus
 from ftconsole.scheduler.lock import StateLock
@@ -125,7 +125,8 @@ class Operations:
         call again with `since` = the cursor (see `Store.jobs_changed`)."""
         since = args.get("since")
         cursor, jobs, activity = await self.scheduler.store.jobs_changed(None if since is None else float(since))
-        seen = [j for j in jobs if self.scheduler.may_see(caller, j)]
+        hidden = await self._hidden(caller)
+        seen = [self.scheduler.redact_job(j, hidden) for j in jobs if self.scheduler.may_see(caller, j)]
         return {"cursor": cursor, "jobs": await self._json(seen, activity)}
 
     async def _show(self, caller: Caller, args: dict[str, Any]) -> Any:
@@ -177,20 +178,20 @@ class Operations:
 
     async def _events(self, caller: Caller, args: dict[str, Any]) -> Any:
         limit = int(args.get("limit") or 100)
+        hidden = await self._hidden(caller)
         if args.get("job") is not None:
             events = await self.scheduler.job_events(caller, args["job"], limit=limit)
         else:
-            hidden = await self._hidden(caller)
             events = await self.scheduler.service.events(node=args.get("node"), limit=limit)
             events = [e for e in events if e.job is None or not e.job.isdigit() or int(e.job) not in hidden]
-        return [e.to_json() for e in events]
+        return redact_json([e.to_json() for e in events], hidden)  # a node's events name the job it failed under
 
     async def _alerts(self, caller: Caller, args: dict[str, Any]) -> Any:
         """Open and acknowledged alerts, oldest first; `all`: resolved ones too; `limit` (default 200) newest."""
         states = ALERT_STATES if args.get("all") else ("open", "acknowledged")
         alerts = await self.scheduler.store.alerts(states=states, limit=int(args.get("limit") or 200))
         hidden = await self._hidden(caller)
-        return [a.to_json() for a in alerts if a.job not in hidden]
+        return redact_json([a.to_json() for a in alerts if a.job not in hidden], hidden)  # node_isolated names a job
 
     async def _ack(self, caller: Caller, args: dict[str, Any]) -> Any:
         return [a.to_json() for a in await self.scheduler.ack(caller, _alert_ids(args))]
@@ -200,7 +201,10 @@ class Operations:
 
     async def _nodes(self, caller: Caller, args: dict[str, Any]) -> Any:
         hidden = await self._hidden(caller)
-        views = [_mask_held(v.to_json(), hidden) for v in await self.scheduler.service.nodes(args.get("nodeset"))]
+        views = [
+            redact_json(_mask_held(v.to_json(), hidden), hidden)  # an isolated node's reasons name the job
+            for v in await self.scheduler.service.nodes(args.get("nodeset"))
+        ]
         return [brief_node(v) for v in views] if args.get("brief") else views
 
     async def _probe(self, caller: Caller, args: dict[str, Any]) -> Any:

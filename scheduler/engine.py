@@ -11,8 +11,9 @@ import contextlib
 import dataclasses
 import json
 import logging
+import re
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -65,6 +66,19 @@ class Scheduler:
 
     def may_see(self, caller: Caller, job: Job) -> bool:
         return self.rules.may_see(caller, job)
+
+    async def hidden_jobs(self, caller: Caller) -> frozenset[int]:
+        """The jobs this caller may not read (`may_see`): left out of its listings, and redacted (`redact`) where
+        a text about something else names them (a node's reasons, a node's events and alerts, a prediction)."""
+        if self.is_admin(caller):
+            return frozenset()
+        return await self.store.private_jobs(except_uid=caller.uid)
+
+    def redact_job(self, job: Job, hidden: Collection[int]) -> Job:
+        """A job the caller may read, its message redacted: a queued job's "blocked behind job N" may name a job
+        the caller may not read."""
+        message = redact(job.message, hidden)
+        return job if message == job.message else dataclasses.replace(job, message=message)
 
     def _check(self, caller: Caller, job: Job, verb: str, *, write: bool) -> None:
         if self.is_admin(caller) or caller.uid == job.uid:
@@ -143,7 +157,8 @@ class Scheduler:
             if output and output not in (job.spec.output or ""):
                 continue
             out.append(job)
-        return out
+        hidden = await self.hidden_jobs(caller)
+        return [self.redact_job(job, hidden) for job in out]
 
     async def show(self, caller: Caller, job_id: int | str) -> dict[str, Any]:
         job = await self._job(caller, job_id, "see", write=False)
@@ -156,17 +171,26 @@ class Scheduler:
         outputs = [r.output_at for r in runs if r.attempt == job.attempt and r.output_at is not None]
         activity = dataclasses.replace(activity, last_output=max(outputs) if outputs else None)
         conditions = {c.value for c in Condition}
+        hidden = await self.hidden_jobs(caller)  # named in a message of this job ("blocked behind job N")
+        job = self.redact_job(job, hidden)
+        shown = [redact_json(e.to_json(), hidden) for e in events]
         return {
             **job.to_json(now),
             **activity.to_json(),
             "spec": job.spec.to_json(),
             "attempts": [
-                {**a.to_json(), "runs": [r.to_json() for r in runs if r.attempt == a.number]} for a in attempts
+                {
+                    **redact_json(a.to_json(), hidden),
+                    "runs": [redact_json(r.to_json(), hidden) for r in runs if r.attempt == a.number],
+                }
+                for a in attempts
             ],
             "conditions": [
-                {"type": e.kind, "time": e.time, "message": e.message} for e in events if e.kind in conditions
+                {"type": e["kind"], "time": e["time"], "message": e["message"]}
+                for e in shown
+                if e["kind"] in conditions
             ],
-            "events": [e.to_json() for e in events],
+            "events": shown,
             "debug": debugenv.view(job, self.config.debug, self.settings, now),
             "env_until": debugenv.env_until(job, self.config.debug, self.settings),
         }
@@ -319,7 +343,7 @@ class Scheduler:
 
     async def job_events(self, caller: Caller, job_id: int | str, *, limit: int = 100) -> list[StoredEvent]:
         job = await self._job(caller, job_id, "see", write=False)
-        return await self.store.events(job=str(job.id), limit=limit)
+        return await self.store.events(job=str(job.id), limit=limit)  # redacted by the caller (`redact_json`)
 
     # -- alerts -----------------------------------------------------------------------------------------------
 
@@ -365,7 +389,8 @@ class Scheduler:
         container runtimes anew."""
         outcomes = await self.service.probe(nodeset, checks=checks, fresh=True)
         self._poke()
-        return outcomes
+        hidden = await self.hidden_jobs(caller)  # an isolated node's reasons name the job it failed under
+        return [_redact_outcome(o, hidden) for o in outcomes] if hidden else outcomes
 
     async def drain(self, caller: Caller, nodeset: str, reason: str) -> list[NodeView]:
         """Take nodes out of scheduling (admins only); the running jobs there go on."""
@@ -387,11 +412,12 @@ class Scheduler:
     async def wait(self, caller: Caller, job_id: int | str) -> AsyncIterator[dict[str, Any]]:
         """The job now, then each time its status changes, until it ends."""
         job = await self._job(caller, job_id, "see", write=False)
+        hidden = await self.hidden_jobs(caller)
         last: tuple[str, str] | None = None
         while True:
             key = (job.status.value, job.message)
             if key != last:
-                yield job.to_json(self.clock())
+                yield self.redact_job(job, hidden).to_json(self.clock())
                 last = key
             if job.status in TERMINAL:
                 return
@@ -523,9 +549,10 @@ class Scheduler:
         now = self.clock()
         job = job_request(spec, self.config, job_id="(this job)", now=now)
         job = dataclasses.replace(job, project=urgent_scope(self.config, caller.user, spec.project))
-        return placement.predict(
+        decision = placement.predict(
             state, requests, job, now, urgent_cap=self.settings.urgent_cap, allow_degraded=self.loop.placer.degraded_ok
         )
+        return redact_decision(decision, await self.hidden_jobs(caller))
 
     # ============================================================ the loop
 
@@ -562,3 +589,77 @@ def _spec(spec: JobSpec | dict[str, Any]) -> JobSpec:
 
 def _clock(when: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when))
+
+
+# ================================================================ privacy
+
+HIDDEN_JOB = "a job you cannot see"  # what a caller reads in place of a job it may not read
+_JOB_MENTION = re.compile(r"\bjob #?(\d+)\b")
+
+
+def redact(text: str, hidden: Collection[int]) -> str:
+    """`text` with every mention of a job in `hidden` (``job 7``, ``job 7 attempt 1``) and what it says of that
+    job replaced by `HIDDEN_JOB`; the rest is kept (a node's name, state, who acted and when).
+
+    What a text says of a job follows its mention to the end of the clause: the end of the text, or the ``)`` that
+    closes a parenthesis opened before the mention. So ``isolated: job 7 attempt 1: hardware fault: ...`` reads
+    ``isolated: a job you cannot see`` and ``resumed by ann (was isolated: job 7: ...)`` reads ``resumed by ann
+    (was isolated: a job you cannot see)``: the job's id, name, owner and cause all go. Pure; tested from tables.
+    """
+    if not hidden or "job" not in text:
+        return text
+    out: list[str] = []
+    pos = 0
+    while (found := _JOB_MENTION.search(text, pos)) is not None:
+        if int(found[1]) not in hidden:
+            out.append(text[pos : found.end()])
+            pos = found.end()
+            continue
+        out.append(text[pos : found.start()] + HIDDEN_JOB)
+        pos = _clause_end(text, found.end())
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def _clause_end(text: str, start: int) -> int:
+    """Where the clause that goes on at `start` ends: at a ``)`` with no ``(`` of its own after `start`, else at
+    the end of the text."""
+    depth = 0
+    for i in range(start, len(text)):
+        if text[i] == "(":
+            depth += 1
+        elif text[i] == ")":
+            if depth == 0:
+                return i
+            depth -= 1
+    return len(text)
+
+
+def redact_json(value: Any, hidden: Collection[int]) -> Any:
+    """A JSON value with `redact` applied to every string in it (keys are left as they are)."""
+    if not hidden:
+        return value
+    if isinstance(value, str):
+        return redact(value, hidden)
+    if isinstance(value, list):
+        return [redact_json(v, hidden) for v in value]
+    if isinstance(value, dict):
+        return {k: redact_json(v, hidden) for k, v in value.items()}
+    return value
+
+
+def _redact_outcome(outcome: ProbeOutcome, hidden: Collection[int]) -> ProbeOutcome:
+    h = outcome.health
+    health = dataclasses.replace(
+        h, admin_reason=redact(h.admin_reason, hidden), reasons=tuple(redact(r, hidden) for r in h.reasons)
+    )
+    return dataclasses.replace(outcome, health=health)
+
+
+def redact_decision(decision: placement.Decision, hidden: Collection[int]) -> placement.Decision:
+    """A prediction as a caller who may not read the `hidden` jobs sees it: its reason redacted (``blocked
+    behind a job you cannot see``), those jobs left out of `ahead` (its queue position still counts them)."""
+    if not hidden or not isinstance(decision, placement.Wait):
+        return decision
+    ahead = tuple(j for j in decision.ahead if not (j.isdigit() and int(j) in hidden))
+    return dataclasses.replace(decision, reason=redact(decision.reason, hidden), ahead=ahead)

@@ -5,14 +5,17 @@ predict applies submit's rules."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
 from typing import Any
 
 import pytest
 
+from ftconsole.scheduler.engine import HIDDEN_JOB
 from ftconsole.scheduler.errors import UsageError
 from tests.integration.test_scheduler_sshd import as_nobody, finished, job, running, until, write_config
-from tests.sshd_cluster import SshdCluster
+from tests.sshd_cluster import SshdCluster, gpu_data
 
 pytestmark = [
     pytest.mark.sshd,
@@ -141,3 +144,86 @@ async def test_declared_projects_take_only_their_members(sshd_cluster, tmp_path,
         ok = await as_nobody(path, "submit", spec=job("z", "true", project="shared"))
         assert ok["result"]["project"] == "shared"
         assert (await client.call("submit", spec=job("r", "true", project="research")))["project"] == "research"
+
+
+# exits 1 once $HOME/fail exists on its node; from its second attempt on it runs until stopped
+FAILS_THEN_RUNS = (
+    'sh -c \'if [ "$FT_ATTEMPT" -ge 2 ]; then exec sleep 300; fi; '
+    'while [ ! -e "$HOME/fail" ]; do sleep 0.1; done; exit 1\''
+)
+
+
+def mentions(text: str, job_id: int) -> bool:
+    return re.search(rf"\bjob #?{job_id}\b", text) is not None
+
+
+async def test_a_private_job_is_named_in_no_node_reason_event_alert_or_prediction_of_others(
+    sshd_cluster, tmp_path, sock_dir
+) -> None:
+    """Root's private job fails under a GPU ECC fault: its node is isolated "job N attempt 1: hardware fault ...".
+    Others read the node's reasons, events and alerts, and a prediction blocked behind root's next private job,
+    with neither job's id, name or cause in them (the node's state and its own probe reasons stay); root reads
+    them whole."""
+    cluster: SshdCluster = sshd_cluster(2, gpus=2)
+    loaded = write_config(cluster, tmp_path, sock_dir)
+    sock_dir.chmod(0o755)
+    path = loaded.socket_path
+    async with running(loaded) as (_, client):
+        failing = await client.call("submit", spec=job("secret-train", FAILS_THEN_RUNS, fault_tolerance={"retries": 1}))
+        jid = failing["id"]
+        shown = await until(client, jid, lambda j: j["attempts"] and j["attempts"][0]["runs"][0]["pid"], "running")
+        first = shown["attempts"][0]["runs"][0]["node"]
+        cluster.set_gpus(first, gpu_data(2, ecc_uncorrectable=2))
+        (cluster.node(first).home / "fail").touch()
+        await until(client, jid, lambda j: len(j["attempts"]) == 2 and j["attempts"][1]["runs"][0]["pid"], "attempt 2")
+        # root's next private job wants both GPUs of the one node left: the head of the queue, it reserves them
+        head = (await client.call("submit", spec=job("secret-head", "true", gpus_per_node=2)))["id"]
+        await until(client, head, lambda j: "waiting" in j["message"], "the head to wait")
+
+        mine = job("mine", "true")
+        waiting = (await as_nobody(path, "submit", spec=mine))["result"]["id"]  # fits, but would delay the head
+        await until(client, waiting, lambda j: "blocked behind" in j["message"], "nobody's job to wait")
+        asked = {
+            "jobs": {},
+            "show": {"job": waiting},
+            "jobs_changed": {"since": None},
+            "nodes": {},
+            "events": {"limit": 1000},
+            "node events": {"node": first, "limit": 1000},
+            "alerts": {"all": True},
+            "predict": {"spec": mine},
+        }
+        seen = {}
+        for what, args in asked.items():
+            reply = await as_nobody(path, what.split()[-1], **args)
+            assert "result" in reply, reply
+            seen[what] = reply["result"]
+        for what, result in seen.items():
+            text = json.dumps(result)
+            for hidden in (jid, head):
+                assert not mentions(text, hidden), (what, hidden, text[:3000])
+            assert "secret-" not in text and "hardware fault" not in text, (what, text[:3000])
+
+        # the node part stays: its state, who isolated it, its own probe reasons
+        node = next(n for n in seen["nodes"] if n["name"] == first)
+        assert node["state"] == "isolated" and node["admin_reason"] == HIDDEN_JOB
+        assert node["reasons"][0] == f"isolated: {HIDDEN_JOB}" and any("ecc" in r.lower() for r in node["reasons"])
+        assert any(e["message"] == f"isolated by scheduler: {HIDDEN_JOB}" for e in seen["node events"])
+        isolated = [a for a in seen["alerts"] if a["kind"] == "node_isolated" and a["node"] == first]
+        assert [a["message"] for a in isolated] == [f"{first} isolated by scheduler: {HIDDEN_JOB}"]
+        (listed,) = seen["jobs"]
+        assert listed["message"] == seen["show"]["message"] == f"waiting (position 2): blocked behind {HIDDEN_JOB}"
+        predicted = seen["predict"]
+        assert predicted["starts_now"] is False and predicted["reason"] == f"blocked behind {HIDDEN_JOB}"
+        assert str(head) not in predicted["ahead"]
+
+        # root (owner and admin) reads them whole
+        (node,) = await client.call("nodes", nodeset=first)
+        assert node["admin_reason"].startswith(f"job {jid} attempt 1: hardware fault: {first} unhealthy")
+        assert any(mentions(e["message"], jid) for e in await client.call("events", node=first, limit=1000))
+        alerts = await client.call("alerts", all=True)
+        assert any(a["kind"] == "node_isolated" and mentions(a["message"], jid) for a in alerts)
+        predicted = await client.call("predict", spec=mine)
+        assert predicted["reason"] == f"blocked behind job {head} (head of queue)" and str(head) in predicted["ahead"]
+        assert mentions((await client.call("show", job=waiting))["message"], head)
+        await client.call("stop", jobs=[jid, head, waiting])
