@@ -51,8 +51,8 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         parents=[common],
         help="the debug terminal: ssh into a job's run folder with its env, or onto a node",
         description="An ssh session (host keys verified, the scheduler's own ssh settings) in the run folder "
-        "of a job's rank with the run's env, or a login shell on a node. An all-digits TARGET is a job id, "
-        "anything else a node name.",
+        "of a job's rank with the run's env, as the job's user (root and other logins are switched to that user "
+        "on the node), or a login shell on a node. An all-digits TARGET is a job id, anything else a node name.",
     )
     p.add_argument("target", metavar="JOB|NODE", help="job id, or node name from the cluster config")
     p.add_argument("--rank", type=int, help="job: which rank (default 0)")

@@ -9,14 +9,22 @@ keys verified (`StrictHostKeyChecking=yes`, or `accept-new` under `host_key_poli
 key is refused either way), the same identity file, ssh config file, user and port, so `ftconsole shell`
 reaches exactly the hosts the scheduler reaches and no other.
 
-The remote command is one string in which every value (run folder, banner, command, interpreter) is quoted
-with `shlex.quote`; the job's env is not sent at all: a stdlib-only Python snippet (3.8) reads the run
+The remote command is one string in which every value (run folder, banner, command, interpreter, user) is
+quoted with `shlex.quote`; the job's env is not sent at all: a stdlib-only Python snippet (3.8) reads the run
 folder's `env.json` on the node, as the run supervisor does, and execs the shell with it. Like every remote
 command of the scheduler, it assumes a POSIX login shell on the node.
+
+As whom: the run folder and its env.json are the job's user's, who may have put anything in them (`PATH`,
+`LD_PRELOAD`, `BASH_ENV`...). So under `run_as: submitter` the snippet first becomes the job's user, exactly as
+the job's supervisor does (the supervisor's `become`, copied in), whoever logged in: root switches, another
+login goes through `sudo -n -u USER`, and only then is the folder touched. Whatever the mode, env.json is
+loaded only when it is the shell's own uid's (or root's) file. Nothing a user wrote runs with another user's
+rights.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import pwd
@@ -27,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ftconsole.scheduler import supervisor
 from ftconsole.scheduler.config import LoadedConfig, Node, SchedulerSettings
 from ftconsole.scheduler.errors import NotFound, UsageError
 from ftconsole.scheduler.ssh import ssh_files
@@ -37,42 +46,121 @@ if TYPE_CHECKING:  # the client drags in the whole scheduler; only its type is n
 # Exit status of the remote side when the run folder (or $HOME) is not there; a command's own passes through.
 NO_FOLDER_EXIT = 2
 
-# Node side, Python 3.8, stdlib only. argv: run_dir banner gone [command]: `gone` is what to say when the run
-# folder is not there (whether it was removed by retention, and when). The env is the run's: the session's
-# environment with env.json over it, values starting with "~/" expanded (supervisor_steps.py `_child_env`).
-# Without a command: the banner on stderr, then an interactive (not login: a profile would reset PATH)
-# shell, $SHELL or bash or sh. With one: `sh -c COMMAND`, its exit status passed through.
-JOB_SNIPPET = """\
-import json, os, sys
-run_dir, banner, gone = os.path.abspath(os.path.expanduser(sys.argv[1])), sys.argv[2], sys.argv[3]
-command = sys.argv[4:]
+# Node side, Python 3.8, stdlib only, run as `python3 -c BOOT SNIPPET run_dir banner gone user python via
+# [command]` (BOOT execs its first argument, so a sudo hop can start the same snippet again). `gone`: what to say
+# when the run folder is not there (whether retention removed it, and when). `user`: the job's user (run_as:
+# submitter), or "" (ssh_user: the job ran as the SSH account). `via`: "" at first; the login's name once sudo
+# started the snippet again as the user.
+#
+# First the snippet becomes the job's user, with the run supervisor's own `become()` (its source is copied in
+# below): root switches for good (initgroups, setgid, setuid); another login is switched by `sudo -n -u USER --
+# PYTHON` (the sudoers rule the scheduler needs for its jobs), or refused with what sudo said. Only then is
+# anything of the run folder touched, so nothing a user wrote runs with another user's rights. env.json is
+# loaded only when it is a regular file of this uid (or root's); otherwise the session's env as it is, with a
+# line that says why. The env is the run's: the session's environment (cleaned up by `become` as for the job)
+# with env.json over it, values starting with "~/" expanded (supervisor_steps.py `_child_env`). Without a
+# command: the banner and as whom the shell runs on stderr, then an interactive (not login: a profile would
+# reset PATH) shell, $SHELL (not nologin or false) or bash or sh. With one: `sh -c COMMAND`, its exit status
+# passed through, after one line on stderr when the shell runs as another user than the login.
+BOOT = "import sys; exec(sys.argv[1])"
+JOB_MAIN = """\
+def say(text):
+    sys.stderr.write("ftconsole: %s\\n" % text)
+    sys.stderr.flush()
+
+
+def via_sudo(user, python, login):
+    sudo = ["sudo", "-n", "-u", user, "--", python, "-c"]
+    try:
+        probe = subprocess.run(sudo + [""], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, timeout=30)
+        said = " ".join(probe.stderr.decode(errors="replace").split()) or "exit %d" % probe.returncode
+        said = None if probe.returncode == 0 else said
+    except (OSError, subprocess.SubprocessError) as exc:
+        said = str(exc)
+    if said is not None:
+        say("this run folder is %s's, the job's user; this login (%s) is not root and may not run %s as %s "
+            "through sudo without a password (sudo said: %s)" % (user, login, python, user, said))
+        sys.exit(NO_FOLDER_EXIT)
+    os.execvp("sudo", sudo + [BOOT] + sys.argv[1:7] + [login] + sys.argv[8:])
+
+
+def load_env(path, uid):
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, encoding="utf-8") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError("it is not a regular file")
+        if st.st_uid not in (uid, 0):
+            raise ValueError("it is uid %d's, and this shell runs as uid %d: a user's env never runs with "
+                             "another user's rights" % (st.st_uid, uid))
+        return json.load(fh)
+
+
+run_dir, banner, gone, user, python, via = sys.argv[2:8]
+command = sys.argv[8:]
+login = via or _account_name()
+if user:
+    refused = become(user)
+    if refused is not None and "no_account" in refused:
+        say("user %s, the job's, has no account on this node: no shell in its run folder" % user)
+        sys.exit(NO_FOLDER_EXIT)
+    if refused is not None:
+        if via:
+            say("sudo did not make this shell %s's" % user)
+            sys.exit(NO_FOLDER_EXIT)
+        via_sudo(user, python, login)
+uid, me = os.geteuid(), _account_name()
+as_whom = "%s (uid %d)" % (me, uid)
+if user:
+    as_whom += ", the job's user" + (", not as %s" % login if login != me else "")
+run_dir = os.path.abspath(os.path.expanduser(run_dir))
 if not os.path.isdir(run_dir):
-    sys.stderr.write("ftconsole: no run folder %s on this node (or it is not yours to enter)%s\\n" % (run_dir, gone))
+    say("no run folder %s on this node (or it is not yours to enter)%s" % (run_dir, gone))
     sys.exit(NO_FOLDER_EXIT)
 if not os.access(run_dir, os.R_OK | os.X_OK):
-    sys.stderr.write("ftconsole: run folder %s is not yours to enter (it belongs to the user of the job)\\n" % run_dir)
+    say("run folder %s is not yours to enter (it belongs to the user of the job)" % run_dir)
     sys.exit(NO_FOLDER_EXIT)
 if not command:
     os.write(2, os.fsencode(banner) + b"\\n")
+    say("this shell runs as " + as_whom)
+elif login != me:
+    say("running as " + as_whom)
 env = dict(os.environ)
 try:
-    with open(os.path.join(run_dir, "env.json")) as fh:
-        extra = json.load(fh)
-    for key, value in extra.items():
+    for key, value in load_env(os.path.join(run_dir, "env.json"), uid).items():
         value = str(value)
         env[str(key)] = os.path.expanduser(value) if value.startswith("~/") else value
 except (OSError, ValueError, AttributeError) as exc:
-    sys.stderr.write("ftconsole: env.json not loaded (%s): the session env as it is\\n" % exc)
+    say("env.json not loaded (%s): the session env as it is" % exc)
 os.chdir(run_dir)
 env["PWD"] = run_dir
 env.pop("OLDPWD", None)
 if command:
     os.execve("/bin/sh", ["sh", "-c", command[0]], env)
 shell = os.environ.get("SHELL") or ""
-if not (shell.startswith("/") and os.access(shell, os.X_OK)):
+usable = shell.startswith("/") and os.access(shell, os.X_OK)
+if not usable or os.path.basename(shell) in ("nologin", "false"):
     shell = "/bin/bash" if os.access("/bin/bash", os.X_OK) else "/bin/sh"
 os.execve(shell, [shell, "-i"], env)
-""".replace("NO_FOLDER_EXIT", str(NO_FOLDER_EXIT))
+"""
+
+
+def _job_snippet() -> str:
+    """The node-side program: stdlib imports, the supervisor's `become` (one copy of the switch), then JOB_MAIN."""
+    parts = [
+        "import contextlib, json, os, pwd, stat, subprocess, sys",
+        f"BOOT = {BOOT!r}",
+        f"NO_FOLDER_EXIT = {NO_FOLDER_EXIT}",
+        f"_NOT_THE_USERS = {supervisor._NOT_THE_USERS!r}",
+        inspect.getsource(supervisor._account_name),
+        inspect.getsource(supervisor.become),
+        JOB_MAIN,
+    ]
+    return "\n\n".join(part.strip("\n") + "\n" for part in parts)
+
+
+JOB_SNIPPET = _job_snippet()
 
 # POSIX sh. Without a command: the banner on stderr, then a login shell in $HOME (sshd starts sessions in the
 # account's home from the password database, which $HOME may override). With one: `sh -c COMMAND` in $HOME.
@@ -180,11 +268,17 @@ def ssh_argv(options: SshOptions, node: Node, remote_command: str, *, tty: bool)
 
 
 def job_remote_command(
-    run_dir: str, *, banner: str, command: str | None = None, python: str = "python3", gone: str = ""
+    run_dir: str,
+    *,
+    banner: str,
+    command: str | None = None,
+    python: str = "python3",
+    gone: str = "",
+    user: str = "",
 ) -> str:
-    """Start in `run_dir` with the run's env: an interactive shell after `banner`, or `sh -c command`; `gone` is
-    added to the message when the folder is not there."""
-    argv = ["exec", python, "-c", JOB_SNIPPET, run_dir, banner, gone]
+    """Start in `run_dir` with the run's env, as `user` (the job's; "": as the login): an interactive shell after
+    `banner`, or `sh -c command`; `gone` is added to the message when the folder is not there."""
+    argv = ["exec", python, "-c", BOOT, JOB_SNIPPET, run_dir, banner, gone, user, python, ""]
     if command is not None:
         argv.append(command)
     return shlex.join(argv)
@@ -316,7 +410,10 @@ def job_shell(
     options = options or ssh_options(loaded)
     banner = job_banner(job, run)
     gone = gone_message(job, run, loaded.cluster.scheduler, time.time())
-    remote = job_remote_command(run["run_dir"], banner=banner, command=command, python=options.python, gone=gone)
+    user = str(job.get("owner") or "") if loaded.cluster.scheduler.run_as == "submitter" else ""
+    remote = job_remote_command(
+        run["run_dir"], banner=banner, command=command, python=options.python, gone=gone, user=user
+    )
     return ShellTarget(argv=ssh_argv(options, node, remote, tty=command is None), banner=banner, node=node.name)
 
 

@@ -33,6 +33,7 @@ from ftconsole.scheduler.runs import (
     start_run,
     stop_runs,
 )
+from ftconsole.scheduler.shell import NO_FOLDER_EXIT, job_remote_command
 from ftconsole.scheduler.ssh import CommandResult
 from tests.integration.test_scheduler_sshd import as_nobody, as_uid, finished, job, log_of, running, until
 from tests.integration.test_scheduler_sshd import write_config as scheduler_config
@@ -391,6 +392,43 @@ async def test_a_job_switched_through_sudo_gets_the_environment_and_umask_of_one
         f"{root}/3/1/0", python,
     )  # fmt: skip
     assert umask == "0077"
+
+
+def test_a_debug_shell_of_a_non_root_login_switches_through_sudo_or_says_what_it_needs(
+    sudoers: Callable[[str], None], shared_run_root: str
+) -> None:
+    """`ftconsole shell` on another user's job, logged in as an account that is neither root nor that user
+    (daemon here, the job's user nobody): the node-side snippet goes on through `sudo -n -u nobody`, with the
+    job's environment clean-up and umask, or says what sudo said."""
+    python = "/usr/bin/python3"
+    if not os.access(python, os.X_OK):
+        pytest.skip("no /usr/bin/python3")
+    name = pwd.getpwuid(NOBODY).pw_name
+    top = Path(shared_run_root.split("/{user}")[0])
+    run_dir = top / "run"
+    run_dir.mkdir(mode=0o700)
+    (run_dir / "env.json").write_text(json.dumps({"MARK": "the user's"}))
+    for path in (run_dir, run_dir / "env.json"):
+        os.chown(path, NOBODY, NOBODY)
+    command = 'id -u; umask; echo "[$MARK]"; env | grep -c "^SUDO_" || true'
+
+    def as_daemon() -> subprocess.CompletedProcess[str]:
+        remote = job_remote_command(str(run_dir), banner="b", command=command, python=python, user=name)
+        return subprocess.run(
+            ["/bin/sh", "-c", remote], capture_output=True, text=True, timeout=WAIT, check=False, user=1, group=1,
+            extra_groups=[], cwd="/", env={"PATH": "/usr/bin:/bin", "HOME": "/usr/sbin", "USER": "daemon"},
+        )  # fmt: skip
+
+    refused = as_daemon()
+    assert (refused.returncode, refused.stdout) == (NO_FOLDER_EXIT, ""), refused.stderr
+    assert (
+        f"ftconsole: this run folder is {name}'s, the job's user; this login (daemon) is not root and may not run "
+        f"{python} as {name} through sudo without a password (sudo said: "
+    ) in refused.stderr
+    sudoers(f"daemon ALL=({name}) NOPASSWD: {python}")
+    done = as_daemon()
+    assert (done.returncode, done.stdout) == (0, f"{NOBODY}\n0077\n[the user's]\n0\n"), done.stderr
+    assert done.stderr == f"ftconsole: running as {name} (uid {NOBODY}), the job's user, not as daemon\n"
 
 
 async def test_the_scheduler_kills_what_is_left_of_another_uids_run_whose_supervisor_died(

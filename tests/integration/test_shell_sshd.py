@@ -3,8 +3,10 @@ and interactively under a pseudo-terminal (`script`), into a running job's rank 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import pwd
 import selectors
 import shlex
 import shutil
@@ -19,7 +21,9 @@ import pytest
 
 from tests.cli_runner import TIMEOUT
 from tests.cli_runner import Cli as CliBase
-from tests.integration.test_scheduler_sshd import write_config
+from tests.integration.test_run_as_sshd import NOBODY
+from tests.integration.test_run_as_sshd import write_config as run_as_config
+from tests.integration.test_scheduler_sshd import as_nobody, finished, job, running, until, write_config
 from tests.sshd_cluster import SshdCluster
 
 pytestmark = pytest.mark.sshd
@@ -197,3 +201,61 @@ def test_shell_refuses_a_changed_host_key(setup) -> None:
     refused = cli("shell", "node01", "--command", "echo ran", check=255)
     assert "ran" not in refused.stdout
     assert "REMOTE HOST IDENTIFICATION HAS CHANGED" in refused.stderr or "verification failed" in refused.stderr
+
+
+# -- another user's job: root's shell must not run that user's code as root ------------------------------------
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a job of another uid needs root")
+async def test_roots_shell_on_another_users_job_runs_as_that_user(
+    sshd_cluster: Any, tmp_path: Path, sock_dir: Path, shared_run_root: str
+) -> None:
+    """uid 65534 submits a job whose env puts a folder of its own first on PATH (an `id` that records who ran
+    it) and names a startup file in BASH_ENV and ENV; root runs `ftconsole shell JOB --command 'id -u'`. The
+    user's programs may run, but as the user only: never as root."""
+    cluster: SshdCluster = sshd_cluster(1, gpus=1)
+    loaded = run_as_config(cluster, tmp_path, sock_dir, shared_run_root)
+    trap = Path(shared_run_root.split("/{user}")[0]) / "trap"  # removed with the run root
+    (trap / "bin").mkdir(parents=True)
+    trap.chmod(0o755)
+    (trap / "bin").chmod(0o755)
+    record = trap / "ran-as"
+    record.touch(mode=0o666)
+    record.chmod(0o666)
+    fake_id = trap / "bin" / "id"
+    fake_id.write_text(f'#!/bin/sh\n/usr/bin/id -u >> {record}\nexec /usr/bin/id "$@"\n')
+    startup = trap / "startup.sh"
+    startup.write_text(f"/usr/bin/id -u >> {record}\n")
+    for script in (fake_id, startup):
+        script.chmod(0o755)
+    env = {"PATH": f"{trap / 'bin'}:/usr/local/bin:/usr/bin:/bin", "BASH_ENV": str(startup), "ENV": str(startup)}
+    cli = Cli(loaded.file)
+    async with running(loaded) as (_, client):
+        spec = job("trap", "sleep 300", env=env, workdir="/tmp")
+        job_id = (await as_nobody(loaded.socket_path, "submit", spec=spec))["result"]["id"]
+        try:
+            await until(client, job_id, lambda j: j["attempts"] and j["attempts"][0]["runs"][0]["pid"], "a pid")
+            record.write_text("")  # whatever the job itself ran (as its user) is not the question
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "ftconsole.cli", "shell", str(job_id), "--command", "id -u",
+                env=cli.env, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            out, err = await asyncio.wait_for(proc.communicate(), TIMEOUT)
+            stdout, stderr = out.decode(), err.decode()
+            # the run's env was loaded (the user's `id` ran), as the user
+            assert set(record.read_text().split()) == {str(NOBODY)}, f"ran as: {record.read_text()!r}; {stdout}{stderr}"
+            assert (proc.returncode, stdout) == (0, f"{NOBODY}\n"), stderr
+            name = pwd.getpwuid(NOBODY).pw_name
+            assert stderr == f"ftconsole: running as {name} (uid {NOBODY}), the job's user, not as root\n"
+
+            # and interactively (`s` in the console runs the same argv): the banner says as whom
+            record.write_text("")
+            typed = 'echo "uid=$(id -u) dir=$(pwd)"; exit\n'
+            text = await asyncio.to_thread(cli.interactive, "shell", str(job_id), keys=typed, wait_for="not as root")
+            assert f"ftconsole: this shell runs as {name} (uid {NOBODY}), the job's user, not as root" in text
+            assert f"uid={NOBODY} dir=/" in text
+            assert set(record.read_text().split()) == {str(NOBODY)}, record.read_text()
+        finally:
+            await client.call("stop", jobs=[job_id])
+        assert (await finished(client, job_id))["status"] == "stopped"

@@ -6,6 +6,8 @@ run folders, banners, commands and env values are seen to arrive literally.
 
 from __future__ import annotations
 
+import ast
+import inspect
 import json
 import os
 import pwd
@@ -13,14 +15,19 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from ftconsole.scheduler import supervisor
 from ftconsole.scheduler.config import ClusterConfig, LoadedConfig, Node
 from ftconsole.scheduler.errors import NotFound, UsageError
 from ftconsole.scheduler.shell import (
+    BOOT,
+    JOB_SNIPPET,
     NO_FOLDER_EXIT,
     ShellTarget,
     SshOptions,
@@ -304,8 +311,9 @@ def test_job_shell_and_node_shell(tmp_path: Path) -> None:
     assert target.node == "gpu01" and "rank 1" in target.banner
     assert target.argv[1] == "-t" and target.argv[-2:-1] == ["10.0.0.1"] and "2201" in target.argv
     remote = shlex.split(target.argv[-1])
-    assert remote[:3] == ["exec", "python3", "-c"] and remote[4:6] == ["/h/.ftconsole/runs/7/2/1", target.banner]
-    assert len(remote) == 7  # and what to say when the folder is gone
+    assert remote[:5] == ["exec", "python3", "-c", BOOT, JOB_SNIPPET]
+    assert remote[5:7] == ["/h/.ftconsole/runs/7/2/1", target.banner]
+    assert remote[8:] == ["", "python3", ""]  # (what to say when the folder is gone) no user to switch to: ssh_user
     with_command = job_shell(cfg, TWO, rank=2, command="echo hi")
     assert with_command.argv[1] == "-T" and with_command.argv[-2] == "cpu01"
     assert with_command.argv[-5:-3] == ["-l", "ops"]
@@ -458,3 +466,89 @@ def test_the_banner_of_an_mpi_job_in_an_image_names_its_processes_containers() -
         "ftconsole: mpirun starts each MPI process in a container of img:1 of its own, ft-tok2-p<MPI rank> (its "
         "runtime's `ps --filter name=ft-tok2-` lists this node's; `exec -it NAME sh` enters one while it runs)"
     )
+
+
+# -- as whom: the job's user, never the login's rights with the user's env -------------------------------------
+
+
+def test_the_job_snippet_is_python_38_and_switches_users_with_the_supervisors_own_become() -> None:
+    ast.parse(JOB_SNIPPET, feature_version=(3, 8))
+    assert inspect.getsource(supervisor.become) in JOB_SNIPPET  # one copy of the switch: the job's own
+
+
+@pytest.mark.parametrize(("run_as", "user"), [("submitter", "ann"), ("ssh_user", "")])
+def test_a_jobs_shell_is_its_owners_under_run_as_submitter(tmp_path: Path, run_as: str, user: str) -> None:
+    target = job_shell(loaded(tmp_path, scheduler={"run_as": run_as}), {**TWO, "owner": "ann"}, command="id")
+    assert shlex.split(target.argv[-1])[8:] == [user, "python3", "", "id"]
+
+
+NOBODY = 65534
+
+
+@pytest.fixture
+def others_run() -> Iterator[Path]:
+    """A run folder of uid 65534 (nobody) with its env.json, in a folder every user may reach."""
+    if os.geteuid() != 0:
+        pytest.skip("a run folder of another uid needs root")
+    top = Path(tempfile.mkdtemp(prefix="ftconsole-shell-", dir="/tmp"))
+    try:
+        top.chmod(0o755)
+        run_dir = top / "7" / "1"
+        run_dir.mkdir(parents=True)
+        (run_dir / "env.json").write_text(json.dumps({"MARK": "the user's", "PATH": f"{top}/bin:/usr/bin:/bin"}))
+        for path in (top / "7", run_dir, run_dir / "env.json"):
+            os.chown(path, NOBODY, NOBODY)
+        (top / "7").chmod(0o755)
+        run_dir.chmod(0o700)
+        yield run_dir
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def test_root_enters_another_users_run_folder_as_that_user(tmp_path: Path, others_run: Path) -> None:
+    name = pwd.getpwuid(NOBODY).pw_name
+    command = 'id -u; umask; echo "$MARK|$HOME|$USER|$PATH"'
+    remote_command = job_remote_command(str(others_run), banner="b", command=command, python=sys.executable, user=name)
+    done = remote(remote_command, home=tmp_path)
+    home = pwd.getpwuid(NOBODY).pw_dir
+    assert (done.returncode, done.stdout) == (
+        0,
+        f"{NOBODY}\n0077\nthe user's|{home}|{name}|{others_run.parent.parent}/bin:/usr/bin:/bin\n",
+    )
+    assert done.stderr == f"ftconsole: running as {name} (uid {NOBODY}), the job's user, not as root\n"
+    shell = remote(
+        job_remote_command(str(others_run), banner="hello", python=sys.executable, user=name),
+        home=tmp_path,
+        stdin="id -u\nexit 4\n",
+    )
+    assert (shell.returncode, shell.stdout) == (4, f"{NOBODY}\n")
+    assert shell.stderr.startswith(
+        f"hello\nftconsole: this shell runs as {name} (uid {NOBODY}), the job's user, not as root\n"
+    )
+    ghost = remote(
+        job_remote_command(
+            str(others_run), banner="b", command="id -u", python=sys.executable, user="ftconsole-no-such-user"
+        ),
+        home=tmp_path,
+    )
+    assert (ghost.returncode, ghost.stdout) == (NO_FOLDER_EXIT, "")
+    assert "user ftconsole-no-such-user, the job's, has no account on this node" in ghost.stderr
+
+
+def test_an_env_json_of_another_uid_is_never_loaded_into_a_shell_that_does_not_run_as_that_uid(
+    tmp_path: Path, others_run: Path
+) -> None:
+    """No user to switch to (run_as: ssh_user, or an older scheduler): root reads the folder, not the env."""
+    done = remote(
+        job_remote_command(str(others_run), banner="b", command='id -u; echo "[$MARK]"', python=sys.executable),
+        home=tmp_path,
+    )
+    assert (done.returncode, done.stdout) == (0, "0\n[]\n")
+    assert done.stderr == (
+        f"ftconsole: env.json not loaded (it is uid {NOBODY}'s, and this shell runs as uid 0: a user's env never "
+        "runs with another user's rights): the session env as it is\n"
+    )
+    (others_run / "env.json").unlink()
+    os.mkfifo(others_run / "env.json")  # opened for reading, a FIFO would block until someone writes
+    fifo = remote(job_remote_command(str(others_run), banner="b", command="true", python=sys.executable), home=tmp_path)
+    assert fifo.returncode == 0 and "env.json not loaded (it is not a regular file)" in fifo.stderr
