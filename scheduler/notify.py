@@ -3,11 +3,17 @@ hook works as is, it reads the `text` field) and a command (an argv list run wit
 mail or SMS gateways; never through a shell).
 
 `serve` runs one `Dispatcher` beside the control loop (`running`). It polls the store for alerts with an id
-above the last one it saw (from the newest alert there is at its start, so nothing old is sent again), leaves
-out job alerts of jobs that did not opt in (`notify.jobs`), and hands each notification to every target in a
-task of its own: a slow or dead target never holds up the loop, the API or the other target. A failed try is
-tried again after 1 s, 2 s, 4 s ... (`notify.retries`); one whose last try failed is logged and written as a
-`notify-failed` event, so operators see it in `ftconsole events`.
+above the last one it read, leaves out job alerts of jobs that did not opt in (`notify.jobs`), and hands each
+notification to every target in a task of its own: a slow or dead target never holds up the loop, the API or
+the other target. A failed try is tried again after 1 s, 2 s, 4 s ... (`notify.retries`); one whose last try
+failed is logged and written as a `notify-failed` event, so operators see it in `ftconsole events`.
+
+Delivery is at least once across restarts: the store keeps a cursor per target (`Store.notify_cursors`), the id
+of the last alert up to which every alert is done for it (accepted by the target, given up with its
+`notify-failed` event, or not for it), advanced only then. A scheduler starts after each target's cursor, so an
+alert raised while none ran, or just before a crash, or still being tried (or held by the rate limit) when it
+stopped, goes out at the next start; one accepted just before a crash, before its cursor moved, may go out
+twice. A target met for the first time starts after the newest alert stored: nothing old is sent to it.
 
 Only new alerts are sent, not their acknowledgement or resolution (those are events, made by a person or by
 ftconsole itself; the console and `ftconsole alerts` show them).
@@ -35,7 +41,7 @@ from urllib.parse import urlsplit
 from ftconsole.scheduler.config import NotifySettings
 from ftconsole.scheduler.errors import FtError
 from ftconsole.scheduler.records import StoredAlert
-from ftconsole.scheduler.store import ALERT_STATES, Store
+from ftconsole.scheduler.store import Store
 
 if TYPE_CHECKING:  # httpx is imported when a webhook is set: the CLI, which imports this module, never needs it
     import httpx
@@ -49,6 +55,7 @@ BACKOFF_S = 1.0  # the first retry waits this long, each next one twice as long
 TEXT_MAX = 400  # characters of the one-line summary (`text`)
 LISTED_MAX = 100  # alerts listed in a coalesced notification (all are counted, every id is given)
 PARALLEL_PER_TARGET = 4  # notifications in flight to one target at a time
+READ_PAGE = 500  # alerts read from the store at a time (a long downtime may have left many to send)
 SEVERITY_ORDER = ("info", "warning", "error", "critical")
 
 
@@ -207,6 +214,7 @@ class Throttle(Generic[T]):
 
 class Target(Protocol):
     name: str  # for logs and events; never a secret (no URL path, no header)
+    key: str  # its cursor's name in the store: "webhook" or "command" (a config has one of each at most)
 
     async def send(self, body: bytes) -> None:
         """Deliver one notification; DeliveryFailed if it did not arrive."""
@@ -227,6 +235,7 @@ class WebhookTarget:
         self.url = url
         self.headers = {"Content-Type": "application/json", **headers}
         self.name = f"webhook {url_origin(url)}"
+        self.key = "webhook"  # not the URL: a new token in it is the same target, which goes on where it was
 
     async def send(self, body: bytes) -> None:
         import httpx
@@ -254,6 +263,7 @@ class CommandTarget:
         self.argv = list(argv)
         self.timeout = timeout
         self.name = f"command {os.path.basename(self.argv[0])}"
+        self.key = "command"
 
     async def send(self, body: bytes) -> None:
         try:
@@ -294,8 +304,9 @@ def _kill_session(pid: int) -> None:
 
 class Dispatcher:
     """Polls the store for new alerts and sends them (see the module's doc). Use as an async context manager:
-    the cursor is set on entry (after the newest alert stored), the polling task runs until exit; on exit,
-    notifications still in flight are cancelled."""
+    each target's cursor is read from the store on entry (a new target's is set after the newest alert stored),
+    the polling task runs until exit; on exit, notifications still in flight are cancelled (their alerts go out
+    at the next start: their cursors have not passed them)."""
 
     def __init__(
         self,
@@ -317,8 +328,11 @@ class Dispatcher:
         self.clock = clock
         self.wall = wall
         self.throttle: Throttle[AlertInfo] = Throttle(settings.rate_limit, window)
-        self.after = 0  # the id of the last alert seen
+        self.after = 0  # the id of the last alert read
         self.targets: list[Target] = []
+        self._start: dict[str, int] = {}  # target key -> its cursor at the start: alerts up to it are not for it
+        self._cursor: dict[str, int] = {}  # target key -> its cursor as stored
+        self._pending: dict[str, set[int]] = {}  # target key -> ids of alerts handed to it and not done yet
         self._client: httpx.AsyncClient | None = None
         self._task: asyncio.Task[None] | None = None
         self._deliveries: set[asyncio.Task[None]] = set()
@@ -344,20 +358,33 @@ class Dispatcher:
             self.targets.append(CommandTarget(s.command, s.timeout))
         self._slots = {t.name: asyncio.Semaphore(PARALLEL_PER_TARGET) for t in self.targets}
         try:
-            newest = await self.store.alerts(states=ALERT_STATES, limit=1)
+            await self._load_cursors()
         except BaseException:
             await self._close_client()
             raise
-        self.after = newest[-1].id if newest else 0
         self._task = asyncio.create_task(self._run(), name="notify")
         log.info(
-            "notifications: new alerts after #%d go to %s (job alerts: %s; at most %d a minute)",
-            self.after,
+            "notifications: alerts after %s go to %s (job alerts: %s; at most %d a minute)",
+            ", ".join(f"#{self._start[t.key]} to {t.name}" for t in self.targets),
             ", ".join(t.name for t in self.targets),
             s.jobs,
             s.rate_limit,
         )
         return self
+
+    async def _load_cursors(self) -> None:
+        """Each target goes on after its cursor in the store; a target without one (new) after the newest alert,
+        its cursor written now so that an alert raised after this start is never missed by the next one."""
+        stored = await self.store.notify_cursors()
+        newest = await self.store.newest_alert_id()
+        for target in self.targets:
+            start = stored.get(target.key)
+            if start is None:
+                start = newest
+                await self.store.set_notify_cursor(target.key, start, now=self.wall())
+            self._start[target.key] = self._cursor[target.key] = start
+            self._pending[target.key] = set()
+        self.after = min(self._start.values(), default=newest)
 
     async def __aexit__(self, *exc: object) -> None:
         tasks = [t for t in (self._task, *self._deliveries) if t is not None]
@@ -384,25 +411,41 @@ class Dispatcher:
             await asyncio.sleep(self.poll)
 
     async def poll_once(self) -> None:
-        """Read the alerts newer than the cursor, keep those to send, send what the rate limit lets out."""
-        alerts = await self._new_alerts()
-        infos = [await self._info(alert) for alert in alerts]  # a failed read here: all of them again next time
-        if alerts:
-            self.after = alerts[-1].id
-        wanted = [info for info in infos if info is not None]
-        for batch in self.throttle.admit(wanted, self.clock()):
-            self._send(batch)
-
-    async def _new_alerts(self) -> list[StoredAlert]:
-        """Alerts with an id above the cursor, oldest first (the store gives the newest `limit`: ask for more
-        until the oldest given is one already seen)."""
-        limit = 16
+        """Read the alerts after the last one read, keep those to send, send what the rate limit lets out, and
+        move the targets' cursors over what is done."""
         while True:
-            newest = await self.store.alerts(states=ALERT_STATES, limit=limit)
-            new = [a for a in newest if a.id > self.after]
-            if len(new) < len(newest) or len(newest) < limit:
-                return new
-            limit *= 8
+            alerts = await self.store.alerts_after(self.after, limit=READ_PAGE)
+            infos = [await self._info(alert) for alert in alerts]  # a failed read here: all of them again next time
+            wanted = []
+            for alert, info in zip(alerts, infos, strict=True):
+                owed = [t.key for t in self.targets if alert.id > self._start[t.key]]
+                if info is not None and owed:
+                    wanted.append(info)
+                    for key in owed:
+                        self._pending[key].add(alert.id)
+            if alerts:
+                self.after = alerts[-1].id
+            for batch in self.throttle.admit(wanted, self.clock()):
+                self._send(batch)
+            if len(alerts) < READ_PAGE:
+                break
+        await self._advance()
+
+    async def _advance(self) -> None:
+        """Move each target's cursor in the store to just before its oldest alert not done yet (or to the last
+        alert read, when none is pending): never past an alert that may still have to go out."""
+        for target in self.targets:
+            key = target.key
+            pending = self._pending[key]
+            upto = max(min(pending) - 1 if pending else self.after, self._start[key])
+            if upto <= self._cursor[key]:
+                continue
+            try:
+                await self.store.set_notify_cursor(key, upto, now=self.wall())
+            except Exception:  # the next delivery or poll tries again; until then a restart may send some twice
+                log.exception("notifications: cannot record the cursor of %s", target.name)
+                continue
+            self._cursor[key] = max(self._cursor[key], upto)
 
     async def _info(self, alert: StoredAlert) -> AlertInfo | None:
         """The alert with its job's name and owner; None for a job alert whose job did not opt in."""
@@ -414,15 +457,30 @@ class Dispatcher:
         return AlertInfo(alert, job.name if job else None, job.owner if job else None)
 
     def _send(self, batch: Batch[AlertInfo]) -> None:
-        if batch.coalesced:
-            payload = coalesced_payload(batch.items, self.store.cluster_id, rate_limit=self.settings.rate_limit)
-        else:
-            payload = alert_payload(batch.items[0], self.store.cluster_id)
-        body = json.dumps(payload).encode()
+        """Hand the batch to every target, each getting the alerts of it past its own cursor at the start (they
+        differ only after a restart that found one target further on than the other)."""
+        bodies: dict[tuple[int, ...], bytes] = {}
         for target in self.targets:
-            task = asyncio.create_task(self._deliver(target, batch, body), name=f"notify {target.name}")
+            items = tuple(i for i in batch.items if i.alert.id > self._start[target.key])
+            if not items:
+                continue
+            mine = Batch(items, coalesced=batch.coalesced and len(items) > 1)
+            ids = tuple(i.alert.id for i in items)
+            if ids not in bodies:
+                bodies[ids] = json.dumps(self._payload(mine)).encode()
+            task = asyncio.create_task(self._deliver(target, mine, bodies[ids]), name=f"notify {target.name}")
             self._deliveries.add(task)
             task.add_done_callback(self._deliveries.discard)
+
+    def _payload(self, batch: Batch[AlertInfo]) -> dict[str, Any]:
+        if batch.coalesced:
+            return coalesced_payload(batch.items, self.store.cluster_id, rate_limit=self.settings.rate_limit)
+        return alert_payload(batch.items[0], self.store.cluster_id)
+
+    async def _done(self, target: Target, batch: Batch[AlertInfo]) -> None:
+        """The batch is done for the target (accepted, or given up with its event): its cursor may move on."""
+        self._pending[target.key].difference_update(i.alert.id for i in batch.items)
+        await self._advance()
 
     async def _deliver(self, target: Target, batch: Batch[AlertInfo], body: bytes) -> None:
         what = _describe(batch)
@@ -452,8 +510,10 @@ class Dispatcher:
                     break
                 else:
                     log.debug("notification of %s delivered to %s (try %d)", what, target.name, n)
+                    await self._done(target, batch)
                     return
         await self._record_failure(target, batch, what, n, failure)
+        await self._done(target, batch)  # given up: the notify-failed event says so, a restart does not try again
 
     async def _record_failure(
         self, target: Target, batch: Batch[AlertInfo], what: str, tries: int, failure: DeliveryFailed

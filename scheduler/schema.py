@@ -168,5 +168,15 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE jobs ADD COLUMN excluded TEXT NOT NULL DEFAULT '[]';  -- JSON list of node names
     CREATE INDEX jobs_status_ended ON jobs (status, ended);
     """,
+    # 8: notifications across restarts (issue 26): per notify target, the id of the last alert up to which every
+    #    alert is done for it (delivered, given up with a notify-failed event, or not for it: a job that did not
+    #    opt in); the next scheduler goes on after it
+    """
+    CREATE TABLE notify_cursors (
+        target      TEXT PRIMARY KEY,       -- webhook | command
+        alert       INTEGER NOT NULL,
+        updated     REAL NOT NULL
+    );
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

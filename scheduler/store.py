@@ -511,6 +511,33 @@ class Store:
             rows = await cur.fetchall()
         return [_alert_from_row(r) for r in reversed(list(rows))]
 
+    async def alerts_after(self, after: int, *, limit: int = 500) -> list[StoredAlert]:
+        """The oldest `limit` alerts with an id above `after`, in any state, oldest first (what a notify target
+        has still to get)."""
+        async with self._db.execute("SELECT * FROM alerts WHERE id > ? ORDER BY id LIMIT ?", (after, limit)) as cur:
+            rows = await cur.fetchall()
+        return [_alert_from_row(r) for r in rows]
+
+    async def newest_alert_id(self) -> int:
+        """The id of the newest alert stored (0: none yet)."""
+        async with self._db.execute("SELECT COALESCE(MAX(id), 0) FROM alerts") as cur:
+            row = await cur.fetchone()
+        return int(row[0]) if row else 0
+
+    async def notify_cursors(self) -> dict[str, int]:
+        """Per notify target, the alert id up to which every alert is done for it (see `set_notify_cursor`)."""
+        async with self._db.execute("SELECT target, alert FROM notify_cursors") as cur:
+            return {target: int(alert) async for target, alert in cur}
+
+    async def set_notify_cursor(self, target: str, alert: int, *, now: float) -> None:
+        """Every alert up to id `alert` is done for `target`; a cursor only moves forward."""
+        async with self._transaction(f"record the notifications sent to {target}"):
+            await self._db.execute(
+                "INSERT INTO notify_cursors (target, alert, updated) VALUES (?, ?, ?) ON CONFLICT (target) DO UPDATE "
+                "SET alert = MAX(alert, excluded.alert), updated = excluded.updated",
+                (target, alert, now),
+            )
+
     async def alerts_by_id(self, ids: Iterable[int | str]) -> list[StoredAlert]:
         """These alerts, in the order given; NotFound names the ids that do not exist."""
         wanted = [_alert_id(i) for i in ids]

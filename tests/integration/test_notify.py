@@ -9,7 +9,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -363,3 +366,133 @@ async def test_serve_sends_a_node_going_unreachable(
     body = posts[0]["json"]
     assert (body["kind"], body["node"]) == ("node_unreachable", "dead01")
     assert body["text"].startswith("[ftconsole] ERROR node_unreachable #")
+
+
+# -- across restarts: at least once, from each target's cursor in the store ----------------------------------
+
+
+async def test_an_alert_raised_while_no_scheduler_ran_goes_out_at_the_next_start(store: Store, hook: Hook) -> None:
+    settings = NotifySettings(webhook=hook.url)
+    async with Dispatcher(settings, store, **FAST):  # the first start with this target: its cursor is written
+        pass
+    await node_alert(store, "gpu20")  # no dispatcher runs (a scheduler crashed, or the CLI wrote it)
+    async with Dispatcher(settings, store, **FAST):
+        posts = await until(hook.received, lambda p: len(p) >= 1, "the alert raised while none ran")
+        await asyncio.sleep(0.3)
+    assert len(hook.received()) == 1 and posts[0]["json"]["node"] == "gpu20"
+    async with Dispatcher(settings, store, **FAST):  # sent once: the next start has nothing to send
+        await asyncio.sleep(0.3)
+    assert len(hook.received()) == 1
+    assert (await store.notify_cursors())["webhook"] == posts[0]["json"]["id"]
+
+
+@pytest.mark.parametrize("hook_statuses", [[503]])
+async def test_an_alert_still_being_tried_when_it_stopped_goes_out_at_the_next_start(store: Store, hook: Hook) -> None:
+    settings = NotifySettings(webhook=hook.url, retries=5)
+    async with Dispatcher(settings, store, poll=0.05, backoff=30, trust_env=False):
+        await node_alert(store, "gpu21")
+        await until(hook.received, lambda p: len(p) >= 1, "the first try (503; the next one in 30 s)")
+    cursor = (await store.notify_cursors())["webhook"]
+    hook.statuses[:] = [200]
+    async with Dispatcher(settings, store, **FAST):
+        posts = await until(hook.received, lambda p: len(p) >= 2, "the alert again, after the restart")
+        await until(store.notify_cursors, lambda c: c["webhook"] > cursor, "the cursor to move past it")
+    assert [p["json"]["node"] for p in posts] == ["gpu21", "gpu21"]
+    assert await failures(store) == []
+
+
+async def test_alerts_held_by_the_rate_limit_when_it_stopped_go_out_at_the_next_start(store: Store, hook: Hook) -> None:
+    settings = NotifySettings(webhook=hook.url, rate_limit=1)
+    async with Dispatcher(settings, store, window=60, **FAST) as dispatcher:
+        for i in range(3):
+            await node_alert(store, f"gpu3{i}")
+        await until(hook.received, lambda p: len(p) >= 1, "the first")
+        await until(lambda: len(dispatcher.throttle.held), lambda n: n == 2, "two held")
+    async with Dispatcher(settings, store, window=60, **FAST):
+        posts = await until(hook.received, lambda p: len(p) >= 2, "the held ones, after the restart")
+        await asyncio.sleep(0.3)
+    assert len(hook.received()) == 2
+    assert [posts[0]["json"]["node"], posts[1]["json"]["kind"]] == ["gpu30", "node_unreachable"]
+    assert posts[1]["json"]["node"] == "gpu31"  # the first of them alone: the limit lets one out a minute
+
+
+async def test_each_target_goes_on_from_its_own_cursor(store: Store, script: Path, tmp_path: Path, hook: Hook) -> None:
+    """The webhook took alerts the command did not before a restart: the command gets them, the webhook not."""
+    out = tmp_path / "out"
+    settings = NotifySettings(webhook=hook.url, command=[sys.executable, str(script), str(out)])
+    async with Dispatcher(settings, store, **FAST):
+        pass
+    await node_alert(store, "gpu40")
+    newest = await store.newest_alert_id()
+    await store.set_notify_cursor("webhook", newest, now=time.time())
+    async with Dispatcher(settings, store, **FAST):
+        files = await until(lambda: sorted(out.glob("*.json")), lambda f: len(f) >= 1, "the command's file")
+        await until(store.notify_cursors, lambda c: c == {"webhook": newest, "command": newest}, "both cursors")
+        await asyncio.sleep(0.3)
+    assert json.loads(files[0].read_bytes())["node"] == "gpu40"
+    assert hook.received() == []
+
+
+@pytest.mark.parametrize("hook_statuses", [[404]])
+async def test_an_alert_given_up_is_not_tried_again_after_a_restart(store: Store, hook: Hook) -> None:
+    settings = NotifySettings(webhook=hook.url)
+    async with Dispatcher(settings, store, **FAST):
+        await node_alert(store, "gpu50")
+        await until(lambda: failures(store), lambda e: len(e) == 1, "the notify-failed event")
+        await until(store.notify_cursors, lambda c: c["webhook"] == 1, "the cursor past it")
+    async with Dispatcher(settings, store, **FAST):
+        await asyncio.sleep(0.3)
+    assert len(hook.received()) == 1
+
+
+async def test_serve_killed_while_its_webhook_failed_sends_the_alert_after_its_restart(
+    tmp_path: Path, sock_dir: Path
+) -> None:
+    """`ftconsole serve` raises node_unreachable, its webhook answers 503, and serve is killed (-9) before a
+    retry; the next serve sends the alert (the node is still down: no new alert is raised for it)."""
+    hook = Hook([503])
+    hook.thread.start()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: the node refuses connections
+    config = tmp_path / "cluster.yaml"
+    config.write_text(
+        f"state_dir: {tmp_path / 'state'}\n"
+        f"ssh: {{config_file: null, known_hosts: {tmp_path / 'known_hosts'}, connect_timeout: 2s}}\n"
+        f"nodes:\n  - {{name: dead01, host: 127.0.0.1, port: {port}}}\n"
+        f"api: {{socket: {sock_dir / 'ft.sock'}}}\n"
+        f"notify: {{webhook: '{hook.url}', retries: 10}}\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k.lower() not in ("http_proxy", "https_proxy", "all_proxy")}
+    env.pop("FTCONSOLE_FAILPOINTS", None)
+
+    def serve() -> subprocess.Popen[bytes]:
+        with open(tmp_path / "serve.log", "ab") as log:
+            return subprocess.Popen(
+                [sys.executable, "-m", "ftconsole.cli", "--config", str(config), "serve"],
+                env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+            )  # fmt: skip
+
+    proc = serve()
+    try:
+        await until(hook.received, lambda p: len(p) >= 1, "the first try (503)", wait=30)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(WAIT)
+        hook.statuses[:] = [200]
+        tried = len(hook.received())
+        proc = serve()
+        posts = await until(hook.received, lambda p: len(p) > tried, "the alert after the restart", wait=30)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(WAIT)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(WAIT)
+        hook.server.shutdown()
+        hook.server.server_close()
+        hook.thread.join(5)
+    body = posts[-1]["json"]
+    assert (body["kind"], body["node"]) == ("node_unreachable", "dead01"), (tmp_path / "serve.log").read_text()
+    assert body["id"] == posts[0]["json"]["id"]  # the same alert: not raised again, sent again

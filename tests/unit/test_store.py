@@ -108,7 +108,7 @@ async def test_a_version_2_store_is_migrated_with_its_history(tmp_path: Path) ->
             "VALUES (5.0, 'job_failed', 'error', 1, 'failed', 'acknowledged', 'bob', 6.0)"
         )
     async with await Store.open(path) as store:
-        assert await store.schema_version() == SCHEMA_VERSION == 7
+        assert await store.schema_version() == SCHEMA_VERSION == 8
         assert len(store.cluster_id) == 12  # made by the migration: run folders are keyed by it
         (job,) = await store.jobs()
         assert (job.name, job.status.value) == ("old", "error")
@@ -132,3 +132,25 @@ async def test_every_store_has_its_own_cluster_id_kept_across_opens(tmp_path: Pa
         assert first and b.cluster_id and first != b.cluster_id
     async with await Store.open(tmp_path / "a.db") as again:
         assert again.cluster_id == first
+
+
+async def test_notify_cursors_move_forward_only(tmp_path: Path) -> None:
+    async with await Store.open(tmp_path / "state.db") as store:
+        assert await store.notify_cursors() == {} and await store.newest_alert_id() == 0
+        await store.set_notify_cursor("webhook", 5, now=1.0)
+        await store.set_notify_cursor("webhook", 3, now=2.0)  # a late writer never moves it back
+        await store.set_notify_cursor("command", 0, now=2.0)
+        assert await store.notify_cursors() == {"webhook": 5, "command": 0}
+    async with await Store.open(tmp_path / "state.db") as store:  # kept across restarts
+        assert await store.notify_cursors() == {"webhook": 5, "command": 0}
+
+
+async def test_alerts_after_an_id_oldest_first_in_any_state(tmp_path: Path) -> None:
+    async with await Store.open(tmp_path / "state.db") as store:
+        async with store.jobs_tx("alerts") as tx:
+            for i in range(5):
+                await tx.alert(float(i), "node_unreachable", "error", f"n{i} is unreachable", node=f"n{i}")
+        await store.resolve_alerts([2], by="ann", now=9.0)
+        assert [a.id for a in await store.alerts_after(1)] == [2, 3, 4, 5]
+        assert [a.id for a in await store.alerts_after(1, limit=2)] == [2, 3]
+        assert await store.alerts_after(5) == [] and await store.newest_alert_id() == 5
