@@ -433,7 +433,8 @@ class Executor:
             log.warning("cannot read runs on %s: %s", read.node, exc)
             return
         await afailpoint("observe.after_read")
-        self._observed[read.node] = [(r, answer[r.run_dir]) for r in read.runs]
+        # a user whose runs could not be read this time is left out (run_states): unknown, asked again
+        self._observed[read.node] = [(r, answer[r.run_dir]) for r in read.runs if r.run_dir in answer]
         if prune is not None:  # users with no run here now may have old run folders here too
             await self._prune_others(node, prune, pruned, set(await self._recent_users()) - set(users.values()))
             self._was_pruned(node, prune, pruned)

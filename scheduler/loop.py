@@ -34,7 +34,7 @@ from ftconsole.scheduler.config import format_duration
 from ftconsole.scheduler.containers import pulling
 from ftconsole.scheduler.errors import FtError, silence_text
 from ftconsole.scheduler.executor import Executor, missing, status_fields
-from ftconsole.scheduler.failpoints import afailpoint
+from ftconsole.scheduler.failpoints import FailpointError, afailpoint
 from ftconsole.scheduler.jobplan import PULL_STEP
 from ftconsole.scheduler.jobs import (
     FINAL_CONDITION,
@@ -256,55 +256,98 @@ class Loop:
         changed: dict[int, list[tuple[Run, dict[str, Any]]]] = {}
         for r, f in changes:
             changed.setdefault(r.job, []).append((r, f))
-        for job in running.values():
-            mine_now = by_job.get(job.id, [])
-            runs = [r for r in mine_now if r.attempt == job.attempt]
-            earlier = [r for r in mine_now if r.attempt < job.attempt]  # a resize's old attempt: never settles the job
-            if earlier and not any(r.active for r in earlier):
-                drained.append((job, sorted({r.attempt for r in earlier})))
-            if not runs:
-                continue
-            attempt = attempts.get(job.id)
-            was_running = attempt is not None and attempt.started is not None
-            decision = await self._preparing(job, runs, settle(job, runs, was_running=was_running), now)
-            mine = changed.get(job.id, [])
-            if isinstance(decision, Finish) and decision.status is JobStatus.ERROR:
-                outcome = await self.recoverer.after_failure(job, runs, mine, decision)
-                if outcome is Outcome.WAIT:  # decided on a later tick: the runs are stored as read
-                    quiet.extend(mine)
-                    continue
-                if outcome is Outcome.DONE:  # requeued or restarted, the runs written with it
-                    continue
-                decision = outcome
-            if decision is None:
-                quiet.extend(mine)
-                continue
+        for job in running.values():  # one job's trouble is that job's alone: the others' are still written
             try:
-                async with self.store.jobs_tx(f"record job {job.id}") as tx:
-                    for r, fields in mine:
-                        await tx.update_run(r, **fields)
-                    await self._apply(tx, job, decision, now, runs, was_running=was_running)
-            except Conflict:
-                continue
-            await afailpoint("observe.after_record")
-            if isinstance(decision, StopOthers):
-                self.recoverer.dump(job, runs)
-            self._poke()
+                mine = changed.get(job.id, [])
+                quiet.extend(await self._observe_job(job, by_job.get(job.id, []), mine, attempts, drained, now))
+            except Exception as exc:
+                await self._observing_failed(job, "record what its runs said", exc)
         if quiet:  # one transaction for all of them: nothing there can conflict
-            async with self.store.jobs_tx("record run states") as tx:
-                for r, fields in quiet:
-                    await tx.update_run(r, **fields)
+            try:
+                await self._record_quiet(quiet)
+            except Exception:  # a value the store refuses: each job's alone, so that one fails, the others go on
+                log.exception("recording run states in one transaction failed: one transaction per job")
+                by_quiet: dict[int, list[tuple[Run, dict[str, Any]]]] = {}
+                for r, f in quiet:
+                    by_quiet.setdefault(r.job, []).append((r, f))
+                for job_id, own in by_quiet.items():
+                    try:
+                        await self._record_quiet(own)
+                    except Exception as exc:
+                        await self._observing_failed(running[job_id], "record its run states", exc)
             if moved:  # a heartbeat alone wakes nobody: a printing job would otherwise make the loop spin
                 self._poke()
         for job, numbers in drained:
-            async with self.store.jobs_tx(f"release the resized attempt of job {job.id}") as tx:
-                for number in numbers:
-                    await tx.release_runs(job.id, attempt=number)
-                    await tx.update_attempt(job.id, number, ended=now, result="resized")
-                down = ", ".join(map(str, numbers))
-                text = f"attempt {down} is down: attempt {job.attempt} starts"
-                await tx.event(now, Condition.SCALING, text, job=job.id)
+            try:
+                async with self.store.jobs_tx(f"release the resized attempt of job {job.id}") as tx:
+                    for number in numbers:
+                        await tx.release_runs(job.id, attempt=number)
+                        await tx.update_attempt(job.id, number, ended=now, result="resized")
+                    down = ", ".join(map(str, numbers))
+                    text = f"attempt {down} is down: attempt {job.attempt} starts"
+                    await tx.event(now, Condition.SCALING, text, job=job.id)
+            except Exception as exc:
+                await self._observing_failed(job, "release its resized attempt", exc)
+                continue
             self._poke()
+
+    async def _observe_job(
+        self,
+        job: Job,
+        mine_now: Sequence[Run],
+        mine: list[tuple[Run, dict[str, Any]]],
+        attempts: dict[int, Any],
+        drained: list[tuple[Job, list[int]]],
+        now: float,
+    ) -> list[tuple[Run, dict[str, Any]]]:
+        """Settle one running job from its runs as read (`mine_now`; `mine`: its run changes): write the decision
+        with the changes; the changes to write with the others' when there is nothing to decide."""
+        runs = [r for r in mine_now if r.attempt == job.attempt]
+        earlier = [r for r in mine_now if r.attempt < job.attempt]  # a resize's old attempt: never settles the job
+        if earlier and not any(r.active for r in earlier):
+            drained.append((job, sorted({r.attempt for r in earlier})))
+        if not runs:
+            return []
+        attempt = attempts.get(job.id)
+        was_running = attempt is not None and attempt.started is not None
+        decision = await self._preparing(job, runs, settle(job, runs, was_running=was_running), now)
+        if isinstance(decision, Finish) and decision.status is JobStatus.ERROR:
+            outcome = await self.recoverer.after_failure(job, runs, mine, decision)
+            if outcome is Outcome.WAIT:  # decided on a later tick: the runs are stored as read
+                return mine
+            if outcome is Outcome.DONE:  # requeued or restarted, the runs written with it
+                return []
+            decision = outcome
+        if decision is None:
+            return mine
+        try:
+            async with self.store.jobs_tx(f"record job {job.id}") as tx:
+                for r, fields in mine:
+                    await tx.update_run(r, **fields)
+                await self._apply(tx, job, decision, now, runs, was_running=was_running)
+        except Conflict:
+            return []
+        await afailpoint("observe.after_record")
+        if isinstance(decision, StopOthers):
+            self.recoverer.dump(job, runs)
+        self._poke()
+        return []
+
+    async def _record_quiet(self, quiet: Sequence[tuple[Run, dict[str, Any]]]) -> None:
+        async with self.store.jobs_tx("record run states") as tx:
+            for r, fields in quiet:
+                await tx.update_run(r, **fields)
+
+    async def _observing_failed(self, job: Job, doing: str, exc: Exception) -> None:
+        """An unexpected error observing one job (a bug, a value the store refuses): logged, and that job fails
+        alone with the reason; the other jobs' observations are written as usual."""
+        if isinstance(exc, FailpointError):
+            raise exc  # an error injected by a test stands for the whole step's (scheduler.failpoints)
+        log.exception("job %s: cannot %s", job.id, doing)
+        try:
+            await self._fail(job, f"ftconsole cannot {doing}: {type(exc).__name__}: {exc}")
+        except Exception:
+            log.exception("job %s: cannot fail it either", job.id)
 
     async def _preparing(self, job: Job, runs: Sequence[Run], decision: Any, now: float) -> Any:
         """A job with an image or data_prep: ranks last read in their pull or data step make a Pulling or Preparing

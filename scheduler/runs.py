@@ -14,7 +14,8 @@ import dataclasses
 import functools
 import json
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -168,6 +169,81 @@ def supervisor_script(params: dict[str, Any]) -> str:
     return python_stdin_script(supervisor_source(), params)
 
 
+# What a node sends back about a run is untrusted input: status.json belongs to the run's user (see supervisor.py,
+# "Users"), who may write anything in it. Each field is checked by type and range before it is used or stored.
+UNREADABLE = "its status file is unreadable: "
+NODE_STATES = frozenset({"starting", "running", "exited", "failed", "lost", "orphaned", "absent", "foreign"})
+PID_MAX = 1 << 22  # the kernel's largest pid_max
+TICKS_MAX = 1 << 62  # a process start time in clock ticks since boot
+COUNT_MAX = (1 << 63) - 1  # what SQLite's INTEGER holds
+TIME_MAX = 1e11  # epoch seconds (the year 5138)
+
+
+def _int_in(low: int, high: int) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and low <= v <= high
+
+
+def _time(value: Any) -> bool:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return number and math.isfinite(value) and 0 <= value < TIME_MAX
+
+
+def _text(most: int) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, str) and len(v) <= most
+
+
+def _scan(value: Any) -> bool:
+    """A scan of output.log as the supervisor's `_scan` answers it: {"to", "matches": name -> [groups], "error"}."""
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        return False
+    matches = value.get("matches", {})
+    return (
+        (value.get("to") is None or _int_in(0, COUNT_MAX)(value["to"]))
+        and (value.get("error") is None or isinstance(value["error"], str))
+        and isinstance(matches, dict)
+        and all(isinstance(found, list) and all(isinstance(m, dict) for m in found) for found in matches.values())
+    )
+
+
+# the node's key -> (RunStatus field, check, what it must be); every key is optional (None: not known)
+_STATUS_FIELDS: dict[str, tuple[str, Callable[[Any], bool], str]] = {
+    "pid": ("pid", _int_in(1, PID_MAX), "a pid"),
+    "supervisor_pid": ("supervisor_pid", _int_in(1, PID_MAX), "a pid"),
+    "supervisor_start": ("supervisor_start", _int_in(0, TICKS_MAX), "a start time in clock ticks"),
+    "pid_start": ("pid_start", _int_in(0, TICKS_MAX), "a start time in clock ticks"),
+    "started": ("started", _time, "a time"),
+    "ended": ("ended", _time, "a time"),
+    "stop_requested": ("stop_requested", _time, "a time"),
+    "exit_code": ("exit_code", _int_in(0, 255), "an exit status (0 to 255)"),
+    "signal": ("signal", _text(32), "a signal name"),
+    "error": ("error", _text(12000), "a text of at most 12000 characters"),
+    "step": ("step", _text(1000), "a step name"),
+    "token": ("token", _text(200), "a token"),
+    "boot_id": ("boot_id", _text(100), "a boot id"),
+    "output_mtime": ("output_at", _time, "a time"),
+    "output_size": ("output_size", _int_in(0, COUNT_MAX), "a size"),
+    "io": ("io", _int_in(0, COUNT_MAX), "an I/O count"),
+    "scan": ("scan", _scan, "a scan of output.log"),
+}
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def status_problem(doc: Any) -> str | None:
+    """What is wrong with a run's status document as a node sent it (None: nothing)."""
+    if not isinstance(doc, dict):
+        return f"not a JSON object but {type(doc).__name__}"
+    if not isinstance(doc.get("state"), str) or doc["state"] not in NODE_STATES:
+        return f"state {_shown(doc.get('state'))} is not one of {', '.join(sorted(NODE_STATES))}"
+    for key, (_, check, what) in _STATUS_FIELDS.items():
+        if doc.get(key) is not None and not check(doc[key]):
+            return f"{key} {_shown(doc[key])} is not {what}"
+    return None
+
+
 @dataclass(frozen=True)
 class RunStatus:
     """What status.json of one run says (see supervisor.py)."""
@@ -195,27 +271,14 @@ class RunStatus:
     scan: dict[str, Any] | None = None  # what a scan of output.log asked for found (see supervisor `_scan`)
 
     @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> RunStatus:
-        return cls(
-            state=str(doc.get("state", "lost")),
-            pid=doc.get("pid"),
-            started=doc.get("started"),
-            ended=doc.get("ended"),
-            exit_code=doc.get("exit_code"),
-            signal=doc.get("signal"),
-            stop_requested=doc.get("stop_requested"),
-            error=doc.get("error"),
-            step=doc.get("step"),
-            output_at=doc.get("output_mtime"),
-            output_size=doc.get("output_size"),
-            token=doc.get("token"),
-            boot_id=doc.get("boot_id"),
-            supervisor_pid=doc.get("supervisor_pid"),
-            supervisor_start=doc.get("supervisor_start"),
-            pid_start=doc.get("pid_start"),
-            io=doc.get("io") if isinstance(doc.get("io"), int) else None,
-            scan=doc.get("scan") if isinstance(doc.get("scan"), dict) else None,
-        )
+    def from_json(cls, doc: Any) -> RunStatus:
+        """The status a node sent, each field checked by type and range (`status_problem`); a document that is
+        not what the supervisor writes reads lost, with what is wrong (its user may write anything in it)."""
+        problem = status_problem(doc)
+        if problem is not None:
+            return cls(state="lost", error=UNREADABLE + problem)
+        fields = {name: doc[key] for key, (name, _, _) in _STATUS_FIELDS.items() if doc.get(key) is not None}
+        return cls(state=doc["state"], **fields)
 
     @property
     def finished(self) -> bool:
@@ -339,8 +402,9 @@ async def start_run(
     doc = await _call(transport, node, python, params, timeout, user)
     if "refused" in doc:
         return False, RunStatus(state="refused", error=str(doc["refused"]), run_dir=doc.get("run_dir"))
-    status = dataclasses.replace(RunStatus.from_json(doc["status"]), run_dir=doc.get("run_dir"))
-    return bool(doc["started"]), status
+    where = doc.get("run_dir") if isinstance(doc.get("run_dir"), str) else None
+    status = dataclasses.replace(RunStatus.from_json(doc.get("status")), run_dir=where)
+    return doc.get("started") is True, status
 
 
 async def node_runs(
@@ -363,9 +427,16 @@ async def node_runs(
     doc = await _call(transport, node, python, params, timeout, user)
     _pruned(node, doc, pruned)
     return [
-        NodeRun(job=r["job"], attempt=r["attempt"], rank=r["rank"], status=RunStatus.from_json(r["status"]))
-        for r in doc["runs"]
+        NodeRun(job=r["job"], attempt=r["attempt"], rank=r["rank"], status=RunStatus.from_json(r.get("status")))
+        for r in _entries(doc)
+        if all(isinstance(r.get(k), str) for k in ("job", "attempt", "rank"))
     ]
+
+
+def _entries(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The run entries of a status answer (its "runs"), those that are objects."""
+    runs = doc.get("runs")
+    return [r for r in runs if isinstance(r, dict)] if isinstance(runs, list) else []
 
 
 async def prepare_run(
@@ -410,16 +481,33 @@ async def run_states(
 
     With `tokens` (run folder -> attempt token), a folder claimed by another token reads state `foreign`.
     With `prune`, as `node_runs`, for each of those users. `scan` (run folder -> {"from": offset, "patterns":
-    name -> regex}): those runs' output.log is scanned for the patterns (RunStatus.scan)."""
+    name -> regex}): those runs' output.log is scanned for the patterns (RunStatus.scan).
+
+    One user's runs are that user's alone: when the read of one user's runs fails on the node (its account is
+    gone, its supervisor failed) while others' answer, its runs are left out of the answer (unknown this time,
+    asked again) and the others' are answered; only when every read fails (the node's trouble) is it raised."""
     out: dict[str, RunStatus] = {}
-    for doc in await asyncio.gather(
+    groups = _by_user(run_dirs, users)
+    answers = await asyncio.gather(
         *(
             _states(transport, node, dirs, user, tokens or {}, prune, python, timeout, scan or {})
-            for user, dirs in _by_user(run_dirs, users).items()
-        )
-    ):
+            for user, dirs in groups.items()
+        ),
+        return_exceptions=True,
+    )
+    failed = [a for a in answers if isinstance(a, BaseException)]
+    if failed and (len(failed) == len(answers) or any(not isinstance(a, SupervisorError) for a in failed)):
+        raise failed[0]  # the node's trouble (no answer, a transport error), or nothing answered at all
+    for (user, dirs), doc in zip(groups.items(), answers, strict=True):
+        if isinstance(doc, BaseException):
+            log.warning("%s: cannot read the runs of %s: %s", node.name, user or "the SSH account", doc)
+            continue
         _pruned(node, doc, pruned)
-        out.update((r["run_dir"], RunStatus.from_json(r["status"])) for r in doc["runs"])
+        given = {r.get("run_dir"): r.get("status") for r in _entries(doc)}
+        for run_dir in dirs:
+            answered = run_dir in given
+            why = UNREADABLE + "the node's answer has none"
+            out[run_dir] = RunStatus.from_json(given[run_dir]) if answered else RunStatus(state="lost", error=why)
     return out
 
 

@@ -134,6 +134,8 @@ from ftconsole.scheduler.supervisor_files import (  # bundled
     _expand,
     _private_dirs,
     _read_json,
+    _read_status,
+    _unreadable,
     _write_file,
     _write_json,
 )
@@ -271,27 +273,13 @@ def _runs(params):
     out = []  # type: List[Dict[str, Any]]
     tokens = params.get("tokens") or {}
     if params.get("run_dirs") is not None:
-        groups = None  # type: Optional[Dict[int, List[int]]]
-        cgroups = {}  # type: Dict[int, str]
+        seen = {"groups": None, "cgroups": {}}  # type: Dict[str, Any]  # one look at /proc per read
         for given in params["run_dirs"]:
             run_dir = _expand(given)
-            status = _read_json(os.path.join(run_dir, STATUS))
-            if status is None:
-                status = {"state": "absent"}
-            elif tokens.get(given) is not None and status.get("token") != tokens[given]:
-                status = {"state": "foreign", "error": "the run folder holds another attempt's run (token %s)"
-                          % status.get("token")}  # fmt: skip
-            elif _other_node(status, params) is not None:
-                status = {"state": "foreign", "error": "the run folder holds a run started for %s"
-                          % _other_node(status, params)}  # fmt: skip
-            else:
-                status = _with_output(run_dir, _observe(status, os.path.join(run_dir, STATUS)))
-                if status.get("state") == "running":
-                    groups = _process_groups() if groups is None else groups  # one look at /proc per read
-                    status = _with_io(status, groups, cgroups, run_dir)
-                ask = (params.get("scan") or {}).get(given)
-                if ask is not None:
-                    status = dict(status, scan=_scan(run_dir, ask))
+            try:
+                status = _given_status(given, run_dir, tokens.get(given), params, seen)
+            except Exception as exc:  # a run that cannot be read is that run's trouble alone, never the node's read
+                status = _cannot_read(exc)
             parts = run_dir.rstrip("/").split("/")
             out.append({"run_dir": given, "job": parts[-3], "attempt": parts[-2], "rank": parts[-1], "status": status})
         return {"runs": out}
@@ -308,41 +296,86 @@ def _runs(params):
                 continue
             for rank in sorted(os.listdir(attempt_dir)):
                 run_dir = os.path.join(attempt_dir, rank)
-                status = _read_json(os.path.join(run_dir, STATUS))
-                if status is not None and _other_node(status, params) is None:
-                    status = _with_output(run_dir, _observe(status, os.path.join(run_dir, STATUS)))
-                    out.append({"job": job, "attempt": attempt, "rank": rank, "status": status})
+                try:
+                    status, problem = _read_status(os.path.join(run_dir, STATUS))
+                    if problem is not None:
+                        status = _unreadable(problem)
+                    elif status is None or _other_node(status, params) is not None:
+                        continue
+                    else:
+                        status = _with_output(run_dir, _observe(status, os.path.join(run_dir, STATUS)))
+                except Exception as exc:  # as above: this run alone
+                    status = _cannot_read(exc)
+                out.append({"job": job, "attempt": attempt, "rank": rank, "status": status})
     return {"root": root, "runs": out}
+
+
+def _given_status(given, run_dir, token, params, seen):
+    """The status of the run folder `given`, asked for by its attempt's `token` (see action `status`). A status
+    file that is unreadable (its user may write anything in it) reads lost: nothing of it is passed on or acted
+    on. `seen`: the node's process groups (and containers' cgroups), looked at once per read."""
+    status, problem = _read_status(os.path.join(run_dir, STATUS))
+    if problem is not None:
+        return _unreadable(problem)
+    if status is None:
+        return {"state": "absent"}
+    if token is not None and status.get("token") != token:
+        return {"state": "foreign", "error": "the run folder holds another attempt's run (token %s)"
+                % status.get("token")}  # fmt: skip
+    if _other_node(status, params) is not None:
+        return {"state": "foreign", "error": "the run folder holds a run started for %s" % _other_node(status, params)}
+    status = _with_output(run_dir, _observe(status, os.path.join(run_dir, STATUS)))
+    if status.get("state") == "running":
+        if seen["groups"] is None:
+            seen["groups"] = _process_groups()
+        status = _with_io(status, seen["groups"], seen["cgroups"], run_dir)
+    ask = (params.get("scan") or {}).get(given)
+    if ask is not None:
+        status = dict(status, scan=_scan(run_dir, ask))
+    return status
+
+
+def _cannot_read(exc):
+    """What a run reads that could not be read for an unexpected reason: lost, with the reason."""
+    return {"state": "lost", "error": "its status could not be read: %s: %s" % (type(exc).__name__, str(exc)[:500])}
 
 
 def stop(params):
     """Stop runs (see the module docstring); each answer: signalled (a signal went out) and alive (anything
-    of the run may still run: the scheduler keeps its GPUs held and asks again)."""
+    of the run may still run: the scheduler keeps its GPUs held and asks again). A run whose stop fails for an
+    unexpected reason answers so alone (alive: asked again), the others are stopped."""
     out = []  # type: List[Dict[str, Any]]
     tokens = params.get("tokens") or {}
     for given in params.get("run_dirs") or []:
-        run_dir = _expand(given)
-        status_path = os.path.join(run_dir, STATUS)
-        status = _read_json(status_path)
-        if status is None:
-            out.append({"run_dir": given, "signalled": False, "alive": False, "reason": "no such run"})
-            continue
-        if tokens.get(given) is not None and status.get("token") != tokens[given]:
-            out.append({"run_dir": given, "signalled": False, "alive": False, "reason": "another attempt's run"})
-            continue
-        if _other_node(status, params) is not None:
-            why = "a run started for %s" % _other_node(status, params)
-            out.append({"run_dir": given, "signalled": False, "alive": False, "reason": why})
-            continue
-        seen = _observe(status, status_path)
-        if seen["state"] in ("starting", "running") and not params.get("force"):
-            os.kill(status["supervisor_pid"], signal.SIGTERM)
-            out.append({"run_dir": given, "signalled": True, "alive": True})
-        elif seen["state"] in ("starting", "running", "orphaned"):
-            out.append(dict(_kill(status_path, status, seen), run_dir=given))
-        else:
-            out.append({"run_dir": given, "signalled": False, "alive": False, "reason": "not running"})
+        try:
+            answer = _stop_one(given, tokens.get(given), params)
+        except Exception as exc:
+            answer = {"signalled": False, "alive": True, "reason": _cannot_read(exc)["error"]}
+        out.append(dict(answer, run_dir=given))
     return {"stopped": out}
+
+
+def _stop_one(given, token, params):
+    status_path = os.path.join(_expand(given), STATUS)
+    status, problem = _read_status(status_path)
+    if problem is not None:  # nothing in it is trusted: no signal goes out on its word
+        return {"signalled": False, "alive": False, "reason": _unreadable(problem)["error"]}
+    if status is None:
+        return {"signalled": False, "alive": False, "reason": "no such run"}
+    if token is not None and status.get("token") != token:
+        return {"signalled": False, "alive": False, "reason": "another attempt's run"}
+    if _other_node(status, params) is not None:
+        return {"signalled": False, "alive": False, "reason": "a run started for %s" % _other_node(status, params)}
+    seen = _observe(status, status_path)
+    if seen["state"] in ("starting", "running") and not params.get("force"):
+        try:  # its supervisor, alive with that pid and start time (see Liveness)
+            os.kill(status["supervisor_pid"], signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):  # gone meanwhile, or not ours: asked again
+            return {"signalled": False, "alive": True}
+        return {"signalled": True, "alive": True}
+    if seen["state"] in ("starting", "running", "orphaned"):
+        return _kill(status_path, status, seen)
+    return {"signalled": False, "alive": False, "reason": "not running"}
 
 
 def send_signal(params):
@@ -351,24 +384,32 @@ def send_signal(params):
     tokens = params.get("tokens") or {}
     sig = signal.Signals[params["signal"]]
     for given in params.get("run_dirs") or []:
-        status_path = os.path.join(_expand(given), STATUS)
-        status = _read_json(status_path)
-        if status is None or (tokens.get(given) is not None and status.get("token") != tokens[given]):
-            out.append({"run_dir": given, "signalled": False, "reason": "no such run"})
-            continue
-        if _other_node(status, params) is not None:
-            out.append({"run_dir": given, "signalled": False, "reason": "a run started for %s"
-                        % _other_node(status, params)})  # fmt: skip
-            continue
-        seen = _observe(status, status_path)
-        leader = status.get("pgid")
-        if seen["state"] != "running" or not _alive(leader, status.get("pid_start"), status.get("boot_id")):
-            out.append({"run_dir": given, "signalled": False, "reason": "not running"})
-            continue
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(leader, sig)
-        out.append({"run_dir": given, "signalled": True})
+        try:
+            answer = _signal_one(given, tokens.get(given), sig, params)
+        except Exception as exc:  # this run alone
+            answer = {"signalled": False, "reason": _cannot_read(exc)["error"]}
+        out.append(dict(answer, run_dir=given))
     return {"signalled": out}
+
+
+def _signal_one(given, token, sig, params):
+    status_path = os.path.join(_expand(given), STATUS)
+    status, problem = _read_status(status_path)
+    if problem is not None:  # nothing in it is trusted: no signal goes out on its word
+        return {"signalled": False, "reason": _unreadable(problem)["error"]}
+    if status is None or (token is not None and status.get("token") != token):
+        return {"signalled": False, "reason": "no such run"}
+    if _other_node(status, params) is not None:
+        return {"signalled": False, "reason": "a run started for %s" % _other_node(status, params)}
+    seen = _observe(status, status_path)
+    leader = status.get("pgid")
+    if seen["state"] != "running" or not _alive(leader, status.get("pid_start"), status.get("boot_id")):
+        return {"signalled": False, "reason": "not running"}
+    try:
+        os.killpg(leader, sig)
+    except (ProcessLookupError, PermissionError):  # ended meanwhile, or not ours to signal
+        return {"signalled": False, "reason": "not running"}
+    return {"signalled": True}
 
 
 def _kill(status_path, status, seen):

@@ -10,7 +10,7 @@ import os
 from typing import Dict, List  # noqa: F401  (used in type comments: this file runs on Python 3.8)
 
 from ftconsole.scheduler.supervisor_container import container_running  # bundled
-from ftconsole.scheduler.supervisor_files import _read_json  # bundled
+from ftconsole.scheduler.supervisor_files import _checked_status, _read_status, _unreadable  # bundled
 
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
@@ -23,8 +23,15 @@ def boot_id():
         return None
 
 
+def _pid(value):
+    """`value` is a pid (a positive int; status.json is its user's, who may write anything in it)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
 def _stat(pid):
     """(state, pgrp, start time in clock ticks since boot) of a process, or None when there is none."""
+    if not _pid(pid):
+        return None
     try:
         with open("/proc/%d/stat" % pid) as fh:
             fields = fh.read().rsplit(")", 1)[1].split()
@@ -40,14 +47,14 @@ def start_time(pid):
 
 def _alive(pid, started, boot=None):
     """The process `pid` started at `started` (clock ticks) in this boot, and not a zombie."""
-    if not pid or started is None or (boot is not None and boot != boot_id()):
+    if not _pid(pid) or not isinstance(started, int) or (boot is not None and boot != boot_id()):
         return False
     stat = _stat(pid)
     return stat is not None and stat[2] == started and stat[0] != "Z"
 
 
 def _alive_legacy(pid):
-    if not pid:
+    if not _pid(pid):
         return False
     try:
         os.kill(pid, 0)
@@ -64,7 +71,7 @@ def _group(pgid, leader_start, boot):
 
     A pgid is not reused while any process of the group lives, so the group is ours when its leader (pid ==
     pgid) is gone or is the very process we started; never in another boot."""
-    if not pgid or leader_start is None or boot != boot_id():
+    if not _pid(pgid) or not isinstance(leader_start, int) or boot != boot_id():
         return []
     leader = _stat(pgid)
     if leader is not None and leader[2] != leader_start:
@@ -90,7 +97,11 @@ def _process_groups():
 
 
 def _any_alive(status, groups):
-    """The run's supervisor or a process of its step's group still runs (as `_group`, from one /proc scan)."""
+    """The run's supervisor or a process of its step's group still runs (as `_group`, from one /proc scan). Of a
+    status that is unreadable (`_checked_status`) nothing is known to run: nothing of it is ever acted on."""
+    status, problem = _checked_status(status)
+    if problem is not None:
+        return False
     boot = status.get("boot_id")
     if boot is not None and boot != boot_id():
         return False  # another boot: nothing of it survived
@@ -109,7 +120,12 @@ def _observe(status, path):
     """The status with what is true now: "lost" or "orphaned" when its supervisor is gone (see Liveness).
 
     The supervisor writes its end before it exits, so once it is seen gone, status.json is read again: a run
-    that ended between the first read and the look at its supervisor reads as ended, never as lost."""
+    that ended between the first read and the look at its supervisor reads as ended, never as lost. A status that
+    is unreadable (not the types and ranges the supervisor writes: `_checked_status`) reads lost, and nothing of
+    it is looked at."""
+    status, problem = _checked_status(status)
+    if problem is not None:
+        return _unreadable(problem)
     if status.get("state") not in ("starting", "running"):
         return status
     if "supervisor_start" not in status:  # written by an earlier ftconsole: the pid is all there is
@@ -133,6 +149,8 @@ def _observe(status, path):
 
 
 def _ended(path):
-    """status.json read again, if it now records an end."""
-    again = _read_json(path)
+    """status.json read again, if it now records an end (or lost, when it is unreadable now)."""
+    again, problem = _read_status(path)
+    if problem is not None:
+        return _unreadable(problem)
     return again if again is not None and again.get("state") not in ("starting", "running") else None

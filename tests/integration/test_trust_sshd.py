@@ -5,6 +5,7 @@ the fault: processes on the nodes, rows in the store, what the job printed.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -20,7 +21,7 @@ from ftconsole.scheduler.errors import NotFound
 from ftconsole.scheduler.jobs import Job, JobStatus
 from ftconsole.scheduler.jobspec import JobSpec
 from ftconsole.scheduler.store import Store
-from tests.integration.test_scheduler_sshd import WAIT, finished, job, log_of, poll, running, until
+from tests.integration.test_scheduler_sshd import WAIT, as_nobody, finished, job, log_of, poll, running, until
 from tests.sshd_cluster import HOME_LAYOUTS, SshdCluster, pid_alive
 
 pytestmark = pytest.mark.sshd
@@ -271,3 +272,78 @@ async def test_a_start_with_no_answer_is_unknown_and_keeps_its_gpus(sshd_cluster
         assert shown["attempts"][0]["runs"][0]["pid"] == pid  # the run adopted is the one the slow start began
         assert (await finished(client, second["id"]))["status"] == "succeeded"
         assert not pid_alive(pid)
+
+
+# what a job of another user writes over its own status.json (issue 26, item 3): wrong types, not an object, a FIFO
+HOSTILE_STATUS = {
+    "types": '{"state": "running", "supervisor_pid": "x", "supervisor_start": 1, "boot_id": 5, "pgid": [1]}',
+    "list": '["x"]',
+    "fifo": "",
+}
+CORRUPT = (
+    'sh -c \'d=$(dirname "$FT_HOSTFILE"); sleep 1; '
+    'if [ -z "$BAD" ]; then rm -f "$d/status.json"; mkfifo "$d/status.json"; '
+    'else printf %s "$BAD" > "$d/status.json"; fi; exec sleep 300\''
+)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a job of another uid needs root")
+async def test_a_status_file_its_user_corrupts_fails_that_run_alone(
+    sshd_cluster, tmp_path, sock_dir, shared_run_root
+) -> None:
+    """Defect (issue 26): a job of uid 65534 that wrote wrong types, a list or a FIFO over its own status.json
+    made the node's whole status read fail (or hang), so root's job on the same node read `running` forever.
+    Now each such run reads lost (its status file is unreadable) and fails alone; root's job ends in time."""
+    cluster: SshdCluster = sshd_cluster(1, gpus=4)
+    sock_dir.chmod(0o755)  # uid 65534 reaches the socket
+    loaded = config(cluster, tmp_path, sock_dir, scheduler={"run_root": shared_run_root})
+    async with running(loaded) as (_, client):
+        hostile = {}
+        for name, bad in HOSTILE_STATUS.items():
+            spec = job(f"hostile-{name}", CORRUPT, env={"BAD": bad}, gpus_per_node=1)
+            hostile[name] = (await as_nobody(loaded.socket_path, "submit", spec=spec))["result"]["id"]
+        for job_id in hostile.values():
+            await until(client, job_id, running_condition, "the hostile jobs to run")
+        await asyncio.sleep(1.5)  # they have corrupted their status files
+        submitted_at = time.monotonic()
+        mine = await client.call("submit", spec=job("roots", "sleep 3", gpus_per_node=1))
+        shown = await finished(client, mine["id"])
+        assert shown["status"] == "succeeded", shown["message"]
+        assert time.monotonic() - submitted_at < 20
+        for name, job_id in hostile.items():
+            shown = await finished(client, job_id)
+            assert shown["status"] == "error", (name, shown["message"])
+            assert "lost: its status file is unreadable" in shown["message"], (name, shown["message"])
+
+
+async def test_a_value_the_store_refuses_fails_that_job_alone_and_the_others_are_still_recorded(
+    sshd_cluster, tmp_path, sock_dir, monkeypatch
+) -> None:
+    """Defect (issue 26): the loop wrote every job's run changes in one transaction, so one value the store
+    refuses (here a pid past SQLite's INTEGER, as an unchecked status could carry) raised every tick, for all
+    jobs: none was recorded, nothing ended. Now that job fails alone and the other is recorded and ends."""
+    from ftconsole.scheduler import loop
+
+    cluster: SshdCluster = sshd_cluster(1, gpus=2)
+    loaded = config(cluster, tmp_path, sock_dir)
+    doomed: set[int] = set()
+    armed = [True]
+
+    def refused_pid(status: Any, real: Any = loop.status_fields) -> dict[str, Any]:
+        fields: dict[str, Any] = real(status)
+        if armed[0] and status.token in doomed:
+            fields["pid"] = 2**70
+        return fields
+
+    monkeypatch.setattr(loop, "status_fields", refused_pid)
+    async with running(loaded) as (_, client):
+        bad = await client.call("submit", spec=job("bad", "sleep 300", gpus_per_node=1))
+        fine = await client.call("submit", spec=job("fine", "sleep 2", gpus_per_node=1))
+        shown = await until(client, bad["id"], lambda j: j["attempts"] and j["attempts"][0]["token"], "a token")
+        doomed.add(shown["attempts"][0]["token"])
+        assert (await finished(client, fine["id"]))["status"] == "succeeded"
+        shown = await until(client, bad["id"], lambda j: j["stop_requested"] is not None, "the bad job stopped")
+        assert "ftconsole cannot record" in shown["message"] and "OverflowError" in shown["message"]
+        armed[0] = False  # its run can be written again: it ends
+        shown = await finished(client, bad["id"])
+        assert shown["status"] == "error" and "OverflowError" in shown["message"], shown["message"]
