@@ -48,6 +48,7 @@ POINTS: dict[str, str] = {
     "observe.after_read": "the nodes' run states were read, before they are stored",
     "observe.after_record": "the observed run states are in the store",
     "stop.after_send": "a stop went to a node, before its outcome is stored",
+    "checkpoint.before_signal": "a checkpoint signal is owed in the store (with its decision), before it is sent",
     "recover.after_record": "a failed attempt's restart (requeue or a new attempt in place) is in the store",
 }
 """Every failpoint the code may hit, with where it is. Adding a point: one line here, one call in the code."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
@@ -66,6 +67,30 @@ _RUN_COLUMNS = frozenset(
         "kill_sent",
     }
 )
+
+
+@dataclass(frozen=True)
+class CheckpointSignal:
+    """The checkpoint signal owed to one rank (schema 9): written in the transaction of the decision that owes it,
+    sent by the executor until the rank's node says it got it (`signalled`), the run ends first (`ended`), or
+    `deadline` passes (`late`: its grace period is over and the stop goes out). A scheduler that starts after a
+    crash sends the ones still owed: at least once (a crash after the node took it, before the outcome was
+    written, sends it again)."""
+
+    job: int
+    attempt: int
+    rank: int
+    signal: str
+    asked: float
+    deadline: float
+    tries: int = 0
+    outcome: str | None = None  # signalled | ended | late; None: still owed
+    done: float | None = None
+    error: str | None = None
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        return (self.job, self.attempt, self.rank)
 
 
 class JobTx:
@@ -185,6 +210,33 @@ class JobTx:
             stop_reason=None,
             stop_by=None,
             message=message,
+        )
+
+    async def owe_checkpoint(self, runs: Iterable[Run], signal: str, *, now: float, deadline: float) -> None:
+        """The checkpoint `signal` is owed to each of `runs` until `deadline` (a rank owed one already keeps it)."""
+        for r in runs:
+            await self._db.execute(
+                "INSERT OR IGNORE INTO checkpoint_signals (job, attempt, rank, signal, asked, deadline) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (r.job, r.attempt, r.rank, signal, now, deadline),
+            )
+
+    async def checkpoint_tried(
+        self, owed: CheckpointSignal, *, now: float, signalled: bool, error: str | None = None
+    ) -> None:
+        """One try of an owed checkpoint signal: the node said the rank got it, or why not (owed still)."""
+        await self._db.execute(
+            "UPDATE checkpoint_signals SET tries = tries + 1, error = ?, outcome = ?, done = ? "
+            "WHERE job = ? AND attempt = ? AND rank = ? AND outcome IS NULL",
+            (error, "signalled" if signalled else None, now if signalled else None, *owed.key),
+        )
+
+    async def close_checkpoint(self, owed: CheckpointSignal, outcome: str, *, now: float) -> None:
+        """No longer owed: the run ended (`ended`), or its grace period is over (`late`)."""
+        await self._db.execute(
+            "UPDATE checkpoint_signals SET outcome = ?, done = ? WHERE job = ? AND attempt = ? AND rank = ? "
+            "AND outcome IS NULL",
+            (outcome, now, *owed.key),
         )
 
     async def event(

@@ -40,7 +40,7 @@ from ftconsole.scheduler.reconcile import (
     Shrink,
     recover,
 )
-from ftconsole.scheduler.runs import signal_runs
+from ftconsole.scheduler.reconcile import dumps as reconcile_dumps
 from ftconsole.scheduler.service import ClusterService
 
 log = logging.getLogger("ftconsole.scheduler")
@@ -62,7 +62,6 @@ class Recoverer:
         self._poke = poke
         self._probes: dict[tuple[str, ...], asyncio.Task[None]] = {}
         self._checked: set[tuple[int, int]] = set()  # (job, attempt) whose pre-flight passed
-        self._signals: set[asyncio.Task[None]] = set()  # checkpoint signals under way
 
     async def after_failure(
         self, job: Job, runs: Sequence[Run], changes: Sequence[tuple[Run, dict[str, Any]]], finish: Finish
@@ -279,8 +278,8 @@ class Recoverer:
             f"{cause}: {resume.signal} to every rank to save a checkpoint, stopped after grace_period {grace}, then "
             f"queued again without {where} (resume {used + 1} of {resume.max_resumes})"
         )
-        if await self._reschedule(job, now, cause, text, _data(job, sick, "dump")):
-            self._signal(job, runs, resume.signal)
+        owed = (runs, resume.signal, now + resume.grace_period)
+        await self._reschedule(job, now, cause, text, _data(job, sick, "dump"), checkpoint=owed)
 
     async def reschedule_slow(self, job: Job, runs: Sequence[Run], slow_node: str | None, what: str) -> str:
         """Seed 003's "reschedule and alert" for a slow job (`performance.action: reschedule`): stopped (the
@@ -304,19 +303,31 @@ class Recoverer:
         )
         text = f"{what}: {how}, then queued again{without} (resubmit {used + 1} of {limit}; performance.action)"
         data = _data(job, [slow_node] if slow_node else [], "reschedule")
-        if not await self._reschedule(job, now, what, text, data, excluded=excluded):
+        owed = None if resume is None else (runs, resume.signal, now + resume.grace_period)
+        if not await self._reschedule(job, now, what, text, data, checkpoint=owed, excluded=excluded):
             return "it was stopping already"
-        if resume is not None:
-            self._signal(job, runs, resume.signal)
         return f"rescheduled{without} (resubmit {used + 1} of {limit})"
 
     async def _reschedule(
-        self, job: Job, now: float, message: str, text: str, data: dict[str, Any], **fields: Any
+        self,
+        job: Job,
+        now: float,
+        message: str,
+        text: str,
+        data: dict[str, Any],
+        *,
+        checkpoint: tuple[Sequence[Run], str, float] | None = None,
+        **fields: Any,
     ) -> bool:
         """The stop that a requeue follows (StopReason.RESCHEDULE, `recover` requeues once the ranks are down),
-        with its Stopping event; False when the job was no longer running as it was."""
+        with its Stopping event and, with `checkpoint` (runs, signal, deadline), the checkpoint signal owed to
+        those runs, all in one transaction: the executor sends it (`Executor.checkpoints`), after a crash too.
+        False when the job was no longer running as it was."""
         try:
             async with self.store.jobs_tx(f"reschedule job {job.id}") as tx:
+                if checkpoint is not None:
+                    runs, signal, deadline = checkpoint
+                    await tx.owe_checkpoint(runs, signal, now=now, deadline=deadline)
                 await tx.update_job(
                     job.id,
                     expect=[JobStatus.RUNNING],
@@ -342,46 +353,12 @@ class Recoverer:
         return f"dump: {resume.signal} to the other ranks to save a checkpoint, stopped after grace_period {grace}"
 
     def dump(self, job: Job, runs: Sequence[Run]) -> None:
-        """Seed 002's `dump`: the checkpoint signal to the ranks of a failed attempt that still run; the loop
-        stops them once its `grace_period` is over (`reconcile.dumps`)."""
-        resume = job.spec.fault_tolerance.checkpoint_resume
-        if resume is None or Strategy.DUMP not in job.spec.fault_tolerance.plan:
-            return
-        alive = [r for r in runs if r.launch and r.active and r.state in ("starting", "running")]
-        if alive:
-            self._signal(job, alive, resume.signal)
-
-    def _signal(self, job: Job, runs: Sequence[Run], name: str) -> None:
-        task = asyncio.create_task(self._send(job, runs, name))
-        self._signals.add(task)
-        task.add_done_callback(self._signals.discard)
-
-    async def _send(self, job: Job, runs: Sequence[Run], name: str) -> None:
-        """The checkpoint signal to every rank, node by node (a node that does not answer: its trouble)."""
-        settings = self.service.config
-        user = job.owner if settings.scheduler.run_as == "submitter" else None
-        nodes = {n.name: n for n in self.service.all_nodes}
-        by_node: dict[str, list[Run]] = {}
-        for r in runs:
-            by_node.setdefault(r.node, []).append(r)
-
-        async def one(node: str, mine: list[Run]) -> int:
-            dirs = [r.run_dir for r in mine]
-            return await signal_runs(
-                self.service.transport, nodes[node], dirs, name,
-                tokens={r.run_dir: r.token for r in mine if r.token}, users=dict.fromkeys(dirs, user),
-                python=settings.ssh.python, timeout=min(settings.ssh.command_timeout, settings.scheduler.node_timeout),
-            )  # fmt: skip
-
-        known = [(n, rs) for n, rs in by_node.items() if n in nodes]
-        sent = await asyncio.gather(*(one(n, rs) for n, rs in known), return_exceptions=True)
-        count = sum(x for x in sent if isinstance(x, int))
-        failed = [f"{n}: {x}" for (n, _), x in zip(known, sent, strict=True) if isinstance(x, BaseException)]
-        text = f"{name} sent to {count} of {len(runs)} rank(s)"
-        if failed:
-            text += f"; not sent on {'; '.join(failed)}"
-        async with self.store.jobs_tx(f"record the checkpoint signal of job {job.id}") as tx:
-            await tx.event(self.clock(), "Checkpoint", text, job=job.id)
+        """Seed 002's `dump`: the ranks of a failed attempt that still run get the checkpoint signal; the loop
+        stops them once its `grace_period` is over (`reconcile.dumps`). The decision is the job's stop (reason
+        error, `dump` in its strategies), written by the loop; the executor owes the signal to those ranks from it
+        and sends it on its next pass (`Executor.checkpoints`), after a crash too. Here: wake it now."""
+        if reconcile_dumps(job):
+            self._poke()
 
     async def expire_requeued(self, fail: Callable[[Job, str], Awaitable[None]]) -> None:
         """A job queued again after a hardware fault that has waited `scheduler.queue_timeout` ends `error`:
@@ -402,7 +379,7 @@ class Recoverer:
             )
 
     async def close(self) -> None:
-        tasks = [*self._probes.values(), *self._signals]
+        tasks = list(self._probes.values())
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -178,5 +178,23 @@ MIGRATIONS: tuple[str, ...] = (
         updated     REAL NOT NULL
     );
     """,
+    # 9: the checkpoint signal as intent (issue 26): one row per rank owed it, written with the decision that owes
+    #    it, sent by the executor until its node says the rank got it, the run ends, or its grace period is over
+    """
+    CREATE TABLE checkpoint_signals (
+        job         INTEGER NOT NULL,
+        attempt     INTEGER NOT NULL,
+        rank        INTEGER NOT NULL,
+        signal      TEXT NOT NULL,          -- its name: SIGUSR1 ...
+        asked       REAL NOT NULL,          -- when the decision was written
+        deadline    REAL NOT NULL,          -- sent until then: the end of the grace period (the stop goes out then)
+        tries       INTEGER NOT NULL DEFAULT 0,
+        outcome     TEXT,                   -- signalled | ended | late; NULL: still owed
+        done        REAL,
+        error       TEXT,                   -- why the last try did not get through
+        PRIMARY KEY (job, attempt, rank)
+    );
+    CREATE INDEX checkpoint_signals_owed ON checkpoint_signals (job) WHERE outcome IS NULL;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -30,8 +30,8 @@ from ftconsole.probes.health import NodeEvent, NodeHealth, is_fault
 from ftconsole.scheduler.errors import NotFound, StoreError, UsageError
 from ftconsole.scheduler.jobs import Attempt, Job, JobStatus, Run
 from ftconsole.scheduler.jobspec import JobSpec
+from ftconsole.scheduler.jobtx import CheckpointSignal, JobTx, _auto_resolve, _insert_alert
 from ftconsole.scheduler.jobtx import Conflict as Conflict  # raised by the store's conditional writes: part of its API
-from ftconsole.scheduler.jobtx import JobTx, _auto_resolve, _insert_alert
 from ftconsole.scheduler.records import (
     _UPSERT_NODE,
     AutoResolve,
@@ -441,6 +441,17 @@ class Store:
         async with self._db.execute(sql + " ORDER BY r.job, r.attempt, r.rank", args) as cur:
             rows = await cur.fetchall()
         return [_run_from_row(r) for r in rows]
+
+    async def checkpoint_signals(self, *, owed: bool = True, job: int | None = None) -> list[CheckpointSignal]:
+        """The checkpoint signals still owed (`owed`), or all of them; of one job, or of every job."""
+        sql = "SELECT * FROM checkpoint_signals WHERE " + ("outcome IS NULL" if owed else "1")
+        args: list[Any] = []
+        if job is not None:
+            sql += " AND job = ?"
+            args.append(job)
+        async with self._db.execute(sql + " ORDER BY job, attempt, rank", args) as cur:
+            rows = await cur.fetchall()
+        return [CheckpointSignal(**dict(r)) for r in rows]
 
     async def job_activity(self, job_ids: Collection[int] | None = None) -> dict[int, JobActivity]:
         """What the job listing shows beyond the job row, for the given jobs (default: all), in two queries:

@@ -6,12 +6,21 @@ the events, and which processes are left on the nodes.
 from __future__ import annotations
 
 import asyncio
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from ftconsole.scheduler.api import ApiClient
+from ftconsole.scheduler.errors import NotRunning
+from ftconsole.scheduler.jobs import StopReason
+from ftconsole.scheduler.loop import request_stop
+from ftconsole.scheduler.store import STORE_FILE, Store
+from tests.integration.test_crash_sshd import kill, serve
 from tests.integration.test_scheduler_sshd import finished, job, log_of, running, until, write_config
 from tests.sshd_cluster import HOME_LAYOUTS, SshdCluster, gpu_data
 
@@ -349,3 +358,110 @@ async def test_dump_signals_the_ranks_left_to_save_a_checkpoint_before_a_failed_
         assert stopping and "dump: SIGUSR1 to the other ranks to save a checkpoint" in stopping[0]
         # the signal went to the rank left alone, not the failed one
         assert any(e["kind"] == "Checkpoint" and e["message"] == "SIGUSR1 sent to 1 of 1 rank(s)" for e in events)
+
+
+# takes SIGUSR1 (the checkpoint signal) by writing one line per signal to its node's home, then ends 0; its
+# second attempt (FT_RESUME=1) ends at once
+SIGNALLED = (
+    'sh -c \'if [ "$FT_RESUME" = 1 ]; then echo resumed; exit 0; fi; '
+    'trap "echo USR1 >> $HOME/signals.$FT_JOB_ID; exit 0" USR1; while true; do sleep 0.1; done\''
+)
+
+
+async def api(sock: Path, proc: subprocess.Popen[bytes], log: Path) -> ApiClient:
+    """A client of the scheduler `proc` once it answers on `sock`."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return await ApiClient.connect(sock)
+        except (NotRunning, OSError, TimeoutError):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            await asyncio.sleep(0.2)
+
+
+async def test_a_scheduler_killed_between_the_checkpoint_decision_and_its_signal_the_next_one_sends_it(
+    sshd_cluster: Any, tmp_path: Path, sock_dir: Path
+) -> None:
+    """A GPU fault under a checkpoint_resume job: the decision (stop to reschedule, the signal owed to its rank)
+    is written, and `serve` is killed (-9) before the signal goes out (failpoint checkpoint.before_signal). The
+    next `serve` sends it: the rank's trap records it (once: at least once, and nothing had gone out before the
+    kill), and the job resumes elsewhere."""
+    cluster: SshdCluster = sshd_cluster(2, gpus=1)
+    sock, log = sock_dir / "ft.sock", tmp_path / "serve.log"
+    config = cluster.write_config(
+        tmp_path / "cluster.yaml", state_dir=str(tmp_path / "state"), ssh={"python": sys.executable},
+        scheduler={"tick": "0.3s", "stop_grace": "1s"}, api={"socket": str(sock)}, probes={"interval": "1s"},
+    )  # fmt: skip
+    crashing = serve(config, tmp_path, "checkpoint.before_signal=crash")
+    try:
+        async with await api(sock, crashing, log) as client:
+            ft = {"checkpoint_resume": {"max_resumes": 1, "grace_period": "60s"}}
+            job_id = (await client.call("submit", spec=job("ckpt", SIGNALLED, fault_tolerance=ft)))["id"]
+            shown = await until(client, job_id, lambda j: j["attempts"] and j["attempts"][0]["started"], "running")
+            first = shown["attempts"][0]["runs"][0]["node"]
+            cluster.set_gpus(first, gpu_data(1, ecc_uncorrectable=1))
+            await asyncio.get_running_loop().run_in_executor(None, crashing.wait, 60)
+    finally:
+        kill(crashing)
+    assert crashing.returncode == -signal.SIGKILL, log.read_text()[-3000:]
+    assert "failpoint checkpoint.before_signal: crash" in log.read_text()
+    signals = cluster.node(first).home / f"signals.{job_id}"
+    assert not signals.exists()  # the decision is written, the signal never went out
+    async with await Store.open(tmp_path / "state" / STORE_FILE) as store:
+        (owed,) = await store.checkpoint_signals()
+        assert (owed.job, owed.attempt, owed.rank, owed.signal, owed.tries) == (job_id, 1, 0, "SIGUSR1", 0)
+
+    again = serve(config, tmp_path)
+    try:
+        async with await api(sock, again, log) as client:
+            shown = await finished(client, job_id)
+            events = await client.call("events", job=job_id)
+    finally:
+        again.send_signal(signal.SIGTERM)
+        try:
+            again.wait(60)
+        except subprocess.TimeoutExpired:
+            kill(again)
+    assert signals.read_text() == "USR1\n"  # sent by the second scheduler, once
+    assert shown["status"] == "succeeded", shown["message"]
+    other = "node02" if first == "node01" else "node01"
+    assert attempts_of(shown) == [(1, "requeued", [first]), (2, "succeeded", [other])]
+    assert any(e["kind"] == "Checkpoint" and e["message"] == "SIGUSR1 sent to 1 of 1 rank(s)" for e in events)
+    async with await Store.open(tmp_path / "state" / STORE_FILE) as store:
+        assert await store.checkpoint_signals() == []  # nothing owed any more
+        (done,) = await store.checkpoint_signals(owed=False)
+        assert (done.outcome, done.tries) == ("signalled", 1)
+
+
+# each rank takes SIGUSR1 by writing one line to its node's home, then ends 0
+DUMP_TAKEN = "sh -c 'trap \"echo USR1 >> $HOME/signals.$FT_JOB_ID.$RANK; exit 0\" USR1; while true; do sleep 0.1; done'"
+
+
+async def test_a_dump_decided_just_before_a_crash_is_signalled_by_the_next_scheduler(
+    sshd_cluster: Any, tmp_path: Path, sock_dir: Path
+) -> None:
+    """The loop's decision that a failed attempt's ranks get the checkpoint signal (`dump`) is the job's stop,
+    written in the loop's own transaction; a crash right after it left no signal sent and nothing else written.
+    The next scheduler owes the signal to every rank still running from that decision alone and sends it."""
+    cluster: SshdCluster = sshd_cluster(2, gpus=1)
+    loaded = write_config(cluster, tmp_path, sock_dir)
+    ft = {"strategies": ["dump", "exit"], "checkpoint_resume": {"max_resumes": 0, "grace_period": "60s"}}
+    async with running(loaded) as (_, client):
+        spec = job("dumped", DUMP_TAKEN, mode="pytorch", nodes=2, fault_tolerance=ft)
+        job_id = (await client.call("submit", spec=spec))["id"]
+        shown = await until(client, job_id, lambda j: j["attempts"] and j["attempts"][0]["started"], "running")
+    # serve stopped (its ranks run on); the store as a crash right after the loop's decision leaves it
+    async with await Store.open(loaded.state_dir / STORE_FILE) as store:
+        stored = await store.job(job_id)
+        assert stored is not None
+        async with store.jobs_tx("the loop's decision") as tx:
+            why = "rank 1 on a node failed (written by the test)"
+            await request_stop(tx, stored, time.time(), StopReason.ERROR, "scheduler", why, message=why)
+        assert await store.checkpoint_signals() == []
+    async with running(loaded) as (_, client):
+        shown = await finished(client, job_id)
+        events = await client.call("events", job=job_id)
+    for run in shown["attempts"][0]["runs"]:
+        taken = cluster.node(run["node"]).home / f"signals.{job_id}.{run['rank']}"
+        assert taken.read_text() == "USR1\n", run
+    assert any(e["kind"] == "Checkpoint" and e["message"] == "SIGUSR1 sent to 2 of 2 rank(s)" for e in events)

@@ -32,7 +32,7 @@ from ftconsole.scheduler.failpoints import (
 ROOT = Path(__file__).resolve().parents[2]
 KNOWN = (
     "known: tick.after_snapshot, place.after_record, launch.before_send, launch.after_send, launch.after_record, "
-    "observe.after_read, observe.after_record, stop.after_send, recover.after_record"
+    "observe.after_read, observe.after_record, stop.after_send, checkpoint.before_signal, recover.after_record"
 )
 
 
