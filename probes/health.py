@@ -12,6 +12,11 @@ Isolation (issue 12): an isolated node stays out until an operator resumes it or
 N, until N probes in a row pass every check (then the scheduler resumes it, with an event). A drained node is
 an operator's decision and never resumed by the scheduler; a node that is flaky (`flaky_faults` faults within
 `flaky_window`) while isolated waits for an operator even once its faults age out of the window.
+
+Partial evidence (issue 26): a probe of some checks only (`probe --checks dns`) is folded with the node's last
+known result of every other check (`merge_partial`), and it may make the node's health worse, never better: a
+check it did not run keeps its last result, and only a probe of every check clears a fault, ends a recovery
+streak's wait or counts as a pass of an isolated node. It does not refresh `last_probe` either (staleness).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from ftconsole.probes.results import CheckStatus, ProbeReport
+from ftconsole.probes.results import ALL_CHECKS, CheckResult, CheckStatus, ProbeReport
 
 
 class NodeState(StrEnum):
@@ -53,7 +58,8 @@ class Observation:
     time: float
     report: ProbeReport | None = None
     error: str | None = None  # e.g. "connect timed out after 2s", "host key changed: ..."
-    partial: bool = False  # some checks only (`probe --checks`): never counts as passing the checks
+    # some checks only (`probe --checks`): it may make health worse, never better, and never counts as a pass
+    partial: bool = False
 
     def __post_init__(self) -> None:
         if (self.report is None) == (self.error is None):
@@ -118,6 +124,25 @@ def classify(obs: Observation) -> tuple[NodeState, tuple[str, ...]]:
     return NodeState.HEALTHY, ()
 
 
+def merge_partial(report: ProbeReport, last: ProbeReport | None) -> ProbeReport:
+    """A partial probe's report completed with the node's last known result of each check it did not run (from
+    `last`, the node's last report; None: there is none), checks in the agent's order: a failed check nobody ran
+    again stays failed. Facts and GPUs are the partial probe's own, as it read them."""
+    ran = {c.name for c in report.checks}
+    kept = [c for c in (last.checks if last is not None else ()) if c.name not in ran]
+    order = {name: i for i, name in enumerate(ALL_CHECKS)}
+    checks: list[CheckResult] = sorted([*kept, *report.checks], key=lambda c: order.get(c.name, len(order)))
+    return replace(report, checks=tuple(checks))
+
+
+def _partial_applies(current: NodeState, target: NodeState) -> bool:
+    """Whether a partial observation pointing to `target` may fold into a node now `current`: the same state (its
+    reasons are updated) or a worse one it found (a check failed or warned); never a better one."""
+    if target is current:
+        return True
+    return target in (NodeState.DEGRADED, NodeState.UNHEALTHY) and _SEVERITY[target] > _SEVERITY[current]
+
+
 def observe(
     h: NodeHealth,
     obs: Observation,
@@ -146,7 +171,9 @@ def _fold(h: NodeHealth, obs: Observation, recover_after: int) -> tuple[NodeHeal
         if boot_id is not None and new_boot != boot_id:
             events.append(NodeEvent(obs.time, h.node, "rebooted", "node rebooted (boot id changed)"))
         boot_id = new_boot
-    base = replace(h, boot_id=boot_id, last_probe=obs.time)
+    base = replace(h, boot_id=boot_id, last_probe=h.last_probe if obs.partial else obs.time)
+    if obs.partial and not _partial_applies(h.health, target):
+        return base, events  # no evidence about the checks it did not run: only a full probe makes it better
 
     if target is h.health:
         return replace(base, reasons=reasons, pending=None, good_streak=0), events

@@ -7,8 +7,9 @@ taken from the connection's kernel peer credentials (``SO_PEERCRED``), never fro
 Protocol: newline-delimited JSON objects, UTF-8; a request line is at most 1 MiB (MAX_REQUEST) and must arrive whole
 within 10 s of its first byte (REQUEST_TIMEOUT), a reply line at most 16 MiB (MAX_LINE). A request past either
 bound is answered with an error (``id`` null) and the connection is closed; a line that is not a JSON object is
-answered with an error and the connection goes on. A connection carries requests one after another; each is
-answered before the next is read::
+answered with an error and the connection goes on. At most 256 connections are served at once (MAX_CONNECTIONS),
+64 of one uid (MAX_CONNECTIONS_PER_UID); one more is answered with an error (title "busy") and closed. A connection
+carries requests one after another; each is answered before the next is read::
 
     request  {"id": 1, "op": "show", "args": {"job": "j-12"}}
     result   {"id": 1, "result": <any JSON value>}
@@ -61,6 +62,10 @@ REQUEST_TIMEOUT = 10.0
 REPLY_TIMEOUT = 30.0
 # JSON nesting a request may have (real ones nest 4 or 5 levels): deeper is refused before any handler sees it.
 MAX_DEPTH = 64
+# Connections open at once (issue 26): each costs a task and its buffers. One past either bound is answered with an
+# error (``id`` null, title "busy") and closed; a CLI call or a console holds one, a `logs --follow` or `wait` one more.
+MAX_CONNECTIONS = 256
+MAX_CONNECTIONS_PER_UID = 64  # so that one user cannot take them all
 
 
 @dataclass(frozen=True)
@@ -88,9 +93,14 @@ class ApiServer:
         group: str | None = None,
         mode: int = 0o660,
         request_timeout: float = REQUEST_TIMEOUT,
+        max_connections: int = MAX_CONNECTIONS,
+        max_per_uid: int = MAX_CONNECTIONS_PER_UID,
     ) -> None:
         self.path = path
         self._request_timeout = request_timeout
+        self._max_connections = max_connections
+        self._max_per_uid = max_per_uid
+        self._per_uid: dict[int, int] = {}  # uid -> its connections being served
         self._handler = handler
         self._group = group
         self._mode = mode
@@ -159,8 +169,15 @@ class ApiServer:
         task.add_done_callback(lambda t: self._connections.pop(t, None))
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        uid = None  # counted in _per_uid while it is served
         try:
             caller = _peer(writer)
+            busy = self._busy(caller)
+            if busy is not None:
+                await _refuse(reader, writer, busy, title="busy", error=FtError)
+                return
+            uid = caller.uid
+            self._per_uid[uid] = self._per_uid.get(uid, 0) + 1
             while True:
                 try:
                     first = await reader.readexactly(1)  # an idle connection may wait here as long as it likes
@@ -180,9 +197,26 @@ class ApiServer:
         except (ConnectionError, TimeoutError):
             pass
         finally:
+            if uid is not None:
+                self._per_uid[uid] -= 1
+                if not self._per_uid[uid]:
+                    del self._per_uid[uid]
             writer.close()
             with contextlib.suppress(ConnectionError):
                 await writer.wait_closed()
+
+    def _busy(self, caller: Caller) -> str | None:
+        """Why a new connection of `caller` is refused (too many open, in all or of its user), or None."""
+        mine = self._per_uid.get(caller.uid, 0)
+        if mine >= self._max_per_uid:
+            return (
+                f"too many connections: {caller.user} has {mine} open, the most one user may have; close some "
+                "(a console, a `logs --follow`) and try again"
+            )
+        served = sum(self._per_uid.values())
+        if served >= self._max_connections:
+            return f"too many connections: the scheduler serves {served}, the most it takes at once; try again soon"
+        return None
 
     async def _answer(
         self, caller: Caller, line: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -357,12 +391,22 @@ async def _clear_stale_socket(path: Path) -> None:
     raise AlreadyRunning(f"{who} already answers on {path}; stop it first, or use the CLI and console against it")
 
 
-async def _refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, message: str) -> None:
-    """Answer an unreadable request and end the connection so that the client reads the answer: close our side,
-    then take (and drop) what the client still sends for a moment; closing with unread input would reset the
-    connection and could lose the reply."""
+async def _refuse(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    message: str,
+    *,
+    title: str | None = None,
+    error: type[FtError] = UsageError,
+) -> None:
+    """Answer an unreadable request (or a connection over the bounds) and end the connection so that the client
+    reads the answer: close our side, then take (and drop) what the client still sends for a moment; closing with
+    unread input would reset the connection and could lose the reply."""
     log.warning("API client: %s; closing the connection", message)
-    writer.write(_error_reply(None, UsageError(message)))
+    exc = error(message)
+    if title is not None:
+        exc.title = title
+    writer.write(_error_reply(None, exc))
     with contextlib.suppress(ConnectionError, TimeoutError, OSError):
         await asyncio.wait_for(writer.drain(), 1.0)
         writer.write_eof()

@@ -34,6 +34,8 @@ log = logging.getLogger("ftconsole.daemon")
 # ops that change something (the CLI refuses them when no scheduler runs to act on them, unless --local)
 # (ack, resolve, drain and resume take effect at once, scheduler or not)
 WRITE_OPS = frozenset({"submit", "stop", "delete", "clone", "priority", "extend", "scale", "release"})
+# The most rows one `events` or `alerts` request returns (issue 26): a larger `limit` is refused, not read.
+MAX_LIMIT = 10_000
 
 
 class Operations:
@@ -177,7 +179,7 @@ class Operations:
         return await _primed(self.scheduler.wait(caller, args["job"]))
 
     async def _events(self, caller: Caller, args: dict[str, Any]) -> Any:
-        limit = int(args.get("limit") or 100)
+        limit = _limit(args, 100)
         hidden = await self._hidden(caller)
         if args.get("job") is not None:
             events = await self.scheduler.job_events(caller, args["job"], limit=limit)
@@ -189,7 +191,7 @@ class Operations:
     async def _alerts(self, caller: Caller, args: dict[str, Any]) -> Any:
         """Open and acknowledged alerts, oldest first; `all`: resolved ones too; `limit` (default 200) newest."""
         states = ALERT_STATES if args.get("all") else ("open", "acknowledged")
-        alerts = await self.scheduler.store.alerts(states=states, limit=int(args.get("limit") or 200))
+        alerts = await self.scheduler.store.alerts(states=states, limit=_limit(args, 200))
         hidden = await self._hidden(caller)
         return redact_json([a.to_json() for a in alerts if a.job not in hidden], hidden)  # node_isolated names a job
 
@@ -242,7 +244,9 @@ class Operations:
 
 
 async def _primed(stream: AsyncIterator[Any]) -> AsyncIterator[Any]:
-    """Run a stream up to its first item now, so refusals (no such job, no permission) come back as errors."""
+    """Run a stream up to its first item now, so refusals (no such job, no permission) come back as errors. A
+    first item "" (`Scheduler.logs`: the checks passed) is not sent: the stream goes on in the API's hands, which
+    end it when the client goes."""
     iterator = aiter(stream)
     try:
         first = await anext(iterator)
@@ -252,7 +256,8 @@ async def _primed(stream: AsyncIterator[Any]) -> AsyncIterator[Any]:
     async def rest() -> AsyncIterator[Any]:
         try:
             if first is not _EMPTY:
-                yield first
+                if first != "":
+                    yield first
                 async for item in iterator:
                     yield item
         finally:
@@ -286,6 +291,16 @@ def brief_node(view: dict[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in view.items() if k not in ("checks", "facts")}
     out["gpus"] = [{k: g.get(k) for k in BRIEF_GPU_FIELDS} for g in view.get("gpus") or []]
     return out
+
+
+def _limit(args: dict[str, Any], default: int) -> int:
+    """A listing's `limit`: 1 to MAX_LIMIT rows (0 or none: `default`); anything else is refused."""
+    value = args.get("limit") or default
+    if isinstance(value, str) and value.strip().isdecimal() and len(value) < 20:
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_LIMIT:
+        raise UsageError(f"limit must be a whole number from 1 to {MAX_LIMIT:,}, not {value!r:.40}")
+    return value
 
 
 def _ids(args: dict[str, Any]) -> list[Any]:

@@ -385,9 +385,13 @@ class Scheduler:
     async def probe(
         self, caller: Caller, nodeset: str | None, *, checks: Sequence[str] | None = None
     ) -> list[ProbeOutcome]:
-        """Probe nodes now (anyone may: it changes nothing a probe on its own would not), reading every node's
-        container runtimes anew."""
-        outcomes = await self.service.probe(nodeset, checks=checks, fresh=True)
+        """Probe nodes now, reading every node's container runtimes anew. An admin's probe runs at once; anyone
+        else's is merged with the loop's (`ClusterService.probe_shared`: a node probed in the last PROBE_REUSE_S
+        answers with that result). Some checks only (`checks`) never make a node's health better (issue 26)."""
+        if self.is_admin(caller):
+            outcomes = await self.service.probe(nodeset, checks=checks, fresh=True)
+        else:
+            outcomes = await self.service.probe_shared(nodeset, checks=checks)
         self._poke()
         hidden = await self.hidden_jobs(caller)  # an isolated node's reasons name the job it failed under
         return [_redact_outcome(o, hidden) for o in outcomes] if hidden else outcomes
@@ -436,12 +440,15 @@ class Scheduler:
         follow: bool = False,
         tail: int | None = None,
     ) -> AsyncIterator[str]:
-        """output.log of one rank, as text chunks; with `follow`, until the run ends."""
+        """output.log of one rank, as text chunks; with `follow`, until the run ends. The first chunk is always ""
+        once the caller may read the logs: a caller that primes the stream to learn of refusals (the API) need not
+        wait for the run's first output, during which it could not tell that its client has gone."""
         job = await self._job(caller, job_id, "read the logs of", write=False)
         run = await self._log_run(job, rank, attempt)
         node = self._node_of(run)
         path = f"{run.run_dir}/output.log"
         user = self.loop.executor.run_user(job)
+        yield ""
         offset = 0
         if tail is not None:
             offset = await self._tail_offset(node, path, tail, user)

@@ -29,7 +29,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo, mod
 
 from ftconsole.scheduler import yamlfile
 from ftconsole.scheduler.command import check_command
-from ftconsole.scheduler.config import PositiveDuration, expand_nodeset
+from ftconsole.scheduler.config import MAX_NODESET, PositiveDuration, expand_nodeset
 from ftconsole.scheduler.containers import Image, Mounts, container_problems, image_mode_problems
 from ftconsole.scheduler.dataprep import DataPrep, data_prep_problems, first_node_launcher, program_name
 from ftconsole.scheduler.detectspec import (
@@ -121,8 +121,14 @@ def _valid_name(value: str) -> str:
     return value
 
 
-def _valid_nodeset(value: str) -> str:
-    expand_nodeset(value)
+# The most nodes `node_names` may name in a new job (issue 26): a job pins a few nodes, and the set is expanded
+# each time the job is planned; a spec read back from the store keeps the config's bound (MAX_NODESET).
+MAX_NODE_NAMES = 10_000
+
+
+def _valid_nodeset(value: str, info: ValidationInfo) -> str:
+    stored = isinstance(info.context, Mapping) and info.context.get(_STORED) is True
+    expand_nodeset(value, limit=MAX_NODESET if stored else MAX_NODE_NAMES)
     return value
 
 
@@ -358,7 +364,7 @@ def _placement_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
     ]
     nodes = _int(data.get("nodes", 1))
     try:
-        named = len(expand_nodeset(str(data["node_names"])))
+        named = len(expand_nodeset(str(data["node_names"]), limit=MAX_NODE_NAMES))
     except ValueError:
         return out  # the model reports the invalid expression
     if nodes is not None and named < nodes:

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections import deque
@@ -20,20 +21,36 @@ from ftconsole.probes.health import (
     Observation,
     faults_in_window,
     is_fault,
+    merge_partial,
     observe,
     set_admin,
     stale,
 )
-from ftconsole.probes.results import ProbeReport
+from ftconsole.probes.results import AGENT_PROTOCOL, ALL_CHECKS, ProbeReport, parse_document
 from ftconsole.scheduler import debugenv
-from ftconsole.scheduler.config import LoadedConfig, Node, ProbeSettings, expand_nodeset, format_duration
-from ftconsole.scheduler.errors import NotFound, UsageError
+from ftconsole.scheduler.config import (
+    MAX_NODESET,
+    LoadedConfig,
+    Node,
+    ProbeSettings,
+    expand_nodeset,
+    format_duration,
+    nodeset_size,
+)
+from ftconsole.scheduler.errors import FtError, NotFound, UsageError
 from ftconsole.scheduler.probing import ProbeFailure, sweep
 from ftconsole.scheduler.records import AutoResolve, NewAlert, StoredEvent, StoredProbe
 from ftconsole.scheduler.ssh import SSHPool, Transport
 from ftconsole.scheduler.store import STORE_FILE, Store, secure_state
 
 STALE_AFTER_INTERVALS = 3
+# A node set in a request may name at most this many times the cluster's nodes (and at least NODESET_FLOOR): more
+# must repeat names; the bound is checked before the set is expanded (config.nodeset_size).
+NODESET_SLACK = 4
+NODESET_FLOOR = 1024
+# A probe on demand by someone who is not an admin (issue 26): a node probed less than this ago answers with that
+# probe's result, and a node a sweep is probing now with that sweep's; only the rest are probed, in one sweep.
+PROBE_REUSE_S = 30.0
 
 
 def _node_json(node: Node) -> dict[str, Any]:
@@ -62,6 +79,7 @@ class ProbeOutcome:
     failure: ProbeFailure | None
     health: NodeHealth
     time: float
+    reused: bool = False  # the node's last probe, less than PROBE_REUSE_S old, not a probe made for this request
 
     @property
     def ok(self) -> bool:
@@ -70,6 +88,7 @@ class ProbeOutcome:
     def to_json(self) -> dict[str, Any]:
         out = {**_node_json(self.node), **_health_json(self.health, self.time)}
         out["reachable"] = self.report is not None
+        out["reused"] = self.reused
         out["error"] = None if self.failure is None else {"kind": self.failure.kind, "message": self.failure.message}
         if self.report is not None:
             out.update(self.report.to_json())
@@ -191,6 +210,49 @@ def _cut(text: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _checks(checks: Sequence[str] | None) -> tuple[str, ...] | None:
+    """The check names a probe runs (None: all), refused unless every one is known."""
+    if checks is None:
+        return None
+    if isinstance(checks, str) or not all(isinstance(c, str) for c in checks):
+        raise UsageError(f"checks must be a list of check names, not {checks!r:.80}")
+    unknown = sorted(set(checks) - set(ALL_CHECKS))
+    if unknown or not checks:
+        problem = f"unknown checks {', '.join(map(repr, unknown[:10]))}" if unknown else "no checks named"
+        raise UsageError(f"{problem} (known: {', '.join(ALL_CHECKS)})")
+    return None if set(ALL_CHECKS) <= set(checks) else tuple(dict.fromkeys(checks))
+
+
+def _stored_report(probe: StoredProbe | None) -> ProbeReport | None:
+    """The report of a stored probe (None: none, or the probe failed); one that no longer reads counts as none."""
+    if probe is None or probe.report is None:
+        return None
+    try:
+        return parse_document({**probe.report, "agent": AGENT_PROTOCOL})
+    except FtError:
+        return None
+
+
+def _stored_outcome(node: Node, probe: StoredProbe, health: NodeHealth, now: float) -> ProbeOutcome:
+    failure = None
+    if probe.error is not None:
+        kind, _, message = probe.error.partition(": ")
+        failure = ProbeFailure(kind, message) if message else ProbeFailure("unreachable", probe.error)
+    report = _stored_report(probe)
+    return ProbeOutcome(node=node, report=report, failure=failure, health=health, time=now, reused=True)
+
+
+async def _join(task: asyncio.Task[list[ProbeOutcome]]) -> list[ProbeOutcome]:
+    """The outcomes of a sweep that others may wait on too: leaving early does not stop it."""
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        me = asyncio.current_task()
+        if task.cancelled() and (me is None or not me.cancelling()):
+            raise FtError("the probe sweep this request waited on was stopped (the scheduler is stopping)") from None
+        raise
+
+
 GPU_SAMPLES_KEPT = 512  # per GPU: at the default probe interval (60 s), 8.5 hours of utilisation
 
 
@@ -212,6 +274,9 @@ class ClusterService:
         # "node:index" -> (time, utilisation %) of each probe that read it, for the hang detector
         self._util: dict[str, deque[tuple[float, float]]] = {}
         self._util_seeded = False
+        # node -> (the checks it runs, None for all; the sweep) for each node a sweep is probing now
+        self._sweeps: dict[str, tuple[frozenset[str] | None, asyncio.Task[list[ProbeOutcome]]]] = {}
+        self._folding = asyncio.Lock()  # one sweep at a time folds what it found into the nodes' health
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -231,19 +296,32 @@ class ClusterService:
     def all_nodes(self) -> list[Node]:
         return list(self._nodes.values())
 
+    @property
+    def nodeset_limit(self) -> int:
+        """The most names a node set in a request may expand to, all its expressions together."""
+        return min(MAX_NODESET, max(NODESET_FLOOR, NODESET_SLACK * len(self._nodes)))
+
     def select(self, nodeset: str | Sequence[str] | None) -> list[Node]:
-        """Nodes named by a node set expression (or a list of names); every name must be configured."""
+        """Nodes named by a node set expression (or a list of them); every name must be configured. The size of
+        each is checked against `nodeset_limit` before it is expanded."""
         if nodeset is None:
             return self.all_nodes
+        exprs = [nodeset] if isinstance(nodeset, str) else list(nodeset)
+        limit = self.nodeset_limit
+        why = f"a request may name {NODESET_SLACK} nodes per node of the cluster, and at least {NODESET_FLOOR:,}"
+        size = sum(nodeset_size(e) if isinstance(e, str) else 0 for e in exprs)
+        if len(exprs) > 1 and size > limit:
+            raise UsageError(f"node sets naming up to {size:,} nodes, over the limit of {limit:,} ({why})")
         names: list[str] = []
-        for expr in [nodeset] if isinstance(nodeset, str) else nodeset:
+        for expr in exprs:
             try:
-                names.extend(expand_nodeset(expr))
+                names.extend(expand_nodeset(expr, limit=limit))
             except ValueError as exc:
-                raise UsageError(str(exc)) from None
+                raise UsageError(f"{exc} ({why})" if "over the limit" in str(exc) else str(exc)) from None
         unknown = [n for n in names if n not in self._nodes]
         if unknown:
-            raise NotFound(f"not in the cluster config: {', '.join(unknown)}")
+            more = f" and {len(unknown) - 20} more" if len(unknown) > 20 else ""
+            raise NotFound(f"not in the cluster config: {', '.join(unknown[:20])}{more}")
         return [self._nodes[n] for n in dict.fromkeys(names)]
 
     # -- probing -----------------------------------------------------------------------------------------
@@ -252,14 +330,77 @@ class ClusterService:
         self, nodeset: str | None = None, *, checks: Sequence[str] | None = None, fresh: bool = False
     ) -> list[ProbeOutcome]:
         """Probe nodes now; fold the results into their health and persist both, with the events. `fresh`: an
-        operator's probe, which reads the container runtimes anew (see probing.agent_params)."""
+        operator's probe, which reads the container runtimes anew (see probing.agent_params). `checks`: some
+        checks only, a partial probe (see probes.health: it never makes a node's health better)."""
         nodes = self.select(nodeset)
+        return await self._start(nodes, _checks(checks), fresh)
+
+    async def probe_shared(
+        self, nodeset: str | None = None, *, checks: Sequence[str] | None = None, reuse_s: float = PROBE_REUSE_S
+    ) -> list[ProbeOutcome]:
+        """A probe on demand by someone who is not an admin, merged with the others: a node probed less than
+        `reuse_s` ago answers with that probe's result (`reused`), a node a sweep is probing now (the loop's, or
+        another request's) with that sweep's, and the rest are probed in one sweep of their own. So a node is
+        probed for such requests at most once per `reuse_s`, however many ask."""
+        nodes = self.select(nodeset)
+        wanted = _checks(checks)
+        now = self.clock()
+        latest = await self.store.latest_probes()
+        recent = {n.name for n in nodes if n.name in latest and now - latest[n.name].time < reuse_s}
+        sweeps: dict[asyncio.Task[list[ProbeOutcome]], None] = {}
+        todo: list[Node] = []
+        for node in nodes:  # no await from here to _start: a sweep is found, or started and registered, at once
+            if node.name in recent:
+                continue
+            running = self._sweeps.get(node.name)
+            if running is not None and (running[0] is None or (wanted is not None and set(wanted) <= running[0])):
+                sweeps[running[1]] = None
+            else:
+                todo.append(node)
+        if todo:
+            sweeps[self._start(todo, wanted, fresh=True)] = None
+        found: dict[str, ProbeOutcome] = {}
+        for task in sweeps:
+            found.update((o.node.name, o) for o in await _join(task))
+        if recent:
+            healths = await self.store.all_node_health()
+            for node in nodes:
+                if node.name in recent:
+                    health = healths.get(node.name) or NodeHealth(node.name)
+                    found[node.name] = _stored_outcome(node, latest[node.name], health, now)
+        return [found[n.name] for n in nodes]
+
+    def _start(
+        self, nodes: Sequence[Node], checks: Sequence[str] | None, fresh: bool
+    ) -> asyncio.Task[list[ProbeOutcome]]:
+        """A sweep of `nodes` as a task, known in `_sweeps` until it ends (requests of others may join it)."""
+        task = asyncio.ensure_future(self._sweep(nodes, checks, fresh))
+        ran = None if checks is None else frozenset(checks)
+        for node in nodes:
+            self._sweeps[node.name] = (ran, task)
+
+        def done(_: asyncio.Task[list[ProbeOutcome]]) -> None:
+            for node in nodes:
+                if node.name in self._sweeps and self._sweeps[node.name][1] is task:
+                    del self._sweeps[node.name]
+
+        task.add_done_callback(done)
+        return task
+
+    async def _sweep(self, nodes: Sequence[Node], checks: Sequence[str] | None, fresh: bool) -> list[ProbeOutcome]:
         results = await sweep(self.transport, self.config, nodes, checks=checks, fresh=fresh)
+        async with self._folding:  # what the fold reads (health, the last reports) no other sweep changes meanwhile
+            return await self._fold(nodes, results, partial=checks is not None)
+
+    async def _fold(
+        self, nodes: Sequence[Node], results: Mapping[str, ProbeReport | ProbeFailure], *, partial: bool
+    ) -> list[ProbeOutcome]:
         now = self.clock()
         settings = self.config.probes
         current = await self.store.all_node_health()
         open_alerts = await self.store.open_node_alerts()
         history = await self.store.fault_events(since=now - settings.flaky_window)
+        last = await self.store.latest_probes() if partial else {}
         changes: list[tuple[NodeHealth, Sequence[NodeEvent]]] = []
         stored: list[StoredProbe] = []
         outcomes: list[ProbeOutcome] = []
@@ -268,8 +409,10 @@ class ClusterService:
         for node in nodes:
             result = results[node.name]
             if isinstance(result, ProbeReport):
-                obs = Observation(now, report=result, partial=checks is not None)
-                stored.append(StoredProbe(node.name, now, None, result.to_json()))
+                # a partial report is folded, and kept, with the node's last result of the checks it did not run
+                known = merge_partial(result, _stored_report(last.get(node.name))) if partial else result
+                obs = Observation(now, report=known, partial=partial)
+                stored.append(StoredProbe(node.name, now, None, known.to_json()))
                 self._keep_util(node.name, now, result.to_json())
             else:
                 obs = Observation(now, error=f"{result.kind}: {result.message}")

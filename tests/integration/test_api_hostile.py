@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,7 +15,9 @@ from typing import Any
 import pytest
 
 from ftconsole.scheduler.api import MAX_DEPTH, MAX_REQUEST, ApiClient, ApiServer, Caller
-from ftconsole.scheduler.errors import PermissionDenied
+from ftconsole.scheduler.errors import FtError, PermissionDenied
+from tests.integration.test_scheduler_sshd import as_nobody, job, poll, running, until, write_config
+from tests.sshd_cluster import SshdCluster
 
 WAIT = 10.0
 TIMEOUT = 0.5  # the servers' per-request timeout in these tests
@@ -155,3 +159,130 @@ async def test_client_accepts_its_own_user_and_the_schedulers_user(server: ApiSe
         os.chown(other.path, NOBODY, -1)
         async with await ApiClient.connect(other.path) as client:
             assert await asyncio.wait_for(client.call("x"), WAIT) == {"op": "x", "args": {}}
+
+
+# -- requests bounded before they cost anything (issue 26) ---------------------------------------------------
+
+
+async def test_connections_past_the_cap_are_refused_with_a_message(sock_dir: Path) -> None:
+    async with ApiServer(sock_dir / "api.sock", echo, max_connections=4) as srv, contextlib.AsyncExitStack() as stack:
+        clients = [await stack.enter_async_context(await ApiClient.connect(srv.path)) for _ in range(4)]
+        for i, client in enumerate(clients):  # each is served (and so counted) before the next one comes
+            assert await asyncio.wait_for(client.call("ping", n=i), WAIT) == {"op": "ping", "args": {"n": i}}
+        async with await ApiClient.connect(srv.path) as extra:
+            with pytest.raises(FtError) as err:
+                await asyncio.wait_for(extra.call("ping"), WAIT)
+        assert err.value.title == "busy"
+        assert (
+            err.value.message
+            == "too many connections: the scheduler serves 4, the most it takes at once; try again soon"
+        )
+        await clients.pop().close()
+        for _ in range(int(WAIT / 0.05)):  # the closed one is let go, and its place taken by the next
+            try:
+                async with await ApiClient.connect(srv.path) as again:
+                    assert await asyncio.wait_for(again.call("again"), WAIT) == {"op": "again", "args": {}}
+                break
+            except FtError:
+                await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("a closed connection's place was never given to a new one")
+
+
+# As uid 65534: open N connections, send a request on each, print each reply (or what ended it) as a JSON line.
+HOLD_CONNECTIONS = """
+import json, socket, sys
+held = []
+for i in range(int(sys.argv[2])):
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(30)
+    sock.connect(sys.argv[1])
+    sock.sendall(json.dumps({"id": i, "op": "hold", "args": {}}).encode() + b"\\n")
+    print(sock.makefile("rb").readline().decode().strip() or "{}", flush=True)
+    held.append(sock)
+sys.stdin.read()
+"""
+
+
+async def as_nobody_holding(path: Path, count: int) -> asyncio.subprocess.Process:
+    for python in dict.fromkeys([sys.executable, getattr(sys, "_base_executable", ""), "/usr/bin/python3"]):
+        try:
+            return await asyncio.create_subprocess_exec(
+                python, "-I", "-c", HOLD_CONNECTIONS, str(path), str(count), stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE, user=NOBODY, group=NOBODY, extra_groups=[0], cwd="/",
+            )  # fmt: skip
+        except (PermissionError, FileNotFoundError):
+            continue
+    pytest.skip(f"no Python interpreter that uid {NOBODY} may run")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="acting as another user needs root")
+async def test_one_user_cannot_take_every_connection(sock_dir: Path) -> None:
+    sock_dir.chmod(0o755)
+    async with ApiServer(sock_dir / "api.sock", echo, max_connections=4, max_per_uid=2) as srv:
+        proc = await as_nobody_holding(srv.path, 3)
+        assert proc.stdout is not None and proc.stdin is not None
+        try:
+            replies = [json.loads(await asyncio.wait_for(proc.stdout.readline(), WAIT)) for _ in range(3)]
+            assert [r.get("result") for r in replies[:2]] == [{"op": "hold", "args": {}}] * 2
+            error = replies[2]["error"]
+            assert (error["title"], replies[2]["id"]) == ("busy", None)
+            assert error["message"].startswith("too many connections: ") and "has 2 open" in error["message"]
+            async with await ApiClient.connect(srv.path) as mine:  # another user still gets in
+                assert await asyncio.wait_for(mine.call("root"), WAIT) == {"op": "root", "args": {}}
+        finally:
+            proc.stdin.close()
+            await asyncio.wait_for(proc.wait(), WAIT)
+
+
+async def serving() -> int:
+    """How many connections this process's API servers serve now (each has a task of its own)."""
+    return sum(1 for t in asyncio.all_tasks() if getattr(t.get_coro(), "__qualname__", "") == "ApiServer._serve")
+
+
+@pytest.mark.sshd
+async def test_a_follow_stream_ends_when_its_client_hangs_up_before_any_output(
+    sshd_cluster: Any, tmp_path: Path, sock_dir: Path
+) -> None:
+    cluster: SshdCluster = sshd_cluster(1, gpus=1)
+    loaded = write_config(cluster, tmp_path, sock_dir)
+    async with running(loaded) as (_, client):
+        silent = await client.call("submit", spec=job("silent", "sleep 300"))
+        await until(client, silent["id"], lambda j: j["attempts"] and j["attempts"][0]["runs"][0]["pid"], "start")
+        before = await serving()
+        _, writer = await asyncio.open_unix_connection(str(loaded.socket_path))
+        request = {"id": 1, "op": "logs", "args": {"job": silent["id"], "follow": True}}
+        writer.write(json.dumps(request).encode() + b"\n")
+        await writer.drain()
+        await poll(serving, lambda n: n == before + 1, "the stream to be served")
+        await asyncio.sleep(1.0)  # it waits for the run's first output (a poll every 0.5 s)
+        writer.close()  # and its client goes before any comes
+        await poll(serving, lambda n: n == before, "the stream's task to end")
+        await client.call("stop", jobs=[silent["id"]])
+
+
+@pytest.mark.sshd
+@pytest.mark.skipif(os.geteuid() != 0, reason="acting as another user needs root")
+async def test_a_node_set_bomb_is_refused_by_its_size_while_others_are_served(
+    sshd_cluster: Any, tmp_path: Path, sock_dir: Path
+) -> None:
+    cluster: SshdCluster = sshd_cluster(1, gpus=1)
+    loaded = write_config(cluster, tmp_path, sock_dir)
+    sock_dir.chmod(0o755)
+    bomb = "n[1-20000000]"
+    async with running(loaded) as (_, client):
+        for op, args in (
+            ("nodes", {"nodeset": bomb}),
+            ("probe", {"nodeset": bomb}),
+            ("events", {"node": bomb}),
+            ("submit", {"spec": job("bomb", "true", node_names=bomb)}),
+        ):
+            refused, jobs = await asyncio.gather(as_nobody(loaded.socket_path, op, **args), client.call("jobs"))
+            assert refused["error"]["type"] == "UsageError", (op, refused)
+            limit = "10,000" if op == "submit" else "1,024"
+            assert f"'{bomb}' names up to 20,000,000 nodes, over the limit of {limit}" in refused["error"]["message"]
+            assert isinstance(jobs, list)
+        for args in ({"limit": 10**9}, {"limit": -1}):  # listing limits are capped too
+            for op in ("events", "alerts"):
+                refused = await as_nobody(loaded.socket_path, op, **args)
+                assert "limit must be a whole number from 1 to 10,000" in refused["error"]["message"], refused

@@ -8,11 +8,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from ftconsole.scheduler.config import load_config
 from ftconsole.scheduler.service import ClusterService
+from tests.integration.test_scheduler_sshd import as_nobody, poll, running, write_config
 from tests.sshd_cluster import SshdCluster, gpu_data
 
 pytestmark = pytest.mark.sshd
@@ -224,3 +226,40 @@ async def test_ssh_config_aliases_and_proxyjump_are_honoured(sshd_cluster, tmp_p
     assert outcome.health.state.value == "healthy"
     # the agent ran on the target (its simulated GPUs), reached through the bastion
     assert outcome.report is not None and len(outcome.report.gpus) == 8
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="acting as another user needs root")
+async def test_dns_only_probes_never_make_an_ecc_failed_node_healthy(sshd_cluster, tmp_path, sock_dir) -> None:
+    """Issue 26: a probe of some checks only, by anyone on the socket, once folded as if the others had passed."""
+    cluster: SshdCluster = sshd_cluster(1, gpus=1)
+    cluster.set_gpus("node01", gpu_data(1, ecc_uncorrectable=2))
+    loaded = write_config(cluster, tmp_path, sock_dir)
+    sock_dir.chmod(0o755)
+
+    def still_broken(view: dict[str, Any], alerts: list[dict[str, Any]]) -> None:
+        assert (view["state"], view["health"]) == ("unhealthy", "unhealthy"), view["reasons"]
+        assert any(r.startswith("gpu-health:") for r in view["reasons"])
+        assert [(a["kind"], a["state"]) for a in alerts] == [("node_unhealthy", "open")]
+
+    async with running(loaded) as (_, client):
+        (view,) = await poll(lambda: client.call("nodes"), lambda v: v[0]["state"] == "unhealthy", "the ECC fault")
+        still_broken(view, await client.call("alerts"))
+
+        for _ in range(2):  # as uid 65534: merged with the loop's own probe of a moment ago
+            reply = await as_nobody(loaded.socket_path, "probe", nodeset="node01", checks=["dns"])
+            (probed,) = reply["result"]
+            assert probed["state"] == "unhealthy" and probed["reused"] is True
+        still_broken((await client.call("nodes"))[0], await client.call("alerts"))
+
+        for _ in range(2):  # an admin's dns-only probes run now, and still leave the GPU check's fault in place
+            (probed,) = await client.call("probe", nodeset="node01", checks=["dns"])
+            assert probed["reused"] is False and [c["name"] for c in probed["checks"]] == ["dns"]
+            assert probed["state"] == "unhealthy"
+        view = (await client.call("nodes"))[0]
+        still_broken(view, await client.call("alerts"))
+        assert {c["name"]: c["status"] for c in view["checks"]}["gpu-health"] == "fail"  # kept, not dropped
+
+        refused = await as_nobody(loaded.socket_path, "probe", nodeset="node01", checks=["dns", "no-such-check"])
+        assert (
+            refused["error"]["type"] == "UsageError" and "unknown checks 'no-such-check'" in refused["error"]["message"]
+        )

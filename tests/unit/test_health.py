@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from ftconsole.probes.health import NodeHealth, NodeState, Observation, classify, observe, set_admin, stale
+from ftconsole.probes.health import (
+    NodeHealth,
+    NodeState,
+    Observation,
+    classify,
+    merge_partial,
+    observe,
+    set_admin,
+    stale,
+)
 from ftconsole.probes.results import CheckResult, CheckStatus, NodeFacts, ProbeReport
 
 H, D, U, X, K = (NodeState.HEALTHY, NodeState.DEGRADED, NodeState.UNHEALTHY, NodeState.UNREACHABLE, NodeState.UNKNOWN)
@@ -107,3 +116,133 @@ def test_stale_reads_unknown_never_healthy() -> None:
     assert stale(h, 150, 60).health is H
     old = stale(h, 200, 60)
     assert old.health is K and old.reasons == ("last probe 100s ago",)
+
+
+# -- partial probes (issue 26): some checks only, folded with the last result of the others --------------------
+
+P, W, F = CheckStatus.PASS, CheckStatus.WARN, CheckStatus.FAIL
+
+
+def checks(**statuses: CheckStatus) -> ProbeReport:
+    """A report of named checks (`gpu_health=F` is the check "gpu-health")."""
+    named = tuple(CheckResult(name.replace("_", "-"), s, message=f"{name} {s}") for name, s in statuses.items())
+    return ProbeReport(facts=NodeFacts(boot_id="b1"), gpus=(), checks=named)
+
+
+FULL_ECC = checks(dns=P, gpu_health=F, memory=P)  # a full probe: a GPU with uncorrectable ECC errors
+FULL_OK = checks(dns=P, gpu_health=P, memory=P)
+FULL_DNS = checks(dns=F, gpu_health=P, memory=P)
+
+
+def fold(steps: list[tuple[ProbeReport, bool]]) -> tuple[NodeHealth, list[str]]:
+    """Observe each (report, partial) in turn as the service does: a partial report merged with the last report."""
+    h, last, kinds = NodeHealth("n1"), None, []
+    for i, (rep, partial) in enumerate(steps):
+        known = merge_partial(rep, last) if partial else rep
+        h, events = observe(h, Observation(float(i), report=known, partial=partial), recover_after=2)
+        kinds += [e.data.get("to", e.kind) for e in events]
+        last = known
+    return h, [str(k) for k in kinds]
+
+
+@pytest.mark.parametrize(
+    ("steps", "health", "reasons", "changes"),
+    [
+        pytest.param(  # the issue: two dns-only probes of an ECC-failed node, once read as two passes
+            [(FULL_ECC, False), (checks(dns=P), True), (checks(dns=P), True)],
+            U,
+            ("gpu-health: gpu_health fail",),
+            ["unhealthy"],
+            id="dns-only-never-clears-ecc",
+        ),
+        pytest.param(  # the failed check itself, run alone and passing, is still no full evidence
+            [(FULL_ECC, False), (checks(gpu_health=P), True), (checks(gpu_health=P), True)],
+            U,
+            ("gpu-health: gpu_health fail",),
+            ["unhealthy"],
+            id="partial-pass-of-the-failed-check",
+        ),
+        pytest.param(  # a partial failure is evidence: worse at once, the others' last results kept
+            [(FULL_OK, False), (checks(dns=F), True)],
+            U,
+            ("dns: dns fail",),
+            ["healthy", "unhealthy"],
+            id="partial-failure-applies",
+        ),
+        pytest.param(  # unhealthy for one reason, a partial probe adds another and keeps the first
+            [(FULL_ECC, False), (checks(dns=F), True)],
+            U,
+            ("dns: dns fail", "gpu-health: gpu_health fail"),
+            ["unhealthy"],
+            id="reasons-merge",
+        ),
+        pytest.param(
+            [(FULL_OK, False), (checks(memory=W), True)],
+            D,
+            ("memory: memory warn",),
+            ["healthy", "degraded"],
+            id="partial-warning-applies",
+        ),
+        pytest.param(  # no full probe yet: a passing partial probe proves nothing
+            [(checks(dns=P), True), (checks(dns=P), True)],
+            K,
+            ("not probed yet",),
+            [],
+            id="never-probed-stays-unknown",
+        ),
+        pytest.param(  # only full probes end a fault, two in a row (recover_after=2)
+            [(FULL_ECC, False), (checks(dns=P), True), (FULL_OK, False), (checks(dns=P), True), (FULL_OK, False)],
+            H,
+            (),
+            ["unhealthy", "healthy"],
+            id="full-probes-recover",
+        ),
+        pytest.param(  # a partial pass neither counts toward a recovery streak nor breaks it
+            [(FULL_DNS, False), (FULL_OK, False), (checks(dns=P), True)],
+            U,
+            ("dns: dns fail", "recovering: 1 of 2 probes healthy"),
+            ["unhealthy"],
+            id="streak-not-advanced",
+        ),
+        pytest.param(  # a partial probe that still sees the fault restarts the streak, as a full one does
+            [(FULL_ECC, False), (FULL_OK, False), (checks(gpu_health=F), True)],
+            U,
+            ("gpu-health: gpu_health fail",),
+            ["unhealthy"],
+            id="partial-relapse-restarts-streak",
+        ),
+    ],
+)
+def test_partial_probes_never_clear_what_they_did_not_check(
+    steps: list[tuple[ProbeReport, bool]], health: NodeState, reasons: tuple[str, ...], changes: list[str]
+) -> None:
+    h, kinds = fold(steps)
+    assert (h.health, h.reasons, kinds) == (health, reasons, changes)
+
+
+def test_an_unreachable_node_is_not_made_reachable_by_a_partial_probe() -> None:
+    h, _ = observe(NodeHealth("n1"), Observation(1.0, error="timeout: no answer"))
+    h, events = observe(h, Observation(2.0, report=merge_partial(checks(dns=F), None), partial=True))
+    assert (h.health, events) == (X, [])
+
+
+def test_a_partial_probe_does_not_make_old_news_fresh() -> None:
+    h, _ = observe(NodeHealth("n1"), Observation(100.0, report=FULL_OK))
+    h, _ = observe(h, Observation(500.0, report=merge_partial(checks(dns=P), FULL_OK), partial=True))
+    assert h.last_probe == 100.0 and stale(h, 500.0, 60).health is K
+
+
+@pytest.mark.parametrize(
+    ("partial", "last", "names"),
+    [
+        (checks(dns=P), FULL_ECC, [("dns", P), ("gpu-health", F), ("memory", P)]),
+        (checks(gpu_health=P), FULL_ECC, [("dns", P), ("gpu-health", P), ("memory", P)]),
+        (checks(dns=F), None, [("dns", F)]),
+        (checks(memory=W, dns=P), checks(load=F), [("dns", P), ("memory", W), ("load", F)]),  # the agent's order
+    ],
+)
+def test_merge_partial_keeps_the_last_result_of_checks_not_run(
+    partial: ProbeReport, last: ProbeReport | None, names: list[tuple[str, CheckStatus]]
+) -> None:
+    merged = merge_partial(partial, last)
+    assert [(c.name, c.status) for c in merged.checks] == names and merged.facts == partial.facts

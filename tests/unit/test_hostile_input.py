@@ -5,15 +5,19 @@ Each is refused with exit 2 and a problem naming the file (and line), never a tr
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
 from ftconsole.cli import main
-from ftconsole.scheduler import yamlfile
-from ftconsole.scheduler.config import load_config
-from ftconsole.scheduler.errors import ConfigError
+from ftconsole.scheduler import daemon, yamlfile
+from ftconsole.scheduler.config import expand_nodeset, load_config, nodeset_size
+from ftconsole.scheduler.daemon import MAX_LIMIT
+from ftconsole.scheduler.errors import ConfigError, NotFound, UsageError
 from ftconsole.scheduler.jobspec import load_jobspec, parse_jobspec
+from ftconsole.scheduler.service import NODESET_FLOOR, ClusterService
 
 GOOD_CONFIG = "state_dir: {state}\nnodes:\n  - name: gpu[1-2]\n    host: 10.0.0.[1-2]\n"
 
@@ -148,3 +152,103 @@ def test_real_addresses_are_accepted(tmp_path: Path, host: str) -> None:
     cfg = tmp_path / "cluster.yaml"
     cfg.write_text(f'state_dir: s\nnodes:\n  - {{name: a, host: "{host}"}}\n')
     assert load_config(cfg).cluster.node_list()[0].host == host
+
+
+# -- requests bounded before they cost anything (issue 26) ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("expr", "size"),
+    [
+        ("gpu01", 1),
+        ("gpu[01-16]", 16),
+        ("gpu[01-16],login1", 17),
+        ("gpu[001-128]-ib[0-3]", 512),  # two brackets: their product
+        ("n[1-2]x[3-4]y[5-6]", 8),
+        ("n[1-8,10-20/2]", 14),  # several ranges, a step
+        ("n[0001-1000/7]", 143),  # padded, stepped
+        ("n1[0-5]", 6),  # leading digits join the range
+        ("n[1-5]0", 5),  # trailing digits too
+        ("n[-8--4]", 5),  # negative ranges (ClusterShell reads them)
+        ("n[1-10]!n[2-3]", 12),  # set operators: an upper bound, the sum of the terms
+        ("n[1-10]&n[5-20]", 26),
+        ("n[1-10]^n[5-20]", 26),
+        (" n1 , n2 ", 2),
+        ("n[1-20000000]", 20_000_000),
+        ("n[1-100000000]-[1-100000000]", 10**16),
+        ("n[1-100000000,garbage]", 100_000_000),  # the readable ranges before the garbage still count
+        ("n[1-100000000", 100_000_000),  # an unclosed bracket too
+        ("n[1-100000000]-[x]", 100_000_000),  # an unreadable bracket counts 1, not 0
+        ("n[9-1]", 1),  # nothing readable: ClusterShell says what is wrong
+        ("a,,b", 3),
+        ("", 1),
+        ("n[" + "9" * 5000 + "]", 1),  # a number too long to read
+        ("n[1-1000000]" * 64, 1 << 64),  # counted up to 2**64, never multiplied out
+    ],
+)
+def test_nodeset_size_is_counted_without_expanding(expr: str, size: int) -> None:
+    assert nodeset_size(expr) == size
+
+
+@pytest.mark.parametrize(
+    "expr", ["gpu[01-16]", "n[1-8,10-20/2]", "n1[0-5]", "n[1-5]0", "n[-8--4]", "x[1-3]-[01-02]", " n1 , n2 ", "n[1,1]"]
+)
+def test_nodeset_size_bounds_what_clustershell_expands(expr: str) -> None:
+    assert nodeset_size(expr) >= len(expand_nodeset(expr))
+
+
+@pytest.mark.parametrize(
+    ("expr", "message"),
+    [
+        ("n[1-20000000]", "'n[1-20000000]' names up to 20,000,000 nodes, over the limit of 100,000"),
+        ("n[1-9]-[1-99999]", "names up to 899,991 nodes, over the limit of 100,000"),
+        ("n[1-1000000]" * 64, "names more than 10^19 nodes"),
+        ("@gpus", "node groups (@name) and wildcards (*, ?) are not supported"),
+        ("gpu*", "node groups (@name) and wildcards (*, ?) are not supported"),
+        ("n[9-1]", "invalid node set expression"),
+    ],
+)
+def test_expand_nodeset_refuses_a_bomb_before_expanding_it(expr: str, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        expand_nodeset(expr)
+
+
+def test_a_node_set_in_a_request_is_bounded_by_the_cluster(tmp_path: Path) -> None:
+    cfg = tmp_path / "cluster.yaml"
+    cfg.write_text(GOOD_CONFIG.format(state=tmp_path / "state"))
+    service = ClusterService(load_config(cfg), cast(Any, None), cast(Any, None))
+    assert service.nodeset_limit == NODESET_FLOOR  # 2 nodes: 4 per node, at least the floor
+    assert [n.name for n in service.select("gpu[1-2],gpu1")] == ["gpu1", "gpu2"]
+    with pytest.raises(UsageError, match=re.escape("'n[1-20000000]' names up to 20,000,000 nodes, over the limit")):
+        service.select("n[1-20000000]")
+    with pytest.raises(UsageError, match="node sets naming up to 1,025 nodes, over the limit of 1,024"):
+        service.select(["gpu1"] * 1025)  # a list of expressions counts all together
+    with pytest.raises(NotFound, match=r"not in the cluster config: n1, .*, n20 and 980 more$"):
+        service.select("n[1-1000]")
+
+
+def test_node_names_of_a_job_are_bounded() -> None:
+    with pytest.raises(ConfigError, match="over the limit of 10,000"):
+        parse_jobspec("name: a\ncommand: x\nnode_names: n[1-20000000]\n")
+    assert parse_jobspec("name: a\ncommand: x\nnode_names: n[1-10000]\n").node_names == "n[1-10000]"
+
+
+@pytest.mark.parametrize(
+    ("args", "limit"),
+    [
+        ({}, 100),
+        ({"limit": 0}, 100),
+        ({"limit": None}, 100),
+        ({"limit": 1}, 1),
+        ({"limit": "50"}, 50),
+        ({"limit": MAX_LIMIT}, MAX_LIMIT),
+    ],
+)
+def test_a_listing_limit_within_the_cap(args: dict[str, Any], limit: int) -> None:
+    assert daemon._limit(args, 100) == limit
+
+
+@pytest.mark.parametrize("value", [MAX_LIMIT + 1, 10**18, -1, "-1", "1e9", 2.5, True, [1], "9" * 30])
+def test_a_listing_limit_over_the_cap_is_refused(value: Any) -> None:
+    with pytest.raises(UsageError, match=f"limit must be a whole number from 1 to {MAX_LIMIT:,}"):
+        daemon._limit({"limit": value}, 100)
