@@ -151,9 +151,10 @@ async def test_changed_host_key_raises_one_critical_alert(sshd_cluster, tmp_path
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="acting as another user needs root")
-async def test_who_may_ack_resolve_probe_drain_and_resume(sshd_cluster, tmp_path, sock_dir) -> None:
+async def test_who_may_ack_resolve_probe_drain_and_resume(sshd_cluster, tmp_path, sock_dir, shared_run_root) -> None:
     cluster: SshdCluster = sshd_cluster(1, gpus=4)
-    loaded = write_config(cluster, tmp_path, sock_dir)
+    # nobody's job runs as nobody, whose home does not exist: its run folders go in a folder of its own
+    loaded = write_config(cluster, tmp_path, sock_dir, scheduler={"run_root": shared_run_root})
     sock_dir.chmod(0o755)
     path = loaded.socket_path
     async with running(loaded) as (scheduler, client):
