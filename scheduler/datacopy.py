@@ -5,18 +5,24 @@ The first step of a rank's run (step kind "data", see supervisor.py) when its jo
 
     {"sets": [{"from": SRC, "to": DST}, ...], "run_dir": the rank's run folder,
      "roots": the cluster's data_prep.roots, "retention": seconds (0: kept until removed by hand),
-     "progress": seconds between progress lines}
+     "progress": seconds between progress lines, "lock_wait": seconds (default LOCK_WAIT_S)}
 
 Paths starting with "~/" are the home of the account the run runs as. Everything it says goes to stdout (the
 run's output.log), each line starting "data_prep: ", and on failure its last line says why (the supervisor
 quotes a failing step's last line in the run's error, and so in the job's message).
 
 For each data set, in order, holding an fcntl lock on a file beside DST (".NAME.ftconsole-lock") so that two
-runs preparing one DST on a node take turns:
+runs preparing one DST on a node take turns. The lock file is this account's and 0600 (one of another account,
+or a link, is refused), so no other account can hold it; a lock held longer than PARAMS["lock_wait"] is given up
+with a message naming its holder (from /proc/locks, when this node can see it):
 - SRC must be a folder. Its manifest (every entry's path, each file's size and mtime, each link's target) is
   hashed. DST, when it exists, must carry our marker file (MARKER); a DST without it, or a symbolic link, is
   refused ("DST exists and was not made by data_prep: refusing to overwrite it"): nothing else of the node is
-  ever written into or removed.
+  ever written into or removed. DST and its marker must be this account's (the account the run runs as) and
+  not writable by group or others: else refused ("DST belongs to uid N (bob), not to ...: refusing to trust it
+  or write into it"), since anyone could have made a marker and files of the right sizes and mtimes. An entry
+  inside our DST that is another account's, or writable by others, makes DST copied again afresh (never kept,
+  never synced in place), and every copy is made not writable by group or others.
 - Up to date (the marker's manifest is SRC's, and DST's own manifest is too): skipped, and the log says so.
 - Else copied: ``rsync -a --delete SRC/ DST/`` where rsync is on PATH (into DST itself when it is ours
   already, so that only what changed moves; the marker reads "copying" meanwhile, so a half copy is never
@@ -41,8 +47,10 @@ import fcntl
 import hashlib
 import json
 import os
+import pwd
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -54,6 +62,8 @@ MAX_DEPTH = 4  # a data set lies at most this many folders below its root (the s
 MAX_VISITS = 20000  # folders looked at per root while looking for expired data sets
 MAX_RUNS = 16  # the run folders a marker remembers
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
+LOCK_WAIT_S = 600.0  # at most this long for another data_prep's lock (PARAMS["lock_wait"]), then refused
+PROC_LOCKS = "/proc/locks"
 
 
 class Refused(Exception):
@@ -136,10 +146,37 @@ def manifest(top):
     return digest.hexdigest(), files, total
 
 
+def account(uid):
+    """`uid` as it reads in a message: "uid 1001 (alice)", or "uid 1001" with no name."""
+    try:
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def stranger(st):
+    """Why an entry (its lstat) cannot be trusted by this account, or None: it belongs to another account, or
+    others may write in it (group or world write permission; a link's own mode means nothing)."""
+    if st.st_uid != os.geteuid():
+        return f"belongs to {account(st.st_uid)}, not to {account(os.geteuid())} that this run runs as"
+    if not stat.S_ISLNK(st.st_mode) and st.st_mode & 0o022:
+        return f"may be written by others (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+class Untrusted(Refused):
+    """An entry of a data set that this account did not make alone (see `stranger`)."""
+
+
 def read_marker(folder):
-    """Our marker in `folder` (a dict), or None when there is none (or it is not ours)."""
+    """Our marker in `folder` (a dict), or None when there is none, it is not ours, or someone else could have
+    written it (another account's, or writable by others: see `stranger`)."""
     path = os.path.join(folder, MARKER)
-    if os.path.islink(path) or not os.path.isfile(path):
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode) or stranger(st) is not None:
         return None
     try:
         with open(path) as fh:
@@ -147,6 +184,50 @@ def read_marker(folder):
     except (OSError, ValueError):
         return None
     return doc if isinstance(doc, dict) and doc.get("by") == BY else None
+
+
+def check_trusted(dst):
+    """Refused unless the existing folder `dst` and its marker (when it has one) are this account's alone: a
+    data set someone else made or could have changed is never copied into, and never taken for a copy."""
+    for path in (dst, os.path.join(dst, MARKER)):
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        why = stranger(st)
+        if why is not None:
+            raise Refused(f"{path} {why}: refusing to trust it or write into it (remove it, or choose another `to`)")
+
+
+def not_ours(top):
+    """The first entry under `top` (the folder itself included) that is not this account's alone, with why; None
+    when every one is (a walk of lstat calls, as `manifest`'s)."""
+    stack = [top]
+    while stack:
+        folder = stack.pop()
+        why = stranger(os.lstat(folder))
+        if why is not None:
+            return f"{folder} {why}"
+        with os.scandir(folder) as found:
+            for entry in found:
+                st = entry.stat(follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    stack.append(entry.path)
+                    continue
+                why = stranger(st)
+                if why is not None:
+                    return f"{entry.path} {why}"
+    return None
+
+
+def private_copy(top):
+    """Take write permission from group and others on every entry of a fresh copy (links have none of their own):
+    what the source allowed them, on a shared file system, is not to be allowed on this node's copy."""
+    for folder, _, names in os.walk(top):
+        for path in [folder] + [os.path.join(folder, n) for n in names]:  # each folder comes as `folder`
+            st = os.lstat(path)
+            if not stat.S_ISLNK(st.st_mode) and st.st_mode & 0o022:
+                os.chmod(path, stat.S_IMODE(st.st_mode) & ~0o022)
 
 
 def write_marker(folder, doc):
@@ -170,13 +251,18 @@ def used_by(marker, run_dir, now):
 
 
 @contextlib.contextmanager
-def locked(dst, wait=True):
+def locked(dst, wait=True, patience=LOCK_WAIT_S):
     """Hold the lock of `dst` (an fcntl lock on a file beside it); yields False when `wait` is off and another
-    process holds it. The lock file may be removed by its holder (a sweep): the lock is then taken again."""
+    process holds it. The lock file may be removed by its holder (a sweep): the lock is then taken again.
+
+    The lock file is this account's, 0600: no other account may open it, so none can hold it. One of another
+    account (or a link) is refused, and a lock held longer than `patience` seconds is given up with who holds it,
+    where that can be known: a data_prep never waits forever."""
     path = beside(dst, "lock")
     said = False
+    deadline = time.monotonic() + patience
     while True:
-        fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
+        fd = open_lock(path)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -185,9 +271,16 @@ def locked(dst, wait=True):
                 yield False
                 return
             if not said:
-                say(f"{dst}: another data_prep on this node is preparing it: waiting for it")
+                say(f"{dst}: another data_prep on this node is preparing it: waiting for it (at most "
+                    f"{duration_text(patience)})")  # fmt: skip
                 said = True
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            if not wait_for_lock(fd, deadline):
+                holder = lock_holder(fd)
+                os.close(fd)
+                raise Refused(
+                    f"{dst}: gave up waiting for its lock {path} after {duration_text(patience)}: "
+                    f"{holder or 'held by a process this node cannot name (another node sharing the folder?)'}"
+                ) from None
         try:
             same = os.stat(path).st_ino == os.fstat(fd).st_ino
         except FileNotFoundError:
@@ -201,12 +294,69 @@ def locked(dst, wait=True):
         os.close(fd)
 
 
+def open_lock(path):
+    """The lock file, opened (made 0600 when missing): never through a link, never another account's."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        if os.path.islink(path):
+            raise Refused(f"{path} is a symbolic link: refusing to use it as a lock (remove it by hand)") from None
+        raise Refused(f"cannot open the lock {path}: {exc.strerror}") from None
+    st = os.fstat(fd)
+    why = stranger(st) if stat.S_ISREG(st.st_mode) else "is not a regular file"
+    if why is not None and why.startswith("may be written"):
+        why = None  # ours: its mode is ours to set (a lock made 0644 by an earlier ftconsole)
+    if why is not None:
+        os.close(fd)
+        raise Refused(f"the lock {path} {why}: refusing to use it (its owner may remove it)")
+    if stat.S_IMODE(st.st_mode) != 0o600:
+        os.fchmod(fd, 0o600)  # no other account may open it now, so none can hold it
+    return fd
+
+
+def wait_for_lock(fd, deadline):
+    """Take the lock of `fd`, waiting until `deadline` (time.monotonic()); False when it was not to be had."""
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+
+
+def lock_holder(fd):
+    """Who holds the flock of the open file `fd`, from /proc/locks: "held by pid N of uid U (name)", or None."""
+    st = os.fstat(fd)
+    dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open(PROC_LOCKS) as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 6 or fields[1] == "->" or fields[1] != "FLOCK" or fields[5] != dev:
+            continue
+        pid = fields[4]
+        try:
+            uid = os.stat(f"/proc/{pid}").st_uid
+        except OSError:
+            return f"held by pid {pid}"
+        return f"held by pid {pid} of {account(uid)}"
+    return None
+
+
 def clean_leftovers(dst):
     """Temporary and trash folders of earlier data_preps of `dst` that were killed (they carry our marker)."""
     parent, prefix = os.path.dirname(dst), f".{os.path.basename(dst)}.ftconsole-"
     for name in os.listdir(parent):
         path = os.path.join(parent, name)
-        if name.startswith(prefix) and not os.path.islink(path) and os.path.isdir(path) and read_marker(path):
+        if not name.startswith(prefix) or name.endswith("-lock"):
+            continue
+        st = os.lstat(path)
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and read_marker(path):  # ours alone
             shutil.rmtree(path, ignore_errors=True)
 
 
@@ -290,7 +440,7 @@ def copy(argv, target, total, every, rsync):
         raise CopyFailed(f"{argv[0]} {how}: {causes[-1] if causes else 'it said nothing'}", code)
 
 
-def prepare(entry, run_dir, roots, every):
+def prepare(entry, run_dir, roots, every, patience=LOCK_WAIT_S):
     src, dst = expand(entry["from"]), expand(entry["to"])
     try:
         os.stat(src)
@@ -310,12 +460,13 @@ def prepare(entry, run_dir, roots, every):
         raise Refused(f"{dst} is not inside this cluster's data_prep.roots ({named}) once links are followed: refusing")
     if inside(real_dst, real_src) or inside(real_src, real_dst):
         raise Refused(f"{src} and {dst} overlap (once links are followed): refusing to copy one into the other")
-    with locked(dst):
+    with locked(dst, patience=patience):
         clean_leftovers(dst)
         if os.path.islink(dst):
             raise Refused(f"{dst} is a symbolic link: refusing to write through it")
         marker = None
         if os.path.lexists(dst):
+            check_trusted(dst)  # another account's folder or marker (or one others may write) is never trusted
             marker = read_marker(dst) if os.path.isdir(dst) else None
             if marker is None:
                 raise Refused(
@@ -325,7 +476,11 @@ def prepare(entry, run_dir, roots, every):
         listed = time.time()
         digest, files, total = manifest(src)
         now = time.time()
-        if marker is not None and marker.get("state") == "ready" and marker.get("digest") == digest:
+        # what is in DST is trusted (kept, or copied over in place) only when every entry of it is ours alone
+        stray = not_ours(dst) if marker is not None else None
+        if stray is not None:
+            say(f"{dst}: {stray}: copying it again, afresh")
+        elif marker is not None and marker.get("state") == "ready" and marker.get("digest") == digest:
             if manifest(dst)[0] == digest:
                 write_marker(dst, used_by(marker, run_dir, now))
                 took = duration_text(now - listed)
@@ -338,7 +493,7 @@ def prepare(entry, run_dir, roots, every):
         started = time.time()
         tmp = None
         try:
-            if marker is not None and rsync:  # in place: only what changed moves
+            if marker is not None and rsync and stray is None:  # in place: only what changed moves
                 target = dst
                 write_marker(dst, dict(marker, state="copying"))
             else:
@@ -353,6 +508,7 @@ def prepare(entry, run_dir, roots, every):
                 copy(argv, target, total, every, rsync)
             except CopyFailed as exc:
                 raise CopyFailed(f"copying {src} to {dst} failed: {exc}", exc.code) from None
+            private_copy(target)
             copied = manifest(target)[0]
             if copied != digest:  # the source changed meanwhile: good only if the copy is the source as it is now
                 digest, files, total = manifest(src)
@@ -460,8 +616,8 @@ def sweep(roots, retention, keep, now):
 
 
 def expire(folder, retention, now):
-    marker = read_marker(folder)
-    if marker is None or os.lstat(os.path.join(folder, MARKER)).st_uid != os.geteuid():
+    marker = read_marker(folder)  # None for a marker of another account's, or one others may write
+    if marker is None or os.lstat(folder).st_uid != os.geteuid():
         return  # another account's: its own runs keep it
     last = last_use(marker, now)
     if last is None or now - last < retention:
@@ -499,6 +655,7 @@ def main(argv):
     run_dir = expand(params["run_dir"]) if params.get("run_dir") else None  # as the marker remembers it
     roots = params.get("roots") or []
     every = float(params.get("progress") or 5)
+    patience = float(params.get("lock_wait") or LOCK_WAIT_S)
     keep = set()
     for entry in sets:
         dst = expand(entry["to"])
@@ -506,7 +663,7 @@ def main(argv):
     try:
         sweep(roots, float(params.get("retention") or 0), keep, time.time())
         for entry in sets:
-            prepare(entry, run_dir, roots, every)
+            prepare(entry, run_dir, roots, every, patience)
     except Refused as exc:
         say(str(exc))
         return exc.code

@@ -39,6 +39,7 @@ DATA_STEP = "data prep"  # the name of the step in a run's steps (status.json "s
 MAX_DATA_SETS = 16
 MAX_DEPTH = 4  # `to` lies at most this many folders below its root (datacopy.py looks no deeper when it cleans)
 PROGRESS_S = 5.0  # seconds between the copy's progress lines in output.log
+LOCK_WAIT_S = 600.0  # the longest a rank waits for another data_prep's lock on its `to`, then fails saying who holds it
 OWN_FOLDER = "~/.ftconsole"  # run folders and checkpoints (the default run root is inside it)
 # modes whose launcher starts the other nodes' ranks itself from the first node: those nodes run no steps
 FIRST_NODE_LAUNCHES = {"horovod": "mpirun", "mpich": "MPICH's mpirun (hydra)"}
@@ -217,14 +218,16 @@ def copy_source() -> str:
 
 
 def node_params(data_sets: Sequence[DataSet], run_dir: str, settings: DataPrepSettings | None) -> str:
-    """PARAMS of datacopy.py for one rank: its data sets, its run folder (a use a clean-up must wait for), and
-    the cluster's roots and retention; without `settings` (none given to the plan) nothing is cleaned up."""
+    """PARAMS of datacopy.py for one rank: its data sets, its run folder (a use a clean-up must wait for), the
+    cluster's roots and retention (without `settings`, none given to the plan, nothing is cleaned up), and how long
+    it may wait for another data_prep's lock on a `to` (LOCK_WAIT_S)."""
     doc = {
         "sets": [{"from": d.source, "to": d.to} for d in data_sets],
         "run_dir": run_dir,
         "roots": list(settings.roots) if settings is not None else [],
         "retention": settings.retention if settings is not None else 0.0,
         "progress": PROGRESS_S,
+        "lock_wait": LOCK_WAIT_S,
     }
     return json.dumps(doc, separators=(",", ":"))
 

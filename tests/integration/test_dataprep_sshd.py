@@ -10,6 +10,7 @@ import asyncio
 import fcntl
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -178,3 +179,34 @@ async def test_a_data_set_unused_past_its_retention_goes_at_the_next_prep(sshd_c
         assert not (local / "old").exists() and (local / "new" / "labels.txt").read_text() == "cat dog\n"
         text = await log_of(client, new["id"])
         assert f"data_prep: removed {local / 'old'}: last used " in text and "data_prep.retention is 1s" in text, text
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a destination of another uid needs root")
+async def test_a_destination_another_user_forged_is_refused_and_never_read(sshd_cluster, tmp_path, sock_dir) -> None:
+    """Defect (issue 26): uid 65534 made the job's `to` first, with a `ready` marker carrying the source's
+    manifest and files of the same size and mtime but other bytes: the job took it for an up-to-date copy and
+    read the forged data. Now the job fails with who owns it, and its command never runs."""
+    from ftconsole.scheduler import datacopy
+
+    cluster: SshdCluster = sshd_cluster(1, gpus=1)
+    loaded = write_config(cluster, tmp_path, sock_dir, data_prep=ROOTS)
+    src = dataset(tmp_path)
+    dst = cluster.node("node01").home / "local" / "imagenet"
+    dst.parent.mkdir(parents=True)
+    shutil.copytree(src, dst)  # sizes and mtimes kept
+    labels = dst / "labels.txt"
+    st = labels.stat()
+    labels.write_text("bad cat\n"[: st.st_size])
+    os.utime(labels, (st.st_atime, st.st_mtime))
+    marker = {"by": "ftconsole data_prep", "state": "ready", "digest": datacopy.manifest(str(src))[0]}
+    (dst / ".ftconsole-data.json").write_text(json.dumps(marker))
+    for path in [dst, *dst.rglob("*")]:
+        os.chown(path, 65534, 65534)
+    async with running(loaded) as (_, client):
+        spec = job("forged", READ, data_prep=[{"from": str(src), "to": "~/local/imagenet"}])
+        shown = await finished(client, (await client.call("submit", spec=spec))["id"])
+        assert shown["status"] == "error"
+        assert f"data_prep: {dst} belongs to uid 65534 (nobody), not to uid 0 (root)" in shown["message"]
+        text = await log_of(client, shown["id"])
+        assert "read:" not in text and "up to date" not in text, text
+    assert labels.read_text() == "bad cat\n"[: st.st_size]  # nothing written into it either

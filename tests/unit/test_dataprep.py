@@ -188,7 +188,7 @@ def test_every_rank_prepares_its_data_first() -> None:
         assert steps[0].argv[:3] == ("python3", "-c", copy_source())
         params = json.loads(steps[0].argv[3])
         assert params == {"sets": [{"from": "/s/x", "to": "/local/x"}], "run_dir": f"/r/7/1/{rank}",
-                          "roots": ["/local"], "retention": 60.0, "progress": 5.0}  # fmt: skip
+                          "roots": ["/local"], "retention": 60.0, "progress": 5.0, "lock_wait": 600.0}  # fmt: skip
     assert [s.kind for s in planned.steps[0]] == [StepKind.DATA, StepKind.BEFORE, StepKind.COMMAND]
     assert [s.kind for s in planned.steps[1]] == [StepKind.DATA, StepKind.COMMAND]
     without = plan_job(spec, _base("pytorch", 2))  # no settings given: nothing is cleaned up
@@ -544,3 +544,170 @@ def test_a_failing_data_step_ends_the_run_with_its_last_line(tmp_path: Path) -> 
     assert status["error"] == f"data prep exited with code 1: data_prep: source {missing}: No such file or directory"
     log = (run_dir / "output.log").read_text()
     assert log.startswith("== ftconsole: data prep ==\n") and "command ran" not in log
+
+
+# -- a destination or a lock someone else made (issue 26) --------------------------------------------------------
+
+NOBODY = 65534
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another uid needs root")
+
+
+def _chown_tree(top: Path, uid: int) -> None:
+    for p in [top, *top.rglob("*")]:
+        os.chown(p, uid, uid, follow_symlinks=False)
+
+
+def _forged(src: Path, dst: Path) -> bytes:
+    """DST made by someone else to pass for a good copy of SRC: every file the same size and mtime, one with other
+    bytes, and a `ready` marker with SRC's manifest. The forged bytes."""
+    from ftconsole.scheduler import datacopy
+
+    shutil.copytree(src, dst, symlinks=True)  # copy2: sizes and mtimes kept
+    target = dst / "train" / "a.bin"
+    st = target.stat()
+    forged = b"F" * st.st_size
+    target.write_bytes(forged)
+    os.utime(target, (st.st_atime, st.st_mtime))
+    marker = {"by": "ftconsole data_prep", "state": "ready", "digest": datacopy.manifest(str(src))[0]}
+    (dst / ".ftconsole-data.json").write_text(json.dumps(marker))
+    assert datacopy.manifest(str(dst))[0] == marker["digest"]  # it would pass for up to date
+    return forged
+
+
+@needs_root
+def test_a_destination_another_account_made_with_a_forged_marker_is_refused_never_trusted(
+    tmp_path: Path, path: str
+) -> None:
+    src, dst = _source(tmp_path), tmp_path / "local" / "imagenet"
+    forged = _forged(src, dst)
+    _chown_tree(dst, NOBODY)
+    done = copy({"sets": [{"from": str(src), "to": str(dst)}]}, path)
+    assert done.returncode == 1, done.stdout
+    assert done.stdout.strip().splitlines()[-1] == (
+        f"data_prep: {dst} belongs to uid {NOBODY} (nobody), not to uid 0 (root) that this run runs as: refusing "
+        "to trust it or write into it (remove it, or choose another `to`)"
+    )
+    assert "up to date" not in done.stdout and (dst / "train" / "a.bin").read_bytes() == forged  # nor written
+    assert dst.stat().st_uid == NOBODY
+
+
+@pytest.mark.parametrize(
+    ("how", "says"),
+    [
+        ("folder", "{dst} may be written by others (mode 0777)"),
+        ("marker", "{dst}/.ftconsole-data.json may be written by others (mode 0666)"),
+        ("marker-owner", "{dst}/.ftconsole-data.json belongs to uid 65534 (nobody)"),
+    ],
+)
+def test_a_destination_or_marker_others_may_write_is_refused(tmp_path: Path, how: str, says: str) -> None:
+    if how == "marker-owner" and os.geteuid() != 0:
+        pytest.skip("giving a file to another uid needs root")
+    src, dst = _source(tmp_path), tmp_path / "local" / "imagenet"
+    forged = _forged(src, dst)
+    if how == "folder":
+        dst.chmod(0o777)  # anyone could have put a marker and files in it
+    elif how == "marker":
+        (dst / ".ftconsole-data.json").chmod(0o666)
+    else:
+        os.chown(dst / ".ftconsole-data.json", NOBODY, NOBODY)
+    done = copy({"sets": [{"from": str(src), "to": str(dst)}]}, _cp_only(tmp_path))
+    assert done.returncode == 1, done.stdout
+    assert says.format(dst=dst) in done.stdout.strip().splitlines()[-1]
+    assert "refusing to trust it or write into it" in done.stdout
+    assert (dst / "train" / "a.bin").read_bytes() == forged
+
+
+@needs_root
+def test_an_entry_of_our_copy_others_could_change_makes_a_fresh_copy(tmp_path: Path, path: str) -> None:
+    """Our copy, with a folder in it others may write (its source's mode, copied by an earlier ftconsole) and a
+    file put there by another account, same size and mtime: the copy is not trusted but made again, afresh."""
+    src, dst = _source(tmp_path), tmp_path / "local" / "imagenet"
+    params = {"sets": [{"from": str(src), "to": str(dst)}]}
+    assert copy(params, path).returncode == 0
+    (dst / "train").chmod(0o777)
+    target = dst / "train" / "a.bin"
+    st = target.stat()
+    target.unlink()
+    target.write_bytes(b"F" * st.st_size)
+    os.utime(target, (st.st_atime, st.st_mtime))
+    os.chown(target, NOBODY, NOBODY)
+    done = copy(params, path)
+    assert done.returncode == 0, done.stdout
+    assert f"data_prep: {dst}: {dst / 'train'} may be written by others (mode 0777): copying it again, afresh" in (
+        done.stdout
+    )
+    assert "up to date" not in done.stdout and _tree(dst) == _tree(src)
+    assert target.stat().st_uid == 0 and (dst / "train").stat().st_mode & 0o777 == 0o755
+
+
+def test_a_copy_is_never_writable_by_others_whatever_its_source_allows(tmp_path: Path, path: str) -> None:
+    src, dst = _source(tmp_path), tmp_path / "local" / "imagenet"
+    (src / "train").chmod(0o777)
+    (src / "labels.txt").chmod(0o666)
+    params = {"sets": [{"from": str(src), "to": str(dst)}]}
+    assert copy(params, path).returncode == 0
+    modes = {str(p.relative_to(dst)): p.lstat().st_mode & 0o777 for p in [dst, *dst.rglob("*")] if not p.is_symlink()}
+    assert modes["train"] == 0o755 and modes["labels.txt"] == 0o644
+    assert not [name for name, mode in modes.items() if mode & 0o022], modes
+    again = copy(params, path)  # and it is its own again: kept, not copied
+    assert "up to date" in again.stdout, again.stdout
+
+
+def test_a_lock_held_too_long_is_given_up_with_who_holds_it(tmp_path: Path) -> None:
+    """Anyone who could open the lock file could hold it forever: the wait is bounded (lock_wait), and the
+    message names the holder."""
+    src, dst = _source(tmp_path), tmp_path / "local" / "imagenet"
+    dst.parent.mkdir()
+    lock = dst.parent / ".imagenet.ftconsole-lock"
+    fd = os.open(lock, os.O_RDONLY | os.O_CREAT, 0o644)
+    try:
+        import fcntl
+
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        started = time.monotonic()
+        done = copy({"sets": [{"from": str(src), "to": str(dst)}], "lock_wait": 1}, _cp_only(tmp_path))
+        took = time.monotonic() - started
+    finally:
+        os.close(fd)
+    assert done.returncode == 1 and took < 15, (took, done.stdout)
+    me = f"uid {os.geteuid()} ({__import__('pwd').getpwuid(os.geteuid()).pw_name})"
+    assert done.stdout.strip().splitlines() == [
+        f"data_prep: {dst}: another data_prep on this node is preparing it: waiting for it (at most 1.0 s)",
+        f"data_prep: {dst}: gave up waiting for its lock {lock} after 1.0 s: held by pid {os.getpid()} of {me}",
+    ]
+    assert not dst.exists()
+    assert lock.stat().st_mode & 0o777 == 0o600  # from now on no other account may open it, nor hold it
+    assert copy({"sets": [{"from": str(src), "to": str(dst)}]}, _cp_only(tmp_path)).returncode == 0
+
+
+@needs_root
+def test_a_lock_file_another_account_made_or_a_link_is_refused(tmp_path: Path) -> None:
+    src, dst = _source(tmp_path), tmp_path / "local" / "imagenet"
+    dst.parent.mkdir()
+    lock = dst.parent / ".imagenet.ftconsole-lock"
+    lock.touch()
+    os.chown(lock, NOBODY, NOBODY)
+    done = copy({"sets": [{"from": str(src), "to": str(dst)}]}, _cp_only(tmp_path))
+    assert done.returncode == 1
+    assert done.stdout.strip().splitlines()[-1] == (
+        f"data_prep: the lock {lock} belongs to uid {NOBODY} (nobody), not to uid 0 (root) that this run runs as: "
+        "refusing to use it (its owner may remove it)"
+    )
+    lock.unlink()
+    elsewhere = tmp_path / "elsewhere"
+    lock.symlink_to(elsewhere)
+    done = copy({"sets": [{"from": str(src), "to": str(dst)}]}, _cp_only(tmp_path))
+    assert done.returncode == 1 and "is a symbolic link: refusing to use it as a lock" in done.stdout
+    assert not elsewhere.exists() and not dst.exists()
+
+
+@needs_root
+def test_leftovers_of_another_account_are_left_alone(tmp_path: Path) -> None:
+    src, dst = _source(tmp_path), tmp_path / "local" / "imagenet"
+    theirs = dst.parent / ".imagenet.ftconsole-tmp-999999"
+    theirs.mkdir(parents=True)
+    (theirs / ".ftconsole-data.json").write_text(json.dumps({"by": "ftconsole data_prep", "state": "copying"}))
+    _chown_tree(theirs, NOBODY)
+    done = copy({"sets": [{"from": str(src), "to": str(dst)}]}, _cp_only(tmp_path))
+    assert done.returncode == 0, done.stdout
+    assert theirs.exists() and _tree(dst) == _tree(src)
