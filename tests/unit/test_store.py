@@ -11,6 +11,7 @@ import pytest
 from ftconsole.probes.health import NodeEvent, NodeHealth, NodeState
 from ftconsole.scheduler import store as store_mod
 from ftconsole.scheduler.errors import StoreError
+from ftconsole.scheduler.jobs import Run
 from ftconsole.scheduler.jobspec import JobSpec
 from ftconsole.scheduler.records import StoredProbe
 from ftconsole.scheduler.schema import SCHEMA_VERSION
@@ -154,3 +155,25 @@ async def test_alerts_after_an_id_oldest_first_in_any_state(tmp_path: Path) -> N
         assert [a.id for a in await store.alerts_after(1)] == [2, 3, 4, 5]
         assert [a.id for a in await store.alerts_after(1, limit=2)] == [2, 3]
         assert await store.alerts_after(5) == [] and await store.newest_alert_id() == 5
+
+
+async def test_a_checkpoint_signal_owed_is_kept_until_tried_through_or_closed(tmp_path: Path) -> None:
+    runs = [Run(7, 1, rank, f"n{rank}", (0,), f"/r/7/1/{rank}", True, "running") for rank in range(3)]
+    async with await Store.open(tmp_path / "state.db") as store:
+        async with store.jobs_tx("decide") as tx:
+            await tx.owe_checkpoint(runs, "SIGUSR1", now=10.0, deadline=70.0)
+            await tx.owe_checkpoint(runs[:1], "SIGUSR2", now=11.0, deadline=71.0)  # owed once: the first stands
+        owed = await store.checkpoint_signals()
+        assert [(o.key, o.signal, o.asked, o.deadline, o.tries, o.outcome) for o in owed] == [
+            ((7, 1, r), "SIGUSR1", 10.0, 70.0, 0, None) for r in range(3)
+        ]
+        async with store.jobs_tx("tries") as tx:
+            await tx.checkpoint_tried(owed[0], now=12.0, signalled=False, error="no answer")
+            await tx.checkpoint_tried(owed[1], now=12.0, signalled=True)
+            await tx.close_checkpoint(owed[2], "late", now=80.0)
+        (left,) = await store.checkpoint_signals()
+        assert (left.key, left.tries, left.error, left.outcome) == ((7, 1, 0), 1, "no answer", None)
+        done = {o.rank: (o.outcome, o.done, o.tries) for o in await store.checkpoint_signals(owed=False, job=7)}
+        assert done == {0: (None, None, 1), 1: ("signalled", 12.0, 1), 2: ("late", 80.0, 0)}
+    async with await Store.open(tmp_path / "state.db") as store:  # a scheduler after a crash finds it owed
+        assert [o.key for o in await store.checkpoint_signals()] == [(7, 1, 0)]
