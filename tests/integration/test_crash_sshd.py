@@ -38,9 +38,12 @@ START = 'echo $$ >> "$HOME/starts.$FT_JOB_ID.$RANK"'
 # name -> (spec, the status it must end with, its ranks)
 JOBS: dict[str, tuple[dict[str, Any], str, int]] = {
     "ok": ({"command": f"sh -c '{START}; sleep 1'"}, "succeeded", 1),
+    # rank 0 is owed the checkpoint signal when rank 1 fails (dump; it ignores it), then stopped
     "fails": (
         {"mode": "pytorch", "nodes": 2,
-         "command": f"sh -c '{START}; if [ $RANK = 1 ]; then sleep 1; exit 3; fi; exec sleep 300'"},
+         "command": f"sh -c '{START}; if [ $RANK = 1 ]; then sleep 1; exit 3; fi; trap \"\" USR1; exec sleep 300'",
+         "fault_tolerance": {"strategies": ["dump", "exit"],
+                             "checkpoint_resume": {"max_resumes": 0, "grace_period": "1s"}}},
         "error", 2,
     ),
     "expires": ({"command": f"sh -c '{START}; exec sleep 300'", "max_runtime": "3s"}, "expired", 1),
