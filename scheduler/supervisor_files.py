@@ -150,12 +150,21 @@ def _unreadable(problem):
     return {"state": "lost", "error": UNREADABLE + problem}
 
 
-def _read_text(path):
+def _read_text(path, most=4096):
+    """The text of a small file of a run folder (a claim: its user's, like everything there), at most `most`
+    bytes of it; None when it cannot be read. Never through a link, never waiting on a FIFO."""
     try:
-        with open(path) as fh:
-            return fh.read().strip()
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return os.read(fd, most).decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _private_dirs(path):

@@ -323,3 +323,19 @@ def test_a_bad_run_beside_them_leaves_the_checkpoint_signal_of_good_runs_alone(
         if good.poll() is None:
             os.killpg(good.pid, signal.SIGKILL)
             good.wait()
+
+
+def test_a_claim_is_read_small_and_never_from_a_fifo_or_a_link(tmp_path: Path) -> None:
+    """The claim is its user's file too: a FIFO made the start wait forever, a huge one went whole into messages."""
+    from ftconsole.scheduler.supervisor_files import _read_text
+
+    claim = tmp_path / "claim"
+    os.mkfifo(claim)
+    assert _read_text(str(claim)) is None
+    claim.unlink()
+    claim.write_text("t" * 100_000)
+    assert _read_text(str(claim)) == "t" * 4096
+    claim.unlink()
+    claim.symlink_to(tmp_path / "token")
+    (tmp_path / "token").write_text("tok")
+    assert _read_text(str(claim)) is None
