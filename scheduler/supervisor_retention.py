@@ -12,7 +12,7 @@ import shutil
 import time
 from typing import Dict, List, Optional  # noqa: F401  (used in type comments: this file runs on Python 3.8)
 
-from ftconsole.scheduler.supervisor_files import CLAIM, STATUS, _expand, _read_json, _read_text  # bundled
+from ftconsole.scheduler.supervisor_files import CLAIM, STATUS, _expand, _read_status, _read_text  # bundled
 from ftconsole.scheduler.supervisor_liveness import _any_alive, _observe, _process_groups  # bundled
 
 ENDED = ("exited", "failed", "lost")
@@ -84,8 +84,9 @@ def _expired(attempt_dir, cutoff, tokens, groups, node=None):
         if _read_text(os.path.join(run_dir, CLAIM)) in tokens:
             return False
         status_path = os.path.join(run_dir, STATUS)
-        status = _read_json(status_path)
-        if status is None:  # nothing was started in it (a rank mpirun starts): judged by its last change
+        status = _read_status(status_path)[0]
+        if status is None:  # nothing was started in it (a rank mpirun starts), or its status is unreadable (its
+            # user may write anything there; the scheduler reads it lost): judged by its last change
             if _last_change(run_dir) >= cutoff:
                 return False
             continue

@@ -157,3 +157,16 @@ def test_each_node_keeps_its_own_reading_of_the_container_runtimes(
         f"{kept}/runtimes-n01.json", f"{kept}/runtimes-n02.json", f"{kept}/runtimes.json"
     ]  # fmt: skip
     assert {runtimes_cache(n) for n in ("../x", ".hidden", "a/b", "")} == {None}
+
+
+def test_retention_of_an_attempt_whose_status_file_its_user_broke_goes_by_its_last_change(home: Path) -> None:
+    rank = home / ".ftconsole/runs/cid/7/3/0"
+    rank.mkdir(parents=True)
+    (rank / "status.json").write_text('["not", "a", "status"]')
+    doc = act(home, {"action": "status", "node": "n01", "run_dirs": [], "prune": dict(PRUNE, retention=600)})
+    assert "prune_error" not in doc and doc["pruned"] == []  # changed just now: kept
+    old = time.time() - 3600
+    for path in (rank / "status.json", rank):
+        os.utime(path, (old, old))
+    doc = act(home, {"action": "status", "node": "n01", "run_dirs": [], "prune": dict(PRUNE, retention=600)})
+    assert "prune_error" not in doc and doc["pruned"] == ["7/3"]
