@@ -325,6 +325,9 @@ class DataPrepSettings(_Strict):
 
     roots: list[Annotated[str, AfterValidator(_data_root)]] = []
     retention: RetentionDuration = 7 * 86400.0
+    # how long a rank waits for another data_prep's copy of the same folder (its lock), then fails saying who
+    # holds it; on a shared home the other nodes' ranks wait for one copy: give it the time your largest copy takes
+    lock_wait: PositiveDuration = 3600.0
 
 
 class ApiSettings(_Strict):

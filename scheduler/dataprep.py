@@ -220,14 +220,14 @@ def copy_source() -> str:
 def node_params(data_sets: Sequence[DataSet], run_dir: str, settings: DataPrepSettings | None) -> str:
     """PARAMS of datacopy.py for one rank: its data sets, its run folder (a use a clean-up must wait for), the
     cluster's roots and retention (without `settings`, none given to the plan, nothing is cleaned up), and how long
-    it may wait for another data_prep's lock on a `to` (LOCK_WAIT_S)."""
+    it may wait for another data_prep's lock on a `to` (data_prep.lock_wait; LOCK_WAIT_S without settings)."""
     doc = {
         "sets": [{"from": d.source, "to": d.to} for d in data_sets],
         "run_dir": run_dir,
         "roots": list(settings.roots) if settings is not None else [],
         "retention": settings.retention if settings is not None else 0.0,
         "progress": PROGRESS_S,
-        "lock_wait": LOCK_WAIT_S,
+        "lock_wait": settings.lock_wait if settings is not None else LOCK_WAIT_S,
     }
     return json.dumps(doc, separators=(",", ":"))
 

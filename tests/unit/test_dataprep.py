@@ -188,7 +188,7 @@ def test_every_rank_prepares_its_data_first() -> None:
         assert steps[0].argv[:3] == ("python3", "-c", copy_source())
         params = json.loads(steps[0].argv[3])
         assert params == {"sets": [{"from": "/s/x", "to": "/local/x"}], "run_dir": f"/r/7/1/{rank}",
-                          "roots": ["/local"], "retention": 60.0, "progress": 5.0, "lock_wait": 600.0}  # fmt: skip
+                          "roots": ["/local"], "retention": 60.0, "progress": 5.0, "lock_wait": 3600.0}  # fmt: skip
     assert [s.kind for s in planned.steps[0]] == [StepKind.DATA, StepKind.BEFORE, StepKind.COMMAND]
     assert [s.kind for s in planned.steps[1]] == [StepKind.DATA, StepKind.COMMAND]
     without = plan_job(spec, _base("pytorch", 2))  # no settings given: nothing is cleaned up
