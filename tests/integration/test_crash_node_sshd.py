@@ -16,8 +16,8 @@ its node's home), the rank on the dead node started once and never again, no pro
 holding GPUs, and the dead node isolated.
 
 The node-then-crash order runs again with every node sharing one home (an NFS home; the test nodes share a
-kernel too): the survivor's second attempt runs on the nodes left, and each restart's sweep of a node sees the
-other nodes' run folders.
+kernel too) at the points around the survivor's second launch: its second attempt runs on the nodes left, and
+each restart's sweep of a node sees the other nodes' run folders.
 """
 
 from __future__ import annotations
@@ -83,6 +83,9 @@ AFTER_REQUEUE = {"recover.after_record"} | AFTER_PLACEMENT
 AFTER_LOSS = {"stop.after_send"} | AFTER_REQUEUE
 # points the survivor's recovery never crosses (it sends no checkpoint signal): crash-then-node's bystanders do
 OFF_THE_SURVIVORS_PATH = {"checkpoint.before_signal"}
+# with one home for every node: the points after which the survivor's second attempt runs on two nodes (or is
+# about to), where each restart's sweep of a node meets the other nodes' run folders
+SHARED_HOME_POINTS = {"recover.after_record", "launch.before_send", "launch.after_send", "launch.after_record"}
 
 
 def write_config(cluster: SshdCluster, root: Path, sock_dir: Path) -> Path:
@@ -235,6 +238,7 @@ CASES = [
     )
     for point in sorted(failpoints.POINTS)
     if not (order == "node-then-crash" and point in OFF_THE_SURVIVORS_PATH)
+    if layout == "own-home" or point in SHARED_HOME_POINTS
 ]
 
 

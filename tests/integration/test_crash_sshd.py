@@ -1,8 +1,9 @@
 """The scheduler killed (-9) at every step of its loop, and at random moments, on real sshd nodes.
 
 After each crash a fresh `ftconsole serve` takes over the same store. Both layouts of the nodes' homes run:
-each node with its own, and every node with the same one (an NFS home; here the nodes share a kernel too), where
-each node's sweep after a restart sees every other node's run folders and must leave them alone. What is
+each node with its own (every point), and every node with the same one (an NFS home; here the nodes share a
+kernel too: the points after which runs are left on both nodes), where each node's sweep after a restart sees
+every other node's run folders and must leave them alone. What is
 checked is what exists, not what a log says (Jepsen's way): every job ends with the status its command earns,
 each rank's command started exactly once (each start appends its pid to a file on its node), no process of any
 job is left running, and no run holds GPUs.
@@ -32,7 +33,10 @@ from tests.sshd_cluster import SshdCluster, pid_alive
 
 pytestmark = pytest.mark.sshd
 WAIT = 60.0
-LAYOUTS = ["own-home", "shared-home"]
+# with one home for both nodes, the points after which runs are left on both nodes for the next scheduler's sweep
+# (every point runs with each node's own home; the shared layout is where the sweep can take another node's run)
+SHARED_HOME_POINTS = ("launch.before_send", "launch.after_send", "observe.after_record", "stop.after_send")
+CASES = [("own-home", p) for p in sorted(failpoints.POINTS)] + [("shared-home", p) for p in SHARED_HOME_POINTS]
 START = 'echo $$ >> "$HOME/starts.$FT_JOB_ID.$RANK"'
 
 # name -> (spec, the status it must end with, its ranks)
@@ -136,8 +140,7 @@ async def check_outcomes(cluster: SshdCluster, root: Path, ids: dict[int, str], 
         assert [r for r in await store.runs(held=True)] == []
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("point", sorted(failpoints.POINTS))
+@pytest.mark.parametrize(("layout", "point"), CASES)
 async def test_a_crash_at_each_failpoint_loses_nothing_and_runs_nothing_twice(
     sshd_cluster, tmp_path, point, layout
 ) -> None:

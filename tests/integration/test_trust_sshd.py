@@ -22,7 +22,7 @@ from ftconsole.scheduler.jobs import Job, JobStatus
 from ftconsole.scheduler.jobspec import JobSpec
 from ftconsole.scheduler.store import Store
 from tests.integration.test_scheduler_sshd import WAIT, as_nobody, finished, job, log_of, poll, running, until
-from tests.sshd_cluster import HOME_LAYOUTS, SshdCluster, pid_alive
+from tests.sshd_cluster import SshdCluster, pid_alive
 
 pytestmark = pytest.mark.sshd
 
@@ -138,15 +138,14 @@ async def test_a_node_gone_from_the_config_fails_its_jobs_alone(sshd_cluster, tm
     os.kill(pid, signal.SIGKILL)
 
 
-@pytest.mark.parametrize("layout", HOME_LAYOUTS)
 async def test_a_frozen_node_is_given_up_within_node_timeout_and_fenced_when_it_answers(
-    sshd_cluster, tmp_path, sock_dir, layout
+    sshd_cluster, tmp_path, sock_dir
 ) -> None:
     """Defects: a node that stops answering held its jobs and GPUs forever, and one frozen node made every
     step wait for it. Its runs are lost after node_timeout, the job ends error with the reason, the other
     node's work goes on meanwhile; once it answers again, the run still there is killed (fencing), by its own
-    node: with a shared home, node01 leaves node02's run folder alone."""
-    cluster: SshdCluster = sshd_cluster(2, gpus=1, shared_home=layout == "shared-home")
+    node."""
+    cluster: SshdCluster = sshd_cluster(2, gpus=1)
     loaded = config(cluster, tmp_path, sock_dir, scheduler={"node_timeout": "5s"})
     async with running(loaded) as (_, client):
         two = await client.call("submit", spec=sleeper("two", mode="pytorch", nodes=2))
