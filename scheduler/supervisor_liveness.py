@@ -28,6 +28,11 @@ def _pid(value):
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
+def _ticks(value):
+    """`value` is a process start time (clock ticks since boot: a positive int, below 2**62)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value < 1 << 62
+
+
 def _stat(pid):
     """(state, pgrp, start time in clock ticks since boot) of a process, or None when there is none."""
     if not _pid(pid):
@@ -47,7 +52,7 @@ def start_time(pid):
 
 def _alive(pid, started, boot=None):
     """The process `pid` started at `started` (clock ticks) in this boot, and not a zombie."""
-    if not _pid(pid) or not isinstance(started, int) or (boot is not None and boot != boot_id()):
+    if not _pid(pid) or not _ticks(started) or (boot is not None and boot != boot_id()):
         return False
     stat = _stat(pid)
     return stat is not None and stat[2] == started and stat[0] != "Z"
@@ -71,7 +76,7 @@ def _group(pgid, leader_start, boot):
 
     A pgid is not reused while any process of the group lives, so the group is ours when its leader (pid ==
     pgid) is gone or is the very process we started; never in another boot."""
-    if not _pid(pgid) or not isinstance(leader_start, int) or boot != boot_id():
+    if not _pid(pgid) or not _ticks(leader_start) or boot != boot_id():
         return []
     leader = _stat(pgid)
     if leader is not None and leader[2] != leader_start:
