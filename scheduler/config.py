@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from ClusterShell.NodeSet import NodeSet, NodeSetParseError
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from ftconsole.scheduler import yamlfile
 from ftconsole.scheduler.containers import ContainerSettings, PoolContainers
 from ftconsole.scheduler.errors import ConfigError, Problem
+from ftconsole.scheduler.nodesets import expand_nodeset
 
 DEFAULT_CONFIG_PATHS = (
     "./ftconsole.yaml",
@@ -75,94 +75,6 @@ def _retention(value: Any) -> float:
 RetentionDuration = Annotated[float, BeforeValidator(_retention)]
 
 
-# The most names a node set expression may expand to (issue 26): ClusterShell makes a string per name (about 0.5 s
-# and 80 MB per million) on the event loop, so the size is counted from the ranges first and a larger set refused.
-MAX_NODESET = 100_000
-_NODESET_OPS = ",!&^"  # ClusterShell's set operators between terms: union, difference, intersection, xor
-_SIZE_CLAMP = 1 << 64  # sizes are counted up to here: a product of many huge ranges stays a small number
-
-
-def nodeset_size(expr: str) -> int:
-    """How many names `expr` expands to at most, counted from its ranges without expanding any.
-
-    The sum over its terms (split at `,` `!` `&` `^` outside brackets) of the product of each term's bracket ranges
-    (`[1-8,10-20/2]`: 8 + 6), which bounds the work ClusterShell does to expand it: set operations and repeated
-    names only make the result smaller. A range that cannot be read counts 0 and an unreadable bracket 1 (the
-    parser says what is wrong once the expression is known to be small).
-    """
-    total, term, depth = 0, 1, 0
-    inner: list[str] = []
-    for char in expr + ",":
-        if depth:
-            if char == "]":
-                depth = 0
-                term = min(term * max(1, _ranges_size("".join(inner))), _SIZE_CLAMP)
-                inner = []
-            else:
-                inner.append(char)
-        elif char == "[":
-            depth = 1
-        elif char in _NODESET_OPS:
-            total = min(total + term, _SIZE_CLAMP)
-            term = 1
-    if depth:  # an unclosed bracket: its ranges still count (ClusterShell reads the terms before it first)
-        total = min(total + term * max(1, _ranges_size("".join(inner))), _SIZE_CLAMP)
-    return total
-
-
-def _ranges_size(text: str) -> int:
-    """The names of a bracket's ranges ('1-8,10-20/2'), as ClusterShell's RangeSet reads them; 0 for a range it
-    cannot read."""
-    total = 0
-    for part in text.split(","):
-        base, _, step_text = part.strip().partition("/")
-        try:
-            step = int(step_text or "1")
-            bounds = [b.strip() for b in base.split("-")]
-            if len(bounds) == 1 or (len(bounds) == 2 and not bounds[0]):  # one index: 5, or -5
-                int(bounds[-1])
-                total += 1 if step == 1 else 0
-                continue
-            signs = {2: (1, 1), 3: (-1, 1), 4: (-1, -1)}.get(len(bounds))  # a-b, -a-b, -a--b
-            if signs is None:
-                continue
-            start, stop = signs[0] * int(bounds[-3 if len(bounds) == 4 else -2]), signs[1] * int(bounds[-1])
-        except ValueError:
-            continue
-        if step >= 1 and start <= stop:
-            total = min(total + (stop - start) // step + 1, _SIZE_CLAMP)
-    return total
-
-
-def _shown(expr: str, limit: int = 80) -> str:
-    return repr(expr if len(expr) <= limit else expr[: limit - 1] + "…")
-
-
-def expand_nodeset(expr: str, *, limit: int = MAX_NODESET) -> list[str]:
-    """Expand a node set expression ('gpu[01-16],login1') in its written order; ValueError if invalid, or if it
-    may name more than `limit` nodes (counted before anything is expanded, see `nodeset_size`)."""
-    if not isinstance(expr, str):
-        raise ValueError(f"a node set expression is text, not {type(expr).__name__}")
-    if any(c in expr for c in "@*?"):  # resolved by ClusterShell's group sources: files or commands, any size
-        raise ValueError(
-            f"node set expression {_shown(expr)}: node groups (@name) and wildcards (*, ?) are not supported; "
-            "name the nodes, as in gpu[01-16]"
-        )
-    size = nodeset_size(expr)
-    if size > limit:
-        many = "more than 10^19" if size >= _SIZE_CLAMP else f"up to {size:,}"
-        raise ValueError(
-            f"node set expression {_shown(expr)} names {many} nodes, over the limit of {limit:,}: name fewer nodes"
-        )
-    try:
-        nodes = list(NodeSet(expr, autostep=None))
-    except NodeSetParseError as exc:
-        raise ValueError(f"invalid node set expression {expr!r}: {exc}") from None
-    if not nodes:
-        raise ValueError(f"node set expression {expr!r} names no node")
-    return nodes
-
-
 # A host name, an IPv4 address or an IPv6 address (bracketed or not, with an optional %zone). Anything else (a
 # space, '@', '/', a leading '-' that ssh would read as an option) is no address SSH can reach.
 _ADDRESS = re.compile(r"^(?!-)[A-Za-z0-9_.:%\[\]-]+$")
@@ -176,10 +88,6 @@ def check_address(address: str, key: str = "host") -> str:
             "(letters, digits, '.', '-', '_', ':'; not starting with '-')"
         )
     return address
-
-
-def fold_nodeset(names: list[str]) -> str:
-    return str(NodeSet.fromlist(names)) if names else ""
 
 
 class _Strict(BaseModel):

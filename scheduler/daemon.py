@@ -21,11 +21,12 @@ from ftconsole.scheduler import debugenv, failpoints, metrics, notify, placement
 from ftconsole.scheduler.api import ApiServer, Caller
 from ftconsole.scheduler.clusterview import cluster_view
 from ftconsole.scheduler.config import LoadedConfig, parse_duration
-from ftconsole.scheduler.engine import Scheduler, redact_json
+from ftconsole.scheduler.engine import Scheduler
 from ftconsole.scheduler.errors import UsageError
 from ftconsole.scheduler.jobs import Job, JobStatus
 from ftconsole.scheduler.lock import StateLock
 from ftconsole.scheduler.records import JobActivity
+from ftconsole.scheduler.redaction import redact_json
 from ftconsole.scheduler.service import ClusterService
 from ftconsole.scheduler.store import ALERT_STATES
 

@@ -11,7 +11,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import re
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Sequence
 from typing import Any
@@ -34,6 +33,7 @@ from ftconsole.scheduler.jobspec import Access, JobSpec
 from ftconsole.scheduler.jobtx import Conflict
 from ftconsole.scheduler.loop import Loop, request_stop
 from ftconsole.scheduler.records import JobActivity, StoredAlert, StoredEvent
+from ftconsole.scheduler.redaction import redact, redact_decision, redact_json, redact_outcome
 from ftconsole.scheduler.requests import job_request, urgent_scope
 from ftconsole.scheduler.rules import Rules
 from ftconsole.scheduler.runs import read_file, run_files
@@ -394,7 +394,7 @@ class Scheduler:
             outcomes = await self.service.probe_shared(nodeset, checks=checks)
         self._poke()
         hidden = await self.hidden_jobs(caller)  # an isolated node's reasons name the job it failed under
-        return [_redact_outcome(o, hidden) for o in outcomes] if hidden else outcomes
+        return [redact_outcome(o, hidden) for o in outcomes] if hidden else outcomes
 
     async def drain(self, caller: Caller, nodeset: str, reason: str) -> list[NodeView]:
         """Take nodes out of scheduling (admins only); the running jobs there go on."""
@@ -596,77 +596,3 @@ def _spec(spec: JobSpec | dict[str, Any]) -> JobSpec:
 
 def _clock(when: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when))
-
-
-# ================================================================ privacy
-
-HIDDEN_JOB = "a job you cannot see"  # what a caller reads in place of a job it may not read
-_JOB_MENTION = re.compile(r"\bjob #?(\d+)\b")
-
-
-def redact(text: str, hidden: Collection[int]) -> str:
-    """`text` with every mention of a job in `hidden` (``job 7``, ``job 7 attempt 1``) and what it says of that
-    job replaced by `HIDDEN_JOB`; the rest is kept (a node's name, state, who acted and when).
-
-    What a text says of a job follows its mention to the end of the clause: the end of the text, or the ``)`` that
-    closes a parenthesis opened before the mention. So ``isolated: job 7 attempt 1: hardware fault: ...`` reads
-    ``isolated: a job you cannot see`` and ``resumed by ann (was isolated: job 7: ...)`` reads ``resumed by ann
-    (was isolated: a job you cannot see)``: the job's id, name, owner and cause all go. Pure; tested from tables.
-    """
-    if not hidden or "job" not in text:
-        return text
-    out: list[str] = []
-    pos = 0
-    while (found := _JOB_MENTION.search(text, pos)) is not None:
-        if int(found[1]) not in hidden:
-            out.append(text[pos : found.end()])
-            pos = found.end()
-            continue
-        out.append(text[pos : found.start()] + HIDDEN_JOB)
-        pos = _clause_end(text, found.end())
-    out.append(text[pos:])
-    return "".join(out)
-
-
-def _clause_end(text: str, start: int) -> int:
-    """Where the clause that goes on at `start` ends: at a ``)`` with no ``(`` of its own after `start`, else at
-    the end of the text."""
-    depth = 0
-    for i in range(start, len(text)):
-        if text[i] == "(":
-            depth += 1
-        elif text[i] == ")":
-            if depth == 0:
-                return i
-            depth -= 1
-    return len(text)
-
-
-def redact_json(value: Any, hidden: Collection[int]) -> Any:
-    """A JSON value with `redact` applied to every string in it (keys are left as they are)."""
-    if not hidden:
-        return value
-    if isinstance(value, str):
-        return redact(value, hidden)
-    if isinstance(value, list):
-        return [redact_json(v, hidden) for v in value]
-    if isinstance(value, dict):
-        return {k: redact_json(v, hidden) for k, v in value.items()}
-    return value
-
-
-def _redact_outcome(outcome: ProbeOutcome, hidden: Collection[int]) -> ProbeOutcome:
-    h = outcome.health
-    health = dataclasses.replace(
-        h, admin_reason=redact(h.admin_reason, hidden), reasons=tuple(redact(r, hidden) for r in h.reasons)
-    )
-    return dataclasses.replace(outcome, health=health)
-
-
-def redact_decision(decision: placement.Decision, hidden: Collection[int]) -> placement.Decision:
-    """A prediction as a caller who may not read the `hidden` jobs sees it: its reason redacted (``blocked
-    behind a job you cannot see``), those jobs left out of `ahead` (its queue position still counts them)."""
-    if not hidden or not isinstance(decision, placement.Wait):
-        return decision
-    ahead = tuple(j for j in decision.ahead if not (j.isdigit() and int(j) in hidden))
-    return dataclasses.replace(decision, reason=redact(decision.reason, hidden), ahead=ahead)

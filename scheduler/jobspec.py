@@ -29,7 +29,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo, mod
 
 from ftconsole.scheduler import yamlfile
 from ftconsole.scheduler.command import check_command
-from ftconsole.scheduler.config import MAX_NODESET, PositiveDuration, expand_nodeset
+from ftconsole.scheduler.config import PositiveDuration
 from ftconsole.scheduler.containers import Image, Mounts, container_problems, image_mode_problems
 from ftconsole.scheduler.dataprep import DataPrep, data_prep_problems, first_node_launcher, program_name
 from ftconsole.scheduler.detectspec import (
@@ -48,6 +48,7 @@ from ftconsole.scheduler.errors import ConfigError, Problem
 from ftconsole.scheduler.faultspec import FaultTolerance, fault_problems
 from ftconsole.scheduler.launcher import MPI_LAUNCHERS
 from ftconsole.scheduler.launchspec import Launcher, deepspeed_env_problems, torchrun_problems
+from ftconsole.scheduler.nodesets import MAX_NODESET, expand_nodeset
 from ftconsole.scheduler.specbase import Loc, Text
 from ftconsole.scheduler.specbase import Strict as _Strict
 from ftconsole.scheduler.specbase import as_int as _int

@@ -72,24 +72,20 @@ tensorflow
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import posixpath
-import shlex
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 from ftconsole.scheduler.deepspeed import (
     DEEPSPEED_ENV,
     deepspeed_argv,
     deepspeed_env_file,
     deepspeed_hostfile,
-    deepspeed_value,
 )
 from ftconsole.scheduler.errors import FtError
-from ftconsole.scheduler.sshcheck import LAUNCHERS, MCA_NAMES, hydra_options
+from ftconsole.scheduler.sshcheck_plan import ssh_check_argv
 from ftconsole.scheduler.torchwrap import torch_wrap
 from ftconsole.scheduler.torchwrap import wraps_in_torchrun as wraps_in_torchrun
 
@@ -133,7 +129,6 @@ MPI_LAUNCHERS = frozenset(
 )
 
 FORWARDED_OURS = frozenset({"MASTER_ADDR", "MASTER_PORT"})  # ours that launchers carry to every rank (+ FT_*)
-SSH_CHECK_TIMEOUT = 5  # seconds: ssh's ConnectTimeout in the pre-launch check, where the launcher sets none
 
 
 class LaunchError(FtError):
@@ -437,132 +432,6 @@ def tf_config(nodes: tuple[NodeAssignment, ...], ps_count: int, master_port: int
     cluster = {"ps": addresses[:ps_count], "worker": addresses[ps_count:]} if ps_count else {"worker": addresses}
     task = {"type": "ps", "index": rank} if rank < ps_count else {"type": "worker", "index": rank - ps_count}
     return json.dumps({"cluster": cluster, "task": task, "environment": "cloud"}, separators=(",", ":"))
-
-
-# --- node-to-node SSH, checked before a launcher starts ranks from the first node --------------------------------
-
-_MCA_OPTIONS = frozenset({"-mca", "--mca", "-gmca", "--gmca", "-prtemca", "--prtemca"})  # NAME VALUE
-_HYDRA_PAIRS = frozenset({"-genv", "--genv", "-env", "--env"})  # hydra's options of two values
-_FLAGS = frozenset(  # mpirun's and mpiexec's common options without a value (the program's start is found by them)
-    {"--allow-run-as-root", "-allow-run-as-root", "--oversubscribe", "-oversubscribe", "--tag-output",
-     "-tag-output", "--timestamp-output", "--report-bindings", "-report-bindings", "--display-map",
-     "-display-map", "--use-hwthread-cpus", "-v", "--verbose", "-q", "--quiet", "-enable-x", "-disable-x",
-     "-l", "-prepend-rank", "-verbose", "-info", "-print-all-exitcodes"}
-)  # fmt: skip
-_OPENMPI_NAMES = frozenset({"mpirun.openmpi", "mpiexec.openmpi", "orterun"})
-_HYDRA_NAMES = frozenset({"mpirun.mpich", "mpiexec.mpich", "mpiexec.hydra"})
-
-
-@functools.cache
-def ssh_check_source() -> str:
-    """The node-side check (`scheduler/sshcheck.py`), run as ``python3 -c SOURCE ARGS``."""
-    return (Path(__file__).parent / "sshcheck.py").read_text(encoding="utf-8")
-
-
-def ssh_check_argv(inp: LaunchInput, ranks: tuple[RankLaunch, ...]) -> tuple[str, ...] | None:
-    """Rank 0's pre-launch SSH check, or None when no launcher starts ranks from the first node.
-
-    Needed when rank 0 alone launches on a job of several nodes (deepspeed, mpirun, hydra). The peers are the
-    other nodes (each host once); DeepSpeed's pdsh runner also reaches the first node itself over SSH, so it
-    is checked too. The check connects as the launcher will (`scheduler/sshcheck.py`): what the launcher's
-    command line says of that is its SETTINGS argument (`ssh_check_settings`), the rest it reads on the node.
-    """
-    if len(inp.nodes) < 2 or [r.rank for r in ranks if r.launch] != [0]:
-        return None
-    kind, settings = ssh_check_settings(inp.mode, ranks[0].argv)
-    first = inp.nodes[0]
-    itself = kind == "pdsh"
-    peers: dict[str, str] = {}
-    for node in inp.nodes if itself else inp.nodes[1:]:
-        if node.host not in peers.values() and (itself or node.host != first.host):
-            peers[node.name] = node.host
-    if not peers:
-        return None
-    launcher = LAUNCHERS.get(kind, "the launcher")
-    data = json.dumps(settings, sort_keys=True, separators=(",", ":")) if settings else ""
-    pairs = [part for name, host in peers.items() for part in (name, host)]
-    return ("python3", "-c", ssh_check_source(), first.name, str(SSH_CHECK_TIMEOUT), data, launcher, *pairs)
-
-
-def ssh_check_settings(mode: str, argv: tuple[str, ...]) -> tuple[str, dict[str, object]]:
-    """How the launcher rank 0 runs (`argv`, in `mode`) connects: its kind (a key of `sshcheck.LAUNCHERS`) and
-    what its command line says of that (empty when nothing), or ``{"skip": reason}`` where it checks by itself.
-
-    deepspeed: ``--ssh_port`` and pdsh's ``-R``, ``-l``, ``-t`` in ``--launcher_args``; another ``--launcher``
-    than pdsh is not checked. horovodrun checks SSH itself (its ``--ssh-port``, ``--ssh-identity-file``) before
-    it starts anything. mpirun (Open MPI; horovod mode, or an Open MPI launcher name): the ``--mca`` options of
-    the parameters that choose its way. hydra (mpich mode, or an MPICH launcher name): ``-launcher``,
-    ``-launcher-exec``, ``-enable-x``/``-disable-x``. ``program``: the launcher's argv[0] when not ``mpirun``
-    (its installation's configuration files are found beside it).
-    """
-    name = _basename(argv[0])
-    if mode == "pytorch-deepspeed":
-        return "pdsh", _deepspeed_ssh(argv)
-    if name == "horovodrun":
-        reason = "horovodrun checks SSH to every host itself (its --ssh-port, --ssh-identity-file) before it starts"
-        return "openmpi", {"skip": reason}
-    hydra = name in _HYDRA_NAMES or (mode == "mpich" and name not in _OPENMPI_NAMES)
-    words = _option_words(argv, _HYDRA_PAIRS if hydra else _MCA_OPTIONS)
-    settings: dict[str, object] = {}
-    if hydra:
-        options = hydra_options(words)
-        if options:
-            settings["hydra"] = options
-    else:
-        mca: dict[str, str] = {}
-        for i, word in enumerate(words[:-2]):
-            if word in _MCA_OPTIONS and words[i + 1] in MCA_NAMES:
-                mca.setdefault(words[i + 1], words[i + 2])
-        if mca:
-            settings["mca"] = mca
-    if argv[0] != "mpirun" and is_mpi_launcher(argv):
-        settings["program"] = argv[0]
-    return ("hydra" if hydra else "openmpi"), settings
-
-
-def _deepspeed_ssh(argv: tuple[str, ...]) -> dict[str, object]:
-    launcher = deepspeed_value(argv, "--launcher") or "pdsh"
-    if launcher != "pdsh":
-        return {"skip": f"DeepSpeed's runner starts the ranks with --launcher {launcher}; the check follows pdsh only"}
-    pdsh: dict[str, str] = {}
-    try:
-        words = shlex.split(deepspeed_value(argv, "--launcher_args") or "")
-    except ValueError:  # DeepSpeed's runner splits them the same way: it fails before connecting anywhere
-        words = []
-    for option, key in (("-R", "rcmd"), ("-l", "user"), ("-t", "timeout")):
-        for i, word in enumerate(words):
-            if word == option and i + 1 < len(words):
-                pdsh.setdefault(key, words[i + 1])
-            elif word.startswith(option) and len(word) > len(option):
-                pdsh.setdefault(key, word[len(option) :])
-    port = deepspeed_value(argv, "--ssh_port")
-    if port:
-        pdsh["port"] = port
-    return {"pdsh": pdsh} if pdsh else {}
-
-
-def _option_words(argv: tuple[str, ...], pairs: frozenset[str]) -> list[str]:
-    """The words of a launcher's command line before its program: an option, then maybe its value (two after
-    one of `pairs`); a bare word that follows a value, or follows nothing, is the program. (An option of
-    `_FLAGS` takes no value; after an unknown one without a value, the program's first word passes for its value
-    and the scan ends one word later.)"""
-    words: list[str] = []
-    i, value_may_follow = 1, False
-    while i < len(argv):
-        word = argv[i]
-        if word in pairs:
-            words += argv[i : i + 3]
-            i, value_may_follow = i + 3, False
-            continue
-        if word.startswith("-"):
-            value_may_follow = word not in _FLAGS and "=" not in word
-        elif value_may_follow:
-            value_may_follow = False
-        else:
-            break
-        words.append(word)
-        i += 1
-    return words
 
 
 # --- helpers -----------------------------------------------------------------------------------------------------

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ftconsole.scheduler.config import ClusterConfig, expand_nodeset
+from ftconsole.scheduler.config import ClusterConfig
 from ftconsole.scheduler.containers import pick_runtime
 from ftconsole.scheduler.errors import UsageError
 from ftconsole.scheduler.jobspec import JobSpec
+from ftconsole.scheduler.nodesets import expand_nodeset
 from ftconsole.scheduler.placement import Candidate, JobRequest, NodeSlot, Priority
 
 

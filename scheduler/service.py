@@ -28,16 +28,9 @@ from ftconsole.probes.health import (
 )
 from ftconsole.probes.results import AGENT_PROTOCOL, ALL_CHECKS, ProbeReport, parse_document
 from ftconsole.scheduler import debugenv
-from ftconsole.scheduler.config import (
-    MAX_NODESET,
-    LoadedConfig,
-    Node,
-    ProbeSettings,
-    expand_nodeset,
-    format_duration,
-    nodeset_size,
-)
+from ftconsole.scheduler.config import LoadedConfig, Node, ProbeSettings, format_duration
 from ftconsole.scheduler.errors import FtError, NotFound, UsageError
+from ftconsole.scheduler.nodesets import MAX_NODESET, expand_nodeset, nodeset_size
 from ftconsole.scheduler.probing import ProbeFailure, sweep
 from ftconsole.scheduler.records import AutoResolve, NewAlert, StoredEvent, StoredProbe
 from ftconsole.scheduler.ssh import SSHPool, Transport
@@ -45,7 +38,7 @@ from ftconsole.scheduler.store import STORE_FILE, Store, secure_state
 
 STALE_AFTER_INTERVALS = 3
 # A node set in a request may name at most this many times the cluster's nodes (and at least NODESET_FLOOR): more
-# must repeat names; the bound is checked before the set is expanded (config.nodeset_size).
+# must repeat names; the bound is checked before the set is expanded (nodesets.nodeset_size).
 NODESET_SLACK = 4
 NODESET_FLOOR = 1024
 # A probe on demand by someone who is not an admin (issue 26): a node probed less than this ago answers with that

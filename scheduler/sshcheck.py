@@ -7,7 +7,7 @@ and runs ``true`` there, and exits 255 (ssh's own code for a connection failure)
 and then one line per unreachable peer naming the pair (last: the run's error quotes the last line of output).
 
 LAUNCHER is the launcher's name in messages, one of `LAUNCHERS` (another name: plain ``ssh HOST``). SETTINGS is
-"" or a JSON object of what the launcher's command line says (``launcher.ssh_check_settings``: ``skip``,
+"" or a JSON object of what the launcher's command line says (``sshcheck_plan.ssh_check_settings``: ``skip``,
 ``program``, ``mca``, ``hydra``, ``pdsh``); the environment and the files are read here, on the node, where the
 launcher reads them. How each launcher connects (found by running
 them with a stand-in ssh: Open MPI 4.1, MPICH's hydra 4.0, pdsh 2.34):

@@ -9,8 +9,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ftconsole.lab.files import default_layout_path
 from ftconsole.scheduler import yamlfile
-from ftconsole.scheduler.config import ClusterConfig, expand_nodeset
+from ftconsole.scheduler.config import ClusterConfig
 from ftconsole.scheduler.errors import ConfigError, Problem
+from ftconsole.scheduler.nodesets import expand_nodeset
 
 DEFAULT_DRIVER_VERSION = "550.54.15"
 

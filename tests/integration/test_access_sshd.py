@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from ftconsole.scheduler.engine import HIDDEN_JOB
 from ftconsole.scheduler.errors import UsageError
+from ftconsole.scheduler.redaction import HIDDEN_JOB
 from tests.integration.test_scheduler_sshd import as_nobody, finished, job, running, until, write_config
 from tests.sshd_cluster import SshdCluster, gpu_data
 

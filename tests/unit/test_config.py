@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from ftconsole.scheduler.config import expand_nodeset, fold_nodeset, format_duration, load_config, parse_duration
+from ftconsole.scheduler.config import format_duration, load_config, parse_duration
 from ftconsole.scheduler.errors import ConfigError
+from ftconsole.scheduler.nodesets import expand_nodeset, fold_nodeset
 from ftconsole.scheduler.runs import user_root
 
 

@@ -13,10 +13,11 @@ import pytest
 
 from ftconsole.cli import main
 from ftconsole.scheduler import daemon, yamlfile
-from ftconsole.scheduler.config import expand_nodeset, load_config, nodeset_size
+from ftconsole.scheduler.config import load_config
 from ftconsole.scheduler.daemon import MAX_LIMIT
 from ftconsole.scheduler.errors import ConfigError, NotFound, UsageError
 from ftconsole.scheduler.jobspec import load_jobspec, parse_jobspec
+from ftconsole.scheduler.nodesets import expand_nodeset, nodeset_size
 from ftconsole.scheduler.service import NODESET_FLOOR, ClusterService
 
 GOOD_CONFIG = "state_dir: {state}\nnodes:\n  - name: gpu[1-2]\n    host: 10.0.0.[1-2]\n"

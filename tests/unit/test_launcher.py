@@ -30,11 +30,11 @@ from ftconsole.scheduler.launcher import (
     deepspeed_env_file,
     is_mpi_launcher,
     plan_launch,
-    ssh_check_source,
     tf_config,
     torch_wrap,
     wraps_in_torchrun,
 )
+from ftconsole.scheduler.sshcheck_plan import ssh_check_source
 
 GOLDEN = Path(__file__).parent / "golden" / "launcher"
 

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from ftconsole.scheduler import sshcheck
-from ftconsole.scheduler.launcher import ssh_check_source
 from ftconsole.scheduler.sshcheck import LAUNCHERS, Way, check, connection, way
+from ftconsole.scheduler.sshcheck_plan import ssh_check_source
 from tests.unit.test_agent import imported_modules
 
 OMPI, HYDRA, PDSH = LAUNCHERS["openmpi"], LAUNCHERS["hydra"], LAUNCHERS["pdsh"]

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from ftconsole.scheduler.runs import UNREADABLE, RunStatus, supervisor_script
+from ftconsole.scheduler.runs import supervisor_script
+from ftconsole.scheduler.runstatus import UNREADABLE, RunStatus
 from ftconsole.scheduler.supervisor_files import _checked_status, _read_status
 from ftconsole.scheduler.supervisor_liveness import _alive, _any_alive, _group, _observe, boot_id, start_time
 
