@@ -41,13 +41,13 @@ import socket
 import stat
 import struct
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from ftconsole.scheduler import errors
 from ftconsole.scheduler.errors import AlreadyRunning, ConfigError, FtError, NotRunning, Problem, UsageError
+from ftconsole.scheduler.rules import Caller
 
 log = logging.getLogger("ftconsole.api")
 
@@ -66,16 +66,6 @@ MAX_DEPTH = 64
 # error (``id`` null, title "busy") and closed; a CLI call or a console holds one, a `logs --follow` or `wait` one more.
 MAX_CONNECTIONS = 256
 MAX_CONNECTIONS_PER_UID = 64  # so that one user cannot take them all
-
-
-@dataclass(frozen=True)
-class Caller:
-    """Who is on the other end of a connection, as the kernel reports it."""
-
-    uid: int
-    gid: int
-    pid: int
-    user: str  # the passwd name, or str(uid) when the uid has none
 
 
 # (caller, op, args) -> a JSON value, or an AsyncIterator of JSON values for a streaming op; raises FtError to refuse

@@ -16,11 +16,12 @@ import pwd
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
-from ftconsole.scheduler.api import ApiClient, Caller
+from ftconsole.scheduler.api import ApiClient
 from ftconsole.scheduler.config import LoadedConfig
 from ftconsole.scheduler.daemon import Operations, serve
 from ftconsole.scheduler.engine import Scheduler
 from ftconsole.scheduler.errors import FtError, NotRunning, UsageError
+from ftconsole.scheduler.rules import Caller
 from ftconsole.scheduler.service import ClusterService
 
 

@@ -160,3 +160,19 @@ def check_command(command: str) -> str | None:
     if not text:
         return "the command is empty"
     return _scan(text) or _first_word_problem(text)
+
+
+# the programs of MPI launchers: a command that starts with one starts every rank itself (docs/jobs.md)
+MPI_LAUNCHERS = frozenset(
+    {
+        "mpirun",
+        "mpiexec",
+        "orterun",
+        "mpirun.openmpi",
+        "mpiexec.openmpi",
+        "mpirun.mpich",
+        "mpiexec.mpich",
+        "mpiexec.hydra",
+        "horovodrun",
+    }
+)

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from ftconsole.scheduler import debugenv, failpoints, metrics, notify, placement
-from ftconsole.scheduler.api import ApiServer, Caller
+from ftconsole.scheduler.api import ApiServer
 from ftconsole.scheduler.clusterview import cluster_view
 from ftconsole.scheduler.config import LoadedConfig, parse_duration
 from ftconsole.scheduler.engine import Scheduler
@@ -27,6 +27,7 @@ from ftconsole.scheduler.jobs import Job, JobStatus
 from ftconsole.scheduler.lock import StateLock
 from ftconsole.scheduler.records import JobActivity
 from ftconsole.scheduler.redaction import redact_json
+from ftconsole.scheduler.rules import Caller
 from ftconsole.scheduler.service import ClusterService
 from ftconsole.scheduler.store import ALERT_STATES
 

@@ -18,7 +18,6 @@ from typing import Any
 from pydantic import ValidationError
 
 from ftconsole.scheduler import debugenv, elastic, placement
-from ftconsole.scheduler.api import Caller
 from ftconsole.scheduler.config import Node, format_duration
 from ftconsole.scheduler.errors import NotFound, PermissionDenied, UsageError
 from ftconsole.scheduler.jobs import (
@@ -35,7 +34,7 @@ from ftconsole.scheduler.loop import Loop, request_stop
 from ftconsole.scheduler.records import JobActivity, StoredAlert, StoredEvent
 from ftconsole.scheduler.redaction import redact, redact_decision, redact_json, redact_outcome
 from ftconsole.scheduler.requests import job_request, urgent_scope
-from ftconsole.scheduler.rules import Rules
+from ftconsole.scheduler.rules import Caller, Rules
 from ftconsole.scheduler.runs import read_file, run_files
 from ftconsole.scheduler.service import ClusterService, NodeView, ProbeOutcome
 

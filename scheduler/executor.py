@@ -49,10 +49,10 @@ from ftconsole.scheduler.runs import (
     signal_runs,
     start_run,
     stop_runs,
-    user_root,
 )
 from ftconsole.scheduler.service import ClusterService
 from ftconsole.scheduler.silence import NodeSilence
+from ftconsole.scheduler.steps import user_root
 from ftconsole.scheduler.supervisor import MAX_PRUNED
 
 log = logging.getLogger("ftconsole.scheduler")

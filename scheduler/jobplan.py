@@ -24,7 +24,8 @@ from ftconsole.scheduler.launcher import (
     TaskRef,
     plan_launch,
 )
-from ftconsole.scheduler.runs import Step, StepKind, hybrid_script, user_root
+from ftconsole.scheduler.runs import hybrid_script
+from ftconsole.scheduler.steps import Step, StepKind, user_root
 
 PULL_STEP = "pull image"
 HYBRID_SCRIPT = "container.py"  # in the attempt's folder of every node: scheduler/container_exec.py, bundled

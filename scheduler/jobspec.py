@@ -28,7 +28,7 @@ from typing import Annotated, Any, NamedTuple
 from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo, model_validator
 
 from ftconsole.scheduler import yamlfile
-from ftconsole.scheduler.command import check_command
+from ftconsole.scheduler.command import MPI_LAUNCHERS, check_command
 from ftconsole.scheduler.config import PositiveDuration
 from ftconsole.scheduler.containers import Image, Mounts, container_problems, image_mode_problems
 from ftconsole.scheduler.dataprep import DataPrep, data_prep_problems, first_node_launcher, program_name
@@ -46,7 +46,6 @@ from ftconsole.scheduler.detectspec import (
 )
 from ftconsole.scheduler.errors import ConfigError, Problem
 from ftconsole.scheduler.faultspec import FaultTolerance, fault_problems
-from ftconsole.scheduler.launcher import MPI_LAUNCHERS
 from ftconsole.scheduler.launchspec import Launcher, deepspeed_env_problems, torchrun_problems
 from ftconsole.scheduler.nodesets import MAX_NODESET, expand_nodeset
 from ftconsole.scheduler.specbase import Loc, Text

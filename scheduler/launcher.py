@@ -78,6 +78,7 @@ import posixpath
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from ftconsole.scheduler.command import MPI_LAUNCHERS
 from ftconsole.scheduler.deepspeed import (
     DEEPSPEED_ENV,
     deepspeed_argv,
@@ -112,20 +113,6 @@ OPENMPI_PREFIX = (
     "-mca",
     "btl",
     "^openib",
-)
-
-MPI_LAUNCHERS = frozenset(
-    {
-        "mpirun",
-        "mpiexec",
-        "orterun",
-        "mpirun.openmpi",
-        "mpiexec.openmpi",
-        "mpirun.mpich",
-        "mpiexec.mpich",
-        "mpiexec.hydra",
-        "horovodrun",
-    }
 )
 
 FORWARDED_OURS = frozenset({"MASTER_ADDR", "MASTER_PORT"})  # ours that launchers carry to every rank (+ FT_*)

@@ -23,8 +23,8 @@ from ftconsole.scheduler.jobplan import plan_attempt
 from ftconsole.scheduler.jobs import Attempt, Condition, Job, JobStatus, Run
 from ftconsole.scheduler.jobtx import Conflict
 from ftconsole.scheduler.requests import job_request, node_slot, urgent_scope
-from ftconsole.scheduler.runs import user_root
 from ftconsole.scheduler.service import ClusterService
+from ftconsole.scheduler.steps import user_root
 
 log = logging.getLogger("ftconsole.scheduler")
 

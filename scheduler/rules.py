@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from ftconsole.scheduler import dataprep, placement
-from ftconsole.scheduler.api import Caller
 from ftconsole.scheduler.config import format_duration
 from ftconsole.scheduler.containers import run_root_problem
 from ftconsole.scheduler.errors import PermissionDenied, UsageError
@@ -21,6 +21,16 @@ from ftconsole.scheduler.jobspec import Access, JobSpec
 from ftconsole.scheduler.placing import Placer
 from ftconsole.scheduler.requests import job_request, urgent_scope
 from ftconsole.scheduler.service import ClusterService
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who is on the other end of a connection, as the kernel reports it."""
+
+    uid: int
+    gid: int
+    pid: int
+    user: str  # the passwd name, or str(uid) when the uid has none
 
 
 class Rules:

@@ -16,7 +16,6 @@ import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -27,16 +26,12 @@ from ftconsole.scheduler.errors import FtError
 from ftconsole.scheduler.jobs import Run
 from ftconsole.scheduler.runstatus import UNREADABLE, NodeRun, RunStatus
 from ftconsole.scheduler.ssh import Transport, python_stdin_script
+from ftconsole.scheduler.steps import Step, user_root
 
 log = logging.getLogger("ftconsole.scheduler")
 
 SUPERVISOR_PROTOCOL = 2
 DEFAULT_RUN_ROOT = "~/.ftconsole/runs"
-
-
-def user_root(run_root: str, user: str | None) -> str:
-    """`run_root` for the runs of `user`: its "{user}" replaced by the name; "~" is that user's home on the node."""
-    return run_root if user is None else run_root.replace("{user}", user)
 
 
 class SupervisorError(FtError):
@@ -76,34 +71,6 @@ class CannotSwitch(SupervisorError):
 
 # nodes (name, host) whose SSH account switches users through sudo: asked once, then sent through sudo directly
 _THROUGH_SUDO: set[tuple[str, str]] = set()
-
-
-class StepKind(StrEnum):
-    PULL = "pull"  # a job with `image`: pulls it unless the node has it, first (scheduler.containers)
-    DATA = "data"  # data_prep: copies the job's data sets to node-local storage, first (scheduler.dataprep)
-    BEFORE = "before"  # hooks.before: its failure ends the run before the command
-    COMMAND = "command"  # a regular job's command
-    TASK = "task"  # one task of a batch job
-    AFTER = "after"  # hooks.after: runs whatever the outcome (not after a SIGKILL); its failure is only logged
-
-
-@dataclass(frozen=True)
-class Step:
-    """One command of a run's sequence (the supervisor's `steps`); `index` of `count` for a batch task."""
-
-    kind: StepKind
-    name: str
-    argv: tuple[str, ...]
-    env: dict[str, str]
-    index: int | None = None
-    count: int | None = None
-    container: dict[str, Any] | None = None  # runs in this container (scheduler.containers.container_step)
-
-    def to_json(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {"kind": self.kind.value, "name": self.name, "argv": list(self.argv), "env": self.env}
-        if self.container is not None:
-            doc["container"] = self.container
-        return doc if self.index is None else {**doc, "index": self.index, "count": self.count}
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from ftconsole.scheduler.api import MAX_REQUEST, ApiClient, ApiServer, Caller
+from ftconsole.scheduler.api import MAX_REQUEST, ApiClient, ApiServer
 from ftconsole.scheduler.errors import (
     AlreadyRunning,
     ConfigError,
@@ -30,6 +30,7 @@ from ftconsole.scheduler.errors import (
     Problem,
     UsageError,
 )
+from ftconsole.scheduler.rules import Caller
 
 WAIT = 10.0  # no single step of these tests takes anywhere near this
 PROBLEMS = [Problem("cluster.yaml", 3, "nodes[0].host", "required"), Problem("cluster.yaml", None, "", "empty")]

@@ -25,8 +25,9 @@ from ftconsole.scheduler.api import ApiClient
 from ftconsole.scheduler.config import LoadedConfig, load_config
 from ftconsole.scheduler.containers import ContainerSettings, Mount, RuntimeChoice, container_step
 from ftconsole.scheduler.errors import NotRunning
-from ftconsole.scheduler.runs import RunStatus, Step, StepKind, node_runs, run_states, start_run, stop_runs
+from ftconsole.scheduler.runs import RunStatus, node_runs, run_states, start_run, stop_runs
 from ftconsole.scheduler.ssh import SSHPool
+from ftconsole.scheduler.steps import Step, StepKind
 from tests.integration.test_scheduler_sshd import finished, job, log_of, poll, running, until, write_config
 from tests.podman_lab import PodmanLab, podman_lab_fixture  # noqa: F401  (the fixture)
 from tests.sshd_cluster import HOME_LAYOUTS, SshdCluster

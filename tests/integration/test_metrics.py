@@ -21,12 +21,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ftconsole.probes.health import NodeHealth, NodeState
 from ftconsole.scheduler import metrics
-from ftconsole.scheduler.api import Caller
 from ftconsole.scheduler.config import LoadedConfig, load_config
 from ftconsole.scheduler.daemon import serve
 from ftconsole.scheduler.engine import Scheduler
 from ftconsole.scheduler.errors import StoreError
 from ftconsole.scheduler.records import StoredProbe
+from ftconsole.scheduler.rules import Caller
 from ftconsole.scheduler.store import STORE_FILE, Store
 
 WAIT = 10.0  # no step of these tests takes anywhere near this

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from ftconsole.scheduler.runs import Prune, Step, StepKind, node_runs, prepare_run, run_states, start_run
+from ftconsole.scheduler.runs import Prune, node_runs, prepare_run, run_states, start_run
 from ftconsole.scheduler.ssh import SSHPool
+from ftconsole.scheduler.steps import Step, StepKind
 from ftconsole.scheduler.store import STORE_FILE, Store
 from tests.integration.test_scheduler_sshd import finished, job, running, until, write_config
 from tests.sshd_cluster import SshdCluster

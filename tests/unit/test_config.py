@@ -9,7 +9,7 @@ import pytest
 from ftconsole.scheduler.config import format_duration, load_config, parse_duration
 from ftconsole.scheduler.errors import ConfigError
 from ftconsole.scheduler.nodesets import expand_nodeset, fold_nodeset
-from ftconsole.scheduler.runs import user_root
+from ftconsole.scheduler.steps import user_root
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -27,7 +27,8 @@ from ftconsole.scheduler.errors import ConfigError
 from ftconsole.scheduler.jobplan import HYBRID_LOADER, HYBRID_SCRIPT, PULL_STEP, Images, plan_job
 from ftconsole.scheduler.jobspec import parse_jobspec
 from ftconsole.scheduler.launcher import LaunchError, LaunchInput, NodeAssignment, plan_launch
-from ftconsole.scheduler.runs import StepKind, hybrid_script
+from ftconsole.scheduler.runs import hybrid_script
+from ftconsole.scheduler.steps import StepKind
 from tests.unit.test_agent import imported_modules
 
 WAIT = 10.0

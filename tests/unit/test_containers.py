@@ -24,7 +24,7 @@ from ftconsole.scheduler.jobplan import PULL_STEP, Images, plan_job
 from ftconsole.scheduler.jobspec import parse_jobspec
 from ftconsole.scheduler.launcher import LaunchInput, NodeAssignment
 from ftconsole.scheduler.placement import Candidate, ClusterState, JobRequest, NodeSlot, Place, Wait, plan
-from ftconsole.scheduler.runs import StepKind
+from ftconsole.scheduler.steps import StepKind
 
 PODMAN_CDI = {"name": "podman", "path": "/usr/bin/podman", "usable": True, "gpus": True, "gpus_via": ["CDI"]}
 DOCKER_DOWN = {"name": "docker", "path": "/usr/bin/docker", "usable": False, "problem": "daemon not reachable",

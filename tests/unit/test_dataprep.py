@@ -24,7 +24,8 @@ from ftconsole.scheduler.errors import ConfigError, UsageError
 from ftconsole.scheduler.jobplan import plan_job
 from ftconsole.scheduler.jobspec import JobSpec, parse_jobspec
 from ftconsole.scheduler.launcher import LaunchError, LaunchInput, NodeAssignment
-from ftconsole.scheduler.runs import StepKind, supervisor_script
+from ftconsole.scheduler.runs import supervisor_script
+from ftconsole.scheduler.steps import StepKind
 from tests.unit.test_agent import python38
 
 BASE = "name: j\ncommand: python3 train.py\n"

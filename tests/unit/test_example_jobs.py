@@ -17,11 +17,11 @@ import pytest
 
 from ftconsole.probes.results import CheckResult, CheckStatus, ContainerRuntime, GPUInfo, NodeFacts, ProbeReport
 from ftconsole.scheduler import service as service_module
-from ftconsole.scheduler.api import Caller
 from ftconsole.scheduler.config import LoadedConfig, Node, load_config
 from ftconsole.scheduler.engine import Scheduler
 from ftconsole.scheduler.jobspec import load_jobspec
 from ftconsole.scheduler.placement import Place
+from ftconsole.scheduler.rules import Caller
 from ftconsole.scheduler.service import ClusterService
 from ftconsole.scheduler.store import Store
 

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from ftconsole.scheduler.api import Caller
 from ftconsole.scheduler.config import ClusterConfig
 from ftconsole.scheduler.engine import Scheduler
 from ftconsole.scheduler.errors import PermissionDenied
@@ -26,6 +25,7 @@ from ftconsole.scheduler.jobs import (
 )
 from ftconsole.scheduler.jobspec import JobSpec
 from ftconsole.scheduler.jobtx import Conflict
+from ftconsole.scheduler.rules import Caller
 from ftconsole.scheduler.schema import SCHEMA_VERSION
 from ftconsole.scheduler.store import Store
 

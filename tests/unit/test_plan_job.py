@@ -11,7 +11,7 @@ from ftconsole.scheduler.jobplan import JobLaunch, plan_attempt, plan_job
 from ftconsole.scheduler.jobs import Attempt, Job, JobStatus, Run
 from ftconsole.scheduler.jobspec import JobSpec
 from ftconsole.scheduler.launcher import LaunchInput, NodeAssignment
-from ftconsole.scheduler.runs import Step, StepKind
+from ftconsole.scheduler.steps import Step, StepKind
 
 TASKS = [
     {"name": "prep", "command": "python3 prep.py", "output": "prep"},
