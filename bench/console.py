@@ -56,9 +56,9 @@ import yaml  # noqa: E402
 from textual.widgets import ContentSwitcher  # noqa: E402
 
 from ftconsole.format import print_table  # noqa: E402
-from ftconsole.scheduler.config import load_config  # noqa: E402
-from ftconsole.scheduler.daemon import brief_node  # noqa: E402
 from ftconsole.scheduler.errors import UsageError  # noqa: E402
+from ftconsole.scheduler.serve.daemon import brief_node  # noqa: E402
+from ftconsole.scheduler.spec.config import load_config  # noqa: E402
 from ftconsole.tui.app import ConsoleApp  # noqa: E402
 
 T0 = 1_750_000_000.0  # the simulated wall clock starts here
@@ -77,7 +77,7 @@ BAD_STATES = (("degraded", "gpu3 temperature 87C > 85C"), ("unhealthy", "gpu5: 2
 
 
 def _json(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":")).encode()  # as scheduler.api frames a reply
+    return json.dumps(value, separators=(",", ":")).encode()  # as scheduler.serve.api frames a reply
 
 
 class SyntheticCluster:

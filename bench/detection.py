@@ -107,12 +107,12 @@ from recovery import (
 
 from ftconsole.format import print_table
 from ftconsole.lab import LabPaths, lab_up
-from ftconsole.scheduler.api import ApiClient
-from ftconsole.scheduler.config import LoadedConfig, load_config
-from ftconsole.scheduler.engine import Scheduler
+from ftconsole.scheduler.jobops import Scheduler
 from ftconsole.scheduler.logwatch import SCAN_EVERY_S
-from ftconsole.scheduler.service import ClusterService
-from ftconsole.scheduler.ssh import remote_command
+from ftconsole.scheduler.nodeops import ClusterService
+from ftconsole.scheduler.serve.api import ApiClient
+from ftconsole.scheduler.spec.config import LoadedConfig, load_config
+from ftconsole.scheduler.ssh.transport import remote_command
 
 SMALL_LAB_NODES = 2  # hang and slow: a few jobs, 1 GPU each
 API_TIMEOUT_S = 60.0  # one API call

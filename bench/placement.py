@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ftconsole.format import print_table  # noqa: E402
-from ftconsole.scheduler.placement import (  # noqa: E402
+from ftconsole.scheduler.decide.placement import (  # noqa: E402
     Allocation,
     Candidate,
     ClusterState,

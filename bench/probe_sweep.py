@@ -33,10 +33,10 @@ sys.path.insert(0, str(ROOT))
 
 from ftconsole.format import print_table  # noqa: E402
 from ftconsole.lab import LabInfo, lab_down, lab_up  # noqa: E402
-from ftconsole.scheduler.config import load_config  # noqa: E402
-from ftconsole.scheduler.nodesets import fold_nodeset  # noqa: E402
-from ftconsole.scheduler.probing import ProbeFailure, sweep  # noqa: E402
-from ftconsole.scheduler.ssh import SSHPool, run_on_all  # noqa: E402
+from ftconsole.scheduler.spec.config import load_config  # noqa: E402
+from ftconsole.scheduler.spec.nodesets import fold_nodeset  # noqa: E402
+from ftconsole.scheduler.ssh.probing import ProbeFailure, sweep  # noqa: E402
+from ftconsole.scheduler.ssh.transport import SSHPool, run_on_all  # noqa: E402
 
 
 def cpu_seconds() -> float:

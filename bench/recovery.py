@@ -91,12 +91,12 @@ import yaml  # noqa: E402
 
 from ftconsole.format import print_table  # noqa: E402
 from ftconsole.lab import Fault, lab_down, lab_fault, lab_up  # noqa: E402
-from ftconsole.scheduler.api import ApiClient  # noqa: E402
-from ftconsole.scheduler.config import LoadedConfig, load_config  # noqa: E402
-from ftconsole.scheduler.engine import Scheduler  # noqa: E402
 from ftconsole.scheduler.errors import FtError  # noqa: E402
-from ftconsole.scheduler.service import ClusterService  # noqa: E402
-from ftconsole.scheduler.store import STORE_FILE  # noqa: E402
+from ftconsole.scheduler.jobops import Scheduler  # noqa: E402
+from ftconsole.scheduler.nodeops import ClusterService  # noqa: E402
+from ftconsole.scheduler.serve.api import ApiClient  # noqa: E402
+from ftconsole.scheduler.spec.config import LoadedConfig, load_config  # noqa: E402
+from ftconsole.scheduler.store.db import STORE_FILE  # noqa: E402
 
 SPEC = {"name": "bench-recovery", "command": "sleep 3600", "gpus_per_node": 1}
 SLEEP_ARGV = b"sleep\x003600\x00"

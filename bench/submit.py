@@ -28,9 +28,9 @@ sys.path.insert(0, str(ROOT))
 import yaml  # noqa: E402
 
 from ftconsole.format import print_table  # noqa: E402
-from ftconsole.scheduler.api import ApiClient  # noqa: E402
-from ftconsole.scheduler.config import load_config  # noqa: E402
-from ftconsole.scheduler.daemon import serve  # noqa: E402
+from ftconsole.scheduler.serve.api import ApiClient  # noqa: E402
+from ftconsole.scheduler.serve.daemon import serve  # noqa: E402
+from ftconsole.scheduler.spec.config import load_config  # noqa: E402
 
 SPEC = {"name": "bench", "mode": "pytorch", "nodes": 2, "gpus_per_node": 8, "command": "python3 train.py --lr 3e-4"}
 

@@ -23,11 +23,11 @@ import ftconsole
 from ftconsole import jobs_cli, shell_cli
 from ftconsole.format import age, gpu_summary, print_json, print_table, runtime_lines
 from ftconsole.jobs_cli import find_config, loaded_config
-from ftconsole.scheduler.client import open_client
-from ftconsole.scheduler.config import LoadedConfig, check_problems, format_duration, load_config
-from ftconsole.scheduler.detectspec import HANG_WINDOW_S
 from ftconsole.scheduler.errors import ConfigError, FtError, Problem
-from ftconsole.scheduler.store import STORE_FILE, read_cluster_id
+from ftconsole.scheduler.serve.client import open_client
+from ftconsole.scheduler.spec.config import LoadedConfig, check_problems, format_duration, load_config
+from ftconsole.scheduler.spec.detectspec import HANG_WINDOW_S
+from ftconsole.scheduler.store.db import STORE_FILE, read_cluster_id
 
 PROG = "ftconsole"
 

@@ -1,5 +1,5 @@
 """The job commands of the CLI: serve, submit, predict, jobs, show, stop, delete, clone, priority, extend, scale,
-release, logs, events, cluster, alerts. They talk to the scheduler through `scheduler.client`, over its socket.
+release, logs, events, cluster, alerts. They talk to the scheduler through `scheduler.serve.client`, over its socket.
 
 With no scheduler serving, a command that changes a job (`WRITE_OPS`: submit, stop, delete, clone, priority,
 extend, scale, release) is refused, saying how to start one, unless `--local` asks for it on purpose: then the
@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ftconsole.format import age, node_count, print_json, print_table
-from ftconsole.scheduler import config
-from ftconsole.scheduler.client import Client, connect, local_client, scheduler_here
-from ftconsole.scheduler.config import DEFAULT_CONFIG_PATHS, LoadedConfig, format_duration, load_config
-from ftconsole.scheduler.daemon import WRITE_OPS
 from ftconsole.scheduler.errors import ConfigError, NotRunning, Problem, UsageError
+from ftconsole.scheduler.serve.client import Client, connect, local_client, scheduler_here
+from ftconsole.scheduler.serve.daemon import WRITE_OPS
+from ftconsole.scheduler.spec import config
+from ftconsole.scheduler.spec.config import DEFAULT_CONFIG_PATHS, LoadedConfig, format_duration, load_config
 
 T = TypeVar("T")
 
@@ -125,7 +125,7 @@ def _runtime(job: dict[str, Any]) -> str:
 def cmd_serve(args: argparse.Namespace) -> int:
     import logging
 
-    from ftconsole.scheduler.daemon import serve_until_signalled
+    from ftconsole.scheduler.serve.daemon import serve_until_signalled
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("asyncssh").setLevel(logging.WARNING)
@@ -139,7 +139,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from ftconsole.scheduler.jobspec import load_jobspec
+    from ftconsole.scheduler.spec.jobspec import load_jobspec
 
     spec = load_jobspec(Path(args.job))  # ConfigError: every problem with its line, exit 2
     loaded = loaded_config(args)
@@ -195,7 +195,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from ftconsole.scheduler.jobspec import load_jobspec
+    from ftconsole.scheduler.spec.jobspec import load_jobspec
 
     spec = load_jobspec(Path(args.job))
     decision = _with_client(args, "predict", lambda c: c.call("predict", spec=spec.to_json()))

@@ -1,6 +1,6 @@
 """`ftconsole shell JOB [--rank N] [--attempt A] | NODE`: the debug terminal, the system ssh client exec'd.
 
-The argv comes from `scheduler.shell`; this module only resolves the target through the client and execs it
+The argv comes from `scheduler.ssh.shell`; this module only resolves the target through the client and execs it
 (`--print` prints it instead). With `--command`, the remote exit status is this command's.
 """
 
@@ -13,10 +13,10 @@ import shlex
 import sys
 from typing import Any
 
-from ftconsole.scheduler.client import open_client
-from ftconsole.scheduler.config import find_config, load_config
 from ftconsole.scheduler.errors import FtError
-from ftconsole.scheduler.shell import ShellTarget, shell_target
+from ftconsole.scheduler.serve.client import open_client
+from ftconsole.scheduler.spec.config import find_config, load_config
+from ftconsole.scheduler.ssh.shell import ShellTarget, shell_target
 
 
 class SshNotFound(FtError):

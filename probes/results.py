@@ -1,6 +1,6 @@
 """Console side of the probes: the agent's JSON document parsed into typed results.
 
-The agent (`probes/agent.py`, node side) prints one JSON document per run; `parse_report` turns it into a
+The agent (`scheduler/node/agent.py`, node side) prints one JSON document per run; `parse_report` turns it into a
 `ProbeReport`. A value the agent could not read is ``None`` ("not available") and never fails the parse;
 a document that is not the agent's at all raises `AgentOutputError`.
 """

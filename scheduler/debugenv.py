@@ -17,9 +17,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ftconsole.scheduler.config import DebugSettings, SchedulerSettings
-from ftconsole.scheduler.jobs import Job, JobStatus, Run
-from ftconsole.scheduler.store import Store
+from ftconsole.scheduler.decide.jobs import Job, JobStatus, Run
+from ftconsole.scheduler.spec.config import DebugSettings, SchedulerSettings
+from ftconsole.scheduler.store.db import Store
 
 
 def retention(job: Job, settings: DebugSettings) -> float:

@@ -25,16 +25,18 @@ from collections.abc import Awaitable, Callable, Coroutine, Hashable, Sequence
 from typing import Any
 
 from ftconsole.scheduler import debugenv
-from ftconsole.scheduler.config import Node
-from ftconsole.scheduler.containers import pick_runtime, why_not
+from ftconsole.scheduler.decide.jobplan import Images, JobLaunch, plan_attempt
+from ftconsole.scheduler.decide.jobs import Attempt, Condition, Job, JobStatus, Run
+from ftconsole.scheduler.decide.launcher import RankLaunch
+from ftconsole.scheduler.decide.reconcile import READ_STATES, Actions, Launch, Read, Stop, dumps
+from ftconsole.scheduler.decide.steps import user_root
 from ftconsole.scheduler.errors import FtError, SSHError
 from ftconsole.scheduler.failpoints import afailpoint
-from ftconsole.scheduler.jobplan import Images, JobLaunch, plan_attempt
-from ftconsole.scheduler.jobs import Attempt, Condition, Job, JobStatus, Run
-from ftconsole.scheduler.jobtx import CheckpointSignal, Conflict
-from ftconsole.scheduler.launcher import RankLaunch
-from ftconsole.scheduler.reconcile import READ_STATES, Actions, Launch, Read, Stop, dumps
-from ftconsole.scheduler.runs import (
+from ftconsole.scheduler.node.supervisor import MAX_PRUNED
+from ftconsole.scheduler.nodeops import ClusterService
+from ftconsole.scheduler.spec.config import Node
+from ftconsole.scheduler.spec.containers import pick_runtime, why_not
+from ftconsole.scheduler.ssh.runs import (
     CannotSwitch,
     NoAccount,
     NodeRun,
@@ -50,10 +52,8 @@ from ftconsole.scheduler.runs import (
     start_run,
     stop_runs,
 )
-from ftconsole.scheduler.service import ClusterService
-from ftconsole.scheduler.silence import NodeSilence
-from ftconsole.scheduler.steps import user_root
-from ftconsole.scheduler.supervisor import MAX_PRUNED
+from ftconsole.scheduler.ssh.silence import NodeSilence
+from ftconsole.scheduler.store.jobtx import CheckpointSignal, Conflict
 
 log = logging.getLogger("ftconsole.scheduler")
 

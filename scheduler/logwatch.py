@@ -20,13 +20,13 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from ftconsole.scheduler.config import format_duration
-from ftconsole.scheduler.detect import diverged, slow
-from ftconsole.scheduler.detectspec import SlowAction
-from ftconsole.scheduler.jobs import Condition, Job, Run
-from ftconsole.scheduler.jobspec import JobSpec
-from ftconsole.scheduler.runs import RunStatus
-from ftconsole.scheduler.store import Store
+from ftconsole.scheduler.decide.detect import diverged, slow
+from ftconsole.scheduler.decide.jobs import Condition, Job, Run
+from ftconsole.scheduler.spec.config import format_duration
+from ftconsole.scheduler.spec.detectspec import SlowAction
+from ftconsole.scheduler.spec.jobspec import JobSpec
+from ftconsole.scheduler.ssh.runs import RunStatus
+from ftconsole.scheduler.store.db import Store
 
 log = logging.getLogger("ftconsole.scheduler")
 

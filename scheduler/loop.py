@@ -2,7 +2,7 @@
 
 Level-triggered (DESIGN.md, "The control loop"). A tick is, in order:
 
-1. act: `reconcile` (pure, `scheduler.reconcile`) decides from the store's held runs and what the nodes
+1. act: `reconcile` (pure, `scheduler.decide.reconcile`) decides from the store's held runs and what the nodes
    last said: runs whose node left the config or stopped answering for `scheduler.node_timeout` are
    written `lost`; attempts with runs to start (or whose start had no answer: `unknown`) are launched;
    runs being stopped get their stop until the node confirms it, then SIGKILL once the grace period is
@@ -29,14 +29,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ftconsole.scheduler import dataprep
-from ftconsole.scheduler.config import format_duration
-from ftconsole.scheduler.containers import pulling
-from ftconsole.scheduler.errors import FtError, silence_text
-from ftconsole.scheduler.executor import Executor, missing, status_fields
-from ftconsole.scheduler.failpoints import FailpointError, afailpoint
-from ftconsole.scheduler.jobplan import PULL_STEP
-from ftconsole.scheduler.jobs import (
+from ftconsole.scheduler.decide.jobplan import PULL_STEP
+from ftconsole.scheduler.decide.jobs import (
     FINAL_CONDITION,
     AllRunning,
     Condition,
@@ -49,12 +43,18 @@ from ftconsole.scheduler.jobs import (
     expired,
     settle,
 )
-from ftconsole.scheduler.jobtx import Conflict, JobTx
+from ftconsole.scheduler.decide.reconcile import READ_STATES, Actions, Snapshot, reconcile
+from ftconsole.scheduler.errors import FtError, silence_text
+from ftconsole.scheduler.executor import Executor, missing, status_fields
+from ftconsole.scheduler.failpoints import FailpointError, afailpoint
+from ftconsole.scheduler.nodeops import ClusterService
 from ftconsole.scheduler.placing import Placer
-from ftconsole.scheduler.reconcile import READ_STATES, Actions, Snapshot, reconcile
 from ftconsole.scheduler.recovery import Outcome, Recoverer
-from ftconsole.scheduler.runs import RunStatus
-from ftconsole.scheduler.service import ClusterService
+from ftconsole.scheduler.spec import dataprep
+from ftconsole.scheduler.spec.config import format_duration
+from ftconsole.scheduler.spec.containers import pulling
+from ftconsole.scheduler.ssh.runs import RunStatus
+from ftconsole.scheduler.store.jobtx import Conflict, JobTx
 from ftconsole.scheduler.watchdog import Watchdog
 
 log = logging.getLogger("ftconsole.scheduler")

@@ -1,10 +1,10 @@
 """Placing jobs on nodes: the loop's place and resize steps (record intent; no I/O to the nodes).
 
 A placement pass reads the nodes as last probed, the GPUs the running jobs hold and the queue, asks
-`scheduler.placement` (pure) where each queued job goes, and writes each placed job's attempt with a new token
+`scheduler.decide.placement` (pure) where each queued job goes, and writes each placed job's attempt with a new token
 and its runs as intents (job `running`, condition Creating): their GPUs are held from then on, and the
 executor starts them on the next tick. Elastic jobs scaled to a new size get their new attempt the same way
-(`scheduler.elastic`). A job that cannot be placed or planned fails alone (`fail`); the queue goes on.
+(`scheduler.decide.elastic`). A job that cannot be placed or planned fails alone (`fail`); the queue goes on.
 """
 
 from __future__ import annotations
@@ -16,15 +16,16 @@ import secrets
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from ftconsole.scheduler import debugenv, elastic, placement
+from ftconsole.scheduler import debugenv
+from ftconsole.scheduler.decide import elastic, placement
+from ftconsole.scheduler.decide.jobplan import plan_attempt
+from ftconsole.scheduler.decide.jobs import Attempt, Condition, Job, JobStatus, Run
+from ftconsole.scheduler.decide.requests import job_request, node_slot, urgent_scope
+from ftconsole.scheduler.decide.steps import user_root
 from ftconsole.scheduler.errors import FtError, SSHError, StoreError
 from ftconsole.scheduler.failpoints import afailpoint
-from ftconsole.scheduler.jobplan import plan_attempt
-from ftconsole.scheduler.jobs import Attempt, Condition, Job, JobStatus, Run
-from ftconsole.scheduler.jobtx import Conflict
-from ftconsole.scheduler.requests import job_request, node_slot, urgent_scope
-from ftconsole.scheduler.service import ClusterService
-from ftconsole.scheduler.steps import user_root
+from ftconsole.scheduler.nodeops import ClusterService
+from ftconsole.scheduler.store.jobtx import Conflict
 
 log = logging.getLogger("ftconsole.scheduler")
 
@@ -60,7 +61,7 @@ class Placer:
     # ============================================================ resize
 
     async def resize(self) -> None:
-        """Running elastic jobs scaled to a new size get a new attempt of that size (see `scheduler.elastic`);
+        """Running elastic jobs scaled to a new size get a new attempt of that size (see `scheduler.decide.elastic`);
         the act step then stops the old attempt, and launches the new one once it is down."""
         jobs = [
             j

@@ -19,14 +19,8 @@ from enum import Enum
 from typing import Any
 
 from ftconsole.probes.results import PREFLIGHT_CHECKS, CheckStatus
-from ftconsole.scheduler.config import format_duration
-from ftconsole.scheduler.errors import FtError
-from ftconsole.scheduler.failpoints import afailpoint
-from ftconsole.scheduler.faultspec import Strategy
-from ftconsole.scheduler.jobs import Attempt, Condition, Finish, Job, JobStatus, Run, StopReason
-from ftconsole.scheduler.jobtx import Conflict
-from ftconsole.scheduler.placing import Placer
-from ftconsole.scheduler.reconcile import (
+from ftconsole.scheduler.decide.jobs import Attempt, Condition, Finish, Job, JobStatus, Run, StopReason
+from ftconsole.scheduler.decide.reconcile import (
     FAULTY,
     REQUEUED,
     RESTARTED,
@@ -40,8 +34,14 @@ from ftconsole.scheduler.reconcile import (
     Shrink,
     recover,
 )
-from ftconsole.scheduler.reconcile import dumps as reconcile_dumps
-from ftconsole.scheduler.service import ClusterService
+from ftconsole.scheduler.decide.reconcile import dumps as reconcile_dumps
+from ftconsole.scheduler.errors import FtError
+from ftconsole.scheduler.failpoints import afailpoint
+from ftconsole.scheduler.nodeops import ClusterService
+from ftconsole.scheduler.placing import Placer
+from ftconsole.scheduler.spec.config import format_duration
+from ftconsole.scheduler.spec.faultspec import Strategy
+from ftconsole.scheduler.store.jobtx import Conflict
 
 log = logging.getLogger("ftconsole.scheduler")
 

@@ -9,8 +9,8 @@ import re
 from collections.abc import Collection
 from typing import Any
 
-from ftconsole.scheduler import placement
-from ftconsole.scheduler.service import ProbeOutcome
+from ftconsole.scheduler.decide import placement
+from ftconsole.scheduler.nodeops import ProbeOutcome
 
 HIDDEN_JOB = "a job you cannot see"  # what a caller reads in place of a job it may not read
 _JOB_MENTION = re.compile(r"\bjob #?(\d+)\b")

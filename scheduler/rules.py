@@ -12,15 +12,16 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ftconsole.scheduler import dataprep, placement
-from ftconsole.scheduler.config import format_duration
-from ftconsole.scheduler.containers import run_root_problem
+from ftconsole.scheduler.decide import placement
+from ftconsole.scheduler.decide.jobs import Job, JobStatus
+from ftconsole.scheduler.decide.requests import job_request, urgent_scope
 from ftconsole.scheduler.errors import PermissionDenied, UsageError
-from ftconsole.scheduler.jobs import Job, JobStatus
-from ftconsole.scheduler.jobspec import Access, JobSpec
+from ftconsole.scheduler.nodeops import ClusterService
 from ftconsole.scheduler.placing import Placer
-from ftconsole.scheduler.requests import job_request, urgent_scope
-from ftconsole.scheduler.service import ClusterService
+from ftconsole.scheduler.spec import dataprep
+from ftconsole.scheduler.spec.config import format_duration
+from ftconsole.scheduler.spec.containers import run_root_problem
+from ftconsole.scheduler.spec.jobspec import Access, JobSpec
 
 
 @dataclass(frozen=True)

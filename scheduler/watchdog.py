@@ -1,5 +1,5 @@
 """Watching running jobs for seed 001's hang: the loop hands over each read of run status (`observe`), and on
-each tick `check` runs the detectors of `scheduler.detect` over every running job and writes what changed:
+each tick `check` runs the detectors of `scheduler.decide.detect` over every running job and writes what changed:
 a `SuspectedHung` condition and a `job_hung` alert when a job goes quiet for its hang window, the alert
 resolved (with an event) once its I/O moves again or the attempt is over.
 
@@ -14,14 +14,14 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from ftconsole.scheduler.config import format_duration
-from ftconsole.scheduler.detect import Hung, hung
-from ftconsole.scheduler.detectspec import HangAction
-from ftconsole.scheduler.jobs import Condition, Job, JobStatus, Run, StopReason
+from ftconsole.scheduler.decide.detect import Hung, hung
+from ftconsole.scheduler.decide.jobs import Condition, Job, JobStatus, Run, StopReason
+from ftconsole.scheduler.decide.reconcile import HUNG_PREFIX, MAX_HANG_RESTARTS, hang_restarts
 from ftconsole.scheduler.logwatch import LogWatch
-from ftconsole.scheduler.reconcile import HUNG_PREFIX, MAX_HANG_RESTARTS, hang_restarts
-from ftconsole.scheduler.runs import RunStatus
-from ftconsole.scheduler.service import ClusterService
+from ftconsole.scheduler.nodeops import ClusterService
+from ftconsole.scheduler.spec.config import format_duration
+from ftconsole.scheduler.spec.detectspec import HangAction
+from ftconsole.scheduler.ssh.runs import RunStatus
 
 log = logging.getLogger("ftconsole.scheduler")
 

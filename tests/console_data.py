@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from ftconsole.scheduler.config import LoadedConfig, load_config
 from ftconsole.scheduler.errors import UsageError
+from ftconsole.scheduler.spec.config import LoadedConfig, load_config
 
 NOW = 1_800_000_000.0
 GPU = "NVIDIA H100 80GB HBM3"

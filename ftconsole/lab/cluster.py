@@ -35,7 +35,7 @@ from ftconsole.lab.processes import (
 )
 from ftconsole.lab.records import LabInfo, LabNodeInfo
 from ftconsole.scheduler.errors import LabError, NotFound, UsageError
-from ftconsole.scheduler.ssh import local_user
+from ftconsole.scheduler.ssh.transport import local_user
 
 log = logging.getLogger("ftconsole.lab")
 

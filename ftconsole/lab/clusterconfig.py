@@ -10,9 +10,9 @@ from pydantic import ValidationError
 from ftconsole.lab.files import LabPaths
 from ftconsole.lab.layout import LabLayout
 from ftconsole.lab.plan import LAB_HOST, NodeSpec
-from ftconsole.scheduler import yamlfile
-from ftconsole.scheduler.config import ClusterConfig
 from ftconsole.scheduler.errors import LabError
+from ftconsole.scheduler.spec import yamlfile
+from ftconsole.scheduler.spec.config import ClusterConfig
 
 
 def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:

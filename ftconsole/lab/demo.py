@@ -1,7 +1,7 @@
 """The demo's jobs: a few small jobs queued when `ftconsole demo` opens the console, so its first screen is alive.
 
 The specs are the YAML files of ``demo_jobs/`` (package data), submitted in file-name order, each as any
-``ftconsole submit`` is: through `scheduler.client` (the API socket of a running scheduler, else in-process on
+``ftconsole submit`` is: through `scheduler.serve.client` (the API socket of a running scheduler, else in-process on
 the store, where they wait queued until the console's embedded scheduler starts and places them). They are
 owned by whoever runs the demo.
 
@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ftconsole.scheduler.client import Client, open_client
-from ftconsole.scheduler.config import LoadedConfig
 from ftconsole.scheduler.errors import FtError
-from ftconsole.scheduler.jobspec import JobSpec, load_jobspec
+from ftconsole.scheduler.serve.client import Client, open_client
+from ftconsole.scheduler.spec.config import LoadedConfig
+from ftconsole.scheduler.spec.jobspec import JobSpec, load_jobspec
 
 DEMO_JOBS_DIR = Path(__file__).resolve().parent / "demo_jobs"
 DEMO_PREFIX = "demo-"

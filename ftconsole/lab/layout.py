@@ -8,10 +8,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ftconsole.lab.files import default_layout_path
-from ftconsole.scheduler import yamlfile
-from ftconsole.scheduler.config import ClusterConfig
 from ftconsole.scheduler.errors import ConfigError, Problem
-from ftconsole.scheduler.nodesets import expand_nodeset
+from ftconsole.scheduler.spec import yamlfile
+from ftconsole.scheduler.spec.config import ClusterConfig
+from ftconsole.scheduler.spec.nodesets import expand_nodeset
 
 DEFAULT_DRIVER_VERSION = "550.54.15"
 

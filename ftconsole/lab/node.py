@@ -26,7 +26,7 @@ from ftconsole.lab.layout import DEFAULT_DRIVER_VERSION
 from ftconsole.lab.plan import LAB_HOST, NodeSpec
 from ftconsole.lab.processes import start_time
 from ftconsole.lab.session import _Child, _NodeServer
-from ftconsole.scheduler.ssh import local_user
+from ftconsole.scheduler.ssh.transport import local_user
 
 _INHERITED_ENV = ("PATH", "LANG")
 _PROTECTED_ENV = ("HOME", "USER", "LOGNAME", "FTCONSOLE_SIM_GPUS", "FTCONSOLE_LAB_NODE", "FTCONSOLE_LAB_ROOT")

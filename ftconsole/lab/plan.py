@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from ftconsole.lab.layout import LabLayout, NodeFaults
 from ftconsole.scheduler.errors import LabError
-from ftconsole.scheduler.nodesets import expand_nodeset
+from ftconsole.scheduler.spec.nodesets import expand_nodeset
 
 LAB_HOST = "127.0.0.1"
 MAX_NODES = 4096

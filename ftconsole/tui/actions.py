@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 from textual import work
 from textual.app import App
 
-from ftconsole.scheduler.config import LoadedConfig, parse_duration
 from ftconsole.scheduler.errors import FtError
-from ftconsole.scheduler.shell import ShellTarget, is_job_id, job_shell, node_shell
+from ftconsole.scheduler.spec.config import LoadedConfig, parse_duration
+from ftconsole.scheduler.ssh.shell import ShellTarget, is_job_id, job_shell, node_shell
 from ftconsole.tui import rows as R
 from ftconsole.tui.detail import JobScreen, NodeScreen
 from ftconsole.tui.dialogs import ChoiceDialog, ConfirmDialog, PromptDialog, SubmitDialog

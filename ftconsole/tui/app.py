@@ -1,6 +1,6 @@
 """The console: a Textual app for operators on call.
 
-It reaches the scheduler only through the client API (`scheduler.client`). When `ftconsole serve` already runs
+It reaches the scheduler only through the client API (`scheduler.serve.client`). When `ftconsole serve` already runs
 on the config's state_dir, it attaches to its socket. Otherwise it runs the scheduler embedded (the control
 loop, the probes and the API socket, so the CLI works while it is open) and calls its operations in-process.
 Both paths give the same features. A client can also be handed in (tests, or a read of the store alone).
@@ -28,11 +28,11 @@ from textual.screen import Screen
 from textual.widgets import ContentSwitcher, DataTable, Footer, Header, Input
 from textual.worker import Worker, WorkerCancelled, WorkerFailed, WorkerState
 
-from ftconsole.scheduler.api import ApiClient
-from ftconsole.scheduler.client import LocalClient, SocketClient, this_process
-from ftconsole.scheduler.config import LoadedConfig
-from ftconsole.scheduler.daemon import Operations, serve
 from ftconsole.scheduler.errors import AlreadyRunning, FtError, NotRunning
+from ftconsole.scheduler.serve.api import ApiClient
+from ftconsole.scheduler.serve.client import LocalClient, SocketClient, this_process
+from ftconsole.scheduler.serve.daemon import Operations, serve
+from ftconsole.scheduler.spec.config import LoadedConfig
 from ftconsole.tui import rows as R
 from ftconsole.tui.actions import Actions
 from ftconsole.tui.detail import JobScreen, NodeScreen

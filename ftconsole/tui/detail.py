@@ -26,9 +26,9 @@ from textual.widgets import DataTable, Footer, Label, Log, Static, TabbedContent
 
 from ftconsole.format import age, runtime_lines
 from ftconsole.probes.health import is_fault
-from ftconsole.scheduler.client import Client
-from ftconsole.scheduler.config import format_duration
 from ftconsole.scheduler.errors import FtError
+from ftconsole.scheduler.serve.client import Client
+from ftconsole.scheduler.spec.config import format_duration
 from ftconsole.tui import rows as R
 
 DETAIL_REFRESH_S = 2.0

@@ -167,7 +167,7 @@ class SubmitDialog(ModalScreen[dict[str, Any] | None]):
 
     @work(exclusive=True, group="submit-check", exit_on_error=False)
     async def check_file(self, value: str) -> None:
-        from ftconsole.scheduler.jobspec import load_jobspec
+        from ftconsole.scheduler.spec.jobspec import load_jobspec
 
         result = self.query_one("#result", Static)
         if not value:

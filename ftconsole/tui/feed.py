@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ftconsole.scheduler.client import Client
 from ftconsole.scheduler.errors import FtError
+from ftconsole.scheduler.serve.client import Client
 
 UTIL_HISTORY = 12  # probes of GPU utilisation kept per node for the sparkline
 STALE_AFTER_S = 15.0  # nodes data older than this (the scheduler is not answering) reads `unknown`

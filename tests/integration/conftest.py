@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from ftconsole.scheduler.config import load_config
-from ftconsole.scheduler.ssh import SSHPool
+from ftconsole.scheduler.spec.config import load_config
+from ftconsole.scheduler.ssh.transport import SSHPool
 from tests.sshd_cluster import SshdCluster
 
 

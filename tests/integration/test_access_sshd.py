@@ -131,7 +131,7 @@ async def test_declared_projects_take_only_their_members(sshd_cluster, tmp_path,
     loaded = write_config(cluster, tmp_path, sock_dir)
     data = loaded.file.read_text() + "projects:\n  research: {members: [root]}\n  shared: {}\n"
     loaded.file.write_text(data)
-    from ftconsole.scheduler.config import load_config
+    from ftconsole.scheduler.spec.config import load_config
 
     loaded = load_config(loaded.file)
     sock_dir.chmod(0o755)

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from ftconsole.scheduler.api import ApiClient
-from ftconsole.scheduler.config import load_config
 from ftconsole.scheduler.errors import NotFound, UsageError
-from ftconsole.scheduler.records import NewAlert
-from ftconsole.scheduler.service import ClusterService
+from ftconsole.scheduler.nodeops import ClusterService
+from ftconsole.scheduler.serve.api import ApiClient
+from ftconsole.scheduler.spec.config import load_config
+from ftconsole.scheduler.store.records import NewAlert
 from tests.integration.test_scheduler_sshd import (
     WAIT,
     as_nobody,

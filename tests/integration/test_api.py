@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 
-from ftconsole.scheduler.api import MAX_REQUEST, ApiClient, ApiServer
 from ftconsole.scheduler.errors import (
     AlreadyRunning,
     ConfigError,
@@ -31,6 +30,7 @@ from ftconsole.scheduler.errors import (
     UsageError,
 )
 from ftconsole.scheduler.rules import Caller
+from ftconsole.scheduler.serve.api import MAX_REQUEST, ApiClient, ApiServer
 
 WAIT = 10.0  # no single step of these tests takes anywhere near this
 PROBLEMS = [Problem("cluster.yaml", 3, "nodes[0].host", "required"), Problem("cluster.yaml", None, "", "empty")]

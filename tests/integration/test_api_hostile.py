@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from ftconsole.scheduler.api import MAX_DEPTH, MAX_REQUEST, ApiClient, ApiServer
 from ftconsole.scheduler.errors import FtError, PermissionDenied
 from ftconsole.scheduler.rules import Caller
+from ftconsole.scheduler.serve.api import MAX_DEPTH, MAX_REQUEST, ApiClient, ApiServer
 from tests.integration.test_scheduler_sshd import as_nobody, job, poll, running, until, write_config
 from tests.sshd_cluster import SshdCluster
 

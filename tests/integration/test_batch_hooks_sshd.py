@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from ftconsole.scheduler.config import load_config
-from ftconsole.scheduler.runs import RunStatus, run_states, start_run, stop_runs
-from ftconsole.scheduler.ssh import SSHPool
-from ftconsole.scheduler.steps import Step, StepKind
+from ftconsole.scheduler.decide.steps import Step, StepKind
+from ftconsole.scheduler.spec.config import load_config
+from ftconsole.scheduler.ssh.runs import RunStatus, run_states, start_run, stop_runs
+from ftconsole.scheduler.ssh.transport import SSHPool
 from tests.integration.test_scheduler_sshd import WAIT, finished, job, log_of, running, until, write_config
 from tests.sshd_cluster import SshdCluster
 

@@ -21,9 +21,9 @@ import yaml
 from textual.widgets import Static, TabbedContent
 
 from ftconsole.lab import LabCluster
-from ftconsole.scheduler.api import ApiClient
-from ftconsole.scheduler.config import LoadedConfig, load_config
-from ftconsole.scheduler.daemon import serve
+from ftconsole.scheduler.serve.api import ApiClient
+from ftconsole.scheduler.serve.daemon import serve
+from ftconsole.scheduler.spec.config import LoadedConfig, load_config
 from ftconsole.tui.app import ConsoleApp
 from ftconsole.tui.detail import JobScreen, NodeScreen
 from ftconsole.tui.dialogs import ConfirmDialog, PromptDialog, SubmitDialog

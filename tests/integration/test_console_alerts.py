@@ -16,9 +16,9 @@ import yaml
 from textual.widgets import Static
 
 from ftconsole.scheduler import logwatch
-from ftconsole.scheduler.api import ApiClient
-from ftconsole.scheduler.config import LoadedConfig, load_config
-from ftconsole.scheduler.shell import ShellTarget
+from ftconsole.scheduler.serve.api import ApiClient
+from ftconsole.scheduler.spec.config import LoadedConfig, load_config
+from ftconsole.scheduler.ssh.shell import ShellTarget
 from ftconsole.tui.app import ConsoleApp
 from ftconsole.tui.detail import JobScreen
 from ftconsole.tui.views import View

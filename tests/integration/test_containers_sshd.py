@@ -21,13 +21,13 @@ from typing import Any
 
 import pytest
 
-from ftconsole.scheduler.api import ApiClient
-from ftconsole.scheduler.config import LoadedConfig, load_config
-from ftconsole.scheduler.containers import ContainerSettings, Mount, RuntimeChoice, container_step
+from ftconsole.scheduler.decide.steps import Step, StepKind
 from ftconsole.scheduler.errors import NotRunning
-from ftconsole.scheduler.runs import RunStatus, node_runs, run_states, start_run, stop_runs
-from ftconsole.scheduler.ssh import SSHPool
-from ftconsole.scheduler.steps import Step, StepKind
+from ftconsole.scheduler.serve.api import ApiClient
+from ftconsole.scheduler.spec.config import LoadedConfig, load_config
+from ftconsole.scheduler.spec.containers import ContainerSettings, Mount, RuntimeChoice, container_step
+from ftconsole.scheduler.ssh.runs import RunStatus, node_runs, run_states, start_run, stop_runs
+from ftconsole.scheduler.ssh.transport import SSHPool
 from tests.integration.test_scheduler_sshd import finished, job, log_of, poll, running, until, write_config
 from tests.podman_lab import PodmanLab, podman_lab_fixture  # noqa: F401  (the fixture)
 from tests.sshd_cluster import HOME_LAYOUTS, SshdCluster

@@ -24,11 +24,11 @@ from typing import Any
 import pytest
 
 from ftconsole.scheduler import failpoints
-from ftconsole.scheduler.api import ApiClient
+from ftconsole.scheduler.decide.jobs import Job, JobStatus
 from ftconsole.scheduler.errors import NotRunning
-from ftconsole.scheduler.jobs import Job, JobStatus
-from ftconsole.scheduler.jobspec import JobSpec
-from ftconsole.scheduler.store import STORE_FILE, Store
+from ftconsole.scheduler.serve.api import ApiClient
+from ftconsole.scheduler.spec.jobspec import JobSpec
+from ftconsole.scheduler.store.db import STORE_FILE, Store
 from tests.sshd_cluster import SshdCluster, pid_alive
 
 pytestmark = pytest.mark.sshd

@@ -186,7 +186,7 @@ async def test_a_destination_another_user_forged_is_refused_and_never_read(sshd_
     """Defect (issue 26): uid 65534 made the job's `to` first, with a `ready` marker carrying the source's
     manifest and files of the same size and mtime but other bytes: the job took it for an up-to-date copy and
     read the forged data. Now the job fails with who owns it, and its command never runs."""
-    from ftconsole.scheduler import datacopy
+    from ftconsole.scheduler.node import datacopy
 
     cluster: SshdCluster = sshd_cluster(1, gpus=1)
     loaded = write_config(cluster, tmp_path, sock_dir, data_prep=ROOTS)

@@ -20,9 +20,9 @@ import yaml
 
 from ftconsole.lab import LabCluster
 from ftconsole.lab.demo import DEMO_PREFIX, demo_specs, queue_demo_jobs
-from ftconsole.scheduler.client import open_client, this_process
-from ftconsole.scheduler.config import LoadedConfig, load_config
-from ftconsole.scheduler.daemon import serve
+from ftconsole.scheduler.serve.client import open_client, this_process
+from ftconsole.scheduler.serve.daemon import serve
+from ftconsole.scheduler.spec.config import LoadedConfig, load_config
 
 TIMEOUT = 20.0
 

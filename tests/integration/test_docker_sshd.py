@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from ftconsole.scheduler.config import LoadedConfig
+from ftconsole.scheduler.spec.config import LoadedConfig
 from tests.docker_lab import DockerLab, docker_lab_fixture  # noqa: F401  (the fixture)
 from tests.integration.test_containers_sshd import _marked, image_job, lab_config, ranks_report_from_the_image
 from tests.integration.test_scheduler_sshd import finished, log_of, poll, running, until

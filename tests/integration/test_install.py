@@ -24,6 +24,7 @@ import pytest
 import ftconsole
 
 ROOT = Path(__file__).resolve().parents[2]
+SCHEDULER_FOLDERS = tuple(f"ftconsole/scheduler/{d}" for d in ("node", "spec", "decide", "ssh", "store", "serve"))
 SOURCES = ("pyproject.toml", "README.md", "ftconsole", "scheduler", "probes")  # what the build reads
 TIMEOUT = 120
 
@@ -78,7 +79,14 @@ def operator(venv: Path, tmp_path: Path) -> tuple[Path, dict[str, str]]:
 def test_the_wheel_holds_every_module_and_data_file(built: tuple[Path, Path]) -> None:
     src, wheel = built
     names = set(zipfile.ZipFile(wheel).namelist())
-    for folder in ("ftconsole", "ftconsole/scheduler", "ftconsole/probes", "ftconsole/tui", "ftconsole/lab"):
+    for folder in (
+        "ftconsole",
+        "ftconsole/scheduler",
+        "ftconsole/probes",
+        "ftconsole/tui",
+        "ftconsole/lab",
+        *SCHEDULER_FOLDERS,
+    ):
         modules = {f"{folder}/{p.name}" for p in (src / folder).glob("*.py")}
         assert modules and modules <= names, f"{folder}: {sorted(modules - names)} missing from {wheel.name}"
     data = {"ftconsole/data/cluster.example.yaml", "ftconsole/data/ftconsole.service"}

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from ftconsole.scheduler.config import LoadedConfig, load_config
-from ftconsole.scheduler.service import ClusterService
+from ftconsole.scheduler.nodeops import ClusterService
+from ftconsole.scheduler.spec.config import LoadedConfig, load_config
 from tests.cli_runner import Cli
 from tests.sshd_cluster import SshdCluster, gpu_data
 

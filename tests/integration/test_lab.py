@@ -30,8 +30,8 @@ from ftconsole.lab import (
     plan_nodes,
     render_gpus,
 )
-from ftconsole.scheduler.config import load_config
 from ftconsole.scheduler.errors import ConfigError, LabError
+from ftconsole.scheduler.spec.config import load_config
 
 CONFIG_LAB = Path(__file__).resolve().parents[2] / "config" / "lab.yaml"
 TIMEOUT = 20.0

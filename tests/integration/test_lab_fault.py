@@ -39,9 +39,9 @@ from ftconsole.lab import (
     lab_up,
     pid_alive,
 )
-from ftconsole.scheduler.config import load_config
 from ftconsole.scheduler.errors import LabError, NotFound, UsageError
-from ftconsole.scheduler.service import ClusterService
+from ftconsole.scheduler.nodeops import ClusterService
+from ftconsole.scheduler.spec.config import load_config
 
 TIMEOUT = 20.0  # the most any one wait may take
 SILENT = 0.5  # how long a hung node must stay silent (a banner on loopback takes milliseconds)

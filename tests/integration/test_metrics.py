@@ -20,14 +20,14 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from ftconsole.probes.health import NodeHealth, NodeState
-from ftconsole.scheduler import metrics
-from ftconsole.scheduler.config import LoadedConfig, load_config
-from ftconsole.scheduler.daemon import serve
-from ftconsole.scheduler.engine import Scheduler
 from ftconsole.scheduler.errors import StoreError
-from ftconsole.scheduler.records import StoredProbe
+from ftconsole.scheduler.jobops import Scheduler
 from ftconsole.scheduler.rules import Caller
-from ftconsole.scheduler.store import STORE_FILE, Store
+from ftconsole.scheduler.serve import metrics
+from ftconsole.scheduler.serve.daemon import serve
+from ftconsole.scheduler.spec.config import LoadedConfig, load_config
+from ftconsole.scheduler.store.db import STORE_FILE, Store
+from ftconsole.scheduler.store.records import StoredProbe
 
 WAIT = 10.0  # no step of these tests takes anywhere near this
 ME = Caller(uid=1000, gid=1000, pid=1, user="ann")

@@ -23,14 +23,14 @@ from typing import Any
 
 import pytest
 
-from ftconsole.scheduler.config import NotifySettings, load_config
-from ftconsole.scheduler.daemon import serve
+from ftconsole.scheduler.decide.jobs import Job, JobStatus
 from ftconsole.scheduler.errors import StoreError
-from ftconsole.scheduler.jobs import Job, JobStatus
-from ftconsole.scheduler.jobspec import JobSpec
-from ftconsole.scheduler.notify import FAILED_EVENT, Dispatcher
-from ftconsole.scheduler.records import NewAlert, StoredEvent
-from ftconsole.scheduler.store import Store
+from ftconsole.scheduler.serve.daemon import serve
+from ftconsole.scheduler.serve.notify import FAILED_EVENT, Dispatcher
+from ftconsole.scheduler.spec.config import NotifySettings, load_config
+from ftconsole.scheduler.spec.jobspec import JobSpec
+from ftconsole.scheduler.store.db import Store
+from ftconsole.scheduler.store.records import NewAlert, StoredEvent
 
 WAIT = 15.0
 # trust_env off: no proxy from the environment, traffic stays on loopback

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from ftconsole.lab import LabCluster
-from ftconsole.scheduler.config import load_config
-from ftconsole.scheduler.engine import Scheduler
+from ftconsole.scheduler.decide.placement import Place, Wait
 from ftconsole.scheduler.errors import UsageError
-from ftconsole.scheduler.jobspec import parse_jobspec
-from ftconsole.scheduler.placement import Place, Wait
+from ftconsole.scheduler.jobops import Scheduler
+from ftconsole.scheduler.nodeops import ClusterService
 from ftconsole.scheduler.rules import Caller
-from ftconsole.scheduler.service import ClusterService
+from ftconsole.scheduler.spec.config import load_config
+from ftconsole.scheduler.spec.jobspec import parse_jobspec
 
 ROOT = Caller(uid=0, gid=0, pid=os.getpid(), user="root")
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from ftconsole.scheduler.runs import Prune, node_runs, prepare_run, run_states, start_run
-from ftconsole.scheduler.ssh import SSHPool
-from ftconsole.scheduler.steps import Step, StepKind
-from ftconsole.scheduler.store import STORE_FILE, Store
+from ftconsole.scheduler.decide.steps import Step, StepKind
+from ftconsole.scheduler.ssh.runs import Prune, node_runs, prepare_run, run_states, start_run
+from ftconsole.scheduler.ssh.transport import SSHPool
+from ftconsole.scheduler.store.db import STORE_FILE, Store
 from tests.integration.test_scheduler_sshd import finished, job, running, until, write_config
 from tests.sshd_cluster import SshdCluster
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from ftconsole.scheduler.config import load_config
-from ftconsole.scheduler.service import ClusterService
+from ftconsole.scheduler.nodeops import ClusterService
+from ftconsole.scheduler.spec.config import load_config
 from tests.integration.test_scheduler_sshd import as_nobody, poll, running, write_config
 from tests.sshd_cluster import SshdCluster, gpu_data
 

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from ftconsole.scheduler.api import ApiClient
+from ftconsole.scheduler.decide.jobs import StopReason
 from ftconsole.scheduler.errors import NotRunning
-from ftconsole.scheduler.jobs import StopReason
 from ftconsole.scheduler.loop import request_stop
-from ftconsole.scheduler.store import STORE_FILE, Store
+from ftconsole.scheduler.serve.api import ApiClient
+from ftconsole.scheduler.store.db import STORE_FILE, Store
 from tests.integration.test_crash_sshd import kill, serve
 from tests.integration.test_scheduler_sshd import finished, job, log_of, running, until, write_config
 from tests.sshd_cluster import HOME_LAYOUTS, SshdCluster, gpu_data

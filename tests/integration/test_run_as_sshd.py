@@ -23,8 +23,8 @@ import pytest
 import yaml
 
 from ftconsole.scheduler import executor
-from ftconsole.scheduler.config import Node
-from ftconsole.scheduler.runs import (
+from ftconsole.scheduler.spec.config import Node
+from ftconsole.scheduler.ssh.runs import (
     CannotSwitch,
     NoAccount,
     account,
@@ -33,8 +33,8 @@ from ftconsole.scheduler.runs import (
     start_run,
     stop_runs,
 )
-from ftconsole.scheduler.shell import NO_FOLDER_EXIT, job_remote_command
-from ftconsole.scheduler.ssh import CommandResult
+from ftconsole.scheduler.ssh.shell import NO_FOLDER_EXIT, job_remote_command
+from ftconsole.scheduler.ssh.transport import CommandResult
 from tests.integration.test_scheduler_sshd import as_nobody, as_uid, finished, job, log_of, running, until
 from tests.integration.test_scheduler_sshd import write_config as scheduler_config
 from tests.sshd_cluster import SshdCluster

@@ -18,11 +18,11 @@ from typing import Any, TypeVar
 
 import pytest
 
-from ftconsole.scheduler.api import ApiClient
-from ftconsole.scheduler.config import LoadedConfig, load_config
-from ftconsole.scheduler.daemon import serve
-from ftconsole.scheduler.engine import Scheduler
 from ftconsole.scheduler.errors import AlreadyRunning, NotFound, UsageError
+from ftconsole.scheduler.jobops import Scheduler
+from ftconsole.scheduler.serve.api import ApiClient
+from ftconsole.scheduler.serve.daemon import serve
+from ftconsole.scheduler.spec.config import LoadedConfig, load_config
 from tests.sshd_cluster import SshdCluster, pid_alive
 
 pytestmark = pytest.mark.sshd

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from ftconsole.scheduler.config import Node, SSHSettings
 from ftconsole.scheduler.errors import HostKeyError, SSHError, UnreachableError
-from ftconsole.scheduler.ssh import SSHPool, _parse_hop
+from ftconsole.scheduler.spec.config import Node, SSHSettings
+from ftconsole.scheduler.ssh.transport import SSHPool, _parse_hop
 from tests.sshd_cluster import SshdCluster
 
 pytestmark = pytest.mark.sshd

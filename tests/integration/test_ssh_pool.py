@@ -12,9 +12,9 @@ from pathlib import Path
 import asyncssh
 import pytest
 
-from ftconsole.scheduler.config import Node, SSHSettings
 from ftconsole.scheduler.errors import AuthError, CommandTimeout, HostKeyError, UnreachableError
-from ftconsole.scheduler.ssh import SSHPool, local_user
+from ftconsole.scheduler.spec.config import Node, SSHSettings
+from ftconsole.scheduler.ssh.transport import SSHPool, local_user
 
 
 @dataclass

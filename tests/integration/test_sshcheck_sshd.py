@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from ftconsole.scheduler.launcher import LaunchInput, NodeAssignment, plan_launch
+from ftconsole.scheduler.decide.launcher import LaunchInput, NodeAssignment, plan_launch
 from tests.sshd_cluster import SshdCluster
 
 pytestmark = pytest.mark.sshd

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ftconsole.scheduler.config import load_config
+from ftconsole.scheduler.spec.config import load_config
 from tests.sshd_cluster import (
     SSHD_MISSING,
     SshdCluster,

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from ftconsole.scheduler.errors import SSHError
-from ftconsole.scheduler.runs import RunStatus, node_runs, run_states, start_run, stop_runs
-from ftconsole.scheduler.ssh import SSHPool
+from ftconsole.scheduler.ssh.runs import RunStatus, node_runs, run_states, start_run, stop_runs
+from ftconsole.scheduler.ssh.transport import SSHPool
 
 pytestmark = pytest.mark.sshd
 PY = sys.executable
@@ -219,7 +219,7 @@ async def test_missing_executable_fails_with_a_clear_error(node_pool) -> None:
 
 
 async def test_files_cannot_escape_the_run_folder(node_pool) -> None:
-    from ftconsole.scheduler.runs import SupervisorError
+    from ftconsole.scheduler.ssh.runs import SupervisorError
 
     _, pool, node = node_pool
     with pytest.raises(SupervisorError, match="outside the run folder"):

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from ftconsole.scheduler.config import LoadedConfig, load_config
+from ftconsole.scheduler.decide.jobs import Job, JobStatus
 from ftconsole.scheduler.errors import NotFound
-from ftconsole.scheduler.jobs import Job, JobStatus
-from ftconsole.scheduler.jobspec import JobSpec
-from ftconsole.scheduler.store import Store
+from ftconsole.scheduler.spec.config import LoadedConfig, load_config
+from ftconsole.scheduler.spec.jobspec import JobSpec
+from ftconsole.scheduler.store.db import Store
 from tests.integration.test_scheduler_sshd import WAIT, as_nobody, finished, job, log_of, poll, running, until
 from tests.sshd_cluster import SshdCluster, pid_alive
 

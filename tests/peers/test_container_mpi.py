@@ -2,7 +2,7 @@
 
 A job with `image` in mode horovod (Debian's OpenMPI) or mpich (Debian's MPICH, hydra) on two sshd test nodes
 with two simulated GPUs each: four MPI processes. mpirun starts each through the attempt's container.py
-(scheduler/container_exec.py) in the podman lab's image (tests/podman_lab.py; one case in the docker lab's,
+(scheduler/node/container_exec.py) in the podman lab's image (tests/podman_lab.py; one case in the docker lab's,
 tests/docker_lab.py), where tests/peers/mpi_rank.py
 calls the MPI library itself: MPI_Init must reach the launcher's PMI server on the host from inside the
 container, and MPI_Allreduce must cross containers and nodes. Each process records what it saw, and the node

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from ftconsole.scheduler.api import ApiClient
+from ftconsole.scheduler.serve.api import ApiClient
 from tests.integration.test_scheduler_sshd import log_of, running, write_config
 from tests.peers.nodessh import ssh_bin
 from tests.sshd_cluster import SshdCluster

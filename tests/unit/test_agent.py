@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
-from ftconsole.probes import agent
 from ftconsole.probes.results import ALL_CHECKS, CheckStatus, GPUInfo, NodeFacts, ProbeReport, parse_report
-from ftconsole.scheduler.config import Thresholds
-from ftconsole.scheduler.probing import agent_source
+from ftconsole.scheduler.node import agent
+from ftconsole.scheduler.spec.config import Thresholds
+from ftconsole.scheduler.ssh.probing import agent_source
 
 AGENT_PATH = Path(agent.__file__)
 AGENT_SOURCE = agent_source()  # agent.py and its agent_*.py modules, one script, as the console sends it

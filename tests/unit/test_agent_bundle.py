@@ -11,14 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from ftconsole import probes
 from ftconsole.probes.results import ALL_CHECKS, parse_report
-from ftconsole.scheduler.bundle import MARK, bundle, modules
-from ftconsole.scheduler.probing import agent_script, agent_source
+from ftconsole.scheduler.node.bundle import FOLDER, MARK, bundle, modules
+from ftconsole.scheduler.ssh.probing import agent_script, agent_source
 from tests.unit.test_agent import agent_env, imported_modules, python38
 
-PROBES = Path(probes.__file__).parent
-PACKAGE = "ftconsole.probes"
+PROBES = FOLDER
+PACKAGE = "ftconsole.scheduler.node"
 NODE_MODULES = modules(PROBES, "agent", PACKAGE)
 
 

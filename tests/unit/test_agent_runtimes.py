@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from ftconsole.format import runtime_lines
-from ftconsole.probes import agent_runtimes as rt
 from ftconsole.probes.results import ContainerRuntime, parse_runtimes
+from ftconsole.scheduler.node import agent_runtimes as rt
 from tests.unit.test_agent import agent_env, run_agent
 
 NO_DAEMON = "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?"

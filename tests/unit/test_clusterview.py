@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ftconsole.scheduler.clusterview import cluster_view
-from ftconsole.scheduler.config import ClusterConfig
-from ftconsole.scheduler.jobs import Job, JobStatus, Run
-from ftconsole.scheduler.jobspec import JobSpec
+from ftconsole.scheduler.decide.clusterview import cluster_view
+from ftconsole.scheduler.decide.jobs import Job, JobStatus, Run
+from ftconsole.scheduler.spec.config import ClusterConfig
+from ftconsole.scheduler.spec.jobspec import JobSpec
 
 H100 = "NVIDIA H100 80GB HBM3"
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from ftconsole.scheduler.config import format_duration, load_config, parse_duration
+from ftconsole.scheduler.decide.steps import user_root
 from ftconsole.scheduler.errors import ConfigError
-from ftconsole.scheduler.nodesets import expand_nodeset, fold_nodeset
-from ftconsole.scheduler.steps import user_root
+from ftconsole.scheduler.spec.config import format_duration, load_config, parse_duration
+from ftconsole.scheduler.spec.nodesets import expand_nodeset, fold_nodeset
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -23,8 +23,8 @@ from pydantic import BaseModel, TypeAdapter
 from pydantic.fields import FieldInfo
 
 from ftconsole.cli import main
-from ftconsole.scheduler import yamlfile
-from ftconsole.scheduler.config import ClusterConfig, PartialThresholds, Thresholds, load_config
+from ftconsole.scheduler.spec import yamlfile
+from ftconsole.scheduler.spec.config import ClusterConfig, PartialThresholds, Thresholds, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "ftconsole" / "data" / "cluster.example.yaml"

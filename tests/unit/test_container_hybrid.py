@@ -1,6 +1,6 @@
 """The MPI hybrid model of a job with `image` (issue 17): the spec's checks, the plan, and container.py itself.
 
-container.py (scheduler/container_exec.py) is run here for real, as mpirun would run it: as a file written by
+container.py (scheduler/node/container_exec.py) is run here for real, as mpirun would run it: as a file written by
 the plan, through the plan's own loader argv, in a process with a launcher's variables. The runtime it execs is
 a stand-in script that records its argv (the real podman, with real mpirun across sshd nodes, is in
 tests/peers/test_container_mpi.py).
@@ -19,16 +19,16 @@ from pathlib import Path
 
 import pytest
 
-from ftconsole.scheduler import container_exec as hybrid
-from ftconsole.scheduler import supervisor_container as node
-from ftconsole.scheduler.bundle import modules
-from ftconsole.scheduler.containers import ContainerSettings, RuntimeChoice
+from ftconsole.scheduler.decide.jobplan import HYBRID_LOADER, HYBRID_SCRIPT, PULL_STEP, Images, plan_job
+from ftconsole.scheduler.decide.launcher import LaunchError, LaunchInput, NodeAssignment, plan_launch
+from ftconsole.scheduler.decide.steps import StepKind
 from ftconsole.scheduler.errors import ConfigError
-from ftconsole.scheduler.jobplan import HYBRID_LOADER, HYBRID_SCRIPT, PULL_STEP, Images, plan_job
-from ftconsole.scheduler.jobspec import parse_jobspec
-from ftconsole.scheduler.launcher import LaunchError, LaunchInput, NodeAssignment, plan_launch
-from ftconsole.scheduler.runs import hybrid_script
-from ftconsole.scheduler.steps import StepKind
+from ftconsole.scheduler.node import container_exec as hybrid
+from ftconsole.scheduler.node import supervisor_container as node
+from ftconsole.scheduler.node.bundle import modules
+from ftconsole.scheduler.spec.containers import ContainerSettings, RuntimeChoice
+from ftconsole.scheduler.spec.jobspec import parse_jobspec
+from ftconsole.scheduler.ssh.runs import hybrid_script
 from tests.unit.test_agent import imported_modules
 
 WAIT = 10.0
@@ -259,8 +259,8 @@ def test_the_first_nodes_read_counts_the_io_of_the_mpi_processes_containers(tmp_
     """container.py writes each container's id into its node's run folder (``ft-<token>-p<rank>.cid``): the
     status read of the first node's rank (mpirun's) adds the I/O of those containers' processes, found by the
     id in their cgroup, to that of mpirun's process group."""
-    from ftconsole.scheduler.supervisor_liveness import start_time
-    from ftconsole.scheduler.supervisor_scan import _io, _with_io
+    from ftconsole.scheduler.node.supervisor_liveness import start_time
+    from ftconsole.scheduler.node.supervisor_scan import _io, _with_io
 
     leader = subprocess.Popen(["sleep", "30"], start_new_session=True)  # mpirun's group, doing no I/O
     try:

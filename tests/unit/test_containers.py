@@ -8,9 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from ftconsole.scheduler import supervisor_container as node
-from ftconsole.scheduler.config import ClusterConfig
-from ftconsole.scheduler.containers import (
+from ftconsole.scheduler.decide.jobplan import PULL_STEP, Images, plan_job
+from ftconsole.scheduler.decide.launcher import LaunchInput, NodeAssignment
+from ftconsole.scheduler.decide.placement import Candidate, ClusterState, JobRequest, NodeSlot, Place, Wait, plan
+from ftconsole.scheduler.decide.steps import StepKind
+from ftconsole.scheduler.errors import ConfigError
+from ftconsole.scheduler.node import supervisor_container as node
+from ftconsole.scheduler.spec.config import ClusterConfig
+from ftconsole.scheduler.spec.containers import (
     ContainerSettings,
     Mount,
     RuntimeChoice,
@@ -19,12 +24,7 @@ from ftconsole.scheduler.containers import (
     run_root_problem,
     why_not,
 )
-from ftconsole.scheduler.errors import ConfigError
-from ftconsole.scheduler.jobplan import PULL_STEP, Images, plan_job
-from ftconsole.scheduler.jobspec import parse_jobspec
-from ftconsole.scheduler.launcher import LaunchInput, NodeAssignment
-from ftconsole.scheduler.placement import Candidate, ClusterState, JobRequest, NodeSlot, Place, Wait, plan
-from ftconsole.scheduler.steps import StepKind
+from ftconsole.scheduler.spec.jobspec import parse_jobspec
 
 PODMAN_CDI = {"name": "podman", "path": "/usr/bin/podman", "usable": True, "gpus": True, "gpus_via": ["CDI"]}
 DOCKER_DOWN = {"name": "docker", "path": "/usr/bin/docker", "usable": False, "problem": "daemon not reachable",

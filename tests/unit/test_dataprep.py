@@ -1,5 +1,6 @@
 """data_prep (seed 003): the spec's checks, the cluster's rules at submit, the plan's data step, and the node-side
-copy program (`scheduler/datacopy.py`) run here on temporary folders: copy, skip, copy again, refuse, fail, keep."""
+copy program (`scheduler/node/datacopy.py`)
+run here on temporary folders: copy, skip, copy again, refuse, fail, keep."""
 
 from __future__ import annotations
 
@@ -17,15 +18,15 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from ftconsole.scheduler import yamlfile
-from ftconsole.scheduler.config import ClusterConfig, DataPrepSettings
-from ftconsole.scheduler.dataprep import DATA_STEP, check_admissible, copy_source, node_params, preparing
+from ftconsole.scheduler.decide.jobplan import plan_job
+from ftconsole.scheduler.decide.launcher import LaunchError, LaunchInput, NodeAssignment
+from ftconsole.scheduler.decide.steps import StepKind
 from ftconsole.scheduler.errors import ConfigError, UsageError
-from ftconsole.scheduler.jobplan import plan_job
-from ftconsole.scheduler.jobspec import JobSpec, parse_jobspec
-from ftconsole.scheduler.launcher import LaunchError, LaunchInput, NodeAssignment
-from ftconsole.scheduler.runs import supervisor_script
-from ftconsole.scheduler.steps import StepKind
+from ftconsole.scheduler.spec import yamlfile
+from ftconsole.scheduler.spec.config import ClusterConfig, DataPrepSettings
+from ftconsole.scheduler.spec.dataprep import DATA_STEP, check_admissible, copy_source, node_params, preparing
+from ftconsole.scheduler.spec.jobspec import JobSpec, parse_jobspec
+from ftconsole.scheduler.ssh.runs import supervisor_script
 from tests.unit.test_agent import python38
 
 BASE = "name: j\ncommand: python3 train.py\n"
@@ -561,7 +562,7 @@ def _chown_tree(top: Path, uid: int) -> None:
 def _forged(src: Path, dst: Path) -> bytes:
     """DST made by someone else to pass for a good copy of SRC: every file the same size and mtime, one with other
     bytes, and a `ready` marker with SRC's manifest. The forged bytes."""
-    from ftconsole.scheduler import datacopy
+    from ftconsole.scheduler.node import datacopy
 
     shutil.copytree(src, dst, symlinks=True)  # copy2: sizes and mtimes kept
     target = dst / "train" / "a.bin"

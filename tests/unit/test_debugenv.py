@@ -10,10 +10,10 @@ import pytest
 from pydantic import ValidationError
 
 from ftconsole.scheduler import debugenv
-from ftconsole.scheduler.config import ClusterConfig, DebugSettings, SchedulerSettings
-from ftconsole.scheduler.jobs import Job, JobStatus
-from ftconsole.scheduler.jobspec import JobSpec
-from ftconsole.scheduler.shell import gone_message
+from ftconsole.scheduler.decide.jobs import Job, JobStatus
+from ftconsole.scheduler.spec.config import ClusterConfig, DebugSettings, SchedulerSettings
+from ftconsole.scheduler.spec.jobspec import JobSpec
+from ftconsole.scheduler.ssh.shell import gone_message
 from ftconsole.tui import rows
 
 H = 3600.0

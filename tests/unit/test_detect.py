@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from ftconsole.scheduler.detect import Hung, diverged, gpu_flat, hung, slow
+from ftconsole.scheduler.decide.detect import Hung, diverged, gpu_flat, hung, slow
 
 NOW = 10_000.0
 WINDOW = 600.0

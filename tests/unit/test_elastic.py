@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from ftconsole.scheduler.elastic import direction, grow_request, kept_nodes, scale_problem
-from ftconsole.scheduler.jobs import Job, JobStatus, Run, StopReason
-from ftconsole.scheduler.jobspec import JobSpec
-from ftconsole.scheduler.placement import Candidate, JobRequest, Priority
+from ftconsole.scheduler.decide.elastic import direction, grow_request, kept_nodes, scale_problem
+from ftconsole.scheduler.decide.jobs import Job, JobStatus, Run, StopReason
+from ftconsole.scheduler.decide.placement import Candidate, JobRequest, Priority
+from ftconsole.scheduler.spec.jobspec import JobSpec
 
 
 def spec(**fields: Any) -> JobSpec:

@@ -16,14 +16,14 @@ from typing import Any
 import pytest
 
 from ftconsole.probes.results import CheckResult, CheckStatus, ContainerRuntime, GPUInfo, NodeFacts, ProbeReport
-from ftconsole.scheduler import service as service_module
-from ftconsole.scheduler.config import LoadedConfig, Node, load_config
-from ftconsole.scheduler.engine import Scheduler
-from ftconsole.scheduler.jobspec import load_jobspec
-from ftconsole.scheduler.placement import Place
+from ftconsole.scheduler import nodeops as service_module
+from ftconsole.scheduler.decide.placement import Place
+from ftconsole.scheduler.jobops import Scheduler
+from ftconsole.scheduler.nodeops import ClusterService
 from ftconsole.scheduler.rules import Caller
-from ftconsole.scheduler.service import ClusterService
-from ftconsole.scheduler.store import Store
+from ftconsole.scheduler.spec.config import LoadedConfig, Node, load_config
+from ftconsole.scheduler.spec.jobspec import load_jobspec
+from ftconsole.scheduler.store.db import Store
 
 ROOT_DIR = Path(__file__).resolve().parents[2]
 PACKAGED = ROOT_DIR / "ftconsole" / "data" / "cluster.example.yaml"

@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from ftconsole.scheduler.config import Node
 from ftconsole.scheduler.errors import FtError, UnreachableError
-from ftconsole.scheduler.ssh import run_on_all
+from ftconsole.scheduler.spec.config import Node
+from ftconsole.scheduler.ssh.transport import run_on_all
 
 NODES = [Node(name=f"n{i}", host=f"10.0.0.{i}", port=22, user="root", pool="default", labels={}) for i in range(4)]
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from ftconsole.scheduler.jobspec import JobSpec
+from ftconsole.scheduler.spec.jobspec import JobSpec
 
 
 def spec(**ft: Any) -> JobSpec:

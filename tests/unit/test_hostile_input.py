@@ -12,13 +12,14 @@ from typing import Any, cast
 import pytest
 
 from ftconsole.cli import main
-from ftconsole.scheduler import daemon, yamlfile
-from ftconsole.scheduler.config import load_config
-from ftconsole.scheduler.daemon import MAX_LIMIT
 from ftconsole.scheduler.errors import ConfigError, NotFound, UsageError
-from ftconsole.scheduler.jobspec import load_jobspec, parse_jobspec
-from ftconsole.scheduler.nodesets import expand_nodeset, nodeset_size
-from ftconsole.scheduler.service import NODESET_FLOOR, ClusterService
+from ftconsole.scheduler.nodeops import NODESET_FLOOR, ClusterService
+from ftconsole.scheduler.serve import daemon
+from ftconsole.scheduler.serve.daemon import MAX_LIMIT
+from ftconsole.scheduler.spec import yamlfile
+from ftconsole.scheduler.spec.config import load_config
+from ftconsole.scheduler.spec.jobspec import load_jobspec, parse_jobspec
+from ftconsole.scheduler.spec.nodesets import expand_nodeset, nodeset_size
 
 GOOD_CONFIG = "state_dir: {state}\nnodes:\n  - name: gpu[1-2]\n    host: 10.0.0.[1-2]\n"
 

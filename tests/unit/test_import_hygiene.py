@@ -26,4 +26,4 @@ def test_core_imports_without_textual() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == ""
-    assert "ftconsole.scheduler.service" in names and "ftconsole.probes.health" in names
+    assert "ftconsole.scheduler.nodeops" in names and "ftconsole.probes.health" in names

@@ -21,10 +21,10 @@ from ftconsole.probes.health import (
     set_admin,
 )
 from ftconsole.probes.results import CheckResult, CheckStatus, NodeFacts, ProbeReport
-from ftconsole.scheduler.config import Node, ProbeSettings
-from ftconsole.scheduler.records import StoredEvent
-from ftconsole.scheduler.service import NodeView, flaky_alert
-from ftconsole.scheduler.store import Store
+from ftconsole.scheduler.nodeops import NodeView, flaky_alert
+from ftconsole.scheduler.spec.config import Node, ProbeSettings
+from ftconsole.scheduler.store.db import Store
+from ftconsole.scheduler.store.records import StoredEvent
 from ftconsole.tui import rows as R
 
 H, D, U, X = NodeState.HEALTHY, NodeState.DEGRADED, NodeState.UNHEALTHY, NodeState.UNREACHABLE

@@ -8,10 +8,7 @@ from typing import Any
 
 import pytest
 
-from ftconsole.scheduler.config import ClusterConfig
-from ftconsole.scheduler.engine import Scheduler
-from ftconsole.scheduler.errors import PermissionDenied
-from ftconsole.scheduler.jobs import (
+from ftconsole.scheduler.decide.jobs import (
     AllRunning,
     Attempt,
     Finish,
@@ -23,11 +20,14 @@ from ftconsole.scheduler.jobs import (
     expired,
     settle,
 )
-from ftconsole.scheduler.jobspec import JobSpec
-from ftconsole.scheduler.jobtx import Conflict
+from ftconsole.scheduler.errors import PermissionDenied
+from ftconsole.scheduler.jobops import Scheduler
 from ftconsole.scheduler.rules import Caller
-from ftconsole.scheduler.schema import SCHEMA_VERSION
-from ftconsole.scheduler.store import Store
+from ftconsole.scheduler.spec.config import ClusterConfig
+from ftconsole.scheduler.spec.jobspec import JobSpec
+from ftconsole.scheduler.store.db import Store
+from ftconsole.scheduler.store.jobtx import Conflict
+from ftconsole.scheduler.store.schema import SCHEMA_VERSION
 
 SPEC = JobSpec.from_json({"name": "train", "command": "python3 train.py", "max_runtime": 60})
 

@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from ftconsole.scheduler import launcher, yamlfile
-from ftconsole.scheduler.command import check_command
+from ftconsole.scheduler.decide import launcher
+from ftconsole.scheduler.decide.jobplan import plan_job
 from ftconsole.scheduler.errors import ConfigError
-from ftconsole.scheduler.jobplan import plan_job
-from ftconsole.scheduler.jobspec import (
+from ftconsole.scheduler.spec import yamlfile
+from ftconsole.scheduler.spec.command import check_command
+from ftconsole.scheduler.spec.jobspec import (
     LAUNCHER_MODES,
     GpuRequest,
     JobMode,

@@ -19,8 +19,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ftconsole.scheduler.errors import FtError
-from ftconsole.scheduler.launcher import (
+from ftconsole.scheduler.decide.launcher import (
     MODES,
     LaunchError,
     LaunchInput,
@@ -34,7 +33,8 @@ from ftconsole.scheduler.launcher import (
     torch_wrap,
     wraps_in_torchrun,
 )
-from ftconsole.scheduler.sshcheck_plan import ssh_check_source
+from ftconsole.scheduler.decide.sshcheck_plan import ssh_check_source
+from ftconsole.scheduler.errors import FtError
 
 GOLDEN = Path(__file__).parent / "golden" / "launcher"
 

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 
 from ftconsole.scheduler.errors import AlreadyRunning
-from ftconsole.scheduler.lock import StateLock
+from ftconsole.scheduler.serve.lock import StateLock
 
 REPO = Path(__file__).resolve().parents[2]
 HOLD = """
 import sys
 from pathlib import Path
-from ftconsole.scheduler.lock import StateLock
+from ftconsole.scheduler.serve.lock import StateLock
 with StateLock(Path(sys.argv[1])):
     print("locked", flush=True)
     sys.stdin.readline()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ftconsole.scheduler import supervisor
+from ftconsole.scheduler.node import supervisor
 
 
 def write(run_dir: Path, text: str) -> None:

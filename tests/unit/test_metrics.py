@@ -11,14 +11,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
 from ftconsole.probes.health import NodeHealth, NodeState
-from ftconsole.scheduler import metrics
-from ftconsole.scheduler.config import ClusterConfig, LoadedConfig, Node, parse_listen
-from ftconsole.scheduler.jobs import Attempt, Job, JobStatus, Run
-from ftconsole.scheduler.jobspec import JobSpec
-from ftconsole.scheduler.records import NewAlert, StoredProbe
-from ftconsole.scheduler.service import ClusterService, NodeView
-from ftconsole.scheduler.ssh import CommandResult
-from ftconsole.scheduler.store import Store
+from ftconsole.scheduler.decide.jobs import Attempt, Job, JobStatus, Run
+from ftconsole.scheduler.nodeops import ClusterService, NodeView
+from ftconsole.scheduler.serve import metrics
+from ftconsole.scheduler.spec.config import ClusterConfig, LoadedConfig, Node, parse_listen
+from ftconsole.scheduler.spec.jobspec import JobSpec
+from ftconsole.scheduler.ssh.transport import CommandResult
+from ftconsole.scheduler.store.db import Store
+from ftconsole.scheduler.store.records import NewAlert, StoredProbe
 
 NOW = 10_000.0
 SPEC = JobSpec.from_json({"name": "train", "command": "python3 train.py", "max_runtime": 60})

@@ -18,16 +18,16 @@ def test_ftconsole_runs_beside_other_top_level_scheduler_and_probes_packages(tmp
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}  # first on sys.path, ahead of ftconsole's install
     code = (
         "import scheduler, probes\n"
-        "import ftconsole.cli, ftconsole.scheduler.engine, ftconsole.probes.health\n"
-        "from ftconsole.scheduler.runs import supervisor_source\n"
-        "from ftconsole.scheduler.probing import agent_source\n"
-        "print(scheduler.WHO, '|', probes.WHO, '|', ftconsole.scheduler.engine.__name__)\n"
+        "import ftconsole.cli, ftconsole.scheduler.jobops, ftconsole.probes.health\n"
+        "from ftconsole.scheduler.ssh.runs import supervisor_source\n"
+        "from ftconsole.scheduler.ssh.probing import agent_source\n"
+        "print(scheduler.WHO, '|', probes.WHO, '|', ftconsole.scheduler.jobops.__name__)\n"
         "assert 'def main(params)' in supervisor_source() and 'PARAMS' in agent_source()\n"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=60)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "the other scheduler package | the other probes package | ftconsole.scheduler.engine"
+    assert done.stdout.strip() == "the other scheduler package | the other probes package | ftconsole.scheduler.jobops"
     example = ROOT / "config" / "cluster.example.yaml"
     cli = [sys.executable, "-m", "ftconsole.cli", "--config", str(example), "config", "check", "--json"]
     done = subprocess.run(cli, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from ftconsole.probes.health import NodeEvent, NodeHealth, NodeState, set_admin
-from ftconsole.scheduler.probing import ProbeFailure
-from ftconsole.scheduler.service import isolation_alerts, node_alerts
+from ftconsole.scheduler.nodeops import isolation_alerts, node_alerts
+from ftconsole.scheduler.ssh.probing import ProbeFailure
 
 H, D, U, X, K = NodeState.HEALTHY, NodeState.DEGRADED, NodeState.UNHEALTHY, NodeState.UNREACHABLE, NodeState.UNKNOWN
 CHANGED = ProbeFailure("host-key-changed", "host key changed: the key of 10.0.0.1 does not match known_hosts")

@@ -1,4 +1,4 @@
-"""The supervisor kept on the node by its hash (scheduler.nodecache): the first call sends it whole and stores it,
+"""The supervisor kept on the node by its hash (scheduler.ssh.nodecache): the first call sends it whole and stores it,
 the next ones send only the loader; a copy that is missing or changed is never run, and is sent again."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from ftconsole.scheduler import nodecache
-from ftconsole.scheduler.config import Node
-from ftconsole.scheduler.probing import agent_source
-from ftconsole.scheduler.runs import supervisor_source
-from ftconsole.scheduler.ssh import CommandResult
+from ftconsole.scheduler.spec.config import Node
+from ftconsole.scheduler.ssh import nodecache
+from ftconsole.scheduler.ssh.probing import agent_source
+from ftconsole.scheduler.ssh.runs import supervisor_source
+from ftconsole.scheduler.ssh.transport import CommandResult
 from tests.unit.test_agent import python38
 
 PORT = {"action": "port"}

@@ -10,10 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from ftconsole.scheduler.config import NotifySettings, load_config
 from ftconsole.scheduler.errors import ConfigError
-from ftconsole.scheduler.jobspec import JobSpec
-from ftconsole.scheduler.notify import (
+from ftconsole.scheduler.serve.notify import (
     AlertInfo,
     Batch,
     DeliveryFailed,
@@ -26,7 +24,9 @@ from ftconsole.scheduler.notify import (
     url_origin,
     worst_severity,
 )
-from ftconsole.scheduler.records import StoredAlert
+from ftconsole.scheduler.spec.config import NotifySettings, load_config
+from ftconsole.scheduler.spec.jobspec import JobSpec
+from ftconsole.scheduler.store.records import StoredAlert
 
 
 def alert(id: int, kind: str = "node_unreachable", severity: str = "error", **fields: Any) -> StoredAlert:

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ftconsole.scheduler.placement import (
+from ftconsole.scheduler.decide.placement import (
     Allocation,
     Candidate,
     ClusterState,

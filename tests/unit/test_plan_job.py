@@ -6,12 +6,12 @@ from typing import Any
 
 import pytest
 
-from ftconsole.scheduler.config import Node
-from ftconsole.scheduler.jobplan import JobLaunch, plan_attempt, plan_job
-from ftconsole.scheduler.jobs import Attempt, Job, JobStatus, Run
-from ftconsole.scheduler.jobspec import JobSpec
-from ftconsole.scheduler.launcher import LaunchInput, NodeAssignment
-from ftconsole.scheduler.steps import Step, StepKind
+from ftconsole.scheduler.decide.jobplan import JobLaunch, plan_attempt, plan_job
+from ftconsole.scheduler.decide.jobs import Attempt, Job, JobStatus, Run
+from ftconsole.scheduler.decide.launcher import LaunchInput, NodeAssignment
+from ftconsole.scheduler.decide.steps import Step, StepKind
+from ftconsole.scheduler.spec.config import Node
+from ftconsole.scheduler.spec.jobspec import JobSpec
 
 TASKS = [
     {"name": "prep", "command": "python3 prep.py", "output": "prep"},

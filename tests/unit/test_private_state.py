@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ftconsole.scheduler.lock import StateLock
-from ftconsole.scheduler.store import STORE_FILE, Store, secure_state
+from ftconsole.scheduler.serve.lock import StateLock
+from ftconsole.scheduler.store.db import STORE_FILE, Store, secure_state
 
 
 def mode(path: Path) -> int:
@@ -81,7 +81,7 @@ async def test_looser_modes_are_tightened_on_start_with_one_log_line(tmp_path: P
     ("value", "seconds"), [("off", 0.0), (False, 0.0), (0, 0.0), ("12h", 43200.0), ("2d", 172800.0)]
 )
 def test_run_retention_is_a_duration_or_off(value, seconds) -> None:
-    from ftconsole.scheduler.config import SchedulerSettings
+    from ftconsole.scheduler.spec.config import SchedulerSettings
 
     assert SchedulerSettings().run_retention == 3 * 86400.0
     assert SchedulerSettings(run_retention=value).run_retention == seconds

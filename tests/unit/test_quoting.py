@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from ftconsole.scheduler.config import ClusterConfig, Node
-from ftconsole.scheduler.probing import agent_params, agent_script
-from ftconsole.scheduler.ssh import remote_command
+from ftconsole.scheduler.spec.config import ClusterConfig, Node
+from ftconsole.scheduler.ssh.probing import agent_params, agent_script
+from ftconsole.scheduler.ssh.transport import remote_command
 
 HOSTILE = [
     "plain",

@@ -1,4 +1,4 @@
-"""`scheduler.reconcile`: what the loop asks the nodes, and what it writes without asking, from one snapshot."""
+"""`scheduler.decide.reconcile`: what the loop asks the nodes, and what it writes without asking, from one snapshot."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ from typing import Any
 
 import pytest
 
-from ftconsole.scheduler.jobs import Attempt, Job, JobStatus, Run, StopReason
-from ftconsole.scheduler.jobspec import JobSpec
-from ftconsole.scheduler.reconcile import (
+from ftconsole.scheduler.decide.jobs import Attempt, Job, JobStatus, Run, StopReason
+from ftconsole.scheduler.decide.reconcile import (
     KILL_MARGIN_S,
     PROBE_WAIT_S,
     Actions,
@@ -31,6 +30,7 @@ from ftconsole.scheduler.reconcile import (
     reconcile,
     recover,
 )
+from ftconsole.scheduler.spec.jobspec import JobSpec
 
 NOW = 1000.0
 GRACE = 30.0

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from ftconsole.scheduler.placement import Place, Wait, WaitCause
+from ftconsole.scheduler.decide.placement import Place, Wait, WaitCause
 from ftconsole.scheduler.redaction import HIDDEN_JOB, redact, redact_decision, redact_json
 
 HIDDEN = frozenset({7, 12})

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from ftconsole.scheduler.runs import supervisor_script
+from ftconsole.scheduler.ssh.runs import supervisor_script
 
 ROOT = "~/.ftconsole/runs/cid"
 TIMEOUT = 30
@@ -149,7 +149,7 @@ def test_retention_judges_another_nodes_rank_by_what_it_recorded_never_by_the_pr
 def test_each_node_keeps_its_own_reading_of_the_container_runtimes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ftconsole.probes.agent import runtimes_cache
+    from ftconsole.scheduler.node.agent import runtimes_cache
 
     monkeypatch.setenv("HOME", str(tmp_path))
     kept = tmp_path / ".ftconsole" / "probe"

@@ -1,4 +1,4 @@
-"""The debug terminal's ssh argv and remote commands (scheduler/shell.py), from tables of cases.
+"""The debug terminal's ssh argv and remote commands (scheduler/ssh/shell.py), from tables of cases.
 
 The remote commands are also run here, by a local `sh -c` standing in for the node's login shell, so hostile
 run folders, banners, commands and env values are seen to arrive literally.
@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 
-from ftconsole.scheduler import supervisor
-from ftconsole.scheduler.config import ClusterConfig, LoadedConfig, Node
 from ftconsole.scheduler.errors import NotFound, UsageError
-from ftconsole.scheduler.shell import (
+from ftconsole.scheduler.node import supervisor
+from ftconsole.scheduler.spec.config import ClusterConfig, LoadedConfig, Node
+from ftconsole.scheduler.ssh.shell import (
     BOOT,
     JOB_SNIPPET,
     NO_FOLDER_EXIT,

@@ -1,4 +1,4 @@
-"""The pre-launch SSH check, node side (`scheduler/sshcheck.py`): how it connects the way each launcher will.
+"""The pre-launch SSH check, node side (`scheduler/node/sshcheck.py`): how it connects the way each launcher will.
 
 Tables of cases: a launcher, what its command line says (SETTINGS), its environment and files, in; the argv the
 check runs for a peer, or why it does not run, out. The ways were taken from the launchers themselves, run with
@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from ftconsole.scheduler import sshcheck
-from ftconsole.scheduler.sshcheck import LAUNCHERS, Way, check, connection, way
-from ftconsole.scheduler.sshcheck_plan import ssh_check_source
+from ftconsole.scheduler.decide.sshcheck_plan import ssh_check_source
+from ftconsole.scheduler.node import sshcheck
+from ftconsole.scheduler.node.sshcheck import LAUNCHERS, Way, check, connection, way
 from tests.unit.test_agent import imported_modules
 
 OMPI, HYDRA, PDSH = LAUNCHERS["openmpi"], LAUNCHERS["hydra"], LAUNCHERS["pdsh"]

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from ftconsole.scheduler.runs import supervisor_script
-from ftconsole.scheduler.runstatus import UNREADABLE, RunStatus
-from ftconsole.scheduler.supervisor_files import _checked_status, _read_status
-from ftconsole.scheduler.supervisor_liveness import _alive, _any_alive, _group, _observe, boot_id, start_time
+from ftconsole.scheduler.decide.runstatus import UNREADABLE, RunStatus
+from ftconsole.scheduler.node.supervisor_files import _checked_status, _read_status
+from ftconsole.scheduler.node.supervisor_liveness import _alive, _any_alive, _group, _observe, boot_id, start_time
+from ftconsole.scheduler.ssh.runs import supervisor_script
 
 TIMEOUT = 30
 
@@ -328,7 +328,7 @@ def test_a_bad_run_beside_them_leaves_the_checkpoint_signal_of_good_runs_alone(
 
 def test_a_claim_is_read_small_and_never_from_a_fifo_or_a_link(tmp_path: Path) -> None:
     """The claim is its user's file too: a FIFO made the start wait forever, a huge one went whole into messages."""
-    from ftconsole.scheduler.supervisor_files import _read_text
+    from ftconsole.scheduler.node.supervisor_files import _read_text
 
     claim = tmp_path / "claim"
     os.mkfifo(claim)

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 from ftconsole.probes.health import NodeEvent, NodeHealth, NodeState
-from ftconsole.scheduler import store as store_mod
+from ftconsole.scheduler.decide.jobs import Run
 from ftconsole.scheduler.errors import StoreError
-from ftconsole.scheduler.jobs import Run
-from ftconsole.scheduler.jobspec import JobSpec
-from ftconsole.scheduler.records import StoredProbe
-from ftconsole.scheduler.schema import SCHEMA_VERSION
-from ftconsole.scheduler.store import Store
+from ftconsole.scheduler.spec.jobspec import JobSpec
+from ftconsole.scheduler.store import db as store_mod
+from ftconsole.scheduler.store.db import Store
+from ftconsole.scheduler.store.records import StoredProbe
+from ftconsole.scheduler.store.schema import SCHEMA_VERSION
 
 
 async def test_fresh_store_is_migrated_and_reopens(tmp_path: Path) -> None:

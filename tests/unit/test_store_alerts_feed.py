@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 
 from ftconsole.probes.health import NodeEvent, NodeHealth, NodeState
-from ftconsole.scheduler import store as store_mod
+from ftconsole.scheduler.decide.jobs import Attempt, Job, JobStatus, Run
 from ftconsole.scheduler.errors import NotFound, UsageError
-from ftconsole.scheduler.jobs import Attempt, Job, JobStatus, Run
-from ftconsole.scheduler.jobspec import JobSpec
-from ftconsole.scheduler.records import AutoResolve, JobActivity, NewAlert
-from ftconsole.scheduler.store import ALERT_STATES, Store
+from ftconsole.scheduler.spec.jobspec import JobSpec
+from ftconsole.scheduler.store import db as store_mod
+from ftconsole.scheduler.store.db import ALERT_STATES, Store
+from ftconsole.scheduler.store.records import AutoResolve, JobActivity, NewAlert
 
 SPEC = JobSpec.from_json({"name": "train", "command": "python3 train.py"})
 WAIT = 10.0

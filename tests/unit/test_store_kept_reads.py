@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from ftconsole.scheduler.jobs import Attempt, JobStatus
-from ftconsole.scheduler.jobtx import Conflict
-from ftconsole.scheduler.store import Store
+from ftconsole.scheduler.decide.jobs import Attempt, JobStatus
+from ftconsole.scheduler.store.db import Store
+from ftconsole.scheduler.store.jobtx import Conflict
 from tests.unit.test_jobs import make_job, run
 
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from ftconsole.scheduler import runs
-from ftconsole.scheduler.bundle import MARK, BundleError, bundle, modules, strip
+from ftconsole.scheduler.node.bundle import FOLDER, MARK, BundleError, bundle, modules, strip
+from ftconsole.scheduler.ssh import runs
 from tests.unit.test_agent import imported_modules
 
-SCHEDULER = Path(runs.__file__).parent
+SCHEDULER = FOLDER
 NODE_MODULES = modules(SCHEDULER, "supervisor")
 
 
@@ -55,7 +55,7 @@ def test_a_node_side_module_imports_only_the_stdlib_and_bundled_modules(name: st
         if isinstance(node, ast.Import):
             assert not [a.name for a in node.names if a.name.startswith("ftconsole")], f"{name}:{node.lineno}"
         elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ftconsole"):
-            assert node.module in {f"ftconsole.scheduler.{m}" for m in NODE_MODULES if m != name}, node.module
+            assert node.module in {f"ftconsole.scheduler.node.{m}" for m in NODE_MODULES if m != name}, node.module
             assert node.col_offset == 0 and MARK in lines[node.lineno - 1], f"{name}:{node.lineno}: not marked"
 
 
@@ -109,7 +109,7 @@ def write(folder: Path, files: dict[str, str]) -> Path:
     return folder
 
 
-P = "from ftconsole.scheduler."
+P = "from ftconsole.scheduler.node."
 
 
 def test_the_bundler_drops_marked_imports_whole_and_orders_by_dependency(tmp_path: Path) -> None:

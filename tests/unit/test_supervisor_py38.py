@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ftconsole.scheduler.runs import supervisor_script
-from ftconsole.scheduler.sshcheck_plan import ssh_check_source
+from ftconsole.scheduler.decide.sshcheck_plan import ssh_check_source
+from ftconsole.scheduler.ssh.runs import supervisor_script
 from tests.unit.test_agent import python38
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from rich.text import Text
 
-from ftconsole.scheduler.shell import ShellTarget
+from ftconsole.scheduler.ssh.shell import ShellTarget
 from ftconsole.tui import rows as R
 from ftconsole.tui.app import ConsoleApp
 from ftconsole.tui.detail import JobScreen

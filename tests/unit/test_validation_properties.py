@@ -15,10 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from ftconsole.scheduler import yamlfile
-from ftconsole.scheduler.config import ClusterConfig
 from ftconsole.scheduler.errors import ConfigError
-from ftconsole.scheduler.jobspec import JobSpec, parse_jobspec
+from ftconsole.scheduler.spec import yamlfile
+from ftconsole.scheduler.spec.config import ClusterConfig
+from ftconsole.scheduler.spec.jobspec import JobSpec, parse_jobspec
 
 PROPERTY = settings(
     max_examples=100, deadline=2000, derandomize=True, suppress_health_check=[HealthCheck.too_slow], database=None

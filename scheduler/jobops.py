@@ -1,0 +1,598 @@
+"""The scheduler's job operations: what callers ask for (submit, stop, delete, clone, priority, extend, scale,
+logs, alerts, node actions), each checked against the job's owner, its `access` and the admins, and written
+with its event in one transaction. The control loop that carries the jobs out is `scheduler.loop`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import contextlib
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from ftconsole.scheduler import debugenv
+from ftconsole.scheduler.decide import elastic, placement
+from ftconsole.scheduler.decide.jobs import (
+    TERMINAL,
+    Condition,
+    Job,
+    JobStatus,
+    Run,
+    StopReason,
+)
+from ftconsole.scheduler.decide.requests import job_request, urgent_scope
+from ftconsole.scheduler.errors import NotFound, PermissionDenied, UsageError
+from ftconsole.scheduler.loop import Loop, request_stop
+from ftconsole.scheduler.nodeops import ClusterService, NodeView, ProbeOutcome
+from ftconsole.scheduler.redaction import redact, redact_decision, redact_json, redact_outcome
+from ftconsole.scheduler.rules import Caller, Rules
+from ftconsole.scheduler.spec.config import Node, format_duration
+from ftconsole.scheduler.spec.jobspec import Access, JobSpec
+from ftconsole.scheduler.ssh.runs import read_file, run_files
+from ftconsole.scheduler.store.jobtx import Conflict
+from ftconsole.scheduler.store.records import JobActivity, StoredAlert, StoredEvent
+
+log = logging.getLogger("ftconsole.scheduler")
+
+LOG_POLL_S = 0.5
+MIN_TICK_GAP_S = 0.2
+LOG_CHUNK = 1 << 20
+
+
+class Scheduler:
+    def __init__(self, service: ClusterService, *, clock: Callable[[], float] = time.time) -> None:
+        self.service = service
+        self.store = service.store
+        self.transport = service.transport
+        self.config = service.config
+        self.settings = service.config.scheduler
+        self.clock = clock
+        self.loop = Loop(service, clock=clock, poke=self._poke)
+        self.rules = Rules(service, placer=self.loop.placer)
+        self._changed = asyncio.Event()
+        self._nodes = {n.name: n for n in service.all_nodes}
+
+    # ============================================================ permissions
+
+    def is_admin(self, caller: Caller) -> bool:
+        return self.rules.is_admin(caller)
+
+    def may_see(self, caller: Caller, job: Job) -> bool:
+        return self.rules.may_see(caller, job)
+
+    async def hidden_jobs(self, caller: Caller) -> frozenset[int]:
+        """The jobs this caller may not read (`may_see`): left out of its listings, and redacted (`redact`) where
+        a text about something else names them (a node's reasons, a node's events and alerts, a prediction)."""
+        if self.is_admin(caller):
+            return frozenset()
+        return await self.store.private_jobs(except_uid=caller.uid)
+
+    def redact_job(self, job: Job, hidden: Collection[int]) -> Job:
+        """A job the caller may read, its message redacted: a queued job's "blocked behind job N" may name a job
+        the caller may not read."""
+        message = redact(job.message, hidden)
+        return job if message == job.message else dataclasses.replace(job, message=message)
+
+    def _check(self, caller: Caller, job: Job, verb: str, *, write: bool) -> None:
+        if self.is_admin(caller) or caller.uid == job.uid:
+            return
+        if job.access == Access.READ_WRITE.value or (job.access == Access.READ_ONLY.value and not write):
+            return
+        allowed = {"none": "nothing", "read-only": "read only"}.get(job.access, job.access)
+        raise PermissionDenied(
+            f"{caller.user} may not {verb} job {job.id}: it belongs to {job.owner} and its access for others is "
+            f"{job.access!r} ({allowed}); ask {job.owner} or an admin"
+        )
+
+    async def _job(self, caller: Caller, job_id: int | str, verb: str, *, write: bool) -> Job:
+        job = await self.store.job(_job_id(job_id))
+        if job is None or (job.deleted and write):  # a deleted job can still be looked at, not acted on
+            raise NotFound(f"no job {job_id}")
+        self._check(caller, job, verb, write=write)
+        return job
+
+    # ============================================================ operations
+
+    async def submit(self, caller: Caller, spec: JobSpec | dict[str, Any], *, cloned_from: int | None = None) -> Job:
+        spec = _spec(spec)
+        now = self.clock()
+        self.rules.admissible(caller, spec, spec.priority.value)
+        job = Job(
+            id=0,
+            name=spec.name,
+            owner=caller.user,
+            uid=caller.uid,
+            spec=spec,
+            status=JobStatus.QUEUED,
+            priority=spec.priority.value,
+            project=spec.project,
+            access=spec.access.value,
+            submitted=now,
+            cloned_from=cloned_from,
+        )
+        async with self.store.jobs_tx("submit a job") as tx:
+            await self.rules.within_cap(caller.user, spec.project, spec.priority.value)  # checked and written at once
+            job_id = await tx.add_job(job)
+            how = f"cloned from job {cloned_from}" if cloned_from else "submitted"
+            await tx.event(now, Condition.PENDING, f"{how} by {caller.user}", job=job_id)
+        self._poke()
+        return dataclasses.replace(job, id=job_id)
+
+    async def jobs(
+        self,
+        caller: Caller,
+        *,
+        status: Sequence[str] | None = None,
+        name: str | None = None,
+        owner: str | None = None,
+        spec: str | None = None,
+        output: str | None = None,
+    ) -> list[Job]:
+        """Every job, newest last; filters combine (status: any of; name, output: substring)."""
+        statuses = None
+        if status:
+            try:
+                statuses = [JobStatus(s) for s in status]
+            except ValueError:
+                raise UsageError(
+                    f"unknown status in {', '.join(status)} (one of {', '.join(s.value for s in JobStatus)})"
+                ) from None
+        out = []
+        for job in await self.store.jobs(statuses=statuses):
+            if not self.may_see(caller, job):
+                continue
+            if name and name not in job.name:
+                continue
+            if owner and job.owner != owner:
+                continue
+            if spec and spec not in [r.spec for r in job.spec.gpu_request]:
+                continue
+            if output and output not in (job.spec.output or ""):
+                continue
+            out.append(job)
+        hidden = await self.hidden_jobs(caller)
+        return [self.redact_job(job, hidden) for job in out]
+
+    async def show(self, caller: Caller, job_id: int | str) -> dict[str, Any]:
+        job = await self._job(caller, job_id, "see", write=False)
+        now = self.clock()
+        attempts = await self.store.attempts(job.id)
+        runs = await self.store.runs(job=job.id)
+        events = await self.store.events(job=str(job.id), limit=1000)
+        activity = (await self.store.job_activity([job.id])).get(job.id, JobActivity())
+        # the runs as read above, not as a second query found them a moment later: show agrees with itself
+        outputs = [r.output_at for r in runs if r.attempt == job.attempt and r.output_at is not None]
+        activity = dataclasses.replace(activity, last_output=max(outputs) if outputs else None)
+        conditions = {c.value for c in Condition}
+        hidden = await self.hidden_jobs(caller)  # named in a message of this job ("blocked behind job N")
+        job = self.redact_job(job, hidden)
+        shown = [redact_json(e.to_json(), hidden) for e in events]
+        return {
+            **job.to_json(now),
+            **activity.to_json(),
+            "spec": job.spec.to_json(),
+            "attempts": [
+                {
+                    **redact_json(a.to_json(), hidden),
+                    "runs": [redact_json(r.to_json(), hidden) for r in runs if r.attempt == a.number],
+                }
+                for a in attempts
+            ],
+            "conditions": [
+                {"type": e["kind"], "time": e["time"], "message": e["message"]}
+                for e in shown
+                if e["kind"] in conditions
+            ],
+            "events": shown,
+            "debug": debugenv.view(job, self.config.debug, self.settings, now),
+            "env_until": debugenv.env_until(job, self.config.debug, self.settings),
+        }
+
+    async def stop(self, caller: Caller, job_ids: Iterable[int | str]) -> list[Job]:
+        jobs = [await self._job(caller, j, "stop", write=True) for j in job_ids]
+        return [await self._stop(caller, job, StopReason.STOPPED) for job in jobs]
+
+    async def _stop(self, caller: Caller, job: Job, reason: StopReason, *, delete: bool = False) -> Job:
+        now = self.clock()
+        try:
+            async with self.store.jobs_tx("stop a job") as tx:
+                if job.status is JobStatus.QUEUED:
+                    await tx.update_job(
+                        job.id,
+                        expect=[JobStatus.QUEUED],
+                        status=JobStatus.STOPPED,
+                        ended=now,
+                        stop_requested=now,
+                        stop_reason=reason,
+                        stop_by=caller.user,
+                        message=f"stopped by {caller.user} before it started",
+                        **({"deleted": True} if delete else {}),
+                    )
+                    await tx.event(now, Condition.STOPPED, f"stopped by {caller.user} while queued", job=job.id)
+                elif job.status is JobStatus.RUNNING and job.stop_reason is None:
+                    grace = format_duration(self.settings.stop_grace)
+                    await request_stop(
+                        tx,
+                        job,
+                        now,
+                        reason,
+                        caller.user,
+                        f"stop requested by {caller.user}; SIGKILL after {grace}",
+                        **({"deleted": True} if delete else {}),
+                    )
+                elif delete:
+                    await tx.update_job(job.id, deleted=True)
+                if delete:
+                    await tx.event(now, "Deleted", f"deleted by {caller.user}", job=job.id)
+        except Conflict:  # it changed state meanwhile (placed, or finished): act on what it is now
+            fresh = await self.store.job(job.id)
+            assert fresh is not None
+            return await self._stop(caller, fresh, reason, delete=delete)
+        self._poke()
+        fresh = await self.store.job(job.id)
+        assert fresh is not None
+        return fresh
+
+    async def delete(self, caller: Caller, job_ids: Iterable[int | str]) -> list[Job]:
+        """Hide jobs from every listing; a queued or running one is stopped first (its record and events stay)."""
+        jobs = [await self._job(caller, j, "delete", write=True) for j in job_ids]
+        return [await self._stop(caller, job, StopReason.STOPPED, delete=True) for job in jobs]
+
+    async def release(self, caller: Caller, job_ids: Iterable[int | str]) -> list[Job]:
+        """Give up the GPUs failed jobs hold for debugging (`debug.hold_nodes`) before their time is over; the
+        run folders stay for the rest of the retention."""
+        jobs = [await self._job(caller, j, "release", write=True) for j in job_ids]
+        now = self.clock()
+        for job in jobs:
+            until = debugenv.held_until(job, self.config.debug)
+            if until is None or until <= now:
+                why = "holds no GPUs for debugging" if until is None else "held its GPUs until " + _clock(until)
+                raise UsageError(f"job {job.id} is {job.status.value} and {why}: nothing to release")
+        async with self.store.jobs_tx("release a job's held GPUs") as tx:
+            for job in jobs:
+                await tx.update_job(job.id, expect=[JobStatus.ERROR], debug_released=now)
+                await tx.event(now, "Released", f"GPUs held for debugging released by {caller.user}", job=job.id)
+        self._poke()
+        return [await self._fresh(job.id) for job in jobs]
+
+    async def clone(self, caller: Caller, job_id: int | str) -> Job:
+        job = await self._job(caller, job_id, "clone", write=False)
+        return await self.submit(caller, job.spec, cloned_from=job.id)
+
+    async def set_priority(self, caller: Caller, job_id: int | str, level: str) -> Job:
+        try:
+            label = placement.Priority.parse(level).label
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        job = await self._job(caller, job_id, "change the priority of", write=True)
+        if job.status is not JobStatus.QUEUED:
+            raise UsageError(f"job {job.id} is {job.status.value}: the priority can only change while it is queued")
+        if label != job.priority:
+            self.rules.admissible(caller, job.spec, label)
+        now = self.clock()
+        try:
+            async with self.store.jobs_tx("change a priority") as tx:
+                if label != job.priority:
+                    await self.rules.within_cap(job.owner, job.project, label)
+                await tx.update_job(job.id, expect=[JobStatus.QUEUED], priority=label)
+                await tx.event(now, "Priority", f"priority {job.priority} -> {label} by {caller.user}", job=job.id)
+        except Conflict:
+            raise UsageError(
+                f"job {job.id} started meanwhile: the priority can only change while it is queued"
+            ) from None
+        self._poke()
+        return await self._fresh(job.id)
+
+    async def extend(self, caller: Caller, job_id: int | str, seconds: float) -> Job:
+        if seconds <= 0:
+            raise UsageError("extend needs a positive duration, such as 30m or 2h")
+        job = await self._job(caller, job_id, "extend", write=True)
+        if job.spec.max_runtime is None:
+            raise UsageError(f"job {job.id} has no max_runtime: there is nothing to extend")
+        if not job.status.active or job.stop_reason is not None:
+            raise UsageError(f"job {job.id} is {job.status.value}{' and stopping' if job.stop_reason else ''}")
+        now = self.clock()
+        if not self.is_admin(caller):
+            await self.rules.extend_allowed(job, seconds, now)
+        limit = format_duration((job.max_runtime or 0) + seconds)
+        async with self.store.jobs_tx("extend a job") as tx:
+            await tx.update_job(
+                job.id, expect=[JobStatus.QUEUED, JobStatus.RUNNING], extra_runtime=job.extra_runtime + seconds
+            )
+            await tx.event(
+                now, "Extended", f"max_runtime +{format_duration(seconds)} (now {limit}) by {caller.user}", job=job.id
+            )
+        return await self._fresh(job.id)
+
+    async def scale(self, caller: Caller, job_id: int | str, nodes: int) -> Job:
+        """Resize an elastic job to `nodes` nodes (see `scheduler.decide.elastic`): a queued one is placed at that size,
+        a running one gets a new attempt of that size once the nodes are there (the loop does it)."""
+        job = await self._job(caller, job_id, "scale", write=True)
+        problem = elastic.scale_problem(job, nodes)
+        if problem is not None:
+            raise UsageError(problem)
+        if nodes == job.size:
+            return job
+        now = self.clock()
+        how = elastic.direction(job.size, nodes)
+        queued = job.status is JobStatus.QUEUED
+        when = "it is placed at that size" if queued else "a new attempt replaces the current one"
+        try:
+            async with self.store.jobs_tx("scale a job") as tx:
+                # a running job's message is about the size it asked for until now (e.g. why it waits to grow)
+                cleared = {} if queued else {"message": ""}
+                await tx.update_job(job.id, expect=[JobStatus.QUEUED, JobStatus.RUNNING], scaled_to=nodes, **cleared)
+                await tx.event(
+                    now,
+                    Condition.SCALING,
+                    f"{how} by {caller.user}: {when}",
+                    job=job.id,
+                    data={"from": job.size, "to": nodes, "by": caller.user},
+                )
+        except Conflict:
+            raise UsageError(f"job {job.id} ended meanwhile: it cannot be scaled") from None
+        self._poke()
+        return await self._fresh(job.id)
+
+    async def job_events(self, caller: Caller, job_id: int | str, *, limit: int = 100) -> list[StoredEvent]:
+        job = await self._job(caller, job_id, "see", write=False)
+        return await self.store.events(job=str(job.id), limit=limit)  # redacted by the caller (`redact_json`)
+
+    # -- alerts -----------------------------------------------------------------------------------------------
+
+    async def ack(self, caller: Caller, alert_ids: Iterable[int | str]) -> list[StoredAlert]:
+        """Acknowledge alerts: someone is on it (they stay listed until resolved)."""
+        alerts = await self._alerts_for(caller, alert_ids, "acknowledge")
+        return await self.store.ack_alerts([a.id for a in alerts], by=caller.user, now=self.clock())
+
+    async def resolve(self, caller: Caller, alert_ids: Iterable[int | str]) -> list[StoredAlert]:
+        """Resolve alerts: the problem is over (node alerts also resolve themselves once the node is well)."""
+        alerts = await self._alerts_for(caller, alert_ids, "resolve")
+        return await self.store.resolve_alerts([a.id for a in alerts], by=caller.user, now=self.clock())
+
+    async def _alerts_for(self, caller: Caller, alert_ids: Iterable[int | str], verb: str) -> list[StoredAlert]:
+        """The alerts, once the caller may act on every one of them (else nothing is changed).
+
+        Admins may act on any alert; on a job's alert, whoever may change the job; node alerts are for admins.
+        """
+        alerts = await self.store.alerts_by_id(alert_ids)
+        if self.is_admin(caller):
+            return alerts
+        for alert in alerts:
+            if alert.job is None:
+                raise PermissionDenied(
+                    f"{caller.user} may not {verb} alert {alert.id} ({alert.kind} on {alert.node}): alerts about "
+                    f"nodes are for admins ({self._admins()})"
+                )
+            job = await self.store.job(alert.job)
+            if job is None:
+                raise NotFound(f"alert {alert.id} is about job {alert.job}, which does not exist")
+            self._check(caller, job, f"{verb} alert {alert.id} of", write=True)
+        return alerts
+
+    def _admins(self) -> str:
+        return ", ".join(["root", *self.config.admins])
+
+    # -- nodes ------------------------------------------------------------------------------------------------
+
+    async def probe(
+        self, caller: Caller, nodeset: str | None, *, checks: Sequence[str] | None = None
+    ) -> list[ProbeOutcome]:
+        """Probe nodes now, reading every node's container runtimes anew. An admin's probe runs at once; anyone
+        else's is merged with the loop's (`ClusterService.probe_shared`: a node probed in the last PROBE_REUSE_S
+        answers with that result). Some checks only (`checks`) never make a node's health better (issue 26)."""
+        if self.is_admin(caller):
+            outcomes = await self.service.probe(nodeset, checks=checks, fresh=True)
+        else:
+            outcomes = await self.service.probe_shared(nodeset, checks=checks)
+        self._poke()
+        hidden = await self.hidden_jobs(caller)  # an isolated node's reasons name the job it failed under
+        return [redact_outcome(o, hidden) for o in outcomes] if hidden else outcomes
+
+    async def drain(self, caller: Caller, nodeset: str, reason: str) -> list[NodeView]:
+        """Take nodes out of scheduling (admins only); the running jobs there go on."""
+        self._admin_only(caller, "drain")
+        healths = await self.service.drain(nodeset, reason=reason, by=caller.user)
+        return await self.service.nodes([h.node for h in healths])
+
+    async def resume(self, caller: Caller, nodeset: str) -> list[NodeView]:
+        """Put drained or isolated nodes back (admins only)."""
+        self._admin_only(caller, "resume")
+        healths = await self.service.resume(nodeset, by=caller.user)
+        self._poke()
+        return await self.service.nodes([h.node for h in healths])
+
+    def _admin_only(self, caller: Caller, verb: str) -> None:
+        if not self.is_admin(caller):
+            raise PermissionDenied(f"{caller.user} may not {verb} nodes: that is for admins ({self._admins()})")
+
+    async def wait(self, caller: Caller, job_id: int | str) -> AsyncIterator[dict[str, Any]]:
+        """The job now, then each time its status changes, until it ends."""
+        job = await self._job(caller, job_id, "see", write=False)
+        hidden = await self.hidden_jobs(caller)
+        last: tuple[str, str] | None = None
+        while True:
+            key = (job.status.value, job.message)
+            if key != last:
+                yield self.redact_job(job, hidden).to_json(self.clock())
+                last = key
+            if job.status in TERMINAL:
+                return
+            changed = self._changed
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), timeout=self.settings.tick)
+            job = await self._fresh(job.id)
+
+    async def logs(
+        self,
+        caller: Caller,
+        job_id: int | str,
+        *,
+        rank: int = 0,
+        attempt: int | None = None,
+        follow: bool = False,
+        tail: int | None = None,
+    ) -> AsyncIterator[str]:
+        """output.log of one rank, as text chunks; with `follow`, until the run ends. The first chunk is always ""
+        once the caller may read the logs: a caller that primes the stream to learn of refusals (the API) need not
+        wait for the run's first output, during which it could not tell that its client has gone."""
+        job = await self._job(caller, job_id, "read the logs of", write=False)
+        run = await self._log_run(job, rank, attempt)
+        node = self._node_of(run)
+        path = f"{run.run_dir}/output.log"
+        user = self.loop.executor.run_user(job)
+        yield ""
+        offset = 0
+        if tail is not None:
+            offset = await self._tail_offset(node, path, tail, user)
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        while True:
+            data = await self._log_read(node, path, offset, user)
+            offset += len(data)
+            text = decoder.decode(data)
+            if text:
+                yield text
+            if len(data) == LOG_CHUNK:
+                continue
+            if not follow:
+                return
+            current = [r for r in await self.store.runs(job=job.id) if (r.attempt, r.rank) == (run.attempt, run.rank)]
+            if not current or not current[0].active:
+                rest = await self._log_read(node, path, offset, user)
+                text = decoder.decode(rest, final=True)
+                if text:
+                    yield text
+                return
+            await asyncio.sleep(LOG_POLL_S)
+
+    async def _log_run(self, job: Job, rank: int, attempt: int | None) -> Run:
+        runs = await self.store.runs(job=job.id)
+        number = attempt if attempt is not None else job.attempt
+        if not runs:
+            raise UsageError(f"job {job.id} is {job.status.value} and has not started: no logs yet")
+        match = [r for r in runs if r.attempt == number and r.rank == rank]
+        if not match:
+            ranks = sorted({r.rank for r in runs if r.attempt == number})
+            raise NotFound(f"job {job.id} attempt {number} has no rank {rank} (ranks: {ranks})")
+        run = match[0]
+        if run.state == "intent":
+            raise UsageError(f"job {job.id} rank {rank} is being started: try again in a moment")
+        if not run.launch:
+            raise UsageError(
+                f"rank {rank} of job {job.id} runs under mpirun started from rank 0: its output is in rank 0's log"
+            )
+        return run
+
+    def _node_of(self, run: Run) -> Node:
+        node = self._nodes.get(run.node)
+        if node is None:
+            raise NotFound(f"rank {run.rank} ran on {run.node}, which is no longer in the cluster config")
+        return node
+
+    async def _log_read(self, node: Node, path: str, offset: int, user: str | None) -> bytes:
+        """A chunk of a run's output.log, read on its node as the run's user (never with more rights)."""
+        got = await read_file(self.transport, node, path, offset=offset, limit=LOG_CHUNK, user=user,
+                              python=self._python)  # fmt: skip
+        return b"" if got is None else got[1]
+
+    async def launch_files(
+        self, caller: Caller, job_id: int | str, *, rank: int = 0, attempt: int | None = None
+    ) -> dict[str, Any]:
+        """What one rank was started with, read back from its run folder: argv, env and hostfile."""
+        job = await self._job(caller, job_id, "see the launch of", write=False)
+        run = await self._log_run(job, rank, attempt)
+        node = self._node_of(run)
+        found = await run_files(self.transport, node, run.run_dir, user=self.loop.executor.run_user(job),
+                                python=self._python)  # fmt: skip
+        if found is None:
+            raise NotFound(f"job {job.id} rank {run.rank}: no run folder {run.run_dir} on {run.node}")
+        argv, env, hostfile = (found[name] for name in ("argv.json", "env.json", "hostfile"))
+        return {
+            "node": run.node,
+            "rank": run.rank,
+            "attempt": run.attempt,
+            "run_dir": run.run_dir,
+            "argv": json.loads(argv) if argv else None,
+            "env": json.loads(env) if env else None,
+            "hostfile": hostfile or None,
+        }
+
+    async def _tail_offset(self, node: Node, path: str, lines: int, user: str | None) -> int:
+        """Where the last `lines` lines of the file start, in one round trip (0 when there is no file yet)."""
+        got = await read_file(self.transport, node, path, limit=0, tail=lines, user=user, python=self._python)
+        return 0 if got is None else got[0]
+
+    @property
+    def _python(self) -> str:
+        return self.config.ssh.python
+
+    async def _fresh(self, job_id: int) -> Job:
+        job = await self.store.job(job_id)
+        if job is None:
+            raise NotFound(f"no job {job_id}")
+        return job
+
+    def _poke(self) -> None:
+        """Something changed: wake the loop now and whoever waits on a job."""
+        self.loop.wake.set()
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def predict(self, caller: Caller, spec: JobSpec | dict[str, Any]) -> placement.Decision:
+        """Would this job start now, on which nodes and GPUs; or its queue position, why, and the jobs ahead.
+        The same rules as submit: what submit would refuse, predict refuses."""
+        spec = _spec(spec)
+        self.rules.admissible(caller, spec, spec.priority.value)
+        await self.rules.within_cap(caller.user, spec.project, spec.priority.value)
+        queued = await self.store.jobs(statuses=[JobStatus.QUEUED])
+        state, requests, _, _ = await self.loop.placer.placement_inputs(queued)
+        now = self.clock()
+        job = job_request(spec, self.config, job_id="(this job)", now=now)
+        job = dataclasses.replace(job, project=urgent_scope(self.config, caller.user, spec.project))
+        decision = placement.predict(
+            state, requests, job, now, urgent_cap=self.settings.urgent_cap, allow_degraded=self.loop.placer.degraded_ok
+        )
+        return redact_decision(decision, await self.hidden_jobs(caller))
+
+    # ============================================================ the loop
+
+    @property
+    def looping(self) -> bool:
+        return self.loop.looping
+
+    async def run(self, stop: asyncio.Event, *, probe: bool = True) -> None:
+        """Drive the control loop (`scheduler.loop`) until `stop` is set."""
+        await self.loop.run(stop, probe=probe)
+
+    async def tick(self) -> None:
+        await self.loop.tick()
+
+
+# ================================================================ helpers
+
+
+def _job_id(value: int | str) -> int:
+    try:
+        return int(str(value).strip().removeprefix("#"))
+    except ValueError:
+        raise UsageError(f"not a job id: {value!r} (job ids are numbers, as `ftconsole jobs` shows)") from None
+
+
+def _spec(spec: JobSpec | dict[str, Any]) -> JobSpec:
+    if isinstance(spec, JobSpec):  # a clone: checked again, the rules may have grown since it was stored
+        spec = spec.to_json()
+    try:
+        return JobSpec.from_json(spec)
+    except ValidationError as exc:
+        raise UsageError(f"invalid job spec: {exc}") from None
+
+
+def _clock(when: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when))

@@ -1,0 +1,258 @@
+"""The probe agent's GPU readers (node side, bundled into the agent's script: see agent.py and bundle.py).
+
+GPUs: three readers, one shape. A simulated file (DESIGN.md, "Simulated GPUs"), NVML through ``pynvml`` when it
+imports and initializes, else ``nvidia-smi``'s CSV output; each returns a GpuReading whose gpus are normalized
+dicts, so the checks have one code path for every source. Python 3.8, standard library only (plus pynvml).
+"""
+
+import collections
+import csv
+import json
+import os
+import shutil
+import subprocess
+
+from ftconsole.scheduler.node.agent_common import (  # bundled
+    MIB,
+    NOT_AVAILABLE,
+    as_bool,
+    as_int,
+    as_number,
+    as_pids,
+    as_str,
+    run_command,
+)
+
+GPU_FIELDS = (
+    ("name", as_str),
+    ("uuid", as_str),
+    ("memory_total_mib", as_int),
+    ("memory_used_mib", as_int),
+    ("utilization", as_number),
+    ("temperature", as_number),
+    ("ecc_uncorrectable", as_int),
+    ("retired_pages_pending", as_bool),
+    ("remapped_rows_pending", as_bool),
+    ("nvlink_down", as_int),
+    ("healthy", as_bool),
+    ("processes", as_pids),
+)
+
+
+def normalize_gpu(raw, position):
+    """One GPU as the document's dict: every key present, wrong types and unknown values as null."""
+    if not isinstance(raw, dict):
+        raw = {}
+    index = as_int(raw.get("index"))
+    gpu = {"index": position if index is None else index}
+    for key, convert in GPU_FIELDS:
+        gpu[key] = convert(raw.get(key))
+    return gpu
+
+
+class GpuReading(object):
+    def __init__(self, source, gpus=(), driver_version=None, error=None):
+        self.source = source
+        self.gpus = [normalize_gpu(raw, i) for i, raw in enumerate(gpus)]
+        self.driver_version = as_str(driver_version)
+        self.error = error
+
+
+def read_gpus(params, deadline):
+    """Simulated file if its env var is set, else NVML, else nvidia-smi, else no GPUs."""
+    sim_path = os.environ.get(str(params["sim_gpus_env"]))
+    if sim_path:
+        return read_sim_gpus(sim_path)
+    try:
+        return read_nvml_gpus() or read_smi_gpus(deadline) or GpuReading("none")
+    except Exception as exc:
+        return GpuReading("none", error="reading GPUs failed: %s: %s" % (type(exc).__name__, exc))
+
+
+def read_sim_gpus(path):
+    """The simulated-GPU file (DESIGN.md, "Simulated GPUs"), read afresh at every run."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as exc:
+        return GpuReading("sim", error="cannot read simulated GPU file %s: %s" % (path, exc))
+    if not isinstance(doc, dict) or not isinstance(doc.get("gpus"), list):
+        return GpuReading("sim", error='simulated GPU file %s has no "gpus" list' % path)
+    return GpuReading("sim", doc["gpus"], doc.get("driver_version"))
+
+
+def nvml_value(nv, function, *args):
+    """Call one NVML function by name; any error (NotSupported, missing in an old pynvml, ...) reads as None."""
+    try:
+        return getattr(nv, function)(*args)
+    except Exception:
+        return None
+
+
+def read_nvml_gpus():
+    """GPUs through pynvml, or None when pynvml is missing or NVML does not initialize."""
+    try:
+        import pynvml as nv
+    except Exception:
+        return None
+    try:
+        nv.nvmlInit()
+    except Exception:
+        return None
+    try:
+        count = nv.nvmlDeviceGetCount()
+        gpus = [read_nvml_gpu(nv, index) for index in range(count)]
+        return GpuReading("nvml", gpus, nvml_value(nv, "nvmlSystemGetDriverVersion"))
+    except Exception as exc:
+        return GpuReading("nvml", error="NVML: %s" % exc)
+    finally:
+        nvml_value(nv, "nvmlShutdown")
+
+
+def read_nvml_gpu(nv, index):
+    handle = nvml_value(nv, "nvmlDeviceGetHandleByIndex", index)
+    if handle is None:
+        return {"index": index, "healthy": False}
+    memory = nvml_value(nv, "nvmlDeviceGetMemoryInfo", handle)
+    rates = nvml_value(nv, "nvmlDeviceGetUtilizationRates", handle)
+    remapped = nvml_value(nv, "nvmlDeviceGetRemappedRows", handle)  # (corrected, uncorrected, pending, failed)
+    ecc = nvml_value(
+        nv,
+        "nvmlDeviceGetTotalEccErrors",
+        handle,
+        getattr(nv, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1),
+        getattr(nv, "NVML_VOLATILE_ECC", 0),
+    )
+    retired = nvml_value(nv, "nvmlDeviceGetRetiredPagesPendingStatus", handle)
+    return {
+        "index": index,
+        "name": nvml_value(nv, "nvmlDeviceGetName", handle),
+        "uuid": nvml_value(nv, "nvmlDeviceGetUUID", handle),
+        "memory_total_mib": mib_attr(memory, "total"),
+        "memory_used_mib": mib_attr(memory, "used"),
+        "utilization": getattr(rates, "gpu", None),
+        "temperature": nvml_value(nv, "nvmlDeviceGetTemperature", handle, getattr(nv, "NVML_TEMPERATURE_GPU", 0)),
+        "ecc_uncorrectable": ecc,
+        "retired_pages_pending": None if as_int(retired) is None else bool(retired),
+        "remapped_rows_pending": tuple_flag(remapped, 2),
+        "nvlink_down": nvml_nvlink_down(nv, handle),
+        "healthy": False if tuple_flag(remapped, 3) else None,
+        "processes": nvml_pids(nv, handle),
+    }
+
+
+def mib_attr(memory, name):
+    value = as_int(getattr(memory, name, None))
+    return None if value is None else value // MIB
+
+
+def tuple_flag(values, position):
+    if not isinstance(values, (list, tuple)) or len(values) <= position:
+        return None
+    return bool(values[position])
+
+
+def nvml_nvlink_down(nv, handle):
+    """Links that are supported but not active; None when the GPU reports no NVLink at all."""
+    supported = down = 0
+    for link in range(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18)):
+        state = as_int(nvml_value(nv, "nvmlDeviceGetNvLinkState", handle, link))
+        if state is None:
+            continue
+        supported += 1
+        if not state:
+            down += 1
+    return down if supported else None
+
+
+def nvml_pids(nv, handle):
+    processes = nvml_value(nv, "nvmlDeviceGetComputeRunningProcesses", handle) or []
+    return [getattr(p, "pid", None) for p in processes]
+
+
+SMI_FIELDS = (
+    "index",
+    "name",
+    "uuid",
+    "memory.total",
+    "memory.used",
+    "utilization.gpu",
+    "temperature.gpu",
+    "ecc.errors.uncorrected.volatile.total",
+    "retired_pages.pending",
+    "driver_version",
+)
+
+
+def read_smi_gpus(deadline):
+    """GPUs through nvidia-smi's CSV output, or None when nvidia-smi is not on PATH."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    query = ["--query-gpu=" + ",".join(SMI_FIELDS), "--format=csv,noheader,nounits"]
+    try:
+        output = run_command([smi, *query], deadline)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return GpuReading("nvidia-smi", error="nvidia-smi failed: %s" % exc)
+    rows = [smi_row(cells) for cells in csv.reader(output.splitlines(), skipinitialspace=True) if cells]
+    pids = smi_pids_by_uuid(smi, deadline)
+    gpus = [smi_gpu(row, pids) for row in rows]
+    driver = smi_text(rows[0].get("driver_version")) if rows else None
+    return GpuReading("nvidia-smi", gpus, driver)
+
+
+def smi_row(cells):
+    """{field: cell} of one CSV row; fields missing at the end of a short row are left out."""
+    return dict((field, cells[i]) for i, field in enumerate(SMI_FIELDS) if i < len(cells))
+
+
+def smi_text(cell):
+    cell = (cell or "").strip()
+    return None if cell in NOT_AVAILABLE else cell
+
+
+def smi_number(cell):
+    text = smi_text(cell)
+    if text is None:
+        return None
+    for convert in (int, float):
+        try:
+            return convert(text)
+        except ValueError:
+            pass
+    return None
+
+
+def smi_yes_no(cell):
+    text = (smi_text(cell) or "").lower()
+    return {"yes": True, "no": False}.get(text)
+
+
+def smi_gpu(row, pids_by_uuid):
+    uuid = smi_text(row.get("uuid"))
+    return {
+        "index": smi_number(row.get("index")),
+        "name": smi_text(row.get("name")),
+        "uuid": uuid,
+        "memory_total_mib": smi_number(row.get("memory.total")),
+        "memory_used_mib": smi_number(row.get("memory.used")),
+        "utilization": smi_number(row.get("utilization.gpu")),
+        "temperature": smi_number(row.get("temperature.gpu")),
+        "ecc_uncorrectable": smi_number(row.get("ecc.errors.uncorrected.volatile.total")),
+        "retired_pages_pending": smi_yes_no(row.get("retired_pages.pending")),
+        "processes": pids_by_uuid.get(uuid, []),
+    }
+
+
+def smi_pids_by_uuid(smi, deadline):
+    """{gpu uuid: [pid]} of compute processes; {} when nvidia-smi cannot say."""
+    query = ["--query-compute-apps=gpu_uuid,pid", "--format=csv,noheader,nounits"]
+    try:
+        output = run_command([smi, *query], deadline)
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    pids = collections.defaultdict(list)
+    for cells in csv.reader(output.splitlines(), skipinitialspace=True):
+        if len(cells) >= 2 and smi_number(cells[1]) is not None:
+            pids[cells[0].strip()].append(smi_number(cells[1]))
+    return dict(pids)

@@ -1,0 +1,545 @@
+"""The scheduler's client interface for nodes: what the CLI and the console call.
+
+`ClusterService` runs in the caller's process (embedded). Every method returns plain records with a
+`to_json`, so the same calls can later travel over the daemon's socket unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ftconsole.probes.health import (
+    NodeEvent,
+    NodeHealth,
+    NodeState,
+    Observation,
+    faults_in_window,
+    is_fault,
+    merge_partial,
+    observe,
+    set_admin,
+    stale,
+)
+from ftconsole.probes.results import AGENT_PROTOCOL, ALL_CHECKS, ProbeReport, parse_document
+from ftconsole.scheduler import debugenv
+from ftconsole.scheduler.errors import FtError, NotFound, UsageError
+from ftconsole.scheduler.spec.config import LoadedConfig, Node, ProbeSettings, format_duration
+from ftconsole.scheduler.spec.nodesets import MAX_NODESET, expand_nodeset, nodeset_size
+from ftconsole.scheduler.ssh.probing import ProbeFailure, sweep
+from ftconsole.scheduler.ssh.transport import SSHPool, Transport
+from ftconsole.scheduler.store.db import STORE_FILE, Store, secure_state
+from ftconsole.scheduler.store.records import AutoResolve, NewAlert, StoredEvent, StoredProbe
+
+STALE_AFTER_INTERVALS = 3
+# A node set in a request may name at most this many times the cluster's nodes (and at least NODESET_FLOOR): more
+# must repeat names; the bound is checked before the set is expanded (nodesets.nodeset_size).
+NODESET_SLACK = 4
+NODESET_FLOOR = 1024
+# A probe on demand by someone who is not an admin (issue 26): a node probed less than this ago answers with that
+# probe's result, and a node a sweep is probing now with that sweep's; only the rest are probed, in one sweep.
+PROBE_REUSE_S = 30.0
+
+
+def _node_json(node: Node) -> dict[str, Any]:
+    return {"name": node.name, "host": node.host, "port": node.port, "pool": node.pool, "labels": node.labels}
+
+
+def _health_json(h: NodeHealth, now: float) -> dict[str, Any]:
+    return {
+        "state": h.state.value,
+        "health": h.health.value,
+        "reasons": list(h.all_reasons()),
+        "since": h.since,
+        "admin": h.admin.value if h.admin else None,
+        "admin_reason": h.admin_reason or None,
+        "admin_by": h.admin_by or None,
+        "last_probe": h.last_probe,
+        "last_probe_age_s": round(now - h.last_probe, 1) if h.last_probe is not None else None,
+        "isolated_passes": h.isolated_passes,
+    }
+
+
+@dataclass(frozen=True)
+class ProbeOutcome:
+    node: Node
+    report: ProbeReport | None
+    failure: ProbeFailure | None
+    health: NodeHealth
+    time: float
+    reused: bool = False  # the node's last probe, less than PROBE_REUSE_S old, not a probe made for this request
+
+    @property
+    def ok(self) -> bool:
+        return self.report is not None and self.health.state is NodeState.HEALTHY
+
+    def to_json(self) -> dict[str, Any]:
+        out = {**_node_json(self.node), **_health_json(self.health, self.time)}
+        out["reachable"] = self.report is not None
+        out["reused"] = self.reused
+        out["error"] = None if self.failure is None else {"kind": self.failure.kind, "message": self.failure.message}
+        if self.report is not None:
+            out.update(self.report.to_json())
+        else:
+            out.update({"facts": None, "gpus": [], "checks": [], "duration_s": None})
+        return out
+
+
+@dataclass(frozen=True)
+class NodeView:
+    node: Node
+    health: NodeHealth
+    probe: StoredProbe | None
+    now: float
+    held: tuple[tuple[int, int], ...] = ()  # (GPU index, job id) for each GPU a run holds
+    faults: int = 0  # how many times it became unhealthy, unreachable or isolated
+    faults_in_window: int = 0  # how many of them within probes.flaky_window
+    flaky: bool = False  # faults_in_window reached probes.flaky_faults
+    faults_window: float = 0.0  # probes.flaky_window, in seconds
+    # (GPU index, job id, until) for each GPU a failed job holds for debugging (debug.hold_nodes)
+    held_for_debug: tuple[tuple[int, int, float], ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        out = {**_node_json(self.node), **_health_json(self.health, self.now)}
+        report = self.probe.report if self.probe else None
+        out["facts"] = report.get("facts") if report else None
+        out["gpus"] = report.get("gpus", []) if report else []
+        out["checks"] = report.get("checks", []) if report else []
+        out["last_error"] = self.probe.error if self.probe else None
+        out["held"] = [{"gpu": gpu, "job": job} for gpu, job in self.held]
+        out["held_for_debug"] = [{"gpu": gpu, "job": job, "until": until} for gpu, job, until in self.held_for_debug]
+        out["faults"] = self.faults
+        out["faults_in_window"] = self.faults_in_window
+        out["faults_window_s"] = self.faults_window
+        out["flaky"] = self.flaky
+        return out
+
+
+HOST_KEY_FAILURES = ("host-key-unknown", "host-key-changed")
+_RECOVERED = (NodeState.HEALTHY, NodeState.DEGRADED)
+
+
+def node_alerts(
+    before: NodeHealth, after: NodeHealth, failure: ProbeFailure | None, open_kinds: Collection[str], now: float
+) -> tuple[list[NewAlert], list[AutoResolve]]:
+    """The alerts one probe raises and resolves for a node (pure): on a change of its health, not every probe.
+
+    Into unhealthy: node_unhealthy (and an open node_unreachable is over: it answers). Into unreachable:
+    node_unreachable. Back to healthy or degraded: both resolved. A host key that is unknown or changed: host_key
+    (critical) while none is open; resolved by the first probe that gets a report. The store raises each kind
+    only while none is open for the node, so a state reached again before it recovered raises nothing new.
+    """
+    name = after.node
+    raised: list[NewAlert] = []
+    resolved: list[AutoResolve] = []
+    why = "; ".join(after.reasons) or after.health.value
+    if after.health is not before.health:
+        if after.health is NodeState.UNHEALTHY:
+            raised.append(NewAlert(now, "node_unhealthy", "error", f"{name} is unhealthy: {why}", node=name))
+            resolved.append(AutoResolve(now, name, "node_unreachable", "it answers probes again"))
+        elif after.health is NodeState.UNREACHABLE:
+            raised.append(NewAlert(now, "node_unreachable", "error", f"{name} is unreachable: {why}", node=name))
+        elif after.health in _RECOVERED:
+            for kind in ("node_unhealthy", "node_unreachable"):
+                resolved.append(AutoResolve(now, name, kind, f"{name} is {after.health.value} again"))
+    if failure is not None and failure.kind in HOST_KEY_FAILURES:
+        if "host_key" not in open_kinds:
+            message = f"{name}: {failure.message}"
+            raised.append(NewAlert(now, "host_key", "critical", message, node=name))
+    elif failure is None and "host_key" in open_kinds:
+        resolved.append(AutoResolve(now, name, "host_key", "its host key was verified"))
+    return raised, resolved
+
+
+def isolation_alerts(events: Sequence[NodeEvent]) -> tuple[list[NewAlert], list[AutoResolve]]:
+    """A node isolated (by the recovery policy, or an operator) raises `node_isolated`: a person decides when
+    it comes back, or sees it come back by itself (probes.isolation_recover_after); resumed: resolved."""
+    raised, resolved = [], []
+    for e in events:
+        if e.kind == NodeState.ISOLATED.value:
+            raised.append(NewAlert(e.time, "node_isolated", "error", f"{e.node} {e.message}", node=e.node))
+        elif e.kind == "resumed":
+            resolved.append(AutoResolve(e.time, e.node, "node_isolated", e.message))
+    return raised, resolved
+
+
+FLAKY_ALERT_LAST = 3  # the faults a node_flaky alert names, newest last
+
+
+def flaky_alert(
+    name: str, past: Sequence[StoredEvent], events: Sequence[NodeEvent], now: float, settings: ProbeSettings
+) -> NewAlert | None:
+    """The node_flaky alert a change of a node raises (pure): when one of its `events` is a fault and, with it, the
+    node's faults within `flaky_window` (`past`: its fault events so far) reach `flaky_faults`.
+
+    The store raises it only while none is open or acknowledged for the node; ftconsole never resolves it (an
+    operator looks at the node first), and a fault after it was resolved raises a new one while still flaky.
+    """
+    new = [(e.time, e.message) for e in events if is_fault(e.kind, e.data)]
+    if not new:
+        return None
+    since = now - settings.flaky_window
+    recent = [(t, message) for t, message in [*((e.time, e.message) for e in past), *new] if t >= since]
+    if len(recent) < settings.flaky_faults:
+        return None
+    last = "; ".join(f"{_clock(t)} {_cut(message)}" for t, message in recent[-FLAKY_ALERT_LAST:])
+    message = (
+        f"{name} is flaky: {len(recent)} faults within {format_duration(settings.flaky_window)} (the last: {last}); "
+        f"it is not resumed automatically: look at it before `ftconsole resume {name}`"
+    )
+    return NewAlert(now, "node_flaky", "warning", message, node=name)
+
+
+def _clock(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
+
+
+def _cut(text: str, limit: int = 160) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _checks(checks: Sequence[str] | None) -> tuple[str, ...] | None:
+    """The check names a probe runs (None: all), refused unless every one is known."""
+    if checks is None:
+        return None
+    if isinstance(checks, str) or not all(isinstance(c, str) for c in checks):
+        raise UsageError(f"checks must be a list of check names, not {checks!r:.80}")
+    unknown = sorted(set(checks) - set(ALL_CHECKS))
+    if unknown or not checks:
+        problem = f"unknown checks {', '.join(map(repr, unknown[:10]))}" if unknown else "no checks named"
+        raise UsageError(f"{problem} (known: {', '.join(ALL_CHECKS)})")
+    return None if set(ALL_CHECKS) <= set(checks) else tuple(dict.fromkeys(checks))
+
+
+def _stored_report(probe: StoredProbe | None) -> ProbeReport | None:
+    """The report of a stored probe (None: none, or the probe failed); one that no longer reads counts as none."""
+    if probe is None or probe.report is None:
+        return None
+    try:
+        return parse_document({**probe.report, "agent": AGENT_PROTOCOL})
+    except FtError:
+        return None
+
+
+def _stored_outcome(node: Node, probe: StoredProbe, health: NodeHealth, now: float) -> ProbeOutcome:
+    failure = None
+    if probe.error is not None:
+        kind, _, message = probe.error.partition(": ")
+        failure = ProbeFailure(kind, message) if message else ProbeFailure("unreachable", probe.error)
+    report = _stored_report(probe)
+    return ProbeOutcome(node=node, report=report, failure=failure, health=health, time=now, reused=True)
+
+
+async def _join(task: asyncio.Task[list[ProbeOutcome]]) -> list[ProbeOutcome]:
+    """The outcomes of a sweep that others may wait on too: leaving early does not stop it."""
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        me = asyncio.current_task()
+        if task.cancelled() and (me is None or not me.cancelling()):
+            raise FtError("the probe sweep this request waited on was stopped (the scheduler is stopping)") from None
+        raise
+
+
+GPU_SAMPLES_KEPT = 512  # per GPU: at the default probe interval (60 s), 8.5 hours of utilisation
+
+
+class ClusterService:
+    def __init__(
+        self,
+        loaded: LoadedConfig,
+        store: Store,
+        transport: Transport,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.loaded = loaded
+        self.config = loaded.cluster
+        self.store = store
+        self.transport = transport
+        self.clock = clock
+        self._nodes = {n.name: n for n in self.config.node_list()}
+        # "node:index" -> (time, utilisation %) of each probe that read it, for the hang detector
+        self._util: dict[str, deque[tuple[float, float]]] = {}
+        self._util_seeded = False
+        # node -> (the checks it runs, None for all; the sweep) for each node a sweep is probing now
+        self._sweeps: dict[str, tuple[frozenset[str] | None, asyncio.Task[list[ProbeOutcome]]]] = {}
+        self._folding = asyncio.Lock()  # one sweep at a time folds what it found into the nodes' health
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def open(cls, loaded: LoadedConfig) -> AsyncIterator[ClusterService]:
+        secure_state(loaded.state_dir, group=loaded.cluster.api.group)  # private; looser modes tightened
+        store = await Store.open(loaded.state_dir / STORE_FILE)
+        pool = SSHPool.from_config(loaded)
+        try:
+            yield cls(loaded, store, pool)
+        finally:
+            await pool.close()
+            await store.close()
+
+    # -- selecting nodes ---------------------------------------------------------------------------------
+
+    @property
+    def all_nodes(self) -> list[Node]:
+        return list(self._nodes.values())
+
+    @property
+    def nodeset_limit(self) -> int:
+        """The most names a node set in a request may expand to, all its expressions together."""
+        return min(MAX_NODESET, max(NODESET_FLOOR, NODESET_SLACK * len(self._nodes)))
+
+    def select(self, nodeset: str | Sequence[str] | None) -> list[Node]:
+        """Nodes named by a node set expression (or a list of them); every name must be configured. The size of
+        each is checked against `nodeset_limit` before it is expanded."""
+        if nodeset is None:
+            return self.all_nodes
+        exprs = [nodeset] if isinstance(nodeset, str) else list(nodeset)
+        limit = self.nodeset_limit
+        why = f"a request may name {NODESET_SLACK} nodes per node of the cluster, and at least {NODESET_FLOOR:,}"
+        size = sum(nodeset_size(e) if isinstance(e, str) else 0 for e in exprs)
+        if len(exprs) > 1 and size > limit:
+            raise UsageError(f"node sets naming up to {size:,} nodes, over the limit of {limit:,} ({why})")
+        names: list[str] = []
+        for expr in exprs:
+            try:
+                names.extend(expand_nodeset(expr, limit=limit))
+            except ValueError as exc:
+                raise UsageError(f"{exc} ({why})" if "over the limit" in str(exc) else str(exc)) from None
+        unknown = [n for n in names if n not in self._nodes]
+        if unknown:
+            more = f" and {len(unknown) - 20} more" if len(unknown) > 20 else ""
+            raise NotFound(f"not in the cluster config: {', '.join(unknown[:20])}{more}")
+        return [self._nodes[n] for n in dict.fromkeys(names)]
+
+    # -- probing -----------------------------------------------------------------------------------------
+
+    async def probe(
+        self, nodeset: str | None = None, *, checks: Sequence[str] | None = None, fresh: bool = False
+    ) -> list[ProbeOutcome]:
+        """Probe nodes now; fold the results into their health and persist both, with the events. `fresh`: an
+        operator's probe, which reads the container runtimes anew (see probing.agent_params). `checks`: some
+        checks only, a partial probe (see probes.health: it never makes a node's health better)."""
+        nodes = self.select(nodeset)
+        return await self._start(nodes, _checks(checks), fresh)
+
+    async def probe_shared(
+        self, nodeset: str | None = None, *, checks: Sequence[str] | None = None, reuse_s: float = PROBE_REUSE_S
+    ) -> list[ProbeOutcome]:
+        """A probe on demand by someone who is not an admin, merged with the others: a node probed less than
+        `reuse_s` ago answers with that probe's result (`reused`), a node a sweep is probing now (the loop's, or
+        another request's) with that sweep's, and the rest are probed in one sweep of their own. So a node is
+        probed for such requests at most once per `reuse_s`, however many ask."""
+        nodes = self.select(nodeset)
+        wanted = _checks(checks)
+        now = self.clock()
+        latest = await self.store.latest_probes()
+        recent = {n.name for n in nodes if n.name in latest and now - latest[n.name].time < reuse_s}
+        sweeps: dict[asyncio.Task[list[ProbeOutcome]], None] = {}
+        todo: list[Node] = []
+        for node in nodes:  # no await from here to _start: a sweep is found, or started and registered, at once
+            if node.name in recent:
+                continue
+            running = self._sweeps.get(node.name)
+            if running is not None and (running[0] is None or (wanted is not None and set(wanted) <= running[0])):
+                sweeps[running[1]] = None
+            else:
+                todo.append(node)
+        if todo:
+            sweeps[self._start(todo, wanted, fresh=True)] = None
+        found: dict[str, ProbeOutcome] = {}
+        for task in sweeps:
+            found.update((o.node.name, o) for o in await _join(task))
+        if recent:
+            healths = await self.store.all_node_health()
+            for node in nodes:
+                if node.name in recent:
+                    health = healths.get(node.name) or NodeHealth(node.name)
+                    found[node.name] = _stored_outcome(node, latest[node.name], health, now)
+        return [found[n.name] for n in nodes]
+
+    def _start(
+        self, nodes: Sequence[Node], checks: Sequence[str] | None, fresh: bool
+    ) -> asyncio.Task[list[ProbeOutcome]]:
+        """A sweep of `nodes` as a task, known in `_sweeps` until it ends (requests of others may join it)."""
+        task = asyncio.ensure_future(self._sweep(nodes, checks, fresh))
+        ran = None if checks is None else frozenset(checks)
+        for node in nodes:
+            self._sweeps[node.name] = (ran, task)
+
+        def done(_: asyncio.Task[list[ProbeOutcome]]) -> None:
+            for node in nodes:
+                if node.name in self._sweeps and self._sweeps[node.name][1] is task:
+                    del self._sweeps[node.name]
+
+        task.add_done_callback(done)
+        return task
+
+    async def _sweep(self, nodes: Sequence[Node], checks: Sequence[str] | None, fresh: bool) -> list[ProbeOutcome]:
+        results = await sweep(self.transport, self.config, nodes, checks=checks, fresh=fresh)
+        async with self._folding:  # what the fold reads (health, the last reports) no other sweep changes meanwhile
+            return await self._fold(nodes, results, partial=checks is not None)
+
+    async def _fold(
+        self, nodes: Sequence[Node], results: Mapping[str, ProbeReport | ProbeFailure], *, partial: bool
+    ) -> list[ProbeOutcome]:
+        now = self.clock()
+        settings = self.config.probes
+        current = await self.store.all_node_health()
+        open_alerts = await self.store.open_node_alerts()
+        history = await self.store.fault_events(since=now - settings.flaky_window)
+        last = await self.store.latest_probes() if partial else {}
+        changes: list[tuple[NodeHealth, Sequence[NodeEvent]]] = []
+        stored: list[StoredProbe] = []
+        outcomes: list[ProbeOutcome] = []
+        raised: list[NewAlert] = []
+        resolved: list[AutoResolve] = []
+        for node in nodes:
+            result = results[node.name]
+            if isinstance(result, ProbeReport):
+                # a partial report is folded, and kept, with the node's last result of the checks it did not run
+                known = merge_partial(result, _stored_report(last.get(node.name))) if partial else result
+                obs = Observation(now, report=known, partial=partial)
+                stored.append(StoredProbe(node.name, now, None, known.to_json()))
+                self._keep_util(node.name, now, result.to_json())
+            else:
+                obs = Observation(now, error=f"{result.kind}: {result.message}")
+                stored.append(StoredProbe(node.name, now, obs.error, None))
+            before = current.get(node.name) or NodeHealth(node.name)
+            past = history.get(node.name, [])
+            health, events = observe(
+                before,
+                obs,
+                recover_after=settings.recover_after,
+                resume_isolated_after=settings.isolation_recover_after,
+                flaky=faults_in_window((e.time for e in past), now, settings.flaky_window) >= settings.flaky_faults,
+            )
+            changes.append((health, events))
+            failure = result if isinstance(result, ProbeFailure) else None
+            up, down = node_alerts(before, health, failure, open_alerts.get(node.name, set()), now)
+            raised.extend(up)
+            flaky = flaky_alert(node.name, past, events, now, settings)
+            if flaky is not None:
+                raised.append(flaky)
+            resolved.extend(down)
+            up, down = isolation_alerts(events)
+            raised.extend(up)
+            resolved.extend(down)
+            outcomes.append(
+                ProbeOutcome(
+                    node=node,
+                    report=result if isinstance(result, ProbeReport) else None,
+                    failure=result if isinstance(result, ProbeFailure) else None,
+                    health=health,
+                    time=now,
+                )
+            )
+        await self.store.save_nodes(changes, stored, alerts=raised, resolve=resolved)
+        return outcomes
+
+    def _keep_util(self, node: str, when: float, report: Mapping[str, Any]) -> None:
+        for gpu in report.get("gpus") or []:
+            util = gpu.get("utilization")
+            if isinstance(util, int | float) and isinstance(gpu.get("index"), int):
+                samples = self._util.setdefault(f"{node}:{gpu['index']}", deque(maxlen=GPU_SAMPLES_KEPT))
+                samples.append((when, float(util)))
+
+    async def gpu_samples(self) -> Mapping[str, Sequence[tuple[float, float]]]:
+        """Each GPU's utilisation as the probes read it ("node:index" -> (time, %), oldest first): the
+        probes of this process, after those the store keeps from before it started."""
+        if not self._util_seeded:
+            self._util_seeded = True
+            newer = dict(self._util)
+            self._util = {}
+            for p in await self.store.probe_history():
+                if p.report is not None:
+                    self._keep_util(p.node, p.time, p.report)
+            for key, samples in newer.items():
+                kept = self._util.setdefault(key, deque(maxlen=GPU_SAMPLES_KEPT))
+                kept.extend(s for s in samples if not kept or s[0] > kept[-1][0])
+        return self._util
+
+    # -- listing -----------------------------------------------------------------------------------------
+
+    async def nodes(self, nodeset: str | Sequence[str] | None = None, *, extras: bool = True) -> list[NodeView]:
+        """The nodes as last probed; with `extras`, the GPUs runs hold, the fault counts and which nodes are flaky
+        (three queries)."""
+        nodes = self.select(nodeset)
+        now = self.clock()
+        healths = await self.store.all_node_health()
+        probes = await self.store.latest_probes()
+        stale_after = self.config.probes.interval * STALE_AFTER_INTERVALS
+        held: dict[str, list[tuple[int, int]]] = {}
+        debug_held: dict[str, list[tuple[int, int, float]]] = {}
+        faults: dict[str, int] = {}
+        recent: dict[str, int] = {}
+        window, threshold = self.config.probes.flaky_window, self.config.probes.flaky_faults
+        if extras:
+            for r in await self.store.runs(held=True):
+                held.setdefault(r.node, []).extend((gpu, r.job) for gpu in r.gpus)
+            for h in await debugenv.holds(self.store, self.config.debug, now):
+                debug_held.setdefault(h.run.node, []).extend((gpu, h.job.id, h.until) for gpu in h.run.gpus)
+            faults = await self.store.node_faults()
+            history = await self.store.fault_events(since=now - window)
+            recent = {name: faults_in_window((e.time for e in evs), now, window) for name, evs in history.items()}
+        return [
+            NodeView(
+                node=n,
+                health=stale(healths.get(n.name) or NodeHealth(n.name), now, stale_after),
+                probe=probes.get(n.name),
+                now=now,
+                held=tuple(sorted(held.get(n.name, ()))),
+                held_for_debug=tuple(sorted(debug_held.get(n.name, ()))),
+                faults=faults.get(n.name, 0),
+                faults_in_window=recent.get(n.name, 0),
+                flaky=recent.get(n.name, 0) >= threshold,
+                faults_window=window,
+            )
+            for n in nodes
+        ]
+
+    async def events(self, *, node: str | None = None, limit: int = 100) -> list[StoredEvent]:
+        if node is not None:
+            self.select(node)
+        return await self.store.events(node=node, limit=limit)
+
+    # -- admin -------------------------------------------------------------------------------------------
+
+    async def drain(self, nodeset: str, *, reason: str, by: str) -> list[NodeHealth]:
+        if not reason.strip():
+            raise UsageError("drain needs a reason (--reason), so the next person on call knows why")
+        return await self._set_admin(nodeset, NodeState.DRAINED, reason.strip(), by)
+
+    async def resume(self, nodeset: str, *, by: str) -> list[NodeHealth]:
+        return await self._set_admin(nodeset, None, "", by)
+
+    async def isolate(self, names: Sequence[str], *, reason: str, by: str) -> list[NodeHealth]:
+        """Keep faulty nodes out of placement (the recovery policy's state) until an operator resumes them, or with
+        probes.isolation_recover_after N, until they pass the checks N times in a row. A drained node stays
+        drained. The isolation counts as a fault: it may make the node flaky (node_flaky alert)."""
+        return await self._set_admin(",".join(names), NodeState.ISOLATED, reason, by)
+
+    async def _set_admin(self, nodeset: str, state: NodeState | None, reason: str, by: str) -> list[NodeHealth]:
+        nodes = self.select(nodeset)
+        now = self.clock()
+        current = await self.store.all_node_health()
+        changes = [set_admin(current.get(n.name) or NodeHealth(n.name), state, reason, by, now) for n in nodes]
+        alerts: list[NewAlert] = []
+        resolved: list[AutoResolve] = []
+        for _, events in changes:
+            up, down = isolation_alerts(events)
+            alerts.extend(up)
+            resolved.extend(down)
+        if any(is_fault(e.kind, e.data) for _, events in changes for e in events):
+            history = await self.store.fault_events(since=now - self.config.probes.flaky_window)
+            for h, events in changes:
+                flaky = flaky_alert(h.node, history.get(h.node, []), events, now, self.config.probes)
+                if flaky is not None:
+                    alerts.append(flaky)
+        await self.store.save_nodes(changes, alerts=alerts, resolve=resolved)
+        return [h for h, _ in changes]

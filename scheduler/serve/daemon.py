@@ -1,0 +1,388 @@
+"""The scheduler as a service: the control loop plus the local API, one per state directory.
+
+`serve` (behind `ftconsole serve`, and the console in embedded mode) takes the state_dir lock, opens the
+store and the SSH pool, serves `Operations` on the API socket, and runs the loop until stopped. Jobs keep
+running on their nodes while it is down: their supervisors are detached, and the next start reads them back.
+
+`Operations` maps API ops to `Scheduler` methods and turns their results into JSON. The CLI uses the same
+mapping in-process (`client.LocalClient`) when no scheduler runs, so a reply never depends on the path taken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
+
+from ftconsole.scheduler import debugenv, failpoints
+from ftconsole.scheduler.decide import placement
+from ftconsole.scheduler.decide.clusterview import cluster_view
+from ftconsole.scheduler.decide.jobs import Job, JobStatus
+from ftconsole.scheduler.errors import UsageError
+from ftconsole.scheduler.jobops import Scheduler
+from ftconsole.scheduler.nodeops import ClusterService
+from ftconsole.scheduler.redaction import redact_json
+from ftconsole.scheduler.rules import Caller
+from ftconsole.scheduler.serve import metrics, notify
+from ftconsole.scheduler.serve.api import ApiServer
+from ftconsole.scheduler.serve.lock import StateLock
+from ftconsole.scheduler.spec.config import LoadedConfig, parse_duration
+from ftconsole.scheduler.store.db import ALERT_STATES
+from ftconsole.scheduler.store.records import JobActivity
+
+log = logging.getLogger("ftconsole.daemon")
+
+# ops that change something (the CLI refuses them when no scheduler runs to act on them, unless --local)
+# (ack, resolve, drain and resume take effect at once, scheduler or not)
+WRITE_OPS = frozenset({"submit", "stop", "delete", "clone", "priority", "extend", "scale", "release"})
+# The most rows one `events` or `alerts` request returns (issue 26): a larger `limit` is refused, not read.
+MAX_LIMIT = 10_000
+
+
+class Operations:
+    """The API handler: (caller, op, args) -> JSON, or an async iterator of JSON for `logs` and `wait`."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        self._ops: dict[str, Callable[[Caller, dict[str, Any]], Awaitable[Any]]] = {
+            "whoami": self._whoami,
+            "status": self._status,
+            "submit": self._submit,
+            "predict": self._predict,
+            "jobs": self._jobs,
+            "show": self._show,
+            "stop": self._stop,
+            "delete": self._delete,
+            "clone": self._clone,
+            "priority": self._priority,
+            "extend": self._extend,
+            "scale": self._scale,
+            "release": self._release,
+            "logs": self._logs,
+            "wait": self._wait,
+            "events": self._events,
+            "alerts": self._alerts,
+            "ack": self._ack,
+            "resolve": self._resolve,
+            "jobs_changed": self._jobs_changed,
+            "launch": self._launch,
+            "nodes": self._nodes,
+            "probe": self._probe,
+            "drain": self._drain,
+            "resume": self._resume,
+            "cluster": self._cluster,
+        }
+
+    async def __call__(self, caller: Caller, op: str, args: dict[str, Any]) -> Any:
+        handler = self._ops.get(op)
+        if handler is None:
+            raise UsageError(f"unknown op {op!r} (known: {', '.join(sorted(self._ops))})")
+        try:
+            return await handler(caller, args)
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, UsageError):
+                raise
+            raise UsageError(f"bad arguments for {op}: {exc}") from None
+
+    @property
+    def now(self) -> float:
+        return self.scheduler.clock()
+
+    async def _json(self, jobs: Sequence[Job], activity: dict[int, JobActivity] | None = None) -> list[dict[str, Any]]:
+        """Job JSON with its activity (`last_output`, `open_alerts`, `node_names`), two queries for all of them."""
+        if activity is None:
+            activity = await self.scheduler.store.job_activity([j.id for j in jobs])
+        now, none = self.now, JobActivity()
+        return [{**j.to_json(now), **activity.get(j.id, none).to_json()} for j in jobs]
+
+    async def _one(self, job: Job) -> dict[str, Any]:
+        return (await self._json([job]))[0]
+
+    async def _whoami(self, caller: Caller, args: dict[str, Any]) -> Any:
+        return {"user": caller.user, "uid": caller.uid, "pid": caller.pid, "admin": self.scheduler.is_admin(caller)}
+
+    async def _status(self, caller: Caller, args: dict[str, Any]) -> Any:
+        jobs = await self.scheduler.store.jobs()
+        counts = {s.value: sum(1 for j in jobs if j.status is s) for s in JobStatus}
+        return {"pid": os.getpid(), "looping": self.scheduler.looping, "jobs": counts}
+
+    async def _submit(self, caller: Caller, args: dict[str, Any]) -> Any:
+        return {**(await self.scheduler.submit(caller, args["spec"])).to_json(self.now), **JobActivity().to_json()}
+
+    async def _predict(self, caller: Caller, args: dict[str, Any]) -> Any:
+        return decision_json(await self.scheduler.predict(caller, args["spec"]))
+
+    async def _jobs(self, caller: Caller, args: dict[str, Any]) -> Any:
+        jobs = await self.scheduler.jobs(
+            caller,
+            status=args.get("status"),
+            name=args.get("name"),
+            owner=args.get("owner"),
+            spec=args.get("spec"),
+            output=args.get("output"),
+        )
+        return await self._json(jobs)
+
+    async def _jobs_changed(self, caller: Caller, args: dict[str, Any]) -> Any:
+        """{"cursor", "jobs"}: the jobs changed at or after `since` (deleted ones too), or all jobs for null;
+        call again with `since` = the cursor (see `Store.jobs_changed`)."""
+        since = args.get("since")
+        cursor, jobs, activity = await self.scheduler.store.jobs_changed(None if since is None else float(since))
+        hidden = await self._hidden(caller)
+        seen = [self.scheduler.redact_job(j, hidden) for j in jobs if self.scheduler.may_see(caller, j)]
+        return {"cursor": cursor, "jobs": await self._json(seen, activity)}
+
+    async def _show(self, caller: Caller, args: dict[str, Any]) -> Any:
+        return await self.scheduler.show(caller, args["job"])
+
+    async def _stop(self, caller: Caller, args: dict[str, Any]) -> Any:
+        return await self._json(await self.scheduler.stop(caller, _ids(args)))
+
+    async def _delete(self, caller: Caller, args: dict[str, Any]) -> Any:
+        return await self._json(await self.scheduler.delete(caller, _ids(args)))
+
+    async def _release(self, caller: Caller, args: dict[str, Any]) -> Any:
+        return await self._json(await self.scheduler.release(caller, _ids(args)))
+
+    async def _clone(self, caller: Caller, args: dict[str, Any]) -> Any:
+        return {**(await self.scheduler.clone(caller, args["job"])).to_json(self.now), **JobActivity().to_json()}
+
+    async def _priority(self, caller: Caller, args: dict[str, Any]) -> Any:
+        return await self._one(await self.scheduler.set_priority(caller, args["job"], str(args["level"])))
+
+    async def _extend(self, caller: Caller, args: dict[str, Any]) -> Any:
+        seconds = parse_duration(args["duration"])
+        return await self._one(await self.scheduler.extend(caller, args["job"], seconds))
+
+    async def _scale(self, caller: Caller, args: dict[str, Any]) -> Any:
+        nodes = args["nodes"]
+        if isinstance(nodes, bool) or not isinstance(nodes, int | str) or not str(nodes).strip().isdigit():
+            raise UsageError(f"scale needs a whole number of nodes, not {nodes!r}")
+        return await self._one(await self.scheduler.scale(caller, args["job"], int(nodes)))
+
+    async def _logs(self, caller: Caller, args: dict[str, Any]) -> AsyncIterator[str]:
+        stream = self.scheduler.logs(
+            caller,
+            args["job"],
+            rank=int(args.get("rank") or 0),
+            attempt=args.get("attempt"),
+            follow=bool(args.get("follow")),
+            tail=args.get("tail"),
+        )
+        return await _primed(stream)
+
+    async def _launch(self, caller: Caller, args: dict[str, Any]) -> Any:
+        return await self.scheduler.launch_files(
+            caller, args["job"], rank=int(args.get("rank") or 0), attempt=args.get("attempt")
+        )
+
+    async def _wait(self, caller: Caller, args: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        return await _primed(self.scheduler.wait(caller, args["job"]))
+
+    async def _events(self, caller: Caller, args: dict[str, Any]) -> Any:
+        limit = _limit(args, 100)
+        hidden = await self._hidden(caller)
+        if args.get("job") is not None:
+            events = await self.scheduler.job_events(caller, args["job"], limit=limit)
+        else:
+            events = await self.scheduler.service.events(node=args.get("node"), limit=limit)
+            events = [e for e in events if e.job is None or not e.job.isdigit() or int(e.job) not in hidden]
+        return redact_json([e.to_json() for e in events], hidden)  # a node's events name the job it failed under
+
+    async def _alerts(self, caller: Caller, args: dict[str, Any]) -> Any:
+        """Open and acknowledged alerts, oldest first; `all`: resolved ones too; `limit` (default 200) newest."""
+        states = ALERT_STATES if args.get("all") else ("open", "acknowledged")
+        alerts = await self.scheduler.store.alerts(states=states, limit=_limit(args, 200))
+        hidden = await self._hidden(caller)
+        return redact_json([a.to_json() for a in alerts if a.job not in hidden], hidden)  # node_isolated names a job
+
+    async def _ack(self, caller: Caller, args: dict[str, Any]) -> Any:
+        return [a.to_json() for a in await self.scheduler.ack(caller, _alert_ids(args))]
+
+    async def _resolve(self, caller: Caller, args: dict[str, Any]) -> Any:
+        return [a.to_json() for a in await self.scheduler.resolve(caller, _alert_ids(args))]
+
+    async def _nodes(self, caller: Caller, args: dict[str, Any]) -> Any:
+        hidden = await self._hidden(caller)
+        views = [
+            redact_json(_mask_held(v.to_json(), hidden), hidden)  # an isolated node's reasons name the job
+            for v in await self.scheduler.service.nodes(args.get("nodeset"))
+        ]
+        return [brief_node(v) for v in views] if args.get("brief") else views
+
+    async def _probe(self, caller: Caller, args: dict[str, Any]) -> Any:
+        checks = args.get("checks")
+        outcomes = await self.scheduler.probe(caller, args.get("nodeset"), checks=checks)
+        return [o.to_json() for o in outcomes]
+
+    async def _drain(self, caller: Caller, args: dict[str, Any]) -> Any:
+        views = await self.scheduler.drain(caller, str(args["nodeset"]), str(args.get("reason") or ""))
+        return [v.to_json() for v in views]
+
+    async def _resume(self, caller: Caller, args: dict[str, Any]) -> Any:
+        return [v.to_json() for v in await self.scheduler.resume(caller, str(args["nodeset"]))]
+
+    async def _cluster(self, caller: Caller, args: dict[str, Any]) -> Any:
+        s = self.scheduler
+        views = [v.to_json() for v in await s.service.nodes()]
+        queued = await s.store.jobs(statuses=[JobStatus.QUEUED])
+        holds = await debugenv.holds(s.store, s.config.debug, s.clock())
+        debug_held = [(h.run, h.until) for h in holds]
+        view = cluster_view(s.config, views, await s.store.runs(held=True), queued, debug_held)
+        hidden = await self._hidden(caller)
+        for node in view.get("nodes") or []:
+            for gpu in node.get("gpus") or []:
+                if gpu.get("job") in hidden:
+                    gpu.update(job=None, private=True)
+        return view
+
+    async def _hidden(self, caller: Caller) -> frozenset[int]:
+        """The jobs this caller may not see (`Scheduler.may_see`): left out of listings, events and alerts; the
+        GPUs they hold show as held by a private job."""
+        if self.scheduler.is_admin(caller):
+            return frozenset()
+        return await self.scheduler.store.private_jobs(except_uid=caller.uid)
+
+
+async def _primed(stream: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """Run a stream up to its first item now, so refusals (no such job, no permission) come back as errors. A
+    first item "" (`Scheduler.logs`: the checks passed) is not sent: the stream goes on in the API's hands, which
+    end it when the client goes."""
+    iterator = aiter(stream)
+    try:
+        first = await anext(iterator)
+    except StopAsyncIteration:
+        first = _EMPTY
+
+    async def rest() -> AsyncIterator[Any]:
+        try:
+            if first is not _EMPTY:
+                if first != "":
+                    yield first
+                async for item in iterator:
+                    yield item
+        finally:
+            aclose = getattr(iterator, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    return rest()
+
+
+_EMPTY = object()
+
+
+# what a list of nodes needs (the console reads it every second): no checks or facts, three fields per GPU
+BRIEF_GPU_FIELDS = ("index", "name", "utilization")
+
+
+def _mask_held(view: dict[str, Any], hidden: frozenset[int]) -> dict[str, Any]:
+    """A node view whose GPUs held by hidden jobs (running, or held for debugging) say only that: held by a
+    private job."""
+    if not hidden:
+        return view
+    out = dict(view)
+    for key in ("held", "held_for_debug"):
+        if view.get(key):
+            out[key] = [{**h, "job": None, "private": True} if h["job"] in hidden else h for h in view[key]]
+    return out
+
+
+def brief_node(view: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in view.items() if k not in ("checks", "facts")}
+    out["gpus"] = [{k: g.get(k) for k in BRIEF_GPU_FIELDS} for g in view.get("gpus") or []]
+    return out
+
+
+def _limit(args: dict[str, Any], default: int) -> int:
+    """A listing's `limit`: 1 to MAX_LIMIT rows (0 or none: `default`); anything else is refused."""
+    value = args.get("limit") or default
+    if isinstance(value, str) and value.strip().isdecimal() and len(value) < 20:
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_LIMIT:
+        raise UsageError(f"limit must be a whole number from 1 to {MAX_LIMIT:,}, not {value!r:.40}")
+    return value
+
+
+def _ids(args: dict[str, Any]) -> list[Any]:
+    ids = args["jobs"]
+    if not isinstance(ids, list) or not ids:
+        raise UsageError("give at least one job id")
+    return ids
+
+
+def _alert_ids(args: dict[str, Any]) -> list[Any]:
+    ids = args["alerts"]
+    if not isinstance(ids, list) or not ids:
+        raise UsageError("give at least one alert id")
+    return ids
+
+
+def decision_json(decision: placement.Decision) -> dict[str, Any]:
+    if isinstance(decision, placement.Place):
+        return {"starts_now": True, "nodes": [{"node": n, "gpus": list(g)} for n, g in decision.nodes]}
+    return {
+        "starts_now": False,
+        "reason": decision.reason,
+        "cause": decision.cause.value,
+        "position": decision.position,
+        "ahead": list(decision.ahead),
+        "earliest_start": decision.earliest_start,
+    }
+
+
+async def serve(
+    loaded: LoadedConfig,
+    stop: asyncio.Event,
+    *,
+    ready: Callable[[Scheduler], None] | None = None,
+    probe: bool = True,
+    service: ClusterService | None = None,
+) -> None:
+    """Run the scheduler with its API until `stop` is set. AlreadyRunning when another one holds state_dir.
+
+    `service`: an open ClusterService to share (the console's); by default one is opened and closed here.
+    """
+    with StateLock(loaded.state_dir):
+        async with contextlib.AsyncExitStack() as stack:
+            if service is None:
+                service = await stack.enter_async_context(ClusterService.open(loaded))
+            scheduler = Scheduler(service)
+            await stack.enter_async_context(
+                ApiServer(loaded.socket_path, Operations(scheduler), group=loaded.cluster.api.group)
+            )
+            # new alerts to the notify targets, in a task of its own (never holds up the loop)
+            await stack.enter_async_context(notify.running(loaded.cluster.notify, service.store))
+            # Prometheus metrics on metrics.listen, read from the store at each scrape (off without it)
+            await stack.enter_async_context(metrics.serving(loaded.cluster.metrics, scheduler))
+            log.info(
+                "serving %s on %s (cluster id %s, run folders %s)",
+                loaded.state_dir,
+                loaded.socket_path,
+                service.store.cluster_id,
+                scheduler.loop.run_root,
+            )
+            if failpoints.active():
+                log.warning("failpoints active: %s", failpoints.active())
+            if ready is not None:
+                ready(scheduler)
+            await scheduler.run(stop, probe=probe)
+
+
+async def serve_until_signalled(loaded: LoadedConfig) -> None:
+    """`ftconsole serve`: SIGTERM or SIGINT stops it cleanly (jobs keep running on their nodes)."""
+    import signal
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await serve(loaded, stop)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(Exception):
+                loop.remove_signal_handler(sig)

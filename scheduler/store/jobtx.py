@@ -1,0 +1,368 @@
+"""The writes of one jobs transaction (`JobTx`, handed out by `Store.jobs_tx`) and the column allow-lists of its
+updates; with them, the alert writes that it and `Store.save_nodes` share: raise an alert, acknowledge or resolve
+one (with its event), resolve a node's alerts of a kind automatically.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import aiosqlite
+
+from ftconsole.scheduler.decide.jobs import Attempt, Job, JobStatus, Run, StopReason
+from ftconsole.scheduler.errors import StoreError
+from ftconsole.scheduler.store.records import AutoResolve, NewAlert, StoredAlert, _alert_from_row
+
+AUTO = "ftconsole"  # who resolves the alerts that resolve themselves
+
+
+class Conflict(StoreError):
+    """A conditional write found the row changed since it was read (e.g. a job stopped while being placed)."""
+
+    title = "conflict"
+
+
+_JOB_COLUMNS = frozenset(
+    {
+        "status",
+        "priority",
+        "started",
+        "ended",
+        "attempt",
+        "requeued",
+        "extra_runtime",
+        "stop_requested",
+        "stop_reason",
+        "stop_by",
+        "message",
+        "exit_code",
+        "deleted",
+        "scaled_to",
+        "debug_released",
+        "excluded",
+    }
+)
+_ATTEMPT_COLUMNS = frozenset({"started", "ended", "result", "message", "master_port"})
+_RUN_COLUMNS = frozenset(
+    {
+        "state",
+        "pid",
+        "exit_code",
+        "signal",
+        "started",
+        "ended",
+        "error",
+        "stop_sent",
+        "released",
+        "run_dir",
+        "output_at",
+        "boot_id",
+        "supervisor_pid",
+        "supervisor_start",
+        "pid_start",
+        "kill_sent",
+    }
+)
+
+
+@dataclass(frozen=True)
+class CheckpointSignal:
+    """The checkpoint signal owed to one rank (schema 9): written in the transaction of the decision that owes it,
+    sent by the executor until the rank's node says it got it (`signalled`), the run ends first (`ended`), or
+    `deadline` passes (`late`: its grace period is over and the stop goes out). A scheduler that starts after a
+    crash sends the ones still owed: at least once (a crash after the node took it, before the outcome was
+    written, sends it again)."""
+
+    job: int
+    attempt: int
+    rank: int
+    signal: str
+    asked: float
+    deadline: float
+    tries: int = 0
+    outcome: str | None = None  # signalled | ended | late; None: still owed
+    done: float | None = None
+    error: str | None = None
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        return (self.job, self.attempt, self.rank)
+
+
+class JobTx:
+    """The writes of one jobs transaction (see `Store.jobs_tx`). Each write that concerns a job (its row, its
+    attempts, runs and alerts) sets the job's `updated` to `stamp`, so the job feed (`jobs_changed`) sees it."""
+
+    def __init__(self, db: aiosqlite.Connection, stamp: float) -> None:
+        self._db = db
+        self.stamp = stamp
+        self._touched: set[int] = set()
+
+    async def _touch(self, job_id: int) -> None:
+        if job_id not in self._touched:
+            await self._db.execute("UPDATE jobs SET updated = ? WHERE id = ?", (self.stamp, job_id))
+            self._touched.add(job_id)
+
+    async def add_job(self, job: Job) -> int:
+        cur = await self._db.execute(
+            "INSERT INTO jobs (name, owner, uid, spec, status, priority, project, access, submitted, cloned_from, "
+            "updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                job.name,
+                job.owner,
+                job.uid,
+                json.dumps(job.spec.to_json()),
+                job.status.value,
+                job.priority,
+                job.project,
+                job.access,
+                job.submitted,
+                job.cloned_from,
+                self.stamp,
+            ),
+        )
+        assert cur.lastrowid is not None
+        self._touched.add(cur.lastrowid)
+        return cur.lastrowid
+
+    async def update_job(self, job_id: int, *, expect: Iterable[JobStatus] | None = None, **fields: Any) -> None:
+        """Set columns of a job; with `expect`, only while its status is one of those (else `Conflict`)."""
+        sql, args = _set_clause("jobs", _JOB_COLUMNS, fields)
+        sql += ", updated = ? WHERE id = ?"
+        args.extend([self.stamp, job_id])
+        if expect is not None:
+            wanted = [s.value for s in expect]
+            sql += f" AND status IN ({','.join('?' * len(wanted))})"
+            args.extend(wanted)
+        cur = await self._db.execute(sql, args)
+        if cur.rowcount != 1:
+            raise Conflict(f"job {job_id} changed meanwhile (expected status {', '.join(map(str, expect or ()))})")
+        self._touched.add(job_id)
+
+    async def add_attempt(self, attempt: Attempt, runs: Iterable[Run]) -> None:
+        await self._db.execute(
+            "INSERT INTO attempts (job, number, spec_name, gpus_per_node, master_port, created, token) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                attempt.job,
+                attempt.number,
+                attempt.spec_name,
+                attempt.gpus_per_node,
+                attempt.master_port,
+                attempt.created,
+                attempt.token,
+            ),
+        )
+        for r in runs:
+            await self._db.execute(
+                "INSERT INTO runs (job, attempt, rank, node, gpus, run_dir, launch, state) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (r.job, r.attempt, r.rank, r.node, json.dumps(list(r.gpus)), r.run_dir, int(r.launch), r.state),
+            )
+        await self._touch(attempt.job)
+
+    async def update_attempt(self, job_id: int, number: int, **fields: Any) -> None:
+        sql, args = _set_clause("attempts", _ATTEMPT_COLUMNS, fields)
+        await self._db.execute(sql + " WHERE job = ? AND number = ?", (*args, job_id, number))
+        await self._touch(job_id)
+
+    async def update_run(self, run: Run, **fields: Any) -> None:
+        sql, args = _set_clause("runs", _RUN_COLUMNS, fields)
+        await self._db.execute(
+            sql + " WHERE job = ? AND attempt = ? AND rank = ?", (*args, run.job, run.attempt, run.rank)
+        )
+        await self._touch(run.job)
+
+    async def release_runs(self, job_id: int, *, attempt: int | None = None) -> None:
+        """Free the GPUs of a job's runs: every attempt's, or one attempt's (an elastic job's resized one)."""
+        if attempt is None:
+            await self._db.execute("UPDATE runs SET released = 1 WHERE job = ?", (job_id,))
+        else:
+            await self._db.execute("UPDATE runs SET released = 1 WHERE job = ? AND attempt = ?", (job_id, attempt))
+        await self._touch(job_id)
+
+    async def requeue(
+        self, job_id: int, attempt: int, runs: Iterable[Run], now: float, *, result: str, cause: str, message: str
+    ) -> None:
+        """A running job queued again at the front of its priority: the runs of `attempt` never sent
+        (`intent`) cancelled, its GPUs released, the attempt ended with `result` and `cause`, any stop
+        request of the scheduler's own cleared. Raises Conflict when the job is no longer running, or when a
+        user's stop (or max_runtime) asks it to end: that wins."""
+        cur = await self._db.execute("SELECT stop_reason FROM jobs WHERE id = ?", (job_id,))
+        row = await cur.fetchone()
+        if row is not None and row[0] in (StopReason.STOPPED, StopReason.EXPIRED):
+            raise Conflict(f"job {job_id} is being stopped ({row[0]}): not queued again")
+        for r in runs:
+            if r.attempt == attempt and r.state == "intent":
+                await self.update_run(r, state="cancelled", ended=now, error=cause)
+        await self.release_runs(job_id, attempt=attempt)
+        await self.update_attempt(job_id, attempt, ended=now, result=result, message=cause)
+        await self.update_job(
+            job_id,
+            expect=[JobStatus.RUNNING],
+            status=JobStatus.QUEUED,
+            requeued=True,
+            stop_requested=None,
+            stop_reason=None,
+            stop_by=None,
+            message=message,
+        )
+
+    async def owe_checkpoint(self, runs: Iterable[Run], signal: str, *, now: float, deadline: float) -> None:
+        """The checkpoint `signal` is owed to each of `runs` until `deadline` (a rank owed one already keeps it)."""
+        for r in runs:
+            await self._db.execute(
+                "INSERT OR IGNORE INTO checkpoint_signals (job, attempt, rank, signal, asked, deadline) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (r.job, r.attempt, r.rank, signal, now, deadline),
+            )
+
+    async def checkpoint_tried(
+        self, owed: CheckpointSignal, *, now: float, signalled: bool, error: str | None = None
+    ) -> None:
+        """One try of an owed checkpoint signal: the node said the rank got it, or why not (owed still)."""
+        await self._db.execute(
+            "UPDATE checkpoint_signals SET tries = tries + 1, error = ?, outcome = ?, done = ? "
+            "WHERE job = ? AND attempt = ? AND rank = ? AND outcome IS NULL",
+            (error, "signalled" if signalled else None, now if signalled else None, *owed.key),
+        )
+
+    async def close_checkpoint(self, owed: CheckpointSignal, outcome: str, *, now: float) -> None:
+        """No longer owed: the run ended (`ended`), or its grace period is over (`late`)."""
+        await self._db.execute(
+            "UPDATE checkpoint_signals SET outcome = ?, done = ? WHERE job = ? AND attempt = ? AND rank = ? "
+            "AND outcome IS NULL",
+            (outcome, now, *owed.key),
+        )
+
+    async def event(
+        self,
+        time: float,
+        kind: str,
+        message: str,
+        *,
+        job: int | None = None,
+        node: str | None = None,
+        data: dict[str, Any] | None = None,
+    ) -> None:
+        await self._db.execute(
+            "INSERT INTO events (time, kind, node, job, message, data) VALUES (?, ?, ?, ?, ?, ?)",
+            (time, kind, node, None if job is None else str(job), message, json.dumps(data or {})),
+        )
+
+    async def alert(
+        self,
+        time: float,
+        kind: str,
+        severity: str,
+        message: str,
+        *,
+        job: int | None = None,
+        node: str | None = None,
+        once: bool = False,
+    ) -> None:
+        """Raise an alert; with `once`, unless one of its kind is open or acknowledged for the same job and node."""
+        await _insert_alert(self._db, NewAlert(time, kind, severity, message, job=job, node=node), once=once)
+        if job is not None:
+            await self._touch(job)
+
+    async def resolve_job_alerts(self, job: int, kind: str, *, now: float, why: str) -> None:
+        """Resolve, as ftconsole, the job's open and acknowledged alerts of `kind`, each with its event."""
+        sql = "SELECT id FROM alerts WHERE job = ? AND kind = ? AND state IN ('open', 'acknowledged') ORDER BY id"
+        async with self._db.execute(sql, (job, kind)) as cur:
+            ids = [row[0] for row in await cur.fetchall()]
+        for alert_id in ids:
+            await _set_alert_state(self._db, alert_id, "resolved", by=AUTO, now=now, why=why)
+        if ids:
+            await self._touch(job)
+
+    async def set_alert_state(self, alert_id: int, state: str, *, by: str, now: float) -> bool:
+        """Acknowledge (an open alert) or resolve (an open or acknowledged one), with an event; False when it
+        was already so (nothing written)."""
+        changed = await _set_alert_state(self._db, alert_id, state, by=by, now=now)
+        if changed is not None and changed.job is not None:
+            await self._touch(changed.job)
+        return changed is not None
+
+
+async def _insert_alert(db: aiosqlite.Connection, alert: NewAlert, *, once: bool) -> None:
+    """Insert an alert; with `once`, only when none of its kind is open or acknowledged for its node or job."""
+    values: list[Any] = [alert.time, alert.kind, alert.severity, alert.job, alert.node, alert.message]
+    sql = "INSERT INTO alerts (time, kind, severity, job, node, message) SELECT ?, ?, ?, ?, ?, ?"
+    if once:
+        sql += (
+            " WHERE NOT EXISTS (SELECT 1 FROM alerts WHERE kind = ? AND node IS ? AND job IS ?"
+            " AND state IN ('open', 'acknowledged'))"
+        )
+        values += [alert.kind, alert.node, alert.job]
+    await db.execute(sql, values)
+
+
+_ALERT_EVENT = {"acknowledged": "alert-acknowledged", "resolved": "alert-resolved"}
+
+
+async def _set_alert_state(
+    db: aiosqlite.Connection, alert_id: int, state: str, *, by: str, now: float, why: str = ""
+) -> StoredAlert | None:
+    """Move one alert to acknowledged or resolved, with its event; the alert as it was, or None if no change."""
+    if state == "acknowledged":
+        sql = "UPDATE alerts SET state = ?, acked_by = ?, acked_at = ? WHERE id = ? AND state = 'open'"
+    elif state == "resolved":
+        sql = (
+            "UPDATE alerts SET state = ?, resolved_by = ?, resolved_at = ? WHERE id = ?"
+            " AND state IN ('open', 'acknowledged')"
+        )
+    else:
+        raise ValueError(f"cannot set an alert to {state!r}")
+    async with db.execute("SELECT * FROM alerts WHERE id = ?", (alert_id,)) as cur:
+        row = await cur.fetchone()
+    if row is None:
+        return None
+    cur = await db.execute(sql, (state, by, now, alert_id))
+    if cur.rowcount != 1:
+        return None
+    alert = _alert_from_row(row)
+    what = f"job {alert.job}" if alert.job is not None else alert.node
+    message = f"alert {alert.id} ({alert.kind}, {what}) {state} by {by}" + (f": {why}" if why else "")
+    await db.execute(
+        "INSERT INTO events (time, kind, node, job, message, data) VALUES (?, ?, ?, ?, ?, ?)",
+        (
+            now,
+            _ALERT_EVENT[state],
+            alert.node,
+            None if alert.job is None else str(alert.job),
+            message,
+            json.dumps({"alert": alert.id, "kind": alert.kind, "by": by}),
+        ),
+    )
+    return alert
+
+
+async def _auto_resolve(db: aiosqlite.Connection, r: AutoResolve) -> None:
+    sql = "SELECT id FROM alerts WHERE node = ? AND kind = ? AND state IN ('open', 'acknowledged') ORDER BY id"
+    async with db.execute(sql, (r.node, r.kind)) as cur:
+        ids = [row[0] for row in await cur.fetchall()]
+    for alert_id in ids:
+        await _set_alert_state(db, alert_id, "resolved", by=AUTO, now=r.time, why=r.why)
+
+
+def _set_clause(table: str, allowed: frozenset[str], fields: dict[str, Any]) -> tuple[str, list[Any]]:
+    unknown = set(fields) - allowed
+    if unknown or not fields:
+        raise ValueError(f"cannot set {sorted(unknown) or 'nothing'} on {table}")
+    args = [_column_value(v) for v in fields.values()]
+    return f"UPDATE {table} SET " + ", ".join(f"{k} = ?" for k in fields), args
+
+
+def _column_value(value: Any) -> Any:
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, tuple | list):
+        return json.dumps(list(value))  # a JSON list column (jobs.excluded)
+    return value

@@ -1,0 +1,181 @@
+"""The records the state store hands out and takes in (events, probe results, alerts, job activity), and the
+mappings between table rows and records (jobs, attempts, runs, alerts, node health). Plain data and conversions,
+no I/O: shared by `scheduler.store.db` and `scheduler.store.jobtx`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sqlite3
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from ftconsole.probes.health import NodeHealth, NodeState
+from ftconsole.scheduler.decide.jobs import Attempt, Job, JobStatus, Run, StopReason
+from ftconsole.scheduler.spec.jobspec import JobSpec
+
+
+@dataclass(frozen=True)
+class StoredEvent:
+    id: int
+    time: float
+    kind: str
+    node: str | None
+    job: str | None
+    message: str
+    data: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class StoredProbe:
+    node: str
+    time: float
+    error: str | None
+    report: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class StoredAlert:
+    id: int
+    time: float
+    kind: str
+    severity: str
+    job: int | None
+    node: str | None
+    message: str
+    state: str  # open | acknowledged | resolved
+    acked_by: str | None
+    acked_at: float | None
+    resolved_at: float | None
+    resolved_by: str | None
+    data: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class NewAlert:
+    """An alert to raise about a job or a node."""
+
+    time: float
+    kind: str  # job_failed | job_hung | job_straggler | job_slow | job_rank_error | node_unhealthy |
+    #            node_unreachable | node_isolated | host_key | node_flaky
+    severity: str  # error | critical | warning
+    message: str
+    job: int | None = None
+    node: str | None = None
+
+
+@dataclass(frozen=True)
+class AutoResolve:
+    """Resolve, as ftconsole, a node's open and acknowledged alerts of one kind; `why` goes in the event."""
+
+    time: float
+    node: str
+    kind: str
+    why: str
+
+
+@dataclass(frozen=True)
+class JobActivity:
+    """What a job listing shows beyond the job row (`Store.job_activity`)."""
+
+    last_output: float | None = None  # the latest output.log mtime over the current attempt's runs
+    open_alerts: int = 0  # open and acknowledged alerts about the job
+    node_names: tuple[str, ...] = ()  # the current attempt's nodes, in rank order, each once
+
+    def to_json(self) -> dict[str, Any]:
+        return {"last_output": self.last_output, "open_alerts": self.open_alerts, "node_names": list(self.node_names)}
+
+
+R = TypeVar("R")
+
+
+def _record(cls: type[R], row: sqlite3.Row, **converted: Any) -> R:
+    """A record dataclass from a row: columns named like its fields, those needing conversion given."""
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    return cls(**{**{k: row[k] for k in names.intersection(row.keys())}, **converted})
+
+
+def _job_from_row(row: sqlite3.Row, spec: JobSpec) -> Job:
+    return _record(
+        Job,
+        row,
+        spec=spec,
+        status=JobStatus(row["status"]),
+        requeued=bool(row["requeued"]),
+        stop_reason=StopReason(row["stop_reason"]) if row["stop_reason"] else None,
+        deleted=bool(row["deleted"]),
+        excluded=tuple(json.loads(row["excluded"])),
+    )
+
+
+def _attempt_from_row(row: sqlite3.Row) -> Attempt:
+    return _record(Attempt, row)
+
+
+def _run_from_row(row: sqlite3.Row) -> Run:
+    return _record(
+        Run, row, gpus=tuple(json.loads(row["gpus"])), launch=bool(row["launch"]), released=bool(row["released"])
+    )
+
+
+def _alert_from_row(row: sqlite3.Row) -> StoredAlert:
+    return _record(StoredAlert, row, data=json.loads(row["data"]))
+
+
+_UPSERT_NODE = """
+INSERT INTO nodes (name, health, reasons, since, admin, admin_reason, admin_since, admin_by, pending,
+                   good_streak, boot_id, last_probe, isolated_passes, needs_operator)
+VALUES (:name, :health, :reasons, :since, :admin, :admin_reason, :admin_since, :admin_by, :pending,
+        :good_streak, :boot_id, :last_probe, :isolated_passes, :needs_operator)
+ON CONFLICT (name) DO UPDATE SET
+    health = excluded.health, reasons = excluded.reasons, since = excluded.since, admin = excluded.admin,
+    admin_reason = excluded.admin_reason, admin_since = excluded.admin_since, admin_by = excluded.admin_by,
+    pending = excluded.pending, good_streak = excluded.good_streak, boot_id = excluded.boot_id,
+    last_probe = excluded.last_probe, isolated_passes = excluded.isolated_passes,
+    needs_operator = excluded.needs_operator
+"""
+
+
+def _health_row(h: NodeHealth) -> dict[str, Any]:
+    return {
+        "name": h.node,
+        "health": h.health.value,
+        "reasons": json.dumps(list(h.reasons)),
+        "since": h.since,
+        "admin": h.admin.value if h.admin else None,
+        "admin_reason": h.admin_reason,
+        "admin_since": h.admin_since,
+        "admin_by": h.admin_by,
+        "pending": h.pending.value if h.pending else None,
+        "good_streak": h.good_streak,
+        "boot_id": h.boot_id,
+        "last_probe": h.last_probe,
+        "isolated_passes": h.isolated_passes,
+        "needs_operator": int(h.needs_operator),
+    }
+
+
+def _health_from_row(row: sqlite3.Row) -> NodeHealth:
+    return NodeHealth(
+        node=row["name"],
+        health=NodeState(row["health"]),
+        reasons=tuple(json.loads(row["reasons"])),
+        since=row["since"],
+        admin=NodeState(row["admin"]) if row["admin"] else None,
+        admin_reason=row["admin_reason"],
+        admin_since=row["admin_since"],
+        admin_by=row["admin_by"],
+        pending=NodeState(row["pending"]) if row["pending"] else None,
+        good_streak=row["good_streak"],
+        boot_id=row["boot_id"],
+        last_probe=row["last_probe"],
+        isolated_passes=row["isolated_passes"],
+        needs_operator=bool(row["needs_operator"]),
+    )
