@@ -31,10 +31,10 @@ from ftconsole.lab.processes import (
     _raise_nofile_limit,
     _signal_all,
     find_lab_processes,
-    start_time,
 )
 from ftconsole.lab.records import LabInfo, LabNodeInfo
 from ftconsole.scheduler.errors import LabError, NotFound, UsageError
+from ftconsole.scheduler.node.proc import start_time
 from ftconsole.scheduler.ssh.transport import local_user
 
 log = logging.getLogger("ftconsole.lab")

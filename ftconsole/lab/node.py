@@ -24,8 +24,8 @@ from ftconsole.lab.gpus import render_gpus
 from ftconsole.lab.keys import _load_or_create_key
 from ftconsole.lab.layout import DEFAULT_DRIVER_VERSION
 from ftconsole.lab.plan import LAB_HOST, NodeSpec
-from ftconsole.lab.processes import start_time
 from ftconsole.lab.session import _Child, _NodeServer
+from ftconsole.scheduler.node.proc import start_time
 from ftconsole.scheduler.ssh.transport import local_user
 
 _INHERITED_ENV = ("PATH", "LANG")

@@ -12,30 +12,10 @@ from pathlib import Path
 
 from ftconsole.lab.files import LabPaths
 from ftconsole.scheduler.errors import LabError
+from ftconsole.scheduler.node.proc import _stat
 
 KILL_GRACE_S = 1.0  # SIGTERM, then SIGKILL after this long
 STOP_TIMEOUT_S = 10.0
-
-
-def _proc_state(pid: int) -> str | None:
-    """The state letter in /proc/PID/stat, or None when there is no such process."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[-1].split()[0]
-
-
-def start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks after boot (/proc/PID/stat), or None when there is no such process.
-
-    With the pid it names one process: a pid alone may have been reused since it was seen."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[-1].split()
-    return int(fields[19]) if len(fields) > 19 else None
 
 
 def pid_alive(pid: int) -> bool:
@@ -45,7 +25,8 @@ def pid_alive(pid: int) -> bool:
         if done == pid:
             return False
     if Path("/proc/self").exists():
-        return _proc_state(pid) not in (None, "Z", "X")
+        stat = _stat(pid)  # (state, pgrp, start time) from /proc/PID/stat
+        return stat is not None and stat[0] not in ("Z", "X")
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

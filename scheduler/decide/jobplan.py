@@ -21,11 +21,11 @@ from ftconsole.scheduler.decide.launcher import (
     plan_launch,
 )
 from ftconsole.scheduler.decide.steps import Step, StepKind, user_root
+from ftconsole.scheduler.node.bundle import python_stdin_script, script
 from ftconsole.scheduler.spec.config import DataPrepSettings, Node
 from ftconsole.scheduler.spec.containers import ContainerSettings, RuntimeChoice, container_name, container_step
-from ftconsole.scheduler.spec.dataprep import DATA_STEP, copy_source, node_params
+from ftconsole.scheduler.spec.dataprep import DATA_STEP, node_params
 from ftconsole.scheduler.spec.jobspec import Hooks, JobSpec, Task
-from ftconsole.scheduler.ssh.runs import hybrid_script
 
 PULL_STEP = "pull image"
 HYBRID_SCRIPT = "container.py"  # in the attempt's folder of every node: scheduler/node/container_exec.py, bundled
@@ -119,7 +119,7 @@ def _data_step(spec: JobSpec, run_dir: str, settings: DataPrepSettings | None) -
     """The rank's data preparation (none without `data_prep`); the supervisor runs it with its own interpreter."""
     if not spec.data_prep:
         return ()
-    argv = ("python3", "-c", copy_source(), node_params(spec.data_prep, run_dir, settings))
+    argv = ("python3", "-c", script("datacopy"), node_params(spec.data_prep, run_dir, settings))
     return (Step(StepKind.DATA, DATA_STEP, argv, {}),)
 
 
@@ -153,12 +153,13 @@ def _hybrid(spec: JobSpec, base: LaunchInput, plan: LaunchPlan, images: Images) 
                                    mounts=spec.mounts or (), shares=shares, settings=images.settings)  # fmt: skip
         nodes.append({"rank": rank.rank, "first": first, "slots": node.slots, "container": container})
         first += node.slots
-    doc = {"token": images.token, "image": spec.image, "nodes": nodes}
+    doc: dict[str, object] = {"token": images.token, "image": spec.image, "nodes": nodes}
     attempt_dir = posixpath.dirname(plan.ranks[0].run_dir.rstrip("/"))
-    script = posixpath.join(attempt_dir.removeprefix("~/") if attempt_dir.startswith("~/") else attempt_dir,
-                            HYBRID_SCRIPT)  # fmt: skip
-    wrapper = (images.python, "-c", HYBRID_LOADER, script)
-    return dataclasses.replace(base, rank_wrapper=wrapper), {f"../{HYBRID_SCRIPT}": hybrid_script(doc).encode()}
+    program = posixpath.join(attempt_dir.removeprefix("~/") if attempt_dir.startswith("~/") else attempt_dir,
+                             HYBRID_SCRIPT)  # fmt: skip
+    wrapper = (images.python, "-c", HYBRID_LOADER, program)
+    text = python_stdin_script(script("container_exec"), doc)  # every node's copy: each process finds its own
+    return dataclasses.replace(base, rank_wrapper=wrapper), {f"../{HYBRID_SCRIPT}": text.encode()}
 
 
 def _with_files(

@@ -6,18 +6,15 @@ the node. Pure; tested from tables (tests/unit/test_launcher.py, tests/unit/test
 
 from __future__ import annotations
 
-import functools
 import json
 import posixpath
 import shlex
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ftconsole.scheduler.decide.deepspeed import deepspeed_value
+from ftconsole.scheduler.decide.launch_inputs import LaunchInput, RankLaunch
+from ftconsole.scheduler.node.bundle import script
 from ftconsole.scheduler.node.sshcheck import LAUNCHERS, MCA_NAMES, hydra_options
-
-if TYPE_CHECKING:
-    from ftconsole.scheduler.decide.launcher import LaunchInput, RankLaunch
+from ftconsole.scheduler.spec.command import is_mpi_launcher
 
 SSH_CHECK_TIMEOUT = 5  # seconds: ssh's ConnectTimeout in the pre-launch check, where the launcher sets none
 
@@ -31,12 +28,6 @@ _FLAGS = frozenset(  # mpirun's and mpiexec's common options without a value (th
 )  # fmt: skip
 _OPENMPI_NAMES = frozenset({"mpirun.openmpi", "mpiexec.openmpi", "orterun"})
 _HYDRA_NAMES = frozenset({"mpirun.mpich", "mpiexec.mpich", "mpiexec.hydra"})
-
-
-@functools.cache
-def ssh_check_source() -> str:
-    """The node-side check (`scheduler/node/sshcheck.py`), run as ``python3 -c SOURCE ARGS``."""
-    return (Path(__file__).parents[1] / "node" / "sshcheck.py").read_text(encoding="utf-8")
 
 
 def ssh_check_argv(inp: LaunchInput, ranks: tuple[RankLaunch, ...]) -> tuple[str, ...] | None:
@@ -61,7 +52,7 @@ def ssh_check_argv(inp: LaunchInput, ranks: tuple[RankLaunch, ...]) -> tuple[str
     launcher = LAUNCHERS.get(kind, "the launcher")
     data = json.dumps(settings, sort_keys=True, separators=(",", ":")) if settings else ""
     pairs = [part for name, host in peers.items() for part in (name, host)]
-    return ("python3", "-c", ssh_check_source(), first.name, str(SSH_CHECK_TIMEOUT), data, launcher, *pairs)
+    return ("python3", "-c", script("sshcheck"), first.name, str(SSH_CHECK_TIMEOUT), data, launcher, *pairs)
 
 
 def ssh_check_settings(mode: str, argv: tuple[str, ...]) -> tuple[str, dict[str, object]]:
@@ -95,7 +86,6 @@ def ssh_check_settings(mode: str, argv: tuple[str, ...]) -> tuple[str, dict[str,
                 mca.setdefault(words[i + 1], words[i + 2])
         if mca:
             settings["mca"] = mca
-    from ftconsole.scheduler.decide.launcher import is_mpi_launcher  # the launcher plans with this module: at call time
 
     if argv[0] != "mpirun" and is_mpi_launcher(argv):
         settings["program"] = argv[0]

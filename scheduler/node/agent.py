@@ -37,8 +37,8 @@ source) -> the document. Python 3.8, standard library only; ``pynvml`` is used w
 initializes.
 
 The node runs one script: this file after the modules it imports with lines marked ``# bundled``
-(agent_common.py, agent_gpus.py, agent_runtimes.py), joined by ``scheduler/node/bundle.py``
-(``scheduler.probing.agent_source()``). Run here as a plain script, those imports find the modules in the
+(agent_common.py, agent_gpus.py, agent_runtimes.py, proc.py), joined by ``bundle.script("agent")``
+(bundle.py). Run here as a plain script, those imports find the modules in the
 installed ftconsole package.
 """
 
@@ -63,6 +63,7 @@ from ftconsole.scheduler.node.agent_common import (  # bundled
 )
 from ftconsole.scheduler.node.agent_gpus import read_gpus  # bundled
 from ftconsole.scheduler.node.agent_runtimes import RUNTIMES_CACHE, read_runtimes  # bundled
+from ftconsole.scheduler.node.proc import BOOT_ID, boot_id  # bundled
 
 AGENT_PROTOCOL = 1
 
@@ -185,13 +186,6 @@ def read_os_name(sysroot):
     return None
 
 
-def read_boot_id(sysroot):
-    text = read_text(host_path(sysroot, "/proc/sys/kernel/random/boot_id"))
-    if text is None:
-        return None
-    return text.strip() or None
-
-
 def ib_devices(sysroot):
     try:
         return sorted(os.listdir(host_path(sysroot, "/sys/class/infiniband")))
@@ -219,7 +213,7 @@ def read_facts(sysroot):
     meminfo = safe(read_meminfo, sysroot) or {}
     return {
         "hostname": safe(socket.gethostname),
-        "boot_id": safe(read_boot_id, sysroot),
+        "boot_id": safe(boot_id, host_path(sysroot, BOOT_ID)),
         "os": safe(read_os_name, sysroot),
         "kernel": safe(platform.release) or None,
         "cpus": safe(os.cpu_count),

@@ -1,20 +1,24 @@
-"""One self-contained script from a node-side program split into modules (the run supervisor, `runs.py`; the
-probe agent, `probing.py`).
+"""How a node-side program leaves: its modules joined into one script (`script`), its parameters prepended
+(`python_stdin_script`). The one file of this folder that runs only in the scheduler.
 
-A node runs what we send it with `python3 -`: it has no ftconsole to import. So a node-side module imports its
-sibling modules with lines marked `# bundled` (`from ftconsole.scheduler.node.supervisor_files import _read_json  #
-bundled`, the mark on the statement's first line), which keeps it importable here (tests, mypy), and `bundle()`
-joins the sources: each imported module once, before what imports it (dependency order), the main module last,
-with the marked import statements removed. The modules then share one namespace: names defined at the top of
-two of them would clash (tests/unit/test_supervisor_bundle.py and test_agent_bundle.py check they do not).
+A node runs what we send it with `python3 -` (or `python3 -c`): it has no ftconsole to import. So a node-side
+module imports its sibling modules with lines marked `# bundled` (`from ftconsole.scheduler.node.supervisor_files
+import _read_json  # bundled`, the mark on the statement's first line), which keeps it importable here (tests,
+mypy), and `bundle()` joins the sources: each imported module once, before what imports it (dependency order),
+the main module last, with the marked import statements removed. The modules then share one namespace: names
+defined at the top of two of them would clash (tests/unit/test_layers.py checks that no name is defined twice in
+this folder).
 
-Siblings are the modules of `package` (the folder's package: `ftconsole.scheduler` for the supervisor,
-`ftconsole.probes` for the agent).
+The programs: the run supervisor (`supervisor`, sent by `scheduler.ssh.runs`), the probe agent (`agent`, by
+`scheduler.ssh.probing`), the MPI hybrid model's container entry (`container_exec`, written by the launch plan),
+the pre-launch SSH check (`sshcheck`) and the data copy (`datacopy`), both run as steps with `python3 -c`.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
+import json
 from pathlib import Path
 
 MARK = "# bundled"
@@ -86,3 +90,14 @@ def bundle(folder: Path, main: str, package: str = PACKAGE) -> str:
         path = folder / f"{name}.py"
         parts.append(f"# -- {name}.py\n" + strip(path, path.read_text(encoding="utf-8"), package))
     return "\n\n".join(parts)
+
+
+@functools.cache
+def script(main: str) -> str:
+    """The program `main` of this folder as the one script a node runs (built once)."""
+    return bundle(FOLDER, main, PACKAGE)
+
+
+def python_stdin_script(source: str, params: dict[str, object]) -> str:
+    """A node-side program for `python3 -`, its parameters prepended as a Python string literal (no shell)."""
+    return f"import json\nPARAMS = json.loads({json.dumps(params)!r})\n" + source

@@ -40,6 +40,7 @@ import subprocess
 import sys
 import time
 
+from ftconsole.scheduler.node.proc import _alive, start_time  # bundled
 from ftconsole.scheduler.node.supervisor_container import (  # bundled
     container_argv,
     container_expanded,
@@ -49,7 +50,6 @@ from ftconsole.scheduler.node.supervisor_container import (  # bundled
     image_pull_argv,
     image_pulled,
 )
-from ftconsole.scheduler.node.supervisor_liveness import _alive, start_time  # bundled
 
 RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMI_ID", "PMIX_RANK")  # OpenMPI, hydra (PMI_ID: -pmi-port), PMIx
 LOCAL_VARS = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")

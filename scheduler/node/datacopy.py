@@ -43,11 +43,9 @@ heartbeat (scheduler.node_timeout); the data step is also where the space is nee
 """
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
-import pwd
 import shutil
 import signal
 import stat
@@ -56,20 +54,23 @@ import sys
 import threading
 import time
 
+from ftconsole.scheduler.node.datacopy_locks import (  # bundled
+    LOCK_WAIT_S,
+    Refused,
+    beside,
+    duration_text,
+    locked,
+    say,
+    stranger,
+)
+from ftconsole.scheduler.node.proc import _alive, boot_id  # bundled
+from ftconsole.scheduler.node.supervisor_files import _expand  # bundled
+
 MARKER = ".ftconsole-data.json"
 BY = "ftconsole data_prep"
 MAX_DEPTH = 4  # a data set lies at most this many folders below its root (the submit check says so too)
 MAX_VISITS = 20000  # folders looked at per root while looking for expired data sets
 MAX_RUNS = 16  # the run folders a marker remembers
-BOOT_ID = "/proc/sys/kernel/random/boot_id"
-LOCK_WAIT_S = 600.0  # at most this long for another data_prep's lock (PARAMS["lock_wait"]), then refused
-PROC_LOCKS = "/proc/locks"
-
-
-class Refused(Exception):
-    """A data set this step may not or cannot prepare: the message says why."""
-
-    code = 1
 
 
 class CopyFailed(Refused):
@@ -82,11 +83,6 @@ class Stopped(BaseException):
     """SIGTERM: the run is being stopped."""
 
 
-def say(text):
-    sys.stdout.write(f"data_prep: {text}\n")
-    sys.stdout.flush()
-
-
 def size_text(count):
     for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if count >= size:
@@ -94,23 +90,9 @@ def size_text(count):
     return f"{count} bytes"
 
 
-def duration_text(seconds):
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
-
-
-def expand(path):
-    return os.path.abspath(os.path.expanduser(path))
-
-
 def inside(path, folder):
     """`path` is `folder` or lies inside it (both absolute, normalised)."""
     return path == folder or path.startswith(folder.rstrip("/") + "/")
-
-
-def beside(dst, what):
-    return os.path.join(os.path.dirname(dst), f".{os.path.basename(dst)}.ftconsole-{what}")
 
 
 # -- the manifest and the marker -------------------------------------------------------------------------------
@@ -144,24 +126,6 @@ def manifest(top):
                 line = "o " + path
             digest.update(line.encode("utf-8", "surrogateescape") + b"\0")
     return digest.hexdigest(), files, total
-
-
-def account(uid):
-    """`uid` as it reads in a message: "uid 1001 (alice)", or "uid 1001" with no name."""
-    try:
-        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
-    except KeyError:
-        return f"uid {uid}"
-
-
-def stranger(st):
-    """Why an entry (its lstat) cannot be trusted by this account, or None: it belongs to another account, or
-    others may write in it (group or world write permission; a link's own mode means nothing)."""
-    if st.st_uid != os.geteuid():
-        return f"belongs to {account(st.st_uid)}, not to {account(os.geteuid())} that this run runs as"
-    if not stat.S_ISLNK(st.st_mode) and st.st_mode & 0o022:
-        return f"may be written by others (mode {stat.S_IMODE(st.st_mode):04o})"
-    return None
 
 
 class Untrusted(Refused):
@@ -247,105 +211,7 @@ def used_by(marker, run_dir, now):
     return dict(marker, used=now, runs=runs[-MAX_RUNS:])
 
 
-# -- locks -----------------------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def locked(dst, wait=True, patience=LOCK_WAIT_S):
-    """Hold the lock of `dst` (an fcntl lock on a file beside it); yields False when `wait` is off and another
-    process holds it. The lock file may be removed by its holder (a sweep): the lock is then taken again.
-
-    The lock file is this account's, 0600: no other account may open it, so none can hold it. One of another
-    account (or a link) is refused, and a lock held longer than `patience` seconds is given up with who holds it,
-    where that can be known: a data_prep never waits forever."""
-    path = beside(dst, "lock")
-    said = False
-    deadline = time.monotonic() + patience
-    while True:
-        fd = open_lock(path)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if not wait:
-                os.close(fd)
-                yield False
-                return
-            if not said:
-                say(f"{dst}: another data_prep on this node is preparing it: waiting for it (at most "
-                    f"{duration_text(patience)})")  # fmt: skip
-                said = True
-            if not wait_for_lock(fd, deadline):
-                holder = lock_holder(fd)
-                os.close(fd)
-                raise Refused(
-                    f"{dst}: gave up waiting for its lock {path} after {duration_text(patience)}: "
-                    f"{holder or 'held by a process this node cannot name (another node sharing the folder?)'}"
-                ) from None
-        try:
-            same = os.stat(path).st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            break
-        os.close(fd)
-    try:
-        yield True
-    finally:
-        os.close(fd)
-
-
-def open_lock(path):
-    """The lock file, opened (made 0600 when missing): never through a link, never another account's."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    except OSError as exc:
-        if os.path.islink(path):
-            raise Refused(f"{path} is a symbolic link: refusing to use it as a lock (remove it by hand)") from None
-        raise Refused(f"cannot open the lock {path}: {exc.strerror}") from None
-    st = os.fstat(fd)
-    why = stranger(st) if stat.S_ISREG(st.st_mode) else "is not a regular file"
-    if why is not None and why.startswith("may be written"):
-        why = None  # ours: its mode is ours to set (a lock made 0644 by an earlier ftconsole)
-    if why is not None:
-        os.close(fd)
-        raise Refused(f"the lock {path} {why}: refusing to use it (its owner may remove it)")
-    if stat.S_IMODE(st.st_mode) != 0o600:
-        os.fchmod(fd, 0o600)  # no other account may open it now, so none can hold it
-    return fd
-
-
-def wait_for_lock(fd, deadline):
-    """Take the lock of `fd`, waiting until `deadline` (time.monotonic()); False when it was not to be had."""
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
-
-
-def lock_holder(fd):
-    """Who holds the flock of the open file `fd`, from /proc/locks: "held by pid N of uid U (name)", or None."""
-    st = os.fstat(fd)
-    dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    try:
-        with open(PROC_LOCKS) as fh:
-            lines = fh.read().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        fields = line.split()
-        if len(fields) < 6 or fields[1] == "->" or fields[1] != "FLOCK" or fields[5] != dev:
-            continue
-        pid = fields[4]
-        try:
-            uid = os.stat(f"/proc/{pid}").st_uid
-        except OSError:
-            return f"held by pid {pid}"
-        return f"held by pid {pid} of {account(uid)}"
-    return None
+# -- leftovers -------------------------------------------------------------------------------------------------
 
 
 def clean_leftovers(dst):
@@ -440,8 +306,8 @@ def copy(argv, target, total, every, rsync):
         raise CopyFailed(f"{argv[0]} {how}: {causes[-1] if causes else 'it said nothing'}", code)
 
 
-def prepare(entry, run_dir, roots, every, patience=LOCK_WAIT_S):
-    src, dst = expand(entry["from"]), expand(entry["to"])
+def prepare_set(entry, run_dir, roots, every, patience=LOCK_WAIT_S):
+    src, dst = _expand(entry["from"]), _expand(entry["to"])
     try:
         os.stat(src)
     except OSError as exc:
@@ -454,7 +320,7 @@ def prepare(entry, run_dir, roots, every, patience=LOCK_WAIT_S):
     except OSError as exc:
         raise Refused(f"cannot make {parent}: {exc.strerror}") from None
     real_src, real_dst = os.path.realpath(src), os.path.join(os.path.realpath(parent), os.path.basename(dst))
-    real_roots = [os.path.realpath(expand(r)) for r in roots]
+    real_roots = [os.path.realpath(_expand(r)) for r in roots]
     if roots and not any(inside(real_dst, r) and real_dst != r for r in real_roots):
         named = ", ".join(roots)
         raise Refused(f"{dst} is not inside this cluster's data_prep.roots ({named}) once links are followed: refusing")
@@ -537,27 +403,11 @@ def prepare(entry, run_dir, roots, every, patience=LOCK_WAIT_S):
 # -- keeping ---------------------------------------------------------------------------------------------------
 
 
-def boot_id():
-    try:
-        with open(BOOT_ID) as fh:
-            return fh.read().strip()
-    except OSError:
-        return None
-
-
-def start_time(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return int(fh.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def last_use(marker, now):
     """When the data set was last used, or None while a run that used it may still run (or cannot be read)."""
     last = marker.get("used") or marker.get("prepared") or now
     for run_dir in marker.get("runs") or []:
-        path = os.path.join(expand(run_dir), "status.json")
+        path = os.path.join(_expand(run_dir), "status.json")
         try:
             with open(path) as fh:
                 status = json.load(fh)
@@ -570,7 +420,7 @@ def last_use(marker, now):
             return None
         if status.get("state") in ("starting", "running"):
             pid, started = status.get("supervisor_pid"), status.get("supervisor_start")
-            if status.get("boot_id") == boot_id() and pid and start_time(pid) == started:
+            if status.get("boot_id") == boot_id() and _alive(pid, started):
                 return None
         ended = status.get("ended")
         last = max(last, ended if isinstance(ended, (int, float)) else changed)
@@ -603,7 +453,7 @@ def sweep(roots, retention, keep, now):
     if not roots or retention <= 0:
         return
     for root in roots:
-        real = os.path.realpath(expand(root))
+        real = os.path.realpath(_expand(root))
         if not os.path.isdir(real):
             continue
         for folder in prepared_under(real):
@@ -652,18 +502,18 @@ def main(argv):
     params = json.loads(argv[1])
     signal.signal(signal.SIGTERM, on_term)
     sets = params.get("sets") or []
-    run_dir = expand(params["run_dir"]) if params.get("run_dir") else None  # as the marker remembers it
+    run_dir = _expand(params["run_dir"]) if params.get("run_dir") else None  # as the marker remembers it
     roots = params.get("roots") or []
     every = float(params.get("progress") or 5)
     patience = float(params.get("lock_wait") or LOCK_WAIT_S)
     keep = set()
     for entry in sets:
-        dst = expand(entry["to"])
+        dst = _expand(entry["to"])
         keep.add(os.path.join(os.path.realpath(os.path.dirname(dst)), os.path.basename(dst)))
     try:
         sweep(roots, float(params.get("retention") or 0), keep, time.time())
         for entry in sets:
-            prepare(entry, run_dir, roots, every, patience)
+            prepare_set(entry, run_dir, roots, every, patience)
     except Refused as exc:
         say(str(exc))
         return exc.code

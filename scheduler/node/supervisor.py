@@ -126,6 +126,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional  # noqa: F401  (used in type comments: this file runs on Python 3.8)
 
+from ftconsole.scheduler.node.proc import _alive, _stat, boot_id, start_time  # bundled
 from ftconsole.scheduler.node.supervisor_container import container_remove  # bundled
 from ftconsole.scheduler.node.supervisor_files import (  # bundled
     CLAIM,
@@ -139,15 +140,7 @@ from ftconsole.scheduler.node.supervisor_files import (  # bundled
     _write_file,
     _write_json,
 )
-from ftconsole.scheduler.node.supervisor_liveness import (  # bundled
-    _alive,
-    _group,
-    _observe,
-    _process_groups,
-    _stat,
-    boot_id,
-    start_time,
-)
+from ftconsole.scheduler.node.supervisor_liveness import _group, _observe, _process_groups  # bundled
 from ftconsole.scheduler.node.supervisor_retention import MAX_PRUNED as MAX_PRUNED  # bundled
 from ftconsole.scheduler.node.supervisor_retention import prune  # bundled
 from ftconsole.scheduler.node.supervisor_scan import SCAN_BYTES as SCAN_BYTES  # bundled

@@ -1,7 +1,7 @@
 """The run supervisor's process identity and liveness: node side, standard library only, Python 3.8.
 
-A process is the pid with its start time (field 22 of /proc/<pid>/stat) in this boot (the boot id), never a
-bare pid; a run's status.json read with what is true now: "lost" or "orphaned" when its supervisor is gone (see
+A process is the pid with its start time in this boot (`proc.py`), never a bare pid; a run's process group,
+and its status.json read with what is true now: "lost" or "orphaned" when its supervisor is gone (see
 "Liveness" in supervisor.py). Bundled into the supervisor script (`scheduler/node/bundle.py`): it imports only the
 standard library and the other bundled modules (lines marked "# bundled", dropped from the bundle).
 """
@@ -9,53 +9,9 @@ standard library and the other bundled modules (lines marked "# bundled", droppe
 import os
 from typing import Dict, List  # noqa: F401  (used in type comments: this file runs on Python 3.8)
 
+from ftconsole.scheduler.node.proc import _alive, _pid, _stat, _ticks, boot_id  # bundled
 from ftconsole.scheduler.node.supervisor_container import container_running  # bundled
 from ftconsole.scheduler.node.supervisor_files import _checked_status, _read_status, _unreadable  # bundled
-
-BOOT_ID = "/proc/sys/kernel/random/boot_id"
-
-
-def boot_id():
-    try:
-        with open(BOOT_ID) as fh:
-            return fh.read().strip()
-    except OSError:
-        return None
-
-
-def _pid(value):
-    """`value` is a pid (a positive int; status.json is its user's, who may write anything in it)."""
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-
-def _ticks(value):
-    """`value` is a process start time (clock ticks since boot: a positive int, below 2**62)."""
-    return isinstance(value, int) and not isinstance(value, bool) and 0 < value < 1 << 62
-
-
-def _stat(pid):
-    """(state, pgrp, start time in clock ticks since boot) of a process, or None when there is none."""
-    if not _pid(pid):
-        return None
-    try:
-        with open("/proc/%d/stat" % pid) as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-        return fields[0], int(fields[2]), int(fields[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def start_time(pid):
-    stat = _stat(pid)
-    return None if stat is None else stat[2]
-
-
-def _alive(pid, started, boot=None):
-    """The process `pid` started at `started` (clock ticks) in this boot, and not a zombie."""
-    if not _pid(pid) or not _ticks(started) or (boot is not None and boot != boot_id()):
-        return False
-    stat = _stat(pid)
-    return stat is not None and stat[2] == started and stat[0] != "Z"
 
 
 def _alive_legacy(pid):

@@ -12,8 +12,8 @@ import os
 import signal
 from typing import Any, Dict  # noqa: F401  (used in type comments: this file runs on Python 3.8)
 
+from ftconsole.scheduler.node.proc import _stat  # bundled
 from ftconsole.scheduler.node.supervisor_container import container_pids  # bundled
-from ftconsole.scheduler.node.supervisor_liveness import _stat  # bundled
 
 IO_FIELDS = ("rchar", "wchar", "read_bytes", "write_bytes")
 HYBRID_CIDS = "ft-*-p*.cid"  # in a run folder: the containers container.py started for MPI processes

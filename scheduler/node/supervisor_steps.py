@@ -15,6 +15,7 @@ import sys
 import time
 from typing import Any, Dict, Optional, Tuple  # noqa: F401  (used in type comments: this file runs on Python 3.8)
 
+from ftconsole.scheduler.node.proc import start_time  # bundled
 from ftconsole.scheduler.node.supervisor_container import (  # bundled
     container_argv,
     container_expanded,
@@ -26,7 +27,6 @@ from ftconsole.scheduler.node.supervisor_container import (  # bundled
     image_pulled,
 )
 from ftconsole.scheduler.node.supervisor_files import STATUS, _expand, _read_json, _tilde, _write_json  # bundled
-from ftconsole.scheduler.node.supervisor_liveness import start_time  # bundled
 from ftconsole.scheduler.node.supervisor_scan import _last_line  # bundled
 
 

@@ -7,6 +7,7 @@ command substitution, shell keywords and builtins as the first word) and says ho
 
 from __future__ import annotations
 
+import posixpath
 import re
 import shlex
 
@@ -176,3 +177,8 @@ MPI_LAUNCHERS = frozenset(
         "horovodrun",
     }
 )
+
+
+def is_mpi_launcher(argv: tuple[str, ...]) -> bool:
+    """The command starts with an MPI launcher's program (any folder)."""
+    return bool(argv) and posixpath.basename(argv[0]) in MPI_LAUNCHERS

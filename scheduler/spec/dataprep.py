@@ -9,8 +9,8 @@ to its node-local fast storage before the job's command runs. Pure code.
   and only in modes where every node runs its own rank (the copy is a step of each rank's run).
 - `check_admissible`, the cluster's rules at submit (`Rules.admissible`): `to` inside one of the admin's
   `data_prep.roots` (at most MAX_DEPTH folders down), not over or inside the run root; no roots, no data_prep.
-- `node_params`, what the node-side program (`scheduler/node/datacopy.py`) is given, and `copy_source`, its text:
-  `scheduler.decide.jobplan` makes it the first step of each launching rank (step kind "data", name DATA_STEP).
+- `node_params`, what the node-side program (`scheduler/node/datacopy.py`) is given: `scheduler.decide.jobplan`
+  makes that program the first step of each launching rank (step kind "data", name DATA_STEP).
 - `preparing`, the text of the Preparing condition while ranks are in that step.
 
 What is copied how, the skip rule, the safety rule and the keeping are datacopy.py's docstring.
@@ -18,12 +18,10 @@ What is copied how, the skip rule, the safety rule and the keeping are datacopy.
 
 from __future__ import annotations
 
-import functools
 import json
 import posixpath
 import shlex
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field, model_serializer
@@ -209,12 +207,6 @@ def check_admissible(spec: JobSpec, settings: DataPrepSettings, *, run_root: str
 
 
 # -- what the node runs ----------------------------------------------------------------------------------------
-
-
-@functools.cache
-def copy_source() -> str:
-    """The node-side program (`scheduler/node/datacopy.py`), run as ``python3 -c SOURCE PARAMS``."""
-    return (Path(__file__).parents[1] / "node" / "datacopy.py").read_text(encoding="utf-8")
 
 
 def node_params(data_sets: Sequence[DataSet], run_dir: str, settings: DataPrepSettings | None) -> str:

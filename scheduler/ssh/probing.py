@@ -8,25 +8,23 @@ Python string literal (`repr` of a JSON document), never through a shell.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ftconsole.probes.results import AgentOutputError, ProbeReport, parse_report
 from ftconsole.scheduler.errors import AuthError, CommandTimeout, FtError, HostKeyError, SSHError, UnreachableError
-from ftconsole.scheduler.node.bundle import FOLDER, PACKAGE, bundle
+from ftconsole.scheduler.node.bundle import python_stdin_script, script
 from ftconsole.scheduler.spec.config import ClusterConfig, Node
 from ftconsole.scheduler.ssh import nodecache
-from ftconsole.scheduler.ssh.transport import Transport, python_stdin_script, run_on_all
+from ftconsole.scheduler.ssh.transport import Transport, run_on_all
 
 RUNTIMES_MAX_AGE_S = 300.0  # the loop's probes reuse a node's last reading of its container runtimes this long
 
 
-@functools.cache
 def agent_source() -> str:
-    """agent.py and the node-side modules it imports (agent_*.py), as one script (see bundle.py)."""
-    return bundle(FOLDER, "agent", PACKAGE)
+    """agent.py and the node-side modules it imports, as one script (see node/bundle.py)."""
+    return script("agent")
 
 
 def agent_params(

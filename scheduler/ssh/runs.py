@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
-import functools
 import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
@@ -22,10 +21,10 @@ from ftconsole.scheduler.decide.jobs import Run
 from ftconsole.scheduler.decide.runstatus import UNREADABLE, NodeRun, RunStatus
 from ftconsole.scheduler.decide.steps import Step, user_root
 from ftconsole.scheduler.errors import FtError
-from ftconsole.scheduler.node.bundle import FOLDER, PACKAGE, bundle
+from ftconsole.scheduler.node.bundle import python_stdin_script, script
 from ftconsole.scheduler.spec.config import Node
 from ftconsole.scheduler.ssh import nodecache
-from ftconsole.scheduler.ssh.transport import Transport, python_stdin_script
+from ftconsole.scheduler.ssh.transport import Transport
 
 log = logging.getLogger("ftconsole.scheduler")
 
@@ -114,21 +113,9 @@ def _pruned(node: Node, doc: dict[str, Any], into: list[str] | None) -> None:
         into.extend(str(p) for p in doc.get("pruned") or ())
 
 
-@functools.cache
 def supervisor_source() -> str:
-    """supervisor.py and the node-side modules it imports (supervisor_*.py), as one script (see bundle.py)."""
-    return bundle(FOLDER, "supervisor", PACKAGE)
-
-
-@functools.cache
-def _hybrid_source() -> str:
-    return bundle(FOLDER, "container_exec", PACKAGE)
-
-
-def hybrid_script(doc: dict[str, Any]) -> str:
-    """container_exec.py and what it imports as one script, with `doc` as its PARAMS: the MPI hybrid model's
-    program, written into the attempt folder of each node of a job with an image in mode horovod or mpich."""
-    return python_stdin_script(_hybrid_source(), doc)
+    """supervisor.py and the node-side modules it imports, as one script (see node/bundle.py)."""
+    return script("supervisor")
 
 
 def supervisor_script(params: dict[str, Any]) -> str:

@@ -33,15 +33,19 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ftconsole.scheduler.errors import NotFound, UsageError
 from ftconsole.scheduler.node import supervisor
 from ftconsole.scheduler.spec.config import LoadedConfig, Node, SchedulerSettings
 from ftconsole.scheduler.ssh.transport import ssh_files
 
-if TYPE_CHECKING:  # the client drags in the whole scheduler; only its type is needed here
-    from ftconsole.scheduler.serve.client import Client
+
+class Asks(Protocol):
+    """What `shell_target` needs of a client (`scheduler.serve.client.Client`, a layer above): its calls."""
+
+    async def call(self, op: str, **args: Any) -> Any: ...
+
 
 # Exit status of the remote side when the run folder (or $HOME) is not there; a command's own passes through.
 NO_FOLDER_EXIT = 2
@@ -435,7 +439,7 @@ def node_shell(
 
 
 async def shell_target(
-    client: Client,
+    client: Asks,
     loaded: LoadedConfig,
     target: str,
     *,

@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import fcntl
 import getpass
-import json
 import logging
 import os
 import random
@@ -79,11 +78,6 @@ def remote_command(argv: Sequence[str]) -> str:
     if not argv:
         raise ValueError("empty argv")
     return shlex.join(str(a) for a in argv)
-
-
-def python_stdin_script(source: str, params: dict[str, object]) -> str:
-    """A node-side program for `python3 -`, its parameters prepended as a Python string literal (no shell)."""
-    return f"import json\nPARAMS = json.loads({json.dumps(params)!r})\n" + source
 
 
 # -- host keys -----------------------------------------------------------------------------------------------

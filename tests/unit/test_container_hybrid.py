@@ -25,10 +25,9 @@ from ftconsole.scheduler.decide.steps import StepKind
 from ftconsole.scheduler.errors import ConfigError
 from ftconsole.scheduler.node import container_exec as hybrid
 from ftconsole.scheduler.node import supervisor_container as node
-from ftconsole.scheduler.node.bundle import modules
+from ftconsole.scheduler.node.bundle import modules, python_stdin_script, script
 from ftconsole.scheduler.spec.containers import ContainerSettings, RuntimeChoice
 from ftconsole.scheduler.spec.jobspec import parse_jobspec
-from ftconsole.scheduler.ssh.runs import hybrid_script
 from tests.unit.test_agent import imported_modules
 
 WAIT = 10.0
@@ -237,11 +236,11 @@ def test_container_py_refuses_a_process_whose_node_folder_is_not_here(attempt) -
 def test_container_py_is_one_python38_script_of_stdlib_modules_each_name_defined_once() -> None:
     folder = Path(hybrid.__file__).parent
     assert modules(folder, "container_exec") == [
-        "supervisor_files", "supervisor_container", "supervisor_liveness", "container_exec"
+        "proc", "supervisor_files", "supervisor_container", "container_exec"
     ]  # fmt: skip
-    script = hybrid_script(DOC)
-    ast.parse(script, feature_version=(3, 8))
-    assert imported_modules(script) <= set(sys.stdlib_module_names)
+    program = python_stdin_script(script("container_exec"), DOC)
+    ast.parse(program, feature_version=(3, 8))
+    assert imported_modules(program) <= set(sys.stdlib_module_names)
     where: dict[str, str] = {}
     for name in modules(folder, "container_exec"):
         for stmt in ast.parse((folder / f"{name}.py").read_text()).body:
@@ -259,7 +258,7 @@ def test_the_first_nodes_read_counts_the_io_of_the_mpi_processes_containers(tmp_
     """container.py writes each container's id into its node's run folder (``ft-<token>-p<rank>.cid``): the
     status read of the first node's rank (mpirun's) adds the I/O of those containers' processes, found by the
     id in their cgroup, to that of mpirun's process group."""
-    from ftconsole.scheduler.node.supervisor_liveness import start_time
+    from ftconsole.scheduler.node.proc import start_time
     from ftconsole.scheduler.node.supervisor_scan import _io, _with_io
 
     leader = subprocess.Popen(["sleep", "30"], start_new_session=True)  # mpirun's group, doing no I/O

@@ -22,9 +22,10 @@ from ftconsole.scheduler.decide.jobplan import plan_job
 from ftconsole.scheduler.decide.launcher import LaunchError, LaunchInput, NodeAssignment
 from ftconsole.scheduler.decide.steps import StepKind
 from ftconsole.scheduler.errors import ConfigError, UsageError
+from ftconsole.scheduler.node.bundle import script
 from ftconsole.scheduler.spec import yamlfile
 from ftconsole.scheduler.spec.config import ClusterConfig, DataPrepSettings
-from ftconsole.scheduler.spec.dataprep import DATA_STEP, check_admissible, copy_source, node_params, preparing
+from ftconsole.scheduler.spec.dataprep import DATA_STEP, check_admissible, node_params, preparing
 from ftconsole.scheduler.spec.jobspec import JobSpec, parse_jobspec
 from ftconsole.scheduler.ssh.runs import supervisor_script
 from tests.unit.test_agent import python38
@@ -187,7 +188,7 @@ def test_every_rank_prepares_its_data_first() -> None:
     planned = plan_job(spec, _base("pytorch", 2), data_prep=DataPrepSettings(roots=["/local"], retention=60))
     for rank, steps in planned.steps.items():
         assert steps[0].kind is StepKind.DATA and steps[0].name == DATA_STEP
-        assert steps[0].argv[:3] == ("python3", "-c", copy_source())
+        assert steps[0].argv[:3] == ("python3", "-c", script("datacopy"))
         params = json.loads(steps[0].argv[3])
         assert params == {"sets": [{"from": "/s/x", "to": "/local/x"}], "run_dir": f"/r/7/1/{rank}",
                           "roots": ["/local"], "retention": 60.0, "progress": 5.0, "lock_wait": 3600.0}  # fmt: skip
@@ -239,7 +240,7 @@ def copy(
     """The node-side program as the supervisor runs it: `python -c SOURCE PARAMS`, output as in output.log."""
     env = {**os.environ, "PATH": path}
     params = {"progress": 5, "run_dir": "", "roots": [], "retention": 0, **params}
-    return subprocess.run([python, "-c", copy_source(), json.dumps(params)], stdout=subprocess.PIPE,
+    return subprocess.run([python, "-c", script("datacopy"), json.dumps(params)], stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=RUN_TIMEOUT, env=env, user=user,
                           cwd="/")  # fmt: skip
 
@@ -422,7 +423,7 @@ def test_a_killed_copy_leaves_nothing_taken_for_good(tmp_path: Path) -> None:
     (slow / "cp").write_text(f'#!/bin/sh\n{shutil.which("cp")} "$@" && exec {shutil.which("sleep")} 30\n')
     (slow / "cp").chmod(0o755)
     params = {"sets": [{"from": str(src), "to": str(dst)}], "progress": 5, "run_dir": "", "roots": [], "retention": 0}
-    proc = subprocess.Popen([sys.executable, "-c", copy_source(), json.dumps(params)], env={**os.environ,
+    proc = subprocess.Popen([sys.executable, "-c", script("datacopy"), json.dumps(params)], env={**os.environ,
                             "PATH": str(slow)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)  # fmt: skip
     deadline = time.monotonic() + 10
@@ -535,7 +536,7 @@ def test_a_failing_data_step_ends_the_run_with_its_last_line(tmp_path: Path) -> 
     )  # fmt: skip
     steps = [
         # argv[0] is replaced by the supervisor's own interpreter: this one does not exist
-        {"kind": "data", "name": DATA_STEP, "argv": ["no-such-python", "-c", copy_source(), params], "env": {}},
+        {"kind": "data", "name": DATA_STEP, "argv": ["no-such-python", "-c", script("datacopy"), params], "env": {}},
         {"kind": "command", "name": "command", "argv": ["sh", "-c", "echo command ran"], "env": {}},
     ]
     run_dir = tmp_path / "run"

@@ -33,8 +33,8 @@ from ftconsole.scheduler.decide.launcher import (
     torch_wrap,
     wraps_in_torchrun,
 )
-from ftconsole.scheduler.decide.sshcheck_plan import ssh_check_source
 from ftconsole.scheduler.errors import FtError
+from ftconsole.scheduler.node.bundle import script
 
 GOLDEN = Path(__file__).parent / "golden" / "launcher"
 
@@ -579,7 +579,7 @@ def test_ssh_check_where_a_launcher_starts_ranks_from_the_first_node(
     launcher it imitates, and the peers it reaches (DeepSpeed's pdsh reaches the first node too)."""
     check = plan_launch(job(mode, command, count)).ssh_check
     assert check is not None
-    assert check[:3] == ("python3", "-c", ssh_check_source())
+    assert check[:3] == ("python3", "-c", script("sshcheck"))
     assert check[3:7] == ("gpu01", "5", settings, launcher)
     assert check[7:] == peers
 

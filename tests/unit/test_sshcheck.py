@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from ftconsole.scheduler.decide.sshcheck_plan import ssh_check_source
 from ftconsole.scheduler.node import sshcheck
+from ftconsole.scheduler.node.bundle import script
 from ftconsole.scheduler.node.sshcheck import LAUNCHERS, Way, check, connection, way
 from tests.unit.test_agent import imported_modules
 
@@ -362,7 +362,7 @@ def test_main_reads_the_arguments_as_the_launcher_planned_them(
 
 
 def test_the_check_is_python38_and_stdlib_only() -> None:
-    source = ssh_check_source()
+    source = script("sshcheck")
     ast.parse(source, feature_version=(3, 8))
     assert imported_modules(source) <= set(sys.stdlib_module_names)
 

@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 
 from ftconsole.scheduler.decide.runstatus import UNREADABLE, RunStatus
+from ftconsole.scheduler.node.proc import _alive, boot_id, start_time
 from ftconsole.scheduler.node.supervisor_files import _checked_status, _read_status
-from ftconsole.scheduler.node.supervisor_liveness import _alive, _any_alive, _group, _observe, boot_id, start_time
+from ftconsole.scheduler.node.supervisor_liveness import _any_alive, _group, _observe
 from ftconsole.scheduler.ssh.runs import supervisor_script
 
 TIMEOUT = 30

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ftconsole.scheduler.decide.sshcheck_plan import ssh_check_source
+from ftconsole.scheduler.node.bundle import script
 from ftconsole.scheduler.ssh.runs import supervisor_script
 from tests.unit.test_agent import python38
 
@@ -56,7 +56,7 @@ def test_the_ssh_check_runs_on_python38(tmp_path: Path) -> None:
     fake = tmp_path / "ssh"
     fake.write_text('#!/bin/sh\necho "Permission denied (publickey)." >&2\nexit 255\n')
     fake.chmod(0o755)
-    argv = [python, "-c", ssh_check_source(), "gpu01", "2", "", "mpirun (OpenMPI)", "gpu02", "10.1.0.2"]
+    argv = [python, "-c", script("sshcheck"), "gpu01", "2", "", "mpirun (OpenMPI)", "gpu02", "10.1.0.2"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=30, env={"PATH": f"{tmp_path}:/usr/bin:/bin"})
     assert done.returncode == 255
     assert done.stderr.splitlines()[-1] == (
