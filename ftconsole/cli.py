@@ -27,7 +27,7 @@ from ftconsole.scheduler.errors import ConfigError, FtError, Problem
 from ftconsole.scheduler.serve.client import open_client
 from ftconsole.scheduler.spec.config import LoadedConfig, check_problems, format_duration, load_config
 from ftconsole.scheduler.spec.detectspec import HANG_WINDOW_S
-from ftconsole.scheduler.store.db import STORE_FILE, read_cluster_id
+from ftconsole.scheduler.store.files import STORE_FILE, read_cluster_id
 
 PROG = "ftconsole"
 

@@ -33,7 +33,8 @@ from ftconsole.scheduler.spec.config import LoadedConfig, Node, ProbeSettings, f
 from ftconsole.scheduler.spec.nodesets import MAX_NODESET, expand_nodeset, nodeset_size
 from ftconsole.scheduler.ssh.probing import ProbeFailure, sweep
 from ftconsole.scheduler.ssh.transport import SSHPool, Transport
-from ftconsole.scheduler.store.db import STORE_FILE, Store, secure_state
+from ftconsole.scheduler.store.db import STORE_FILE, Store
+from ftconsole.scheduler.store.files import secure_state
 from ftconsole.scheduler.store.records import AutoResolve, NewAlert, StoredEvent, StoredProbe
 
 STALE_AFTER_INTERVALS = 3

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from ftconsole.scheduler.serve.lock import StateLock
-from ftconsole.scheduler.store.db import STORE_FILE, Store, secure_state
+from ftconsole.scheduler.store.db import STORE_FILE, Store
+from ftconsole.scheduler.store.files import secure_state
 
 
 def mode(path: Path) -> int:
