@@ -30,6 +30,7 @@ from ftconsole.scheduler.decide.jobplan import Images, JobLaunch, plan_attempt
 from ftconsole.scheduler.decide.jobs import Attempt, Condition, Job, Run
 from ftconsole.scheduler.decide.launcher import RankLaunch
 from ftconsole.scheduler.decide.reconcile import READ_STATES, Actions, Launch, Read, Stop
+from ftconsole.scheduler.decide.runstatus import status_fields
 from ftconsole.scheduler.decide.steps import user_root
 from ftconsole.scheduler.errors import FtError, SSHError
 from ftconsole.scheduler.failpoints import afailpoint
@@ -37,6 +38,7 @@ from ftconsole.scheduler.node.supervisor import MAX_PRUNED
 from ftconsole.scheduler.nodeops import ClusterService
 from ftconsole.scheduler.spec.config import Node
 from ftconsole.scheduler.spec.containers import pick_runtime, why_not
+from ftconsole.scheduler.ssh.channel import Channels
 from ftconsole.scheduler.ssh.runs import (
     CannotSwitch,
     NoAccount,
@@ -54,6 +56,7 @@ from ftconsole.scheduler.ssh.runs import (
     stop_runs,
 )
 from ftconsole.scheduler.ssh.silence import NodeSilence
+from ftconsole.scheduler.ssh.transport import SSHPool, Transport
 from ftconsole.scheduler.store.jobtx import CheckpointSignal, Conflict
 
 log = logging.getLogger("ftconsole.scheduler")
@@ -75,7 +78,11 @@ class Executor:
         fail: Callable[[Job, str], Awaitable[None]],
     ) -> None:
         self.store = service.store
-        self.transport = service.transport
+        self.transport: Transport = service.transport
+        self.channels: Channels | None = None
+        if service.config.scheduler.node_channel and isinstance(service.transport, SSHPool):
+            self.channels = Channels(service.transport, on_event=self._event)
+            self.transport = self.channels  # the supervisor's calls ask a node's channel first
         self.config = service.config
         self.settings = service.config.scheduler
         self.clock = clock
@@ -178,10 +185,18 @@ class Executor:
     async def close(self) -> None:
         """Cancel the node commands still under way (their outcome is read again by the next scheduler)."""
         self.tracker.close()
+        if self.channels is not None:
+            await self.channels.close()
         tasks = list(self._tasks.values())
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _event(self, node: str, event: dict[str, Any]) -> None:
+        """What a node's channel pushed: a run's change wakes the loop, which reads the node at once."""
+        if event.get("event") == "run":
+            log.debug("%s: %s is %s (was %s)", node, event.get("run_dir"), event.get("state"), event.get("was"))
+            self._poke()
 
     # -- tasks ------------------------------------------------------------------------------------------
 
@@ -568,27 +583,5 @@ def _tokens(runs: Sequence[Run]) -> dict[str, str]:
     return {r.run_dir: r.token for r in runs if r.token}
 
 
-def missing(run: Run, status: RunStatus) -> str:
-    if status.state == "foreign":
-        return f"its run folder {run.run_dir} on {run.node} now holds another attempt's run"
-    return f"its run folder {run.run_dir} on {run.node} has no status (removed on the node?)"
-
-
 def _rank_args(rank: RankLaunch) -> dict[str, Any]:
     return {"run_dir": rank.run_dir, "argv": rank.argv, "env": rank.env, "files": rank.files}
-
-
-def status_fields(status: RunStatus) -> dict[str, Any]:
-    return {
-        "state": status.state,
-        "pid": status.pid,
-        "exit_code": status.exit_code,
-        "signal": status.signal,
-        "started": status.started,
-        "ended": status.ended,
-        "error": status.error,
-        "boot_id": status.boot_id,
-        "supervisor_pid": status.supervisor_pid,
-        "supervisor_start": status.supervisor_start,
-        "pid_start": status.pid_start,
-    }

@@ -44,8 +44,9 @@ from ftconsole.scheduler.decide.jobs import (
     settle,
 )
 from ftconsole.scheduler.decide.reconcile import READ_STATES, Actions, Snapshot, reconcile
+from ftconsole.scheduler.decide.runstatus import missing, status_fields
 from ftconsole.scheduler.errors import FtError, silence_text
-from ftconsole.scheduler.executor import Executor, missing, status_fields
+from ftconsole.scheduler.executor import Executor
 from ftconsole.scheduler.failpoints import FailpointError, afailpoint
 from ftconsole.scheduler.nodeops import ClusterService
 from ftconsole.scheduler.placing import Placer

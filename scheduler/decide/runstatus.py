@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ftconsole.scheduler.decide.jobs import Run
+
 UNREADABLE = "its status file is unreadable: "
 NODE_STATES = frozenset({"starting", "running", "exited", "failed", "lost", "orphaned", "absent", "foreign"})
 PID_MAX = 1 << 22  # the kernel's largest pid_max
@@ -136,3 +138,25 @@ class NodeRun:
     attempt: str
     rank: str
     status: RunStatus
+
+
+def missing(run: Run, status: RunStatus) -> str:
+    if status.state == "foreign":
+        return f"its run folder {run.run_dir} on {run.node} now holds another attempt's run"
+    return f"its run folder {run.run_dir} on {run.node} has no status (removed on the node?)"
+
+
+def status_fields(status: RunStatus) -> dict[str, Any]:
+    return {
+        "state": status.state,
+        "pid": status.pid,
+        "exit_code": status.exit_code,
+        "signal": status.signal,
+        "started": status.started,
+        "ended": status.ended,
+        "error": status.error,
+        "boot_id": status.boot_id,
+        "supervisor_pid": status.supervisor_pid,
+        "supervisor_start": status.supervisor_start,
+        "pid_start": status.pid_start,
+    }

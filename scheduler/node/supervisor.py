@@ -29,6 +29,9 @@ signal  {run_dirs, tokens?, signal}
         current step, when it runs; each answer says whether it was signalled.
 port    {}
         A TCP port free on this node now (bound to port 0 and released), for MASTER_PORT.
+channel {}
+        Stay: answer requests read from stdin (each a line {"id", "params"}: the PARAMS of one of these
+        actions) until stdin closes, and push what changes in the runs of the last status read (channel.py).
 read    {path, offset?, limit, tail?}
         Up to `limit` bytes of a file (a run's output.log) from `offset`, or with `tail` from where its last
         `tail` lines start: {"exists", "offset", "data" (base64)}.
@@ -126,6 +129,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional  # noqa: F401  (used in type comments: this file runs on Python 3.8)
 
+from ftconsole.scheduler.node.channel import serve  # bundled
 from ftconsole.scheduler.node.proc import _alive, _stat, boot_id, start_time  # bundled
 from ftconsole.scheduler.node.supervisor_container import container_remove  # bundled
 from ftconsole.scheduler.node.supervisor_files import (  # bundled
@@ -536,16 +540,28 @@ ACTIONS = {
 }
 
 
-def main(params):
+def channel(params):
+    """Action channel (see channel.py): answer requests on stdin until it closes, as this process's user."""
+    return serve(answer, dict(params, protocol=PROTOCOL))
+
+
+ACTIONS["channel"] = channel
+
+
+def answer(params):
+    """What the action of `params` answers: one JSON document, as the user it names (see "Users")."""
     action = ACTIONS.get(params.get("action"))
     if action is None:
-        doc = {"supervisor": PROTOCOL, "error": "unknown action %r" % params.get("action")}
-    else:
-        try:
-            refused = become(params["user"]) if params.get("user") else None
-            doc = dict(refused or action(params), supervisor=PROTOCOL)
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            doc = {"supervisor": PROTOCOL, "error": "%s: %s" % (type(exc).__name__, exc)}
+        return {"supervisor": PROTOCOL, "error": "unknown action %r" % params.get("action")}
+    try:
+        refused = become(params["user"]) if params.get("user") else None
+        return dict(refused or action(params), supervisor=PROTOCOL)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return {"supervisor": PROTOCOL, "error": "%s: %s" % (type(exc).__name__, exc)}
+
+
+def main(params):
+    doc = answer(params)
     sys.stdout.write(json.dumps(doc, separators=(",", ":")) + "\n")
     sys.stdout.flush()
     return 0 if "error" not in doc else 1

@@ -197,6 +197,9 @@ class SchedulerSettings(_Strict):
     max_extend: Duration = 24 * 3600.0
     # a job queued again after a hardware fault that waits longer than this ends `error` (seed 000: 30 minutes)
     queue_timeout: PositiveDuration = 30 * 60.0
+    # one long-lived supervisor per node and user answers the loop's commands and pushes a rank's exit at once
+    # (docs/configuration.md, "Node channels"); off: a Python start on the node per command, as before
+    node_channel: bool = True
 
 
 class DebugSettings(_Strict):

@@ -24,6 +24,7 @@ from ftconsole.scheduler.errors import FtError
 from ftconsole.scheduler.node.bundle import python_stdin_script, script
 from ftconsole.scheduler.spec.config import Node
 from ftconsole.scheduler.ssh import nodecache
+from ftconsole.scheduler.ssh.channel import Channels
 from ftconsole.scheduler.ssh.transport import Transport
 
 log = logging.getLogger("ftconsole.scheduler")
@@ -159,6 +160,10 @@ async def _answer(
     sudo: bool,
     account: str = "the SSH account",
 ) -> dict[str, Any]:
+    if isinstance(transport, Channels):
+        doc = await transport.ask(node, python, params, timeout, sudo=sudo)
+        if doc is not None:
+            return _checked(node, params, doc)
     argv = [python, "-"]
     if sudo:
         argv = ["sudo", "-n", "-H", "-u", str(params["user"]), "--", *argv]
@@ -169,7 +174,11 @@ async def _answer(
         if sudo:
             _sudo_failed(node, account, str(params["user"]), python, result.stderr)
         raise SupervisorError(f"{node.name}: supervisor printed nothing ({result.describe_failure()})")
-    doc: dict[str, Any] = json.loads(line)
+    return _checked(node, params, json.loads(line))
+
+
+def _checked(node: Node, params: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:
+    """The supervisor's answer, once it is one of this protocol and no error."""
     if doc.get("supervisor") != SUPERVISOR_PROTOCOL:
         raise SupervisorError(f"{node.name}: unknown supervisor protocol {doc.get('supervisor')!r}")
     if "error" in doc:

@@ -25,7 +25,7 @@ def source(name: str) -> str:
 
 def test_the_bundle_holds_every_supervisor_module_in_dependency_order() -> None:
     assert NODE_MODULES[-1] == "supervisor"
-    assert sorted(NODE_MODULES) == sorted([*(p.stem for p in SCHEDULER.glob("supervisor*.py")), "proc"])
+    assert sorted(NODE_MODULES) == sorted([*(p.stem for p in SCHEDULER.glob("supervisor*.py")), "proc", "channel"])
     for at, name in enumerate(NODE_MODULES):
         tree = ast.parse(source(name))
         imported = {n.module.rsplit(".", 1)[1] for n in tree.body if isinstance(n, ast.ImportFrom) and n.module
@@ -88,7 +88,18 @@ def test_the_bundle_defines_every_name_the_actions_use() -> None:
     exec(compile(runs.supervisor_source(), "supervisor bundle", "exec"), namespace)
     actions = namespace["ACTIONS"]
     assert isinstance(actions, dict)
-    assert set(actions) == {"start", "prepare", "status", "stop", "port", "account", "read", "files", "signal"}
+    assert set(actions) == {
+        "start",
+        "prepare",
+        "status",
+        "stop",
+        "port",
+        "account",
+        "read",
+        "files",
+        "signal",
+        "channel",
+    }
     seen: set[str] = set()
     todo = [*actions.values(), namespace["main"]]
     while todo:
@@ -100,7 +111,7 @@ def test_the_bundle_defines_every_name_the_actions_use() -> None:
             value = namespace.get(used)
             if isinstance(value, types.FunctionType):
                 todo.append(value)
-    assert {"_supervise", "_observe", "prune", "_scan", "_claim", "_write_json"} <= seen
+    assert {"_supervise", "_observe", "prune", "_scan", "_claim", "_write_json", "serve", "_look"} <= seen
 
 
 def write(folder: Path, files: dict[str, str]) -> Path:

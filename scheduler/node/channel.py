@@ -1,0 +1,159 @@
+"""The node channel: one long-lived supervisor per node and user, node side, standard library only, Python 3.8.
+
+The scheduler keeps an SSH connection to each node anyway; over it, instead of one ``python3`` per command, it
+may start the supervisor once with action "channel" and keep it: the supervisor then answers requests read from
+its stdin, one JSON document a line ({"id": N, "params": the action's PARAMS}), with one line each
+({"id": N, "doc": what the action prints in a command of its own}), and pushes what changes between them:
+
+  {"event": "hello", "supervisor": PROTOCOL, "pid", "user"}   first, once it runs as its user
+  {"event": "run", "run_dir", "state", "was"}                  a watched run's state changed (exited, failed, lost...)
+  {"event": "heartbeat", "time", "watching"}                   every HEARTBEAT_S
+
+The runs watched are those of the last status read by run folders (the scheduler's held runs of this node and
+user): their status.json is looked at every WATCH_S (its size and mtime: one stat each), read again when it
+changed, and the liveness of those starting or running is checked every LIVENESS_S (a supervisor that died
+writes nothing). An event is a hint that wakes the scheduler: what it then reads is the truth, so an event lost
+costs at most a tick.
+
+The channel runs as one user, switched once when it starts (see "Users" in supervisor.py); a request for
+another user is refused. It exits when its stdin closes: the SSH connection is gone, or the scheduler closed it;
+nothing stays running on the node. Requests are answered one at a time, in order; a start forks the run's
+supervisor as in a command of its own (detached, stdio on /dev/null), so it outlives the channel.
+"""
+
+import json
+import os
+import select
+import time
+
+from ftconsole.scheduler.node.supervisor_files import STATUS, _expand, _read_status  # bundled
+from ftconsole.scheduler.node.supervisor_liveness import _observe  # bundled
+
+WATCH_S = 0.1  # how often the watched runs' status files are looked at
+LIVENESS_S = 1.0  # how often the supervisors of the watched starting or running runs are looked for
+HEARTBEAT_S = 1.0
+MAX_REQUEST = 64 * 1024 * 1024  # a request line longer than this ends the channel (the scheduler's are far less)
+MAX_WATCHED = 10000
+_LIVE = ("starting", "running")
+
+
+def _emit(doc):
+    data = (json.dumps(doc, separators=(",", ":")) + "\n").encode("utf-8")
+    while data:
+        data = data[os.write(1, data) :]
+
+
+def _watch_from(params, doc, watch):
+    """The runs to watch after a status read by run folders: those it read, with the state it read."""
+    if params.get("action") != "status" or params.get("run_dirs") is None:
+        return watch
+    out = {}
+    for entry in (doc.get("runs") or [])[:MAX_WATCHED]:
+        given = entry.get("run_dir")
+        if not isinstance(given, str):
+            continue
+        path = os.path.join(_expand(given), STATUS)
+        out[given] = {"path": path, "sig": _signature(path), "state": (entry.get("status") or {}).get("state")}
+    return out
+
+
+def _signature(path):
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
+
+
+def _state(path):
+    status, problem = _read_status(path)
+    if problem is not None:
+        return "lost"
+    if status is None:
+        return "absent"
+    return _observe(status, path).get("state")
+
+
+def _look(watch, liveness):
+    """The events of the watched runs whose state changed since last looked at."""
+    events = []
+    for given, seen in watch.items():
+        sig = _signature(seen["path"])
+        if sig == seen["sig"] and not (liveness and seen["state"] in _LIVE):
+            continue
+        seen["sig"] = sig
+        try:
+            state = _state(seen["path"])
+        except Exception:  # a run that cannot be read now is read by the scheduler's next read
+            continue
+        if state != seen["state"]:
+            events.append({"event": "run", "run_dir": given, "state": state, "was": seen["state"]})
+            seen["state"] = state
+    return events
+
+
+def serve(answer, params):
+    """Answer requests from stdin with `answer` (the supervisor's: PARAMS -> its document) until stdin closes."""
+    user = params.get("user")
+    _emit({"event": "hello", "supervisor": params.get("protocol"), "pid": os.getpid(), "user": user})
+    watch = {}  # type: dict
+    buffered = b""
+    now = time.monotonic()
+    looked, live, beat = now, now, now
+    while True:
+        ready, _, _ = select.select([0], [], [], WATCH_S)
+        if ready:
+            chunk = os.read(0, 1 << 16)
+            if not chunk:
+                return {"closed": True}
+            buffered += chunk
+            while b"\n" in buffered:
+                line, buffered = buffered.split(b"\n", 1)
+                watch = _request(answer, user, line, watch)
+            if len(buffered) > MAX_REQUEST:
+                return {"error": "a request of over %d bytes" % MAX_REQUEST}
+        now = time.monotonic()
+        if now - looked >= WATCH_S:
+            liveness = now - live >= LIVENESS_S
+            for event in _look(watch, liveness):
+                _emit(event)
+            looked, live = now, now if liveness else live
+        if now - beat >= HEARTBEAT_S:
+            _emit({"event": "heartbeat", "time": time.time(), "watching": len(watch)})
+            beat = now
+
+
+def _request(answer, user, line, watch):
+    """One request line: its answer written, and the runs to watch from then on."""
+    try:
+        request = json.loads(line.decode("utf-8"))
+        number, params = request["id"], request["params"]
+        if not isinstance(params, dict):
+            raise ValueError("params is not an object")
+    except (ValueError, KeyError, TypeError) as exc:
+        _emit({"id": None, "doc": {"error": "a request that is not one: %s" % exc}})
+        return watch
+    if params.get("user") != user:
+        doc = {"error": "this channel runs as %r, not %r" % (user, params.get("user"))}
+    else:
+        doc = answer(params)
+    _emit({"id": number, "doc": doc})
+    return _watch_from(params, doc, watch)
+
+
+def loader():
+    """The ``python3 -c`` program that starts a channel: it reads a length line, then that many bytes of program
+    (the supervisor with its PARAMS), from stdin unbuffered, and runs it; stdin goes on as the request stream."""
+    return (
+        "import os,sys\n"
+        "def _r(n):\n"
+        " b=b''\n"
+        " while len(b)<n:\n"
+        "  c=os.read(0,n-len(b))\n"
+        "  if not c:sys.exit(0)\n"
+        "  b+=c\n"
+        " return b\n"
+        "h=b''\n"
+        "while not h.endswith(b'\\n'):h+=_r(1)\n"
+        "exec(compile(_r(int(h)),'ftconsole-channel','exec'))\n"
+    )

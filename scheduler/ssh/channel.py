@@ -1,0 +1,236 @@
+"""The scheduler's side of the node channels (`scheduler/node/channel.py`): one long-lived supervisor per node and
+user, over the SSH connection the pool keeps, answering the supervisor's actions without a Python start each,
+and pushing what changes in the node's runs.
+
+`Channels` is a transport (it runs commands through the pool it wraps) that also keeps the channels: the
+supervisor's calls (`runs._answer`) ask it first, and fall back to a command of their own where it has no
+channel (`ask` answers None): the channel could not start (no `python3 -c`, a user sudo must switch to...), it
+is being reopened after it broke, or it broke during the request. A channel that breaks is reopened by the next
+request; one that cannot be opened is tried again `RETRY_S` later.
+
+Events go to `on_event(node name, event)`: the executor wakes the loop on a run's change, so a rank's exit is
+acted on at once instead of at the next tick; the tick still reads every node with runs, so an event lost costs
+at most a tick.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import asyncssh
+
+from ftconsole.scheduler.errors import CommandTimeout, FtError
+from ftconsole.scheduler.node.bundle import python_stdin_script, script
+from ftconsole.scheduler.node.channel import loader
+from ftconsole.scheduler.spec.config import Node
+from ftconsole.scheduler.ssh.transport import CommandResult, SSHPool
+
+log = logging.getLogger("ftconsole.scheduler")
+
+OPEN_TIMEOUT_S = 10.0  # at most this long for a channel to say hello
+RETRY_S = 30.0  # a channel that could not be opened is tried again this long after (per command meanwhile)
+MAX_LINE = 64 * 1024 * 1024
+
+Key = tuple[str, str | None, bool]  # (node, user, through sudo)
+
+
+class ChannelClosed(Exception):
+    """The channel ended (its process exited, its connection went): what it was asked is asked again by command."""
+
+
+class NodeChannel:
+    """One channel: requests answered in order, events handed to `on_event`."""
+
+    def __init__(
+        self, node: Node, process: asyncssh.SSHClientProcess[bytes], on_event: Callable[[str, dict[str, Any]], None]
+    ) -> None:
+        self.node = node
+        self.process = process
+        self.on_event = on_event
+        self.closed: str | None = None  # why it ended
+        self.pid: int | None = None  # its process on the node, as its hello says
+        self.heard = time.monotonic()
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._hello: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._reader = asyncio.create_task(self._read())
+
+    async def hello(self, timeout: float) -> dict[str, Any]:
+        return await asyncio.wait_for(asyncio.shield(self._hello), timeout)
+
+    async def ask(self, params: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """The channel's answer to `params`; ChannelClosed when it ends first, CommandTimeout after `timeout`."""
+        if self.closed is not None:
+            raise ChannelClosed(self.closed)
+        number = next(self._ids)
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[number] = future
+        try:
+            self.process.stdin.write(json.dumps({"id": number, "params": params}).encode() + b"\n")
+            await self.process.stdin.drain()
+            return await asyncio.wait_for(asyncio.shield(future), timeout)
+        except TimeoutError as exc:
+            raise CommandTimeout(self.node.name, f"{params.get('action')} timed out after {timeout:g}s") from exc
+        except (asyncssh.Error, OSError, BrokenPipeError) as exc:
+            self._end(f"cannot write to it: {exc}")
+            raise ChannelClosed(self.closed) from exc
+        finally:
+            self._pending.pop(number, None)
+
+    def close(self) -> None:
+        self._end("closed by the scheduler")
+        self._reader.cancel()
+
+    def _end(self, why: str) -> None:
+        if self.closed is not None:
+            return
+        self.closed = why
+        with contextlib.suppress(Exception):
+            self.process.close()
+        for future in [self._hello, *self._pending.values()]:
+            if not future.done():
+                future.set_exception(ChannelClosed(why))
+        self._pending.clear()
+
+    async def _read(self) -> None:
+        why = "its process exited"
+        try:
+            while True:
+                line = await self.process.stdout.readline()
+                if not line:
+                    break
+                if len(line) > MAX_LINE:
+                    why = "a line over the limit"
+                    break
+                self.heard = time.monotonic()
+                self._take(line)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the connection went: every pending request is asked again by command
+            why = f"{type(exc).__name__}: {exc}"
+        finally:
+            self._end(why)
+
+    def _take(self, line: bytes) -> None:
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            log.warning("%s: the channel said something that is not JSON: %.200r", self.node.name, line)
+            return
+        if not isinstance(doc, dict):
+            return
+        if "event" in doc:
+            if doc["event"] == "hello":
+                self.pid = doc.get("pid") if isinstance(doc.get("pid"), int) else None
+                if not self._hello.done():
+                    self._hello.set_result(doc)
+                return
+            self.on_event(self.node.name, doc)
+            return
+        number = doc.get("id")
+        future = self._pending.get(number) if isinstance(number, int) else None
+        answer = doc.get("doc")
+        if future is not None and not future.done() and isinstance(answer, dict):
+            future.set_result(answer)
+        elif not self._hello.done() and isinstance(doc.get("supervisor"), int):
+            self._hello.set_exception(ChannelClosed(f"it did not start: {json.dumps(doc)[:300]}"))  # refused
+
+
+class Channels:
+    """A transport that keeps a channel per node and user (see the module's docstring)."""
+
+    def __init__(
+        self,
+        pool: SSHPool,
+        *,
+        on_event: Callable[[str, dict[str, Any]], None] = lambda node, event: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.pool = pool
+        self.on_event = on_event
+        self.clock = clock
+        self._open: dict[Key, NodeChannel] = {}
+        self._failed: dict[Key, tuple[float, str]] = {}  # key -> (when to try again, why it failed)
+        self._locks: dict[Key, asyncio.Lock] = {}
+
+    async def run(
+        self, node: Node, argv: Sequence[str], *, input: str | None = None, timeout: float | None = None
+    ) -> CommandResult:
+        return await self.pool.run(node, argv, input=input, timeout=timeout)
+
+    async def knock(self, node: Node, timeout: float) -> str | None:
+        return await self.pool.knock(node, timeout)
+
+    async def close(self) -> None:
+        """Close the channels (the pool is its owner's to close)."""
+        for channel in self._open.values():
+            channel.close()
+        self._open.clear()
+
+    def live(self) -> dict[Key, NodeChannel]:
+        """The channels open now."""
+        return {k: c for k, c in self._open.items() if c.closed is None}
+
+    async def ask(
+        self, node: Node, python: str, params: dict[str, Any], timeout: float, *, sudo: bool
+    ) -> dict[str, Any] | None:
+        """The answer of node's channel for params["user"] to `params`, or None: ask by command instead."""
+        key: Key = (node.name, params.get("user"), sudo)
+        channel = await self._channel(key, node, python, timeout)
+        if channel is None:
+            return None
+        try:
+            return await channel.ask(params, timeout)
+        except ChannelClosed as exc:
+            log.info("%s: node channel ended (%s): asking by command", node.name, exc)
+            return None
+
+    async def _channel(self, key: Key, node: Node, python: str, timeout: float) -> NodeChannel | None:
+        channel = self._open.get(key)
+        if channel is not None and channel.closed is None:
+            return channel
+        failed = self._failed.get(key)
+        if failed is not None and self.clock() < failed[0]:
+            return None
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            channel = self._open.get(key)
+            if channel is not None and channel.closed is None:
+                return channel
+            try:
+                channel = await self._start(key, node, python, min(timeout, OPEN_TIMEOUT_S))
+            except (FtError, ChannelClosed, TimeoutError, asyncssh.Error, OSError) as exc:
+                why = str(exc) or type(exc).__name__
+                self._failed[key] = (self.clock() + RETRY_S, why)
+                log.info("%s: no node channel (%s): asking by command, again in %gs", node.name, why, RETRY_S)
+                return None
+            self._failed.pop(key, None)
+            self._open[key] = channel
+            return channel
+
+    async def _start(self, key: Key, node: Node, python: str, timeout: float) -> NodeChannel:
+        _, user, sudo = key
+        argv = [python, "-c", loader()]
+        if sudo:
+            argv = ["sudo", "-n", "-H", "-u", str(user), "--", *argv]
+        params: dict[str, object] = {"action": "channel", "node": node.name}
+        if user is not None:
+            params["user"] = user
+        program = python_stdin_script(script("supervisor"), params).encode()
+        process = await self.pool.open_process(node, argv, timeout=timeout)
+        channel = NodeChannel(node, process, self.on_event)
+        try:
+            process.stdin.write(f"{len(program)}\n".encode() + program)
+            await process.stdin.drain()
+            await channel.hello(timeout)
+        except BaseException:
+            channel.close()
+            raise
+        return channel

@@ -1,0 +1,76 @@
+"""Node channels on real sshd nodes (issue 28): a rank's exit pushed and acted on without waiting for a tick, a
+channel killed on its node reopened with nothing lost, and the per-command path where channels are off.
+
+The first test's tick is an hour: the loop runs only when something wakes it (a submit, a node command that
+finishes, a node's event), so a job that ends at all was ended by its node's event, not by a tick."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from ftconsole.scheduler.jobops import Scheduler
+from tests.integration.test_scheduler_sshd import finished, job, poll, running, until, write_config
+from tests.sshd_cluster import SshdCluster
+
+pytestmark = pytest.mark.sshd
+LONG_TICK = {"tick": "1h", "stop_grace": "2s"}
+
+
+def channel_pids(scheduler: Scheduler) -> dict[str, int]:
+    """node -> the pid of its live channel (as its hello said)."""
+    channels = scheduler.loop.executor.channels
+    assert channels is not None
+    return {key[0]: channel.pid for key, channel in channels.live().items()}
+
+
+async def test_a_ranks_exit_is_acted_on_without_waiting_for_the_tick(sshd_cluster, tmp_path, sock_dir) -> None:
+    cluster: SshdCluster = sshd_cluster(2)
+    loaded = write_config(cluster, tmp_path, sock_dir, scheduler=LONG_TICK, probes={"interval": "1h"})
+    async with running(loaded) as (scheduler, client):
+        # the first tick places the job; the second starts it: a submit pokes the loop, so they follow at once
+        submitted = await client.call("submit", spec=job("quick", "sh -c 'sleep 2; exit 3'", mode="pytorch", nodes=2))
+        await until(client, submitted["id"], lambda j: j["status"] == "running" and j["attempts"] and all(
+            r["state"] == "running" for r in j["attempts"][0]["runs"]), "both ranks running")  # fmt: skip
+        assert set(channel_pids(scheduler)) == {n.name for n in cluster}  # the start went through them
+        shown = await finished(client, submitted["id"])  # no tick comes within the wait: the exits woke the loop
+        assert shown["status"] == "error" and "exited with code 3" in shown["message"], shown["message"]
+
+
+async def test_a_channel_killed_on_its_node_is_opened_again_and_nothing_is_lost(
+    sshd_cluster, tmp_path, sock_dir
+) -> None:
+    cluster: SshdCluster = sshd_cluster(1)
+    loaded = write_config(cluster, tmp_path, sock_dir, scheduler={"tick": "0.5s", "stop_grace": "2s"})
+    marker = tmp_path / "went-on"
+    async with running(loaded) as (scheduler, client):
+        command = f"sh -c 'sleep 4; touch {marker}'"
+        submitted = await client.call("submit", spec=job("survivor", command))
+        await until(client, submitted["id"], lambda j: j["status"] == "running" and j["attempts"] and all(
+            r["state"] == "running" for r in j["attempts"][0]["runs"]), "the rank running")  # fmt: skip
+        first = await poll(lambda: _async(channel_pids(scheduler)), bool, "a channel")
+        ((node, pid),) = first.items()
+        os.kill(pid, signal.SIGKILL)  # the node-side process of the channel (the nodes are this machine's)
+        again = await poll(lambda: _async(channel_pids(scheduler)), lambda p: p.get(node) not in (None, pid),
+                           "the channel opened again")  # fmt: skip
+        assert again[node] != pid
+        shown = await finished(client, submitted["id"])
+        assert shown["status"] == "succeeded", shown["message"]
+        assert marker.exists()  # the rank went on: it never depended on the channel
+        assert len(shown["attempts"]) == 1  # no restart, nothing run twice
+
+
+async def test_with_channels_off_every_command_is_a_process_of_its_own(sshd_cluster, tmp_path, sock_dir) -> None:
+    cluster: SshdCluster = sshd_cluster(2)
+    loaded = write_config(cluster, tmp_path, sock_dir, scheduler={"tick": "0.3s", "node_channel": False})
+    async with running(loaded) as (scheduler, client):
+        assert scheduler.loop.executor.channels is None
+        submitted = await client.call("submit", spec=job("by-command", "sh -c 'exit 0'", mode="pytorch", nodes=2))
+        shown = await finished(client, submitted["id"])
+        assert shown["status"] == "succeeded", shown["message"]
+
+
+async def _async(value):  # type: ignore[no-untyped-def]
+    return value
