@@ -188,6 +188,14 @@ def start(params):
         fcntl.flock(lock, fcntl.LOCK_EX)  # a start sent again while the first is under way waits for it
     else:  # no identity (the supervisor driven directly, as in its own tests)
         lock = None
+    try:
+        return _start(run_dir, status_path, token, params, lock)
+    finally:  # released here, not at the process's exit: a channel (channel.py) lives on and may start it again
+        if lock is not None:
+            os.close(lock)
+
+
+def _start(run_dir, status_path, token, params, lock):
     existing = _read_json(status_path)
     if existing is not None:
         return {"started": False, "run_dir": run_dir, "status": _observe(existing, status_path)}

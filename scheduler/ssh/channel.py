@@ -191,6 +191,9 @@ class Channels:
         except ChannelClosed as exc:
             log.info("%s: node channel ended (%s): asking by command", node.name, exc)
             return None
+        except CommandTimeout:
+            channel.close()  # it may be wedged: the next request opens another (the node may only be slow)
+            raise
 
     async def _channel(self, key: Key, node: Node, python: str, timeout: float) -> NodeChannel | None:
         channel = self._open.get(key)

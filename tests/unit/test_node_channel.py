@@ -146,3 +146,19 @@ def test_the_channel_ends_with_its_stdin_and_its_runs_go_on(channel: Channel, tm
         time.sleep(0.1)
     assert status["state"] == "exited" and status["exit_code"] == 0
     assert (run_dir / "output.log").read_text() == "done\n"
+
+
+def test_a_start_sent_again_through_the_same_channel_answers_and_starts_nothing(
+    channel: Channel, tmp_path: Path
+) -> None:
+    """The claim's lock is released after each start: a start sent again (its first answer was lost) gets the
+    run's status from the same long-lived process instead of waiting for a lock it holds itself."""
+    run_dir = tmp_path / "10" / "1" / "0"
+    params = {"run_dir": str(run_dir), "argv": ["sh", "-c", "echo once >> count; sleep 30"], "token": "t-1",
+              "env": {"PATH": os.environ["PATH"]}, "workdir": str(tmp_path), "files": {}, "grace": 2}  # fmt: skip
+    first = channel.ask(action="start", **params)
+    assert first["started"] is True
+    again = channel.ask(action="start", **params)
+    assert again["started"] is False and again["status"]["state"] == "running"
+    os.killpg(first["status"]["pgid"], 9)
+    assert (tmp_path / "count").read_text() == "once\n"

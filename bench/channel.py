@@ -1,0 +1,174 @@
+"""Benchmark: node channels against one command per node per tick, side by side in one run (issue 28).
+
+    .venv/bin/python bench/channel.py [--nodes 64] [--jobs 200] [--window 20] [--repeats 5]
+
+One lab cluster of `--nodes` nodes (SSH servers in a separate process, run processes real and local, GPUs
+enough for `--jobs` one-GPU jobs), then for each mode, `command` (`scheduler.node_channel: false`: a
+``python3 -`` on the node for each command) and `channel` (the default), an `ftconsole serve` subprocess with
+the scheduler's default `tick` (2 s) and its own state_dir:
+
+1. EXIT -> DECIDED: `--repeats` times, a one-rank job `sh -c 'sleep 2; exit 3'`; from the rank's end (its
+   run's `ended`, written by its supervisor on the node) to the job's end (`ended`, written by the scheduler
+   once it decided): how long a rank's exit waits before the scheduler acts on it. Nothing else runs.
+2. WATCHING: `--jobs` jobs (`sleep 3600`, one GPU) on the nodes, all running; then for `--window` seconds,
+   while nothing changes, the CPU time of the serve process (SCHEDULER MS/S: /proc/PID/stat, user + system)
+   and of everything else on this machine (NODES MS/S: /proc/stat, all CPUs, minus the serve process: the
+   lab's SSH servers, the supervisors started per command or the channels, the run processes), each per
+   second of the window; NODES MS/S PER NODE divides the latter by the node count.
+
+Both modes run on the same lab, one after the other; each mode's jobs are stopped before the next starts.
+Everything it starts is stopped at the end (serve, the lab, any `sleep 3600` of it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from recovery import (  # noqa: E402
+    Serve,
+    connect,
+    shut_down,
+    wait_all_running,
+    write_config,
+    write_layout,
+)
+
+from ftconsole.format import print_table  # noqa: E402
+from ftconsole.lab import lab_up  # noqa: E402
+from ftconsole.scheduler.spec.config import load_config  # noqa: E402
+
+WATCH_SPEC = {"name": "bench-watch", "command": "sleep 3600", "gpus_per_node": 1}
+EXIT_SPEC = {"name": "bench-exit", "command": "sh -c 'sleep 2; exit 3'", "gpus_per_node": 1}
+MODES = {"command": False, "channel": True}
+TICKS = os.sysconf("SC_CLK_TCK")
+RUNNING_TIMEOUT_S = 600.0
+END_TIMEOUT_S = 60.0
+
+
+def process_cpu(pid: int) -> float:
+    """Seconds of CPU (user + system) of process `pid` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def machine_cpu() -> float:
+    """Seconds of CPU used so far by everything on this machine, all CPUs (not idle, not iowait)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
+    return (user + nice + system + irq + softirq + steal) / TICKS
+
+
+async def exit_rounds(api: Any, repeats: int) -> list[float]:
+    """Seconds from a rank's exit to its job ended, `repeats` times."""
+    out = []
+    for _ in range(repeats):
+        job = (await api.call("submit", spec=EXIT_SPEC))["id"]
+        deadline = time.monotonic() + END_TIMEOUT_S
+        while True:
+            shown = await api.call("show", job=job)
+            if shown["status"] not in ("queued", "running"):
+                break
+            if time.monotonic() > deadline:
+                raise SystemExit(f"job {job} did not end in {END_TIMEOUT_S:g}s: {shown['status']}")
+            await asyncio.sleep(0.2)
+        ended = [r["ended"] for a in shown["attempts"] for r in a["runs"] if r["ended"]]
+        if shown["status"] != "error" or not ended:
+            raise SystemExit(f"job {job} ended {shown['status']}: {shown['message']}")
+        out.append(shown["ended"] - max(ended))
+    return out
+
+
+async def watch_cost(api: Any, serve: Serve, jobs: int, window: float) -> tuple[float, float]:
+    """(scheduler, everything else) CPU ms per second while `jobs` jobs run and nothing changes."""
+    for _ in range(jobs):
+        await api.call("submit", spec=WATCH_SPEC)
+    await wait_all_running(api, jobs, RUNNING_TIMEOUT_S)
+    await asyncio.sleep(5)  # the last starts' reads settle
+    pid = serve.proc.pid
+    own0, all0, t0 = process_cpu(pid), machine_cpu(), time.perf_counter()
+    await asyncio.sleep(window)
+    own1, all1, t1 = process_cpu(pid), machine_cpu(), time.perf_counter()
+    spent = t1 - t0
+    return (own1 - own0) / spent * 1000, ((all1 - all0) - (own1 - own0)) / spent * 1000
+
+
+async def stop_all(api: Any) -> None:
+    ids = [j["id"] for j in await api.call("jobs") if j["status"] in ("queued", "running")]
+    if ids:
+        await api.call("stop", jobs=ids)
+    deadline = time.monotonic() + 120
+    while any(j["status"] in ("queued", "running") for j in await api.call("jobs")):
+        if time.monotonic() > deadline:
+            raise SystemExit("jobs still running 120 s after their stop")
+        await asyncio.sleep(1)
+
+
+async def one_mode(root: Path, lab_config: Path, mode: str, args: argparse.Namespace) -> dict[str, Any]:
+    folder = root / mode
+    folder.mkdir()
+    # node_timeout as in recovery.py: 2 shared CPUs run the lab, the nodes and the scheduler
+    config = write_config(folder, lab_config, {"node_channel": MODES[mode], "node_timeout": "60s"})
+    loaded = load_config(config)
+    serve = Serve(config, folder / "serve.log")
+    try:
+        api = await connect(loaded)
+        try:
+            exits = await exit_rounds(api, args.repeats)
+            own, others = await watch_cost(api, serve, args.jobs, args.window)
+            await stop_all(api)
+        finally:
+            await api.close()
+    finally:
+        serve.stop()
+    print(f"  {mode}: exit -> decided {statistics.median(exits):.2f}s; scheduler {own:.1f} ms/s", file=sys.stderr)
+    return {"exits": exits, "own": own, "others": others}
+
+
+async def run(args: argparse.Namespace) -> None:
+    root = Path(tempfile.mkdtemp(prefix="ftbench-channel-"))
+    layout = root / "layout.yaml"
+    write_layout(layout, args.nodes, args.jobs)
+    lab_dir = root / "lab"
+    results: dict[str, dict[str, Any]] = {}
+    try:
+        info = lab_up(lab_dir, layout, None, timeout=180)
+        for mode in MODES:
+            results[mode] = await one_mode(root, Path(info.config_path), mode, args)
+    finally:
+        shut_down(lab_dir, [])
+    rows = []
+    for mode, r in results.items():
+        exits = r["exits"]
+        rows.append([
+            mode, f"{statistics.median(exits):.2f}", f"{max(exits):.2f}", args.nodes, args.jobs,
+            f"{r['own']:.1f}", f"{r['others']:.0f}", f"{r['others'] / args.nodes:.1f}",
+        ])  # fmt: skip
+    print_table(
+        ["MODE", "EXIT->DECIDED S (MED)", "(MAX)", "NODES", "JOBS", "SCHEDULER MS/S", "NODES MS/S", "PER NODE"], rows
+    )
+    print(f"\n(folder kept: {root})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=64)
+    parser.add_argument("--jobs", type=int, default=200)
+    parser.add_argument("--window", type=float, default=20.0)
+    parser.add_argument("--repeats", type=int, default=5)
+    asyncio.run(run(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
