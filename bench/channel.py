@@ -7,14 +7,15 @@ enough for `--jobs` one-GPU jobs), then for each mode, `command` (`scheduler.nod
 ``python3 -`` on the node for each command) and `channel` (the default), an `ftconsole serve` subprocess with
 the scheduler's default `tick` (2 s) and its own state_dir:
 
-1. EXIT -> DECIDED: `--repeats` times, a one-rank job `sh -c 'sleep 2; exit 3'`; from the rank's end (its
-   run's `ended`, written by its supervisor on the node) to the job's end (`ended`, written by the scheduler
-   once it decided): how long a rank's exit waits before the scheduler acts on it. Nothing else runs.
-2. WATCHING: `--jobs` jobs (`sleep 3600`, one GPU) on the nodes, all running; then for `--window` seconds,
+1. WATCHING: `--jobs` jobs (`sleep 3600`, one GPU) on the nodes, all running; then for `--window` seconds,
    while nothing changes, the CPU time of the serve process (SCHEDULER MS/S: /proc/PID/stat, user + system)
    and of everything else on this machine (NODES MS/S: /proc/stat, all CPUs, minus the serve process: the
    lab's SSH servers, the supervisors started per command or the channels, the run processes), each per
-   second of the window; NODES MS/S PER NODE divides the latter by the node count.
+   second of the window; PER NODE divides the latter by the node count. The jobs are stopped after.
+2. EXIT -> DECIDED: `--repeats` times, a one-rank job `sh -c 'sleep S; exit 3'` (S from 2 s to 4 s in even
+   steps, so that the exits fall all over a tick); from the rank's end (its run's `ended`, written by its
+   supervisor on the node) to the job's end (`ended`, written by the scheduler once it decided): how long a
+   rank's exit waits before the scheduler acts on it. Nothing else runs.
 
 Both modes run on the same lab, one after the other; each mode's jobs are stopped before the next starts.
 Everything it starts is stopped at the end (serve, the lab, any `sleep 3600` of it).
@@ -26,6 +27,7 @@ import argparse
 import asyncio
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -50,7 +52,7 @@ from ftconsole.lab import lab_up  # noqa: E402
 from ftconsole.scheduler.spec.config import load_config  # noqa: E402
 
 WATCH_SPEC = {"name": "bench-watch", "command": "sleep 3600", "gpus_per_node": 1}
-EXIT_SPEC = {"name": "bench-exit", "command": "sh -c 'sleep 2; exit 3'", "gpus_per_node": 1}
+EXIT_SPEC = {"name": "bench-exit", "gpus_per_node": 1}  # command: exit_command(round)
 MODES = {"command": False, "channel": True}
 TICKS = os.sysconf("SC_CLK_TCK")
 RUNNING_TIMEOUT_S = 600.0
@@ -70,11 +72,16 @@ def machine_cpu() -> float:
     return (user + nice + system + irq + softirq + steal) / TICKS
 
 
+def exit_command(n: int, repeats: int) -> str:
+    """Round n's rank: it exits 3 after 2 s plus a part of a tick (2 s), so the exits fall all over the tick."""
+    return f"sh -c 'sleep {2 + 2 * n / repeats:.2f}; exit 3'"
+
+
 async def exit_rounds(api: Any, repeats: int) -> list[float]:
     """Seconds from a rank's exit to its job ended, `repeats` times."""
     out = []
-    for _ in range(repeats):
-        job = (await api.call("submit", spec=EXIT_SPEC))["id"]
+    for n in range(repeats):
+        job = (await api.call("submit", spec={**EXIT_SPEC, "command": exit_command(n, repeats)}))["id"]
         deadline = time.monotonic() + END_TIMEOUT_S
         while True:
             shown = await api.call("show", job=job)
@@ -90,15 +97,23 @@ async def exit_rounds(api: Any, repeats: int) -> list[float]:
     return out
 
 
-async def watch_cost(api: Any, serve: Serve, jobs: int, window: float) -> tuple[float, float]:
+async def watch_cost(
+    api: Any, serve: Serve, jobs: int, window: float, profile: Path | None = None
+) -> tuple[float, float]:
     """(scheduler, everything else) CPU ms per second while `jobs` jobs run and nothing changes."""
     for _ in range(jobs):
         await api.call("submit", spec=WATCH_SPEC)
     await wait_all_running(api, jobs, RUNNING_TIMEOUT_S)
     await asyncio.sleep(5)  # the last starts' reads settle
     pid = serve.proc.pid
+    spy = None
+    if profile is not None:  # py-spy's samples of the serve process during the window (its own CPU counts too)
+        argv = ["py-spy", "record", "-p", str(pid), "-d", str(int(window)), "-r", "50", "-f", "raw", "-o", str(profile)]
+        spy = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     own0, all0, t0 = process_cpu(pid), machine_cpu(), time.perf_counter()
     await asyncio.sleep(window)
+    if spy is not None:
+        spy.wait(30)
     own1, all1, t1 = process_cpu(pid), machine_cpu(), time.perf_counter()
     spent = t1 - t0
     return (own1 - own0) / spent * 1000, ((all1 - all0) - (own1 - own0)) / spent * 1000
@@ -125,9 +140,10 @@ async def one_mode(root: Path, lab_config: Path, mode: str, args: argparse.Names
     try:
         api = await connect(loaded)
         try:
-            exits = await exit_rounds(api, args.repeats)
-            own, others = await watch_cost(api, serve, args.jobs, args.window)
+            profile = folder / "py-spy.txt" if args.profile else None
+            own, others = await watch_cost(api, serve, args.jobs, args.window, profile)
             await stop_all(api)
+            exits = await exit_rounds(api, args.repeats)
         finally:
             await api.close()
     finally:
@@ -167,6 +183,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--window", type=float, default=20.0)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--profile", action="store_true", help="py-spy the scheduler in the window (MODE/py-spy.txt)")
     asyncio.run(run(parser.parse_args()))
 
 
