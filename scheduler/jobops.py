@@ -498,7 +498,7 @@ class Scheduler:
 
     async def _log_read(self, node: Node, path: str, offset: int, user: str | None) -> bytes:
         """A chunk of a run's output.log, read on its node as the run's user (never with more rights)."""
-        got = await read_file(self.transport, node, path, offset=offset, limit=LOG_CHUNK, user=user,
+        got = await read_file(self.loop.executor.transport, node, path, offset=offset, limit=LOG_CHUNK, user=user,
                               python=self._python)  # fmt: skip
         return b"" if got is None else got[1]
 
@@ -509,7 +509,7 @@ class Scheduler:
         job = await self._job(caller, job_id, "see the launch of", write=False)
         run = await self._log_run(job, rank, attempt)
         node = self._node_of(run)
-        found = await run_files(self.transport, node, run.run_dir, user=self.loop.executor.run_user(job),
+        found = await run_files(self.loop.executor.transport, node, run.run_dir, user=self.loop.executor.run_user(job),
                                 python=self._python)  # fmt: skip
         if found is None:
             raise NotFound(f"job {job.id} rank {run.rank}: no run folder {run.run_dir} on {run.node}")
@@ -526,7 +526,9 @@ class Scheduler:
 
     async def _tail_offset(self, node: Node, path: str, lines: int, user: str | None) -> int:
         """Where the last `lines` lines of the file start, in one round trip (0 when there is no file yet)."""
-        got = await read_file(self.transport, node, path, limit=0, tail=lines, user=user, python=self._python)
+        got = await read_file(
+            self.loop.executor.transport, node, path, limit=0, tail=lines, user=user, python=self._python
+        )
         return 0 if got is None else got[0]
 
     @property
