@@ -182,6 +182,7 @@ class Loop:
             waiting=dict(self.executor.waiting),
             answered=dict(self.executor.answered),
             silence=self._silence(),
+            dead=frozenset(self.executor.tracker.dead),
             node_timeout=self.settings.node_timeout,
             stop_grace=self.settings.stop_grace,
         )

@@ -8,8 +8,9 @@ outcome with its event. Settling what a job's runs mean (all running, a rank fai
 
 The sets, in the order a run is checked:
 - gone: its node left the config -> `Lose` (nothing can reach it; its job settles `error`);
-- silent: the loop has waited `node_timeout` for its node to answer -> `Lose` "node unreachable since T";
-  the node is swept once it answers again (fencing); a node nobody asks anything is never silent;
+- silent: the loop has waited `node_timeout` for its node to answer, or its node is proven down sooner (its
+  connection was lost and its SSH port refuses: `Snapshot.dead`) -> `Lose` "node unreachable since T"; the
+  node is swept once it answers again (fencing); a node nobody asks anything is never silent;
 - to launch: `intent` or `unknown` (a start sent with no answer) -> `Launch` of its attempt; the start is
   idempotent on the node (one claim per attempt token), so sending it again only reads what happened. A
   resized job's new attempt waits until every run of the old one is down;
@@ -65,6 +66,8 @@ class Snapshot:
     node_timeout: float
     stop_grace: float
     silence: Mapping[str, str] = field(default_factory=dict)  # node -> why its last ask got no answer
+    # nodes proven down before node_timeout: their connection was lost and their SSH port refuses (no sshd)
+    dead: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -117,7 +120,7 @@ def reconcile(snap: Snapshot) -> Actions:
             out.lose.append(Lose(run, f"node {run.node} is no longer in the cluster config"))
             continue
         asked = snap.waiting.get(run.node)
-        if asked is not None and snap.now - asked >= snap.node_timeout:
+        if asked is not None and (snap.now - asked >= snap.node_timeout or run.node in snap.dead):
             silent.add(run.node)
             out.lose.append(Lose(run, _silence(snap, run.node, asked)))
             continue

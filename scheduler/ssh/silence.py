@@ -19,9 +19,9 @@ import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from ftconsole.scheduler.errors import FtError, SSHError
+from ftconsole.scheduler.errors import FtError, SSHError, UnreachableError
 from ftconsole.scheduler.spec.config import Node
-from ftconsole.scheduler.ssh.transport import Transport
+from ftconsole.scheduler.ssh.transport import REFUSED, Transport
 
 KNOCK_S = 3.0  # at most this long for a fresh TCP connection to a silent node to say whether it hung or died
 TIMEOUT_WAKE_MARGIN_S = 0.05  # the wake-up at a node's node_timeout comes this much after it (clocks differ)
@@ -41,6 +41,8 @@ class NodeSilence:
         self.answered: dict[str, float] = {}  # node -> its last answer
         self.silence: dict[str, SSHError] = {}  # node -> why its last command got no answer (since then)
         self.knocked: dict[str, str] = {}  # node -> what a fresh connection found once it was half silent
+        # nodes proven down before node_timeout: their connection was lost and their SSH port refuses
+        self.dead: set[str] = set()
         self._deadlines: dict[str, asyncio.TimerHandle] = {}  # node -> the wake-up when its node_timeout runs out
 
     async def ask(self, name: str, work: Coroutine[Any, Any, Any], *, heartbeat: bool = True) -> Any:
@@ -64,10 +66,14 @@ class NodeSilence:
         return result
 
     def to_knock(self, now: float) -> list[str]:
-        """The nodes (by name) silent for half of `node_timeout` at `now` that no knock has asked about yet."""
+        """The nodes (by name) that no knock has asked about yet and that are silent for half of `node_timeout`
+        at `now`, or whose connection was lost or refused (a dead node is told from a hung one at once)."""
         half = self.node_timeout / 2
         return [
-            name for name, since in sorted(self.waiting.items()) if now - since >= half and name not in self.knocked
+            name
+            for name, since in sorted(self.waiting.items())
+            if name not in self.knocked
+            and (now - since >= half or isinstance(self.silence.get(name), UnreachableError))
         ]
 
     async def knock(self, node: Node) -> None:
@@ -76,6 +82,10 @@ class NodeSilence:
         found = await knock(node, min(self.node_timeout / 2, KNOCK_S)) if knock is not None else None
         if node.name in self.waiting:
             self.knocked[node.name] = found or ""  # "": nothing to tell (a ProxyJump), not asked again
+            lost = isinstance(self.silence.get(node.name), UnreachableError)
+            if found is not None and found.startswith(REFUSED) and lost:
+                self.dead.add(node.name)  # the loop need not wait for node_timeout
+                self._poke()
 
     def heard(self, name: str) -> None:
         """The node answered: its silence clock stops."""
@@ -93,6 +103,7 @@ class NodeSilence:
             self._cancel_deadline(name)
 
     def _clear(self, name: str) -> None:
+        self.dead.discard(name)
         self.waiting.pop(name, None)
         self.silence.pop(name, None)
         self.knocked.pop(name, None)

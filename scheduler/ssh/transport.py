@@ -40,6 +40,7 @@ log = logging.getLogger("ftconsole.ssh")
 BACKOFF_BASE_S = 1.0
 BACKOFF_MAX_S = 60.0
 KEEPALIVE_COUNT_MAX = 3
+REFUSED = "down or rebooting"  # a knock that finds the SSH port refusing: no sshd (dead, or booting)
 MAX_JUMP_DEPTH = 8  # ProxyJump hops nested through the ssh config (a loop there must end)
 
 
@@ -327,7 +328,7 @@ class SSHPool:
         except TimeoutError:
             return f"down or cut off: no TCP answer from {host}:{port} within {timeout:g}s"
         except ConnectionRefusedError:
-            return f"down or rebooting: {host}:{port} refuses connections (no sshd)"
+            return f"{REFUSED}: {host}:{port} refuses connections (no sshd)"
         except OSError as exc:
             return f"down or cut off: {_reason(exc)}"
         try:

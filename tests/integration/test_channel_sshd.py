@@ -74,3 +74,37 @@ async def test_with_channels_off_every_command_is_a_process_of_its_own(sshd_clus
 
 async def _async(value):  # type: ignore[no-untyped-def]
     return value
+
+
+async def test_a_node_killed_is_given_up_at_once_and_a_frozen_one_is_not(sshd_cluster, tmp_path, sock_dir) -> None:
+    """Its connection lost and its SSH port refusing: the node is down, and its runs are lost without waiting
+    for node_timeout (10 minutes here, so only that evidence can end it within the wait). A node whose
+    commands stall with sshd still answering is waited for: its run stays running meanwhile."""
+    cluster: SshdCluster = sshd_cluster(3)
+    timeout = {"tick": "0.3s", "stop_grace": "2s", "node_timeout": "10m"}
+    loaded = write_config(cluster, tmp_path, sock_dir, scheduler=timeout)
+    async with running(loaded) as (_, client):
+        submitted = await client.call(
+            "submit", spec=job("pair", "sleep 300", mode="pytorch", nodes=2, node_names="node01,node02")
+        )
+        frozen = await client.call("submit", spec=job("alone", "sleep 300", node_names="node03"))
+        for job_id in (submitted["id"], frozen["id"]):
+            await until(client, job_id, lambda j: j["status"] == "running" and j["attempts"] and all(
+                r["state"] == "running" for r in j["attempts"][0]["runs"]), "ranks running")  # fmt: skip
+        shown = await client.call("show", job=submitted["id"])
+        victim = shown["attempts"][0]["runs"][1]["node"]
+        assert victim != "node03"
+        cluster.hang("node03", sessions=True)  # frozen: sshd greets, its commands stall
+        try:
+            cluster.down(victim)
+            shown = await until(client, submitted["id"], lambda j: any(
+                r["state"] == "lost" for r in j["attempts"][0]["runs"]), "the dead node's rank lost")  # fmt: skip
+            (lost,) = [r for r in shown["attempts"][0]["runs"] if r["state"] == "lost"]
+            assert lost["node"] == victim and "refuses connections" in lost["error"], lost
+            alone = await client.call("show", job=frozen["id"])
+            assert alone["status"] == "running" and alone["attempts"][0]["runs"][0]["state"] == "running"
+        finally:
+            cluster.unhang("node03")
+        await client.call("stop", jobs=[submitted["id"], frozen["id"]])
+        for job_id in (submitted["id"], frozen["id"]):
+            await finished(client, job_id)

@@ -148,6 +148,16 @@ CASES: list[tuple[str, Snapshot, Actions]] = [
 ]
 
 
+def test_a_node_proven_down_is_lost_before_node_timeout_and_only_while_it_is_asked() -> None:
+    why = "down or rebooting: 127.0.0.9:22 refuses connections (no sshd)"
+    actions = reconcile(snap([job()], [R0, R1], waiting={"n0": NOW - 2.0}, silence={"n0": why}, dead={"n0"}))
+    (lose,) = actions.lose
+    assert lose.run == R0 and lose.reason.endswith(f"(no answer for 2s): {why}") and actions.silent == ["n0"]
+    assert actions.read == [Read("n1", (R1,))]
+    answered = reconcile(snap([job()], [R0], dead={"n0"}))  # it answered since: no longer waited for
+    assert answered.lose == [] and answered.read == [Read("n0", (R0,))]
+
+
 def test_a_silent_node_is_lost_with_why_it_gives_no_answer() -> None:
     why = "hung: 127.0.0.9:22 takes TCP connections, SSH does not answer"
     actions = reconcile(snap([job()], [R0], waiting={"n0": NOW - 10}, silence={"n0": why}))
