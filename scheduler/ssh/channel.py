@@ -56,7 +56,6 @@ class NodeChannel:
         self.on_event = on_event
         self.closed: str | None = None  # why it ended
         self.pid: int | None = None  # its process on the node, as its hello says
-        self.heard = time.monotonic()
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._hello: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
@@ -88,6 +87,11 @@ class NodeChannel:
         self._end("closed by the scheduler")
         self._reader.cancel()
 
+    async def finished(self) -> None:
+        """Until its reader has stopped (after `close`, or once the channel ended)."""
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader
+
     def _end(self, why: str) -> None:
         if self.closed is not None:
             return
@@ -109,7 +113,6 @@ class NodeChannel:
                 if len(line) > MAX_LINE:
                     why = "a line over the limit"
                     break
-                self.heard = time.monotonic()
                 self._take(line)
         except asyncio.CancelledError:
             raise
@@ -169,10 +172,12 @@ class Channels:
         return await self.pool.knock(node, timeout)
 
     async def close(self) -> None:
-        """Close the channels (the pool is its owner's to close)."""
-        for channel in self._open.values():
-            channel.close()
+        """Close the channels and wait for their readers (the pool is its owner's to close)."""
+        channels = list(self._open.values())
         self._open.clear()
+        for channel in channels:
+            channel.close()
+        await asyncio.gather(*(c.finished() for c in channels), return_exceptions=True)
 
     def live(self) -> dict[Key, NodeChannel]:
         """The channels open now."""
