@@ -108,7 +108,7 @@ async def watch_cost(
     pid = serve.proc.pid
     spy = None
     if profile is not None:  # py-spy's samples of the serve process during the window (its own CPU counts too)
-        argv = ["py-spy", "record", "-p", str(pid), "-d", str(int(window)), "-r", "50", "-f", "raw", "-o", str(profile)]
+        argv = [str(Path(sys.executable).with_name("py-spy")), "record", "-p", str(pid), "-d", str(int(window)), "-r", "400", "--nonblocking", "-f", "raw", "-o", str(profile)]
         spy = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     own0, all0, t0 = process_cpu(pid), machine_cpu(), time.perf_counter()
     await asyncio.sleep(window)
@@ -160,7 +160,7 @@ async def run(args: argparse.Namespace) -> None:
     results: dict[str, dict[str, Any]] = {}
     try:
         info = lab_up(lab_dir, layout, None, timeout=180)
-        for mode in MODES:
+        for mode in args.modes:
             results[mode] = await one_mode(root, Path(info.config_path), mode, args)
     finally:
         shut_down(lab_dir, [])
@@ -183,6 +183,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--window", type=float, default=20.0)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES), help="which modes, in order")
     parser.add_argument("--profile", action="store_true", help="py-spy the scheduler in the window (MODE/py-spy.txt)")
     asyncio.run(run(parser.parse_args()))
 

@@ -63,6 +63,7 @@ log = logging.getLogger("ftconsole.scheduler")
 
 ACT_WAIT_S = 2.0  # how long a tick waits for the node commands it started; slower ones finish in the background
 SWEEP_RETRY_S = 5.0  # how often a node still to be swept is tried while it does not answer
+QUIET_READ_S = 10.0  # a quiet node with channels is read this often (the safety net; Watchdog.read_every)
 PRUNE_EVERY_S = 3600.0  # run retention along with a node's reads at most this often (and with every sweep)
 ACCOUNT_OK_S = 600.0  # a user's account found on a node is not asked for again before a launch for this long
 NO_ACCOUNT_S = 3600.0  # a node where a user has no account is left out of that user's placements this long
@@ -81,7 +82,7 @@ class Executor:
         self.transport: Transport = service.transport
         self.channels: Channels | None = None
         if service.config.scheduler.node_channel and isinstance(service.transport, SSHPool):
-            self.channels = Channels(service.transport, on_event=self._event)
+            self.channels = Channels(service.transport, on_event=self._event, clock=clock)
             self.transport = self.channels  # the supervisor's calls ask a node's channel first
         self.config = service.config
         self.settings = service.config.scheduler
@@ -92,12 +93,15 @@ class Executor:
         self._tasks: dict[Hashable, asyncio.Task[None]] = {}
         self._in_tick = False
         self._observed: dict[str, list[tuple[Run, RunStatus]]] = {}  # node -> what its last read said
+        self._outputs: dict[tuple[str, str], float] = {}  # (node, run folder) -> output.log written, as pushed
         self.tracker = NodeSilence(self.transport, clock=clock, poke=poke, node_timeout=self.settings.node_timeout)
         # the tracker's own dicts (the loop reads them for its Snapshot); see silence.py
         self.waiting, self.answered = self.tracker.waiting, self.tracker.answered
         self.silence, self.knocked = self.tracker.silence, self.tracker.knocked
         # run folder -> what to scan its output.log for in this read (the watchdog's, see runs.run_states)
         self.scans: Callable[[Sequence[Run]], dict[str, Any]] = lambda runs: {}
+        # how often a quiet node with channels is read all the same (the watchdog's samples: `Watchdog.read_every`)
+        self.read_every: Callable[[Sequence[Run]], float] = lambda runs: QUIET_READ_S
         self._unswept: set[str] = set(self.nodes)  # nodes to sweep for runs that are no longer current
         self._swept_at: dict[str, float] = {}  # node -> the last try
         self._pruned_at: dict[str, float] = {}  # node -> when its old run folders were last pruned
@@ -148,7 +152,7 @@ class Executor:
         stops: dict[str, list[Stop]] = defaultdict(list)
         for stop in actions.stop:
             stops[stop.node].append(stop)
-        reads = {read.node: read for read in actions.read}
+        reads = {read.node: read for read in actions.read if not self._quiet_now(read)}
         for name in sorted(stops.keys() | reads.keys()):
             self._spawn(("node", name), self._tend(stops.get(name, []), reads.get(name)))
         now = self.clock()
@@ -193,10 +197,18 @@ class Executor:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     def _event(self, node: str, event: dict[str, Any]) -> None:
-        """What a node's channel pushed: a run's change wakes the loop, which reads the node at once."""
+        """What a node's channel pushed: a run's change wakes the loop, which reads the node at once; output
+        written is kept for the next tick (`outputs`), like a read's, and wakes nobody."""
         if event.get("event") == "run":
             log.debug("%s: %s is %s (was %s)", node, event.get("run_dir"), event.get("state"), event.get("was"))
             self._poke()
+        elif event.get("event") == "output":
+            self._outputs.update(((node, run_dir), at) for run_dir, at in event["runs"].items())
+
+    def outputs(self) -> dict[tuple[str, str], float]:
+        """(node, run folder) -> when its output.log was last written, as the channels pushed since the last call."""
+        outputs, self._outputs = self._outputs, {}
+        return outputs
 
     # -- tasks ------------------------------------------------------------------------------------------
 
@@ -455,10 +467,12 @@ class Executor:
     async def _read(self, read: Read) -> None:
         node = self.nodes[read.node]
         dirs = [r.run_dir for r in read.runs]
+        users = await self._users(read.runs)
+        if self._quiet(read, users):
+            return
         due = self.clock() - self._pruned_at.get(read.node, float("-inf")) >= PRUNE_EVERY_S
         prune = await self._prune() if due else None
         pruned: list[str] = []
-        users = await self._users(read.runs)
         states = run_states(self.transport, node, dirs, tokens=_tokens(read.runs), users=users, prune=prune,
                             pruned=pruned, scan=self.scans(read.runs), python=self._python,
                             timeout=self._timeout)  # fmt: skip
@@ -473,6 +487,34 @@ class Executor:
         if prune is not None:  # users with no run here now may have old run folders here too
             await self._prune_others(node, prune, pruned, set(await self._recent_users()) - set(users.values()))
             self._was_pruned(node, prune, pruned)
+
+    def _quiet_now(self, read: Read) -> bool:
+        """`_quiet`, where whom the runs belong to is known without asking the store (no task for a quiet node)."""
+        if self.channels is None:
+            return False
+        if self.settings.run_as != "submitter":
+            return self._quiet(read, {})
+        if any(r.job not in self._owners for r in read.runs):
+            return False
+        return self._quiet(read, {r.run_dir: self._owners[r.job] for r in read.runs})
+
+    def _quiet(self, read: Read, users: dict[str, str | None]) -> bool:
+        """The node's read may be left out this tick: its channels watch these runs and nothing changed (see
+        `Channels.quiet`; the read is made at least every `read_every`). A channel's heartbeat that is late starts
+        the node's silence clock at when it was due, and the node is read."""
+        if self.channels is None:
+            return False
+        groups: dict[str | None, set[str]] = defaultdict(set)
+        for r in read.runs:
+            groups[users.get(r.run_dir)].add(r.run_dir)
+        heard = self.channels.quiet(read.node, groups, self.read_every(read.runs))
+        if heard is not None:
+            self.tracker.heard(read.node, at=heard)
+            return True
+        due = self.channels.overdue(read.node)
+        if due is not None:
+            self.tracker.awaited(read.node, due)
+        return False
 
     async def _prune_others(self, node: Node, prune: Prune, pruned: list[str], users: set[str | None]) -> None:
         """Retention for users without a run on the node now; one who has no account there has no folders."""

@@ -87,6 +87,7 @@ class Loop:
         self.recoverer = Recoverer(service, self.placer, clock=clock, poke=poke)
         self.watchdog = Watchdog(service, clock=clock)
         self.executor.scans = self.watchdog.logs.scans
+        self.executor.read_every = self.watchdog.read_every
         self.watchdog.logs.reschedule = self.recoverer.reschedule_slow
         self.executor.gate = self.recoverer.preflight
         self._started = time.monotonic()
@@ -151,7 +152,7 @@ class Loop:
 
     async def tick(self) -> None:
         """One pass of the control loop (see the module docstring); a step that fails does not stop the others."""
-        self.store.forget()  # the store's kept reads start afresh: another process may have written
+        await self.store.refresh()  # another process may have written: the store's kept reads start afresh
         steps = [self._act, self._observe, self._expire]
         if self._probed():
             steps += [self.placer.resize, self.placer.place]
@@ -228,6 +229,7 @@ class Loop:
         self._prepared = {k for k in self._prepared if k[0] in running}
         self._steps = {k: step for k, step in self._steps.items() if k[0] in running}
         key = {(r.job, r.attempt, r.rank): r for r in held}
+        by_dir = {(r.node, r.run_dir): r for r in held if r.run_dir}
         updated: dict[tuple[int, int, int], Run] = {}
         changes: list[tuple[Run, dict[str, Any]]] = []
         moved = False  # a run changed more than its output heartbeat
@@ -249,6 +251,12 @@ class Loop:
                 if new != r:
                     changes.append((r, fields))
                     moved = moved or dataclasses.replace(new, output_at=r.output_at) != r
+        for (node, run_dir), at in self.executor.outputs().items():  # output written, as the channels pushed
+            r = by_dir.get((node, run_dir))
+            if r is None or (r.job, r.attempt, r.rank) in updated or r.state != "running" or r.output_at == at:
+                continue
+            updated[(r.job, r.attempt, r.rank)] = dataclasses.replace(r, output_at=at)
+            changes.append((r, {"output_at": at}))
         attempts = await self.store.running_attempts()
         quiet: list[tuple[Run, dict[str, Any]]] = []  # run changes of jobs with nothing to decide
         drained: list[tuple[Job, list[int]]] = []  # resized jobs whose earlier attempts are down

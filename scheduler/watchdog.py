@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from ftconsole.scheduler.decide.detect import Hung, hung
 from ftconsole.scheduler.decide.jobs import Condition, Job, JobStatus, Run, StopReason
 from ftconsole.scheduler.decide.reconcile import HUNG_PREFIX, MAX_HANG_RESTARTS, hang_restarts
+from ftconsole.scheduler.executor import QUIET_READ_S
 from ftconsole.scheduler.logwatch import LogWatch
 from ftconsole.scheduler.nodeops import ClusterService
 from ftconsole.scheduler.spec.config import format_duration
@@ -26,6 +27,7 @@ from ftconsole.scheduler.ssh.runs import RunStatus
 log = logging.getLogger("ftconsole.scheduler")
 
 HUNG_ALERT = "job_hung"
+HANG_SAMPLES = 4  # I/O samples at least per hang window (a quiet node's reads: `read_every`)
 
 
 def current_runs(jobs: Mapping[int, Job], held: Sequence[Run]) -> dict[int, list[Run]]:
@@ -50,6 +52,7 @@ class Watchdog:
         self._moved: set[Key] = set()  # ranks whose counters changed between two reads of this process
         self._flagged: dict[tuple[int, int], float] = {}  # (job, attempt) suspected hung -> its quiet since
         self._seeded = False
+        self._windows: dict[int, float] = {}  # running job -> its hang window, as of the last check
         self.logs = LogWatch(service.store, clock=clock)  # stragglers, error lines, slow iterations
 
     def observe(self, observed: Mapping[str, Sequence[tuple[Run, RunStatus]]], now: float) -> None:
@@ -66,6 +69,13 @@ class Watchdog:
                     self._io[key] = (status.io, now)
                     if last is not None:
                         self._moved.add(key)
+
+    def read_every(self, runs: Sequence[Run]) -> float:
+        """How often the node of these runs is read when its channel says nothing changed: the I/O samples come
+        from reads, so a job whose hang window is short is read every quarter of it; the others every
+        `QUIET_READ_S` (and at each tick where no channel watches them)."""
+        windows = [self._windows[r.job] / HANG_SAMPLES for r in runs if r.job in self._windows]
+        return min([QUIET_READ_S, *windows])
 
     def quiet_since(self, runs: Sequence[Run]) -> float | None:
         """When the I/O of these ranks last changed (the latest of them); None when one was not read."""
@@ -89,6 +99,7 @@ class Watchdog:
         for key in [k for k in self._io if k not in live]:
             del self._io[key]
             self._moved.discard(key)
+        self._windows = {j.id: j.spec.hang_window for j in jobs.values() if j.spec.hang_window is not None}
         samples = await self.service.gpu_samples()
         for job_id, attempt in list(self._flagged):
             job = jobs.get(job_id)

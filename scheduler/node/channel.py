@@ -6,12 +6,13 @@ its stdin, one JSON document a line ({"id": N, "params": the action's PARAMS}), 
 ({"id": N, "doc": what the action prints in a command of its own}), and pushes what changes between them:
 
   {"event": "hello", "supervisor": PROTOCOL, "pid", "user"}   first, once it runs as its user
-  {"event": "run", "run_dir", "state", "was"}                  a watched run's state changed (exited, failed, lost...)
-  {"event": "heartbeat", "time", "watching"}                   every HEARTBEAT_S
+  {"event": "run", "run_dir", "state", "was", "step"}          a watched run's state or step changed (exited...)
+  {"event": "output", "runs": {run_dir: mtime}}                 watched runs' output.log written since (OUTPUT_S)
+  {"event": "heartbeat", "time", "watching"}                   after HEARTBEAT_S with nothing else said
 
 The runs watched are those of the last status read by run folders (the scheduler's held runs of this node and
 user): their status.json is looked at every WATCH_S (its size and mtime: one stat each), read again when it
-changed, and the liveness of those starting or running is checked every LIVENESS_S (a supervisor that died
+changed (a new state, or a new step of a running run: its image pulled, its data prepared), and the liveness of those starting or running is checked every LIVENESS_S (a supervisor that died
 writes nothing). An event is a hint that wakes the scheduler: what it then reads is the truth, so an event lost
 costs at most a tick.
 
@@ -32,6 +33,7 @@ from ftconsole.scheduler.node.supervisor_liveness import _observe  # bundled
 WATCH_S = 0.1  # how often the watched runs' status files are looked at
 LIVENESS_S = 1.0  # how often the supervisors of the watched starting or running runs are looked for
 HEARTBEAT_S = 5.0  # "alive": each line costs the scheduler about 0.6 ms of CPU (docs/benchmarks.md)
+OUTPUT_S = 2.0  # how often the watched running runs' output.log is looked at: one line for all that moved
 MAX_REQUEST = 64 * 1024 * 1024  # a request line longer than this ends the channel (the scheduler's are far less)
 MAX_WATCHED = 10000
 _LIVE = ("starting", "running")
@@ -53,8 +55,25 @@ def _watch_from(params, doc, watch):
         if not isinstance(given, str):
             continue
         path = os.path.join(_expand(given), STATUS)
-        out[given] = {"path": path, "sig": _signature(path), "state": (entry.get("status") or {}).get("state")}
+        status = entry.get("status") or {}
+        out[given] = {"path": path, "sig": _signature(path), "state": status.get("state"), "step": status.get("step"),
+                      "output": status.get("output_mtime")}
     return out
+
+
+def _outputs(watch):
+    """The event of the watched running runs whose output.log was written since last said (None: none was)."""
+    moved = {}
+    for given, seen in watch.items():
+        if seen["state"] not in _LIVE:
+            continue
+        try:
+            mtime = os.stat(os.path.join(os.path.dirname(seen["path"]), "output.log")).st_mtime
+        except OSError:
+            continue
+        if mtime != seen["output"]:
+            moved[given] = seen["output"] = mtime
+    return {"event": "output", "runs": moved} if moved else None
 
 
 def _signature(path):
@@ -66,12 +85,14 @@ def _signature(path):
 
 
 def _state(path):
+    """(state, step) of the run whose status.json is at `path`, as a status read would say."""
     status, problem = _read_status(path)
     if problem is not None:
-        return "lost"
+        return "lost", None
     if status is None:
-        return "absent"
-    return _observe(status, path).get("state")
+        return "absent", None
+    observed = _observe(status, path)
+    return observed.get("state"), observed.get("step")
 
 
 def _look(watch, liveness):
@@ -83,12 +104,12 @@ def _look(watch, liveness):
             continue
         seen["sig"] = sig
         try:
-            state = _state(seen["path"])
+            state, step = _state(seen["path"])
         except Exception:  # a run that cannot be read now is read by the scheduler's next read
             continue
-        if state != seen["state"]:
-            events.append({"event": "run", "run_dir": given, "state": state, "was": seen["state"]})
-            seen["state"] = state
+        if state != seen["state"] or step != seen["step"]:
+            events.append({"event": "run", "run_dir": given, "state": state, "was": seen["state"], "step": step})
+            seen["state"], seen["step"] = state, step
     return events
 
 
@@ -99,7 +120,7 @@ def serve(answer, params):
     watch = {}  # type: dict
     buffered = b""
     now = time.monotonic()
-    looked, live, beat = now, now, now
+    looked, live, printed, said = now, now, now, now
     while True:
         ready, _, _ = select.select([0], [], [], WATCH_S)
         if ready:
@@ -110,6 +131,7 @@ def serve(answer, params):
             while b"\n" in buffered:
                 line, buffered = buffered.split(b"\n", 1)
                 watch = _request(answer, user, line, watch)
+                said = time.monotonic()
             if len(buffered) > MAX_REQUEST:
                 return {"error": "a request of over %d bytes" % MAX_REQUEST}
         now = time.monotonic()
@@ -117,10 +139,17 @@ def serve(answer, params):
             liveness = now - live >= LIVENESS_S
             for event in _look(watch, liveness):
                 _emit(event)
+                said = now
             looked, live = now, now if liveness else live
-        if now - beat >= HEARTBEAT_S:
+        if now - printed >= OUTPUT_S:
+            event = _outputs(watch)
+            if event is not None:
+                _emit(event)
+                said = now
+            printed = now
+        if now - said >= HEARTBEAT_S:
             _emit({"event": "heartbeat", "time": time.time(), "watching": len(watch)})
-            beat = now
+            said = now
 
 
 def _request(answer, user, line, watch):

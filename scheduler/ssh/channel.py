@@ -9,8 +9,14 @@ is being reopened after it broke, or it broke during the request. A channel that
 request; one that cannot be opened is tried again `RETRY_S` later.
 
 Events go to `on_event(node name, event)`: the executor wakes the loop on a run's change, so a rank's exit is
-acted on at once instead of at the next tick; the tick still reads every node with runs, so an event lost costs
-at most a tick.
+acted on at once instead of at the next tick.
+
+Quiet nodes: a channel knows which runs it watches (those of its last status read, as the node does) and when it
+was last heard (any line: an answer, an event, its heartbeat every `HEARTBEAT_S`). `quiet` says whether a node's
+read may be left out this tick: each user's runs are watched by a live channel, nothing changed since the last
+read, that read is recent, and the heartbeat is on time; the executor then reads the node only every so often,
+as a safety net. A heartbeat that is late (`overdue`) is a node that may be frozen: it is read again, and its
+silence counts from when the heartbeat was due.
 """
 
 from __future__ import annotations
@@ -20,15 +26,16 @@ import contextlib
 import itertools
 import json
 import logging
+import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from typing import Any
 
 import asyncssh
 
 from ftconsole.scheduler.errors import CommandTimeout, FtError
 from ftconsole.scheduler.node.bundle import python_stdin_script, script
-from ftconsole.scheduler.node.channel import loader
+from ftconsole.scheduler.node.channel import HEARTBEAT_S, MAX_WATCHED, loader
 from ftconsole.scheduler.spec.config import Node
 from ftconsole.scheduler.ssh.transport import CommandResult, SSHPool
 
@@ -37,6 +44,7 @@ log = logging.getLogger("ftconsole.scheduler")
 OPEN_TIMEOUT_S = 10.0  # at most this long for a channel to say hello
 RETRY_S = 30.0  # a channel that could not be opened is tried again this long after (per command meanwhile)
 MAX_LINE = 64 * 1024 * 1024
+HEARTBEAT_LATE_S = 2.0  # a heartbeat this much after it was due is late: the node may be frozen
 
 Key = tuple[str, str | None, bool]  # (node, user, through sudo)
 
@@ -49,15 +57,26 @@ class NodeChannel:
     """One channel: requests answered in order, events handed to `on_event`."""
 
     def __init__(
-        self, node: Node, process: asyncssh.SSHClientProcess[bytes], on_event: Callable[[str, dict[str, Any]], None]
+        self,
+        node: Node,
+        process: asyncssh.SSHClientProcess[bytes],
+        on_event: Callable[[str, dict[str, Any]], None],
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.node = node
         self.process = process
         self.on_event = on_event
+        self.clock = clock
         self.closed: str | None = None  # why it ended
         self.pid: int | None = None  # its process on the node, as its hello says
+        self.heard = clock()  # its last line
+        self.watching: frozenset[str] = frozenset()  # the run folders it watches (its last status read's)
+        self.watched_at: float | None = None  # when that read was answered
+        self.stirred = False  # a run it watches changed since that read
+        self.asked = 0  # requests sent to it
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._reads: set[int] = set()  # the pending status reads by run folder (their answer sets `watching`)
         self._hello: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._reader = asyncio.create_task(self._read())
 
@@ -69,8 +88,11 @@ class NodeChannel:
         if self.closed is not None:
             raise ChannelClosed(self.closed)
         number = next(self._ids)
+        self.asked += 1
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[number] = future
+        if params.get("action") == "status" and params.get("run_dirs") is not None:
+            self._reads.add(number)
         try:
             self.process.stdin.write(json.dumps({"id": number, "params": params}).encode() + b"\n")
             await self.process.stdin.drain()
@@ -82,6 +104,12 @@ class NodeChannel:
             raise ChannelClosed(self.closed) from exc
         finally:
             self._pending.pop(number, None)
+            self._reads.discard(number)
+
+    @property
+    def busy(self) -> bool:
+        """A request is under way (its own timeout counts, not the heartbeat: it is answered in turn)."""
+        return bool(self._pending)
 
     def close(self) -> None:
         self._end("closed by the scheduler")
@@ -129,18 +157,32 @@ class NodeChannel:
             return
         if not isinstance(doc, dict):
             return
+        self.heard = self.clock()
         if "event" in doc:
             if doc["event"] == "hello":
                 self.pid = doc.get("pid") if isinstance(doc.get("pid"), int) else None
                 if not self._hello.done():
                     self._hello.set_result(doc)
                 return
+            if doc["event"] == "run":
+                self.stirred = True
+            elif doc["event"] == "output":  # only the runs it watches (its user's), with a time
+                runs = doc.get("runs") if isinstance(doc.get("runs"), dict) else {}
+                doc = {"event": "output", "runs": {
+                    d: float(t) for d, t in runs.items()
+                    if d in self.watching and isinstance(t, (int, float)) and math.isfinite(t)
+                }}  # fmt: skip
             self.on_event(self.node.name, doc)
             return
         number = doc.get("id")
         future = self._pending.get(number) if isinstance(number, int) else None
         answer = doc.get("doc")
         if future is not None and not future.done() and isinstance(answer, dict):
+            if number in self._reads:  # the node watches what this read answered from now on (channel.py)
+                runs = answer.get("runs") if isinstance(answer.get("runs"), list) else []
+                given = (r.get("run_dir") for r in runs[:MAX_WATCHED] if isinstance(r, dict))
+                self.watching = frozenset(d for d in given if isinstance(d, str))
+                self.watched_at, self.stirred = self.heard, False
             future.set_result(answer)
         elif not self._hello.done() and isinstance(doc.get("supervisor"), int):
             self._hello.set_exception(ChannelClosed(f"it did not start: {json.dumps(doc)[:300]}"))  # refused
@@ -182,6 +224,44 @@ class Channels:
     def live(self) -> dict[Key, NodeChannel]:
         """The channels open now."""
         return {k: c for k, c in self._open.items() if c.closed is None}
+
+    def quiet(self, node: str, groups: Mapping[str | None, Set[str]], every: float) -> float | None:
+        """When `node` was last heard, if its read of these runs (user -> run folders) may be left out now: each
+        user's runs are exactly what a live channel watches, none changed since that channel's last read, which
+        is less than `every` old, and its heartbeat is on time. None: read it."""
+        now = self.clock()
+        heard = []
+        for user, dirs in groups.items():
+            channel = self._watcher(node, user)
+            if (
+                channel is None
+                or channel.stirred
+                or channel.watching != dirs
+                or channel.watched_at is None
+                or now - channel.watched_at >= every
+                or now - channel.heard > HEARTBEAT_S + HEARTBEAT_LATE_S
+            ):
+                return None
+            heard.append(channel.heard)
+        return min(heard) if heard else None
+
+    def overdue(self, node: str) -> float | None:
+        """When a heartbeat of `node` was due and has not come (the earliest, over its live channels with no
+        request under way): the node may be frozen, or its connection stalled. None: each is on time."""
+        now = self.clock()
+        due = [
+            c.heard + HEARTBEAT_S
+            for (name, _, _), c in self._open.items()
+            if name == node and c.closed is None and not c.busy and now - c.heard > HEARTBEAT_S + HEARTBEAT_LATE_S
+        ]
+        return min(due) if due else None
+
+    def _watcher(self, node: str, user: str | None) -> NodeChannel | None:
+        for sudo in (False, True):
+            channel = self._open.get((node, user, sudo))
+            if channel is not None and channel.closed is None:
+                return channel
+        return None
 
     async def ask(
         self, node: Node, python: str, params: dict[str, Any], timeout: float, *, sudo: bool
@@ -233,7 +313,7 @@ class Channels:
             params["user"] = user
         program = python_stdin_script(script("supervisor"), params).encode()
         process = await self.pool.open_process(node, argv, timeout=timeout)
-        channel = NodeChannel(node, process, self.on_event)
+        channel = NodeChannel(node, process, self.on_event, self.clock)
         try:
             process.stdin.write(f"{len(program)}\n".encode() + program)
             await process.stdin.drain()

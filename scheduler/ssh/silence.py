@@ -48,11 +48,8 @@ class NodeSilence:
     async def ask(self, name: str, work: Coroutine[Any, Any, Any], *, heartbeat: bool = True) -> Any:
         """Await one command on node `name`, keeping count of whether it answers. With `heartbeat` (a command
         about its runs) the silence clock starts, if it has not: `node_timeout` later the node is given up."""
-        if heartbeat and name not in self.waiting:
-            self.waiting[name] = self.clock()
-            self._deadlines[name] = asyncio.get_running_loop().call_later(
-                self.node_timeout + TIMEOUT_WAKE_MARGIN_S, self._poke
-            )
+        if heartbeat:
+            self.awaited(name, self.clock())
         try:
             result = await work
         except SSHError as exc:
@@ -87,9 +84,18 @@ class NodeSilence:
                 self.dead.add(node.name)  # the loop need not wait for node_timeout
                 self._poke()
 
-    def heard(self, name: str) -> None:
-        """The node answered: its silence clock stops."""
-        self.answered[name] = self.clock()
+    def awaited(self, name: str, since: float) -> None:
+        """An answer of node `name` is awaited since `since` (a command about its runs was sent, or its channel's
+        heartbeat was due): its silence clock starts then, if it has not, and the loop wakes at its end."""
+        if name in self.waiting:
+            return
+        self.waiting[name] = since
+        wait = max(0.0, since + self.node_timeout - self.clock())
+        self._deadlines[name] = asyncio.get_running_loop().call_later(wait + TIMEOUT_WAKE_MARGIN_S, self._poke)
+
+    def heard(self, name: str, at: float | None = None) -> None:
+        """The node answered (at `at`, else now): its silence clock stops."""
+        self.answered[name] = self.clock() if at is None else at
         self._clear(name)
 
     def forget(self, name: str) -> None:

@@ -65,9 +65,11 @@ class Store:
         self._specs: dict[str, JobSpec] = {}  # spec JSON -> parsed (specs never change once stored)
         self._stamp = 0.0  # the last `jobs.updated` stamp handed out (see `_next_stamp`)
         self.cluster_id = ""  # random, made with the store: run folders on the nodes are keyed by it
-        # reads of jobs, runs and attempts kept until the next write (see `_kept_read`): a tick asks for the
-        # running jobs and the held runs in each of its steps, and rebuilding their records was most of its CPU
+        # reads of jobs, runs, attempts and checkpoint signals kept until the next write, ours or another
+        # process's (see `_kept_read`, `refresh`): a tick asks for the running jobs and the held runs in each of
+        # its steps, and rebuilding their records was most of its CPU
         self._generation = 0
+        self._data_version: int | None = None  # as of the last `refresh`
         self._kept: dict[tuple[Any, ...], tuple[int, Any]] = {}
 
     @classmethod
@@ -205,9 +207,20 @@ class Store:
                 self.forget()
 
     def forget(self) -> None:
-        """Drop the kept reads: after a write, and where another process may have written (each tick)."""
+        """Drop the kept reads: after a write of ours."""
         self._generation += 1
         self._kept.clear()
+
+    async def refresh(self) -> None:
+        """Drop the kept reads if another process wrote since they were read (SQLite's `data_version`, which
+        moves with every commit of another connection): each tick asks, and a quiet cluster's tick then builds
+        no records again."""
+        async with self._db.execute("PRAGMA data_version") as cur:
+            row = await cur.fetchone()
+        version = row[0] if row is not None else None
+        if version != self._data_version:
+            self._data_version = version
+            self.forget()
 
     async def _kept_read(self, key: tuple[Any, ...], read: Callable[[], Awaitable[Any]]) -> Any:
         """`read()`, or what it gave last for `key` when nothing was written since. A read under way when a
@@ -368,6 +381,9 @@ class Store:
 
     async def checkpoint_signals(self, *, owed: bool = True, job: int | None = None) -> list[CheckpointSignal]:
         """The checkpoint signals still owed (`owed`), or all of them; of one job, or of every job."""
+        return list(await self._kept_read(("checkpoint_signals", owed, job), lambda: self._checkpoints(owed, job)))
+
+    async def _checkpoints(self, owed: bool, job: int | None) -> list[CheckpointSignal]:
         sql = "SELECT * FROM checkpoint_signals WHERE " + ("outcome IS NULL" if owed else "1")
         args: list[Any] = []
         if job is not None:

@@ -6,6 +6,7 @@ no I/O: shared by `scheduler.store.db` and `scheduler.store.jobtx`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import sqlite3
 from dataclasses import dataclass
@@ -98,8 +99,13 @@ R = TypeVar("R")
 
 def _record(cls: type[R], row: sqlite3.Row, **converted: Any) -> R:
     """A record dataclass from a row: columns named like its fields, those needing conversion given."""
-    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    return cls(**{**{k: row[k] for k in names.intersection(row.keys())}, **converted})
+    names = _fields(cls)
+    return cls(**{k: row[k] for k in row.keys() if k in names and k not in converted}, **converted)
+
+
+@functools.cache
+def _fields(cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(cls))
 
 
 def _job_from_row(row: sqlite3.Row, spec: JobSpec) -> Job:

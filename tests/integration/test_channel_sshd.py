@@ -1,12 +1,15 @@
 """Node channels on real sshd nodes (issue 28): a rank's exit pushed and acted on without waiting for a tick, a
-channel killed on its node reopened with nothing lost, and the per-command path where channels are off.
+quiet node left unread, a channel killed on its node reopened with nothing lost, a node frozen briefly costing
+nothing and one frozen for good given up after node_timeout, and the per-command path where channels are off.
 
 The first test's tick is an hour: the loop runs only when something wakes it (a submit, a node command that
 finishes, a node's event), so a job that ends at all was ended by its node's event, not by a tick."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import re
 import signal
 
 import pytest
@@ -107,4 +110,71 @@ async def test_a_node_killed_is_given_up_at_once_and_a_frozen_one_is_not(sshd_cl
             cluster.unhang("node03")
         await client.call("stop", jobs=[submitted["id"], frozen["id"]])
         for job_id in (submitted["id"], frozen["id"]):
+            await finished(client, job_id)
+
+
+async def test_a_quiet_node_is_not_asked_each_tick_and_its_runs_exit_still_is_acted_on(
+    sshd_cluster, tmp_path, sock_dir
+) -> None:
+    """Once its channel watches its runs, a node where nothing changes is not read each tick (its heartbeat says
+    it is there); the safety-net read is turned off here, so the job can only end by its node's event."""
+    cluster: SshdCluster = sshd_cluster(1)
+    loaded = write_config(cluster, tmp_path, sock_dir, scheduler={"tick": "0.2s"}, probes={"interval": "1h"})
+    marker = tmp_path / "go"
+    async with running(loaded) as (scheduler, client):
+        executor = scheduler.loop.executor
+        executor.read_every = lambda runs: 3600.0
+        command = f"sh -c 'while [ ! -e {marker} ]; do sleep 0.1; done; exit 3'"
+        submitted = await client.call("submit", spec=job("quiet", command))
+        await until(client, submitted["id"], lambda j: j["status"] == "running" and j["attempts"] and all(
+            r["state"] == "running" for r in j["attempts"][0]["runs"]), "the rank running")  # fmt: skip
+        assert executor.channels is not None
+        (channel,) = await poll(lambda: _async([c for c in executor.channels.live().values() if c.watching]),
+                                bool, "the channel watching the run")  # fmt: skip
+        before = channel.asked
+        await asyncio.sleep(3)  # 15 ticks
+        assert channel.asked - before <= 1, channel.asked - before  # a read per tick would be 15
+        assert "node01" not in executor.waiting  # its heartbeat answers for it
+        marker.touch()
+        shown = await finished(client, submitted["id"])
+        assert shown["status"] == "error" and "exited with code 3" in shown["message"], shown["message"]
+
+
+async def test_a_node_frozen_for_5s_costs_nothing_and_one_frozen_for_good_is_given_up_after_node_timeout(
+    sshd_cluster, tmp_path, sock_dir
+) -> None:
+    """Two nodes with a job each, node_timeout 10 s: node01 freezes for 5.5 s (every process of it stopped, its
+    channel's heartbeat too) and goes on; node02 freezes for good. node02's rank is lost once it was silent for
+    node_timeout, counted from when its heartbeat was due; node01's job never noticed."""
+    cluster: SshdCluster = sshd_cluster(2)
+    settings = {"tick": "0.3s", "stop_grace": "2s", "node_timeout": "10s"}
+    loaded = write_config(cluster, tmp_path, sock_dir, scheduler=settings, probes={"interval": "1h"})
+    async with running(loaded) as (scheduler, client):
+        ids = {}
+        for name in ("node01", "node02"):
+            ids[name] = (await client.call("submit", spec=job(f"on-{name}", "sleep 300", node_names=name)))["id"]
+        for job_id in ids.values():
+            await until(client, job_id, lambda j: j["status"] == "running" and j["attempts"] and all(
+                r["state"] == "running" for r in j["attempts"][0]["runs"]), "ranks running")  # fmt: skip
+        await poll(lambda: _async(sum(bool(c.watching) for c in scheduler.loop.executor.channels.live().values())),
+                   lambda n: n == 2, "both channels watching")  # fmt: skip
+        cluster.hang("node01", sessions=True)
+        cluster.hang("node02", sessions=True)
+        try:
+            await asyncio.sleep(5.5)
+            cluster.unhang("node01")
+            shown = await until(client, ids["node02"], lambda j: j["attempts"][0]["runs"][0]["state"] == "lost",
+                                "node02's rank lost")  # fmt: skip
+            error = shown["attempts"][0]["runs"][0]["error"]
+            waited = re.search(r"no answer for (\d+(?:\.\d+)?)s", error)
+            assert waited is not None and float(waited.group(1)) >= 10, error
+            alone = await client.call("show", job=ids["node01"])
+            assert alone["status"] == "running" and len(alone["attempts"]) == 1, alone
+            assert alone["attempts"][0]["runs"][0]["state"] == "running"
+            events = await client.call("events", job=ids["node01"])
+            assert not [e for e in events if e["kind"] == "RunLost"], events
+        finally:
+            cluster.unhang("node02")
+        await client.call("stop", jobs=list(ids.values()))
+        for job_id in ids.values():
             await finished(client, job_id)

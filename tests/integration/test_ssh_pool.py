@@ -117,6 +117,21 @@ async def test_runs_argv_and_reuses_one_connection(server, tmp_path: Path) -> No
     assert len(srv.connections) == 1
 
 
+async def test_aes_gcm_is_preferred_unless_the_ssh_config_chooses_the_ciphers(server, tmp_path: Path) -> None:
+    srv, key = server
+    (tmp_path / "known_hosts").write_text(known_hosts_line(srv.port, srv.host_key))
+    async with make_pool(tmp_path, key) as pool:
+        assert (await pool.run(node(srv.port), ["true"])).ok
+    assert srv.connections[-1].get_extra_info("recv_cipher") == "aes128-gcm@openssh.com"
+    chosen = tmp_path / "ssh_config"
+    chosen.write_text("Host *\n  Ciphers chacha20-poly1305@openssh.com\n")
+    s = SSHSettings.model_validate({"connect_timeout": 2, "command_timeout": 5})
+    pool = SSHPool(s, known_hosts=tmp_path / "known_hosts", identity_file=key, config_file=chosen)
+    async with pool:
+        assert (await pool.run(node(srv.port), ["true"])).ok
+    assert srv.connections[-1].get_extra_info("recv_cipher") == "chacha20-poly1305@openssh.com"
+
+
 async def test_unknown_host_key_runs_nothing(server, tmp_path: Path) -> None:
     srv, key = server
     async with make_pool(tmp_path, key) as pool:

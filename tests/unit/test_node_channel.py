@@ -116,7 +116,7 @@ def test_a_runs_exit_is_pushed_without_being_asked(channel: Channel, tmp_path: P
     read = channel.ask(action="status", run_dirs=[str(run_dir)])
     assert read["runs"][0]["status"]["state"] == "running"
     event = channel.event("run")  # nothing asked since the read
-    assert event == {"event": "run", "run_dir": str(run_dir), "state": "exited", "was": "running"}
+    assert event == {"event": "run", "run_dir": str(run_dir), "state": "exited", "was": "running", "step": "command"}
     assert channel.ask(action="status", run_dirs=[str(run_dir)])["runs"][0]["status"]["exit_code"] == 3
     beat = channel.event("heartbeat")
     assert beat["watching"] == 1

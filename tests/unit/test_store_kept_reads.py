@@ -1,7 +1,8 @@
 """The store keeps its reads of jobs, runs and running attempts until the next write (issue 17's debt: a tick
 asked for the running jobs and the held runs in each of its steps, and rebuilding the records was most of its
 CPU). What must hold: a read after any write, committed or rolled back, sees the store as it is; a read kept
-is the same data, as a list of its own; another process's write is seen after `forget` (each tick)."""
+is the same data, as a list of its own; another process's write is seen after `refresh` (each tick), which
+keeps the reads where nobody else wrote."""
 
 from __future__ import annotations
 
@@ -65,9 +66,34 @@ async def test_jobs_and_running_attempts_are_kept_and_forget_reads_another_proce
         with sqlite3.connect(path) as other:  # another process (a CLI) writes behind this store's back
             other.execute("UPDATE jobs SET status = 'succeeded' WHERE id = ?", (job_id,))
         assert [j.id for j in await store.jobs(statuses=[JobStatus.RUNNING])] == [job_id]  # kept
-        store.forget()  # what each tick does first
+        await store.refresh()  # what each tick does first
         assert await store.jobs(statuses=[JobStatus.RUNNING]) == []
         assert await store.running_attempts() == {}
+
+
+async def test_refresh_keeps_the_reads_where_no_other_process_wrote(tmp_path: Path, monkeypatch) -> None:
+    path = tmp_path / "state.db"
+    async with await Store.open(path) as store:
+        async with store.jobs_tx("submit") as tx:
+            await tx.add_job(make_job())
+        await store.refresh()
+        queries = []
+        real = store._jobs
+
+        async def counted(*args):
+            queries.append(args)
+            return await real(*args)
+
+        monkeypatch.setattr(store, "_jobs", counted)
+        assert len(await store.jobs()) == 1
+        for _ in range(3):  # quiet ticks: nothing written anywhere
+            await store.refresh()
+            assert len(await store.jobs()) == 1
+        assert len(queries) == 1
+        with sqlite3.connect(path) as other:
+            other.execute("UPDATE jobs SET name = 'renamed'")
+        await store.refresh()
+        assert [j.name for j in await store.jobs()] == ["renamed"] and len(queries) == 2
 
 
 async def test_a_read_under_way_when_a_write_begins_is_not_kept(tmp_path: Path, monkeypatch) -> None:
