@@ -1,6 +1,7 @@
 """Benchmark: node channels against one command per node per tick, side by side in one run (issue 28).
 
-    .venv/bin/python bench/channel.py [--nodes 64] [--jobs 200] [--window 20] [--repeats 5]
+    .venv/bin/python bench/channel.py [--nodes 64] [--jobs 200] [--window 20] [--repeats 5] [--lines 20]
+                                      [--modes command channel] [--profile]
 
 One lab cluster of `--nodes` nodes (SSH servers in a separate process, run processes real and local, GPUs
 enough for `--jobs` one-GPU jobs), then for each mode, `command` (`scheduler.node_channel: false`: a
@@ -16,6 +17,9 @@ the scheduler's default `tick` (2 s) and its own state_dir:
    steps, so that the exits fall all over a tick); from the rank's end (its run's `ended`, written by its
    supervisor on the node) to the job's end (`ended`, written by the scheduler once it decided): how long a
    rank's exit waits before the scheduler acts on it. Nothing else runs.
+3. LINE -> FOLLOW: a one-rank job prints its clock (`date +%s.%N`) every 0.37 s, `--lines` times, while
+   `logs --follow` reads it: from each line's time to the moment the follower has it (only the lines written
+   after the follower had read the log to its end).
 
 Both modes run on the same lab, one after the other; each mode's jobs are stopped before the next starts.
 Everything it starts is stopped at the end (serve, the lab, any `sleep 3600` of it).
@@ -53,6 +57,7 @@ from ftconsole.scheduler.spec.config import load_config  # noqa: E402
 
 WATCH_SPEC = {"name": "bench-watch", "command": "sleep 3600", "gpus_per_node": 1}
 EXIT_SPEC = {"name": "bench-exit", "gpus_per_node": 1}  # command: exit_command(round)
+FOLLOW_SPEC = {"name": "bench-follow", "gpus_per_node": 1}  # command: follow_lags
 MODES = {"command": False, "channel": True}
 TICKS = os.sysconf("SC_CLK_TCK")
 RUNNING_TIMEOUT_S = 600.0
@@ -95,6 +100,32 @@ async def exit_rounds(api: Any, repeats: int) -> list[float]:
             raise SystemExit(f"job {job} ended {shown['status']}: {shown['message']}")
         out.append(shown["ended"] - max(ended))
     return out
+
+
+async def follow_lags(api: Any, lines: int) -> list[float]:
+    """Seconds from a line written by a rank (its time, printed) to `logs --follow` handing it over, `lines`
+    lines (the lab's nodes are this machine: one clock)."""
+    command = f"sh -c 'for i in $(seq {lines + 10}); do date +%s.%N; sleep 0.37; done; sleep 30'"
+    job = (await api.call("submit", spec={**FOLLOW_SPEC, "command": command}))["id"]
+    await wait_all_running(api, 1, RUNNING_TIMEOUT_S)
+    lags: list[float] = []
+    buffered = ""
+    caught_up: float | None = None  # when the follower had read what was written before it began
+    stream = api.stream("logs", job=job, follow=True)
+    try:
+        while len(lags) < lines:
+            chunk = await asyncio.wait_for(stream.__anext__(), END_TIMEOUT_S)
+            now = time.time()
+            buffered += chunk
+            *done, buffered = buffered.split("\n")
+            if caught_up is not None:
+                lags.extend(now - float(line) for line in done if line.strip() and float(line) > caught_up)
+            elif done:
+                caught_up = now
+    finally:
+        await stream.aclose()
+    await api.call("stop", jobs=[job])
+    return lags
 
 
 async def watch_cost(
@@ -144,12 +175,14 @@ async def one_mode(root: Path, lab_config: Path, mode: str, args: argparse.Names
             own, others = await watch_cost(api, serve, args.jobs, args.window, profile)
             await stop_all(api)
             exits = await exit_rounds(api, args.repeats)
+            lags = await follow_lags(api, args.lines)
+            await stop_all(api)
         finally:
             await api.close()
     finally:
         serve.stop()
     print(f"  {mode}: exit -> decided {statistics.median(exits):.2f}s; scheduler {own:.1f} ms/s", file=sys.stderr)
-    return {"exits": exits, "own": own, "others": others}
+    return {"exits": exits, "own": own, "others": others, "lags": lags}
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -170,9 +203,11 @@ async def run(args: argparse.Namespace) -> None:
         rows.append([
             mode, f"{statistics.median(exits):.2f}", f"{max(exits):.2f}", args.nodes, args.jobs,
             f"{r['own']:.1f}", f"{r['others']:.0f}", f"{r['others'] / args.nodes:.1f}",
+            f"{statistics.median(r['lags']):.2f}", f"{max(r['lags']):.2f}",
         ])  # fmt: skip
     print_table(
-        ["MODE", "EXIT->DECIDED S (MED)", "(MAX)", "NODES", "JOBS", "SCHEDULER MS/S", "NODES MS/S", "PER NODE"], rows
+        ["MODE", "EXIT->DECIDED S (MED)", "(MAX)", "NODES", "JOBS", "SCHEDULER MS/S", "NODES MS/S", "PER NODE",
+         "LINE->FOLLOW S (MED)", "(MAX)"], rows
     )
     print(f"\n(folder kept: {root})")
 
@@ -183,6 +218,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--window", type=float, default=20.0)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--lines", type=int, default=20, help="lines timed through logs --follow")
     parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES), help="which modes, in order")
     parser.add_argument("--profile", action="store_true", help="py-spy the scheduler in the window (MODE/py-spy.txt)")
     asyncio.run(run(parser.parse_args()))

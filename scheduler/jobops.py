@@ -35,7 +35,8 @@ from ftconsole.scheduler.redaction import redact, redact_decision, redact_json, 
 from ftconsole.scheduler.rules import Caller, Rules
 from ftconsole.scheduler.spec.config import Node, format_duration
 from ftconsole.scheduler.spec.jobspec import Access, JobSpec
-from ftconsole.scheduler.ssh.runs import read_file, run_files
+from ftconsole.scheduler.ssh.channel import Followed
+from ftconsole.scheduler.ssh.runs import follow_file, read_file, run_files
 from ftconsole.scheduler.store.jobtx import Conflict
 from ftconsole.scheduler.store.records import JobActivity, StoredAlert, StoredEvent
 
@@ -453,24 +454,50 @@ class Scheduler:
         if tail is not None:
             offset = await self._tail_offset(node, path, tail, user)
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        while True:
-            data = await self._log_read(node, path, offset, user)
-            offset += len(data)
-            text = decoder.decode(data)
-            if text:
-                yield text
-            if len(data) == LOG_CHUNK:
-                continue
-            if not follow:
-                return
-            current = [r for r in await self.store.runs(job=job.id) if (r.attempt, r.rank) == (run.attempt, run.rank)]
-            if not current or not current[0].active:
-                rest = await self._log_read(node, path, offset, user)
-                text = decoder.decode(rest, final=True)
+        pushed: Followed | None = None  # once read to its end, the node pushes what is written (node channels)
+        tried = False
+        try:
+            while True:
+                data = b""
+                if pushed is not None:
+                    with contextlib.suppress(TimeoutError):
+                        chunk = await pushed.next(LOG_POLL_S)
+                        if chunk is None:
+                            pushed = None  # the push ended: read by request from where it got to
+                        elif chunk[0] <= offset:
+                            data = chunk[1][offset - chunk[0]:]
+                        else:
+                            data = await self._log_read(node, path, offset, user)  # a gap: read it
+                else:
+                    data = await self._log_read(node, path, offset, user)
+                offset += len(data)
+                text = decoder.decode(data)
                 if text:
                     yield text
-                return
-            await asyncio.sleep(LOG_POLL_S)
+                if data and (pushed is not None or len(data) == LOG_CHUNK):
+                    continue
+                if not follow:
+                    return
+                if not await self._running(job.id, run):
+                    rest = await self._log_read(node, path, offset, user)
+                    text = decoder.decode(rest, final=True)
+                    if text:
+                        yield text
+                    return
+                if pushed is None and not tried:
+                    tried = True  # once: where the channel cannot follow, it is polled as before
+                    pushed = await follow_file(self.loop.executor.transport, node, path, offset=offset, user=user,
+                                               python=self._python)  # fmt: skip
+                if pushed is None:
+                    await asyncio.sleep(LOG_POLL_S)
+        finally:
+            if pushed is not None:
+                await pushed.close(LOG_POLL_S)
+
+    async def _running(self, job_id: int, run: Run) -> bool:
+        """Whether the run followed is still active (its log may still grow)."""
+        current = [r for r in await self.store.runs(job=job_id) if (r.attempt, r.rank) == (run.attempt, run.rank)]
+        return bool(current) and current[0].active
 
     async def _log_run(self, job: Job, rank: int, attempt: int | None) -> Run:
         runs = await self.store.runs(job=job.id)

@@ -8,6 +8,7 @@ its stdin, one JSON document a line ({"id": N, "params": the action's PARAMS}), 
   {"event": "hello", "supervisor": PROTOCOL, "pid", "user"}   first, once it runs as its user
   {"event": "run", "run_dir", "state", "was", "step"}          a watched run's state or step changed (exited...)
   {"event": "output", "runs": {run_dir: mtime}}                 watched runs' output.log written since (OUTPUT_S)
+  {"event": "log", "follow": N, "offset", "data"}              a followed file grew: its bytes from offset (base64)
   {"event": "heartbeat", "time", "watching"}                   after HEARTBEAT_S with nothing else said
 
 The runs watched are those of the last status read by run folders (the scheduler's held runs of this node and
@@ -16,12 +17,18 @@ changed (a new state, or a new step of a running run: its image pulled, its data
 writes nothing). An event is a hint that wakes the scheduler: what it then reads is the truth, so an event lost
 costs at most a tick.
 
+Two requests are the channel's own: {"action": "follow", "path", "offset"} pushes the file at `path` (as the read
+action reads it, with the user's rights) from `offset` as it grows, at most FOLLOW_CHUNK bytes an event, looked at
+every WATCH_S, as "log" events numbered by the request's id, until {"action": "unfollow", "follow": N} (at most
+MAX_FOLLOWED at once): `ftconsole logs --follow` and the console's live tail.
+
 The channel runs as one user, switched once when it starts (see "Users" in supervisor.py); a request for
 another user is refused. It exits when its stdin closes: the SSH connection is gone, or the scheduler closed it;
 nothing stays running on the node. Requests are answered one at a time, in order; a start forks the run's
 supervisor as in a command of its own (detached, stdio on /dev/null), so it outlives the channel.
 """
 
+import base64
 import json
 import os
 import select
@@ -36,6 +43,8 @@ HEARTBEAT_S = 5.0  # "alive": each line costs the scheduler about 0.6 ms of CPU 
 OUTPUT_S = 2.0  # how often the watched running runs' output.log is looked at: one line for all that moved
 MAX_REQUEST = 64 * 1024 * 1024  # a request line longer than this ends the channel (the scheduler's are far less)
 MAX_WATCHED = 10000
+MAX_FOLLOWED = 64
+FOLLOW_CHUNK = 64 * 1024
 _LIVE = ("starting", "running")
 
 
@@ -118,6 +127,7 @@ def serve(answer, params):
     user = params.get("user")
     _emit({"event": "hello", "supervisor": params.get("protocol"), "pid": os.getpid(), "user": user})
     watch = {}  # type: dict
+    follows = {}  # type: dict  # request id -> {"path", "offset"}
     buffered = b""
     now = time.monotonic()
     looked, live, printed, said = now, now, now, now
@@ -130,14 +140,14 @@ def serve(answer, params):
             buffered += chunk
             while b"\n" in buffered:
                 line, buffered = buffered.split(b"\n", 1)
-                watch = _request(answer, user, line, watch)
+                watch = _request(answer, user, line, watch, follows)
                 said = time.monotonic()
             if len(buffered) > MAX_REQUEST:
                 return {"error": "a request of over %d bytes" % MAX_REQUEST}
         now = time.monotonic()
         if now - looked >= WATCH_S:
             liveness = now - live >= LIVENESS_S
-            for event in _look(watch, liveness):
+            for event in _look(watch, liveness) + _grown(follows):
                 _emit(event)
                 said = now
             looked, live = now, now if liveness else live
@@ -152,7 +162,7 @@ def serve(answer, params):
             said = now
 
 
-def _request(answer, user, line, watch):
+def _request(answer, user, line, watch, follows):
     """One request line: its answer written, and the runs to watch from then on."""
     try:
         request = json.loads(line.decode("utf-8"))
@@ -164,10 +174,45 @@ def _request(answer, user, line, watch):
         return watch
     if params.get("user") != user:
         doc = {"error": "this channel runs as %r, not %r" % (user, params.get("user"))}
+    elif params.get("action") in ("follow", "unfollow"):
+        doc = _follow(params, number, follows)
     else:
         doc = answer(params)
     _emit({"id": number, "doc": doc})
     return _watch_from(params, doc, watch)
+
+
+def _follow(params, number, follows):
+    """A follow (numbered `number`) or unfollow request: its answer."""
+    if params.get("action") == "unfollow":
+        follows.pop(params.get("follow"), None)
+        return {"following": len(follows)}
+    if len(follows) >= MAX_FOLLOWED:
+        return {"error": "%d files followed already" % MAX_FOLLOWED}
+    try:
+        follows[number] = {"path": _expand(str(params["path"])), "offset": max(0, int(params.get("offset") or 0))}
+    except (KeyError, TypeError, ValueError) as exc:
+        return {"error": "a follow that is not one: %s" % exc}
+    return {"follow": number}
+
+
+def _grown(follows):
+    """The "log" events of the followed files that grew (one chunk each)."""
+    events = []
+    for number, seen in follows.items():
+        try:
+            if os.stat(seen["path"]).st_size <= seen["offset"]:
+                continue
+            with open(seen["path"], "rb") as fh:
+                fh.seek(seen["offset"])
+                data = fh.read(FOLLOW_CHUNK)
+        except OSError:  # not there yet, or gone: looked at again
+            continue
+        if data:
+            events.append({"event": "log", "follow": number, "offset": seen["offset"],
+                           "data": base64.b64encode(data).decode("ascii")})
+            seen["offset"] += len(data)
+    return events
 
 
 def loader():

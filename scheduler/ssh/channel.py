@@ -22,6 +22,7 @@ silence counts from when the heartbeat was due.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import itertools
 import json
@@ -53,6 +54,37 @@ class ChannelClosed(Exception):
     """The channel ended (its process exited, its connection went): what it was asked is asked again by command."""
 
 
+FOLLOW_QUEUE = 256  # chunks of a followed file not yet taken (16 MiB): more, and the follower reads by request
+
+
+class Followed:
+    """A file the node pushes as it grows (`Channels.follow`): `next` gives (offset, bytes) chunks in order, or
+    None once the push ended (the channel closed, or its reader fell too far behind): read on by request."""
+
+    def __init__(self, channel: NodeChannel, number: int) -> None:
+        self.channel = channel
+        self.number = number
+        self.queue: asyncio.Queue[tuple[int, bytes] | None] = asyncio.Queue()
+
+    def put(self, chunk: tuple[int, bytes] | None) -> None:
+        if chunk is not None and self.queue.qsize() >= FOLLOW_QUEUE:
+            self.channel._follows.pop(self.number, None)
+            chunk = None  # the rest is read by request, from where the reader is
+        self.queue.put_nowait(chunk)
+
+    async def next(self, timeout: float) -> tuple[int, bytes] | None:
+        """The next chunk; TimeoutError after `timeout` without one."""
+        return await asyncio.wait_for(self.queue.get(), timeout)
+
+    async def close(self, timeout: float) -> None:
+        """Stop the push (the node forgets it; nothing is waited for past `timeout`)."""
+        if self.channel._follows.pop(self.number, None) is None or self.channel.closed is not None:
+            return
+        with contextlib.suppress(ChannelClosed, CommandTimeout, asyncssh.Error, OSError):
+            params = {"action": "unfollow", "follow": self.number, "user": self.channel.user}
+            await self.channel.ask(params, timeout)
+
+
 class NodeChannel:
     """One channel: requests answered in order, events handed to `on_event`."""
 
@@ -74,6 +106,8 @@ class NodeChannel:
         self.watched_at: float | None = None  # when that read was answered
         self.stirred = False  # a run it watches changed since that read
         self.asked = 0  # requests sent to it
+        self.user: str | None = None  # whom it runs as (its hello)
+        self._follows: dict[int, Followed] = {}  # request id of a follow -> its chunks
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._reads: set[int] = set()  # the pending status reads by run folder (their answer sets `watching`)
@@ -83,11 +117,15 @@ class NodeChannel:
     async def hello(self, timeout: float) -> dict[str, Any]:
         return await asyncio.wait_for(asyncio.shield(self._hello), timeout)
 
-    async def ask(self, params: dict[str, Any], timeout: float) -> dict[str, Any]:
-        """The channel's answer to `params`; ChannelClosed when it ends first, CommandTimeout after `timeout`."""
+    async def ask(self, params: dict[str, Any], timeout: float, *, follow: Followed | None = None) -> dict[str, Any]:
+        """The channel's answer to `params`; ChannelClosed when it ends first, CommandTimeout after `timeout`.
+        With `follow`, a follow request whose chunks go to it (numbered by this request)."""
         if self.closed is not None:
             raise ChannelClosed(self.closed)
         number = next(self._ids)
+        if follow is not None:
+            follow.number = number
+            self._follows[number] = follow
         self.asked += 1
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[number] = future
@@ -130,6 +168,18 @@ class NodeChannel:
             if not future.done():
                 future.set_exception(ChannelClosed(why))
         self._pending.clear()
+        for followed in self._follows.values():
+            followed.put(None)
+        self._follows.clear()
+
+    def _log(self, doc: dict[str, Any]) -> None:
+        followed = self._follows.get(doc.get("follow")) if isinstance(doc.get("follow"), int) else None
+        if followed is None or not isinstance(doc.get("offset"), int) or not isinstance(doc.get("data"), str):
+            return
+        try:
+            followed.put((doc["offset"], base64.b64decode(doc["data"], validate=True)))
+        except ValueError:
+            followed.put(None)
 
     async def _read(self) -> None:
         why = "its process exited"
@@ -161,8 +211,12 @@ class NodeChannel:
         if "event" in doc:
             if doc["event"] == "hello":
                 self.pid = doc.get("pid") if isinstance(doc.get("pid"), int) else None
+                self.user = doc.get("user") if isinstance(doc.get("user"), str) else None
                 if not self._hello.done():
                     self._hello.set_result(doc)
+                return
+            if doc["event"] == "log":
+                self._log(doc)
                 return
             if doc["event"] == "run":
                 self.stirred = True
@@ -224,6 +278,26 @@ class Channels:
     def live(self) -> dict[Key, NodeChannel]:
         """The channels open now."""
         return {k: c for k, c in self._open.items() if c.closed is None}
+
+    async def follow(
+        self, node: Node, python: str, params: dict[str, Any], timeout: float, *, sudo: bool
+    ) -> Followed | None:
+        """The file params["path"] of `node`, pushed from params["offset"] as it grows, by the channel of
+        params["user"]; None where there is no channel or it refuses (read by request instead)."""
+        key: Key = (node.name, params.get("user"), sudo)
+        channel = await self._channel(key, node, python, timeout)
+        if channel is None:
+            return None
+        followed = Followed(channel, 0)
+        try:
+            doc = await channel.ask({**params, "action": "follow"}, timeout, follow=followed)
+        except (ChannelClosed, CommandTimeout):
+            channel._follows.pop(followed.number, None)
+            return None
+        if doc.get("follow") != followed.number:
+            channel._follows.pop(followed.number, None)
+            return None
+        return followed
 
     def quiet(self, node: str, groups: Mapping[str | None, Set[str]], every: float) -> float | None:
         """When `node` was last heard, if its read of these runs (user -> run folders) may be left out now: each

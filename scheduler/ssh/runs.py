@@ -24,7 +24,7 @@ from ftconsole.scheduler.errors import FtError
 from ftconsole.scheduler.node.bundle import python_stdin_script, script
 from ftconsole.scheduler.spec.config import Node
 from ftconsole.scheduler.ssh import nodecache
-from ftconsole.scheduler.ssh.channel import Channels
+from ftconsole.scheduler.ssh.channel import Channels, Followed
 from ftconsole.scheduler.ssh.transport import Transport
 
 log = logging.getLogger("ftconsole.scheduler")
@@ -409,6 +409,27 @@ async def read_file(
     if not doc["exists"]:
         return None
     return int(doc["offset"]), base64.b64decode(doc["data"])
+
+
+async def follow_file(
+    transport: Transport,
+    node: Node,
+    path: str,
+    *,
+    offset: int,
+    user: str | None = None,
+    python: str = "python3",
+    timeout: float = 30.0,
+) -> Followed | None:
+    """The file at `path` (as `user`, like `read_file`) pushed from `offset` as it grows, by the node's channel;
+    None where there is none (read it by request)."""
+    if not isinstance(transport, Channels):
+        return None
+    params: dict[str, Any] = {"path": path, "offset": offset, "node": node.name}
+    if user is not None:
+        params["user"] = user
+    sudo = user is not None and (node.name, node.host) in _THROUGH_SUDO
+    return await transport.follow(node, python, params, timeout, sudo=sudo)
 
 
 async def run_files(

@@ -15,7 +15,7 @@ import signal
 import pytest
 
 from ftconsole.scheduler.jobops import Scheduler
-from tests.integration.test_scheduler_sshd import finished, job, poll, running, until, write_config
+from tests.integration.test_scheduler_sshd import WAIT, finished, job, poll, running, until, write_config
 from tests.sshd_cluster import SshdCluster
 
 pytestmark = pytest.mark.sshd
@@ -178,3 +178,32 @@ async def test_a_node_frozen_for_5s_costs_nothing_and_one_frozen_for_good_is_giv
         await client.call("stop", jobs=list(ids.values()))
         for job_id in ids.values():
             await finished(client, job_id)
+
+
+async def test_logs_follow_takes_what_the_node_pushes_and_the_push_stops_with_the_reader(
+    sshd_cluster, tmp_path, sock_dir
+) -> None:
+    cluster: SshdCluster = sshd_cluster(1)
+    loaded = write_config(cluster, tmp_path, sock_dir, probes={"interval": "1h"})
+    marker = tmp_path / "go"
+    async with running(loaded) as (scheduler, client):
+        command = f"sh -c 'echo first; while [ ! -e {marker} ]; do sleep 0.1; done; echo second; sleep 300'"
+        submitted = await client.call("submit", spec=job("talker", command))
+        await until(client, submitted["id"], lambda j: j["status"] == "running" and j["attempts"] and all(
+            r["state"] == "running" for r in j["attempts"][0]["runs"]), "the rank running")  # fmt: skip
+        channels = scheduler.loop.executor.channels
+        assert channels is not None
+        stream = client.stream("logs", job=submitted["id"], follow=True)
+        got = ""
+        while "first" not in got:
+            got += await asyncio.wait_for(stream.__anext__(), WAIT)
+        (pushing,) = await poll(lambda: _async([c for c in channels.live().values() if c._follows]), bool,
+                                "the node pushing the log")  # fmt: skip
+        marker.touch()
+        while "second" not in got:
+            got += await asyncio.wait_for(stream.__anext__(), WAIT)
+        assert got == "first\nsecond\n"
+        await stream.aclose()  # the reader goes: the node is told to stop
+        await poll(lambda: _async(len(pushing._follows)), lambda n: n == 0, "the push stopped")
+        await client.call("stop", jobs=[submitted["id"]])
+        await finished(client, submitted["id"])

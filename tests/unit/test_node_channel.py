@@ -4,6 +4,7 @@ started by it, and the events it pushes without being asked."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import select
@@ -162,3 +163,32 @@ def test_a_start_sent_again_through_the_same_channel_answers_and_starts_nothing(
     assert again["started"] is False and again["status"]["state"] == "running"
     os.killpg(first["status"]["pgid"], 9)
     assert (tmp_path / "count").read_text() == "once\n"
+
+
+def test_a_followed_file_is_pushed_as_it_grows_and_no_more_once_unfollowed(channel: Channel, tmp_path: Path) -> None:
+    log = tmp_path / "output.log"
+    log.write_bytes(b"before\n")
+    channel.event("hello")
+    answer = channel.ask(action="follow", path=str(log), offset=len(b"before\n"))
+    number = answer["follow"]
+    with log.open("ab") as fh:
+        fh.write(b"one\n")
+        fh.flush()
+        first = channel.event("log")
+        fh.write(b"two\n")
+        fh.flush()
+        second = channel.event("log")
+    got = [(e["follow"], e["offset"], base64.b64decode(e["data"])) for e in (first, second)]
+    assert got == [(number, 7, b"one\n"), (number, 11, b"two\n")]
+    assert channel.ask(action="unfollow", follow=number) == {"following": 0}
+    with log.open("ab") as fh:
+        fh.write(b"three\n")
+    heartbeat = channel.event("heartbeat", timeout=10)  # the next line after 5 s: no "log" came before it
+    assert heartbeat["event"] == "heartbeat" and not [e for e in channel.events if e.get("event") == "log"]
+
+
+def test_a_follow_that_is_not_one_is_refused_and_the_channel_goes_on(channel: Channel) -> None:
+    channel.event("hello")
+    assert "error" in channel.ask(action="follow", offset=3)  # no path
+    assert "error" in channel.ask(action="follow", path="/x", offset="nope")
+    assert channel.ask(action="status", run_dirs=[])["runs"] == []
