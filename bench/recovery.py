@@ -3,6 +3,7 @@ a node's death to its job running again elsewhere (`--what node-death`).
 
     .venv/bin/python bench/recovery.py [--nodes 8,64] [--jobs 1,200] [--ticks 20]
     .venv/bin/python bench/recovery.py --what node-death [--nodes 8,64] [--repeats 5] [--layout own-home,shared-home]
+                                       [--modes channel|command|command,channel]
 
 Re-adoption (`--what adoption`, the default):
 
@@ -32,7 +33,8 @@ a subprocess (its own state_dir, `probes.interval` 300 s so no periodic probe ru
 
 Node death (`--what node-death`): for each node count N and each `--layout` (`own-home`: every node has a
 home folder of its own; `shared-home`: every node's HOME is the same folder, as with an NFS /home, the lab
-layout's `shared_home: true`), a lab of N nodes of 8 GPUs and `ftconsole serve` with
+layout's `shared_home: true`), and each of `--modes` (`channel`: node channels, the default; `command`:
+`scheduler.node_channel: false`, a command per node per tick), a lab of N nodes of 8 GPUs and `ftconsole serve` with
 the scheduler's default settings (`tick` 2 s, `node_timeout` 10 s; only `probes.interval` 300 s, as above: a
 lab probe sweep loads the 2 shared CPUs, and `ssh.python`). Each of `--repeats` rounds submits a 2-node
 pytorch-mode job (`sleep 3600`, one GPU per node, `fault_tolerance: {retries: 3}`), waits until its attempt is
@@ -677,7 +679,7 @@ def log_problems(log: Path, dead: set[str]) -> list[str]:
 
 
 async def death_cluster(
-    root: Path, nodes: int, repeats: int, layout_name: str
+    root: Path, nodes: int, repeats: int, layout_name: str, channel: bool = True
 ) -> tuple[list[dict[str, float]], int, list[str]]:
     """The rounds on one lab: their times, how many had a problem, and the serve log's warnings."""
     if repeats > nodes - 2:
@@ -685,7 +687,7 @@ async def death_cluster(
     layout = root / "layout.yaml"
     write_layout(layout, nodes, nodes * DEATH_GPUS_PER_NODE, shared_home=layout_name == "shared-home")
     lab_dir = root / "lab"
-    label = f"{layout_name}, {nodes} nodes"
+    label = f"{layout_name}, {nodes} nodes, {'channel' if channel else 'command'}"
     serves: list[Serve] = []
     samples: list[dict[str, float]] = []
     bad_rounds = 0
@@ -694,7 +696,7 @@ async def death_cluster(
         info = lab_up(lab_dir, layout, None, timeout=120)
         if info.shared_home != (layout_name == "shared-home"):
             raise SystemExit(f"the lab in {lab_dir} has shared_home {info.shared_home}, not as {layout_name} asks")
-        config = write_config(root, Path(info.config_path), scheduler=None)
+        config = write_config(root, Path(info.config_path), scheduler=None if channel else {"node_channel": False})
         loaded = load_config(config)
         serves.append(Serve(config, root / "serve.log"))
         api = await connect(loaded)
@@ -761,6 +763,8 @@ def main() -> None:
     parser.add_argument("--ticks", type=int, default=20)
     parser.add_argument("--what", choices=["adoption", "node-death"], default="adoption")
     parser.add_argument("--repeats", type=int, default=5, help="node deaths per node count (--what node-death)")
+    parser.add_argument("--modes", default=None,
+                        help="node-death: channel (the default), command (scheduler.node_channel: false), or both")
     parser.add_argument(
         "--layout",
         help=f"lab layouts, comma-separated, of {', '.join(LAYOUTS)} (--what node-death; default: both)",
@@ -771,6 +775,8 @@ def main() -> None:
         return
     if args.layout is not None:
         parser.error("--layout goes with --what node-death")
+    if args.modes is not None:
+        parser.error("--modes goes with --what node-death")
     counts = sorted({int(j) for j in args.jobs.split(",")})
     adoption: list[list[object]] = []
     breakdowns: list[list[object]] = []
@@ -803,19 +809,25 @@ def node_death(args: argparse.Namespace) -> None:
     unknown = [name for name in layouts if name not in LAYOUTS]
     if unknown or not layouts:
         raise SystemExit(f"--layout: {', '.join(unknown) or 'none given'}: not one of {', '.join(LAYOUTS)}")
+    modes = [name.strip() for name in (args.modes or "channel").split(",") if name.strip()]
+    if not modes or any(m not in ("command", "channel") for m in modes):
+        raise SystemExit(f"--modes: {args.modes!r}: command, channel or both")
     results: dict[tuple[str, int], DeathResult] = {}
     for nodes in [int(n) for n in args.nodes.split(",")]:
         for layout in layouts:
-            root = Path(tempfile.mkdtemp(prefix="ftd-", dir="/tmp"))  # short: the API socket path is AF_UNIX
-            try:
-                results[(layout, nodes)] = asyncio.run(death_cluster(root, nodes, args.repeats, layout))
-            except BaseException:
-                print(f"kept {root} (serve.log, lab/lab.log)", file=sys.stderr)
-                raise
-            if results[(layout, nodes)][1] or results[(layout, nodes)][2]:
-                print(f"kept {root} (serve.log, lab/lab.log): {layout}, {nodes} nodes had problems", file=sys.stderr)
-            else:
-                shutil.rmtree(root, ignore_errors=True)
+            for mode in modes:
+                name = layout if modes == ["channel"] else f"{layout} {mode}"
+                root = Path(tempfile.mkdtemp(prefix="ftd-", dir="/tmp"))  # short: the API socket path is AF_UNIX
+                try:
+                    run = death_cluster(root, nodes, args.repeats, layout, channel=mode == "channel")
+                    results[(name, nodes)] = asyncio.run(run)
+                except BaseException:
+                    print(f"kept {root} (serve.log, lab/lab.log)", file=sys.stderr)
+                    raise
+                if results[(name, nodes)][1] or results[(name, nodes)][2]:
+                    print(f"kept {root} (serve.log, lab/lab.log): {name}, {nodes} nodes had problems", file=sys.stderr)
+                else:
+                    shutil.rmtree(root, ignore_errors=True)
     command = " ".join([".venv/bin/python", "bench/recovery.py", *sys.argv[1:]])
     print(f"{command}\n{os.cpu_count()} CPUs, Python {sys.version.split()[0]}; scheduler defaults; seconds\n")
     death_tables(results)

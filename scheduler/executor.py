@@ -63,7 +63,7 @@ log = logging.getLogger("ftconsole.scheduler")
 
 ACT_WAIT_S = 2.0  # how long a tick waits for the node commands it started; slower ones finish in the background
 SWEEP_RETRY_S = 5.0  # how often a node still to be swept is tried while it does not answer
-QUIET_READ_S = 10.0  # a quiet node with channels is read this often (the safety net; Watchdog.read_every)
+QUIET_READ_S = 30.0  # a quiet node with channels is read this often (the safety net; Watchdog.read_every)
 PRUNE_EVERY_S = 3600.0  # run retention along with a node's reads at most this often (and with every sweep)
 ACCOUNT_OK_S = 600.0  # a user's account found on a node is not asked for again before a launch for this long
 NO_ACCOUNT_S = 3600.0  # a node where a user has no account is left out of that user's placements this long

@@ -3,7 +3,8 @@ iteration times, from the job's `progress:` and `performance:` patterns.
 
 The node scans output.log itself (supervisor `_scan`: only the bytes written since the last scan, at most
 its last 256 KiB, the patterns given a CPU budget), in the status read the loop makes anyway, every
-`SCAN_EVERY_S` per run; only the matches come back. `check` turns them into conditions and alerts:
+`SCAN_EVERY_S` per run at most and only once the log was written since (its `output_at` moved); only the
+matches come back. `check` turns them into conditions and alerts:
 - `job_straggler` (seed 001's last-epoch case): the ranks' latest epochs more than `progress.max_lag` apart
   for `progress.window`; resolved once they are within it again;
 - `job_rank_error`: a rank's log showed an error line (`progress.errors`) and the rank still ran
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ftconsole.scheduler.decide.detect import diverged, slow
@@ -60,6 +61,7 @@ class LogWatch:
         self._jobs: dict[int, Job] = {}  # the running jobs, as of the last check
         self._offset: dict[Key, int] = {}  # how far each run's log has been scanned
         self._scanned_at: dict[Key, float] = {}
+        self._scanned_output: dict[Key, float | None] = {}  # the run's output_at when it was last scanned
         self._epochs: dict[Attempt, dict[int, int]] = {}  # each rank's latest epoch (rank as the log says)
         self._where: dict[Attempt, dict[int, tuple[int, str]]] = {}  # log rank -> (our rank, node) it came from
         self._apart_since: dict[Attempt, float] = {}
@@ -72,6 +74,20 @@ class LogWatch:
         """The scans due in a read of these runs: run folder -> {"from": offset, "patterns": ...}."""
         now = self.clock()
         out: dict[str, Any] = {}
+        for r, wanted in self._scans_due(runs, now):
+            key = (r.job, r.attempt, r.rank)
+            self._scanned_at[key] = now
+            self._scanned_output[key] = r.output_at
+            out[r.run_dir] = {"from": self._offset.get(key, 0), "patterns": wanted}
+        return out
+
+    def wants(self, runs: Iterable[Run]) -> bool:
+        """A scan of one of these runs is due (a quiet node's read brings it: `Watchdog.read_every`)."""
+        return any(True for _ in self._scans_due(runs, self.clock()))
+
+    def _scans_due(self, runs: Iterable[Run], now: float) -> Iterator[tuple[Run, dict[str, str]]]:
+        """The runs whose log has patterns to look for, was written since its last scan, and was not scanned in
+        the last SCAN_EVERY_S; each with its patterns."""
         for r in runs:
             job = self._jobs.get(r.job)
             if job is None or r.attempt != job.attempt or not r.launch or r.state != "running" or not r.run_dir:
@@ -80,9 +96,9 @@ class LogWatch:
             key = (r.job, r.attempt, r.rank)
             if not wanted or now - self._scanned_at.get(key, float("-inf")) < SCAN_EVERY_S:
                 continue
-            self._scanned_at[key] = now
-            out[r.run_dir] = {"from": self._offset.get(key, 0), "patterns": wanted}
-        return out
+            if key in self._scanned_output and self._scanned_output[key] == r.output_at:
+                continue  # nothing written since its last scan
+            yield r, wanted
 
     def observe(self, run: Run, status: RunStatus, now: float) -> None:
         scan = status.scan
@@ -211,7 +227,7 @@ class LogWatch:
             await tx.resolve_job_alerts(job.id, kind, now=now, why=why)
 
     def _forget(self, live: set[Attempt]) -> None:
-        for table in (self._offset, self._scanned_at, self._ratios, self._error):
+        for table in (self._offset, self._scanned_at, self._scanned_output, self._ratios, self._error):
             for key in [k for k in table if (k[0], k[1]) not in live]:
                 del table[key]
         for at in [a for a in self._epochs if a not in live]:

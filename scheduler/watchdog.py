@@ -18,7 +18,7 @@ from ftconsole.scheduler.decide.detect import Hung, hung
 from ftconsole.scheduler.decide.jobs import Condition, Job, JobStatus, Run, StopReason
 from ftconsole.scheduler.decide.reconcile import HUNG_PREFIX, MAX_HANG_RESTARTS, hang_restarts
 from ftconsole.scheduler.executor import QUIET_READ_S
-from ftconsole.scheduler.logwatch import LogWatch
+from ftconsole.scheduler.logwatch import SCAN_EVERY_S, LogWatch
 from ftconsole.scheduler.nodeops import ClusterService
 from ftconsole.scheduler.spec.config import format_duration
 from ftconsole.scheduler.spec.detectspec import HangAction
@@ -71,11 +71,13 @@ class Watchdog:
                         self._moved.add(key)
 
     def read_every(self, runs: Sequence[Run]) -> float:
-        """How often the node of these runs is read when its channel says nothing changed: the I/O samples come
-        from reads, so a job whose hang window is short is read every quarter of it; the others every
-        `QUIET_READ_S` (and at each tick where no channel watches them)."""
+        """How often the node of these runs is read when its channel says nothing changed: the I/O samples and
+        the log scans come with reads, so a job whose hang window is short is read every quarter of it, a log
+        written since its last scan within `SCAN_EVERY_S`; the others every `QUIET_READ_S` (and at each tick
+        where no channel watches them)."""
         windows = [self._windows[r.job] / HANG_SAMPLES for r in runs if r.job in self._windows]
-        return min([QUIET_READ_S, *windows])
+        scans = [SCAN_EVERY_S] if self.logs.wants(runs) else []
+        return min([QUIET_READ_S, *windows, *scans])
 
     def quiet_since(self, runs: Sequence[Run]) -> float | None:
         """When the I/O of these ranks last changed (the latest of them); None when one was not read."""
