@@ -21,6 +21,9 @@ the scheduler's default `tick` (2 s) and its own state_dir:
    `logs --follow` reads it: from each line's time to the moment the follower has it (only the lines written
    after the follower had read the log to its end).
 
+With more than 64 nodes, `ssh.connect_timeout` is 30 s and `probes.timeout` 120 s: the lab's one SSH server
+process greets hundreds of first connections (the start-up sweep, the first probes) slowly on 2 CPUs.
+
 Both modes run on the same lab, one after the other; each mode's jobs are stopped before the next starts.
 Everything it starts is stopped at the end (serve, the lab, any `sleep 3600` of it).
 """
@@ -37,6 +40,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -107,7 +112,16 @@ async def follow_lags(api: Any, lines: int) -> list[float]:
     lines (the lab's nodes are this machine: one clock)."""
     command = f"sh -c 'for i in $(seq {lines + 10}); do date +%s.%N; sleep 0.37; done; sleep 30'"
     job = (await api.call("submit", spec={**FOLLOW_SPEC, "command": command}))["id"]
-    await wait_all_running(api, 1, RUNNING_TIMEOUT_S)
+    deadline = time.monotonic() + RUNNING_TIMEOUT_S
+    while True:
+        shown = await api.call("show", job=job)
+        if shown["status"] not in ("queued", "running"):
+            raise SystemExit(f"job {job} ended {shown['status']}: {shown['message']}")
+        if shown["attempts"] and all(r["state"] == "running" for r in shown["attempts"][-1]["runs"]):
+            break
+        if time.monotonic() > deadline:
+            raise SystemExit(f"job {job} not running after {RUNNING_TIMEOUT_S:g}s")
+        await asyncio.sleep(0.2)
     lags: list[float] = []
     buffered = ""
     caught_up: float | None = None  # when the follower had read what was written before it began
@@ -166,6 +180,11 @@ async def one_mode(root: Path, lab_config: Path, mode: str, args: argparse.Names
     folder.mkdir()
     # node_timeout as in recovery.py: 2 shared CPUs run the lab, the nodes and the scheduler
     config = write_config(folder, lab_config, {"node_channel": MODES[mode], "node_timeout": "60s"})
+    if args.nodes > 64:  # the lab's one SSH server process greets hundreds of first connections slowly on 2 CPUs
+        data = yaml.safe_load(config.read_text())
+        data["ssh"]["connect_timeout"] = "30s"
+        data["probes"]["timeout"] = "120s"
+        config.write_text(yaml.safe_dump(data, sort_keys=False))
     loaded = load_config(config)
     serve = Serve(config, folder / "serve.log")
     try:
@@ -173,6 +192,7 @@ async def one_mode(root: Path, lab_config: Path, mode: str, args: argparse.Names
         try:
             profile = folder / "py-spy.txt" if args.profile else None
             own, others = await watch_cost(api, serve, args.jobs, args.window, profile)
+            print(f"  {mode}: scheduler {own:.1f} ms/s, nodes {others:.0f} ms/s", file=sys.stderr)
             await stop_all(api)
             exits = await exit_rounds(api, args.repeats)
             lags = await follow_lags(api, args.lines)

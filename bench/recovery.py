@@ -479,7 +479,8 @@ STEPS = [
     ("RELAUNCH", "ranks started -> attempt started", "ranks_started", "running"),
 ]
 BOUNDS = {
-    "DETECT": "scheduler.node_timeout (10 s), from the first read that gets no answer (one a scheduler.tick, 2 s)",
+    "DETECT": "a node proven down (its connection lost, its SSH port refusing) at once: with channels when the "
+    "connection drops, else at the first read (one a scheduler.tick, 2 s); one that hangs after scheduler.node_timeout",
     "DECIDE": "the stop sent at once (the loop is poked); the "
     "other rank's exit after SIGTERM (scheduler.stop_grace, 30 s, then SIGKILL)",
     "RELAUNCH": "the pre-flight probe (probes.timeout), the starts (ssh.command_timeout)",

@@ -32,7 +32,7 @@ from ftconsole.scheduler.decide.launcher import RankLaunch
 from ftconsole.scheduler.decide.reconcile import READ_STATES, Actions, Launch, Read, Stop
 from ftconsole.scheduler.decide.runstatus import status_fields
 from ftconsole.scheduler.decide.steps import user_root
-from ftconsole.scheduler.errors import FtError, SSHError
+from ftconsole.scheduler.errors import FtError, SSHError, UnreachableError
 from ftconsole.scheduler.failpoints import afailpoint
 from ftconsole.scheduler.node.supervisor import MAX_PRUNED
 from ftconsole.scheduler.nodeops import ClusterService
@@ -204,6 +204,9 @@ class Executor:
             self._poke()
         elif event.get("event") == "output":
             self._outputs.update(((node, run_dir), at) for run_dir, at in event["runs"].items())
+        elif event.get("event") == "closed":  # a broken channel: the next tick reads the node by command
+            log.info("%s: node channel ended: %s", node, event.get("why"))
+            self._poke()
 
     def outputs(self) -> dict[tuple[str, str], float]:
         """(node, run folder) -> when its output.log was last written, as the channels pushed since the last call."""
@@ -480,6 +483,8 @@ class Executor:
             answer = await self._ask(node, states)
         except FtError as exc:
             log.warning("cannot read runs on %s: %s", read.node, exc)
+            if isinstance(exc, UnreachableError) and read.node not in self.knocked:  # dead, or cut off? asked now
+                self._spawn(("knock", node.name), self.tracker.knock(node))
             return
         await afailpoint("observe.after_read")
         # a user whose runs could not be read this time is left out (run_states): unknown, asked again

@@ -179,6 +179,14 @@ def _protected() -> set[int]:
     return out
 
 
+def _comm(pid: int) -> str:
+    """The process's command name ("" once it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def _signal(pids: set[int], sig: int) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -608,6 +616,20 @@ class SshdCluster:
         n = self.node(node)
         self._kill_node_processes(n)
         self._wait_port_closed(n)
+
+    def cut(self, node: str | SshdNode) -> None:
+        """Kill the node's sshd, its listener and every SSH session, but not what the sessions left running
+        detached (the runs' supervisors and their processes): a node whose sshd died while its work goes on.
+        Its connections are reset and new ones refused until `up`."""
+        n = self.node(node)
+        table = _proc_table()
+        sessions = {pid for pid in self._node_processes(n) if _comm(pid) in ("sshd", "sshd-session", "sshd-auth")}
+        self._reap(n)
+        _signal(sessions, signal.SIGKILL)
+        self._wait_port_closed(n)
+        left = _wait_gone(sessions & set(table), STOP_TIMEOUT)
+        if left:
+            raise SshdClusterError(f"sshd sessions of {n.name} still alive after SIGKILL: {sorted(left)}")
 
     def up(self, node: str | SshdNode) -> None:
         """Start the node's sshd again on the same address, port and host key; returns once it answers."""

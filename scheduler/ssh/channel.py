@@ -45,6 +45,7 @@ log = logging.getLogger("ftconsole.scheduler")
 OPEN_TIMEOUT_S = 10.0  # at most this long for a channel to say hello
 RETRY_S = 30.0  # a channel that could not be opened is tried again this long after (per command meanwhile)
 MAX_LINE = 64 * 1024 * 1024
+CLOSED_BY_US = "closed by the scheduler"
 HEARTBEAT_LATE_S = 2.0  # a heartbeat this much after it was due is late: the node may be frozen
 
 Key = tuple[str, str | None, bool]  # (node, user, through sudo)
@@ -150,7 +151,7 @@ class NodeChannel:
         return bool(self._pending)
 
     def close(self) -> None:
-        self._end("closed by the scheduler")
+        self._end(CLOSED_BY_US)
         self._reader.cancel()
 
     async def finished(self) -> None:
@@ -171,6 +172,8 @@ class NodeChannel:
         for followed in self._follows.values():
             followed.put(None)
         self._follows.clear()
+        if why != CLOSED_BY_US and self._hello.done():  # it broke: its node is read (and its silence told) at once
+            self.on_event(self.node.name, {"event": "closed", "why": why})
 
     def _log(self, doc: dict[str, Any]) -> None:
         followed = self._follows.get(doc.get("follow")) if isinstance(doc.get("follow"), int) else None

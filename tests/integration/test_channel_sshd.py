@@ -16,7 +16,7 @@ import pytest
 
 from ftconsole.scheduler.jobops import Scheduler
 from tests.integration.test_scheduler_sshd import WAIT, finished, job, poll, running, until, write_config
-from tests.sshd_cluster import SshdCluster
+from tests.sshd_cluster import SshdCluster, pid_alive
 
 pytestmark = pytest.mark.sshd
 LONG_TICK = {"tick": "1h", "stop_grace": "2s"}
@@ -205,5 +205,40 @@ async def test_logs_follow_takes_what_the_node_pushes_and_the_push_stops_with_th
         assert got == "first\nsecond\n"
         await stream.aclose()  # the reader goes: the node is told to stop
         await poll(lambda: _async(len(pushing._follows)), lambda n: n == 0, "the push stopped")
+        await client.call("stop", jobs=[submitted["id"]])
+        await finished(client, submitted["id"])
+
+
+async def test_a_node_whose_sshd_dies_is_given_up_early_and_its_rank_is_fenced_when_it_returns(
+    sshd_cluster, tmp_path, sock_dir
+) -> None:
+    """The rule for a node given up early (docs/configuration.md): the new attempt does not wait for proof that
+    the old rank is gone. Here the old rank does live on (only sshd died: connections reset, the port refusing),
+    and is killed by the sweep once the node answers again; the job's new attempt runs elsewhere meanwhile."""
+    cluster: SshdCluster = sshd_cluster(2)
+    settings = {"tick": "0.3s", "stop_grace": "2s", "node_timeout": "10m"}  # only the early evidence can end it
+    loaded = write_config(cluster, tmp_path, sock_dir, scheduler=settings, probes={"interval": "1h"})
+    async with running(loaded) as (_, client):
+        command = "sh -c 'echo $$ > $HOME/rank.$FT_JOB_ID.$FT_ATTEMPT; exec sleep 300'"
+        spec = job("survivor", command, node_names="node01,node02", fault_tolerance={"retries": 1})
+        submitted = await client.call("submit", spec=spec)
+        shown = await until(client, submitted["id"], lambda j: j["status"] == "running" and j["attempts"] and all(
+            r["state"] == "running" for r in j["attempts"][0]["runs"]), "the rank running")  # fmt: skip
+        victim = shown["attempts"][0]["runs"][0]["node"]
+        pid_file = cluster.node(victim).home / f"rank.{submitted['id']}.1"
+        old = int(await poll(lambda: _async(pid_file.read_text() if pid_file.exists() else ""), bool, "its pid"))
+        cluster.cut(victim)
+        try:
+            shown = await until(client, submitted["id"], lambda j: len(j["attempts"]) == 2 and all(
+                r["state"] == "running" for r in j["attempts"][1]["runs"]), "the job running elsewhere")  # fmt: skip
+            assert shown["attempts"][0]["runs"][0]["state"] == "lost"
+            assert "refuses connections" in shown["attempts"][0]["runs"][0]["error"]
+            assert shown["attempts"][1]["runs"][0]["node"] != victim
+            assert pid_alive(old)  # its sshd died, not the rank: two copies live until the node answers
+        finally:
+            cluster.up(victim)
+        await poll(lambda: _async(pid_alive(old)), lambda alive: not alive, "the old rank fenced")
+        events = await client.call("events", job=submitted["id"])
+        assert [e for e in events if e["kind"] == "Fenced" and e["node"] == victim], events
         await client.call("stop", jobs=[submitted["id"]])
         await finished(client, submitted["id"])
