@@ -147,6 +147,8 @@ class Executor:
         """Start the work `reconcile` asked for (what is still under way from an earlier tick is not doubled),
         and with `sweep` the sweeps of the nodes still to be swept; and the checkpoint signals owed."""
         self._spawn(("checkpoints",), self.checkpoints.carry_out())
+        if self.channels is not None:
+            self.channels.close_idle()
         for launch in actions.launch:
             self._spawn(("launch", launch.job, launch.attempt), self._launch(launch))
         stops: dict[str, list[Stop]] = defaultdict(list)

@@ -46,6 +46,7 @@ OPEN_TIMEOUT_S = 10.0  # at most this long for a channel to say hello
 RETRY_S = 30.0  # a channel that could not be opened is tried again this long after (per command meanwhile)
 MAX_LINE = 64 * 1024 * 1024
 CLOSED_BY_US = "closed by the scheduler"
+IDLE_S = 60.0  # a channel that watches no run and was asked nothing this long is closed (`close_idle`)
 HEARTBEAT_LATE_S = 2.0  # a heartbeat this much after it was due is late: the node may be frozen
 
 Key = tuple[str, str | None, bool]  # (node, user, through sudo)
@@ -107,6 +108,7 @@ class NodeChannel:
         self.watched_at: float | None = None  # when that read was answered
         self.stirred = False  # a run it watches changed since that read
         self.asked = 0  # requests sent to it
+        self.asked_at = clock()  # when the last was
         self.user: str | None = None  # whom it runs as (its hello)
         self._follows: dict[int, Followed] = {}  # request id of a follow -> its chunks
         self._ids = itertools.count(1)
@@ -128,6 +130,7 @@ class NodeChannel:
             follow.number = number
             self._follows[number] = follow
         self.asked += 1
+        self.asked_at = self.clock()
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[number] = future
         if params.get("action") == "status" and params.get("run_dirs") is not None:
@@ -301,6 +304,20 @@ class Channels:
             channel._follows.pop(followed.number, None)
             return None
         return followed
+
+    def close_idle(self) -> list[str]:
+        """Close the channels that watch no run, follow no file and were asked nothing for `IDLE_S` (a node
+        whose runs all ended: its heartbeats would cost the scheduler for nothing); the next request opens one
+        again. The nodes closed, by name."""
+        now = self.clock()
+        idle = [
+            key
+            for key, c in self._open.items()
+            if c.closed is None and not c.watching and not c._follows and not c.busy and now - c.asked_at >= IDLE_S
+        ]
+        for key in idle:
+            self._open.pop(key).close()
+        return [name for name, _, _ in idle]
 
     def quiet(self, node: str, groups: Mapping[str | None, Set[str]], every: float) -> float | None:
         """When `node` was last heard, if its read of these runs (user -> run folders) may be left out now: each

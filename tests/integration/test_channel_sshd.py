@@ -15,6 +15,7 @@ import signal
 import pytest
 
 from ftconsole.scheduler.jobops import Scheduler
+from ftconsole.scheduler.ssh import channel as channel_module
 from tests.integration.test_scheduler_sshd import WAIT, finished, job, poll, running, until, write_config
 from tests.sshd_cluster import SshdCluster, pid_alive
 
@@ -237,8 +238,25 @@ async def test_a_node_whose_sshd_dies_is_given_up_early_and_its_rank_is_fenced_w
             assert pid_alive(old)  # its sshd died, not the rank: two copies live until the node answers
         finally:
             cluster.up(victim)
-        await poll(lambda: _async(pid_alive(old)), lambda alive: not alive, "the old rank fenced")
-        events = await client.call("events", job=submitted["id"])
-        assert [e for e in events if e["kind"] == "Fenced" and e["node"] == victim], events
+        events = await poll(lambda: client.call("events", job=submitted["id"]), lambda events: any(
+            e["kind"] == "Fenced" and e["node"] == victim for e in events), "the old rank fenced")  # fmt: skip
+        assert await poll(lambda: _async(pid_alive(old)), lambda alive: not alive, "the old rank gone") is False, events
         await client.call("stop", jobs=[submitted["id"]])
         await finished(client, submitted["id"])
+
+
+async def test_a_channel_with_nothing_to_watch_is_closed_and_opened_again_when_needed(
+    sshd_cluster, tmp_path, sock_dir, monkeypatch
+) -> None:
+    monkeypatch.setattr(channel_module, "IDLE_S", 1.0)
+    cluster: SshdCluster = sshd_cluster(1)
+    loaded = write_config(cluster, tmp_path, sock_dir, probes={"interval": "1h"})
+    async with running(loaded) as (scheduler, client):
+        channels = scheduler.loop.executor.channels
+        assert channels is not None
+        first = await client.call("submit", spec=job("short", "true"))
+        assert (await finished(client, first["id"]))["status"] == "succeeded"
+        await poll(lambda: _async(channel_pids(scheduler)), lambda pids: pids == {}, "the idle channel closed")
+        again = await client.call("submit", spec=job("again", "sleep 5"))
+        await poll(lambda: _async(channel_pids(scheduler)), bool, "a channel opened again for the next job")
+        assert (await finished(client, again["id"]))["status"] == "succeeded"
