@@ -153,7 +153,21 @@ async def watch_cost(
     pid = serve.proc.pid
     spy = None
     if profile is not None:  # py-spy's samples of the serve process during the window (its own CPU counts too)
-        argv = [str(Path(sys.executable).with_name("py-spy")), "record", "-p", str(pid), "-d", str(int(window)), "-r", "400", "--nonblocking", "-f", "raw", "-o", str(profile)]
+        argv = [
+            str(Path(sys.executable).with_name("py-spy")),
+            "record",
+            "-p",
+            str(pid),
+            "-d",
+            str(int(window)),
+            "-r",
+            "400",
+            "--nonblocking",
+            "-f",
+            "raw",
+            "-o",
+            str(profile),
+        ]
         spy = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     own0, all0, t0 = process_cpu(pid), machine_cpu(), time.perf_counter()
     await asyncio.sleep(window)
@@ -226,8 +240,19 @@ async def run(args: argparse.Namespace) -> None:
             f"{statistics.median(r['lags']):.2f}", f"{max(r['lags']):.2f}",
         ])  # fmt: skip
     print_table(
-        ["MODE", "EXIT->DECIDED S (MED)", "(MAX)", "NODES", "JOBS", "SCHEDULER MS/S", "NODES MS/S", "PER NODE",
-         "LINE->FOLLOW S (MED)", "(MAX)"], rows
+        [
+            "MODE",
+            "EXIT->DECIDED S (MED)",
+            "(MAX)",
+            "NODES",
+            "JOBS",
+            "SCHEDULER MS/S",
+            "NODES MS/S",
+            "PER NODE",
+            "LINE->FOLLOW S (MED)",
+            "(MAX)",
+        ],
+        rows,
     )
     print(f"\n(folder kept: {root})")
 

@@ -4,6 +4,9 @@
     .venv/bin/python bench/detection.py --what slow [--iterations 1,5,10,20] [--every 1] [--repeats 3]
     .venv/bin/python bench/detection.py --what cost [--nodes 64] [--jobs 500] [--ticks 30]
 
+(`--node-channel off`, with hang and slow: `scheduler.node_channel: false`, every node read by a command each
+tick, as before node channels; the default is on.)
+
 (`--what` takes a list: `hang,slow,cost`, the default, runs all three.) Each part starts its own lab cluster
 (bench/recovery.py's: SSH servers in a separate process, run processes real and local) and `ftconsole serve`
 as a subprocess with the scheduler's defaults (`scheduler.tick` 2 s), its own state_dir, `ssh.python` the
@@ -165,11 +168,14 @@ def hold_gpus(lab_dir: Path, util: float) -> int:
     return count
 
 
+NODE_CHANNEL = True  # --node-channel off: hang and slow with `scheduler.node_channel: false` (a command per read)
+
+
 def serve_config(root: Path, lab_config: Path, probe_interval: float | None) -> Path:
     """recovery.write_config with the scheduler's defaults, in `root` (its own state and socket), and
     `probes.interval` set (None: recovery's 300 s)."""
     root.mkdir(parents=True, exist_ok=True)
-    path = write_config(root, lab_config, scheduler=None)
+    path = write_config(root, lab_config, scheduler=None if NODE_CHANNEL else {"node_channel": False})
     if probe_interval is not None:
         config = yaml.safe_load(path.read_text())
         config["probes"]["interval"] = f"{probe_interval:g}s"
@@ -632,7 +638,17 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=500, help="running jobs (cost)")
     parser.add_argument("--ticks", type=int, default=30, help="measured ticks per arm (cost)")
     parser.add_argument("--profile", type=Path, help="a folder for cProfile stats of the ticks (cost)")
+    parser.add_argument(
+        "--node-channel",
+        choices=["on", "off"],
+        default="on",
+        help="hang, slow: node channels (the default) or a command per node per tick",
+    )
     args = parser.parse_args()
+    global NODE_CHANNEL
+    NODE_CHANNEL = args.node_channel == "on"
+    if not NODE_CHANNEL and "cost" in args.what:
+        parser.error("--node-channel off goes with --what hang,slow")
     what = [w.strip() for w in args.what.split(",")]
     unknown = set(what) - {"hang", "slow", "cost"}
     if unknown:

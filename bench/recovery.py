@@ -764,8 +764,11 @@ def main() -> None:
     parser.add_argument("--ticks", type=int, default=20)
     parser.add_argument("--what", choices=["adoption", "node-death"], default="adoption")
     parser.add_argument("--repeats", type=int, default=5, help="node deaths per node count (--what node-death)")
-    parser.add_argument("--modes", default=None,
-                        help="node-death: channel (the default), command (scheduler.node_channel: false), or both")
+    parser.add_argument(
+        "--modes",
+        default=None,
+        help="node-death: channel (the default), command (scheduler.node_channel: false), or both",
+    )
     parser.add_argument(
         "--layout",
         help=f"lab layouts, comma-separated, of {', '.join(LAYOUTS)} (--what node-death; default: both)",

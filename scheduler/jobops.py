@@ -465,7 +465,7 @@ class Scheduler:
                         if chunk is None:
                             pushed = None  # the push ended: read by request from where it got to
                         elif chunk[0] <= offset:
-                            data = chunk[1][offset - chunk[0]:]
+                            data = chunk[1][offset - chunk[0] :]
                         else:
                             data = await self._log_read(node, path, offset, user)  # a gap: read it
                 else:

@@ -13,9 +13,10 @@ its stdin, one JSON document a line ({"id": N, "params": the action's PARAMS}), 
 
 The runs watched are those of the last status read by run folders (the scheduler's held runs of this node and
 user): their status.json is looked at every WATCH_S (its size and mtime: one stat each), read again when it
-changed (a new state, or a new step of a running run: its image pulled, its data prepared), and the liveness of those starting or running is checked every LIVENESS_S (a supervisor that died
-writes nothing). An event is a hint that wakes the scheduler: what it then reads is the truth, so an event lost
-costs at most a tick.
+changed (a new state, or a new step of a running run: its image pulled, its data prepared), and the liveness
+of those starting or running is checked every LIVENESS_S (a supervisor that died writes nothing). An event is a
+hint that wakes the scheduler: what it then reads is the truth, so an event lost costs at most the scheduler's
+next read of the node.
 
 Two requests are the channel's own: {"action": "follow", "path", "offset"} pushes the file at `path` (as the read
 action reads it, with the user's rights) from `offset` as it grows, at most FOLLOW_CHUNK bytes an event, looked at
@@ -65,8 +66,13 @@ def _watch_from(params, doc, watch):
             continue
         path = os.path.join(_expand(given), STATUS)
         status = entry.get("status") or {}
-        out[given] = {"path": path, "sig": _signature(path), "state": status.get("state"), "step": status.get("step"),
-                      "output": status.get("output_mtime")}
+        out[given] = {
+            "path": path,
+            "sig": _signature(path),
+            "state": status.get("state"),
+            "step": status.get("step"),
+            "output": status.get("output_mtime"),
+        }
     return out
 
 
@@ -209,8 +215,14 @@ def _grown(follows):
         except OSError:  # not there yet, or gone: looked at again
             continue
         if data:
-            events.append({"event": "log", "follow": number, "offset": seen["offset"],
-                           "data": base64.b64encode(data).decode("ascii")})
+            events.append(
+                {
+                    "event": "log",
+                    "follow": number,
+                    "offset": seen["offset"],
+                    "data": base64.b64encode(data).decode("ascii"),
+                }
+            )
             seen["offset"] += len(data)
     return events
 

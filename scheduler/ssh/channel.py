@@ -179,7 +179,8 @@ class NodeChannel:
             self.on_event(self.node.name, {"event": "closed", "why": why})
 
     def _log(self, doc: dict[str, Any]) -> None:
-        followed = self._follows.get(doc.get("follow")) if isinstance(doc.get("follow"), int) else None
+        number = doc.get("follow")
+        followed = self._follows.get(number) if isinstance(number, int) else None
         if followed is None or not isinstance(doc.get("offset"), int) or not isinstance(doc.get("data"), str):
             return
         try:
@@ -227,9 +228,10 @@ class NodeChannel:
             if doc["event"] == "run":
                 self.stirred = True
             elif doc["event"] == "output":  # only the runs it watches (its user's), with a time
-                runs = doc.get("runs") if isinstance(doc.get("runs"), dict) else {}
+                pushed = doc.get("runs")
+                moved: dict[Any, Any] = pushed if isinstance(pushed, dict) else {}
                 doc = {"event": "output", "runs": {
-                    d: float(t) for d, t in runs.items()
+                    d: float(t) for d, t in moved.items()
                     if d in self.watching and isinstance(t, (int, float)) and math.isfinite(t)
                 }}  # fmt: skip
             self.on_event(self.node.name, doc)
@@ -239,8 +241,9 @@ class NodeChannel:
         answer = doc.get("doc")
         if future is not None and not future.done() and isinstance(answer, dict):
             if number in self._reads:  # the node watches what this read answered from now on (channel.py)
-                runs = answer.get("runs") if isinstance(answer.get("runs"), list) else []
-                given = (r.get("run_dir") for r in runs[:MAX_WATCHED] if isinstance(r, dict))
+                listed = answer.get("runs")
+                entries: list[Any] = listed[:MAX_WATCHED] if isinstance(listed, list) else []
+                given = (r.get("run_dir") for r in entries if isinstance(r, dict))
                 self.watching = frozenset(d for d in given if isinstance(d, str))
                 self.watched_at, self.stirred = self.heard, False
             future.set_result(answer)

@@ -6,7 +6,6 @@ no I/O: shared by `scheduler.store.db` and `scheduler.store.jobtx`.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import sqlite3
 from dataclasses import dataclass
@@ -100,12 +99,18 @@ R = TypeVar("R")
 def _record(cls: type[R], row: sqlite3.Row, **converted: Any) -> R:
     """A record dataclass from a row: columns named like its fields, those needing conversion given."""
     names = _fields(cls)
-    return cls(**{k: row[k] for k in row.keys() if k in names and k not in converted}, **converted)
+    wanted = [k for k in row.keys() if k in names and k not in converted]  # noqa: SIM118 (a Row iterates values)
+    return cls(**{k: row[k] for k in wanted}, **converted)
 
 
-@functools.cache
+_FIELDS: dict[type, frozenset[str]] = {}  # record class -> its field names
+
+
 def _fields(cls: type) -> frozenset[str]:
-    return frozenset(f.name for f in dataclasses.fields(cls))
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = frozenset(f.name for f in dataclasses.fields(cls))
+    return names
 
 
 def _job_from_row(row: sqlite3.Row, spec: JobSpec) -> Job:
