@@ -34,6 +34,7 @@ import asyncssh
 
 from ftconsole.scheduler.errors import AuthError, CommandTimeout, FtError, HostKeyError, SSHError, UnreachableError
 from ftconsole.scheduler.spec.config import LoadedConfig, Node, SSHSettings
+from ftconsole.scheduler.ssh.ciphers import ciphers
 
 log = logging.getLogger("ftconsole.ssh")
 
@@ -42,17 +43,6 @@ BACKOFF_MAX_S = 60.0
 KEEPALIVE_COUNT_MAX = 3
 REFUSED = "down or rebooting"  # a knock that finds the SSH port refusing: no sshd (dead, or booting)
 MAX_JUMP_DEPTH = 8  # ProxyJump hops nested through the ssh config (a loop there must end)
-# AES-GCM first: each packet costs asyncssh about half of chacha20-poly1305's CPU (one call into the AEAD, and
-# AES in hardware); the node channels' lines made it count (docs/benchmarks.md). Left to the ssh config where
-# that sets Ciphers (or includes another file, which might).
-CIPHERS = (
-    "aes128-gcm@openssh.com",
-    "aes256-gcm@openssh.com",
-    "chacha20-poly1305@openssh.com",
-    "aes256-ctr",
-    "aes192-ctr",
-    "aes128-ctr",
-)
 
 
 @dataclass(frozen=True)
@@ -200,7 +190,7 @@ class SSHPool:
         self.known = KnownHosts(known_hosts, settings.host_key_policy)
         self.identity_file = identity_file
         self.config_file = config_file
-        self._ciphers = _ciphers(config_file)
+        self._ciphers = ciphers(config_file)
         self._clock = clock
         self._conns: dict[str, _NodeConn] = {}
         self._connect_slots = asyncio.Semaphore(settings.max_parallel)
@@ -563,20 +553,6 @@ def _text(value: str | bytes | None) -> str:
 
 
 # -- fan-out -------------------------------------------------------------------------------------------------
-
-
-def _ciphers(config_file: Path | None) -> Sequence[str]:
-    """Our order of ciphers (`CIPHERS`), or none where the ssh config may choose (it names Ciphers or Include)."""
-    try:
-        text = config_file.read_text(errors="replace") if config_file is not None else ""
-    except OSError:
-        return ()
-    for line in text.splitlines():
-        words = line.strip().replace("=", " ").split()
-        if words and words[0].lower() in ("ciphers", "include"):
-            return ()
-    known = set(asyncssh.encryption.get_encryption_algs())
-    return tuple(c for c in CIPHERS if c.encode() in known)
 
 
 T = TypeVar("T")
