@@ -11,10 +11,12 @@ import asyncio
 import os
 import re
 import signal
+from typing import Any
 
 import pytest
 
 from ftconsole.scheduler.jobops import Scheduler
+from ftconsole.scheduler.serve.api import ApiClient
 from ftconsole.scheduler.ssh import channel as channel_module
 from tests.integration.test_scheduler_sshd import WAIT, finished, job, poll, running, until, write_config
 from tests.sshd_cluster import SshdCluster, pid_alive
@@ -36,8 +38,7 @@ async def test_a_ranks_exit_is_acted_on_without_waiting_for_the_tick(sshd_cluste
     async with running(loaded) as (scheduler, client):
         # the first tick places the job; the second starts it: a submit pokes the loop, so they follow at once
         submitted = await client.call("submit", spec=job("quick", "sh -c 'sleep 2; exit 3'", mode="pytorch", nodes=2))
-        await until(client, submitted["id"], lambda j: j["status"] == "running" and j["attempts"] and all(
-            r["state"] == "running" for r in j["attempts"][0]["runs"]), "both ranks running")  # fmt: skip
+        await ranks_running(client, submitted["id"], "both ranks running")
         assert set(channel_pids(scheduler)) == {n.name for n in cluster}  # the start went through them
         shown = await finished(client, submitted["id"])  # no tick comes within the wait: the exits woke the loop
         assert shown["status"] == "error" and "exited with code 3" in shown["message"], shown["message"]
@@ -52,8 +53,7 @@ async def test_a_channel_killed_on_its_node_is_opened_again_and_nothing_is_lost(
     async with running(loaded) as (scheduler, client):
         command = f"sh -c 'sleep 4; touch {marker}'"
         submitted = await client.call("submit", spec=job("survivor", command))
-        await until(client, submitted["id"], lambda j: j["status"] == "running" and j["attempts"] and all(
-            r["state"] == "running" for r in j["attempts"][0]["runs"]), "the rank running")  # fmt: skip
+        await ranks_running(client, submitted["id"], "the rank running")
         first = await poll(lambda: _async(channel_pids(scheduler)), bool, "a channel")
         ((node, pid),) = first.items()
         os.kill(pid, signal.SIGKILL)  # the node-side process of the channel (the nodes are this machine's)
@@ -80,6 +80,12 @@ async def _async(value):  # type: ignore[no-untyped-def]
     return value
 
 
+async def ranks_running(client: ApiClient, job_id: int, what: str) -> dict[str, Any]:
+    """Until the job runs with every rank of its first attempt read `running`; the job as shown then."""
+    return await until(client, job_id, lambda j: j["status"] == "running" and bool(j["attempts"]) and all(
+        r["state"] == "running" for r in j["attempts"][0]["runs"]), what)  # fmt: skip
+
+
 async def test_a_node_killed_is_given_up_at_once_and_a_frozen_one_is_not(sshd_cluster, tmp_path, sock_dir) -> None:
     """Its connection lost and its SSH port refusing: the node is down, and its runs are lost without waiting
     for node_timeout (10 minutes here, so only that evidence can end it within the wait). A node whose
@@ -93,8 +99,7 @@ async def test_a_node_killed_is_given_up_at_once_and_a_frozen_one_is_not(sshd_cl
         )
         frozen = await client.call("submit", spec=job("alone", "sleep 300", node_names="node03"))
         for job_id in (submitted["id"], frozen["id"]):
-            await until(client, job_id, lambda j: j["status"] == "running" and j["attempts"] and all(
-                r["state"] == "running" for r in j["attempts"][0]["runs"]), "ranks running")  # fmt: skip
+            await ranks_running(client, job_id, "ranks running")
         shown = await client.call("show", job=submitted["id"])
         victim = shown["attempts"][0]["runs"][1]["node"]
         assert victim != "node03"
@@ -127,8 +132,7 @@ async def test_a_quiet_node_is_not_asked_each_tick_and_its_runs_exit_still_is_ac
         executor.read_every = lambda runs: 3600.0
         command = f"sh -c 'while [ ! -e {marker} ]; do sleep 0.1; done; exit 3'"
         submitted = await client.call("submit", spec=job("quiet", command))
-        await until(client, submitted["id"], lambda j: j["status"] == "running" and j["attempts"] and all(
-            r["state"] == "running" for r in j["attempts"][0]["runs"]), "the rank running")  # fmt: skip
+        await ranks_running(client, submitted["id"], "the rank running")
         assert executor.channels is not None
         (channel,) = await poll(lambda: _async([c for c in executor.channels.live().values() if c.watching]),
                                 bool, "the channel watching the run")  # fmt: skip
@@ -155,8 +159,7 @@ async def test_a_node_frozen_for_5s_costs_nothing_and_one_frozen_for_good_is_giv
         for name in ("node01", "node02"):
             ids[name] = (await client.call("submit", spec=job(f"on-{name}", "sleep 300", node_names=name)))["id"]
         for job_id in ids.values():
-            await until(client, job_id, lambda j: j["status"] == "running" and j["attempts"] and all(
-                r["state"] == "running" for r in j["attempts"][0]["runs"]), "ranks running")  # fmt: skip
+            await ranks_running(client, job_id, "ranks running")
         await poll(lambda: _async(sum(bool(c.watching) for c in scheduler.loop.executor.channels.live().values())),
                    lambda n: n == 2, "both channels watching")  # fmt: skip
         cluster.hang("node01", sessions=True)
@@ -190,8 +193,7 @@ async def test_logs_follow_takes_what_the_node_pushes_and_the_push_stops_with_th
     async with running(loaded) as (scheduler, client):
         command = f"sh -c 'echo first; while [ ! -e {marker} ]; do sleep 0.1; done; echo second; sleep 300'"
         submitted = await client.call("submit", spec=job("talker", command))
-        await until(client, submitted["id"], lambda j: j["status"] == "running" and j["attempts"] and all(
-            r["state"] == "running" for r in j["attempts"][0]["runs"]), "the rank running")  # fmt: skip
+        await ranks_running(client, submitted["id"], "the rank running")
         channels = scheduler.loop.executor.channels
         assert channels is not None
         stream = client.stream("logs", job=submitted["id"], follow=True)
@@ -223,8 +225,7 @@ async def test_a_node_whose_sshd_dies_is_given_up_early_and_its_rank_is_fenced_w
         command = "sh -c 'echo $$ > $HOME/rank.$FT_JOB_ID.$FT_ATTEMPT; exec sleep 300'"
         spec = job("survivor", command, node_names="node01,node02", fault_tolerance={"retries": 1})
         submitted = await client.call("submit", spec=spec)
-        shown = await until(client, submitted["id"], lambda j: j["status"] == "running" and j["attempts"] and all(
-            r["state"] == "running" for r in j["attempts"][0]["runs"]), "the rank running")  # fmt: skip
+        shown = await ranks_running(client, submitted["id"], "the rank running")
         victim = shown["attempts"][0]["runs"][0]["node"]
         pid_file = cluster.node(victim).home / f"rank.{submitted['id']}.1"
         old = int(await poll(lambda: _async(pid_file.read_text() if pid_file.exists() else ""), bool, "its pid"))

@@ -18,20 +18,26 @@ from ftconsole.scheduler.store.jobtx import Conflict
 from tests.unit.test_jobs import make_job, run
 
 
+def counted(monkeypatch, store: Store, name: str) -> list[tuple]:  # type: ignore[no-untyped-def]
+    """The queries of the store's `name` read from now on (each call's arguments), by a wrapper that counts."""
+    queries: list[tuple] = []
+    real = getattr(store, name)
+
+    async def counting(*args):  # type: ignore[no-untyped-def]
+        queries.append(args)
+        return await real(*args)
+
+    monkeypatch.setattr(store, name, counting)
+    return queries
+
+
 async def test_reads_are_kept_until_a_write_and_each_caller_gets_its_own_list(tmp_path: Path, monkeypatch) -> None:
     async with await Store.open(tmp_path / "state.db") as store:
         async with store.jobs_tx("submit") as tx:
             job_id = await tx.add_job(make_job(attempt=1))
             attempt = Attempt(job=job_id, number=1, spec_name=None, gpus_per_node=1, master_port=1, created=2.0)
             await tx.add_attempt(attempt, [run(0, "intent"), run(1, "intent")])
-        queries = []
-        real = store._runs
-
-        async def counted(*args):
-            queries.append(args)
-            return await real(*args)
-
-        monkeypatch.setattr(store, "_runs", counted)
+        queries = counted(monkeypatch, store, "_runs")
         first = await store.runs(held=True)
         second = await store.runs(held=True)
         assert first == second and first is not second and len(queries) == 1  # kept: one query
@@ -77,14 +83,7 @@ async def test_refresh_keeps_the_reads_where_no_other_process_wrote(tmp_path: Pa
         async with store.jobs_tx("submit") as tx:
             await tx.add_job(make_job())
         await store.refresh()
-        queries = []
-        real = store._jobs
-
-        async def counted(*args):
-            queries.append(args)
-            return await real(*args)
-
-        monkeypatch.setattr(store, "_jobs", counted)
+        queries = counted(monkeypatch, store, "_jobs")
         assert len(await store.jobs()) == 1
         for _ in range(3):  # quiet ticks: nothing written anywhere
             await store.refresh()
