@@ -361,11 +361,17 @@ class Channels:
         return None
 
     async def ask(
-        self, node: Node, python: str, params: dict[str, Any], timeout: float, *, sudo: bool
+        self, node: Node, python: str, params: dict[str, Any], timeout: float, *, sudo: bool, opens: bool = True
     ) -> dict[str, Any] | None:
-        """The answer of node's channel for params["user"] to `params`, or None: ask by command instead."""
+        """The answer of node's channel for params["user"] to `params`, or None: ask by command instead. Without
+        `opens`, only a channel already open answers: a one-off request (a sweep of a user who may have no run
+        there) does not leave a channel behind, heartbeating until it is found idle."""
         key: Key = (node.name, params.get("user"), sudo)
-        channel = await self._channel(key, node, python, timeout)
+        if opens:
+            channel = await self._channel(key, node, python, timeout)
+        else:
+            channel = self._open.get(key)
+            channel = channel if channel is not None and channel.closed is None else None
         if channel is None:
             return None
         try:

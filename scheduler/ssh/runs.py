@@ -130,19 +130,24 @@ async def _call(
     params: dict[str, Any],
     timeout: float,
     user: str | None = None,
+    *,
+    opens: bool = True,
 ) -> dict[str, Any]:
     """One supervisor action on a node; with `user`, as that account of the node (supervisor.py "Users"):
     switched on the node when the SSH account is root, else through `sudo -n -u USER`. Every action names the
-    node it asks: a start records it, and the others act only on that node's runs (supervisor.py "Nodes")."""
+    node it asks: a start records it, and the others act only on that node's runs (supervisor.py "Nodes").
+    `opens`: the action may open a node channel (False for one-off actions such as sweeps: a channel that is
+    open answers them, else one command does)."""
     params = {**params, "node": node.name}
     if user is not None:
         params = {**params, "user": user}
     key = (node.name, node.host)
     sudo = user is not None and key in _THROUGH_SUDO
-    doc = await _answer(transport, node, python, params, timeout, sudo=sudo)
+    doc = await _answer(transport, node, python, params, timeout, sudo=sudo, opens=opens)
     if "sudo" in doc and user is not None:
         _THROUGH_SUDO.add(key)
-        doc = await _answer(transport, node, python, params, timeout, sudo=True, account=str(doc.get("account")))
+        account = str(doc.get("account"))
+        doc = await _answer(transport, node, python, params, timeout, sudo=True, account=account, opens=opens)
     if "no_account" in doc:
         raise NoAccount(node.name, str(doc["no_account"]))
     if "sudo" in doc:
@@ -159,9 +164,10 @@ async def _answer(
     *,
     sudo: bool,
     account: str = "the SSH account",
+    opens: bool = True,
 ) -> dict[str, Any]:
     if isinstance(transport, Channels):
-        doc = await transport.ask(node, python, params, timeout, sudo=sudo)
+        doc = await transport.ask(node, python, params, timeout, sudo=sudo, opens=opens)
         if doc is not None:
             return _checked(node, params, doc)
     argv = [python, "-"]
@@ -258,7 +264,7 @@ async def node_runs(
     params: dict[str, Any] = {"action": "status", "root": user_root(root, user)}
     if prune is not None:
         params["prune"] = prune.to_json(user)
-    doc = await _call(transport, node, python, params, timeout, user)
+    doc = await _call(transport, node, python, params, timeout, user, opens=False)  # a sweep: once in a while
     _pruned(node, doc, pruned)
     return [
         NodeRun(job=r["job"], attempt=r["attempt"], rank=r["rank"], status=RunStatus.from_json(r.get("status")))
@@ -387,7 +393,7 @@ async def prune_runs(
 ) -> None:
     """Run retention alone, for the runs of `user` (as `node_runs`'s prune)."""
     params = {"action": "status", "run_dirs": [], "prune": prune.to_json(user)}
-    _pruned(node, await _call(transport, node, python, params, timeout, user), pruned)
+    _pruned(node, await _call(transport, node, python, params, timeout, user, opens=False), pruned)
 
 
 async def read_file(
@@ -487,8 +493,9 @@ async def signal_runs(
 
 
 async def free_port(transport: Transport, node: Node, *, python: str = "python3", timeout: float = 30.0) -> int:
-    """A TCP port free on the node now (for MASTER_PORT)."""
-    doc = await _call(transport, node, python, {"action": "port"}, timeout)
+    """A TCP port free on the node now (for MASTER_PORT); asked as the SSH account, once per launch: through its
+    channel where one is open, else by one command (none is opened for it)."""
+    doc = await _call(transport, node, python, {"action": "port"}, timeout, opens=False)
     return int(doc["port"])
 
 

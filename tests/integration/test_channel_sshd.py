@@ -18,6 +18,7 @@ import pytest
 from ftconsole.scheduler.jobops import Scheduler
 from ftconsole.scheduler.serve.api import ApiClient
 from ftconsole.scheduler.ssh import channel as channel_module
+from ftconsole.scheduler.ssh.runs import node_runs
 from tests.integration.test_scheduler_sshd import WAIT, finished, job, poll, running, until, write_config
 from tests.sshd_cluster import SshdCluster, pid_alive
 
@@ -261,3 +262,31 @@ async def test_a_channel_with_nothing_to_watch_is_closed_and_opened_again_when_n
         again = await client.call("submit", spec=job("again", "sleep 5"))
         await poll(lambda: _async(channel_pids(scheduler)), bool, "a channel opened again for the next job")
         assert (await finished(client, again["id"]))["status"] == "succeeded"
+
+
+async def test_a_sweep_for_another_user_leaves_no_channel_behind(sshd_cluster, tmp_path, sock_dir) -> None:
+    """A sweep lists the runs of each user who ran jobs lately, a node's first read removes their old run
+    folders, a launch asks for a free port as the SSH account: one-off requests, answered by a channel where one
+    is open for that user, else by one command, so that no channel per user and node is left heartbeating
+    until it is found idle (the job's own channel is the only one)."""
+    cluster: SshdCluster = sshd_cluster(1)
+    loaded = write_config(cluster, tmp_path, sock_dir, probes={"interval": "1h"})
+    async with running(loaded) as (scheduler, client):
+        executor = scheduler.loop.executor
+        channels = executor.channels
+        assert channels is not None
+        submitted = await client.call("submit", spec=job("watched", "sleep 30"))
+        await until(client, submitted["id"], lambda j: j["status"] == "running", "the job running")
+        live = await poll(lambda: _async(channels.live()), bool, "the job's node channel")
+        [(key, channel)] = live.items()
+        node = executor.nodes[key[0]]
+        other = None if key[1] is not None else "root"
+        found = await node_runs(channels, node, root=executor.run_root, user=other, timeout=WAIT)
+        assert list(channels.live()) == [key], "no channel opened for the other user's sweep"
+        asked = channel.asked
+        mine = await node_runs(channels, node, root=executor.run_root, user=key[1], timeout=WAIT)
+        assert channel.asked == asked + 1, "the owner's sweep went through the channel open for that user"
+        assert [(r.job, r.status.state) for r in mine] == [(str(submitted["id"]), "running")]
+        assert [(r.job, r.status.state) for r in found] == [(str(submitted["id"]), "running")]  # both root's
+        await client.call("stop", jobs=[submitted["id"]])
+        await finished(client, submitted["id"])
