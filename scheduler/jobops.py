@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ftconsole.scheduler import debugenv
+from ftconsole.scheduler import debugenv, evidence
 from ftconsole.scheduler.decide import elastic, placement
 from ftconsole.scheduler.decide.jobs import (
     TERMINAL,
@@ -40,6 +40,7 @@ from ftconsole.scheduler.ssh.runs import follow_file, read_file, run_files
 from ftconsole.scheduler.store.jobtx import Conflict
 from ftconsole.scheduler.store.records import JobActivity, StoredAlert, StoredEvent
 
+EVIDENCE = "Evidence"  # the event that keeps a job's evidence (`debug`)
 log = logging.getLogger("ftconsole.scheduler")
 
 LOG_POLL_S = 0.5
@@ -345,6 +346,24 @@ class Scheduler:
     async def job_events(self, caller: Caller, job_id: int | str, *, limit: int = 100) -> list[StoredEvent]:
         job = await self._job(caller, job_id, "see", write=False)
         return await self.store.events(job=str(job.id), limit=limit)  # redacted by the caller (`redact_json`)
+
+    async def debug(self, caller: Caller, job_id: int | str, *, stacks: bool = True) -> dict[str, Any]:
+        """The evidence of every rank of a running job's current attempt, gathered now and kept with the job (an
+        `Evidence` event); of a job not running, the last kept. Its owner's or an admin's: it reads the
+        stacks and output of the job's processes."""
+        job = await self._job(caller, job_id, "debug", write=True)
+        if job.status is not JobStatus.RUNNING:
+            for event in reversed(await self.store.events(job=str(job.id), limit=1000)):  # the latest first
+                if event.kind == EVIDENCE and event.data:
+                    return dict(event.data, kept=True)
+            raise UsageError(f"job {job.id} is {job.status.value}: there is nothing to look at, and no evidence kept")
+        runs = await self.store.runs(job=job.id)
+        found = await evidence.gather(self.loop.executor, job, runs, stacks=stacks)
+        doc = found.to_json()
+        async with self.store.jobs_tx(f"keep the evidence of job {job.id}") as tx:
+            await tx.event(found.time, EVIDENCE, f"attempt {job.attempt}: {found.verdict.reason}", job=job.id,
+                           data=evidence.kept(doc))  # fmt: skip
+        return dict(doc, kept=False)
 
     # -- alerts -----------------------------------------------------------------------------------------------
 

@@ -35,6 +35,10 @@ channel {}
 read    {path, offset?, limit, tail?}
         Up to `limit` bytes of a file (a run's output.log) from `offset`, or with `tail` from where its last
         `tail` lines start: {"exists", "offset", "data" (base64)}.
+processes {groups, sample, stacks, py_spy?}
+        What the processes of each given process group (a rank's step) and their descendants are doing: state,
+        wait channel, system call, CPU time moving, threads, and with `stacks` each Python process's stack by
+        py-spy (supervisor_evidence.py). Asked as the SSH account: it reads /proc, no run folder.
 files   {run_dir}
         argv.json, env.json and hostfile of a run folder as text (None when missing); {"absent": true} when
         there is no such folder.
@@ -132,6 +136,7 @@ from typing import Any, Dict, List, Optional  # noqa: F401  (used in type commen
 from ftconsole.scheduler.node.channel import serve  # bundled
 from ftconsole.scheduler.node.proc import _alive, _stat, boot_id, start_time  # bundled
 from ftconsole.scheduler.node.supervisor_container import container_remove  # bundled
+from ftconsole.scheduler.node.supervisor_evidence import processes  # bundled
 from ftconsole.scheduler.node.supervisor_files import (  # bundled
     CLAIM,
     STATUS,
@@ -545,6 +550,7 @@ ACTIONS = {
     "read": read,
     "files": files,
     "signal": send_signal,
+    "processes": processes,
 }
 
 

@@ -62,6 +62,7 @@ class Operations:
             "scale": self._scale,
             "release": self._release,
             "logs": self._logs,
+            "debug": self._debug,
             "wait": self._wait,
             "events": self._events,
             "alerts": self._alerts,
@@ -134,6 +135,9 @@ class Operations:
         hidden = await self._hidden(caller)
         seen = [self.scheduler.redact_job(j, hidden) for j in jobs if self.scheduler.may_see(caller, j)]
         return {"cursor": cursor, "jobs": await self._json(seen, activity)}
+
+    async def _debug(self, caller: Caller, args: dict[str, Any]) -> Any:
+        return await self.scheduler.debug(caller, args["job"], stacks=bool(args.get("stacks", True)))
 
     async def _show(self, caller: Caller, args: dict[str, Any]) -> Any:
         return await self.scheduler.show(caller, args["job"])

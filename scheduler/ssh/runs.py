@@ -492,6 +492,29 @@ async def signal_runs(
     return count
 
 
+async def process_evidence(
+    transport: Transport,
+    node: Node,
+    groups: Sequence[dict[str, Any]],
+    *,
+    sample: float,
+    stacks: bool,
+    py_spy: dict[str, str] | None = None,
+    python: str = "python3",
+    timeout: float = 30.0,
+) -> dict[str, Any]:
+    """What the processes of each group ({key, pgid, start, boot}: a rank's step) are doing, as the SSH account
+    (supervisor_evidence.py): {"groups": key -> {"processes": [...]} or {"gone": why}, "py_spy": the path used or
+    None, "machine"}. `py_spy`: where the scheduler's copy would be kept, and its hash (`ssh.pyspy`)."""
+    params: dict[str, Any] = {"action": "processes", "groups": list(groups), "sample": sample, "stacks": stacks}
+    if py_spy is not None:
+        params["py_spy"] = py_spy
+    doc = await _call(transport, node, python, params, timeout, opens=False)
+    found = doc.get("groups")
+    by_key = {str(g.get("key")): g for g in found if isinstance(g, dict)} if isinstance(found, list) else {}
+    return {"groups": by_key, "py_spy": doc.get("py_spy"), "machine": doc.get("machine")}
+
+
 async def free_port(transport: Transport, node: Node, *, python: str = "python3", timeout: float = 30.0) -> int:
     """A TCP port free on the node now (for MASTER_PORT); asked as the SSH account, once per launch: through its
     channel where one is open, else by one command (none is opened for it)."""

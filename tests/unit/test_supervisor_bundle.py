@@ -98,6 +98,7 @@ def test_the_bundle_defines_every_name_the_actions_use() -> None:
         "read",
         "files",
         "signal",
+        "processes",
         "channel",
     }
     seen: set[str] = set()

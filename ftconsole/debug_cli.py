@@ -1,0 +1,66 @@
+"""`ftconsole debug JOB`: what every rank of a running job is doing, and the rank that stands out (issue 29).
+
+Gathered by the scheduler from all the job's nodes at once (see docs/debugging.md); of a job that is not running,
+the evidence kept from the last time. The stacks of ranks whose main threads are at the same place are shown once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from ftconsole.format import print_json, print_table
+from ftconsole.jobs_cli import _with_client
+
+
+def cmd_debug(args: argparse.Namespace) -> int:
+    doc = _with_client(args, "debug", lambda c: c.call("debug", job=args.job, stacks=not args.no_stacks))
+    if args.json:
+        print_json(doc)
+        return 0
+    when = time.strftime("%H:%M:%S", time.localtime(doc["time"]))
+    kept = " (kept: the job is not running)" if doc.get("kept") else ""
+    print(f"job {doc['job']}, attempt {doc['attempt']}, at {when} ({doc['seconds']:.1f} s to gather){kept}")
+    print(f"verdict: {doc['verdict']['reason']}")
+    print()
+    rows = []
+    for r in doc["ranks"]:
+        cpu = "-" if r["cpu"] is None else f"{r['cpu']:.0%}"
+        where = r["gone"] or (f"in {r['collective']}" if r["collective"] else r["where"])
+        rows.append([r["rank"], r["node"], r["pid"] or "-", r["state"] or "-", r["wchan"] or "-", cpu, where])
+    print_table(["RANK", "NODE", "PID", "STATE", "WAITS IN", "CPU", "WHERE"], rows)
+    for ranks, stack in _folded(doc["ranks"]):
+        print()
+        print(f"ranks {ranks}:" if "," in ranks or "-" in ranks else f"rank {ranks}:")
+        for frame in stack:
+            print(f"    {frame['name']} ({frame['file']}:{frame['line']})")
+    return 0
+
+
+def _folded(ranks: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The main-thread stacks, each once with the ranks at it ("0-2, 4-7"), most shared first."""
+    from ftconsole.scheduler.decide.hangs import ranges
+
+    groups: dict[str, tuple[list[int], list[dict[str, Any]]]] = {}
+    for r in ranks:
+        if r["stack"]:
+            key = "\n".join(f"{f['name']}:{f['file']}:{f['line']}" for f in r["stack"])
+            groups.setdefault(key, ([], r["stack"]))[0].append(r["rank"])
+    ordered = sorted(groups.values(), key=lambda g: (-len(g[0]), g[0][0]))
+    return [(ranges(numbers), stack) for numbers, stack in ordered]
+
+
+def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "debug",
+        parents=parents,
+        help="what every rank of a running job is doing (states, stacks) and the rank that stands out",
+        description="Gathers, from all the job's nodes at once, what each rank's processes are doing (state, "
+        "what they wait in, CPU time moving, the Python stack of each by py-spy where the node has it) and the "
+        "last lines of output, names the rank that stands out and why, and keeps it with the job. Nothing is "
+        "stopped. Of a job that is not running, shows the evidence kept last.",
+    )
+    p.add_argument("job", metavar="JOB", help="job id")
+    p.add_argument("--no-stacks", action="store_true", help="leave out the Python stacks (no py-spy on the nodes)")
+    p.set_defaults(func=cmd_debug)

@@ -1,0 +1,163 @@
+"""Which rank of a hung job stands out, and why (issue 29): pure, from the evidence every rank gave.
+
+The evidence of one rank (`Rank`) is one process that runs the training: a launcher's worker (a Python process
+with RANK in its environment and no such process under it), else the run's own main process. `verdict` applies
+these rules in order and names the first rank that one of them singles out, with the reason in one line:
+
+1. stopped: a process of the rank is stopped (state T or t: SIGSTOP, a debugger);
+2. uninterruptible: one sleeps in the kernel where no signal reaches it (state D), with its wait channel (a
+   driver's: the evidence points to hardware);
+3. outside the collective: the others wait in a collective (all_reduce, barrier...) and this one does not: the
+   innermost frame of its main thread says where it is (busy or not, by its CPU time);
+4. busy: its CPU time moves while the others' does not.
+
+With no rank singled out, the verdict says what they share ("every rank waits in all_reduce") with rank None.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+COLLECTIVES = frozenset({
+    "all_reduce", "allreduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "allgather",
+    "reduce_scatter", "reduce_scatter_tensor", "broadcast", "broadcast_object_list", "barrier", "monitored_barrier",
+    "all_to_all", "all_to_all_single", "alltoall", "reduce", "gather", "scatter", "send", "recv", "isend", "irecv",
+    "batch_isend_irecv", "wait", "synchronize", "Allreduce", "Barrier", "Bcast", "Allgather",
+})  # fmt: skip
+COLLECTIVE_FILES = re.compile(r"torch/distributed/|deepspeed/comm/|mpi4py|horovod/|torch/nn/parallel/")
+BUSY = 0.25  # of a core over the sample: CPU time that moves
+IDLE = 0.05  # ... that does not
+HARDWARE_WCHAN = re.compile(r"nv|nvidia|uvm|ib_|mlx|rdma|nccl", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Frame:
+    name: str
+    file: str
+    line: int | None = None
+
+    def __str__(self) -> str:
+        where = self.file.rsplit("/", 1)[-1]
+        return f"{where}:{self.line} in {self.name}" if self.line is not None else f"{where} in {self.name}"
+
+
+@dataclass(frozen=True)
+class Rank:
+    """What one rank was doing (see the module's docstring)."""
+
+    rank: int
+    node: str
+    pid: int | None = None
+    state: str | None = None  # /proc state of the process: R S D T t Z I
+    wchan: str | None = None
+    cpu: float | None = None  # share of a core its CPU time moved over the sample (None: not sampled)
+    frames: tuple[Frame, ...] = ()  # its main thread's stack, innermost first (empty: not read)
+    stack_error: str | None = None
+    stopped: tuple[int, ...] = ()  # pids of its processes (a launcher's included) that are stopped
+    blocked: tuple[tuple[int, str], ...] = ()  # (pid, wait channel) of those in uninterruptible sleep
+    gone: str | None = None  # why nothing of it could be looked at
+
+    @property
+    def collective(self) -> str | None:
+        """The collective its main thread waits in (the outermost such frame), or None."""
+        found = None
+        for frame in self.frames:
+            if frame.name in COLLECTIVES and COLLECTIVE_FILES.search(frame.file):
+                found = frame.name
+        return found
+
+    @property
+    def where(self) -> str:
+        """Its innermost frame, or what is known instead."""
+        if self.frames:
+            return str(self.frames[0])
+        return f"no stack ({self.stack_error})" if self.stack_error else "no stack"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    rank: int | None  # the rank that stands out (None: none does)
+    node: str | None
+    reason: str  # one line
+    rule: str  # stopped | uninterruptible | outside-collective | busy | none
+    hardware: bool = False  # the evidence points to the node's hardware (a driver's wait)
+    ranks: tuple[int, ...] = field(default=())  # every rank singled out by that rule
+
+
+def ranges(numbers: Sequence[int]) -> str:
+    """0, 1, 2, 4, 6, 7 -> "0-2, 4, 6-7"."""
+    out: list[str] = []
+    for n in sorted(set(numbers)):
+        if out and out[-1].split("-")[-1] == str(n - 1):
+            out[-1] = f"{out[-1].split('-')[0]}-{n}"
+        else:
+            out.append(str(n))
+    return ", ".join(out)
+
+
+def _others(ranks: Sequence[Rank], standout: Sequence[Rank]) -> str:
+    """What the other ranks do, in a few words: "; ranks 0-2, 4-7 wait in all_reduce"."""
+    groups: dict[str, list[int]] = {}  # the collective it waits in, or its innermost frame -> ranks
+    for r in ranks:
+        if r not in standout:
+            groups.setdefault(r.collective or r.where, []).append(r.rank)
+    parts = []
+    for what, numbers in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[1][0])):
+        one = len(numbers) == 1
+        who = f"rank {numbers[0]}" if one else f"ranks {ranges(numbers)}"
+        if what in COLLECTIVES:
+            parts.append(f"{who} {'waits' if one else 'wait'} in {what}")
+        elif what.startswith("no stack"):
+            parts.append(f"{who} {'has' if one else 'have'} {what}")
+        else:
+            parts.append(f"{who} {'is' if one else 'are'} at {what}")
+    return "".join(f"; {p}" for p in parts)
+
+
+def _busy(rank: Rank) -> str:
+    return f" (busy: {rank.cpu:.0%} of a core)" if rank.cpu is not None and rank.cpu >= BUSY else ""
+
+
+def verdict(ranks: Sequence[Rank]) -> Verdict:
+    """The rank that stands out (see the module's docstring)."""
+    seen = sorted((r for r in ranks if r.gone is None), key=lambda r: r.rank)
+    stopped = [r for r in seen if r.stopped]
+    if stopped:
+        first = stopped[0]
+        pids = ", ".join(map(str, first.stopped))
+        text = (
+            f"rank {first.rank} on {first.node} is stopped (pid {pids}: SIGSTOP or a debugger){_others(seen, stopped)}"
+        )
+        return Verdict(first.rank, first.node, text, "stopped", ranks=tuple(r.rank for r in stopped))
+    blocked = [r for r in seen if r.blocked]
+    if blocked:
+        first = blocked[0]
+        pid, wchan = first.blocked[0]
+        hardware = bool(HARDWARE_WCHAN.search(wchan))
+        driver = " (a driver's wait: the node's hardware?)" if hardware else ""
+        text = (f"rank {first.rank} on {first.node} is in uninterruptible sleep in {wchan or 'the kernel'} "
+                f"(pid {pid}){driver}{_others(seen, blocked)}")  # fmt: skip
+        return Verdict(first.rank, first.node, text, "uninterruptible", hardware, tuple(r.rank for r in blocked))
+    inside = [r for r in seen if r.collective]
+    outside = [r for r in seen if r.frames and not r.collective]
+    if inside and outside and len(outside) <= len(inside):
+        first = max(outside, key=lambda r: (r.cpu or 0.0, -r.rank))
+        text = f"rank {first.rank} on {first.node} is not in a collective: {first.where}{_busy(first)}"
+        also = [r.rank for r in outside if r is not first]
+        if also:
+            text += f" (nor is rank {also[0]})" if len(also) == 1 else f" (nor are ranks {ranges(also)})"
+        return Verdict(first.rank, first.node, text + _others(seen, outside), "outside-collective",
+                       ranks=tuple(r.rank for r in outside))  # fmt: skip
+    sampled = [r for r in seen if r.cpu is not None]
+    busy = [r for r in sampled if r.cpu is not None and r.cpu >= BUSY]
+    if busy and len(busy) < len(sampled) and all(r.cpu is not None and r.cpu <= IDLE for r in sampled if r not in busy):
+        first = max(busy, key=lambda r: (r.cpu or 0.0, -r.rank))
+        at = f" at {first.where}" if first.frames else ""
+        text = f"rank {first.rank} on {first.node} is busy ({first.cpu:.0%} of a core){at}"
+        return Verdict(first.rank, first.node, text + _others(seen, busy), "busy", ranks=tuple(r.rank for r in busy))
+    if not seen:
+        return Verdict(None, None, "no rank could be looked at", "none")
+    together = _others(seen, []).removeprefix("; ")
+    return Verdict(None, None, f"no rank stands out: {together}", "none")

@@ -1,0 +1,266 @@
+"""The evidence of a hang (issue 29): what every rank of a job's current attempt is doing, gathered from all its
+nodes at once over SSH, and the rank that stands out (`scheduler.decide.hangs`).
+
+Per node, in parallel: the runs' status read as their user (which process runs each rank's step now, and when
+its output.log was last written), then as the SSH account what those processes and their descendants are
+doing (`supervisor_evidence.py`: state, wait channel, CPU time over a short sample, each Python process's stack
+by py-spy), and the last lines of each run's output.log, as its user. Nothing is stopped or signalled.
+
+A rank of the verdict is one training process: a launcher's worker (a Python process with RANK in its
+environment and none under it; its rank is that RANK), else the run's main process (its rank the run's). The
+document (`Evidence.to_json`) keeps everything gathered, per run; `ftconsole debug JOB` shows it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ftconsole.scheduler.decide.hangs import Frame, Rank, Verdict, verdict
+from ftconsole.scheduler.decide.jobs import Job, Run
+from ftconsole.scheduler.errors import FtError
+from ftconsole.scheduler.executor import Executor
+from ftconsole.scheduler.spec.config import Node
+from ftconsole.scheduler.ssh.pyspy import can_run_on, local_py_spy, send_py_spy
+from ftconsole.scheduler.ssh.runs import process_evidence, read_file, run_states
+
+log = logging.getLogger("ftconsole.scheduler")
+
+SAMPLE_S = 0.5  # between the two looks at the processes' CPU time
+TAIL_LINES = 10
+TAIL_BYTES = 8192
+KEPT_BYTES = 256 * 1024
+STOPPED = frozenset({"T", "t"})
+
+
+@dataclass(frozen=True)
+class Evidence:
+    job: int
+    attempt: int
+    time: float
+    seconds: float  # how long gathering it took
+    verdict: Verdict
+    ranks: tuple[Rank, ...]
+    runs: tuple[dict[str, Any], ...] = field(default=())  # per run: rank, node, processes or gone, output tail
+
+    def to_json(self) -> dict[str, Any]:
+        v = self.verdict
+        return {
+            "job": self.job,
+            "attempt": self.attempt,
+            "time": self.time,
+            "seconds": round(self.seconds, 2),
+            "verdict": {
+                "rank": v.rank,
+                "node": v.node,
+                "reason": v.reason,
+                "rule": v.rule,
+                "hardware": v.hardware,
+                "ranks": list(v.ranks),
+            },
+            "ranks": [_rank_json(r) for r in self.ranks],
+            "runs": list(self.runs),
+        }
+
+
+def kept(doc: dict[str, Any]) -> dict[str, Any]:
+    """The evidence document as kept in the store: whole up to KEPT_BYTES, else without the full process lists
+    (the ranks' own stacks stay)."""
+    if len(json.dumps(doc)) <= KEPT_BYTES:
+        return doc
+    runs = [{k: v for k, v in run.items() if k != "processes"} for run in doc.get("runs", [])]
+    return dict(doc, runs=runs, cut=f"the process lists were left out (over {KEPT_BYTES} bytes)")
+
+
+def _rank_json(r: Rank) -> dict[str, Any]:
+    return {
+        "rank": r.rank,
+        "node": r.node,
+        "pid": r.pid,
+        "state": r.state,
+        "wchan": r.wchan,
+        "cpu": r.cpu,
+        "collective": r.collective,
+        "where": r.where if r.gone is None else None,
+        "stack": [{"name": f.name, "file": f.file, "line": f.line} for f in r.frames],
+        "stack_error": r.stack_error,
+        "gone": r.gone,
+    }
+
+
+async def gather(executor: Executor, job: Job, runs: Sequence[Run], *, stacks: bool = True) -> Evidence:
+    """The evidence of `job`'s current attempt (`runs`: its launching runs), from all its nodes at once."""
+    started = time.monotonic()
+    mine = [r for r in runs if r.attempt == job.attempt and r.launch and r.run_dir]
+    by_node: dict[str, list[Run]] = {}
+    for r in mine:
+        by_node.setdefault(r.node, []).append(r)
+    found = await asyncio.gather(*(_node(executor, job, name, rs, stacks) for name, rs in sorted(by_node.items())))
+    documents = sorted((doc for docs in found for doc in docs), key=lambda d: d["rank"])
+    ranks = sorted((u for doc in documents for u in _units(doc)), key=lambda u: (u.rank, u.node))
+    return Evidence(job.id, job.attempt, time.time(), time.monotonic() - started, verdict(ranks), tuple(ranks),
+                    tuple(documents))  # fmt: skip
+
+
+async def _node(executor: Executor, job: Job, name: str, runs: Sequence[Run], stacks: bool) -> list[dict[str, Any]]:
+    """One node's runs: [{rank, node, run_dir, status, processes | gone, output_tail}]."""
+    node = executor.nodes.get(name)
+    out = [{"rank": r.rank, "node": name, "run_dir": r.run_dir} for r in runs]
+    if node is None:
+        return [dict(d, gone=f"node {name} is no longer in the cluster config") for d in out]
+    user = executor.run_user(job)
+    timeout = executor.config.ssh.command_timeout
+    python = executor.config.ssh.python
+    try:
+        states = await run_states(executor.transport, node, [r.run_dir for r in runs],
+                                  tokens={r.run_dir: r.token for r in runs if r.token},
+                                  users=dict.fromkeys((r.run_dir for r in runs), user), python=python,
+                                  timeout=timeout)  # fmt: skip
+        groups = [
+            {"key": r.run_dir, "pgid": s.pid, "start": s.pid_start, "boot": s.boot_id}
+            for r in runs
+            if (s := states.get(r.run_dir)) is not None and s.state == "running"
+        ]
+        seen = await _processes(executor, node, groups, stacks)
+    except FtError as exc:
+        return [dict(d, gone=f"node {name} did not answer: {exc}") for d in out]
+    tails = await asyncio.gather(*(_tail(executor, node, r, user) for r in runs))
+    for doc, r, tail in zip(out, runs, tails, strict=True):
+        status = states.get(r.run_dir)
+        doc["state"] = status.state if status is not None else None
+        doc["output_at"] = status.output_at if status is not None else None
+        doc["output_tail"] = tail
+        got = seen.get(r.run_dir)
+        if status is None or status.state != "running":
+            doc["gone"] = f"it is {status.state if status else 'not known there'}, not running"
+        elif got is None:
+            doc["gone"] = "the node did not say"
+        elif "gone" in got:
+            doc["gone"] = str(got["gone"])
+        else:
+            doc["processes"] = got.get("processes") or []
+            doc["sample"] = got.get("sample")
+    return out
+
+
+async def _processes(executor: Executor, node: Node, groups: list[dict[str, Any]], stacks: bool) -> dict[str, Any]:
+    """The node's answer about the processes of `groups`; where it has no py-spy, the scheduler's is sent first
+    (same machine type) and it is asked again. Each group's stack_error says why a stack is missing."""
+    local = local_py_spy() if stacks else None
+    python, timeout = executor.config.ssh.python, executor.config.ssh.command_timeout + SAMPLE_S
+    ask = functools.partial(process_evidence, executor.transport, node, groups, sample=SAMPLE_S, stacks=stacks,
+                            py_spy=local.params() if local else None, python=python, timeout=timeout)  # fmt: skip
+    doc = await ask()
+    if not stacks or doc.get("py_spy") or not groups:
+        return dict(doc["groups"])
+    why = can_run_on(local, doc.get("machine"))
+    if why is None and local is not None:
+        try:
+            await send_py_spy(executor.transport, node, local, python=python)
+            log.info("%s: sent py-spy (%s)", node.name, local.sha256[:12])
+            return dict((await ask())["groups"])
+        except FtError as exc:
+            why = str(exc)
+    log.info("%s: no stacks: %s", node.name, why)
+    for group in doc["groups"].values():
+        for p in group.get("processes") or []:
+            if p.get("stack_error"):
+                p["stack_error"] = f"{p['stack_error']}: {why}"
+    return dict(doc["groups"])
+
+
+async def _tail(executor: Executor, node: Any, run: Run, user: str | None) -> str | None:
+    try:
+        got = await read_file(executor.transport, node, f"{run.run_dir}/output.log", limit=TAIL_BYTES,
+                              tail=TAIL_LINES, user=user, python=executor.config.ssh.python,
+                              timeout=executor.config.ssh.command_timeout)  # fmt: skip
+    except FtError as exc:
+        log.info("%s: cannot read the output of %s: %s", node.name, run.run_dir, exc)
+        return None
+    return None if got is None else got[1].decode("utf-8", "replace")
+
+
+def _units(doc: dict[str, Any]) -> list[Rank]:
+    """The training processes of one run (see the module's docstring), as the verdict's ranks."""
+    node, run_rank = doc["node"], doc["rank"]
+    if "gone" in doc:
+        return [Rank(run_rank, node, gone=str(doc["gone"]))]
+    procs: list[dict[str, Any]] = doc.get("processes") or []
+    if not procs:
+        return [Rank(run_rank, node, gone="no process of it is left")]
+    by_pid = {p["pid"]: p for p in procs}
+    ranked = [p for p in procs if p.get("python") and _env_rank(p) is not None]
+    parents = {p.get("ppid") for p in ranked}
+    workers = [p for p in ranked if p["pid"] not in parents or not _below(p, ranked, by_pid)]
+    if not workers:  # no launcher's worker: the run's main process (the step's leader), else its first Python one
+        pythons = [p for p in procs if p.get("python")]
+        workers = [pythons[0] if pythons else procs[0]]
+        rank_of = {workers[0]["pid"]: run_rank}
+    else:
+        rank_of = {p["pid"]: _env_rank(p) for p in workers}
+    sample = doc.get("sample") or 0.0
+    out = []
+    for p in workers:
+        above = _ancestors(p, by_pid)  # its launcher(s) within the run: stopped there stops it too
+        mine = [p, *above]
+        frames, error = _main_frames(p)
+        cpu = p.get("cpu_moved")
+        out.append(Rank(
+            rank=int(rank_of[p["pid"]] or 0),
+            node=node,
+            pid=p["pid"],
+            state=p.get("state"),
+            wchan=p.get("wchan"),
+            cpu=round(cpu / sample, 2) if isinstance(cpu, (int, float)) and sample else None,
+            frames=frames,
+            stack_error=error,
+            stopped=tuple(q["pid"] for q in mine if q.get("state") in STOPPED),
+            blocked=tuple((q["pid"], q.get("wchan") or "") for q in mine if q.get("state") == "D"),
+        ))  # fmt: skip
+    return out
+
+
+def _env_rank(p: dict[str, Any]) -> int | None:
+    env = p.get("env") or {}
+    for name in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        value = env.get(name)
+        if isinstance(value, str) and value.isdigit():
+            return int(value)
+    return None
+
+
+def _below(p: dict[str, Any], ranked: Sequence[dict[str, Any]], by_pid: dict[int, dict[str, Any]]) -> bool:
+    """Another ranked process runs under `p` (p is a launcher, not a worker)."""
+    return any(p in _ancestors(q, by_pid) for q in ranked if q is not p)
+
+
+def _ancestors(p: dict[str, Any], by_pid: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    out, seen = [], {p["pid"]}
+    parent = by_pid.get(p.get("ppid"))  # type: ignore[arg-type]
+    while parent is not None and parent["pid"] not in seen:
+        out.append(parent)
+        seen.add(parent["pid"])
+        parent = by_pid.get(parent.get("ppid"))  # type: ignore[arg-type]
+    return out
+
+
+def _main_frames(p: dict[str, Any]) -> tuple[tuple[Frame, ...], str | None]:
+    if not p.get("python"):
+        return (), "not a Python process"
+    threads = p.get("stack")
+    if not isinstance(threads, list):
+        return (), p.get("stack_error") or "no stack was read"
+    main = next((t for t in threads if t.get("tid") == p["pid"]), threads[0] if threads else None)
+    if main is None:
+        return (), "py-spy found no thread"
+    frames = tuple(
+        Frame(str(f.get("name")), str(f.get("file")), f.get("line") if isinstance(f.get("line"), int) else None)
+        for f in main.get("frames") or []
+    )
+    return frames, None

@@ -1,0 +1,263 @@
+"""What the processes of a rank are doing, for the hang evidence: node side, standard library only, Python 3.8.
+
+Action `processes` {groups: [{key, pgid, start, boot}], sample, stacks, py_spy?}: for each group (a rank's
+current step, as its status.json names it: the leader's pid, its start time and the boot), every process of
+the process group and every descendant of them (a launcher's workers that left the group included), each with:
+
+  pid, ppid, comm, cmdline (the first 300 characters), state (R running, S sleeping, D uninterruptible, T
+  stopped, t traced, Z zombie, I idle), threads (how many, and how many in each state), wchan (the kernel
+  function it waits in), syscall (the number of the system call it is in, or "running"), cpu (user + system
+  seconds), cpu_moved (how much of it in the `sample` seconds between two looks), python (its executable is a
+  Python), env (its rank variables: RANK, LOCAL_RANK, WORLD_SIZE and MPI's), and with `stacks` for a Python
+  process: stack (py-spy's `dump --json --nonblocking`: each thread's
+  frames, innermost first) or stack_error (why there is none).
+
+A group whose leader is another process now (its pid reused), in another boot, or gone reads {"gone": why}.
+Nothing is stopped or signalled: py-spy reads the process's memory without pausing it. It needs the right to
+trace the process (the same user where the kernel's ptrace_scope is 0, else root); this action runs as the
+SSH account, never in a user's run folder: what it reads is /proc and the processes themselves.
+
+py-spy: the node's own (on PATH), else the copy the scheduler sent (PARAMS["py_spy"]: {path, sha256}, run only
+when its bytes hash to sha256), else none ("stack_error" says so). The answer says which ("py_spy": its path or
+null) and the node's machine (`uname -m`): where none is there, the scheduler sends its own and asks again.
+"""
+
+import hashlib
+import json
+import os
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Dict, List  # noqa: F401  (used in type comments: this file runs on Python 3.8)
+
+from ftconsole.scheduler.node.proc import _pid, _stat, _ticks, boot_id  # bundled
+
+MAX_SAMPLE_S = 3.0
+STACK_TIMEOUT_S = 10.0
+MAX_PROCESSES = 64  # per group: a launcher with its workers fits; a fork bomb is cut short
+MAX_FRAMES = 64  # per thread
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _read(path, limit=4096):
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(limit)
+    except OSError:
+        return None
+
+
+def _proc(pid):
+    """{pid, ppid, pgid, comm, state, threads, cpu, start} of a live process, or None."""
+    raw = _read("/proc/%d/stat" % pid)
+    if raw is None:
+        return None
+    text = raw.decode("utf-8", "replace")
+    head, _, rest = text.rpartition(")")
+    fields = rest.split()
+    try:
+        return {
+            "pid": pid,
+            "comm": head.split("(", 1)[1] if "(" in head else "",
+            "state": fields[0],
+            "ppid": int(fields[1]),
+            "pgid": int(fields[2]),
+            "cpu": (int(fields[11]) + int(fields[12])) / TICKS,
+            "threads": int(fields[17]),
+            "start": int(fields[19]),
+        }
+    except (IndexError, ValueError):
+        return None
+
+
+def _all():
+    """pid -> _proc of every process of this node now."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            seen = _proc(int(entry))
+            if seen is not None:
+                out[seen["pid"]] = seen
+    return out
+
+
+def _members(group, table):
+    """The pids of a group's processes and their descendants, or the reason there are none."""
+    pgid, start, boot = group.get("pgid"), group.get("start"), group.get("boot")
+    if not _pid(pgid) or not _ticks(start):
+        return None, "no process is known for it (not started yet?)"
+    if boot is not None and boot != boot_id():
+        return None, "the node rebooted since it started"
+    leader = _stat(pgid)
+    if leader is not None and leader[2] != start:
+        return None, "its process is gone (pid %d is another process now)" % pgid
+    pids = sorted(p for p, seen in table.items() if seen["pgid"] == pgid)
+    if not pids:
+        return None, "its processes are gone"
+    children = {}  # type: Dict[int, List[int]]
+    for seen in table.values():
+        children.setdefault(seen["ppid"], []).append(seen["pid"])
+    found, todo = set(pids), list(pids)
+    while todo and len(found) < MAX_PROCESSES:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return sorted(found)[:MAX_PROCESSES], None
+
+
+def _thread_states(pid):
+    counts = {}  # type: Dict[str, int]
+    try:
+        tids = os.listdir("/proc/%d/task" % pid)
+    except OSError:
+        return counts
+    for tid in tids[:4096]:
+        raw = _read("/proc/%d/task/%s/stat" % (pid, tid))
+        if raw is None:
+            continue
+        fields = raw.decode("utf-8", "replace").rpartition(")")[2].split()
+        if fields:
+            counts[fields[0]] = counts.get(fields[0], 0) + 1
+    return counts
+
+
+def _syscall(pid):
+    raw = _read("/proc/%d/syscall" % pid)
+    if raw is None:
+        return None
+    first = raw.decode("ascii", "replace").split(" ", 1)[0].strip()
+    return int(first) if first.lstrip("-").isdigit() else first or None
+
+
+def _python(pid, comm):
+    try:
+        exe = os.path.basename(os.readlink("/proc/%d/exe" % pid))
+    except OSError:
+        exe = comm
+    return exe.startswith("python") or exe.startswith("pypy")
+
+
+def _cmdline(pid):
+    raw = _read("/proc/%d/cmdline" % pid, 4096) or b""
+    return " ".join(part.decode("utf-8", "replace") for part in raw.split(b"\0") if part)[:300]
+
+
+RANK_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+
+
+def _env(pid):
+    """The process's rank variables (a launcher's worker has RANK), where its environment can be read."""
+    raw = _read("/proc/%d/environ" % pid, 1 << 20)
+    out = {}
+    for item in (raw or b"").split(b"\0"):
+        name, _, value = item.partition(b"=")
+        if name.decode("ascii", "replace") in RANK_ENV:
+            out[name.decode("ascii")] = value.decode("utf-8", "replace")[:20]
+    return out
+
+
+def _py_spy(params):
+    """The node's own py-spy (on PATH), else the copy the scheduler sent (PARAMS["py_spy"]: {path, sha256}) when
+    its bytes are the ones named, else None."""
+    for folder in [*os.environ.get("PATH", "/usr/bin:/bin").split(os.pathsep), "/usr/local/bin"]:
+        path = os.path.join(folder, "py-spy")
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    sent = params.get("py_spy")
+    if not isinstance(sent, dict) or not isinstance(sent.get("path"), str):
+        return None
+    path = os.path.expanduser(sent["path"])
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+    except OSError:
+        return None
+    return path if digest.hexdigest() == sent.get("sha256") and os.access(path, os.X_OK) else None
+
+
+def _stack(py_spy, pid):
+    """(threads, None) from py-spy, or (None, why not)."""
+    if py_spy is None:
+        return None, "py-spy is not on this node (and none was sent)"
+    try:
+        done = subprocess.run(
+            [py_spy, "dump", "--pid", str(pid), "--json", "--nonblocking"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            timeout=STACK_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        return None, "py-spy did not answer within %gs" % STACK_TIMEOUT_S
+    except OSError as exc:
+        return None, "py-spy cannot run: %s" % exc
+    if done.returncode != 0:
+        said = done.stderr.decode("utf-8", "replace").strip().splitlines()
+        return None, "py-spy: %s" % (said[0][:300] if said else "exit code %d" % done.returncode)
+    try:
+        threads = json.loads(done.stdout.decode("utf-8", "replace"))
+    except ValueError:
+        return None, "py-spy printed something that is not JSON"
+    out = []
+    for thread in threads if isinstance(threads, list) else []:
+        frames = [
+            {"name": f.get("name"), "file": f.get("filename"), "line": f.get("line")}
+            for f in (thread.get("frames") or [])[:MAX_FRAMES]
+            if isinstance(f, dict)
+        ]
+        out.append({
+            "tid": thread.get("os_thread_id"),
+            "name": thread.get("thread_name"),
+            "active": bool(thread.get("active")),
+            "frames": frames,
+        })  # fmt: skip
+    return out, None
+
+
+def processes(params):
+    sample = min(max(float(params.get("sample") or 0.0), 0.0), MAX_SAMPLE_S)
+    stacks = bool(params.get("stacks"))
+    table = _all()
+    groups = []
+    for group in params.get("groups") or []:
+        pids, why = _members(group, table)
+        groups.append((group.get("key"), pids, why))
+    before = {pid: table[pid]["cpu"] for _, pids, _ in groups for pid in pids or []}
+    if sample > 0 and before:
+        time.sleep(sample)
+    py_spy = _py_spy(params) if stacks else None
+    out = []
+    for key, pids, why in groups:
+        if why is not None:
+            out.append({"key": key, "gone": why})
+            continue
+        listed = []  # type: List[Dict[str, Any]]
+        for pid in pids:
+            now = _proc(pid)
+            if now is None or now["start"] != table[pid]["start"]:
+                continue  # it ended in between
+            entry = {
+                "pid": pid,
+                "ppid": now["ppid"],
+                "comm": now["comm"],
+                "cmdline": _cmdline(pid),
+                "state": now["state"],
+                "threads": now["threads"],
+                "thread_states": _thread_states(pid),
+                "wchan": (_read("/proc/%d/wchan" % pid, 200) or b"").decode("ascii", "replace") or None,
+                "syscall": _syscall(pid),
+                "cpu": round(now["cpu"], 2),
+                "cpu_moved": round(now["cpu"] - before[pid], 2) if sample > 0 else None,
+                "python": _python(pid, now["comm"]),
+                "env": _env(pid),
+            }
+            listed.append(entry)
+        out.append({"key": key, "sample": sample, "processes": listed})
+    if stacks:  # each Python process's stack, all at once (py-spy takes a few tenths of a second each)
+        wanted = [e for g in out for e in g.get("processes", []) if e["python"] and e["state"] != "Z"]
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            for entry, (stack, why) in zip(wanted, pool.map(lambda e: _stack(py_spy, e["pid"]), wanted)):  # noqa: B905
+                entry["stack"], entry["stack_error"] = stack, why
+    return {"groups": out, "time": time.time(), "py_spy": py_spy, "machine": os.uname().machine}

@@ -1,0 +1,92 @@
+"""The evidence of a hang from real torch jobs (issue 29): four gloo ranks under torch.distributed.run on two sshd
+nodes, one of which stops taking part (tests/peers/hang_rank.py); `debug` names it, with the reason, from what its
+processes are doing and their Python stacks (py-spy, sent by the scheduler to the nodes, which lack it).
+
+Each test asks `debug` until the verdict names a rank (a bounded wait: the ranks take a few seconds to start and
+reach the hang), then checks the whole verdict and the evidence behind it, and that it was kept with the job."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ftconsole.scheduler.serve.api import ApiClient
+from tests.integration.test_scheduler_sshd import running
+from tests.peers.test_launchers import Peers, finished
+
+pytestmark = pytest.mark.sshd
+
+HANG = str(Path(__file__).resolve().parent / "hang_rank.py")
+VERDICT_WAIT_S = 120.0
+
+
+@pytest.fixture
+def peers(sshd_cluster, tmp_path: Path, sock_dir: Path) -> Peers:
+    return Peers(sshd_cluster(2, gpus=4), tmp_path, sock_dir)
+
+
+async def verdict_naming(client: ApiClient, job_id: int) -> dict[str, Any]:
+    """`debug` of the job until its verdict names a rank, or fail after VERDICT_WAIT_S."""
+    deadline = time.monotonic() + VERDICT_WAIT_S
+    doc: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        shown = await client.call("show", job=job_id)
+        assert shown["status"] in ("queued", "running"), shown["message"]
+        if shown["status"] == "running" and any(r["state"] == "running" for a in shown["attempts"] for r in a["runs"]):
+            doc = await client.call("debug", job=job_id)
+            if doc["verdict"]["rank"] is not None:
+                return doc
+        await asyncio.sleep(1.0)
+    raise AssertionError(f"no rank named within {VERDICT_WAIT_S:g}s: {doc.get('verdict')}")
+
+
+async def hung_job(peers: Peers, how: str, rank: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The verdict on a job whose rank `rank` hangs `how`, and the job's events after its stop."""
+    env = peers.env(peers.root / "results", PEER_HANG=f"{how}:{rank}")
+    async with running(peers.loaded) as (_, client):
+        job = await client.call("submit", spec=peers.spec(f"hang-{how}", "pytorch", f"python {HANG}", env))
+        doc = await verdict_naming(client, job["id"])
+        await client.call("stop", jobs=[job["id"]])
+        await finished(client, job["id"])
+        kept = await client.call("debug", job=job["id"])  # not running: the evidence kept last
+        events = await client.call("events", job=job["id"])
+    assert kept["kept"] and kept["verdict"] == doc["verdict"], kept["verdict"]
+    for node in peers.cluster:  # the nodes had no py-spy: the scheduler's own was sent and kept by its hash
+        assert [p.name[:7] for p in (node.home / ".ftconsole" / "lib").glob("py-spy-*")] == ["py-spy-"], node.name
+    return doc, events
+
+
+def by_rank(doc: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    return {r["rank"]: r for r in doc["ranks"]}
+
+
+async def test_a_stopped_rank_is_named_while_the_others_wait_in_all_reduce(peers: Peers) -> None:
+    doc, events = await hung_job(peers, "stop", 1)
+    verdict, ranks = doc["verdict"], by_rank(doc)
+    assert (verdict["rank"], verdict["node"], verdict["rule"]) == (1, "node01", "stopped"), verdict
+    assert verdict["reason"].endswith("; ranks 0, 2-3 wait in all_reduce"), verdict
+    assert ranks[1]["state"] == "T"
+    assert [ranks[r]["collective"] for r in (0, 2, 3)] == ["all_reduce"] * 3, doc["ranks"]
+    assert any(e["kind"] == "Evidence" and "rank 1 on node01 is stopped" in e["message"] for e in events)
+
+
+async def test_a_rank_sleeping_in_its_data_loader_is_named_with_where_it_is(peers: Peers) -> None:
+    doc, _ = await hung_job(peers, "load", 2)
+    verdict, ranks = doc["verdict"], by_rank(doc)
+    assert (verdict["rank"], verdict["node"], verdict["rule"]) == (2, "node02", "outside-collective"), verdict
+    assert verdict["reason"].startswith("rank 2 on node02 is not in a collective: hang_rank.py:"), verdict
+    assert " in load_batch; ranks 0-1, 3 wait in all_reduce" in verdict["reason"], verdict
+    assert ranks[2]["stack"][0]["name"] == "load_batch" and ranks[2]["state"] == "S", ranks[2]
+    assert (ranks[2]["cpu"] or 0.0) < 0.25, ranks[2]
+
+
+async def test_a_rank_in_a_busy_loop_is_named_busy(peers: Peers) -> None:
+    doc, _ = await hung_job(peers, "spin", 0)
+    verdict, ranks = doc["verdict"], by_rank(doc)
+    assert (verdict["rank"], verdict["node"], verdict["rule"]) == (0, "node01", "outside-collective"), verdict
+    assert " in spin (busy: " in verdict["reason"] and verdict["reason"].endswith("; ranks 1-3 wait in all_reduce")
+    assert ranks[0]["cpu"] >= 0.25 and ranks[0]["stack"][0]["name"] == "spin", ranks[0]

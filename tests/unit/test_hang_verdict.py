@@ -1,0 +1,112 @@
+"""The hang verdict (scheduler/decide/hangs.py), one row per rule, and the ranks' phrasing."""
+
+from __future__ import annotations
+
+import pytest
+
+from ftconsole.scheduler.decide.hangs import Frame, Rank, ranges, verdict
+
+C10D = "/usr/lib/python3/site-packages/torch/distributed/distributed_c10d.py"
+ALL_REDUCE = (Frame("all_reduce", C10D, 2501), Frame("wrapper", "/x/torch/distributed/c10d_logger.py", 81),
+              Frame("train_step", "/job/train.py", 40), Frame("<module>", "/job/train.py", 90))  # fmt: skip
+LOADING = (Frame("load_batch", "/job/train.py", 88), Frame("train_step", "/job/train.py", 38))
+SPINNING = (Frame("spin", "/job/train.py", 12), Frame("<module>", "/job/train.py", 90))
+
+
+def waiting(rank: int, node: str = "gpu01", cpu: float = 0.0) -> Rank:
+    return Rank(rank, node, pid=100 + rank, state="S", cpu=cpu, frames=ALL_REDUCE)
+
+
+CASES = {
+    "a stopped rank": (
+        [waiting(0), Rank(1, "gpu02", pid=201, state="T", frames=LOADING, stopped=(201,)), waiting(2)],
+        (1, "gpu02", "stopped", False),
+        "rank 1 on gpu02 is stopped (pid 201: SIGSTOP or a debugger); ranks 0, 2 wait in all_reduce",
+    ),
+    "a rank stopped through its launcher only": (
+        [waiting(0), Rank(1, "gpu02", pid=201, state="S", frames=ALL_REDUCE, stopped=(200,))],
+        (1, "gpu02", "stopped", False),
+        "rank 1 on gpu02 is stopped (pid 200: SIGSTOP or a debugger); rank 0 waits in all_reduce",
+    ),
+    "uninterruptible sleep in the driver": (
+        [waiting(0), Rank(1, "gpu07", pid=301, state="D", blocked=((301, "nv_wait_for_completion"),))],
+        (1, "gpu07", "uninterruptible", True),
+        "rank 1 on gpu07 is in uninterruptible sleep in nv_wait_for_completion (pid 301) (a driver's wait: the "
+        "node's hardware?); rank 0 waits in all_reduce",
+    ),
+    "uninterruptible sleep on a file system": (
+        [Rank(0, "gpu01", pid=5, state="D", blocked=((5, "rpc_wait_bit_killable"),)), waiting(1)],
+        (0, "gpu01", "uninterruptible", False),
+        "rank 0 on gpu01 is in uninterruptible sleep in rpc_wait_bit_killable (pid 5); rank 1 waits in all_reduce",
+    ),
+    "the only rank outside the collective": (
+        [waiting(0), waiting(1), waiting(2), Rank(3, "gpu07", pid=9, state="S", cpu=0.0, frames=LOADING)]
+        + [waiting(r, "gpu08") for r in range(4, 8)],
+        (3, "gpu07", "outside-collective", False),
+        "rank 3 on gpu07 is not in a collective: train.py:88 in load_batch; ranks 0-2, 4-7 wait in all_reduce",
+    ),
+    "outside the collective and busy": (
+        [waiting(0), Rank(1, "gpu02", pid=9, state="R", cpu=0.98, frames=SPINNING)],
+        (1, "gpu02", "outside-collective", False),
+        "rank 1 on gpu02 is not in a collective: train.py:12 in spin (busy: 98% of a core); rank 0 waits in all_reduce",
+    ),
+    "two outside of four: the busier named first": (
+        [waiting(0), Rank(1, "a", frames=LOADING, cpu=0.0), Rank(2, "b", frames=SPINNING, cpu=0.9), waiting(3)],
+        (2, "b", "outside-collective", False),
+        "rank 2 on b is not in a collective: train.py:12 in spin (busy: 90% of a core) (nor is rank 1); "
+        "ranks 0, 3 wait in all_reduce",
+    ),
+    "busy while the others are idle, no stacks": (
+        [
+            Rank(0, "a", cpu=0.0, stack_error="py-spy is not on this node"),
+            Rank(1, "b", cpu=1.0),
+            Rank(2, "c", cpu=0.01),
+        ],
+        (1, "b", "busy", False),
+        "rank 1 on b is busy (100% of a core); rank 0 has no stack (py-spy is not on this node); rank 2 has no stack",
+    ),
+    "every rank in the same collective": (
+        [waiting(0), waiting(1), waiting(2, "gpu02")],
+        (None, None, "none", False),
+        "no rank stands out: ranks 0-2 wait in all_reduce",
+    ),
+    "every rank busy": (
+        [Rank(0, "a", cpu=1.0, frames=SPINNING), Rank(1, "b", cpu=0.9, frames=SPINNING)],
+        (None, None, "none", False),
+        "no rank stands out: ranks 0-1 are at train.py:12 in spin",
+    ),
+    "most outside the collective: no single rank": (
+        [waiting(0), Rank(1, "a", frames=LOADING), Rank(2, "b", frames=LOADING)],
+        (None, None, "none", False),
+        "no rank stands out: ranks 1-2 are at train.py:88 in load_batch; rank 0 waits in all_reduce",
+    ),
+    "a rank gone is left out": (
+        [waiting(0), Rank(1, "b", gone="its processes are gone"), Rank(2, "c", frames=LOADING)],
+        (2, "c", "outside-collective", False),
+        "rank 2 on c is not in a collective: train.py:88 in load_batch; rank 0 waits in all_reduce",
+    ),
+    "nothing could be looked at": (
+        [Rank(0, "a", gone="the node rebooted since it started")],
+        (None, None, "none", False),
+        "no rank could be looked at",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_verdict(name: str) -> None:
+    ranks, (rank, node, rule, hardware), reason = CASES[name]
+    got = verdict(ranks)
+    assert (got.rank, got.node, got.rule, got.hardware) == (rank, node, rule, hardware)
+    assert got.reason == reason
+
+
+def test_a_collective_is_one_of_torch_distributed_not_a_user_function_of_that_name() -> None:
+    mine = Rank(0, "a", frames=(Frame("all_reduce", "/job/my_ops.py", 3),))
+    theirs = Rank(1, "a", frames=(Frame("wait", "/x/torch/distributed/distributed_c10d.py", 9), *LOADING))
+    assert (mine.collective, theirs.collective) == (None, "wait")
+
+
+@pytest.mark.parametrize(("numbers", "text"), [([0], "0"), ([0, 1, 2, 4, 6, 7], "0-2, 4, 6-7"), ([5, 3, 4], "3-5")])
+def test_ranges(numbers: list[int], text: str) -> None:
+    assert ranges(numbers) == text
