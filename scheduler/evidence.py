@@ -35,6 +35,7 @@ log = logging.getLogger("ftconsole.scheduler")
 SAMPLE_S = 0.5  # between the two looks at the processes' CPU time
 TAIL_LINES = 10
 TAIL_BYTES = 8192
+EVIDENCE = "Evidence"  # the event that keeps a job's evidence with it
 KEPT_BYTES = 256 * 1024
 STOPPED = frozenset({"T", "t"})
 

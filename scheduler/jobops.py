@@ -40,7 +40,6 @@ from ftconsole.scheduler.ssh.runs import follow_file, read_file, run_files
 from ftconsole.scheduler.store.jobtx import Conflict
 from ftconsole.scheduler.store.records import JobActivity, StoredAlert, StoredEvent
 
-EVIDENCE = "Evidence"  # the event that keeps a job's evidence (`debug`)
 log = logging.getLogger("ftconsole.scheduler")
 
 LOG_POLL_S = 0.5
@@ -354,14 +353,14 @@ class Scheduler:
         job = await self._job(caller, job_id, "debug", write=True)
         if job.status is not JobStatus.RUNNING:
             for event in reversed(await self.store.events(job=str(job.id), limit=1000)):  # the latest first
-                if event.kind == EVIDENCE and event.data:
+                if event.kind == evidence.EVIDENCE and event.data:
                     return dict(event.data, kept=True)
             raise UsageError(f"job {job.id} is {job.status.value}: there is nothing to look at, and no evidence kept")
         runs = await self.store.runs(job=job.id)
         found = await evidence.gather(self.loop.executor, job, runs, stacks=stacks)
         doc = found.to_json()
         async with self.store.jobs_tx(f"keep the evidence of job {job.id}") as tx:
-            await tx.event(found.time, EVIDENCE, f"attempt {job.attempt}: {found.verdict.reason}", job=job.id,
+            await tx.event(found.time, evidence.EVIDENCE, f"attempt {job.attempt}: {found.verdict.reason}", job=job.id,
                            data=evidence.kept(doc))  # fmt: skip
         return dict(doc, kept=False)
 

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ftconsole.scheduler import evidence
 from ftconsole.scheduler.decide.jobplan import PULL_STEP
 from ftconsole.scheduler.decide.jobs import (
     FINAL_CONDITION,
@@ -86,6 +87,8 @@ class Loop:
         )
         self.recoverer = Recoverer(service, self.placer, clock=clock, poke=poke)
         self.watchdog = Watchdog(service, clock=clock)
+        self.watchdog.gather = lambda job, runs: evidence.gather(self.executor, job, runs)
+        self.watchdog.poke = poke
         self.executor.scans = self.watchdog.logs.scans
         self.executor.read_every = self.watchdog.read_every
         self.watchdog.logs.reschedule = self.recoverer.reschedule_slow
@@ -133,6 +136,7 @@ class Loop:
             await self.close()
 
     async def close(self) -> None:
+        await self.watchdog.close()
         await self.executor.close()
         await self.recoverer.close()
 

@@ -10,13 +10,17 @@ probes' (`ClusterService.gpu_samples`, which survive a restart through the store
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
 from ftconsole.scheduler.decide.detect import Hung, hung
 from ftconsole.scheduler.decide.jobs import Condition, Job, JobStatus, Run, StopReason
 from ftconsole.scheduler.decide.reconcile import HUNG_PREFIX, MAX_HANG_RESTARTS, hang_restarts
+from ftconsole.scheduler.evidence import EVIDENCE, kept
 from ftconsole.scheduler.executor import QUIET_READ_S
 from ftconsole.scheduler.logwatch import SCAN_EVERY_S, LogWatch
 from ftconsole.scheduler.nodeops import ClusterService
@@ -28,6 +32,8 @@ log = logging.getLogger("ftconsole.scheduler")
 
 HUNG_ALERT = "job_hung"
 HANG_SAMPLES = 4  # I/O samples at least per hang window (a quiet node's reads: `read_every`)
+EVIDENCE_TIMEOUT_S = 20.0  # a hang's evidence not gathered by then: the job is flagged without it
+Gather = Callable[[Job, Sequence[Run]], Awaitable[Any]]  # -> scheduler.evidence.Evidence
 
 
 def current_runs(jobs: Mapping[int, Job], held: Sequence[Run]) -> dict[int, list[Run]]:
@@ -54,6 +60,11 @@ class Watchdog:
         self._seeded = False
         self._windows: dict[int, float] = {}  # running job -> its hang window, as of the last check
         self.logs = LogWatch(service.store, clock=clock)  # stragglers, error lines, slow iterations
+        # a suspected hang's evidence (`scheduler.evidence.gather`), gathered before the job is flagged so that
+        # the alert names the rank that stands out; `poke` wakes the loop once it is in
+        self.gather: Gather | None = None
+        self.poke: Callable[[], None] = lambda: None
+        self._gathering: dict[tuple[int, int], asyncio.Task[Any]] = {}
 
     def observe(self, observed: Mapping[str, Sequence[tuple[Run, RunStatus]]], now: float) -> None:
         """A read of run status: any change of a rank's I/O counters starts a new quiet period."""
@@ -107,6 +118,8 @@ class Watchdog:
             job = jobs.get(job_id)
             if job is None or job.attempt != attempt or job.stop_reason is not None:
                 await self._clear(job_id, attempt, now, "the attempt is over")
+        for over in [k for k in self._gathering if jobs.get(k[0]) is None or jobs[k[0]].attempt != k[1]]:
+            self._gathering.pop(over).cancel()
         for job in jobs.values():
             window = job.spec.hang_window
             if window is None or job.stop_reason is not None:
@@ -118,8 +131,14 @@ class Watchdog:
             util = {f"{r.node}:{g}": samples.get(f"{r.node}:{g}", ()) for r in runs for g in r.gpus}
             verdict = hung(quiet, util, now, window)
             flagged = self._flagged.get((job.id, job.attempt))
+            if verdict is None:
+                gathering = self._gathering.pop((job.id, job.attempt), None)
+                if gathering is not None:
+                    gathering.cancel()  # it moved again while its evidence was gathered
             if verdict is not None and flagged is None:
-                await self._flag(job, runs, verdict, window, now)
+                found = self._evidence(job, runs)
+                if found is not None:
+                    await self._flag(job, runs, verdict, window, now, *found)
             elif (
                 verdict is None
                 and flagged is not None
@@ -130,11 +149,46 @@ class Watchdog:
                 await self._clear(job.id, job.attempt, now, f"I/O resumed at {_clock(quiet)}")
         await self.logs.check(jobs, current, now)
 
+    def _evidence(self, job: Job, runs: Sequence[Run]) -> tuple[Any, str] | None:
+        """(the evidence or None, why none) to flag the job with now; None: gathering, flag it later."""
+        if self.gather is None:
+            return None, ""
+        key = (job.id, job.attempt)
+        task = self._gathering.get(key)
+        if task is None:
+            task = asyncio.create_task(asyncio.wait_for(self.gather(job, runs), EVIDENCE_TIMEOUT_S))
+            task.add_done_callback(lambda _: self.poke())
+            self._gathering[key] = task
+            return None
+        if not task.done():
+            return None
+        del self._gathering[key]
+        if task.cancelled():
+            return None, "its gathering was cancelled"
+        exc = task.exception()
+        if exc is not None:
+            why = f"not gathered within {EVIDENCE_TIMEOUT_S:g}s" if isinstance(exc, TimeoutError) else str(exc)
+            log.warning("job %s: no hang evidence: %s", job.id, why)
+            return None, why
+        return task.result(), ""
+
+    async def close(self) -> None:
+        tasks = list(self._gathering.values())
+        self._gathering.clear()
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(BaseException):
+                await task
+
     def _stirred(self, runs: Sequence[Run]) -> bool:
         """A rank's I/O changed between two reads (not merely read for the first time)."""
         return any((r.job, r.attempt, r.rank) in self._moved for r in runs)
 
-    async def _flag(self, job: Job, runs: Sequence[Run], verdict: Hung, window: float, now: float) -> None:
+    async def _flag(
+        self, job: Job, runs: Sequence[Run], verdict: Hung, window: float, now: float, found: Any, why_none: str
+    ) -> None:
+        """Flag the job hung, with the rank that stands out when its evidence (`found`) names one."""
         outputs = [r.output_at for r in runs if r.output_at is not None]
         # output.log's mtime: the last line, or the start of a job that never printed
         last = f"; output.log last written {format_duration(round(now - max(outputs)))} ago" if outputs else ""
@@ -145,13 +199,25 @@ class Watchdog:
             restart = False
             hint = f"not restarted: {MAX_HANG_RESTARTS} hang restarts in a row already; {hint}"
         action = "; stopping it to restart (hang_action restart)" if restart else ""
+        first = min(runs, key=lambda r: r.rank)  # no rank stands out: the shell opens on rank 0's node
+        standout = ""  # the verdict of the evidence, for the alert
+        if found is not None:
+            named = found.verdict
+            standout = f"; {named.reason} (evidence: ftconsole debug {job.id})"
+            first = next((r for r in sorted(runs, key=lambda r: r.rank) if r.node == named.node), first)
+        elif why_none:
+            standout = f"; no evidence: {why_none}"
         async with self.store.jobs_tx(f"flag job {job.id} hung") as tx:
-            first = min(runs, key=lambda r: r.rank)  # every rank is quiet: the shell opens on rank 0's node
-            data = {"attempt": job.attempt, "alert": HUNG_ALERT, "rank": first.rank, "node": first.node}
-            await tx.event(now, Condition.SUSPECTED_HUNG, f"attempt {job.attempt} {what}{action}", job=job.id,
-                           node=first.node, data=data)  # fmt: skip
-            await tx.alert(now, HUNG_ALERT, "warning", f"job {job.id} ({job.name}, {job.owner}) {what}; {hint}",
-                           job=job.id, once=True)  # fmt: skip
+            data: dict[str, Any] = {"attempt": job.attempt, "alert": HUNG_ALERT, "rank": first.rank, "node": first.node}
+            if found is not None:
+                data["verdict"] = found.to_json()["verdict"]
+                await tx.event(found.time, EVIDENCE, f"attempt {job.attempt}: {found.verdict.reason}", job=job.id,
+                               data=kept(found.to_json()))  # fmt: skip
+            await tx.event(now, Condition.SUSPECTED_HUNG, f"attempt {job.attempt} {what}{standout}{action}",
+                           job=job.id, node=first.node, data=data)  # fmt: skip
+            await tx.alert(now, HUNG_ALERT, "warning",
+                           f"job {job.id} ({job.name}, {job.owner}) {what}{standout}; {hint}", job=job.id,
+                           once=True)  # fmt: skip
             if restart:
                 await tx.update_job(job.id, expect=[JobStatus.RUNNING], stop_requested=now, stop_reason=StopReason.HUNG,
                                     stop_by="scheduler", message=what)  # fmt: skip

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from ftconsole.scheduler.serve.api import ApiClient
-from tests.integration.test_scheduler_sshd import running
+from tests.integration.test_scheduler_sshd import running, write_config
 from tests.peers.test_launchers import Peers, finished
 
 pytestmark = pytest.mark.sshd
@@ -90,3 +90,28 @@ async def test_a_rank_in_a_busy_loop_is_named_busy(peers: Peers) -> None:
     assert (verdict["rank"], verdict["node"], verdict["rule"]) == (0, "node01", "outside-collective"), verdict
     assert " in spin (busy: " in verdict["reason"] and verdict["reason"].endswith("; ranks 1-3 wait in all_reduce")
     assert ranks[0]["cpu"] >= 0.25 and ranks[0]["stack"][0]["name"] == "spin", ranks[0]
+
+
+async def test_the_hang_alert_names_the_rank_that_stands_out(sshd_cluster, tmp_path: Path, sock_dir: Path) -> None:
+    """Hang detection on its own (no I/O for the job's window, the GPUs flat): the job_hung alert is raised once
+    the evidence is in, and carries its verdict; the SuspectedHung condition points the shell at that rank."""
+    cluster = sshd_cluster(2, gpus=4)
+    peers = Peers(cluster, tmp_path, sock_dir)
+    peers.loaded = write_config(cluster, tmp_path, sock_dir, probes={"interval": "0.5s"})
+    env = peers.env(peers.root / "results", PEER_HANG="stop:3")
+    async with running(peers.loaded) as (_, client):
+        spec = peers.spec("hang-alert", "pytorch", f"python {HANG}", env, hang_detect="4s")
+        job = await client.call("submit", spec=spec)
+        deadline = time.monotonic() + VERDICT_WAIT_S
+        alerts: list[dict[str, Any]] = []
+        while not alerts and time.monotonic() < deadline:
+            await asyncio.sleep(1.0)
+            alerts = [a for a in await client.call("alerts") if a["kind"] == "job_hung" and a["job"] == job["id"]]
+        assert alerts, f"no job_hung alert within {VERDICT_WAIT_S:g}s"
+        shown = await client.call("show", job=job["id"])
+        await client.call("stop", jobs=[job["id"]])
+        await finished(client, job["id"])
+    message = alerts[0]["message"]
+    assert "; rank 3 on node02 is stopped (pid " in message and f"(evidence: ftconsole debug {job['id']})" in message
+    [hung] = [c for c in shown["conditions"] if c["type"] == "SuspectedHung"]
+    assert "rank 3 on node02 is stopped" in hung["message"], hung
