@@ -276,7 +276,8 @@ async def test_a_sweep_for_another_user_leaves_no_channel_behind(sshd_cluster, t
         channels = executor.channels
         assert channels is not None
         submitted = await client.call("submit", spec=job("watched", "sleep 30"))
-        await until(client, submitted["id"], lambda j: j["status"] == "running", "the job running")
+        ran = lambda j: any(r["state"] == "running" for a in j["attempts"] for r in a["runs"])  # noqa: E731
+        await until(client, submitted["id"], ran, "the rank read running")
         live = await poll(lambda: _async(channels.live()), bool, "the job's node channel")
         [(key, channel)] = live.items()
         node = executor.nodes[key[0]]
