@@ -95,13 +95,13 @@ async def run(args: argparse.Namespace) -> None:
     finally:
         shut_down(lab_dir, [])
     stacks = sum(1 for r in doc["ranks"] if r["stack"])
+    row = [
+        len(doc["ranks"]), args.nodes, f"{first:.2f}", f"{statistics.median(again):.2f}", f"{max(again):.2f}",
+        f"{statistics.median(bare):.2f}", f"{max(bare):.2f}", f"{stacks}/{len(doc['ranks'])}",
+        "yes" if doc["verdict"]["rank"] == STOPPED else "no",
+    ]  # fmt: skip
     print_table(
-        ["RANKS", "NODES", "FIRST S", "AGAIN S (MED)", "(MAX)", "NO STACKS S (MED)", "(MAX)", "STACKS", "NAMED"],
-        [[
-            len(doc["ranks"]), args.nodes, f"{first:.2f}", f"{statistics.median(again):.2f}", f"{max(again):.2f}",
-            f"{statistics.median(bare):.2f}", f"{max(bare):.2f}", f"{stacks}/{len(doc['ranks'])}",
-            "yes" if doc["verdict"]["rank"] == STOPPED else "no",
-        ]],  # fmt: skip
+        ["RANKS", "NODES", "FIRST S", "AGAIN S (MED)", "(MAX)", "NO STACKS S (MED)", "(MAX)", "STACKS", "NAMED"], [row]
     )
     print(f"\nverdict: {doc['verdict']['reason']}")
     print(f"(folder kept: {root})")

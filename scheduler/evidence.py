@@ -158,7 +158,8 @@ async def _processes(executor: Executor, node: Node, groups: list[dict[str, Any]
     ask = functools.partial(process_evidence, executor.transport, node, groups, sample=SAMPLE_S, stacks=stacks,
                             py_spy=local.params() if local else None, python=python, timeout=timeout)  # fmt: skip
     doc = await ask()
-    if not stacks or doc.get("py_spy") or not groups:
+    pythons = any(p.get("python") for g in doc["groups"].values() for p in g.get("processes") or [])
+    if not stacks or doc.get("py_spy") or not pythons:  # py-spy is sent only where a Python process lacks a stack
         return dict(doc["groups"])
     why = can_run_on(local, doc.get("machine"))
     if why is None and local is not None:

@@ -64,3 +64,21 @@ async def test_debug_gathers_every_ranks_stack_and_keeps_the_evidence(sshd_clust
         assert after["kept"] and after["verdict"] == doc["verdict"]
         events = await client.call("events", job=job_id)
         assert sum(e["kind"] == "Evidence" for e in events) == 2
+
+
+async def test_a_job_without_python_gets_its_evidence_and_no_py_spy_is_sent(sshd_cluster, tmp_path, sock_dir) -> None:
+    cluster: SshdCluster = sshd_cluster(1)
+    loaded = write_config(cluster, tmp_path, sock_dir, probes={"interval": "1h"})
+    async with running(loaded) as (_, client):
+        submitted = await client.call("submit", spec=job("sleeper", "sleep 300"))
+        ran = lambda j: any(r["state"] == "running" for a in j["attempts"] for r in a["runs"])  # noqa: E731
+        await until(client, submitted["id"], ran, "the rank read running")
+        doc = await client.call("debug", job=submitted["id"])
+        await client.call("stop", jobs=[submitted["id"]])
+        await finished(client, submitted["id"])
+    [rank] = doc["ranks"]
+    assert (rank["state"], rank["stack"], rank["stack_error"]) == ("S", [], "not a Python process"), rank
+    assert doc["verdict"]["reason"] == "no rank stands out: rank 0 has no stack (not a Python process)"
+    [processes] = [run["processes"] for run in doc["runs"]]
+    assert [p["comm"] for p in processes] == ["sleep"] and processes[0]["wchan"], processes
+    assert not list((cluster.nodes[0].home / ".ftconsole" / "lib").glob("py-spy-*"))
