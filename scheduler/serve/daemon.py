@@ -26,7 +26,7 @@ from ftconsole.scheduler.jobops import Scheduler
 from ftconsole.scheduler.nodeops import ClusterService
 from ftconsole.scheduler.redaction import redact_json
 from ftconsole.scheduler.rules import Caller
-from ftconsole.scheduler.serve import metrics, notify
+from ftconsole.scheduler.serve import alertmanager, metrics, notify
 from ftconsole.scheduler.serve.api import ApiServer
 from ftconsole.scheduler.serve.lock import StateLock
 from ftconsole.scheduler.spec.config import LoadedConfig, parse_duration
@@ -360,6 +360,7 @@ async def serve(
             )
             # new alerts to the notify targets, in a task of its own (never holds up the loop)
             await stack.enter_async_context(notify.running(loaded.cluster.notify, service.store))
+            await stack.enter_async_context(alertmanager.running(loaded.cluster, service.store))
             # Prometheus metrics on metrics.listen, read from the store at each scrape (off without it)
             await stack.enter_async_context(metrics.serving(loaded.cluster.metrics, scheduler))
             log.info(

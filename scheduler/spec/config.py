@@ -367,6 +367,25 @@ def _webhook_url(url: str) -> str:
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP token (RFC 9110)
 
 
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")  # a Prometheus label name
+
+
+class AlertmanagerSettings(_Strict):
+    """A Prometheus Alertmanager kept in sync with the alerts (docs/operations.md, Notifications)."""
+
+    url: Annotated[str, AfterValidator(_webhook_url)]  # its base URL, e.g. http://alertmanager:9093
+    interval: PositiveDuration = 60.0  # every alert still open is sent again this often (within 2 s of a change)
+    labels: dict[str, str] = {}  # added to every alert's labels (cluster: prod, say)
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, labels: dict[str, str]) -> dict[str, str]:
+        for name in labels:
+            if not _LABEL_NAME.match(name) or name.startswith("__"):
+                raise ValueError(f"{name!r} is not a label name (letters, digits, '_'; not a digit or __ first)")
+        return labels
+
+
 class NotifySettings(_Strict):
     """Where new alerts are sent (docs/operations.md, Notifications); neither webhook nor command: nowhere."""
 
@@ -422,6 +441,7 @@ class ClusterConfig(_Strict):
     api: ApiSettings = ApiSettings()
     metrics: MetricsSettings | None = None  # Prometheus endpoint of `serve`; None: off
     notify: NotifySettings = NotifySettings()  # where new alerts are sent; no target: nowhere
+    alertmanager: AlertmanagerSettings | None = None  # a Prometheus Alertmanager kept in sync with the alerts
     debug: DebugSettings = DebugSettings()  # how long a failed job's environment is kept (seed 003)
     data_prep: DataPrepSettings = DataPrepSettings()  # node-local storage for jobs' data sets (seed 003)
     containers: ContainerSettings = ContainerSettings()  # the runtime jobs with `image` run in (issue 17)
