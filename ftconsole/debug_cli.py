@@ -10,7 +10,7 @@ import argparse
 import time
 from typing import Any
 
-from ftconsole.format import print_json, print_table
+from ftconsole.format import format_table, print_json
 from ftconsole.jobs_cli import _with_client
 
 
@@ -18,24 +18,28 @@ def cmd_debug(args: argparse.Namespace) -> int:
     doc = _with_client(args, "debug", lambda c: c.call("debug", job=args.job, stacks=not args.no_stacks))
     if args.json:
         print_json(doc)
-        return 0
+    else:
+        print(evidence_text(doc))
+    return 0
+
+
+def evidence_text(doc: dict[str, Any]) -> str:
+    """The evidence as people read it (the CLI's output, the console's Debug tab): the verdict, a table of the
+    ranks, then each distinct main-thread stack once with the ranks at it."""
     when = time.strftime("%H:%M:%S", time.localtime(doc["time"]))
     kept = " (kept: the job is not running)" if doc.get("kept") else ""
-    print(f"job {doc['job']}, attempt {doc['attempt']}, at {when} ({doc['seconds']:.1f} s to gather){kept}")
-    print(f"verdict: {doc['verdict']['reason']}")
-    print()
+    lines = [f"job {doc['job']}, attempt {doc['attempt']}, at {when} ({doc['seconds']:.1f} s to gather){kept}",
+             f"verdict: {doc['verdict']['reason']}", ""]  # fmt: skip
     rows = []
     for r in doc["ranks"]:
         cpu = "-" if r["cpu"] is None else f"{r['cpu']:.0%}"
         where = r["gone"] or (f"in {r['collective']}" if r["collective"] else r["where"])
         rows.append([r["rank"], r["node"], r["pid"] or "-", r["state"] or "-", r["wchan"] or "-", cpu, where])
-    print_table(["RANK", "NODE", "PID", "STATE", "WAITS IN", "CPU", "WHERE"], rows)
+    lines.append(format_table(["RANK", "NODE", "PID", "STATE", "WAITS IN", "CPU", "WHERE"], rows))
     for ranks, stack in _folded(doc["ranks"]):
-        print()
-        print(f"ranks {ranks}:" if "," in ranks or "-" in ranks else f"rank {ranks}:")
-        for frame in stack:
-            print(f"    {frame['name']} ({frame['file']}:{frame['line']})")
-    return 0
+        lines += ["", f"ranks {ranks}:" if "," in ranks or "-" in ranks else f"rank {ranks}:"]
+        lines += [f"    {frame['name']} ({frame['file']}:{frame['line']})" for frame in stack]
+    return "\n".join(lines)
 
 
 def _folded(ranks: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:

@@ -56,8 +56,11 @@ def print_json(value: Any) -> None:
 
 
 def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    print(format_table(headers, rows))
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """Columns padded to their widest cell, two spaces apart, a line per row after the headers."""
     cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    for row in cells:
-        line = "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True))
-        print(line.rstrip())
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells)

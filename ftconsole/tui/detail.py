@@ -24,6 +24,7 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Label, Log, Static, TabbedContent, TabPane
 
+from ftconsole.debug_cli import evidence_text
 from ftconsole.format import age, runtime_lines
 from ftconsole.probes.health import is_fault
 from ftconsole.scheduler.errors import FtError
@@ -32,6 +33,7 @@ from ftconsole.scheduler.spec.config import format_duration
 from ftconsole.tui import rows as R
 
 DETAIL_REFRESH_S = 2.0
+DEBUG_HINT = "D gathers what every rank is doing now (states, stacks) and names the rank that stands out"
 LOG_TAIL_LINES = 200
 NODE_HISTORY_KINDS = ("unhealthy", "unreachable", "isolated", "drained", "resumed", "healthy", "degraded")
 FAULT = "!"  # before the kind of a history event that counts as a fault (probes.health.is_fault)
@@ -110,6 +112,7 @@ def fill(table: DataTable[Any], rows: list[tuple[Any, ...]]) -> None:
 class JobScreen(DetailScreen):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("l", "logs", "Logs"),
+        Binding("D", "debug", "Debug"),
         Binding("left_square_bracket", "rank(-1)", "Rank -"),
         Binding("right_square_bracket", "rank(1)", "Rank +"),
     ]
@@ -143,6 +146,8 @@ class JobScreen(DetailScreen):
             with TabPane("Logs", id="logs"), Vertical():
                 yield Label("", id="log-title")
                 yield Log(id="log", max_lines=5000)
+            with TabPane("Debug", id="debug"), VerticalScroll():
+                yield Static(Text(DEBUG_HINT, style="dim"), id="debug-text")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -226,6 +231,30 @@ class JobScreen(DetailScreen):
             if ev.rank is not None:
                 self.rank = ev.rank
                 self.focus_attempt = ev.attempt
+
+    # -- debug ---------------------------------------------------------------------------------------------
+
+    def action_debug(self) -> None:
+        self.query_one(TabbedContent).active = "debug"
+        self.query_one("#debug-text", Static).update(Text("gathering what every rank is doing…", style="dim"))
+        self.gather()
+
+    @work(exclusive=True, group="job-debug", exit_on_error=False)
+    async def gather(self) -> None:
+        """`ftconsole debug`: the evidence of every rank and the one that stands out, whose rank then becomes the
+        screen's (`s` opens a shell on its node, `l` its log)."""
+        text = self.query_one("#debug-text", Static)
+        try:
+            doc = await self.client.call("debug", job=self.job_id)
+        except FtError as exc:
+            text.update(Text(str(exc), style=R.style("bad")))
+            return
+        text.update(Text(evidence_text(doc)))
+        node = doc["verdict"]["node"]
+        current = [a for a in (self.data or {}).get("attempts", []) if a["number"] == doc["attempt"]]
+        at = sorted(r["rank"] for a in current for r in a["runs"] if r["node"] == node)
+        if node is not None and at:
+            self.rank, self.focus_attempt = at[0], None
 
     # -- logs ----------------------------------------------------------------------------------------------
 

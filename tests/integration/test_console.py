@@ -381,3 +381,31 @@ async def test_scale_an_elastic_job_from_its_row(tmp_path: Path) -> None:
                 await pilot.press("2")  # a node row: scaling is for jobs only
                 assert app.check_action("scale", ()) is False
                 await client.call("stop", jobs=[hog["id"], elastic["id"]])
+
+
+async def test_the_debug_tab_shows_what_every_rank_does(tmp_path: Path) -> None:
+    """`D` on a job's screen: the evidence (`ftconsole debug`), gathered from the node with the rank's stack."""
+    script = tmp_path / "waits.py"
+    script.write_text("import time\ndef wait_here():\n    time.sleep(600)\nprint('waiting', flush=True)\nwait_here()\n")
+    async with lab(tmp_path, nodes=1) as loaded:
+        app = ConsoleApp(loaded)
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            async with await ApiClient.connect(loaded.socket_path) as client:
+                job = await client.call("submit", spec={"name": "waits", "command": f"python3 {script}"})
+                ran = lambda j: any(r["state"] == "running" for a in j["attempts"] for r in a["runs"])  # noqa: E731
+                for _ in range(300):
+                    if ran(await client.call("show", job=job["id"])):
+                        break
+                    await asyncio.sleep(0.1)
+            await pilot.press("1")
+            await wait_for(pilot, lambda: rows(app, "jobs"), "the job's row")
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: isinstance(app.screen, JobScreen), "the job screen")
+            await pilot.press("D")
+            text = app.screen.query_one("#debug-text", Static)
+            await wait_for(pilot, lambda: "verdict:" in str(text.render()), "the evidence", timeout=60)
+            shown = str(text.render())
+            assert "no rank stands out: rank 0 is at waits.py:3 in wait_here" in shown, shown
+            assert "rank 0:\n    wait_here (" in shown, shown
+            assert app.screen.query_one(TabbedContent).active == "debug"
