@@ -29,7 +29,10 @@ def evidence_text(doc: dict[str, Any]) -> str:
     when = time.strftime("%H:%M:%S", time.localtime(doc["time"]))
     kept = " (kept: the job is not running)" if doc.get("kept") else ""
     lines = [f"job {doc['job']}, attempt {doc['attempt']}, at {when} ({doc['seconds']:.1f} s to gather){kept}",
-             f"verdict: {doc['verdict']['reason']}", ""]  # fmt: skip
+             f"verdict: {doc['verdict']['reason']}"]  # fmt: skip
+    if doc.get("suspected_hung") is False and doc["verdict"]["rank"] is not None:
+        lines.append("(the job is not suspected hung: a rank of a job that moves is often between two collectives)")
+    lines.append("")
     rows = []
     for r in doc["ranks"]:
         cpu = "-" if r["cpu"] is None else f"{r['cpu']:.0%}"

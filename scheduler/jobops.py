@@ -359,6 +359,8 @@ class Scheduler:
         runs = await self.store.runs(job=job.id)
         found = await evidence.gather(self.loop.executor, job, runs, stacks=stacks)
         doc = found.to_json()
+        hung = [a for a in await self.store.alerts(job=job.id) if a.kind == "job_hung"]
+        doc["suspected_hung"] = bool(hung)  # a job that moves: a rank between two collectives is no news
         async with self.store.jobs_tx(f"keep the evidence of job {job.id}") as tx:
             await tx.event(found.time, evidence.EVIDENCE, f"attempt {job.attempt}: {found.verdict.reason}", job=job.id,
                            data=evidence.kept(doc))  # fmt: skip

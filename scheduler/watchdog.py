@@ -212,7 +212,7 @@ class Watchdog:
             if found is not None:
                 data["verdict"] = found.to_json()["verdict"]
                 await tx.event(found.time, EVIDENCE, f"attempt {job.attempt}: {found.verdict.reason}", job=job.id,
-                               data=kept(found.to_json()))  # fmt: skip
+                               data=kept({**found.to_json(), "suspected_hung": True}))  # fmt: skip
             await tx.event(now, Condition.SUSPECTED_HUNG, f"attempt {job.attempt} {what}{standout}{action}",
                            job=job.id, node=first.node, data=data)  # fmt: skip
             await tx.alert(now, HUNG_ALERT, "warning",

@@ -49,6 +49,7 @@ async def test_debug_gathers_every_ranks_stack_and_keeps_the_evidence(sshd_clust
         }
         assert [(r["rank"], r["node"], r["state"]) for r in doc["ranks"]] == [(0, "node01", "S"), (1, "node02", "S")]
         assert [r["output_tail"] for r in doc["runs"]] == ["waiting\n", "waiting\n"]
+        assert doc["suspected_hung"] is False and doc["kept"] is False
         kept = [list((n.home / ".ftconsole" / "lib").glob("py-spy-*")) for n in cluster]
         assert all(len(copies) == 1 for copies in kept), kept
         stamps = [copies[0].stat().st_mtime_ns for copies in kept]
