@@ -1,15 +1,14 @@
 """The scheduler's job operations: what callers ask for (submit, stop, delete, clone, priority, extend, scale,
-logs, alerts, node actions), each checked against the job's owner, its `access` and the admins, and written
-with its event in one transaction. The control loop that carries the jobs out is `scheduler.loop`.
+alerts, node actions), each checked against the job's owner, its `access` and the admins, and written with its
+event in one transaction; what a job's ranks say on their nodes (logs, launch files, a hang's evidence) is
+`scheduler.rankreads`'. The control loop that carries the jobs out is `scheduler.loop`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import codecs
 import contextlib
 import dataclasses
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Sequence
@@ -17,37 +16,33 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ftconsole.scheduler import debugenv, evidence
+from ftconsole.scheduler import debugenv
 from ftconsole.scheduler.decide import elastic, placement
 from ftconsole.scheduler.decide.jobs import (
     TERMINAL,
     Condition,
     Job,
     JobStatus,
-    Run,
     StopReason,
 )
 from ftconsole.scheduler.decide.requests import job_request, urgent_scope
 from ftconsole.scheduler.errors import NotFound, PermissionDenied, UsageError
 from ftconsole.scheduler.loop import Loop, request_stop
 from ftconsole.scheduler.nodeops import ClusterService, NodeView, ProbeOutcome
+from ftconsole.scheduler.rankreads import RankReads
 from ftconsole.scheduler.redaction import redact, redact_decision, redact_json, redact_outcome
 from ftconsole.scheduler.rules import Caller, Rules
-from ftconsole.scheduler.spec.config import Node, format_duration
+from ftconsole.scheduler.spec.config import format_duration
 from ftconsole.scheduler.spec.jobspec import Access, JobSpec
-from ftconsole.scheduler.ssh.channel import Followed
-from ftconsole.scheduler.ssh.runs import follow_file, read_file, run_files
 from ftconsole.scheduler.store.jobtx import Conflict
 from ftconsole.scheduler.store.records import JobActivity, StoredAlert, StoredEvent
 
 log = logging.getLogger("ftconsole.scheduler")
 
-LOG_POLL_S = 0.5
 MIN_TICK_GAP_S = 0.2
-LOG_CHUNK = 1 << 20
 
 
-class Scheduler:
+class Scheduler(RankReads):
     def __init__(self, service: ClusterService, *, clock: Callable[[], float] = time.time) -> None:
         self.service = service
         self.store = service.store
@@ -346,26 +341,6 @@ class Scheduler:
         job = await self._job(caller, job_id, "see", write=False)
         return await self.store.events(job=str(job.id), limit=limit)  # redacted by the caller (`redact_json`)
 
-    async def debug(self, caller: Caller, job_id: int | str, *, stacks: bool = True) -> dict[str, Any]:
-        """The evidence of every rank of a running job's current attempt, gathered now and kept with the job (an
-        `Evidence` event); of a job not running, the last kept. Its owner's or an admin's: it reads the
-        stacks and output of the job's processes."""
-        job = await self._job(caller, job_id, "debug", write=True)
-        if job.status is not JobStatus.RUNNING:
-            for event in reversed(await self.store.events(job=str(job.id), limit=1000)):  # the latest first
-                if event.kind == evidence.EVIDENCE and event.data:
-                    return dict(event.data, kept=True)
-            raise UsageError(f"job {job.id} is {job.status.value}: there is nothing to look at, and no evidence kept")
-        runs = await self.store.runs(job=job.id)
-        found = await evidence.gather(self.loop.executor, job, runs, stacks=stacks)
-        doc = found.to_json()
-        hung = [a for a in await self.store.alerts(job=job.id) if a.kind == "job_hung"]
-        doc["suspected_hung"] = bool(hung)  # a job that moves: a rank between two collectives is no news
-        async with self.store.jobs_tx(f"keep the evidence of job {job.id}") as tx:
-            await tx.event(found.time, evidence.EVIDENCE, f"attempt {job.attempt}: {found.verdict.reason}", job=job.id,
-                           data=evidence.kept(doc))  # fmt: skip
-        return dict(doc, kept=False)
-
     # -- alerts -----------------------------------------------------------------------------------------------
 
     async def ack(self, caller: Caller, alert_ids: Iterable[int | str]) -> list[StoredAlert]:
@@ -450,137 +425,6 @@ class Scheduler:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), timeout=self.settings.tick)
             job = await self._fresh(job.id)
-
-    async def logs(
-        self,
-        caller: Caller,
-        job_id: int | str,
-        *,
-        rank: int = 0,
-        attempt: int | None = None,
-        follow: bool = False,
-        tail: int | None = None,
-    ) -> AsyncIterator[str]:
-        """output.log of one rank, as text chunks; with `follow`, until the run ends. The first chunk is always ""
-        once the caller may read the logs: a caller that primes the stream to learn of refusals (the API) need not
-        wait for the run's first output, during which it could not tell that its client has gone."""
-        job = await self._job(caller, job_id, "read the logs of", write=False)
-        run = await self._log_run(job, rank, attempt)
-        node = self._node_of(run)
-        path = f"{run.run_dir}/output.log"
-        user = self.loop.executor.run_user(job)
-        yield ""
-        offset = 0
-        if tail is not None:
-            offset = await self._tail_offset(node, path, tail, user)
-        decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        pushed: Followed | None = None  # once read to its end, the node pushes what is written (node channels)
-        tried = False
-        try:
-            while True:
-                data = b""
-                if pushed is not None:
-                    with contextlib.suppress(TimeoutError):
-                        chunk = await pushed.next(LOG_POLL_S)
-                        if chunk is None:
-                            pushed = None  # the push ended: read by request from where it got to
-                        elif chunk[0] <= offset:
-                            data = chunk[1][offset - chunk[0] :]
-                        else:
-                            data = await self._log_read(node, path, offset, user)  # a gap: read it
-                else:
-                    data = await self._log_read(node, path, offset, user)
-                offset += len(data)
-                text = decoder.decode(data)
-                if text:
-                    yield text
-                if data and (pushed is not None or len(data) == LOG_CHUNK):
-                    continue
-                if not follow:
-                    return
-                if not await self._running(job.id, run):
-                    rest = await self._log_read(node, path, offset, user)
-                    text = decoder.decode(rest, final=True)
-                    if text:
-                        yield text
-                    return
-                if pushed is None and not tried:
-                    tried = True  # once: where the channel cannot follow, it is polled as before
-                    pushed = await follow_file(self.loop.executor.transport, node, path, offset=offset, user=user,
-                                               python=self._python)  # fmt: skip
-                if pushed is None:
-                    await asyncio.sleep(LOG_POLL_S)
-        finally:
-            if pushed is not None:
-                await pushed.close(LOG_POLL_S)
-
-    async def _running(self, job_id: int, run: Run) -> bool:
-        """Whether the run followed is still active (its log may still grow)."""
-        current = [r for r in await self.store.runs(job=job_id) if (r.attempt, r.rank) == (run.attempt, run.rank)]
-        return bool(current) and current[0].active
-
-    async def _log_run(self, job: Job, rank: int, attempt: int | None) -> Run:
-        runs = await self.store.runs(job=job.id)
-        number = attempt if attempt is not None else job.attempt
-        if not runs:
-            raise UsageError(f"job {job.id} is {job.status.value} and has not started: no logs yet")
-        match = [r for r in runs if r.attempt == number and r.rank == rank]
-        if not match:
-            ranks = sorted({r.rank for r in runs if r.attempt == number})
-            raise NotFound(f"job {job.id} attempt {number} has no rank {rank} (ranks: {ranks})")
-        run = match[0]
-        if run.state == "intent":
-            raise UsageError(f"job {job.id} rank {rank} is being started: try again in a moment")
-        if not run.launch:
-            raise UsageError(
-                f"rank {rank} of job {job.id} runs under mpirun started from rank 0: its output is in rank 0's log"
-            )
-        return run
-
-    def _node_of(self, run: Run) -> Node:
-        node = self._nodes.get(run.node)
-        if node is None:
-            raise NotFound(f"rank {run.rank} ran on {run.node}, which is no longer in the cluster config")
-        return node
-
-    async def _log_read(self, node: Node, path: str, offset: int, user: str | None) -> bytes:
-        """A chunk of a run's output.log, read on its node as the run's user (never with more rights)."""
-        got = await read_file(self.loop.executor.transport, node, path, offset=offset, limit=LOG_CHUNK, user=user,
-                              python=self._python)  # fmt: skip
-        return b"" if got is None else got[1]
-
-    async def launch_files(
-        self, caller: Caller, job_id: int | str, *, rank: int = 0, attempt: int | None = None
-    ) -> dict[str, Any]:
-        """What one rank was started with, read back from its run folder: argv, env and hostfile."""
-        job = await self._job(caller, job_id, "see the launch of", write=False)
-        run = await self._log_run(job, rank, attempt)
-        node = self._node_of(run)
-        found = await run_files(self.loop.executor.transport, node, run.run_dir, user=self.loop.executor.run_user(job),
-                                python=self._python)  # fmt: skip
-        if found is None:
-            raise NotFound(f"job {job.id} rank {run.rank}: no run folder {run.run_dir} on {run.node}")
-        argv, env, hostfile = (found[name] for name in ("argv.json", "env.json", "hostfile"))
-        return {
-            "node": run.node,
-            "rank": run.rank,
-            "attempt": run.attempt,
-            "run_dir": run.run_dir,
-            "argv": json.loads(argv) if argv else None,
-            "env": json.loads(env) if env else None,
-            "hostfile": hostfile or None,
-        }
-
-    async def _tail_offset(self, node: Node, path: str, lines: int, user: str | None) -> int:
-        """Where the last `lines` lines of the file start, in one round trip (0 when there is no file yet)."""
-        got = await read_file(
-            self.loop.executor.transport, node, path, limit=0, tail=lines, user=user, python=self._python
-        )
-        return 0 if got is None else got[0]
-
-    @property
-    def _python(self) -> str:
-        return self.config.ssh.python
 
     async def _fresh(self, job_id: int) -> Job:
         job = await self.store.job(job_id)
