@@ -24,17 +24,15 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Coroutine, Hashable, Sequence
 from typing import Any
 
-from ftconsole.scheduler import debugenv
 from ftconsole.scheduler.checkpoints import CheckpointSignals
 from ftconsole.scheduler.decide.jobplan import Images, JobLaunch, plan_attempt
 from ftconsole.scheduler.decide.jobs import Attempt, Condition, Job, Run
 from ftconsole.scheduler.decide.launcher import RankLaunch
-from ftconsole.scheduler.decide.reconcile import READ_STATES, Actions, Launch, Read, Stop
+from ftconsole.scheduler.decide.reconcile import Actions, Launch, Read, Stop
 from ftconsole.scheduler.decide.runstatus import status_fields
 from ftconsole.scheduler.decide.steps import user_root
 from ftconsole.scheduler.errors import FtError, SSHError, UnreachableError
 from ftconsole.scheduler.failpoints import afailpoint
-from ftconsole.scheduler.node.supervisor import MAX_PRUNED
 from ftconsole.scheduler.nodeops import ClusterService
 from ftconsole.scheduler.spec.config import Node
 from ftconsole.scheduler.spec.containers import pick_runtime, why_not
@@ -42,14 +40,10 @@ from ftconsole.scheduler.ssh.channel import Channels
 from ftconsole.scheduler.ssh.runs import (
     CannotSwitch,
     NoAccount,
-    NodeRun,
-    Prune,
     RunStatus,
     account,
     free_port,
-    node_runs,
     prepare_run,
-    prune_runs,
     run_states,
     signal_runs,
     start_run,
@@ -58,6 +52,7 @@ from ftconsole.scheduler.ssh.runs import (
 from ftconsole.scheduler.ssh.silence import NodeSilence
 from ftconsole.scheduler.ssh.transport import SSHPool, Transport
 from ftconsole.scheduler.store.jobtx import CheckpointSignal, Conflict
+from ftconsole.scheduler.sweeping import Sweeping
 
 log = logging.getLogger("ftconsole.scheduler")
 
@@ -69,7 +64,7 @@ ACCOUNT_OK_S = 600.0  # a user's account found on a node is not asked for again 
 NO_ACCOUNT_S = 3600.0  # a node where a user has no account is left out of that user's placements this long
 
 
-class Executor:
+class Executor(Sweeping):
     def __init__(
         self,
         service: ClusterService,
@@ -522,95 +517,6 @@ class Executor:
         if due is not None:
             self.tracker.awaited(read.node, due)
         return False
-
-    async def _prune_others(self, node: Node, prune: Prune, pruned: list[str], users: set[str | None]) -> None:
-        """Retention for users without a run on the node now; one who has no account there has no folders."""
-        for user in sorted(users, key=str):
-            try:
-                await prune_runs(self.transport, node, prune, user=user, pruned=pruned, python=self._python,
-                                 timeout=self._timeout)  # fmt: skip
-            except (NoAccount, CannotSwitch):
-                continue
-            except FtError as exc:
-                log.warning("%s: cannot remove old run folders of %s: %s", node.name, user, exc)
-                return
-
-    async def _recent_users(self) -> list[str | None]:
-        """Whose run folders a sweep or a prune visits: the owners of jobs active or ended lately (within the
-        run retention, else a week), as each job's runs are its owner's; None (the SSH account) under ssh_user."""
-        if self.settings.run_as != "submitter":
-            return [None]
-        window = self.settings.run_retention or 7 * 86400.0
-        return list(await self.store.owners(since=self.clock() - window - 86400.0))
-
-    async def _prune(self) -> Prune | None:
-        """Run retention for one node's next read or sweep (None when off): keep every held run's attempt, and
-        the last attempt of each failed job within its debug retention (`debugenv`)."""
-        if not self.settings.run_retention:
-            return None
-        held = await self.store.runs(held=True)
-        failed = await debugenv.failed_lately(self.store, self.config.debug, self.clock())
-        prune = Prune.keeping(self.settings.run_root, self.store.cluster_id, self.settings.run_retention, held)
-        return dataclasses.replace(prune, keep=tuple(sorted({*prune.keep, *debugenv.kept_attempts(failed)})))
-
-    def _was_pruned(self, node: Node, prune: Prune | None, pruned: Sequence[str]) -> None:
-        if prune is None:
-            return
-        if len(pruned) < MAX_PRUNED:  # a full prune leaves more behind: the next read prunes again
-            self._pruned_at[node.name] = self.clock()
-        if pruned:
-            log.info("%s: removed the folders of %d ended runs past run_retention: %s", node.name, len(pruned),
-                     ", ".join(pruned))  # fmt: skip
-
-    async def _sweep(self, node: Node) -> None:
-        """Fencing: kill the runs of this cluster on the node that the store does not count as current (a
-        node back after it was given up, or runs left by a crash between a start and its record); the run
-        folders of each user who had jobs lately, read as that user."""
-        prune = await self._prune()
-        pruned: list[str] = []
-        for user in await self._recent_users():
-            try:
-                listing = node_runs(self.transport, node, root=self.run_root, prune=prune, pruned=pruned, user=user,
-                                    python=self._python, timeout=self._timeout)  # fmt: skip
-                found = await self._ask(node, listing, heartbeat=False)
-            except (NoAccount, CannotSwitch):
-                continue  # no runs of that user here: none could have started
-            except FtError as exc:
-                log.warning("cannot sweep %s: %s", node.name, exc)
-                return
-            if not await self._fence(node, found, user):
-                return
-        self._was_pruned(node, prune, pruned)
-        self._unswept.discard(node.name)
-
-    async def _fence(self, node: Node, found: Sequence[NodeRun], user: str | None) -> bool:
-        """Kill the runs `found` (one user's) that are not current; False when the node did not take it."""
-        held = await self.store.runs(held=True)
-        current = {(str(r.job), str(r.attempt), str(r.rank)) for r in held if r.node == node.name and r.active}
-        strays = [f for f in found if f.status.state in READ_STATES and (f.job, f.attempt, f.rank) not in current]
-        if not strays:
-            return True
-        root = user_root(self.run_root, user)
-        dirs = [f"{root}/{f.job}/{f.attempt}/{f.rank}" for f in strays]
-        tokens = {d: f.status.token for d, f in zip(dirs, strays, strict=True) if f.status.token}
-        try:
-            killing = stop_runs(self.transport, node, dirs, tokens=tokens, users=dict.fromkeys(dirs, user),
-                                force=True, python=self._python, timeout=self._timeout)  # fmt: skip
-            await self._ask(node, killing, heartbeat=False)
-        except FtError as exc:
-            log.warning("cannot stop stray runs on %s: %s", node.name, exc)
-            return False
-        now = self.clock()
-        async with self.store.jobs_tx("record fenced runs") as tx:
-            for f in strays:
-                text = (
-                    f"fenced: rank {f.rank} of attempt {f.attempt} was still running on {node.name}, which the "
-                    "scheduler no longer counts as current; killed"
-                )
-                job = int(f.job) if f.job.isdigit() else None
-                await tx.event(now, "Fenced", text, job=job, node=node.name)
-                log.warning("job %s: %s", f.job, text)
-        return True
 
     @property
     def _python(self) -> str:

@@ -1,0 +1,141 @@
+"""What is left on the nodes, for the executor (`Executor`, which this is part of): the sweep that fences runs the
+store no longer counts as current (a node back after it was given up, runs left by a crash between a start and its
+record), and run retention (old ended attempts' folders removed, for the users with runs on a node and for the
+others who ran jobs lately). Each user's folders are read and acted on as that user.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
+
+from ftconsole.scheduler import debugenv
+from ftconsole.scheduler.decide.reconcile import READ_STATES
+from ftconsole.scheduler.decide.runstatus import NodeRun
+from ftconsole.scheduler.decide.steps import user_root
+from ftconsole.scheduler.errors import FtError
+from ftconsole.scheduler.node.supervisor import MAX_PRUNED
+from ftconsole.scheduler.spec.config import ClusterConfig, Node, SchedulerSettings
+from ftconsole.scheduler.ssh.runs import CannotSwitch, NoAccount, Prune, node_runs, prune_runs, stop_runs
+from ftconsole.scheduler.ssh.transport import Transport
+from ftconsole.scheduler.store.db import Store
+
+log = logging.getLogger("ftconsole.scheduler")
+
+
+class Sweeping:
+    """Part of `Executor` (executor.py): sweeps, fencing and run retention."""
+
+    store: Store
+    transport: Transport
+    config: ClusterConfig
+    settings: SchedulerSettings
+    clock: Callable[[], float]
+    _unswept: set[str]
+    _pruned_at: dict[str, float]
+
+    @property
+    def run_root(self) -> str:
+        raise NotImplementedError  # Executor's
+
+    @property
+    def _python(self) -> str:
+        raise NotImplementedError  # Executor's
+
+    @property
+    def _timeout(self) -> float:
+        raise NotImplementedError  # Executor's
+
+    async def _ask(self, node: Node, work: Coroutine[Any, Any, Any], *, heartbeat: bool = True) -> Any:
+        raise NotImplementedError  # Executor's
+
+    async def _prune_others(self, node: Node, prune: Prune, pruned: list[str], users: set[str | None]) -> None:
+        """Retention for users without a run on the node now; one who has no account there has no folders."""
+        for user in sorted(users, key=str):
+            try:
+                await prune_runs(self.transport, node, prune, user=user, pruned=pruned, python=self._python,
+                                 timeout=self._timeout)  # fmt: skip
+            except (NoAccount, CannotSwitch):
+                continue
+            except FtError as exc:
+                log.warning("%s: cannot remove old run folders of %s: %s", node.name, user, exc)
+                return
+
+    async def _recent_users(self) -> list[str | None]:
+        """Whose run folders a sweep or a prune visits: the owners of jobs active or ended lately (within the
+        run retention, else a week), as each job's runs are its owner's; None (the SSH account) under ssh_user."""
+        if self.settings.run_as != "submitter":
+            return [None]
+        window = self.settings.run_retention or 7 * 86400.0
+        return list(await self.store.owners(since=self.clock() - window - 86400.0))
+
+    async def _prune(self) -> Prune | None:
+        """Run retention for one node's next read or sweep (None when off): keep every held run's attempt, and
+        the last attempt of each failed job within its debug retention (`debugenv`)."""
+        if not self.settings.run_retention:
+            return None
+        held = await self.store.runs(held=True)
+        failed = await debugenv.failed_lately(self.store, self.config.debug, self.clock())
+        prune = Prune.keeping(self.settings.run_root, self.store.cluster_id, self.settings.run_retention, held)
+        return dataclasses.replace(prune, keep=tuple(sorted({*prune.keep, *debugenv.kept_attempts(failed)})))
+
+    def _was_pruned(self, node: Node, prune: Prune | None, pruned: Sequence[str]) -> None:
+        if prune is None:
+            return
+        if len(pruned) < MAX_PRUNED:  # a full prune leaves more behind: the next read prunes again
+            self._pruned_at[node.name] = self.clock()
+        if pruned:
+            log.info("%s: removed the folders of %d ended runs past run_retention: %s", node.name, len(pruned),
+                     ", ".join(pruned))  # fmt: skip
+
+    async def _sweep(self, node: Node) -> None:
+        """Fencing: kill the runs of this cluster on the node that the store does not count as current (a
+        node back after it was given up, or runs left by a crash between a start and its record); the run
+        folders of each user who had jobs lately, read as that user."""
+        prune = await self._prune()
+        pruned: list[str] = []
+        for user in await self._recent_users():
+            try:
+                listing = node_runs(self.transport, node, root=self.run_root, prune=prune, pruned=pruned, user=user,
+                                    python=self._python, timeout=self._timeout)  # fmt: skip
+                found = await self._ask(node, listing, heartbeat=False)
+            except (NoAccount, CannotSwitch):
+                continue  # no runs of that user here: none could have started
+            except FtError as exc:
+                log.warning("cannot sweep %s: %s", node.name, exc)
+                return
+            if not await self._fence(node, found, user):
+                return
+        self._was_pruned(node, prune, pruned)
+        self._unswept.discard(node.name)
+
+    async def _fence(self, node: Node, found: Sequence[NodeRun], user: str | None) -> bool:
+        """Kill the runs `found` (one user's) that are not current; False when the node did not take it."""
+        held = await self.store.runs(held=True)
+        current = {(str(r.job), str(r.attempt), str(r.rank)) for r in held if r.node == node.name and r.active}
+        strays = [f for f in found if f.status.state in READ_STATES and (f.job, f.attempt, f.rank) not in current]
+        if not strays:
+            return True
+        root = user_root(self.run_root, user)
+        dirs = [f"{root}/{f.job}/{f.attempt}/{f.rank}" for f in strays]
+        tokens = {d: f.status.token for d, f in zip(dirs, strays, strict=True) if f.status.token}
+        try:
+            killing = stop_runs(self.transport, node, dirs, tokens=tokens, users=dict.fromkeys(dirs, user),
+                                force=True, python=self._python, timeout=self._timeout)  # fmt: skip
+            await self._ask(node, killing, heartbeat=False)
+        except FtError as exc:
+            log.warning("cannot stop stray runs on %s: %s", node.name, exc)
+            return False
+        now = self.clock()
+        async with self.store.jobs_tx("record fenced runs") as tx:
+            for f in strays:
+                text = (
+                    f"fenced: rank {f.rank} of attempt {f.attempt} was still running on {node.name}, which the "
+                    "scheduler no longer counts as current; killed"
+                )
+                job = int(f.job) if f.job.isdigit() else None
+                await tx.event(now, "Fenced", text, job=job, node=node.name)
+                log.warning("job %s: %s", f.job, text)
+        return True
