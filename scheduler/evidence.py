@@ -29,6 +29,7 @@ from ftconsole.scheduler.executor import Executor
 from ftconsole.scheduler.spec.config import Node
 from ftconsole.scheduler.ssh.pyspy import can_run_on, local_py_spy, send_py_spy
 from ftconsole.scheduler.ssh.runs import process_evidence, read_file, run_states
+from ftconsole.scheduler.store.jobtx import JobTx
 
 log = logging.getLogger("ftconsole.scheduler")
 
@@ -37,6 +38,7 @@ TAIL_LINES = 10
 TAIL_BYTES = 8192
 EVIDENCE = "Evidence"  # the event that keeps a job's evidence with it
 KEPT_BYTES = 256 * 1024
+KEEP_PER_JOB = 20  # evidence documents kept of one job (the newest)
 STOPPED = frozenset({"T", "t"})
 
 
@@ -77,6 +79,14 @@ def kept(doc: dict[str, Any]) -> dict[str, Any]:
         return doc
     runs = [{k: v for k, v in run.items() if k != "processes"} for run in doc.get("runs", [])]
     return dict(doc, runs=runs, cut=f"the process lists were left out (over {KEPT_BYTES} bytes)")
+
+
+async def record(tx: JobTx, job: int, doc: dict[str, Any]) -> None:
+    """Keep the evidence with its job: the document in the store (the newest KEEP_PER_JOB of a job stay), and an
+    Evidence event in its timeline with the verdict alone (listings of events stay small)."""
+    kept_id = await tx.evidence(job, doc["attempt"], doc["time"], kept(doc), keep=KEEP_PER_JOB)
+    text = f"attempt {doc['attempt']}: {doc['verdict']['reason']}"
+    await tx.event(doc["time"], EVIDENCE, text, job=job, data={"verdict": doc["verdict"], "evidence": kept_id})
 
 
 def _rank_json(r: Rank) -> dict[str, Any]:

@@ -176,16 +176,17 @@ class RankReads:
         stacks and output of the job's processes."""
         job = await self._job(caller, job_id, "debug", write=True)
         if job.status is not JobStatus.RUNNING:
-            for event in reversed(await self.store.events(job=str(job.id), limit=1000)):  # the latest first
-                if event.kind == evidence.EVIDENCE and event.data:
-                    return dict(event.data, kept=True)
-            raise UsageError(f"job {job.id} is {job.status.value}: there is nothing to look at, and no evidence kept")
+            last = await self.store.evidence(job.id)
+            if last is None:
+                raise UsageError(
+                    f"job {job.id} is {job.status.value}: there is nothing to look at, and no evidence kept"
+                )
+            return dict(last, kept=True)
         runs = await self.store.runs(job=job.id)
         found = await evidence.gather(self.loop.executor, job, runs, stacks=stacks)
         doc = found.to_json()
         hung = [a for a in await self.store.alerts(job=job.id) if a.kind == "job_hung"]
         doc["suspected_hung"] = bool(hung)  # a job that moves: a rank between two collectives is no news
         async with self.store.jobs_tx(f"keep the evidence of job {job.id}") as tx:
-            await tx.event(found.time, evidence.EVIDENCE, f"attempt {job.attempt}: {found.verdict.reason}", job=job.id,
-                           data=evidence.kept(doc))  # fmt: skip
+            await evidence.record(tx, job.id, doc)
         return dict(doc, kept=False)

@@ -20,7 +20,7 @@ from typing import Any
 from ftconsole.scheduler.decide.detect import Hung, hung
 from ftconsole.scheduler.decide.jobs import Condition, Job, JobStatus, Run, StopReason
 from ftconsole.scheduler.decide.reconcile import HUNG_PREFIX, MAX_HANG_RESTARTS, hang_restarts
-from ftconsole.scheduler.evidence import EVIDENCE, kept
+from ftconsole.scheduler.evidence import record
 from ftconsole.scheduler.executor import QUIET_READ_S
 from ftconsole.scheduler.logwatch import SCAN_EVERY_S, LogWatch
 from ftconsole.scheduler.nodeops import ClusterService
@@ -211,8 +211,7 @@ class Watchdog:
             data: dict[str, Any] = {"attempt": job.attempt, "alert": HUNG_ALERT, "rank": first.rank, "node": first.node}
             if found is not None:
                 data["verdict"] = found.to_json()["verdict"]
-                await tx.event(found.time, EVIDENCE, f"attempt {job.attempt}: {found.verdict.reason}", job=job.id,
-                               data=kept({**found.to_json(), "suspected_hung": True}))  # fmt: skip
+                await record(tx, job.id, {**found.to_json(), "suspected_hung": True})
             await tx.event(now, Condition.SUSPECTED_HUNG, f"attempt {job.attempt} {what}{standout}{action}",
                            job=job.id, node=first.node, data=data)  # fmt: skip
             await tx.alert(now, HUNG_ALERT, "warning",

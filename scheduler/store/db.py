@@ -379,6 +379,12 @@ class Store:
             rows = await cur.fetchall()
         return [_run_from_row(r) for r in rows]
 
+    async def evidence(self, job: int) -> dict[str, Any] | None:
+        """The newest evidence document kept of a job (`JobTx.evidence`), or None."""
+        async with self._db.execute("SELECT data FROM evidence WHERE job = ? ORDER BY id DESC LIMIT 1", (job,)) as cur:
+            row = await cur.fetchone()
+        return None if row is None else dict(json.loads(row[0]))
+
     async def checkpoint_signals(self, *, owed: bool = True, job: int | None = None) -> list[CheckpointSignal]:
         """The checkpoint signals still owed (`owed`), or all of them; of one job, or of every job."""
         return list(await self._kept_read(("checkpoint_signals", owed, job), lambda: self._checkpoints(owed, job)))

@@ -254,6 +254,19 @@ class JobTx:
             (time, kind, node, None if job is None else str(job), message, json.dumps(data or {})),
         )
 
+    async def evidence(self, job: int, attempt: int, time: float, doc: dict[str, Any], *, keep: int) -> int:
+        """Keep a job's evidence document (the newest `keep` of each job stay); its id."""
+        cur = await self._db.execute(
+            "INSERT INTO evidence (job, attempt, time, data) VALUES (?, ?, ?, ?)", (job, attempt, time, json.dumps(doc))
+        )
+        await self._db.execute(
+            "DELETE FROM evidence WHERE job = ? AND id NOT IN (SELECT id FROM evidence WHERE job = ? ORDER BY id DESC "
+            "LIMIT ?)",
+            (job, job, keep),
+        )
+        assert cur.lastrowid is not None
+        return int(cur.lastrowid)
+
     async def alert(
         self,
         time: float,

@@ -196,5 +196,17 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX checkpoint_signals_owed ON checkpoint_signals (job) WHERE outcome IS NULL;
     """,
+    # 10: the evidence of a hang (issue 29): what every rank was doing, as `ftconsole debug` gathered it (a JSON
+    #     document up to 256 kB); its event (Evidence) carries the verdict alone, so listings stay small
+    """
+    CREATE TABLE evidence (
+        id          INTEGER PRIMARY KEY,
+        job         INTEGER NOT NULL,
+        attempt     INTEGER NOT NULL,
+        time        REAL NOT NULL,
+        data        TEXT NOT NULL
+    );
+    CREATE INDEX evidence_job ON evidence (job, id);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -64,7 +64,8 @@ async def test_debug_gathers_every_ranks_stack_and_keeps_the_evidence(sshd_clust
         after = await asyncio.to_thread(cli.json, "debug", str(job_id))
         assert after["kept"] and after["verdict"] == doc["verdict"]
         events = await client.call("events", job=job_id)
-        assert sum(e["kind"] == "Evidence" for e in events) == 2
+        kept_events = [e for e in events if e["kind"] == "Evidence"]
+        assert len(kept_events) == 2 and all(set(e["data"]) == {"verdict", "evidence"} for e in kept_events)
 
 
 async def test_a_job_without_python_gets_its_evidence_and_no_py_spy_is_sent(sshd_cluster, tmp_path, sock_dir) -> None:

@@ -109,7 +109,7 @@ async def test_a_version_2_store_is_migrated_with_its_history(tmp_path: Path) ->
             "VALUES (5.0, 'job_failed', 'error', 1, 'failed', 'acknowledged', 'bob', 6.0)"
         )
     async with await Store.open(path) as store:
-        assert await store.schema_version() == SCHEMA_VERSION == 9
+        assert await store.schema_version() == SCHEMA_VERSION == 10
         assert len(store.cluster_id) == 12  # made by the migration: run folders are keyed by it
         (job,) = await store.jobs()
         assert (job.name, job.status.value) == ("old", "error")
@@ -177,3 +177,17 @@ async def test_a_checkpoint_signal_owed_is_kept_until_tried_through_or_closed(tm
         assert done == {0: (None, None, 1), 1: ("signalled", 12.0, 1), 2: ("late", 80.0, 0)}
     async with await Store.open(tmp_path / "state.db") as store:  # a scheduler after a crash finds it owed
         assert [o.key for o in await store.checkpoint_signals()] == [(7, 1, 0)]
+
+
+async def test_evidence_keeps_the_newest_documents_of_each_job(tmp_path: Path) -> None:
+    async with await Store.open(tmp_path / "state.db") as store:
+        assert await store.evidence(7) is None
+        for n in range(5):
+            async with store.jobs_tx("keep evidence") as tx:
+                await tx.evidence(7, 1, float(n), {"n": n}, keep=3)
+                await tx.evidence(8, 1, float(n), {"n": 10 + n}, keep=3)
+        assert (await store.evidence(7), await store.evidence(8)) == ({"n": 4}, {"n": 14})
+        with sqlite3.connect(tmp_path / "state.db") as db:
+            kept = db.execute("SELECT job, data FROM evidence ORDER BY id").fetchall()
+        got = [(job, json.loads(data)["n"]) for job, data in kept]
+        assert got == [(7, 2), (8, 12), (7, 3), (8, 13), (7, 4), (8, 14)]
