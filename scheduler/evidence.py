@@ -7,7 +7,8 @@ doing (`supervisor_evidence.py`: state, wait channel, CPU time over a short samp
 by py-spy), and the last lines of each run's output.log, as its user. Nothing is stopped or signalled.
 
 A rank of the verdict is one training process: a launcher's worker (a Python process with RANK in its
-environment and none under it; its rank is that RANK), else the run's main process (its rank the run's). The
+environment and none under it; its rank is that RANK), else the run's first Python process, else the first of its
+processes that started no other (a wrapper shell's command); its rank is then the run's. The
 document (`Evidence.to_json`) keeps everything gathered, per run; `ftconsole debug JOB` shows it.
 """
 
@@ -210,9 +211,10 @@ def _units(doc: dict[str, Any]) -> list[Rank]:
     ranked = [p for p in procs if p.get("python") and _env_rank(p) is not None]
     parents = {p.get("ppid") for p in ranked}
     workers = [p for p in ranked if p["pid"] not in parents or not _below(p, ranked, by_pid)]
-    if not workers:  # no launcher's worker: the run's main process (the step's leader), else its first Python one
+    if not workers:  # no launcher's worker: the run's first Python process, else the first that started nothing
         pythons = [p for p in procs if p.get("python")]
-        workers = [pythons[0] if pythons else procs[0]]
+        leaves = [p for p in procs if p["pid"] not in {q.get("ppid") for q in procs}]  # a shell's command, say
+        workers = [(pythons or leaves or procs)[0]]
         rank_of = {workers[0]["pid"]: run_rank}
     else:
         rank_of = {p["pid"]: _env_rank(p) for p in workers}

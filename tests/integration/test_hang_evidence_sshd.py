@@ -72,7 +72,7 @@ async def test_a_job_without_python_gets_its_evidence_and_no_py_spy_is_sent(sshd
     cluster: SshdCluster = sshd_cluster(1)
     loaded = write_config(cluster, tmp_path, sock_dir, probes={"interval": "1h"})
     async with running(loaded) as (_, client):
-        submitted = await client.call("submit", spec=job("sleeper", "sleep 300"))
+        submitted = await client.call("submit", spec=job("sleeper", "sh -c 'sleep 300; true'"))  # sh waits for it
         ran = lambda j: any(r["state"] == "running" for a in j["attempts"] for r in a["runs"])  # noqa: E731
         await until(client, submitted["id"], ran, "the rank read running")
         doc = await client.call("debug", job=submitted["id"])
@@ -82,5 +82,7 @@ async def test_a_job_without_python_gets_its_evidence_and_no_py_spy_is_sent(sshd
     assert (rank["state"], rank["stack"], rank["stack_error"]) == ("S", [], "not a Python process"), rank
     assert doc["verdict"]["reason"] == "no rank stands out: rank 0 has no stack (not a Python process)"
     [processes] = [run["processes"] for run in doc["runs"]]
-    assert [p["comm"] for p in processes] == ["sleep"] and processes[0]["wchan"], processes
+    assert sorted(p["comm"] for p in processes) == ["sh", "sleep"], processes
+    [sleeper] = [p for p in processes if p["comm"] == "sleep"]
+    assert rank["pid"] == sleeper["pid"] and sleeper["wchan"], (rank, processes)  # the command, not its shell
     assert not list((cluster.nodes[0].home / ".ftconsole" / "lib").glob("py-spy-*"))
