@@ -102,6 +102,7 @@ def _rank_json(r: Rank) -> dict[str, Any]:
         "where": r.where if r.gone is None else None,
         "stack": [{"name": f.name, "file": f.file, "line": f.line} for f in r.frames],
         "stack_error": r.stack_error,
+        "moving": r.moving,
         "gone": r.gone,
     }
 
@@ -236,6 +237,7 @@ def _units(doc: dict[str, Any]) -> list[Rank]:
             stack_error=error,
             stopped=tuple(q["pid"] for q in mine if q.get("state") in STOPPED),
             blocked=tuple((q["pid"], q.get("wchan") or "") for q in mine if q.get("state") == "D"),
+            moving=p.get("stack_moved") if isinstance(p.get("stack_moved"), bool) else None,
         ))  # fmt: skip
     return out
 

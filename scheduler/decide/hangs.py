@@ -7,6 +7,7 @@ these rules in order and names the first rank that one of them singles out, with
 1. stopped: a process of the rank is stopped (state T or t: SIGSTOP, a debugger);
 2. uninterruptible: one sleeps in the kernel where no signal reaches it (state D), with its wait channel (a
    driver's: the evidence points to hardware);
+   (then, when most ranks' stacks changed between two looks, the job moves: no rank is named, rule "moving")
 3. outside the collective: the others wait in a collective (all_reduce, barrier...) and this one does not: the
    innermost frame of its main thread says where it is (busy or not, by its CPU time);
 4. busy: its CPU time moves while the others' does not.
@@ -57,6 +58,7 @@ class Rank:
     stack_error: str | None = None
     stopped: tuple[int, ...] = ()  # pids of its processes (a launcher's included) that are stopped
     blocked: tuple[tuple[int, str], ...] = ()  # (pid, wait channel) of those in uninterruptible sleep
+    moving: bool | None = None  # its main thread's stack changed between two looks (None: not known)
     gone: str | None = None  # why nothing of it could be looked at
 
     @property
@@ -81,7 +83,7 @@ class Verdict:
     rank: int | None  # the rank that stands out (None: none does)
     node: str | None
     reason: str  # one line
-    rule: str  # stopped | uninterruptible | outside-collective | busy | none
+    rule: str  # stopped | uninterruptible | moving | outside-collective | busy | none
     hardware: bool = False  # the evidence points to the node's hardware (a driver's wait)
     ranks: tuple[int, ...] = field(default=())  # every rank singled out by that rule
 
@@ -140,6 +142,11 @@ def verdict(ranks: Sequence[Rank]) -> Verdict:
         text = (f"rank {first.rank} on {first.node} is in uninterruptible sleep in {wchan or 'the kernel'} "
                 f"(pid {pid}){driver}{_others(seen, blocked)}")  # fmt: skip
         return Verdict(first.rank, first.node, text, "uninterruptible", hardware, tuple(r.rank for r in blocked))
+    known = [r for r in seen if r.moving is not None]
+    moving = [r for r in known if r.moving]
+    if known and len(moving) * 2 > len(known):
+        text = f"the ranks are moving: {len(moving)} of {len(known)} stacks changed between two looks; none is stuck"
+        return Verdict(None, None, text, "moving")
     inside = [r for r in seen if r.collective]
     outside = [r for r in seen if r.frames and not r.collective]
     if inside and outside and len(outside) <= len(inside):

@@ -10,7 +10,8 @@ the process group and every descendant of them (a launcher's workers that left t
   seconds), cpu_moved (how much of it in the `sample` seconds between two looks), python (its executable is a
   Python), env (its rank variables: RANK, LOCAL_RANK, WORLD_SIZE and MPI's), and with `stacks` for a Python
   process: stack (py-spy's `dump --json --nonblocking`: each thread's
-  frames, innermost first) or stack_error (why there is none).
+  frames, innermost first) or stack_error (why there is none), and stack_moved (its main thread's stack differs
+  from a first look taken at the start of the sample: the process moves; None: not known).
 
 A group whose leader is another process now (its pid reused), in another boot, or gone reads {"gone": why}.
 Nothing is stopped or signalled: py-spy reads the process's memory without pausing it. It needs the right to
@@ -216,6 +217,14 @@ def _stack(py_spy, pid):
     return out, None
 
 
+def _main_frames(threads, pid):
+    """The frames of a process's main thread in a stack `_stack` read, as comparable tuples (None: no stack)."""
+    if not threads:
+        return None
+    main = next((t for t in threads if t.get("tid") == pid), threads[0])
+    return [(f.get("name"), f.get("file"), f.get("line")) for f in main.get("frames") or []]
+
+
 def processes(params):
     sample = min(max(float(params.get("sample") or 0.0), 0.0), MAX_SAMPLE_S)
     stacks = bool(params.get("stacks"))
@@ -225,9 +234,15 @@ def processes(params):
         pids, why = _members(group, table)
         groups.append((group.get("key"), pids, why))
     before = {pid: table[pid]["cpu"] for _, pids, _ in groups for pid in pids or []}
-    if sample > 0 and before:
-        time.sleep(sample)
     py_spy = _py_spy(params) if stacks else None
+    pythons = [p for p in before if _python(p, table[p]["comm"]) and table[p]["state"] != "Z"] if stacks else []
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        # a first look at the stacks while the CPU time is sampled: a stack that differs in the second look is
+        # of a process that moves (a job that progresses is not stuck wherever one look finds it)
+        first = pool.map(lambda p: _stack(py_spy, p), pythons) if sample > 0 else iter(())
+        if sample > 0 and before:
+            time.sleep(sample)
+        earlier = dict(zip(pythons, first))  # noqa: B905
     out = []
     for key, pids, why in groups:
         if why is not None:
@@ -260,4 +275,10 @@ def processes(params):
         with ThreadPoolExecutor(max_workers=8) as pool:
             for entry, (stack, why) in zip(wanted, pool.map(lambda e: _stack(py_spy, e["pid"]), wanted)):  # noqa: B905
                 entry["stack"], entry["stack_error"] = stack, why
+                seen = earlier.get(entry["pid"])
+                was, now_frames = (
+                    _main_frames(seen[0] if seen else None, entry["pid"]),
+                    _main_frames(stack, entry["pid"]),
+                )
+                entry["stack_moved"] = None if was is None or now_frames is None else was != now_frames
     return {"groups": out, "time": time.time(), "py_spy": py_spy, "machine": os.uname().machine}

@@ -85,6 +85,25 @@ CASES = {
         (2, "c", "outside-collective", False),
         "rank 2 on c is not in a collective: train.py:88 in load_batch; rank 0 waits in all_reduce",
     ),
+    "most ranks moving: none named": (
+        [
+            Rank(0, "a", frames=LOADING, moving=True),
+            Rank(1, "b", frames=ALL_REDUCE, moving=True),
+            Rank(2, "c", frames=ALL_REDUCE, moving=False),
+        ],
+        (None, None, "moving", False),
+        "the ranks are moving: 2 of 3 stacks changed between two looks; none is stuck",
+    ),
+    "one rank moving of two: the normal rules": (
+        [Rank(0, "a", frames=SPINNING, cpu=1.0, moving=True), Rank(1, "b", frames=ALL_REDUCE, moving=False)],
+        (0, "a", "outside-collective", False),
+        "rank 0 on a is not in a collective: train.py:12 in spin (busy: 100% of a core); rank 1 waits in all_reduce",
+    ),
+    "a stopped rank before the others' moving": (
+        [Rank(0, "a", stopped=(5,), moving=False), Rank(1, "b", moving=True), Rank(2, "c", moving=True)],
+        (0, "a", "stopped", False),
+        "rank 0 on a is stopped (pid 5: SIGSTOP or a debugger); ranks 1-2 have no stack",
+    ),
     "nothing could be looked at": (
         [Rank(0, "a", gone="the node rebooted since it started")],
         (None, None, "none", False),

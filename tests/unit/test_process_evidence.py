@@ -85,6 +85,7 @@ def test_every_process_of_the_group_with_its_state_cpu_rank_and_stack(launcher: 
         [main] = [t for t in procs[pid]["stack"] if t["tid"] == pid]
         assert [f["name"] for f in main["frames"]] == ["load_batch", "<module>"], procs[pid]
         assert procs[pid]["stack_error"] is None
+        assert procs[pid]["stack_moved"] is False  # the same at the start of the 0.3 s sample and after it
 
 
 def test_a_group_whose_leader_is_another_process_now_is_gone(launcher: tuple[int, list[int]]) -> None:
