@@ -8,6 +8,8 @@ reach the hang), then checks the whole verdict and the evidence behind it, and t
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -50,6 +52,8 @@ async def hung_job(peers: Peers, how: str, rank: int) -> tuple[dict[str, Any], l
     async with running(peers.loaded) as (_, client):
         job = await client.call("submit", spec=peers.spec(f"hang-{how}", "pytorch", f"python {HANG}", env))
         doc = await verdict_naming(client, job["id"])
+        if os.environ.get("FT_RECORD_EVIDENCE"):  # the unit table's recorded cases (tests/unit/golden/evidence)
+            Path(os.environ["FT_RECORD_EVIDENCE"], f"torch-{how}.json").write_text(json.dumps(doc, indent=1) + "\n")
         await client.call("stop", jobs=[job["id"]])
         await finished(client, job["id"])
         kept = await client.call("debug", job=job["id"])  # not running: the evidence kept last

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from ftconsole.scheduler.decide.hangs import Frame, Rank, ranges, verdict
+from ftconsole.scheduler.evidence import _units
 
 C10D = "/usr/lib/python3/site-packages/torch/distributed/distributed_c10d.py"
 ALL_REDUCE = (Frame("all_reduce", C10D, 2501), Frame("wrapper", "/x/torch/distributed/c10d_logger.py", 81),
@@ -129,3 +134,43 @@ def test_a_collective_is_one_of_torch_distributed_not_a_user_function_of_that_na
 @pytest.mark.parametrize(("numbers", "text"), [([0], "0"), ([0, 1, 2, 4, 6, 7], "0-2, 4, 6-7"), ([5, 3, 4], "3-5")])
 def test_ranges(numbers: list[int], text: str) -> None:
     assert ranges(numbers) == text
+
+
+# -- evidence recorded from real runs --------------------------------------------------------------------------
+# tests/unit/golden/evidence: what `debug` gathered from real torch jobs (4 gloo ranks under torch.distributed.run
+# on two sshd nodes, tests/peers/test_hang_evidence.py, recorded with FT_RECORD_EVIDENCE=that folder): the
+# processes of each run as the nodes said, turned into the verdict's ranks (`evidence._units`) and judged again.
+
+GOLDEN = Path(__file__).resolve().parent / "golden" / "evidence"
+RECORDED = {
+    "torch-stop.json": (1, "node01", "stopped"),
+    "torch-load.json": (2, "node02", "outside-collective"),
+    "torch-spin.json": (0, "node01", "outside-collective"),
+}
+
+
+def judged(doc: dict[str, Any]) -> Any:
+    return verdict(sorted((u for run in doc["runs"] for u in _units(run)), key=lambda u: (u.rank, u.node)))
+
+
+@pytest.mark.parametrize("name", sorted(RECORDED))
+def test_the_verdict_of_evidence_recorded_from_real_torch_jobs(name: str) -> None:
+    doc = json.loads((GOLDEN / name).read_text())
+    got = judged(doc)
+    assert (got.rank, got.node, got.rule) == RECORDED[name]
+    assert got.reason == doc["verdict"]["reason"]
+    # the launchers have RANK too (the node's): the ranks are their workers, each with its own RANK
+    procs = [p for run in doc["runs"] for p in run["processes"]]
+    workers = {p["pid"]: int(p["env"]["RANK"]) for p in procs if p["python"] and "distributed.run" not in p["cmdline"]}
+    units = {u.pid: u.rank for run in doc["runs"] for u in _units(run)}
+    assert units == workers and sorted(units.values()) == [0, 1, 2, 3]
+
+
+def test_the_recorded_stopped_rank_running_again_is_the_one_outside_the_collective() -> None:
+    doc = json.loads((GOLDEN / "torch-stop.json").read_text())
+    for run in doc["runs"]:
+        for p in run["processes"]:
+            p["state"] = "S" if p["state"] == "T" else p["state"]
+    got = judged(doc)
+    assert (got.rank, got.rule) == (1, "outside-collective"), got.reason
+    assert got.reason.startswith("rank 1 on node01 is not in a collective: hang_rank.py:"), got.reason
