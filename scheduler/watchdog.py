@@ -207,6 +207,11 @@ class Watchdog:
             first = next((r for r in sorted(runs, key=lambda r: r.rank) if r.node == named.node), first)
         elif why_none:
             standout = f"; no evidence: {why_none}"
+        named = found.verdict if found is not None else None
+        if restart and named is not None and named.hardware and named.node:  # before the stop: never back there
+            why = f"job {job.id}: its hang's evidence points to the node's hardware: {named.reason}"
+            await self.service.isolate([named.node], reason=why, by="scheduler")
+            action += f"; {named.node} isolated: the evidence points to its hardware"
         async with self.store.jobs_tx(f"flag job {job.id} hung") as tx:
             data: dict[str, Any] = {"attempt": job.attempt, "alert": HUNG_ALERT, "rank": first.rank, "node": first.node}
             if found is not None:

@@ -260,7 +260,7 @@ def recover(
             return Requeue((), job.message or "rescheduled after a hardware fault", resubmits + 1, limit)
         return GiveUp(f"error,exiting: {job.message or 'hardware fault'} (resumed {resubmits} of {limit} times)")
     if job.stop_reason is StopReason.HUNG:  # hang_action restart: stopped as suspected hung
-        return _hang_restart(job, attempts, resubmits, limit, now)
+        return _hang_restart(job, runs, attempts, health, resubmits, limit, now)
     if job.stop_reason not in (None, StopReason.ERROR):
         return None  # stopped by a user, or past its max_runtime: never restarted
     failed = sorted((r for r in runs if r.launch and r.failed), key=lambda r: (r.ended or now, r.rank))
@@ -364,9 +364,27 @@ def hang_restarts(attempts: Sequence[Attempt]) -> int:
 HUNG_PREFIX = "suspected hung"
 
 
-def _hang_restart(job: Job, attempts: Sequence[Attempt], resubmits: int, limit: int, now: float) -> Recovery:
+def _hang_restart(
+    job: Job,
+    runs: Sequence[Run],
+    attempts: Sequence[Attempt],
+    health: Mapping[str, Health],
+    resubmits: int,
+    limit: int,
+    now: float,
+) -> Recovery:
+    """A suspected hung job stopped to restart: through its policy, as an exit that restarts; but never again on a
+    node that is faulty or isolated now (the hang's evidence pointed to its hardware: the watchdog isolated it)
+    where the policy may place it anew, else as the policy says when it runs out."""
     restarts = sum(a.result == RESTARTED for a in attempts)
     cause = job.message or HUNG_PREFIX
+    sick = sorted({r.node for r in runs if r.node in health and health[r.node].state in FAULTY | {"isolated"}})
+    if sick:
+        where = ", ".join(sick)
+        if Strategy.RECOVER in job.spec.fault_tolerance.plan and resubmits < limit:
+            return Requeue(tuple(sick), f"{cause}; placed away from {where}", resubmits + 1, limit)
+        return GiveUp(f"error,exiting: {cause} ({where} isolated: not restarted there; resubmitted {resubmits} of "
+                      f"{limit} times)")  # fmt: skip
     stopped = job.stop_requested or now
     found = _escalate(job, cause, cause, restarts, resubmits, limit, stopped, now, requeue=True)
     return found if found is not None else GiveUp(f"error,exiting: {cause} (no restart left in its policy)")

@@ -537,6 +537,22 @@ RECOVERY += [
         Requeue((), "suspected hung: no I/O", 1, 1),
     ),
     (
+        "hang_action restart, the node isolated for its hardware: placed anew away from it, not in place",
+        hung_job(max_restarts=1, retries=1),
+        [STOPPED_BY_US, STOPPED_1],
+        attempts(None),
+        {**FRESH, "n1": Health("isolated", ("job 1: the hang's evidence points to its hardware",), NOW - 1)},
+        Requeue(("n1",), "suspected hung: no I/O; placed away from n1", 1, 1),
+    ),
+    (
+        "hang_action restart, the node isolated, no retry left: error,exiting, saying where",
+        hung_job(max_restarts=1),
+        [STOPPED_BY_US, STOPPED_1],
+        attempts(None),
+        {**FRESH, "n1": Health("isolated", (), NOW - 1)},
+        GiveUp("error,exiting: suspected hung: no I/O (n1 isolated: not restarted there; resubmitted 0 of 0 times)"),
+    ),
+    (
         "hang_action restart, restarts used up: error,exiting",
         hung_job(attempt=2, max_restarts=1),
         [STOPPED_BY_US, STOPPED_1],
