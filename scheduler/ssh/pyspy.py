@@ -78,9 +78,15 @@ def local_py_spy() -> LocalPySpy | None:
     return LocalPySpy(path, hashlib.sha256(path.read_bytes()).hexdigest(), platform.machine())
 
 
+@functools.cache
+def _encoded(path: Path) -> str:
+    """The binary as base64, made once (a job's first evidence sends it to each of its nodes at once)."""
+    return base64.b64encode(path.read_bytes()).decode("ascii")
+
+
 async def send_py_spy(transport: Transport, node: Node, local: LocalPySpy, *, python: str) -> None:
     """Store the scheduler's py-spy on `node` (its SSH account's ~/.ftconsole/lib); FtError saying why not."""
-    data = base64.b64encode(local.path.read_bytes()).decode("ascii")
+    data = _encoded(local.path)
     result = await transport.run(node, [python, "-c", _STORE, local.sha256], input=data, timeout=SEND_TIMEOUT_S)
     if result.exit_status != 0 or "stored" not in result.stdout:
         said = (result.stderr.strip().splitlines() or [f"exit status {result.exit_status}"])[-1]
