@@ -147,6 +147,25 @@ class Actions(App[int]):
         elif (job := self._one("job")) is not None and (screen := self.open_job(int(job))) is not None:
             self.call_after_refresh(screen.action_logs)
 
+    def action_debug(self) -> None:
+        """`D`: the job's Debug tab, gathering what every rank does now (`ftconsole debug`); on an alert, its job's,
+        opened at the alert's evidence."""
+        if isinstance(self.screen, JobScreen):
+            self.screen.action_debug()
+            return
+        screen = None
+        if self.view.kind == "alert":
+            key = self._one("alert")
+            alert = self.feed.alerts.get(int(key)) if key is not None else None
+            if alert is not None and alert.get("job") is not None:
+                screen = self.open_job(int(alert["job"]), alert=alert)
+            elif key is not None:
+                self.notify(f"alert {key} names no job: no ranks to look at", title="debug", severity="warning")
+        elif (job := self._one("job")) is not None:
+            screen = self.open_job(int(job))
+        if screen is not None:
+            self.call_after_refresh(screen.action_debug)
+
     def action_submit(self) -> None:
         async def predict(spec: dict[str, Any]) -> dict[str, Any]:
             return dict(await self.client.call("predict", spec=spec))

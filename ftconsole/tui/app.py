@@ -70,6 +70,7 @@ ROW_KINDS = {
     "extend": JOB,
     "scale": JOB,
     "logs": JOB,
+    "debug": JOB | ALERT,  # on an alert: its job's
     "shell": JOB | NODE | ALERT,  # on an alert: the rank its evidence names, or its node
     "drain": NODE,
     "resume": NODE,
@@ -117,6 +118,7 @@ class ConsoleApp(Actions):
         Binding("space", "mark", "Mark", show=False),
         Binding("n", "submit", "New job"),
         Binding("l", "logs", "Logs"),
+        Binding("D", "debug", "Debug"),  # shift+d: `d` drains
         Binding("s", "shell", "Shell"),
         Binding("x", "stop", "Stop"),
         Binding("ctrl+d", "delete", "Delete"),

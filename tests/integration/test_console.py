@@ -384,7 +384,8 @@ async def test_scale_an_elastic_job_from_its_row(tmp_path: Path) -> None:
 
 
 async def test_the_debug_tab_shows_what_every_rank_does(tmp_path: Path) -> None:
-    """`D` on a job's screen: the evidence (`ftconsole debug`), gathered from the node with the rank's stack."""
+    """`D` on a job's row: its screen at the Debug tab, with the evidence (`ftconsole debug`) gathered from the
+    node, the rank's stack in it."""
     script = tmp_path / "waits.py"
     script.write_text("import time\ndef wait_here():\n    time.sleep(600)\nprint('waiting', flush=True)\nwait_here()\n")
     async with lab(tmp_path, nodes=1) as loaded:
@@ -400,9 +401,9 @@ async def test_the_debug_tab_shows_what_every_rank_does(tmp_path: Path) -> None:
                     await asyncio.sleep(0.1)
             await pilot.press("1")
             await wait_for(pilot, lambda: rows(app, "jobs"), "the job's row")
-            await pilot.press("enter")
+            await pilot.press("D")  # from the job's row: its screen, at the Debug tab
             await wait_for(pilot, lambda: isinstance(app.screen, JobScreen), "the job screen")
-            await pilot.press("D")
+            await wait_for(pilot, lambda: app.screen.query("#debug-text"), "the Debug tab")
             text = app.screen.query_one("#debug-text", Static)
             await wait_for(pilot, lambda: "verdict:" in str(text.render()), "the evidence", timeout=60)
             shown = str(text.render())
