@@ -1,0 +1,71 @@
+"""The value types of the cluster config and the job spec: durations (`30s`, `5m`, `12h`, `off` for a retention),
+and host addresses SSH can reach.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BeforeValidator
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def parse_duration(value: Any) -> float:
+    """'90s', '5m', '12h', '1.5d', '250ms' or a bare number of seconds -> seconds."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a duration such as 30s, 5m or 12h, got {value!r}")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        match = _DURATION.match(str(value))
+        if not match:
+            raise ValueError(f"expected a duration such as 30s, 5m or 12h, got {value!r}")
+        seconds = float(match.group(1)) * _UNITS[match.group(2)]
+    if seconds < 0:
+        raise ValueError("a duration cannot be negative")
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
+def _positive(seconds: float) -> float:
+    if seconds <= 0:
+        raise ValueError("must be greater than 0")
+    return seconds
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+PositiveDuration = Annotated[Duration, AfterValidator(_positive)]
+
+
+def _retention(value: Any) -> float:
+    """A duration, or 0 / `off` (YAML may read `off` as false): keep forever."""
+    if value is False or value is None or (isinstance(value, str) and value.strip().lower() in ("off", "never")):
+        return 0.0
+    return parse_duration(value)
+
+
+RetentionDuration = Annotated[float, BeforeValidator(_retention)]
+
+
+# A host name, an IPv4 address or an IPv6 address (bracketed or not, with an optional %zone). Anything else (a
+# space, '@', '/', a leading '-' that ssh would read as an option) is no address SSH can reach.
+_ADDRESS = re.compile(r"^(?!-)[A-Za-z0-9_.:%\[\]-]+$")
+
+
+def check_address(address: str, key: str = "host") -> str:
+    """`address` if SSH can reach it as a host; ValueError naming `key` otherwise."""
+    if not _ADDRESS.match(address):
+        raise ValueError(
+            f"{key} {address!r} is not a reachable address: give a host name or an IP address "
+            "(letters, digits, '.', '-', '_', ':'; not starting with '-')"
+        )
+    return address
