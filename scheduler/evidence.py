@@ -165,7 +165,7 @@ async def _node(executor: Executor, job: Job, name: str, runs: Sequence[Run], st
 async def _processes(executor: Executor, node: Node, groups: list[dict[str, Any]], stacks: bool) -> dict[str, Any]:
     """The node's answer about the processes of `groups`; where it has no py-spy, the scheduler's is sent first
     (same machine type) and it is asked again. Each group's stack_error says why a stack is missing."""
-    local = local_py_spy() if stacks else None
+    local = await asyncio.to_thread(local_py_spy) if stacks else None  # hashes 8 MB the first time
     python, timeout = executor.config.ssh.python, executor.config.ssh.command_timeout + SAMPLE_S
     ask = functools.partial(process_evidence, executor.transport, node, groups, sample=SAMPLE_S, stacks=stacks,
                             py_spy=local.params() if local else None, python=python, timeout=timeout)  # fmt: skip

@@ -7,6 +7,7 @@ there is never run, only replaced. Copies of other versions are removed when one
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import functools
 import hashlib
@@ -86,7 +87,7 @@ def _encoded(path: Path) -> str:
 
 async def send_py_spy(transport: Transport, node: Node, local: LocalPySpy, *, python: str) -> None:
     """Store the scheduler's py-spy on `node` (its SSH account's ~/.ftconsole/lib); FtError saying why not."""
-    data = _encoded(local.path)
+    data = await asyncio.to_thread(_encoded, local.path)  # 8 MB to base64 the first time: off the event loop
     result = await transport.run(node, [python, "-c", _STORE, local.sha256], input=data, timeout=SEND_TIMEOUT_S)
     if result.exit_status != 0 or "stored" not in result.stdout:
         said = (result.stderr.strip().splitlines() or [f"exit status {result.exit_status}"])[-1]
