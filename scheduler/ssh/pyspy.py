@@ -27,7 +27,7 @@ SEND_TIMEOUT_S = 120.0  # about 11 MB of base64 on the wire
 
 # Python 3.8, standard library: stdin (base64) -> the kept copy, checked against the digest in argv[1]
 _STORE = r"""
-import base64, hashlib, os, sys
+import base64, hashlib, os, socket, sys
 digest = sys.argv[1]
 home = os.path.expanduser("~")
 folder = os.path.join(home, ".ftconsole", "lib")
@@ -40,7 +40,7 @@ data = base64.b64decode(sys.stdin.buffer.read())
 if hashlib.sha256(data).hexdigest() != digest:
     sys.exit("py-spy: the bytes received do not hash to " + digest)
 final = os.path.join(folder, "py-spy-" + digest)
-tmp = final + ".%d.tmp" % os.getpid()
+tmp = "%s.%s.%d.tmp" % (final, socket.gethostname(), os.getpid())  # nodes sharing a home: one each
 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o700)
 with os.fdopen(fd, "wb") as fh:
     fh.write(data)

@@ -12,15 +12,17 @@ import pytest
 
 from tests.cli_runner import Cli
 from tests.integration.test_scheduler_sshd import finished, job, log_of, poll, running, until, write_config
-from tests.sshd_cluster import SshdCluster
+from tests.sshd_cluster import HOME_LAYOUTS, SshdCluster
 
 pytestmark = pytest.mark.sshd
 
 WAITER = "import time\ndef wait_for_peer():\n    time.sleep(600)\nprint('waiting', flush=True)\nwait_for_peer()\n"
 
 
-async def test_debug_gathers_every_ranks_stack_and_keeps_the_evidence(sshd_cluster, tmp_path, sock_dir) -> None:
-    cluster: SshdCluster = sshd_cluster(2)
+@pytest.mark.parametrize("layout", HOME_LAYOUTS)
+async def test_debug_gathers_every_ranks_stack_and_keeps_the_evidence(sshd_cluster, tmp_path, sock_dir, layout) -> None:
+    """With a shared home (NFS), both nodes store the same py-spy at once: one copy, each node's own temporary."""
+    cluster: SshdCluster = sshd_cluster(2, shared_home=layout == "shared-home")
     script = tmp_path / "waiter.py"
     script.write_text(WAITER)
     loaded = write_config(cluster, tmp_path, sock_dir, probes={"interval": "1h"})
