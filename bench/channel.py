@@ -1,7 +1,7 @@
 """Benchmark: node channels against one command per node per tick, side by side in one run (issue 28).
 
     .venv/bin/python bench/channel.py [--nodes 64] [--jobs 200] [--window 20] [--repeats 5] [--lines 20]
-                                      [--modes command channel] [--profile]
+                                      [--modes command channel] [--profile] [--printing S]
 
 One lab cluster of `--nodes` nodes (SSH servers in a separate process, run processes real and local, GPUs
 enough for `--jobs` one-GPU jobs), then for each mode, `command` (`scheduler.node_channel: false`: a
@@ -12,7 +12,9 @@ the scheduler's default `tick` (2 s) and its own state_dir:
    while nothing changes, the CPU time of the serve process (SCHEDULER MS/S: /proc/PID/stat, user + system)
    and of everything else on this machine (NODES MS/S: /proc/stat, all CPUs, minus the serve process: the
    lab's SSH servers, the supervisors started per command or the channels, the run processes), each per
-   second of the window; PER NODE divides the latter by the node count. The jobs are stopped after.
+   second of the window; PER NODE divides the latter by the node count. The jobs are stopped after. With
+   `--printing S`, each job prints a line every S seconds instead (`while :; do echo step; sleep S; done`), as a
+   training job logs its steps: its output moving is what the node pushes then, instead of heartbeats.
 2. EXIT -> DECIDED: `--repeats` times, a one-rank job `sh -c 'sleep S; exit 3'` (S from 2 s to 4 s in even
    steps, so that the exits fall all over a tick); from the rank's end (its run's `ended`, written by its
    supervisor on the node) to the job's end (`ended`, written by the scheduler once it decided): how long a
@@ -143,11 +145,15 @@ async def follow_lags(api: Any, lines: int) -> list[float]:
 
 
 async def watch_cost(
-    api: Any, serve: Serve, jobs: int, window: float, profile: Path | None = None
+    api: Any, serve: Serve, jobs: int, window: float, profile: Path | None = None, printing: float | None = None
 ) -> tuple[float, float]:
-    """(scheduler, everything else) CPU ms per second while `jobs` jobs run and nothing changes."""
+    """(scheduler, everything else) CPU ms per second while `jobs` jobs run and nothing changes (with `printing`,
+    each job prints a line every so many seconds, as a training job logs its steps)."""
+    spec = WATCH_SPEC
+    if printing is not None:
+        spec = {**WATCH_SPEC, "command": f"sh -c 'while :; do echo step; sleep {printing:g}; done'"}
     for _ in range(jobs):
-        await api.call("submit", spec=WATCH_SPEC)
+        await api.call("submit", spec=spec)
     await wait_all_running(api, jobs, RUNNING_TIMEOUT_S)
     await asyncio.sleep(5)  # the last starts' reads settle
     pid = serve.proc.pid
@@ -205,7 +211,7 @@ async def one_mode(root: Path, lab_config: Path, mode: str, args: argparse.Names
         api = await connect(loaded)
         try:
             profile = folder / "py-spy.txt" if args.profile else None
-            own, others = await watch_cost(api, serve, args.jobs, args.window, profile)
+            own, others = await watch_cost(api, serve, args.jobs, args.window, profile, args.printing)
             print(f"  {mode}: scheduler {own:.1f} ms/s, nodes {others:.0f} ms/s", file=sys.stderr)
             await stop_all(api)
             exits = await exit_rounds(api, args.repeats)
@@ -265,6 +271,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--lines", type=int, default=20, help="lines timed through logs --follow")
     parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES), help="which modes, in order")
+    parser.add_argument(
+        "--printing", type=float, default=None, help="the watched jobs print a line every so many seconds"
+    )
     parser.add_argument("--profile", action="store_true", help="py-spy the scheduler in the window (MODE/py-spy.txt)")
     asyncio.run(run(parser.parse_args()))
 

@@ -26,7 +26,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ftconsole.scheduler import evidence
@@ -62,6 +62,9 @@ from ftconsole.scheduler.watchdog import Watchdog
 log = logging.getLogger("ftconsole.scheduler")
 
 MIN_TICK_GAP_S = 0.2
+# a run whose output.log moved and nothing else: written with the next other write, or all together this often
+# (a write each tick for each printing rank made every tick read the store afresh: bench/channel.py --printing)
+OUTPUT_FLUSH_S = 10.0
 
 
 class Loop:
@@ -99,6 +102,8 @@ class Loop:
         self._first_probe: asyncio.Future[None] | None = None  # the first probe sweep, while `run` drives
         self._prepared: set[tuple[int, int, str]] = set()  # (job, attempt, step) whose Pulling/Preparing is written
         self._steps: dict[tuple[int, int, int], str | None] = {}  # (job, attempt, rank) read running -> its step
+        self._outputs: dict[tuple[int, int, int], float] = {}  # output.log's mtime read or pushed, not yet written
+        self._outputs_written = float("-inf")
 
     # ============================================================ driving
 
@@ -252,15 +257,18 @@ class Loop:
                     fields["output_at"] = status.output_at  # written only when it moved
                 new = dataclasses.replace(r, **{k: v for k, v in fields.items() if k != "run_dir"})
                 updated[(r.job, r.attempt, r.rank)] = new
-                if new != r:
-                    changes.append((r, fields))
-                    moved = moved or dataclasses.replace(new, output_at=r.output_at) != r
+                if dataclasses.replace(new, output_at=r.output_at) == r:  # its output moved, nothing else
+                    if new.output_at is not None and new.output_at != r.output_at:
+                        self._outputs[(r.job, r.attempt, r.rank)] = new.output_at
+                    continue
+                changes.append((r, fields))
+                moved = True
         for (node, run_dir), at in self.executor.outputs().items():  # output written, as the channels pushed
             r = by_dir.get((node, run_dir))
             if r is None or (r.job, r.attempt, r.rank) in updated or r.state != "running" or r.output_at == at:
                 continue
-            updated[(r.job, r.attempt, r.rank)] = dataclasses.replace(r, output_at=at)
-            changes.append((r, {"output_at": at}))
+            self._outputs[(r.job, r.attempt, r.rank)] = at
+        changes = self._with_outputs(changes, key, now)
         attempts = await self.store.running_attempts()
         quiet: list[tuple[Run, dict[str, Any]]] = []  # run changes of jobs with nothing to decide
         drained: list[tuple[Job, list[int]]] = []  # resized jobs whose earlier attempts are down
@@ -346,6 +354,26 @@ class Loop:
             self.recoverer.dump(job, runs)
         self._poke()
         return []
+
+    def _with_outputs(
+        self, changes: list[tuple[Run, dict[str, Any]]], runs: Mapping[tuple[int, int, int], Run], now: float
+    ) -> list[tuple[Run, dict[str, Any]]]:
+        """`changes` with the output moves held back, when there is another write to make anyway or the last were
+        written `OUTPUT_FLUSH_S` ago (a run's `output_at` in the store is at most that late)."""
+        if not self._outputs or (not changes and now - self._outputs_written < OUTPUT_FLUSH_S):
+            return changes
+        fields_of = {(r.job, r.attempt, r.rank): fields for r, fields in changes}
+        for k, at in self._outputs.items():
+            r = runs.get(k)
+            if r is None or r.state != "running" or r.output_at == at:
+                continue
+            if k in fields_of:
+                fields_of[k].setdefault("output_at", at)
+            else:
+                changes.append((r, {"output_at": at}))
+        self._outputs.clear()
+        self._outputs_written = now
+        return changes
 
     async def _record_quiet(self, quiet: Sequence[tuple[Run, dict[str, Any]]]) -> None:
         async with self.store.jobs_tx("record run states") as tx:

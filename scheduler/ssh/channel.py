@@ -45,6 +45,7 @@ log = logging.getLogger("ftconsole.scheduler")
 OPEN_TIMEOUT_S = 10.0  # at most this long for a channel to say hello
 RETRY_S = 30.0  # a channel that could not be opened is tried again this long after (per command meanwhile)
 MAX_LINE = 64 * 1024 * 1024
+STDERR_KEPT = 4096  # the last bytes of a channel's stderr, said when it ends
 CLOSED_BY_US = "closed by the scheduler"
 IDLE_S = 60.0  # a channel that watches no run and was asked nothing this long is closed (`close_idle`)
 HEARTBEAT_LATE_S = 2.0  # a heartbeat this much after it was due is late: the node may be frozen
@@ -88,19 +89,19 @@ class Followed:
 
 
 class NodeChannel:
-    """One channel: requests answered in order, events handed to `on_event`."""
+    """One channel: requests answered in order, events handed to `on_event`. Its output comes as the SSH
+    packets do (`feed`, from its session's callback): no reader task to wake for each line."""
 
     def __init__(
         self,
         node: Node,
-        process: asyncssh.SSHClientProcess[bytes],
         on_event: Callable[[str, dict[str, Any]], None],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.node = node
-        self.process = process
         self.on_event = on_event
         self.clock = clock
+        self.chan: asyncssh.SSHClientChannel[bytes] | None = None  # set once its session is open (`attach`)
         self.closed: str | None = None  # why it ended
         self.pid: int | None = None  # its process on the node, as its hello says
         self.heard = clock()  # its last line
@@ -114,8 +115,22 @@ class NodeChannel:
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._reads: set[int] = set()  # the pending status reads by run folder (their answer sets `watching`)
-        self._hello: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._reader = asyncio.create_task(self._read())
+        loop = asyncio.get_running_loop()
+        self._hello: asyncio.Future[dict[str, Any]] = loop.create_future()
+        self._ended: asyncio.Future[None] = loop.create_future()
+        self._partial = bytearray()  # output after its last full line
+        self._stderr = bytearray()  # the last of what it wrote to stderr (said when it ends)
+        self._writable = asyncio.Event()  # the SSH channel takes more (its window is open)
+        self._writable.set()
+
+    def session(self) -> _Session:
+        """The SSH session that hands this channel its output (`SSHPool.open_session`'s factory)."""
+        return _Session(self)
+
+    def attach(self, chan: asyncssh.SSHClientChannel[bytes]) -> None:
+        self.chan = chan
+        if self.closed is not None:
+            chan.close()
 
     async def hello(self, timeout: float) -> dict[str, Any]:
         return await asyncio.wait_for(asyncio.shield(self._hello), timeout)
@@ -136,8 +151,7 @@ class NodeChannel:
         if params.get("action") == "status" and params.get("run_dirs") is not None:
             self._reads.add(number)
         try:
-            self.process.stdin.write(json.dumps({"id": number, "params": params}).encode() + b"\n")
-            await self.process.stdin.drain()
+            await self.write(json.dumps({"id": number, "params": params}).encode() + b"\n")
             return await asyncio.wait_for(asyncio.shield(future), timeout)
         except TimeoutError as exc:
             raise CommandTimeout(self.node.name, f"{params.get('action')} timed out after {timeout:g}s") from exc
@@ -153,21 +167,31 @@ class NodeChannel:
         """A request is under way (its own timeout counts, not the heartbeat: it is answered in turn)."""
         return bool(self._pending)
 
+    async def write(self, data: bytes) -> None:
+        """Send `data` to its stdin, waiting while the SSH channel's window is full."""
+        if self.chan is None or self.closed is not None:
+            raise ChannelClosed(self.closed or "not open")
+        self.chan.write(data)
+        await self._writable.wait()
+
     def close(self) -> None:
         self._end(CLOSED_BY_US)
-        self._reader.cancel()
 
     async def finished(self) -> None:
-        """Until its reader has stopped (after `close`, or once the channel ended)."""
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._reader
+        """Until it has ended (after `close`, or once its process or connection went) and its SSH channel closed."""
+        await asyncio.shield(self._ended)
+        if self.chan is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.chan.wait_closed(), 2)
 
     def _end(self, why: str) -> None:
         if self.closed is not None:
             return
         self.closed = why
-        with contextlib.suppress(Exception):
-            self.process.close()
+        if self.chan is not None:
+            with contextlib.suppress(Exception):
+                self.chan.close()
+        self._writable.set()  # a writer waiting for the window goes on, and finds it closed
         for future in [self._hello, *self._pending.values()]:
             if not future.done():
                 future.set_exception(ChannelClosed(why))
@@ -175,6 +199,10 @@ class NodeChannel:
         for followed in self._follows.values():
             followed.put(None)
         self._follows.clear()
+        if self._stderr and why != CLOSED_BY_US:
+            log.info("%s: node channel's stderr: %s", self.node.name, self._stderr.decode(errors="replace").strip())
+        if not self._ended.done():
+            self._ended.set_result(None)
         if why != CLOSED_BY_US and self._hello.done():  # it broke: its node is read (and its silence told) at once
             self.on_event(self.node.name, {"event": "closed", "why": why})
 
@@ -188,23 +216,40 @@ class NodeChannel:
         except ValueError:
             followed.put(None)
 
-    async def _read(self) -> None:
-        why = "its process exited"
+    def feed(self, data: bytes) -> None:
+        """Output as it came: each full line taken, the rest kept for the next packet."""
+        if self.closed is not None:
+            return
+        start = 0
+        if self._partial:
+            end = data.find(b"\n")
+            if end < 0:
+                self._partial += data
+                if len(self._partial) > MAX_LINE:
+                    self._end("a line over the limit")
+                return
+            line, start = bytes(self._partial + data[: end + 1]), end + 1
+            self._partial.clear()
+            self._take_guarded(line)
+        while self.closed is None:
+            end = data.find(b"\n", start)
+            if end < 0:
+                self._partial += data[start:]
+                if len(self._partial) > MAX_LINE:
+                    self._end("a line over the limit")
+                return
+            self._take_guarded(data[start : end + 1])
+            start = end + 1
+
+    def feed_stderr(self, data: bytes) -> None:
+        self._stderr += data
+        del self._stderr[: max(0, len(self._stderr) - STDERR_KEPT)]
+
+    def _take_guarded(self, line: bytes) -> None:
         try:
-            while True:
-                line = await self.process.stdout.readline()
-                if not line:
-                    break
-                if len(line) > MAX_LINE:
-                    why = "a line over the limit"
-                    break
-                self._take(line)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # the connection went: every pending request is asked again by command
-            why = f"{type(exc).__name__}: {exc}"
-        finally:
-            self._end(why)
+            self._take(line)
+        except Exception:  # a bug in reading one line must not stop the channel's callback
+            log.exception("%s: node channel: a line not understood: %.200r", self.node.name, line)
 
     def _take(self, line: bytes) -> None:
         try:
@@ -415,13 +460,34 @@ class Channels:
         if user is not None:
             params["user"] = user
         program = python_stdin_script(script("supervisor"), params).encode()
-        process = await self.pool.open_process(node, argv, timeout=timeout)
-        channel = NodeChannel(node, process, self.on_event, self.clock)
+        channel = NodeChannel(node, self.on_event, self.clock)
         try:
-            process.stdin.write(f"{len(program)}\n".encode() + program)
-            await process.stdin.drain()
+            channel.attach(await self.pool.open_session(node, argv, channel.session, timeout=timeout))
+            await channel.write(f"{len(program)}\n".encode() + program)
             await channel.hello(timeout)
         except BaseException:
             channel.close()
             raise
         return channel
+
+
+class _Session(asyncssh.SSHClientSession[bytes]):
+    """A node channel's SSH session: what its process writes goes straight to the channel, as it comes."""
+
+    def __init__(self, channel: NodeChannel) -> None:
+        self.channel = channel
+
+    def data_received(self, data: bytes, datatype: asyncssh.DataType) -> None:
+        if datatype == asyncssh.EXTENDED_DATA_STDERR:
+            self.channel.feed_stderr(data)
+        else:
+            self.channel.feed(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.channel._end("its process exited" if exc is None else f"{type(exc).__name__}: {exc}")
+
+    def pause_writing(self) -> None:
+        self.channel._writable.clear()
+
+    def resume_writing(self) -> None:
+        self.channel._writable.set()

@@ -225,20 +225,27 @@ class SSHPool:
             duration_s=time.monotonic() - started,
         )
 
-    async def open_process(
-        self, node: Node, argv: Sequence[str], *, timeout: float | None = None
-    ) -> asyncssh.SSHClientProcess[bytes]:
-        """A process on the node that stays: its stdin and stdout as byte streams (the node channel's)."""
+    async def open_session(
+        self,
+        node: Node,
+        argv: Sequence[str],
+        factory: Callable[[], asyncssh.SSHClientSession[bytes]],
+        *,
+        timeout: float | None = None,
+    ) -> asyncssh.SSHClientChannel[bytes]:
+        """A process on the node that stays, its output handed to the session `factory` makes as it comes (the
+        node channel's: no stream reader to wake per line); write its stdin with the channel returned."""
         command = remote_command(argv)
         limit = timeout if timeout is not None else self.settings.command_timeout
         conn = await self._connection(node)
         try:
-            return await asyncio.wait_for(conn.create_process(command, encoding=None), timeout=limit)
+            chan, _ = await asyncio.wait_for(conn.create_session(factory, command, encoding=None), timeout=limit)
         except TimeoutError as exc:
             raise CommandTimeout(node.name, f"starting {argv[0]} timed out after {limit:g}s") from exc
         except (asyncssh.ChannelOpenError, asyncssh.ConnectionLost, asyncssh.DisconnectError, OSError) as exc:
             self._drop(node.name)
             raise UnreachableError(node.name, f"connection lost: {_reason(exc)}") from exc
+        return chan
 
     async def close(self) -> None:
         self._closed = True

@@ -306,7 +306,8 @@ async def test_last_output_advances_while_a_job_prints_and_the_feed_carries_it(
     async with running(loaded) as (_, client):
         start = await client.call("jobs_changed", since=None)
         assert start["jobs"] == [] and isinstance(start["cursor"], float)
-        command = "sh -c 'for i in $(seq 25); do echo step $i; sleep 0.4; done'"  # 10 s: output is pushed every 2 s
+        # 36 s: output is pushed every 5 s, and written every 10 s (two moves after the first)
+        command = "sh -c 'for i in $(seq 90); do echo step $i; sleep 0.4; done'"
         submitted = await client.call("submit", spec=job("printer", command, mode="pytorch", nodes=2))
         assert (submitted["last_output"], submitted["open_alerts"], submitted["node_names"]) == (None, 0, [])
         first = await until(client, submitted["id"], lambda j: j["last_output"] is not None, "the first output")
