@@ -238,8 +238,21 @@ def _units(doc: dict[str, Any]) -> list[Rank]:
             stopped=tuple(q["pid"] for q in mine if q.get("state") in STOPPED),
             blocked=tuple((q["pid"], q.get("wchan") or "") for q in mine if q.get("state") == "D"),
             moving=p.get("stack_moved") if isinstance(p.get("stack_moved"), bool) else None,
+            trace=_trace(p),
         ))  # fmt: skip
     return out
+
+
+def _trace(p: dict[str, Any]) -> tuple[tuple[str, int, str, bool], ...]:
+    """Its last collective per process group, from torch's trace (the node's "collectives"), as the verdict's."""
+    groups = (p.get("collectives") or {}).get("groups") if isinstance(p.get("collectives"), dict) else None
+    if not isinstance(groups, dict):
+        return ()
+    return tuple(
+        (str(name), last["seq"], str(last.get("op") or "collective"), bool(last.get("done")))
+        for name, last in sorted(groups.items())
+        if isinstance(last, dict) and isinstance(last.get("seq"), int)
+    )
 
 
 def _env_rank(p: dict[str, Any]) -> int | None:

@@ -8,9 +8,11 @@ these rules in order and names the first rank that one of them singles out, with
 2. uninterruptible: one sleeps in the kernel where no signal reaches it (state D), with its wait channel (a
    driver's: the evidence points to hardware);
    (then, when most ranks' stacks changed between two looks, the job moves: no rank is named, rule "moving")
-3. outside the collective: the others wait in a collective (all_reduce, barrier...) and this one does not: the
+3. behind: where the ranks keep torch's flight recorder trace (debug.torch_trace), its last collective's
+   sequence number is below the others' (they wait in, or are past, a collective it has not reached);
+4. outside the collective: the others wait in a collective (all_reduce, barrier...) and this one does not: the
    innermost frame of its main thread says where it is (busy or not, by its CPU time);
-4. busy: its CPU time moves while the others' does not.
+5. busy: its CPU time moves while the others' does not.
 
 With no rank singled out, the verdict says what they share ("every rank waits in all_reduce") with rank None.
 """
@@ -60,6 +62,15 @@ class Rank:
     blocked: tuple[tuple[int, str], ...] = ()  # (pid, wait channel) of those in uninterruptible sleep
     moving: bool | None = None  # its main thread's stack changed between two looks (None: not known)
     gone: str | None = None  # why nothing of it could be looked at
+    # torch's flight recorder trace (debug.torch_trace): per process group, its last collective (seq, op, done)
+    trace: tuple[tuple[str, int, str, bool], ...] = ()
+
+    def last(self, group: str) -> tuple[int, str, bool] | None:
+        """(sequence number, op, done) of its last collective in process group `group`, as its trace says."""
+        for name, seq, op, done in self.trace:
+            if name == group:
+                return seq, op, done
+        return None
 
     @property
     def collective(self) -> str | None:
@@ -83,7 +94,7 @@ class Verdict:
     rank: int | None  # the rank that stands out (None: none does)
     node: str | None
     reason: str  # one line
-    rule: str  # stopped | uninterruptible | moving | outside-collective | busy | none
+    rule: str  # stopped | uninterruptible | moving | behind | outside-collective | busy | none
     hardware: bool = False  # the evidence points to the node's hardware (a driver's wait)
     ranks: tuple[int, ...] = field(default=())  # every rank singled out by that rule
 
@@ -122,6 +133,36 @@ def _busy(rank: Rank) -> str:
     return f" (busy: {rank.cpu:.0%} of a core)" if rank.cpu is not None and rank.cpu >= BUSY else ""
 
 
+def _behind(seen: Sequence[Rank]) -> Verdict | None:
+    """Rule "behind": in the process group most ranks' traces have, the ranks whose last collective's sequence
+    number is below the others' (the furthest behind named, with where it is)."""
+    traced = [r for r in seen if r.trace]
+    if len(traced) < 2:
+        return None
+    counts: dict[str, int] = {}
+    for r in traced:
+        for name, *_ in r.trace:
+            counts[name] = counts.get(name, 0) + 1
+    group = min(counts, key=lambda g: (-counts[g], g))
+    lasts = {r.rank: last for r in traced if (last := r.last(group)) is not None}
+    top = max(seq for seq, _, _ in lasts.values())
+    behind = [r for r in traced if r.rank in lasts and lasts[r.rank][0] < top]
+    ahead = [r for r in traced if r.rank in lasts and lasts[r.rank][0] == top]
+    if not behind or not ahead:
+        return None
+    first = min(behind, key=lambda r: (lasts[r.rank][0], r.rank))
+    seq, op, _ = lasts[first.rank]
+    _, top_op, done = lasts[ahead[0].rank]
+    at = f", at {first.where}" if first.frames else ""
+    text = f"rank {first.rank} on {first.node} is behind: its last collective is {op} #{seq}{at}{_busy(first)}"
+    also = [r.rank for r in behind if r is not first]
+    if also:
+        text += f" (rank {also[0]} is behind too)" if len(also) == 1 else f" (ranks {ranges(also)} are behind too)"
+    who = f"rank {ahead[0].rank} is" if len(ahead) == 1 else f"ranks {ranges([r.rank for r in ahead])} are"
+    text += f"; {who} {'past' if done else 'in'} {top_op} #{top}"
+    return Verdict(first.rank, first.node, text, "behind", ranks=tuple(r.rank for r in behind))
+
+
 def verdict(ranks: Sequence[Rank]) -> Verdict:
     """The rank that stands out (see the module's docstring)."""
     seen = sorted((r for r in ranks if r.gone is None), key=lambda r: r.rank)
@@ -147,6 +188,9 @@ def verdict(ranks: Sequence[Rank]) -> Verdict:
     if known and len(moving) * 2 > len(known):
         text = f"the ranks are moving: {len(moving)} of {len(known)} stacks changed between two looks; none is stuck"
         return Verdict(None, None, text, "moving")
+    behind = _behind(seen)
+    if behind is not None:
+        return behind
     inside = [r for r in seen if r.collective]
     outside = [r for r in seen if r.frames and not r.collective]
     if inside and outside and len(outside) <= len(inside):

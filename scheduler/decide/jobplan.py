@@ -238,6 +238,7 @@ def plan_attempt(
         torchrun_monitor_interval=spec.launcher.torchrun_monitor_interval if spec.launcher else None,
         output_dir=spec.output,
         checkpoint_dir=checkpoint_dir(job, run_root),
+        torch_trace=spec.torch_trace,
     )
     return plan_job(spec, base, data_prep=data_prep, images=images)
 

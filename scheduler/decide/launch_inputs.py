@@ -47,6 +47,8 @@ class LaunchInput:
     # horovod, mpich: what each MPI process runs the program through (the MPI hybrid model of a job with an
     # image: scheduler/node/container_exec.py), put between the generated launcher line and the program
     rank_wrapper: tuple[str, ...] = ()
+    # pytorch: the ranks' Python processes serve torch's flight recorder trace to `ftconsole debug` (torch_hook.py)
+    torch_trace: bool = False
 
 
 @dataclass(frozen=True)

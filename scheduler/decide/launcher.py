@@ -77,6 +77,7 @@ import math
 import posixpath
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from ftconsole.scheduler.decide.deepspeed import (
     DEEPSPEED_ENV,
@@ -199,8 +200,29 @@ def _plan_pytorch(inp: LaunchInput, ranks: tuple[_Rank, ...]) -> tuple[RankLaunc
             max_restarts=inp.torchrun_max_restarts,
             monitor_interval=inp.torchrun_monitor_interval,
         )
-        out.append(_finish(inp, r, argv or inp.argv, hosts))
+        extra, files = torch_trace(inp, r.run_dir) if inp.torch_trace else ({}, {})
+        out.append(_finish(inp, r, argv or inp.argv, hosts, extra, files=files))
     return tuple(out)
+
+
+TORCH_HOOK = "torch-hook/sitecustomize.py"  # in a run folder: scheduler/node/torch_hook.py
+TRACE_ENTRIES = "2000"  # collectives the flight recorder keeps
+TORCH_HOOK_SOURCE = (Path(__file__).parent.parent / "node" / "torch_hook.py").read_bytes()  # read once, at import
+
+
+def torch_trace(inp: LaunchInput, run_dir: str) -> tuple[dict[str, str], dict[str, bytes]]:
+    """The environment and file with which a rank's Python processes keep torch's flight recorder trace and serve
+    it (``torch_hook.py``): the hook first on PYTHONPATH (before the job's own), and the recorder's sizes unless
+    the job set them."""
+    hook_dir = posixpath.dirname(f"{run_dir}/{TORCH_HOOK}")
+    path = inp.env.get("PYTHONPATH")
+    env = {
+        "FT_TORCH_TRACE": "1",
+        "PYTHONPATH": hook_dir if not path else f"{hook_dir}:{path}",
+        "TORCH_FR_BUFFER_SIZE": inp.env.get("TORCH_FR_BUFFER_SIZE", TRACE_ENTRIES),
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": inp.env.get("TORCH_NCCL_TRACE_BUFFER_SIZE", TRACE_ENTRIES),
+    }
+    return env, {TORCH_HOOK: TORCH_HOOK_SOURCE}
 
 
 def _plan_deepspeed(inp: LaunchInput, ranks: tuple[_Rank, ...]) -> tuple[RankLaunch, ...]:

@@ -11,7 +11,10 @@ the process group and every descendant of them (a launcher's workers that left t
   Python), env (its rank variables: RANK, LOCAL_RANK, WORLD_SIZE and MPI's), and with `stacks` for a Python
   process: stack (py-spy's `dump --json --nonblocking`: each thread's
   frames, innermost first) or stack_error (why there is none), and stack_moved (its main thread's stack differs
-  from a first look taken at the start of the sample: the process moves; None: not known).
+  from a first look taken at the start of the sample: the process moves; None: not known), and for one that
+  serves torch's flight recorder trace (torch_hook.py: a Unix socket whose path has "/ftconsole-torch-", found
+  through /proc/PID/fd and /proc/net/unix): collectives ({"groups": {process group: its last collective
+  {"seq", "op", "done"}}}) or collectives_error (why it could not be read).
 
 A group whose leader is another process now (its pid reused), in another boot, or gone reads {"gone": why}.
 Nothing is stopped or signalled: py-spy reads the process's memory without pausing it. It needs the right to
@@ -26,10 +29,11 @@ null) and the node's machine (`uname -m`): where none is there, the scheduler se
 import hashlib
 import json
 import os
+import socket
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Dict, List  # noqa: F401  (used in type comments: this file runs on Python 3.8)
+from typing import Any, Dict, List, Set  # noqa: F401  (used in type comments: this file runs on Python 3.8)
 
 from ftconsole.scheduler.node.proc import _pid, _stat, _ticks, boot_id  # bundled
 
@@ -37,6 +41,9 @@ MAX_SAMPLE_S = 3.0
 STACK_TIMEOUT_S = 10.0
 MAX_PROCESSES = 64  # per group: a launcher with its workers fits; a fork bomb is cut short
 MAX_FRAMES = 64  # per thread
+TRACE_TIMEOUT_S = 3.0  # torch's worker server answers its trace within this, or it is left out
+TRACE_SOCKET = "/ftconsole-torch-"  # in the path of the socket torch_hook.py serves the trace on
+MAX_TRACE = 16 << 20
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -225,6 +232,85 @@ def _main_frames(threads, pid):
     return [(f.get("name"), f.get("file"), f.get("line")) for f in main.get("frames") or []]
 
 
+def _sockets(pid):
+    """Inodes of the sockets the process holds open."""
+    out = set()  # type: Set[str]
+    try:
+        names = os.listdir("/proc/%d/fd" % pid)
+    except OSError:
+        return out
+    for name in names:
+        try:
+            target = os.readlink("/proc/%d/fd/%s" % (pid, name))
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            out.add(target[8:-1])
+    return out
+
+
+def _torch_socket(pid):
+    """The Unix socket on which torch_hook.py serves this process's trace (its path names it), or None."""
+    inodes = _sockets(pid)
+    if not inodes:
+        return None
+    try:
+        with open("/proc/net/unix") as fh:
+            lines = fh.read().splitlines()[1:]
+    except OSError:
+        return None
+    for line in lines:
+        fields = line.split()
+        if len(fields) >= 8 and fields[6] in inodes and TRACE_SOCKET in fields[7]:
+            return fields[7]
+    return None
+
+
+def _post(path, url):
+    """The body of torch's worker server's answer to POST `url`, over the Unix socket at `path`."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.settimeout(TRACE_TIMEOUT_S)
+    try:
+        conn.connect(path)
+        conn.sendall(("POST %s HTTP/1.0\r\nHost: localhost\r\nContent-Length: 0\r\n\r\n" % url).encode("ascii"))
+        data = b""
+        while len(data) <= MAX_TRACE:
+            chunk = conn.recv(1 << 16)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        conn.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    status = head.split(b"\r\n", 1)[0].split()
+    if len(status) < 2 or status[1] != b"200":
+        raise ValueError("torch's worker server said %r" % head[:100])
+    return body
+
+
+def _collectives(pid):
+    """(trace, why none) of a process that keeps torch's flight recorder trace and serves it (torch_hook.py): per
+    process group, its last collective: {"seq", "op", "done"} ("done": torch retired it)."""
+    path = _torch_socket(pid)
+    if path is None:
+        return None, None
+    try:
+        doc = json.loads(_post(path, "/handler/fr_trace_json").decode("utf-8", "replace"))
+    except Exception as exc:  # a trace that cannot be read now: the rest of the evidence still comes
+        return None, "torch's trace could not be read: %s" % exc
+    last = {}  # type: Dict[str, Dict[str, Any]]
+    for entry in doc.get("entries") or []:
+        if not isinstance(entry, dict) or entry.get("is_p2p") or not isinstance(entry.get("collective_seq_id"), int):
+            continue
+        group = entry.get("process_group") or [entry.get("pg_id")]
+        key = str(group[0]) if isinstance(group, list) and group else str(entry.get("pg_id"))
+        seq = entry["collective_seq_id"]
+        if key not in last or seq >= last[key]["seq"]:
+            name = str(entry.get("profiling_name") or "")
+            last[key] = {"seq": seq, "op": name.split(":", 1)[-1], "done": bool(entry.get("retired"))}
+    return {"groups": last}, None
+
+
 def processes(params):
     sample = min(max(float(params.get("sample") or 0.0), 0.0), MAX_SAMPLE_S)
     stacks = bool(params.get("stacks"))
@@ -281,4 +367,7 @@ def processes(params):
                     _main_frames(stack, entry["pid"]),
                 )
                 entry["stack_moved"] = None if was is None or now_frames is None else was != now_frames
+            for entry, (trace, why) in zip(wanted, pool.map(lambda e: _collectives(e["pid"]), wanted)):  # noqa: B905
+                if trace is not None or why is not None:
+                    entry["collectives"], entry["collectives_error"] = trace, why
     return {"groups": out, "time": time.time(), "py_spy": py_spy, "machine": os.uname().machine}

@@ -212,6 +212,9 @@ class Debug(_Strict):
 
     retention: PositiveDuration | None = None
     hold_nodes: bool = False
+    # mode pytorch without an image: the ranks keep torch's flight recorder trace of their last collectives and
+    # serve it to `ftconsole debug` (default: on there; false: off). Refused elsewhere (`_torch_trace_problems`).
+    torch_trace: bool | None = None
 
 
 class GpuRequest(NamedTuple):
@@ -279,6 +282,12 @@ class JobSpec(_Strict):
         return self
 
     # -- derived views -------------------------------------------------------------------------------------
+
+    @property
+    def torch_trace(self) -> bool:
+        """Whether the ranks keep and serve torch's flight recorder trace (`debug.torch_trace`)."""
+        on = self.mode is JobMode.PYTORCH and self.image is None
+        return on and self.debug.torch_trace is not False
 
     @property
     def hang_window(self) -> float | None:
@@ -518,6 +527,16 @@ def _image_mode_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
 
 Check = Callable[[Mapping[str, Any]], list[tuple[Loc, str]]]
 
+
+def _torch_trace_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
+    debug = data.get("debug")
+    if not isinstance(debug, Mapping) or debug.get("torch_trace") is not True:
+        return []
+    if data.get("mode", "single") != "pytorch" or data.get("image") is not None:
+        return [(("debug", "torch_trace"), "torch's trace is kept in mode pytorch without an image only")]
+    return []
+
+
 CROSS_CHECKS: tuple[Check, ...] = (
     _resource_problems,
     _placement_problems,
@@ -540,6 +559,7 @@ SUBMIT_CHECKS: tuple[Check, ...] = (
     torchrun_problems,
     data_prep_problems,
     _image_mode_problems,
+    _torch_trace_problems,
 )
 """What the launcher or the supervisor would refuse later, from the spec alone; run on new specs only."""
 

@@ -22,7 +22,32 @@ def waiting(rank: int, node: str = "gpu01", cpu: float = 0.0) -> Rank:
     return Rank(rank, node, pid=100 + rank, state="S", cpu=cpu, frames=ALL_REDUCE)
 
 
+def traced(rank: Rank, seq: int, done: bool = False, group: str = "0") -> Rank:
+    return Rank(**{**rank.__dict__, "trace": ((group, seq, "all_reduce", done),)})
+
+
 CASES = {
+    "a rank behind in torch's trace, loading data": (
+        [
+            traced(waiting(0), 1532),
+            traced(Rank(1, "gpu02", pid=201, state="S", frames=LOADING), 1531, True),
+            traced(waiting(2), 1532),
+        ],
+        (1, "gpu02", "behind", False),
+        "rank 1 on gpu02 is behind: its last collective is all_reduce #1531, at train.py:88 in load_batch; "
+        "ranks 0, 2 are in all_reduce #1532",
+    ),
+    "two ranks behind, the furthest named": (
+        [traced(waiting(0), 12, True), traced(waiting(1, "gpu02"), 10, True), traced(waiting(2), 11, True)],
+        (1, "gpu02", "behind", False),
+        "rank 1 on gpu02 is behind: its last collective is all_reduce #10, at distributed_c10d.py:2501 in "
+        "all_reduce (rank 2 is behind too); rank 0 is past all_reduce #12",
+    ),
+    "traces that agree name nobody by them": (
+        [traced(waiting(0), 7), traced(waiting(1, "gpu02"), 7)],
+        (None, None, "none", False),
+        "no rank stands out: ranks 0-1 wait in all_reduce",
+    ),
     "a stopped rank": (
         [waiting(0), Rank(1, "gpu02", pid=201, state="T", frames=LOADING, stopped=(201,)), waiting(2)],
         (1, "gpu02", "stopped", False),

@@ -1,0 +1,59 @@
+"""torch's flight recorder trace (debug.torch_trace): the launch's environment and hook, the spec key's rules,
+and the hook itself run by a real Python with another sitecustomize after it on the path. (The trace served by
+real torch ranks and read at a hang: tests/peers/test_hang_evidence.py.)"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ftconsole.scheduler.decide.launcher import TORCH_HOOK, TORCH_HOOK_SOURCE, plan_launch
+from ftconsole.scheduler.errors import ConfigError
+from ftconsole.scheduler.spec.jobspec import parse_jobspec
+from tests.unit.test_launcher import job
+
+
+def test_a_pytorch_rank_gets_the_hook_first_on_its_path_and_the_recorder_sized() -> None:
+    plan = plan_launch(job("pytorch", "python train.py", torch_trace=True, env={"PYTHONPATH": "/opt/mine"}))
+    for rank in plan.ranks:
+        assert rank.files[TORCH_HOOK] == TORCH_HOOK_SOURCE
+        assert rank.env["PYTHONPATH"] == f"{rank.run_dir}/torch-hook:/opt/mine"
+        assert rank.env["FT_TORCH_TRACE"] == "1"
+        assert rank.env["TORCH_FR_BUFFER_SIZE"] == rank.env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000"
+    mine = plan_launch(job("pytorch", "python train.py", torch_trace=True, env={"TORCH_FR_BUFFER_SIZE": "50"}))
+    assert mine.ranks[0].env["TORCH_FR_BUFFER_SIZE"] == "50"  # the job's own size stands
+    off = plan_launch(job("pytorch", "python train.py"))
+    assert TORCH_HOOK not in off.ranks[0].files and "FT_TORCH_TRACE" not in off.ranks[0].env
+
+
+def test_the_key_is_on_in_mode_pytorch_may_be_turned_off_and_is_refused_where_it_cannot_work() -> None:
+    base = "name: t\ncommand: python train.py\n"
+    assert parse_jobspec(base + "mode: pytorch\n").torch_trace
+    assert not parse_jobspec(base + "mode: pytorch\ndebug: {torch_trace: false}\n").torch_trace
+    assert not parse_jobspec(base + "mode: single\n").torch_trace
+    with pytest.raises(ConfigError, match=r"debug\.torch_trace: torch's trace is kept in mode pytorch without an"):
+        parse_jobspec(base + "mode: single\ndebug: {torch_trace: true}\n")
+
+
+def _python(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    hook = tmp_path / "torch-hook"
+    hook.mkdir(exist_ok=True)
+    (hook / "sitecustomize.py").write_bytes(TORCH_HOOK_SOURCE)
+    other = tmp_path / "other"
+    other.mkdir(exist_ok=True)
+    (other / "sitecustomize.py").write_text("import os\nos.environ['CHAINED'] = 'yes'\n")
+    code = "import os, sys, threading; print(os.environ.get('CHAINED'), [t.name for t in threading.enumerate()])"
+    full = {**os.environ, "PYTHONPATH": f"{hook}:{other}", **env}
+    return subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=30)
+
+
+def test_the_hook_hands_over_to_the_next_sitecustomize_and_waits_for_torch_only_when_asked(tmp_path: Path) -> None:
+    asked = _python(tmp_path, {"FT_TORCH_TRACE": "1"})
+    assert asked.returncode == 0 and asked.stderr == "", asked.stderr
+    assert asked.stdout.startswith("yes ") and "ftconsole-torch-trace" in asked.stdout  # chained; its thread waits
+    quiet = _python(tmp_path, {"FT_TORCH_TRACE": "0"})
+    assert quiet.stdout.startswith("yes ") and "ftconsole-torch-trace" not in quiet.stdout
