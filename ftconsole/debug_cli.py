@@ -23,6 +23,14 @@ def cmd_debug(args: argparse.Namespace) -> int:
     return 0
 
 
+def _last_collective(rank: dict[str, Any]) -> str:
+    """Its last collective in torch's trace (the first process group's): "all_reduce #42" (", done" once retired)."""
+    if not rank.get("collectives"):
+        return "-"
+    last = rank["collectives"][0]
+    return f"{last['op']} #{last['seq']}{', done' if last['done'] else ''}"
+
+
 def evidence_text(doc: dict[str, Any]) -> str:
     """The evidence as people read it (the CLI's output, the console's Debug tab): the verdict, a table of the
     ranks, then each distinct main-thread stack once with the ranks at it."""
@@ -34,11 +42,14 @@ def evidence_text(doc: dict[str, Any]) -> str:
         lines.append("(the job is not suspected hung: a rank of a job that moves is often between two collectives)")
     lines.append("")
     rows = []
+    traced = any(r.get("collectives") for r in doc["ranks"])  # torch's trace (older documents have none)
     for r in doc["ranks"]:
         cpu = "-" if r["cpu"] is None else f"{r['cpu']:.0%}"
         where = r["gone"] or (f"in {r['collective']}" if r["collective"] else r["where"])
-        rows.append([r["rank"], r["node"], r["pid"] or "-", r["state"] or "-", r["wchan"] or "-", cpu, where])
-    lines.append(format_table(["RANK", "NODE", "PID", "STATE", "WAITS IN", "CPU", "WHERE"], rows))
+        row = [r["rank"], r["node"], r["pid"] or "-", r["state"] or "-", r["wchan"] or "-", cpu]
+        rows.append([*row, _last_collective(r), where] if traced else [*row, where])
+    head = ["RANK", "NODE", "PID", "STATE", "WAITS IN", "CPU"]
+    lines.append(format_table([*head, "LAST COLLECTIVE", "WHERE"] if traced else [*head, "WHERE"], rows))
     for ranks, stack in _folded(doc["ranks"]):
         lines += ["", f"ranks {ranks}:" if "," in ranks or "-" in ranks else f"rank {ranks}:"]
         lines += [f"    {frame['name']} ({frame['file']}:{frame['line']})" for frame in stack]

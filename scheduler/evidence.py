@@ -104,6 +104,8 @@ def _rank_json(r: Rank) -> dict[str, Any]:
         "stack_error": r.stack_error,
         "moving": r.moving,
         "gone": r.gone,
+        # torch's trace: its last collective in each process group
+        "collectives": [{"group": g, "seq": seq, "op": op, "done": done} for g, seq, op, done in r.trace],
     }
 
 

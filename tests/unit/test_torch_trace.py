@@ -8,11 +8,14 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from ftconsole.debug_cli import evidence_text
 from ftconsole.scheduler.decide.launcher import TORCH_HOOK, TORCH_HOOK_SOURCE, plan_launch
 from ftconsole.scheduler.errors import ConfigError
+from ftconsole.scheduler.evidence import _units
 from ftconsole.scheduler.spec.jobspec import parse_jobspec
 from tests.unit.test_launcher import job
 
@@ -57,3 +60,33 @@ def test_the_hook_hands_over_to_the_next_sitecustomize_and_waits_for_torch_only_
     assert asked.stdout.startswith("yes ") and "ftconsole-torch-trace" in asked.stdout  # chained; its thread waits
     quiet = _python(tmp_path, {"FT_TORCH_TRACE": "0"})
     assert quiet.stdout.startswith("yes ") and "ftconsole-torch-trace" not in quiet.stdout
+
+
+def _doc(collectives: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    ranks = [
+        {"rank": n, "node": f"gpu0{n}", "pid": 100 + n, "state": "S", "wchan": "futex_wait", "cpu": 0.0,
+         "collective": "all_reduce", "where": "x", "stack": [], "gone": None, "collectives": c}
+        for n, c in enumerate(collectives)
+    ]  # fmt: skip
+    verdict = {"rank": None, "node": None, "reason": "no rank stands out", "rule": "none"}
+    return {"job": 7, "attempt": 1, "time": 0.0, "seconds": 1.0, "verdict": verdict, "ranks": ranks}
+
+
+def test_the_debug_table_shows_each_ranks_last_collective_when_there_is_a_trace() -> None:
+    waiting = [{"group": "0", "seq": 42, "op": "all_reduce", "done": False}]
+    past = [{"group": "0", "seq": 41, "op": "all_reduce", "done": True}]
+    text = evidence_text(_doc([waiting, past]))
+    header = next(line for line in text.splitlines() if line.startswith("RANK"))
+    assert "LAST COLLECTIVE" in header
+    assert "all_reduce #42 " in text and "all_reduce #41, done" in text
+    assert "LAST COLLECTIVE" not in evidence_text(_doc([[], []]))  # no trace: no column
+
+
+def test_a_nodes_trace_becomes_the_verdicts_and_a_bad_one_is_left_out() -> None:
+    process = {"pid": 5, "ppid": 1, "python": True, "state": "S", "env": {"RANK": "3"}, "cpu_moved": 0.0}
+    good = {**process, "collectives": {"groups": {"0": {"seq": 9, "op": "broadcast", "done": True}}}}
+    bad = {**process, "collectives": {"groups": {"0": {"seq": "nine"}}}}
+    [rank] = _units({"node": "gpu01", "rank": 0, "sample": 0.5, "processes": [good]})
+    assert rank.trace == (("0", 9, "broadcast", True),) and rank.last("0") == (9, "broadcast", True)
+    [rank] = _units({"node": "gpu01", "rank": 0, "sample": 0.5, "processes": [bad]})
+    assert rank.trace == () and rank.last("0") is None
