@@ -173,6 +173,8 @@ def plan_launch(inp: LaunchInput) -> LaunchPlan:
             env["FT_CHECKPOINT_DIR"] = inp.checkpoint_dir
         if inp.task is not None:
             env |= {"FT_TASK": inp.task.name, "FT_TASK_INDEX": str(inp.task.index)}
+        if inp.torch_trace:
+            env |= torch_trace(inp, run_dir)
         ranks.append(_Rank(node=node, rank=rank, run_dir=run_dir, hostfile=hostfile, env=env))
     planned = _MODE_PLANNERS[inp.mode](inp, tuple(ranks))
     return LaunchPlan(ranks=planned, ssh_check=ssh_check_argv(inp, planned))
@@ -200,29 +202,30 @@ def _plan_pytorch(inp: LaunchInput, ranks: tuple[_Rank, ...]) -> tuple[RankLaunc
             max_restarts=inp.torchrun_max_restarts,
             monitor_interval=inp.torchrun_monitor_interval,
         )
-        extra, files = torch_trace(inp, r.run_dir) if inp.torch_trace else ({}, {})
-        out.append(_finish(inp, r, argv or inp.argv, hosts, extra, files=files))
+        out.append(_finish(inp, r, argv or inp.argv, hosts))
     return tuple(out)
 
 
-TORCH_HOOK = "torch-hook/sitecustomize.py"  # in a run folder: scheduler/node/torch_hook.py
+# in the attempt's folder, the same path on every node (a launcher that starts the ranks of other nodes carries
+# one PYTHONPATH to them: deepspeed's runner): scheduler/node/torch_hook.py
+TORCH_HOOK = "../torch-hook/sitecustomize.py"
 TRACE_ENTRIES = "2000"  # collectives the flight recorder keeps
 TORCH_HOOK_SOURCE = (Path(__file__).parent.parent / "node" / "torch_hook.py").read_bytes()  # read once, at import
+TRACE_ENV = frozenset({"PYTHONPATH", "TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"})  # + FT_TORCH_TRACE
 
 
-def torch_trace(inp: LaunchInput, run_dir: str) -> tuple[dict[str, str], dict[str, bytes]]:
-    """The environment and file with which a rank's Python processes keep torch's flight recorder trace and serve
-    it (``torch_hook.py``): the hook first on PYTHONPATH (before the job's own), and the recorder's sizes unless
-    the job set them."""
-    hook_dir = posixpath.dirname(f"{run_dir}/{TORCH_HOOK}")
+def torch_trace(inp: LaunchInput, run_dir: str) -> dict[str, str]:
+    """The environment with which a rank's Python processes keep torch's flight recorder trace and serve it
+    (``torch_hook.py``, written as `TORCH_HOOK`): the hook first on PYTHONPATH (before the job's own), and the
+    recorder's sizes unless the job set them."""
+    hook_dir = posixpath.normpath(posixpath.dirname(f"{run_dir}/{TORCH_HOOK}"))  # "~/..." stays as it is
     path = inp.env.get("PYTHONPATH")
-    env = {
+    return {
         "FT_TORCH_TRACE": "1",
         "PYTHONPATH": hook_dir if not path else f"{hook_dir}:{path}",
         "TORCH_FR_BUFFER_SIZE": inp.env.get("TORCH_FR_BUFFER_SIZE", TRACE_ENTRIES),
         "TORCH_NCCL_TRACE_BUFFER_SIZE": inp.env.get("TORCH_NCCL_TRACE_BUFFER_SIZE", TRACE_ENTRIES),
     }
-    return env, {TORCH_HOOK: TORCH_HOOK_SOURCE}
 
 
 def _plan_deepspeed(inp: LaunchInput, ranks: tuple[_Rank, ...]) -> tuple[RankLaunch, ...]:
@@ -314,7 +317,7 @@ def _finish(
         rank=r.rank,
         argv=tuple(argv),
         env=env,
-        files={HOSTFILE: hostfile, **(files or {})},
+        files={HOSTFILE: hostfile, **({TORCH_HOOK: TORCH_HOOK_SOURCE} if inp.torch_trace else {}), **(files or {})},
         run_dir=r.run_dir,
         launch=launch,
         workdir=inp.workdir,
@@ -358,7 +361,8 @@ def forwarded_env(env: Mapping[str, str], user_env: Mapping[str, str]) -> dict[s
     every node), with their values in `env` (rank 0's). Not the per-node ones (``RANK``, ``WORLD_SIZE``,
     ``SLOTS``, ``CUDA_VISIBLE_DEVICES``): the launcher sets its own per process.
     """
-    keys = {k for k in env if k in user_env or k.startswith("FT_") or k in FORWARDED_OURS} - {"DS_ENV_FILE"}
+    ours = FORWARDED_OURS | (TRACE_ENV if env.get("FT_TORCH_TRACE") == "1" else frozenset())
+    keys = {k for k in env if k in user_env or k.startswith("FT_") or k in ours} - {"DS_ENV_FILE"}
     return {k: env[k] for k in sorted(keys)}
 
 

@@ -162,11 +162,15 @@ PROTOCOL = 2
 # -- start -----------------------------------------------------------------------------------------------------
 
 
+HOOK_DIR = "torch-hook"
+
+
 def _prepare(run_dir, params):
     _private_dirs(run_dir)
     for name, content in sorted((params.get("files") or {}).items()):
         target = os.path.normpath(os.path.join(run_dir, name))
-        attempt_file = name.startswith("../") and os.path.dirname(target) == os.path.dirname(run_dir)
+        attempt = os.path.dirname(run_dir)  # a file of the attempt's, or its torch hook (torch_hook.py)
+        attempt_file = name.startswith("../") and os.path.dirname(target) in (attempt, os.path.join(attempt, HOOK_DIR))
         if not (target.startswith(run_dir + os.sep) or attempt_file):
             raise ValueError("file outside the run folder: %r" % name)
         _private_dirs(os.path.dirname(target))

@@ -212,8 +212,8 @@ class Debug(_Strict):
 
     retention: PositiveDuration | None = None
     hold_nodes: bool = False
-    # mode pytorch without an image: the ranks keep torch's flight recorder trace of their last collectives and
-    # serve it to `ftconsole debug` (default: on there; false: off). Refused elsewhere (`_torch_trace_problems`).
+    # modes pytorch and pytorch-deepspeed without an image: the ranks keep torch's flight recorder trace of their
+    # last collectives and serve it to `ftconsole debug` (default: on there; false: off). Refused elsewhere.
     torch_trace: bool | None = None
 
 
@@ -286,7 +286,7 @@ class JobSpec(_Strict):
     @property
     def torch_trace(self) -> bool:
         """Whether the ranks keep and serve torch's flight recorder trace (`debug.torch_trace`)."""
-        on = self.mode is JobMode.PYTORCH and self.image is None
+        on = self.mode.value in TRACE_MODES and self.image is None
         return on and self.debug.torch_trace is not False
 
     @property
@@ -528,12 +528,16 @@ def _image_mode_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
 Check = Callable[[Mapping[str, Any]], list[tuple[Loc, str]]]
 
 
+TRACE_MODES = ("pytorch", "pytorch-deepspeed")
+
+
 def _torch_trace_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
     debug = data.get("debug")
     if not isinstance(debug, Mapping) or debug.get("torch_trace") is not True:
         return []
-    if data.get("mode", "single") != "pytorch" or data.get("image") is not None:
-        return [(("debug", "torch_trace"), "torch's trace is kept in mode pytorch without an image only")]
+    if data.get("mode", "single") not in TRACE_MODES or data.get("image") is not None:
+        return [(("debug", "torch_trace"), "torch's trace is kept in modes pytorch and pytorch-deepspeed without "
+                 "an image only")]  # fmt: skip
     return []
 
 

@@ -225,4 +225,11 @@ async def test_files_cannot_escape_the_run_folder(node_pool) -> None:
     with pytest.raises(SupervisorError, match="outside the run folder"):
         await start_run(pool, node, run_dir="~/.ftconsole/runs/j7/0/0", argv=["true"], env={}, workdir="~",
                         files={"../../../evil": b"x"}, python=PY)  # fmt: skip
+    with pytest.raises(SupervisorError, match="outside the run folder"):  # the attempt's hook folder only
+        await start_run(pool, node, run_dir="~/.ftconsole/runs/j7/0/0", argv=["true"], env={}, workdir="~",
+                        files={"../other/sitecustomize.py": b"x"}, python=PY)  # fmt: skip
     assert isinstance(SupervisorError("x"), Exception) and not issubclass(SupervisorError, SSHError)
+    cluster, _, _ = node_pool
+    await start_run(pool, node, run_dir="~/.ftconsole/runs/j7/1/0", argv=["true"], env={}, workdir="~",
+                    files={"../torch-hook/sitecustomize.py": b"# hook"}, python=PY)  # fmt: skip
+    assert (cluster["node01"].home / ".ftconsole/runs/j7/1/torch-hook/sitecustomize.py").read_bytes() == b"# hook"

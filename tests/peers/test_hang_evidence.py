@@ -31,8 +31,9 @@ def peers(sshd_cluster, tmp_path: Path, sock_dir: Path) -> Peers:
     return Peers(sshd_cluster(2, gpus=4), tmp_path, sock_dir)
 
 
-async def verdict_naming(client: ApiClient, job_id: int) -> dict[str, Any]:
-    """`debug` of the job until its verdict names a rank, or fail after VERDICT_WAIT_S."""
+async def verdict_naming(client: ApiClient, job_id: int, rule: str, world: int = 4) -> dict[str, Any]:
+    """`debug` of the job until its verdict names a rank by `rule` with all `world` ranks (the launcher's workers,
+    not the launchers still in their rendezvous) looked at, or fail after VERDICT_WAIT_S with the last verdict."""
     deadline = time.monotonic() + VERDICT_WAIT_S
     doc: dict[str, Any] = {}
     while time.monotonic() < deadline:
@@ -40,18 +41,18 @@ async def verdict_naming(client: ApiClient, job_id: int) -> dict[str, Any]:
         assert shown["status"] in ("queued", "running"), shown["message"]
         if shown["status"] == "running" and any(r["state"] == "running" for a in shown["attempts"] for r in a["runs"]):
             doc = await client.call("debug", job=job_id)
-            if doc["verdict"]["rank"] is not None:
+            if doc["verdict"]["rank"] is not None and doc["verdict"]["rule"] == rule and len(doc["ranks"]) == world:
                 return doc
         await asyncio.sleep(1.0)
     raise AssertionError(f"no rank named within {VERDICT_WAIT_S:g}s: {doc.get('verdict')}")
 
 
-async def hung_job(peers: Peers, how: str, rank: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+async def hung_job(peers: Peers, how: str, rank: int, rule: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The verdict on a job whose rank `rank` hangs `how`, and the job's events after its stop."""
     env = peers.env(peers.root / "results", PEER_HANG=f"{how}:{rank}")
     async with running(peers.loaded) as (_, client):
         job = await client.call("submit", spec=peers.spec(f"hang-{how}", "pytorch", f"python {HANG}", env))
-        doc = await verdict_naming(client, job["id"])
+        doc = await verdict_naming(client, job["id"], rule)
         if os.environ.get("FT_RECORD_EVIDENCE"):  # the unit table's recorded cases (tests/unit/golden/evidence)
             Path(os.environ["FT_RECORD_EVIDENCE"], f"torch-{how}.json").write_text(json.dumps(doc, indent=1) + "\n")
         await client.call("stop", jobs=[job["id"]])
@@ -69,7 +70,7 @@ def by_rank(doc: dict[str, Any]) -> dict[int, dict[str, Any]]:
 
 
 async def test_a_stopped_rank_is_named_while_the_others_wait_in_all_reduce(peers: Peers) -> None:
-    doc, events = await hung_job(peers, "stop", 1)
+    doc, events = await hung_job(peers, "stop", 1, "stopped")
     verdict, ranks = doc["verdict"], by_rank(doc)
     assert (verdict["rank"], verdict["node"], verdict["rule"]) == (1, "node01", "stopped"), verdict
     assert verdict["reason"].endswith("; ranks 0, 2-3 wait in all_reduce"), verdict
@@ -79,7 +80,7 @@ async def test_a_stopped_rank_is_named_while_the_others_wait_in_all_reduce(peers
 
 
 async def test_a_rank_sleeping_in_its_data_loader_is_named_with_where_it_is(peers: Peers) -> None:
-    doc, _ = await hung_job(peers, "load", 2)
+    doc, _ = await hung_job(peers, "load", 2, "behind")
     verdict, ranks = doc["verdict"], by_rank(doc)
     # torch's trace (debug.torch_trace, on in mode pytorch): rank 2's last collective is behind the others'
     assert (verdict["rank"], verdict["node"], verdict["rule"]) == (2, "node02", "behind"), verdict
@@ -90,7 +91,7 @@ async def test_a_rank_sleeping_in_its_data_loader_is_named_with_where_it_is(peer
 
 
 async def test_a_rank_in_a_busy_loop_is_named_busy(peers: Peers) -> None:
-    doc, _ = await hung_job(peers, "spin", 0)
+    doc, _ = await hung_job(peers, "spin", 0, "behind")
     verdict, ranks = doc["verdict"], by_rank(doc)
     assert (verdict["rank"], verdict["node"], verdict["rule"]) == (0, "node01", "behind"), verdict
     assert " in spin (busy: " in verdict["reason"] and "; ranks 1-3 are in all_reduce #" in verdict["reason"], verdict

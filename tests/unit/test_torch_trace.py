@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from ftconsole.debug_cli import evidence_text
+from ftconsole.scheduler.decide.deepspeed import DEEPSPEED_ENV
 from ftconsole.scheduler.decide.launcher import TORCH_HOOK, TORCH_HOOK_SOURCE, plan_launch
 from ftconsole.scheduler.errors import ConfigError
 from ftconsole.scheduler.evidence import _units
@@ -24,7 +25,7 @@ def test_a_pytorch_rank_gets_the_hook_first_on_its_path_and_the_recorder_sized()
     plan = plan_launch(job("pytorch", "python train.py", torch_trace=True, env={"PYTHONPATH": "/opt/mine"}))
     for rank in plan.ranks:
         assert rank.files[TORCH_HOOK] == TORCH_HOOK_SOURCE
-        assert rank.env["PYTHONPATH"] == f"{rank.run_dir}/torch-hook:/opt/mine"
+        assert rank.env["PYTHONPATH"] == "/home/me/.ftconsole/runs/j-0042/1/torch-hook:/opt/mine"  # the attempt's
         assert rank.env["FT_TORCH_TRACE"] == "1"
         assert rank.env["TORCH_FR_BUFFER_SIZE"] == rank.env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000"
     mine = plan_launch(job("pytorch", "python train.py", torch_trace=True, env={"TORCH_FR_BUFFER_SIZE": "50"}))
@@ -33,12 +34,24 @@ def test_a_pytorch_rank_gets_the_hook_first_on_its_path_and_the_recorder_sized()
     assert TORCH_HOOK not in off.ranks[0].files and "FT_TORCH_TRACE" not in off.ranks[0].env
 
 
+def test_deepspeeds_runner_carries_the_hooks_path_and_the_sizes_to_the_ranks_it_starts() -> None:
+    plan = plan_launch(job("pytorch-deepspeed", "deepspeed train.py", torch_trace=True))
+    assert all(rank.files[TORCH_HOOK] == TORCH_HOOK_SOURCE for rank in plan.ranks)  # prepared on every node
+    env_file = next(v for k, v in plan.ranks[0].files.items() if k == DEEPSPEED_ENV).decode()
+    for line in ("FT_TORCH_TRACE=1", "PYTHONPATH=/home/me/.ftconsole/runs/j-0042/1/torch-hook",
+                 "TORCH_FR_BUFFER_SIZE=2000"):  # fmt: skip
+        assert line in env_file.splitlines(), env_file
+    plain = plan_launch(job("pytorch-deepspeed", "deepspeed train.py"))
+    assert "PYTHONPATH" not in plain.ranks[0].files[DEEPSPEED_ENV].decode()
+
+
 def test_the_key_is_on_in_mode_pytorch_may_be_turned_off_and_is_refused_where_it_cannot_work() -> None:
     base = "name: t\ncommand: python train.py\n"
     assert parse_jobspec(base + "mode: pytorch\n").torch_trace
     assert not parse_jobspec(base + "mode: pytorch\ndebug: {torch_trace: false}\n").torch_trace
     assert not parse_jobspec(base + "mode: single\n").torch_trace
-    with pytest.raises(ConfigError, match=r"debug\.torch_trace: torch's trace is kept in mode pytorch without an"):
+    assert parse_jobspec("name: t\nmode: pytorch-deepspeed\ncommand: deepspeed train.py\n").torch_trace
+    with pytest.raises(ConfigError, match=r"debug\.torch_trace: torch's trace is kept in modes pytorch and"):
         parse_jobspec(base + "mode: single\ndebug: {torch_trace: true}\n")
 
 
