@@ -112,7 +112,7 @@ def _rank_json(r: Rank) -> dict[str, Any]:
 async def gather(executor: Executor, job: Job, runs: Sequence[Run], *, stacks: bool = True) -> Evidence:
     """The evidence of `job`'s current attempt (`runs`: its launching runs), from all its nodes at once."""
     started = time.monotonic()
-    mine = [r for r in runs if r.attempt == job.attempt and r.launch and r.run_dir]
+    mine = [r for r in runs if r.attempt == job.attempt and r.run_dir]  # launched here, or by a launcher
     by_node: dict[str, list[Run]] = {}
     for r in mine:
         by_node.setdefault(r.node, []).append(r)
@@ -137,11 +137,16 @@ async def _node(executor: Executor, job: Job, name: str, runs: Sequence[Run], st
                                   tokens={r.run_dir: r.token for r in runs if r.token},
                                   users=dict.fromkeys((r.run_dir for r in runs), user), python=python,
                                   timeout=timeout)  # fmt: skip
-        groups = [
-            {"key": r.run_dir, "pgid": s.pid, "start": s.pid_start, "boot": s.boot_id}
-            for r in runs
-            if (s := states.get(r.run_dir)) is not None and s.state == "running"
-        ]
+        # the ranks a launcher started over SSH (deepspeed's runner, mpirun) are found by the job's environment
+        ours = {"FT_JOB_ID": str(job.id), "FT_ATTEMPT": str(job.attempt)}
+        groups: list[dict[str, Any]] = []
+        for r in runs:
+            s = states.get(r.run_dir)
+            if not r.launch:
+                groups.append({"key": r.run_dir, "env": ours, "user": user})
+            elif s is not None and s.state == "running":
+                groups.append({"key": r.run_dir, "pgid": s.pid, "start": s.pid_start, "boot": s.boot_id,
+                               "env": ours, "user": user})  # fmt: skip
         seen = await _processes(executor, node, groups, stacks)
     except FtError as exc:
         return [dict(d, gone=f"node {name} did not answer: {exc}") for d in out]
@@ -152,7 +157,9 @@ async def _node(executor: Executor, job: Job, name: str, runs: Sequence[Run], st
         doc["output_at"] = status.output_at if status is not None else None
         doc["output_tail"] = tail
         got = seen.get(r.run_dir)
-        if status is None or status.state != "running":
+        if not r.launch:
+            doc["state"] = "started by its launcher"
+        if r.launch and (status is None or status.state != "running"):
             doc["gone"] = f"it is {status.state if status else 'not known there'}, not running"
         elif got is None:
             doc["gone"] = "the node did not say"
@@ -212,6 +219,10 @@ def _units(doc: dict[str, Any]) -> list[Rank]:
         return [Rank(run_rank, node, gone="no process of it is left")]
     by_pid = {p["pid"]: p for p in procs}
     ranked = [p for p in procs if p.get("python") and _env_rank(p) is not None]
+    # a launcher's workers say which of its processes they are (LOCAL_RANK, MPI's rank): where some do, one with
+    # only the run's RANK is a launcher whose workers are not below it (deepspeed's runner: pdsh starts them)
+    started = [p for p in ranked if set(p.get("env") or {}) & WORKER_ENV]
+    ranked = started or ranked
     parents = {p.get("ppid") for p in ranked}
     workers = [p for p in ranked if p["pid"] not in parents or not _below(p, ranked, by_pid)]
     if not workers:  # no launcher's worker: the run's first Python process, else the first that started nothing
@@ -255,6 +266,9 @@ def _trace(p: dict[str, Any]) -> tuple[tuple[str, int, str, bool], ...]:
         for name, last in sorted(groups.items())
         if isinstance(last, dict) and isinstance(last.get("seq"), int)
     )
+
+
+WORKER_ENV = frozenset({"LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"})
 
 
 def _env_rank(p: dict[str, Any]) -> int | None:

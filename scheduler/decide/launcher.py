@@ -234,7 +234,10 @@ def _plan_deepspeed(inp: LaunchInput, ranks: tuple[_Rank, ...]) -> tuple[RankLau
         return tuple(_finish(inp, r, inp.argv, hosts) for r in ranks)
     argv = deepspeed_argv(inp.argv, ranks[0].hostfile, inp.nodes, inp.master_port)
     name = DEEPSPEED_ENV if inp.task is None else f"{DEEPSPEED_ENV}.{inp.task.index}"
-    env_file = deepspeed_env_file(forwarded_env({**inp.env, **ranks[0].env}, inp.env))
+    # PYTHONPATH not: deepspeed's runner exports its own (PYTHON*), which the supervisor expanded ("~/" of the
+    # hook's path); the file's value would arrive as written, "~" and all, in double quotes
+    forwarded = forwarded_env({**inp.env, **ranks[0].env}, inp.env)
+    env_file = deepspeed_env_file({k: v for k, v in forwarded.items() if k != "PYTHONPATH"})
     return tuple(
         _finish(inp, r, argv, hosts, {"DS_ENV_FILE": f"{r.run_dir}/{name}"}, launch=r.rank == 0, files={name: env_file})
         for r in ranks

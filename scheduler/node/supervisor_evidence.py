@@ -1,8 +1,11 @@
 """What the processes of a rank are doing, for the hang evidence: node side, standard library only, Python 3.8.
 
-Action `processes` {groups: [{key, pgid, start, boot}], sample, stacks, py_spy?}: for each group (a rank's
-current step, as its status.json names it: the leader's pid, its start time and the boot), every process of
-the process group and every descendant of them (a launcher's workers that left the group included), each with:
+Action `processes` {groups: [{key, pgid?, start?, boot?, env?, user?}], sample, stacks, py_spy?}: for each group
+(a rank's current step, as its status.json names it: the leader's pid, its start time and the boot), every
+process of the process group and every descendant of them (a launcher's workers that left the group included);
+with `env` ({name: value}: the job's FT_JOB_ID and FT_ATTEMPT), also the processes of `user` that this node's
+SSH server started with those values in their environment (ranks a launcher started over SSH: deepspeed's runner
+through pdsh, mpirun's orted), and their descendants; each with:
 
   pid, ppid, comm, cmdline (the first 300 characters), state (R running, S sleeping, D uninterruptible, T
   stopped, t traced, Z zombie, I idle), threads (how many, and how many in each state), wchan (the kernel
@@ -29,6 +32,7 @@ null) and the node's machine (`uname -m`): where none is there, the scheduler se
 import hashlib
 import json
 import os
+import pwd
 import socket
 import subprocess
 import time
@@ -44,6 +48,7 @@ MAX_FRAMES = 64  # per thread
 TRACE_TIMEOUT_S = 3.0  # torch's worker server answers its trace within this, or it is left out
 TRACE_SOCKET = "/ftconsole-torch-"  # in the path of the socket torch_hook.py serves the trace on
 MAX_TRACE = 16 << 20
+LAB_NODE = "FTCONSOLE_LAB_NODE"  # in the environment of what the lab's SSH server starts (ftconsole/lab)
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -90,28 +95,76 @@ def _all():
 
 
 def _members(group, table):
-    """The pids of a group's processes and their descendants, or the reason there are none."""
+    """The pids of a group's processes and their descendants, or the reason there are none: its step's process
+    group, and with "env" the processes of this node's SSH server whose environment has those values (the ranks
+    a launcher started here over SSH: deepspeed's runner through pdsh, mpirun's orted)."""
     pgid, start, boot = group.get("pgid"), group.get("start"), group.get("boot")
-    if not _pid(pgid) or not _ticks(start):
+    seeds, why = [], None
+    if _pid(pgid) and _ticks(start):
+        if boot is not None and boot != boot_id():
+            return None, "the node rebooted since it started"
+        leader = _stat(pgid)
+        if leader is not None and leader[2] != start:
+            why = "its process is gone (pid %d is another process now)" % pgid
+        else:
+            seeds = [p for p, seen in table.items() if seen["pgid"] == pgid]
+            why = None if seeds else "its processes are gone"
+    elif not group.get("env"):
         return None, "no process is known for it (not started yet?)"
-    if boot is not None and boot != boot_id():
-        return None, "the node rebooted since it started"
-    leader = _stat(pgid)
-    if leader is not None and leader[2] != start:
-        return None, "its process is gone (pid %d is another process now)" % pgid
-    pids = sorted(p for p, seen in table.items() if seen["pgid"] == pgid)
-    if not pids:
-        return None, "its processes are gone"
+    if group.get("env"):
+        started = _by_env(group["env"], group.get("user"), table)
+        seeds = sorted(set(seeds) | set(started))
+        if not seeds:
+            return None, why or "no process of it here: its launcher has not started it, or it is gone"
+    if not seeds:
+        return None, why
     children = {}  # type: Dict[int, List[int]]
     for seen in table.values():
         children.setdefault(seen["ppid"], []).append(seen["pid"])
-    found, todo = set(pids), list(pids)
+    found, todo = set(seeds), list(seeds)
     while todo and len(found) < MAX_PROCESSES:
         for child in children.get(todo.pop(), []):
             if child not in found:
                 found.add(child)
                 todo.append(child)
     return sorted(found)[:MAX_PROCESSES], None
+
+
+def _by_env(want, user, table):
+    """Pids of the processes of `user` (None: this account) whose environment has each of `want`'s values, and
+    that this node's SSH server started (where nodes share a kernel, as in a lab, another node's are left out:
+    their SSH server is another), outermost only (their descendants follow them)."""
+    try:
+        uid = pwd.getpwnam(user).pw_uid if user else os.getuid()
+    except KeyError:
+        return []
+    mine = _listener(os.getpid(), table)
+    want = dict(want)
+    if os.environ.get(LAB_NODE):  # the lab's nodes share one SSH server process too: its sessions say whose
+        want[LAB_NODE] = os.environ[LAB_NODE]
+    wanted = [("%s=%s" % (k, v)).encode("utf-8") for k, v in sorted(want.items())]
+    out = []
+    for pid in table:
+        try:
+            if os.stat("/proc/%d" % pid).st_uid != uid:
+                continue
+        except OSError:
+            continue
+        env = set((_read("/proc/%d/environ" % pid, 1 << 20) or b"").split(b"\0"))
+        if all(w in env for w in wanted) and _listener(pid, table) == mine:
+            out.append(pid)
+    chosen = set(out)
+    return [p for p in out if table[p]["ppid"] not in chosen]
+
+
+def _listener(pid, table):
+    """The outermost SSH server above `pid` (the node's listening sshd), or None."""
+    found, seen = None, 0
+    while pid in table and seen < 64:
+        if table[pid]["comm"] == "sshd":
+            found = pid
+        pid, seen = table[pid]["ppid"], seen + 1
+    return found
 
 
 def _thread_states(pid):

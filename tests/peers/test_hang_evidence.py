@@ -121,3 +121,22 @@ async def test_the_hang_alert_names_the_rank_that_stands_out(sshd_cluster, tmp_p
     assert "; rank 3 on node02 is stopped (pid " in message and f"(evidence: ftconsole debug {job['id']})" in message
     [hung] = [c for c in shown["conditions"] if c["type"] == "SuspectedHung"]
     assert "rank 3 on node02 is stopped" in hung["message"], hung
+
+
+async def test_the_ranks_deepspeeds_runner_started_over_ssh_are_looked_at_and_the_one_behind_is_named(
+    peers: Peers,
+) -> None:
+    """deepspeed's runner starts every rank through pdsh and ssh, outside the run's own processes: the evidence
+    finds them by the job's environment, on each node, and torch's trace names the one behind."""
+    env = peers.env(peers.root / "results", PEER_HANG="load:3", DS_ACCELERATOR="cpu")
+    async with running(peers.loaded) as (_, client):
+        job = await client.call("submit", spec=peers.spec("hang-ds", "pytorch-deepspeed", f"deepspeed {HANG}", env))
+        doc = await verdict_naming(client, job["id"], "behind")
+        await client.call("stop", jobs=[job["id"]])
+        await finished(client, job["id"])
+    verdict, ranks = doc["verdict"], by_rank(doc)
+    assert [(r, ranks[r]["node"]) for r in sorted(ranks)] == [(0, "node01"), (1, "node01"), (2, "node02"),
+                                                              (3, "node02")], doc["ranks"]  # fmt: skip
+    assert (verdict["rank"], verdict["node"]) == (3, "node02"), verdict
+    assert " in load_batch; ranks 0-2 are in all_reduce #" in verdict["reason"], verdict
+    assert all(ranks[r]["collectives"] for r in ranks), doc["ranks"]
