@@ -111,3 +111,34 @@ def test_py_spy_sent_is_run_only_when_its_bytes_hash_to_what_was_named(
     assert doc["py_spy"] is None
     worker = next(p for p in doc["groups"][0]["processes"] if p["pid"] == first)
     assert (worker["stack"], worker["stack_error"]) == (None, "py-spy is not on this node (and none was sent)")
+
+
+def test_the_ranks_a_launcher_started_elsewhere_are_found_by_the_jobs_environment_and_only_its_attempts() -> None:
+    """Processes started outside the run's process group (by a launcher over SSH) with the job's FT_JOB_ID and
+    FT_ATTEMPT are found, with their children; another attempt's are not. (None is under an SSH server here, nor
+    is this action: the same node's, as the rule wants.)"""
+    child = "import time; time.sleep(600)"
+    code = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}]); time.sleep(600)"
+
+    def start(attempt: str) -> subprocess.Popen[bytes]:
+        env = {**os.environ, "FT_JOB_ID": "9177", "FT_ATTEMPT": attempt}
+        return subprocess.Popen([sys.executable, "-c", code], env=env, start_new_session=True)
+
+    def ask(attempt: str) -> dict[str, Any]:
+        group = {"key": "r", "env": {"FT_JOB_ID": "9177", "FT_ATTEMPT": attempt}}
+        doc = act({"action": "processes", "groups": [group], "sample": 0, "stacks": False}, os.environ["PATH"])
+        return dict(doc["groups"][0])
+
+    ours, other = start("2"), start("1")
+    try:
+        deadline, found = time.monotonic() + TIMEOUT, []
+        while time.monotonic() < deadline and len(found) < 2:  # until it has started its child
+            found = ask("2").get("processes") or []
+            time.sleep(0.2)
+        pids = {p["pid"] for p in found}
+        assert ours.pid in pids and other.pid not in pids and len(pids) == 2, found
+        assert "its launcher has not started it" in ask("3")["gone"]
+    finally:
+        for proc in (ours, other):
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(TIMEOUT)
