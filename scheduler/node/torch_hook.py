@@ -62,7 +62,7 @@ def _serve():
         return
 
 
-def _start():
+def _begin():
     if os.environ.get("FT_TORCH_TRACE") != "1":
         return
     threading.Thread(target=_serve, name="ftconsole-torch-trace", daemon=True).start()
@@ -88,5 +88,5 @@ def _chain():
 
 
 with contextlib.suppress(Exception):
-    _start()
+    _begin()
 _chain()
