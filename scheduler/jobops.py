@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ftconsole.scheduler import debugenv
-from ftconsole.scheduler.decide import elastic, placement
+from ftconsole.scheduler.decide import dependencies, elastic, placement
 from ftconsole.scheduler.decide.jobs import (
     TERMINAL,
     Condition,
@@ -100,6 +100,7 @@ class Scheduler(RankReads):
         spec = _spec(spec)
         now = self.clock()
         self.rules.admissible(caller, spec, spec.priority.value)
+        await self._dependency(caller, spec)
         job = Job(
             id=0,
             name=spec.name,
@@ -120,6 +121,22 @@ class Scheduler(RankReads):
             await tx.event(now, Condition.PENDING, f"{how} by {caller.user}", job=job_id)
         self._poke()
         return dataclasses.replace(job, id=job_id)
+
+    async def _dependency(self, caller: Caller, spec: JobSpec) -> dependencies.Waits | None:
+        """Refuse an `after:` that names a job the caller cannot see (or none), or that can never be met; else
+        what it waits for (None: nothing)."""
+        if spec.after is None:
+            return None
+        hidden = await self.hidden_jobs(caller)
+        statuses = await self.loop.placer.statuses()
+        for kind, ids in spec.after.as_map().items():
+            for job_id in ids:
+                if statuses.get(job_id) is None or job_id in hidden:
+                    raise NotFound(f"job {spec.name}: after.{kind}: no job {job_id}")
+        found = dependencies.state(spec.after.as_map(), statuses)
+        if isinstance(found, dependencies.Never):
+            raise UsageError(f"job {spec.name}: its dependency can never be met: {found.reason}")
+        return found
 
     async def jobs(
         self,
@@ -443,8 +460,11 @@ class Scheduler(RankReads):
         The same rules as submit: what submit would refuse, predict refuses."""
         spec = _spec(spec)
         self.rules.admissible(caller, spec, spec.priority.value)
+        waits = await self._dependency(caller, spec)
         await self.rules.within_cap(caller.user, spec.project, spec.priority.value)
-        queued = await self.store.jobs(statuses=[JobStatus.QUEUED])
+        if waits is not None:
+            return placement.Wait("(this job)", waits.reason, 0, cause=placement.WaitCause.DEPENDENCY)
+        queued, _, _ = await self.loop.placer.by_dependencies(await self.store.jobs(statuses=[JobStatus.QUEUED]))
         state, requests, _, _ = await self.loop.placer.placement_inputs(queued)
         now = self.clock()
         job = job_request(spec, self.config, job_id="(this job)", now=now)

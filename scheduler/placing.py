@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from ftconsole.scheduler import debugenv
-from ftconsole.scheduler.decide import elastic, placement
+from ftconsole.scheduler.decide import dependencies, elastic, placement
 from ftconsole.scheduler.decide.jobplan import plan_attempt
 from ftconsole.scheduler.decide.jobs import Attempt, Condition, Job, JobStatus, Run
 from ftconsole.scheduler.decide.requests import job_request, node_slot, urgent_scope
@@ -170,8 +170,9 @@ class Placer:
         if not queued:
             return
         now = self.clock()
+        queued, waiting = await self._dependencies(queued)
         state, requests, by_id, unplaceable = await self.placement_inputs(queued)
-        notes = [(job, why) for job, why in unplaceable if why]
+        notes = waiting + [(job, why) for job, why in unplaceable if why]
         for job, why in unplaceable:
             if not why:  # not a config change: the job itself cannot be planned
                 await self._fail(job, job.message)
@@ -191,6 +192,38 @@ class Placer:
                 log.exception("job %s: cannot be started", job.id)
                 await self._fail(job, f"ftconsole cannot start it: {type(exc).__name__}: {exc}")
         await self.notes(notes)
+
+    async def _dependencies(self, queued: list[Job]) -> tuple[list[Job], list[tuple[Job, str]]]:
+        """The queued jobs whose `after:` is met (or who have none), and why the others wait; a job whose
+        dependency can never be met ends `error` saying which (decide/dependencies.py)."""
+        ready, waiting, never = await self.by_dependencies(queued)
+        for job, why in never:
+            await self._fail(job, f"its dependency can never be met: {why}")
+        return ready, waiting
+
+    async def by_dependencies(
+        self, queued: list[Job]
+    ) -> tuple[list[Job], list[tuple[Job, str]], list[tuple[Job, str]]]:
+        """The queued jobs split by their `after:`: those that may be placed, those that wait for another job
+        (not placed, so that they hold nothing back: backfill goes around them), those that never can; with why."""
+        if not any(j.spec.after is not None for j in queued):
+            return queued, [], []
+        statuses = await self.statuses()
+        ready, waiting, never = [], [], []
+        for job in queued:
+            after = job.spec.after
+            found = None if after is None else dependencies.state(after.as_map(), statuses)
+            if isinstance(found, dependencies.Never):
+                never.append((job, found.reason))
+            elif isinstance(found, dependencies.Waits):
+                waiting.append((job, found.reason))
+            else:
+                ready.append(job)
+        return ready, waiting, never
+
+    async def statuses(self) -> dict[int, JobStatus | None]:
+        """Every job's status, deleted ones too: what dependencies are judged by."""
+        return {j.id: j.status for j in await self.store.jobs(deleted=True)}
 
     def _why(self, job: Job) -> str:
         lacks: dict[str, list[str]] = {}

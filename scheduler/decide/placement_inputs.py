@@ -128,6 +128,7 @@ class WaitCause(StrEnum):
     BLOCKED = "blocked"  # would fit, but would delay the head of the queue
     URGENT_CAP = "urgent-cap"  # the project's urgent cap is reached
     TOO_FEW_NODES = "too-few-nodes"  # not enough usable nodes match, even with all of them free
+    DEPENDENCY = "dependency"  # waits for another job to end (its `after:`)
 
 
 NodeGpus = tuple[str, tuple[int, ...]]

@@ -190,6 +190,27 @@ class Task(_Strict):
         return shlex.split(self.command)
 
 
+JobId = Annotated[int, Field(ge=1, strict=True)]
+
+
+class After(_Strict):
+    """The jobs this one waits for (Slurm's --dependency): `ok` to succeed (afterok), `any` to end whatever its
+    end (afterany), `failed` to end without succeeding (afternotok). See decide/dependencies.py."""
+
+    ok: Annotated[list[JobId], AfterValidator(_unique)] = Field(default_factory=list)
+    any: Annotated[list[JobId], AfterValidator(_unique)] = Field(default_factory=list)
+    failed: Annotated[list[JobId], AfterValidator(_unique)] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _names_one(self) -> After:
+        if not (self.ok or self.any or self.failed):
+            raise ValueError("name at least one job under ok, any or failed")
+        return self
+
+    def as_map(self) -> dict[str, list[int]]:
+        return {"ok": self.ok, "any": self.any, "failed": self.failed}
+
+
 class Hooks(_Strict):
     """Lifecycle scripts run on the job's first node before it starts and after it ends."""
 
@@ -265,6 +286,7 @@ class JobSpec(_Strict):
     debug: Debug = Debug()  # what stays after a failure, for `ftconsole shell`
     image: Image | None = None  # the container image each rank runs in (issue 17)
     mounts: Mounts | None = None  # folders of the node the container sees
+    after: After | None = None  # the jobs it waits for (issue 30: Slurm's --dependency)
 
     @model_validator(mode="before")
     @classmethod

@@ -4,7 +4,7 @@ field types, and the helpers of the checks across keys, which read raw (unvalida
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict
 
@@ -24,8 +24,11 @@ def not_blank(value: str) -> str:
     return value
 
 
-def unique(values: list[str]) -> list[str]:
-    repeated = sorted({v for v in values if values.count(v) > 1})
+T = TypeVar("T")
+
+
+def unique(values: list[T]) -> list[T]:
+    repeated = sorted({str(v) for v in values if values.count(v) > 1})
     if repeated:
         raise ValueError(f"each entry must be unique: {', '.join(repeated)} given more than once")
     return values

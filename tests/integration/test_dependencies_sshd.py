@@ -1,0 +1,63 @@
+"""Job dependencies (`after:`) end to end on real sshd nodes: a chain runs in order, one whose dependency can
+never be met ends `error` saying which, a waiting job holds nothing back, and submit refuses what can never be."""
+
+from __future__ import annotations
+
+import pytest
+
+from ftconsole.scheduler.errors import NotFound, UsageError
+from tests.integration.test_scheduler_sshd import finished, job, running, until, write_config
+from tests.sshd_cluster import SshdCluster
+
+pytestmark = pytest.mark.sshd
+
+
+def started(shown: dict) -> float:  # type: ignore[type-arg]
+    return min(a["started"] for a in shown["attempts"])
+
+
+async def test_a_chain_runs_in_order_and_a_broken_one_ends_with_its_reason(sshd_cluster, tmp_path, sock_dir) -> None:
+    cluster: SshdCluster = sshd_cluster(1, gpus=2)
+    loaded = write_config(cluster, tmp_path, sock_dir)
+    async with running(loaded) as (_, client):
+        first = await client.call("submit", spec=job("first", "sleep 3"))
+        second = await client.call("submit", spec=job("second", "true", after={"ok": [first["id"]]}))
+        third = await client.call("submit", spec=job("third", "true", after={"failed": [second["id"]]}))
+        either = await client.call("submit", spec=job("either", "true", after={"any": [first["id"]]}))
+        waiting = await until(client, second["id"], lambda j: "waiting for job" in (j["message"] or ""), "its note")
+        assert waiting["status"] == "queued"
+        assert waiting["message"] == f"waiting for job {first['id']} to succeed (after.ok)"
+        # the first job's GPU is one of two: the waiting jobs hold nothing back, a free one starts beside it
+        free = await client.call("submit", spec=job("free", "true"))
+        assert (await finished(client, free["id"]))["status"] == "succeeded"
+
+        done_first = await finished(client, first["id"])
+        done_second = await finished(client, second["id"])
+        done_either = await finished(client, either["id"])
+        done_third = await finished(client, third["id"])
+    assert [d["status"] for d in (done_first, done_second, done_either)] == ["succeeded"] * 3
+    assert started(done_second) >= done_first["ended"] and started(done_either) >= done_first["ended"]
+    assert done_third["status"] == "error" and not done_third["attempts"]
+    assert done_third["message"] == (
+        f"its dependency can never be met: job {second['id']} ended succeeded; after.failed needs it to fail"
+    )
+
+
+async def test_submit_refuses_an_unknown_job_and_one_that_can_never_be_met(sshd_cluster, tmp_path, sock_dir) -> None:
+    cluster: SshdCluster = sshd_cluster(1, gpus=1)
+    loaded = write_config(cluster, tmp_path, sock_dir)
+    async with running(loaded) as (_, client):
+        with pytest.raises(NotFound, match=r"job late: after\.ok: no job 999"):
+            await client.call("submit", spec=job("late", "true", after={"ok": [999]}))
+        failing = await client.call("submit", spec=job("failing", "false"))
+        assert (await finished(client, failing["id"]))["status"] == "error"
+        with pytest.raises(UsageError, match=f"can never be met: job {failing['id']} ended error; after.ok needs it"):
+            await client.call("submit", spec=job("never", "true", after={"ok": [failing["id"]]}))
+        running_one = await client.call("submit", spec=job("long", "sleep 30"))
+        await until(client, running_one["id"], lambda j: j["status"] == "running", "it to run")
+        predicted = await client.call("predict", spec=job("next", "true", after={"any": [running_one["id"]]}))
+        assert predicted["starts_now"] is False and predicted["cause"] == "dependency"
+        assert predicted["reason"] == f"waiting for job {running_one['id']} to end (after.any)"
+        assert [j["name"] for j in await client.call("jobs")] == ["failing", "long"]  # nothing refused was kept
+        await client.call("stop", jobs=[running_one["id"]])
+        await finished(client, running_one["id"])
