@@ -216,13 +216,13 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    jobs = _with_client(
-        args,
-        "jobs",
-        lambda c: c.call(
-            "jobs", status=args.status, name=args.name, owner=args.owner, spec=args.spec, output=args.output
-        ),
-    )
+    from ftconsole.usage_cli import window
+
+    since, until = window(args, default_since=None)
+    filters = {"status": args.status, "name": args.name, "owner": args.owner, "spec": args.spec, "output": args.output}
+    if since is not None or until is not None:  # only then: a scheduler from before them refuses no argument
+        filters |= {"since": since, "until": until}
+    jobs = _with_client(args, "jobs", lambda c: c.call("jobs", **filters))
     if args.json:
         print_json(jobs)
         return 0
@@ -469,11 +469,13 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser, listing: argparse.Arg
     p.set_defaults(func=cmd_predict)
 
     p = sub.add_parser("jobs", parents=parents, help="the queue and every job")
-    p.add_argument("--status", action="append", metavar="S", help="only this status (repeatable)")
+    p.add_argument("--status", "--state", action="append", metavar="S", help="only this status (repeatable)")
     p.add_argument("--name", help="only names containing this")
     p.add_argument("--owner", help="only this user's jobs")
     p.add_argument("--spec", help="only jobs asking for this node spec")
     p.add_argument("--output", help="only jobs whose output path contains this")
+    p.add_argument("--since", metavar="WHEN", help="only jobs not ended before this (a date, or a time ago: 7d)")
+    p.add_argument("--until", metavar="WHEN", help="only jobs submitted before this (a date, or a time ago)")
     p.set_defaults(func=cmd_jobs)
 
     p = sub.add_parser("show", parents=parents, help="a job with its attempts, runs and conditions")

@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ftconsole.scheduler import debugenv
-from ftconsole.scheduler.decide import dependencies, elastic, placement
+from ftconsole.scheduler.decide import dependencies, elastic, placement, usage
 from ftconsole.scheduler.decide.jobs import (
     TERMINAL,
     Condition,
@@ -122,6 +122,23 @@ class Scheduler(RankReads):
         self._poke()
         return dataclasses.replace(job, id=job_id)
 
+    async def usage(self, caller: Caller, *, since: float, until: float | None, by: str) -> dict[str, Any]:
+        """GPU-hours per user or project (`by`) in [since, until) (until: now), like sreport: every job's, the
+        deleted ones too (sums only: no job is named)."""
+        now = self.clock()
+        until = now if until is None else until
+        if since >= until:
+            raise UsageError("since must be before until")
+        jobs = {j.id: j for j in await self.store.jobs(deleted=True)}
+        runs = await self.store.runs()
+        try:
+            rows = usage.usage_by(jobs, runs, by, since, until, now)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        total = usage.Usage(sum(u.gpu_seconds for u in rows.values()), sum(u.jobs for u in rows.values()))
+        return {"since": since, "until": until, "by": by, "rows": {k: u.to_json() for k, u in rows.items()},
+                "total": total.to_json()}  # fmt: skip
+
     async def _dependency(self, caller: Caller, spec: JobSpec) -> dependencies.Waits | None:
         """Refuse an `after:` that names a job the caller cannot see (or none), or that can never be met; else
         what it waits for (None: nothing)."""
@@ -147,8 +164,14 @@ class Scheduler(RankReads):
         owner: str | None = None,
         spec: str | None = None,
         output: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
     ) -> list[Job]:
-        """Every job, newest last; filters combine (status: any of; name, output: substring)."""
+        """Every job, newest last; filters combine (status: any of; name, output: substring; since, until: the
+        jobs that were in the system at some time of [since, until): submitted before `until`, not ended before
+        `since`)."""
+        if since is not None and until is not None and since >= until:
+            raise UsageError("since must be before until")
         statuses = None
         if status:
             try:
@@ -168,6 +191,10 @@ class Scheduler(RankReads):
             if spec and spec not in [r.spec for r in job.spec.gpu_request]:
                 continue
             if output and output not in (job.spec.output or ""):
+                continue
+            if until is not None and job.submitted >= until:
+                continue
+            if since is not None and job.ended is not None and job.ended < since:
                 continue
             out.append(job)
         hidden = await self.hidden_jobs(caller)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
@@ -75,6 +76,7 @@ class Operations:
             "drain": self._drain,
             "resume": self._resume,
             "cluster": self._cluster,
+            "usage": self._usage,
         }
 
     async def __call__(self, caller: Caller, op: str, args: dict[str, Any]) -> Any:
@@ -124,8 +126,16 @@ class Operations:
             owner=args.get("owner"),
             spec=args.get("spec"),
             output=args.get("output"),
+            since=_time(args, "since"),
+            until=_time(args, "until"),
         )
         return await self._json(jobs)
+
+    async def _usage(self, caller: Caller, args: dict[str, Any]) -> Any:
+        since = _time(args, "since")
+        if since is None:
+            raise UsageError("usage needs since (seconds since the epoch)")
+        return await self.scheduler.usage(caller, since=since, until=_time(args, "until"), by=args.get("by") or "user")
 
     async def _jobs_changed(self, caller: Caller, args: dict[str, Any]) -> Any:
         """{"cursor", "jobs"}: the jobs changed at or after `since` (deleted ones too), or all jobs for null;
@@ -323,6 +333,16 @@ def _alert_ids(args: dict[str, Any]) -> list[Any]:
     if not isinstance(ids, list) or not ids:
         raise UsageError("give at least one alert id")
     return ids
+
+
+def _time(args: dict[str, Any], key: str) -> float | None:
+    """A time argument (seconds since the epoch), or None where not given."""
+    value = args.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise UsageError(f"{key}: seconds since the epoch, not {value!r}")
+    return float(value)
 
 
 def decision_json(decision: placement.Decision) -> dict[str, Any]:

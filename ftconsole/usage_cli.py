@@ -1,0 +1,80 @@
+"""`ftconsole usage`: GPU-hours per user or project over a period, like Slurm's sreport (issue 30's history); and
+the times `jobs --since/--until` take.
+
+A time is a moment (`2026-11-01`, `2026-11-01T14:00`, local time) or a time ago (`7d`, `12h`, `90m`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import time
+from typing import Any
+
+from ftconsole.format import age, print_json, print_table
+from ftconsole.jobs_cli import _with_client
+from ftconsole.scheduler.errors import UsageError
+from ftconsole.scheduler.spec.values import parse_duration
+
+DEFAULT_SINCE = "7d"
+
+
+def parse_when(text: str, now: float) -> float:
+    """Seconds since the epoch of `text`: an ISO date or time (local), or a duration ago ("7d")."""
+    try:
+        return datetime.datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        pass
+    try:
+        return now - parse_duration(text)
+    except ValueError:
+        raise UsageError(
+            f"{text!r} is not a time: give a date (2026-11-01, 2026-11-01T14:00) or a time ago (7d, 12h, 90m)"
+        ) from None
+
+
+def window(args: argparse.Namespace, *, default_since: str | None) -> tuple[float | None, float | None]:
+    now = time.time()
+    since = args.since if args.since is not None else default_since
+    start = parse_when(since, now) if since is not None else None
+    end = parse_when(args.until, now) if args.until is not None else None
+    if start is not None and end is not None and start >= end:
+        raise UsageError(f"--since ({since}) must be before --until ({args.until})")
+    return start, end
+
+
+def cmd_usage(args: argparse.Namespace) -> int:
+    since, until = window(args, default_since=DEFAULT_SINCE)
+    doc = _with_client(args, "usage", lambda c: c.call("usage", since=since, until=until, by=args.by))
+    if args.json:
+        print_json(doc)
+        return 0
+    span = age(doc["until"] - doc["since"])
+    print(f"GPU-hours by {doc['by']} from {_local(doc['since'])} to {_local(doc['until'])} ({span})")
+    rows: list[list[Any]] = [[k, f"{u['gpu_hours']:.2f}", u["jobs"]] for k, u in doc["rows"].items()]
+    rows.append(["(all)", f"{doc['total']['gpu_hours']:.2f}", doc["total"]["jobs"]])
+    print_table([doc["by"].upper(), "GPU-HOURS", "JOBS"], rows)
+    return 0
+
+
+def _local(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts))
+
+
+def add_window_options(p: argparse.ArgumentParser, *, since_help: str) -> None:
+    p.add_argument("--since", metavar="WHEN", help=since_help)
+    p.add_argument("--until", metavar="WHEN", help="up to this time (default: now); a date or a time ago")
+
+
+def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "usage",
+        parents=parents,
+        help="GPU-hours per user or project over a period (like sreport)",
+        description="GPU-hours each user (or project) used in a period, every job's (deleted ones too): each "
+        "rank's GPUs from its start to its end. WHEN is a date (2026-11-01, 2026-11-01T14:00, local time) or a "
+        "time ago (7d, 12h).",
+    )
+    add_window_options(p, since_help=f"from this time (default: {DEFAULT_SINCE} ago); a date or a time ago")
+    p.add_argument("--by", choices=["user", "project"], default="user", help="one row per user (default) or project")
+    p.set_defaults(func=cmd_usage)
