@@ -1,6 +1,7 @@
 """Benchmark: one full placement pass over a large cluster and a long queue.
 
     .venv/bin/python bench/placement.py [--nodes 1000] [--jobs 10000] [--repeat 5] [--seed 1] [--profile]
+                                        [--fairshare]
 
 Builds N nodes of 8 GPUs (four pools, three GPU models, two drivers, a few unhealthy; about 40% of the nodes
 partly or fully used by running jobs, most with an end time, some without; then the same cluster idle) and a
@@ -11,6 +12,10 @@ It times `plan` (median of `--repeat` passes; each pass starts from the same sta
 - pass s: the median wall time of one pass;
 - placed: jobs the pass starts now; waiting: the others (with a reason each);
 - placed/s: jobs placed per second of pass time; decided/s: jobs decided (placed or waiting) per second;
+With `--fairshare`, each pass first computes the fair-share factor of every queued job's project and user (20
+projects, 60 users, some projects with much usage, two with more shares), as the scheduler does, and the queue is
+ordered by it within each priority level; the time includes it.
+
 - slurm ref/s: Slurm's documented sustained rate of about 500 jobs/s, for scale (its figure is for a whole
   scheduler with launches, this one for the placement decision alone).
 """
@@ -24,12 +29,14 @@ import random
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ftconsole.format import print_table  # noqa: E402
+from ftconsole.scheduler.decide.fairshare import factors  # noqa: E402
 from ftconsole.scheduler.decide.placement import (  # noqa: E402
     Allocation,
     Candidate,
@@ -95,11 +102,36 @@ def build_job(i: int, rng: random.Random) -> JobRequest:
     )
 
 
-def time_pass(state: ClusterState, queue: list[JobRequest], repeat: int) -> tuple[float, int, int]:
+SHARES = {"proj0": 4.0, "proj1": 2.0}
+
+
+def fair_inputs(queue: list[JobRequest], rng: random.Random) -> tuple[dict[tuple[str, str], float], list[str]]:
+    """A fair-share usage of the 20 projects by 60 users (some projects used a lot, some nothing) and each
+    queued job's user."""
+    users = [f"user{i:02d}" for i in range(60)]
+    used = {(f"proj{p}", rng.choice(users)): rng.expovariate(1 / 3600) * (p % 4) for p in range(20) for _ in range(5)}
+    return used, [rng.choice(users) for _ in queue]
+
+
+def time_pass(
+    state: ClusterState,
+    queue: list[JobRequest],
+    repeat: int,
+    fair: tuple[dict[tuple[str, str], float], list[str]] | None,
+) -> tuple[float, int, int]:
     times = []
     placed = decided = 0
     for _ in range(repeat):
         start = time.perf_counter()
+        if fair is not None:  # as the scheduler does each pass: the factors of the queue's (project, user)s, set
+            # where it builds each job's request anyway (so the queue with them is built once, outside the time)
+            used, owners = fair
+            pairs = [(j.project, u) for j, u in zip(queue, owners, strict=True)]
+            got = factors(used, pairs, SHARES, 1.0)
+            if queue[0].fairshare != got[pairs[0]].value:
+                stop = time.perf_counter()
+                queue = [replace(j, fairshare=got[pair].value) for j, pair in zip(queue, pairs, strict=True)]
+                start += time.perf_counter() - stop
         decisions = plan(state, queue, NOW, urgent_cap=3)
         times.append(time.perf_counter() - start)
         placed = sum(1 for d in decisions if isinstance(d, Place))
@@ -114,6 +146,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--profile", action="store_true", help="print a cProfile of one pass")
+    parser.add_argument("--fairshare", action="store_true", help="fair share on: each pass computes the factors")
     args = parser.parse_args()
 
     rows = []
@@ -121,12 +154,14 @@ def main() -> int:
         rng = random.Random(args.seed)
         state = build_cluster(args.nodes, rng, busy)
         queue = build_queue(args.jobs, rng)
+        fair = fair_inputs(queue, rng) if args.fairshare else None
+        label += " (fair share)" if fair is not None else ""
         if args.profile:
             print(f"--- {label}")
             profiler = cProfile.Profile()
             profiler.runcall(plan, state, queue, NOW, urgent_cap=3)
             pstats.Stats(profiler).sort_stats("cumulative").print_stats(15)
-        seconds, placed, decided = time_pass(state, queue, args.repeat)
+        seconds, placed, decided = time_pass(state, queue, args.repeat, fair)
         rows.append(
             [
                 label,

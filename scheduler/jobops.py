@@ -492,13 +492,19 @@ class Scheduler(RankReads):
         if waits is not None:
             return placement.Wait("(this job)", waits.reason, 0, cause=placement.WaitCause.DEPENDENCY)
         queued, _, _ = await self.loop.placer.by_dependencies(await self.store.jobs(statuses=[JobStatus.QUEUED]))
-        state, requests, _, _ = await self.loop.placer.placement_inputs(queued)
+        placer = self.loop.placer
+        state, requests, _, _ = await placer.placement_inputs(queued, also=[(spec.project, caller.user)])
         now = self.clock()
         job = job_request(spec, self.config, job_id="(this job)", now=now)
-        job = dataclasses.replace(job, project=urgent_scope(self.config, caller.user, spec.project))
+        fair = placer.fair_value(spec.project, caller.user)
+        job = dataclasses.replace(job, project=urgent_scope(self.config, caller.user, spec.project), fairshare=fair)
         decision = placement.predict(
-            state, requests, job, now, urgent_cap=self.settings.urgent_cap, allow_degraded=self.loop.placer.degraded_ok
+            state, requests, job, now, urgent_cap=self.settings.urgent_cap, allow_degraded=placer.degraded_ok
         )
+        if isinstance(decision, placement.Wait):
+            decision = dataclasses.replace(
+                decision, reason=decision.reason + placer.fair_note(spec.project, caller.user)
+            )
         return redact_decision(decision, await self.hidden_jobs(caller))
 
     # ============================================================ the loop

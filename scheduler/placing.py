@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from ftconsole.scheduler import debugenv
-from ftconsole.scheduler.decide import dependencies, elastic, placement
+from ftconsole.scheduler.decide import dependencies, elastic, fairshare, placement
 from ftconsole.scheduler.decide.jobplan import plan_attempt
 from ftconsole.scheduler.decide.jobs import Attempt, Condition, Job, JobStatus, Run
 from ftconsole.scheduler.decide.requests import job_request, node_slot, urgent_scope
@@ -53,6 +53,9 @@ class Placer:
         self._run_root = run_root
         self._avoided = avoided  # user -> the nodes where that user has no account or home, and which it lacks
         self._nodes = {n.name: n for n in service.all_nodes}
+        self._used: dict[tuple[str, str], float] = {}  # fair share: (project, user) -> decayed GPU-seconds
+        self._used_at = float("-inf")  # when that was computed (again every fairshare.every)
+        self._factors: dict[tuple[str, str], fairshare.Factor] = {}  # of the last pass's queued jobs
 
     @property
     def run_root(self) -> str:
@@ -182,7 +185,8 @@ class Placer:
         for decision in decisions:
             job, request = by_id[decision.job_id]
             if isinstance(decision, placement.Wait):
-                notes.append((job, f"waiting (position {decision.position}): {decision.reason}{self._why(job)}"))
+                why = f"{decision.reason}{self._why(job)}{self.fair_note(job.project, job.owner)}"
+                notes.append((job, f"waiting (position {decision.position}): {why}"))
                 continue
             try:
                 await self._start(job, request.candidates[decision.candidate_index], decision, now)
@@ -192,6 +196,30 @@ class Placer:
                 log.exception("job %s: cannot be started", job.id)
                 await self._fail(job, f"ftconsole cannot start it: {type(exc).__name__}: {exc}")
         await self.notes(notes)
+
+    async def fair_factors(self, wanted: Sequence[tuple[str, str]]) -> dict[tuple[str, str], fairshare.Factor]:
+        """The fair-share factor of each (project, user) of `wanted`; {} where fair share is off. The decayed
+        usage is read from the store's runs again every `fairshare.every` (Slurm's PriorityCalcPeriod)."""
+        fair = self.settings.fairshare
+        if fair is None:
+            return {}
+        now = self.clock()
+        if now - self._used_at >= fair.every:
+            jobs = {j.id: j for j in await self.store.jobs(deleted=True)}
+            self._used = fairshare.usage(jobs, await self.store.runs(), now, fair.half_life)
+            self._used_at = now
+        self._factors = fairshare.factors(self._used, wanted, fair.shares, fair.default_share)
+        return self._factors
+
+    def fair_value(self, project: str, user: str) -> float:
+        """The factor of the last pass for (project, user): 1 where fair share is off."""
+        factor = self._factors.get((project, user)) if self.settings.fairshare is not None else None
+        return factor.value if factor is not None else 1.0
+
+    def fair_note(self, project: str, user: str) -> str:
+        """ "; fair share 0.21: project vision used 2.1x its share" of the last pass, or "" (fair share off)."""
+        factor = self._factors.get((project, user)) if self.settings.fairshare is not None else None
+        return f"; {factor.describe(project, user)}" if factor is not None else ""
 
     async def _dependencies(self, queued: list[Job]) -> tuple[list[Job], list[tuple[Job, str]]]:
         """The queued jobs whose `after:` is met (or who have none), and why the others wait; a job whose
@@ -239,7 +267,7 @@ class Placer:
         return [name for name, pool in self.config.pools.items() if pool.schedule_degraded]
 
     async def placement_inputs(
-        self, queued: Sequence[Job]
+        self, queued: Sequence[Job], also: Sequence[tuple[str, str]] = ()
     ) -> tuple[
         placement.ClusterState,
         list[placement.JobRequest],
@@ -279,6 +307,7 @@ class Placer:
             allocations=tuple(allocations),
         )
         requests, by_id, unplaceable = [], {}, []
+        fair = await self.fair_factors([(j.project, j.owner) for j in queued] + list(also))
         for job in queued:
             try:
                 request = job_request(job.spec, self.config, job_id=str(job.id), now=job.submitted)
@@ -289,6 +318,7 @@ class Placer:
                     requeued=job.requeued,
                     nodes=job.size,
                     min_nodes=None if request.min_nodes is None else min(request.min_nodes, job.size),
+                    fairshare=fair[(job.project, job.owner)].value if fair else 1.0,
                 )
                 avoided = set(self._avoided(job.owner)) | set(job.excluded)  # no account there; or it was slow there
                 if avoided:

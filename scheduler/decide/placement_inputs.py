@@ -108,6 +108,7 @@ class JobRequest:
     max_runtime: float | None = None
     min_nodes: int | None = None  # elastic: may start on fewer nodes, down to this many
     image: bool = False  # runs in a container image: only on nodes with `images`
+    fairshare: float = 1.0  # its fair-share factor (decide/fairshare.py): higher goes first within a level
 
     def __post_init__(self) -> None:
         if self.nodes < 1:

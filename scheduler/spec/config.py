@@ -121,6 +121,17 @@ class NodeSpecSettings(_Strict):
     description: str = ""
 
 
+class FairShare(_Strict):
+    """Fair share (decide/fairshare.py): within a priority level, the jobs of projects and users that used less
+    of their share of the GPUs go first. Usage decays with `half_life`; `shares` gives projects their weight
+    (any other project: `default_share`); users of a project share it equally. Recomputed every `every`."""
+
+    half_life: PositiveDuration = 7 * 86400.0
+    shares: dict[str, Annotated[float, Field(gt=0)]] = Field(default_factory=dict)
+    default_share: Annotated[float, Field(gt=0)] = 1.0
+    every: PositiveDuration = 60.0
+
+
 class SchedulerSettings(_Strict):
     """The control loop and how runs are started and stopped on nodes."""
 
@@ -148,6 +159,9 @@ class SchedulerSettings(_Strict):
     # one long-lived supervisor per node and user answers the loop's commands and pushes a rank's exit at once
     # (docs/configuration.md, "Node channels"); off: a Python start on the node per command, as before
     node_channel: bool = True
+    # within a priority level, jobs of projects and users under their share first (absent: first come, first
+    # served); docs/configuration.md, "Fair share"
+    fairshare: FairShare | None = None
 
 
 class DebugSettings(_Strict):
@@ -417,6 +431,11 @@ class ClusterConfig(_Strict):
         for admin in self.admins:
             if not admin or any(c.isspace() for c in admin):
                 out.append((("admins",), f"invalid user name {admin!r}"))
+        fair = self.scheduler.fairshare
+        for name in sorted(fair.shares) if fair is not None and self.projects else ():
+            if name not in self.projects:
+                where = ("scheduler", "fairshare", "shares", name)
+                out.append((where, f"project {name!r} is not declared under projects"))
         return out + self._run_as_problems()
 
     def _run_as_problems(self) -> list[tuple[tuple[Any, ...], str]]:

@@ -75,6 +75,7 @@ def test_minimal_config_and_node_list(tmp_path: Path) -> None:
     ]
     assert nodes[0].labels == {"rack": "a"}
     assert loaded.cluster.ssh.connect_timeout == 10
+    assert loaded.cluster.scheduler.fairshare is None  # first come, first served unless configured
 
 
 CASES = [
@@ -90,7 +91,11 @@ CASES = [
     ("state_dir: /a\nstate_dir: /b\n", 2, "state_dir", "duplicate key"),
     ("nodes:\n  - name: a\n   bad: indent\n", 3, "", "YAML syntax"),
     ("- just\n- a list\n", 1, "", "mapping"),
-]
+    ("projects:\n  vision: {}\nscheduler:\n  fairshare:\n    shares: {vision: 2, speech: 1}\n", 5,
+     "scheduler.fairshare.shares.speech", "project 'speech' is not declared under projects"),
+    ("scheduler:\n  fairshare:\n    shares: {vision: 0}\n", 3, "scheduler.fairshare.shares.vision", "greater than 0"),
+    ("scheduler:\n  fairshare: {half_life: soon}\n", 2, "scheduler.fairshare.half_life", "duration"),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(("text", "line", "path", "message"), CASES)

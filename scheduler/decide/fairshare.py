@@ -1,0 +1,96 @@
+"""Fair share (issue 30; Slurm's classic factor): pure, from the runs' GPU time, decayed, against the shares of
+the cluster config (`scheduler.fairshare`).
+
+Usage is GPU-seconds that decay with a half-life: a GPU-second used `half_life` ago counts one half, one used
+twice that long ago one quarter (a run's whole span, integrated). Two levels, as Slurm's classic formula
+`2^(-usage/shares)` at each:
+
+- a project: its share of all the usage (U) against its share of all the shares (S) of the projects that
+  count now (those named in `shares`, and any other with usage or a queued job, at `default_share`);
+- a user within a project: the user's share of the project's usage against an equal share among the project's
+  users that count (with usage or a queued job in it).
+
+A job's factor is the product, in (0, 1]: 1 for one whose project and user used nothing, 0.5 for one whose
+project used just its share (and whose user nothing), less for more. Within one priority level, the queue puts
+higher factors first, then the older job (placement.queue_key).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from ftconsole.scheduler.decide.jobs import Job, Run
+
+HORIZON = 10  # half-lives: older usage (less than a thousandth) is left out
+
+
+def decayed_seconds(start: float, end: float, now: float, half_life: float) -> float:
+    """The integral over [start, end) of 2^(-(now - t) / half_life): one second now counts 1."""
+    if end <= start:
+        return 0.0
+    k = math.log(2) / half_life
+    return (math.exp(-k * (now - end)) - math.exp(-k * (now - start))) / k
+
+
+def usage(jobs: Mapping[int, Job], runs: Iterable[Run], now: float, half_life: float) -> dict[tuple[str, str], float]:
+    """(project, user) -> its decayed GPU-seconds."""
+    out: dict[tuple[str, str], float] = {}
+    horizon = now - HORIZON * half_life
+    for r in runs:
+        if r.started is None or (r.ended is not None and r.ended < horizon):
+            continue
+        job = jobs.get(r.job)
+        if job is None:
+            continue
+        used = len(r.gpus) * decayed_seconds(max(r.started, horizon), min(r.ended or now, now), now, half_life)
+        if used > 0:
+            key = (job.project, job.owner)
+            out[key] = out.get(key, 0.0) + used
+    return out
+
+
+@dataclass(frozen=True)
+class Factor:
+    value: float  # in (0, 1]: higher goes first
+    project_ratio: float  # the project's share of the usage over its share of the shares (1: just its share)
+    user_ratio: float  # the same for the user within the project
+
+    def describe(self, project: str, user: str) -> str:
+        """What it means, in a few words: "fair share 0.21: project vision used 2.1x its share"."""
+        parts = []
+        if self.project_ratio >= 0.05:
+            parts.append(f"project {project} used {self.project_ratio:.1f}x its share")
+        if self.user_ratio >= 0.05 and self.user_ratio != 1.0:
+            parts.append(f"{user} {self.user_ratio:.1f}x theirs in it")
+        return f"fair share {self.value:.2f}" + (f": {', '.join(parts)}" if parts else "")
+
+
+def factors(
+    used: Mapping[tuple[str, str], float],
+    queued: Iterable[tuple[str, str]],
+    shares: Mapping[str, float],
+    default_share: float,
+) -> dict[tuple[str, str], Factor]:
+    """The factor of each (project, user) of `queued` (the queued jobs'), from `used` (`usage`)."""
+    wanted = set(queued)
+    projects = set(shares) | {p for p, _ in used} | {p for p, _ in wanted}
+    total_shares = sum(shares.get(p, default_share) for p in projects)
+    total = sum(used.values())
+    by_project: dict[str, float] = {}
+    users: dict[str, set[str]] = {}
+    for (p, u), seconds in used.items():
+        by_project[p] = by_project.get(p, 0.0) + seconds
+        users.setdefault(p, set()).add(u)
+    for p, u in wanted:
+        users.setdefault(p, set()).add(u)
+    out = {}
+    for p, u in wanted:
+        share = shares.get(p, default_share) / total_shares if total_shares > 0 else 1.0
+        project_ratio = (by_project.get(p, 0.0) / total) / share if total > 0 and share > 0 else 0.0
+        mine = by_project.get(p, 0.0)
+        user_ratio = (used.get((p, u), 0.0) / mine) * len(users[p]) if mine > 0 else 0.0
+        value = 2.0**-project_ratio * 2.0**-user_ratio
+        out[(p, u)] = Factor(value, project_ratio, user_ratio)
+    return out
