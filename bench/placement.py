@@ -1,7 +1,7 @@
 """Benchmark: one full placement pass over a large cluster and a long queue.
 
     .venv/bin/python bench/placement.py [--nodes 1000] [--jobs 10000] [--repeat 5] [--seed 1] [--profile]
-                                        [--fairshare]
+                                        [--fairshare] [--quotas]
 
 Builds N nodes of 8 GPUs (four pools, three GPU models, two drivers, a few unhealthy; about 40% of the nodes
 partly or fully used by running jobs, most with an end time, some without; then the same cluster idle) and a
@@ -14,7 +14,9 @@ It times `plan` (median of `--repeat` passes; each pass starts from the same sta
 - placed/s: jobs placed per second of pass time; decided/s: jobs decided (placed or waiting) per second;
 With `--fairshare`, each pass first computes the fair-share factor of every queued job's project and user (20
 projects, 60 users, some projects with much usage, two with more shares), as the scheduler does, and the queue is
-ordered by it within each priority level; the time includes it.
+ordered by it within each priority level; the time includes it. With `--quotas`, each pass first holds back
+the jobs past a quota (half the projects at 64 GPUs and 40 running jobs, some users at 16 GPUs), walking the
+queue in its order, as the scheduler does; the time includes it.
 
 - slurm ref/s: Slurm's documented sustained rate of about 500 jobs/s, for scale (its figure is for a whole
   scheduler with launches, this one for the placement decision alone).
@@ -46,7 +48,9 @@ from ftconsole.scheduler.decide.placement import (  # noqa: E402
     Place,
     Priority,
     plan,
+    queue_order,
 )
+from ftconsole.scheduler.decide.quotas import Limits, Queued, hold_back  # noqa: E402
 
 POOLS = ("train", "train", "research", "infer", "dev")
 MODELS = ("H100", "H100", "A100", "H200")
@@ -103,6 +107,10 @@ def build_job(i: int, rng: random.Random) -> JobRequest:
 
 
 SHARES = {"proj0": 4.0, "proj1": 2.0}
+# quotas of half the projects (64 GPUs, 40 running jobs) and of a few users (16 GPUs)
+QUOTAS = {("project", f"proj{p}"): Limits(gpus=64, running_jobs=40) for p in range(0, 20, 2)} | {
+    ("user", f"user{u:02d}"): Limits(gpus=16) for u in range(0, 60, 6)
+}
 
 
 def fair_inputs(queue: list[JobRequest], rng: random.Random) -> tuple[dict[tuple[str, str], float], list[str]]:
@@ -118,6 +126,7 @@ def time_pass(
     queue: list[JobRequest],
     repeat: int,
     fair: tuple[dict[tuple[str, str], float], list[str]] | None,
+    quota_owners: list[str] | None = None,
 ) -> tuple[float, int, int]:
     times = []
     placed = decided = 0
@@ -132,10 +141,17 @@ def time_pass(
                 stop = time.perf_counter()
                 queue = [replace(j, fairshare=got[pair].value) for j, pair in zip(queue, pairs, strict=True)]
                 start += time.perf_counter() - stop
-        decisions = plan(state, queue, NOW, urgent_cap=3)
+        placing, held = queue, {}
+        if quota_owners is not None:  # as the scheduler does each pass: hold back the jobs past a quota
+            user_of = dict(zip((j.id for j in queue), quota_owners, strict=True))
+            ordered = [Queued(j.id, j.project, user_of[j.id], j.nodes * max(c.gpus_per_node for c in j.candidates))
+                       for j in queue_order(queue)]  # fmt: skip
+            held = hold_back(ordered, QUOTAS.get, {})
+            placing = [j for j in queue if j.id not in held]
+        decisions = plan(state, placing, NOW, urgent_cap=3)
         times.append(time.perf_counter() - start)
         placed = sum(1 for d in decisions if isinstance(d, Place))
-        decided = len(decisions)
+        decided = len(decisions) + len(held)  # the jobs a quota holds back wait too
     return statistics.median(times), placed, decided
 
 
@@ -147,6 +163,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--profile", action="store_true", help="print a cProfile of one pass")
     parser.add_argument("--fairshare", action="store_true", help="fair share on: each pass computes the factors")
+    parser.add_argument("--quotas", action="store_true", help="quotas on: each pass holds back the jobs past one")
     args = parser.parse_args()
 
     rows = []
@@ -154,14 +171,17 @@ def main() -> int:
         rng = random.Random(args.seed)
         state = build_cluster(args.nodes, rng, busy)
         queue = build_queue(args.jobs, rng)
-        fair = fair_inputs(queue, rng) if args.fairshare else None
-        label += " (fair share)" if fair is not None else ""
+        fair = fair_inputs(queue, rng) if args.fairshare or args.quotas else None
+        quota_owners = fair[1] if fair is not None and args.quotas else None
+        fair = fair if args.fairshare else None
+        on = [name for name, flag in (("fair share", args.fairshare), ("quotas", args.quotas)) if flag]
+        label += f" ({', '.join(on)})" if on else ""
         if args.profile:
             print(f"--- {label}")
             profiler = cProfile.Profile()
             profiler.runcall(plan, state, queue, NOW, urgent_cap=3)
             pstats.Stats(profiler).sort_stats("cumulative").print_stats(15)
-        seconds, placed, decided = time_pass(state, queue, args.repeat, fair)
+        seconds, placed, decided = time_pass(state, queue, args.repeat, fair, quota_owners)
         rows.append(
             [
                 label,

@@ -54,7 +54,21 @@ def cmd_usage(args: argparse.Namespace) -> int:
     rows: list[list[Any]] = [[k, f"{u['gpu_hours']:.2f}", u["jobs"]] for k, u in doc["rows"].items()]
     rows.append(["(all)", f"{doc['total']['gpu_hours']:.2f}", doc["total"]["jobs"]])
     print_table([doc["by"].upper(), "GPU-HOURS", "JOBS"], rows)
+    if doc.get("quotas"):
+        print(f"\nquotas (now; GPU-hours over the last {age(next(iter(doc['quotas'].values()))['period_s'])})")
+        quota_rows = [
+            [name, *(_of(q, key) for key in ("gpus", "running_jobs", "queued_jobs", "gpu_hours"))]
+            for name, q in doc["quotas"].items()
+        ]
+        print_table([doc["by"].upper(), "GPUS", "RUNNING", "QUEUED", "GPU-HOURS"], quota_rows)
     return 0
+
+
+def _of(quota: dict[str, Any], key: str) -> str:
+    """ "12/64": what is in use of a limit ("12" without one)."""
+    used = quota["in_use"][key]
+    shown = f"{used:.1f}" if isinstance(used, float) else str(used)
+    return f"{shown}/{quota['limits'][key]:g}" if key in quota["limits"] else shown
 
 
 def _local(ts: float) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ftconsole.scheduler import debugenv
-from ftconsole.scheduler.decide import dependencies, elastic, placement, usage
+from ftconsole.scheduler.decide import dependencies, elastic, placement, quotas, usage
 from ftconsole.scheduler.decide.jobs import (
     TERMINAL,
     Condition,
@@ -116,6 +116,7 @@ class Scheduler(RankReads):
         )
         async with self.store.jobs_tx("submit a job") as tx:
             await self.rules.within_cap(caller.user, spec.project, spec.priority.value)  # checked and written at once
+            await self._within_quota(caller.user, spec)
             job_id = await tx.add_job(job)
             how = f"cloned from job {cloned_from}" if cloned_from else "submitted"
             await tx.event(now, Condition.PENDING, f"{how} by {caller.user}", job=job_id)
@@ -137,7 +138,35 @@ class Scheduler(RankReads):
             raise UsageError(str(exc)) from None
         total = usage.Usage(sum(u.gpu_seconds for u in rows.values()), sum(u.jobs for u in rows.values()))
         return {"since": since, "until": until, "by": by, "rows": {k: u.to_json() for k, u in rows.items()},
-                "total": total.to_json()}  # fmt: skip
+                "total": total.to_json(), "quotas": await self._quota_json(by)}  # fmt: skip
+
+    async def _quota_json(self, by: str) -> dict[str, Any]:
+        """Per project or user (`by`) with limits: its limits and what it uses now ({} without quotas)."""
+        config = self.config.quotas
+        if config is None:
+            return {}
+        use = await self.loop.placer.quota_use()
+        named = config.projects if by == "project" else config.users
+        names = sorted(set(named) | {name for kind, name in use if kind == by})
+        out = {}
+        for name in names:
+            limits = self.loop.placer.quota_limits((by, name))
+            if limits is None:
+                continue
+            now = use.get((by, name), quotas.InUse())
+            out[name] = {"limits": {k: v for k, v in dataclasses.asdict(limits).items() if v is not None},
+                         "in_use": dataclasses.asdict(now), "period_s": config.period}  # fmt: skip
+        return out
+
+    async def _within_quota(self, user: str, spec: JobSpec) -> None:
+        """Refuse a job whose project or user has its quota of queued jobs queued already (`quotas`); called
+        inside the transaction that writes it."""
+        if self.config.quotas is None:
+            return
+        queued = {k: u.queued_jobs for k, u in (await self.loop.placer.quota_use()).items()}
+        why = quotas.submit_refusal(spec.project, user, self.loop.placer.quota_limits, queued)
+        if why is not None:
+            raise UsageError(f"job {spec.name} refused: {why}")
 
     async def _dependency(self, caller: Caller, spec: JobSpec) -> dependencies.Waits | None:
         """Refuse an `after:` that names a job the caller cannot see (or none), or that can never be met; else
@@ -493,11 +522,16 @@ class Scheduler(RankReads):
             return placement.Wait("(this job)", waits.reason, 0, cause=placement.WaitCause.DEPENDENCY)
         queued, _, _ = await self.loop.placer.by_dependencies(await self.store.jobs(statuses=[JobStatus.QUEUED]))
         placer = self.loop.placer
-        state, requests, _, _ = await placer.placement_inputs(queued, also=[(spec.project, caller.user)])
+        state, requests, by_id, _ = await placer.placement_inputs(queued, also=[(spec.project, caller.user)])
         now = self.clock()
         job = job_request(spec, self.config, job_id="(this job)", now=now)
         fair = placer.fair_value(spec.project, caller.user)
         job = dataclasses.replace(job, project=urgent_scope(self.config, caller.user, spec.project), fairshare=fair)
+        owners = {i: (j.project, j.owner) for i, (j, _) in by_id.items()} | {job.id: (spec.project, caller.user)}
+        held = await placer.held_by_quotas([*requests, job], owners)
+        if job.id in held:
+            return placement.Wait(job.id, held[job.id], 0, cause=placement.WaitCause.QUOTA)
+        requests = [r for r in requests if r.id not in held]
         decision = placement.predict(
             state, requests, job, now, urgent_cap=self.settings.urgent_cap, allow_degraded=placer.degraded_ok
         )

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from ftconsole.scheduler import debugenv
-from ftconsole.scheduler.decide import dependencies, elastic, fairshare, placement
+from ftconsole.scheduler.decide import dependencies, elastic, fairshare, placement, quotas, usage
 from ftconsole.scheduler.decide.jobplan import plan_attempt
 from ftconsole.scheduler.decide.jobs import Attempt, Condition, Job, JobStatus, Run
 from ftconsole.scheduler.decide.requests import job_request, node_slot, urgent_scope
@@ -30,6 +30,9 @@ from ftconsole.scheduler.store.jobtx import Conflict
 log = logging.getLogger("ftconsole.scheduler")
 
 ANY_PORT = 29500  # which ranks start a process does not depend on the port: any valid one plans them
+
+
+QUOTA_HOURS_EVERY_S = 60.0  # quotas' GPU-hours of the period are read again this often
 
 
 class Placer:
@@ -56,6 +59,8 @@ class Placer:
         self._used: dict[tuple[str, str], float] = {}  # fair share: (project, user) -> decayed GPU-seconds
         self._used_at = float("-inf")  # when that was computed (again every fairshare.every)
         self._factors: dict[tuple[str, str], fairshare.Factor] = {}  # of the last pass's queued jobs
+        self._hours: dict[quotas.Key, float] = {}  # quotas: GPU-hours of the last period, per project and user
+        self._hours_at = float("-inf")
 
     @property
     def run_root(self) -> str:
@@ -176,6 +181,10 @@ class Placer:
         queued, waiting = await self._dependencies(queued)
         state, requests, by_id, unplaceable = await self.placement_inputs(queued)
         notes = waiting + [(job, why) for job, why in unplaceable if why]
+        held = await self.held_by_quotas(requests, {i: (job.project, job.owner) for i, (job, _) in by_id.items()})
+        if held:  # they wait, holding no one back: the others are placed as if they were not there
+            requests = [r for r in requests if r.id not in held]
+            notes += [(by_id[i][0], f"waiting: {why}") for i, why in held.items()]
         for job, why in unplaceable:
             if not why:  # not a config change: the job itself cannot be planned
                 await self._fail(job, job.message)
@@ -196,6 +205,60 @@ class Placer:
                 log.exception("job %s: cannot be started", job.id)
                 await self._fail(job, f"ftconsole cannot start it: {type(exc).__name__}: {exc}")
         await self.notes(notes)
+
+    async def quota_use(self) -> dict[quotas.Key, quotas.InUse]:
+        """What each project and user uses now: GPUs held by its running jobs, running and queued jobs, and the
+        GPU-hours of the last `quotas.period` (read again every minute)."""
+        out: dict[quotas.Key, quotas.InUse] = {}
+        config = self.config.quotas
+        if config is None:
+            return out
+        active = await self.store.jobs(statuses=[JobStatus.QUEUED, JobStatus.RUNNING], deleted=True)
+        by_id = {j.id: j for j in active}
+        for job in active:
+            for key in (("project", job.project), ("user", job.owner)):
+                use = out.setdefault(key, quotas.InUse())
+                if job.status is JobStatus.RUNNING:
+                    use.running_jobs += 1
+                else:
+                    use.queued_jobs += 1
+        for r in await self.store.runs(held=True):
+            holder = by_id.get(r.job)
+            if holder is not None and holder.status is JobStatus.RUNNING:
+                for key in (("project", holder.project), ("user", holder.owner)):
+                    out.setdefault(key, quotas.InUse()).gpus += len(r.gpus)
+        now = self.clock()
+        if now - self._hours_at >= QUOTA_HOURS_EVERY_S:
+            jobs = {j.id: j for j in await self.store.jobs(deleted=True)}
+            runs = await self.store.runs()
+            self._hours = {
+                (grouping, name): u.gpu_hours
+                for grouping in usage.GROUPINGS
+                for name, u in usage.usage_by(jobs, runs, grouping, now - config.period, now, now).items()
+            }
+            self._hours_at = now
+        for key, hours in self._hours.items():
+            out.setdefault(key, quotas.InUse()).gpu_hours = hours
+        return out
+
+    async def held_by_quotas(
+        self, requests: Sequence[placement.JobRequest], owners: Mapping[str, tuple[str, str]]
+    ) -> dict[str, str]:
+        """Job id -> why it waits, for the queued jobs (these requests; `owners`: id -> (project, user)) that a
+        quota holds back."""
+        config = self.config.quotas
+        if config is None or not requests:
+            return {}
+        queue = [
+            quotas.Queued(r.id, *owners[r.id], r.nodes * max(c.gpus_per_node for c in r.candidates))
+            for r in placement.queue_order(requests)
+        ]
+        return quotas.hold_back(queue, self.quota_limits, await self.quota_use())
+
+    def quota_limits(self, key: quotas.Key) -> quotas.Limits | None:
+        """The limits of a project or user (`quotas` in the config), or None: none."""
+        found = self.config.quotas.limits(key) if self.config.quotas is not None else None
+        return None if found is None else quotas.Limits(**found.model_dump())
 
     async def fair_factors(self, wanted: Sequence[tuple[str, str]]) -> dict[tuple[str, str], fairshare.Factor]:
         """The fair-share factor of each (project, user) of `wanted`; {} where fair share is off. The decayed

@@ -130,6 +130,7 @@ class WaitCause(StrEnum):
     URGENT_CAP = "urgent-cap"  # the project's urgent cap is reached
     TOO_FEW_NODES = "too-few-nodes"  # not enough usable nodes match, even with all of them free
     DEPENDENCY = "dependency"  # waits for another job to end (its `after:`)
+    QUOTA = "quota"  # its project or user is at a quota (decide/quotas.py)
 
 
 NodeGpus = tuple[str, tuple[int, ...]]

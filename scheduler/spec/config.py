@@ -383,6 +383,32 @@ class NotifySettings(_Strict):
         return self
 
 
+class QuotaLimits(_Strict):
+    """The most a project or a user may have (decide/quotas.py); a limit left out is no limit."""
+
+    gpus: int | None = Field(None, ge=0)  # GPUs its running jobs hold at once
+    running_jobs: int | None = Field(None, ge=0)
+    queued_jobs: int | None = Field(None, ge=0)  # a submit past it is refused
+    gpu_hours: float | None = Field(None, ge=0)  # over the last `period`
+
+
+class QuotaSettings(_Strict):
+    """Quotas per project and per user (docs/configuration.md, "Quotas"): a project or user not named has the
+    default's limits (none without one)."""
+
+    projects: dict[str, QuotaLimits] = {}
+    users: dict[str, QuotaLimits] = {}
+    default_project: QuotaLimits | None = None
+    default_user: QuotaLimits | None = None
+    period: PositiveDuration = 7 * 86400.0  # what gpu_hours counts: the GPU-hours of the last period
+
+    def limits(self, key: tuple[str, str]) -> QuotaLimits | None:
+        kind, name = key
+        if kind == "project":
+            return self.projects.get(name, self.default_project)
+        return self.users.get(name, self.default_user)
+
+
 class ProjectSettings(_Strict):
     """A project jobs may name (`project:`): who may submit to it; the urgent cap counts per project."""
 
@@ -397,6 +423,7 @@ class ClusterConfig(_Strict):
     admins: list[str] = []
     # declared projects; without any, a job's project is free text and the urgent cap counts per user
     projects: dict[str, ProjectSettings] = {}
+    quotas: QuotaSettings | None = None  # limits per project and per user (absent: none)
     specs: dict[str, NodeSpecSettings] = {}
     probes: ProbeSettings = ProbeSettings()
     scheduler: SchedulerSettings = SchedulerSettings()
@@ -432,10 +459,12 @@ class ClusterConfig(_Strict):
             if not admin or any(c.isspace() for c in admin):
                 out.append((("admins",), f"invalid user name {admin!r}"))
         fair = self.scheduler.fairshare
-        for name in sorted(fair.shares) if fair is not None and self.projects else ():
-            if name not in self.projects:
-                where = ("scheduler", "fairshare", "shares", name)
-                out.append((where, f"project {name!r} is not declared under projects"))
+        named: list[tuple[str, ...]] = []
+        named += [("scheduler", "fairshare", "shares", n) for n in sorted(fair.shares)] if fair is not None else []
+        named += [("quotas", "projects", n) for n in sorted(self.quotas.projects)] if self.quotas is not None else []
+        for where in named if self.projects else ():
+            if where[-1] not in self.projects:
+                out.append((where, f"project {where[-1]!r} is not declared under projects"))
         return out + self._run_as_problems()
 
     def _run_as_problems(self) -> list[tuple[tuple[Any, ...], str]]:

@@ -95,6 +95,10 @@ CASES = [
      "scheduler.fairshare.shares.speech", "project 'speech' is not declared under projects"),
     ("scheduler:\n  fairshare:\n    shares: {vision: 0}\n", 3, "scheduler.fairshare.shares.vision", "greater than 0"),
     ("scheduler:\n  fairshare: {half_life: soon}\n", 2, "scheduler.fairshare.half_life", "duration"),
+    ("projects:\n  vision: {}\nquotas:\n  projects:\n    speech: {gpus: 8}\n", 5, "quotas.projects.speech",
+     "project 'speech' is not declared under projects"),
+    ("quotas:\n  users:\n    ann: {gpus: -1}\n", 3, "quotas.users.ann.gpus", "greater than or equal to 0"),
+    ("quotas:\n  default_user: {gpu: 4}\n", 2, "quotas.default_user.gpu", "unknown key"),
 ]  # fmt: skip
 
 

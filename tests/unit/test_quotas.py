@@ -1,0 +1,51 @@
+"""Quotas (decide/quotas.py): which queued jobs a quota holds back, in queue order, and a submit's refusal."""
+
+from __future__ import annotations
+
+from ftconsole.scheduler.decide.quotas import InUse, Limits, Queued, hold_back, submit_refusal
+
+LIMITS = {
+    ("project", "vision"): Limits(gpus=8, running_jobs=3),
+    ("project", "speech"): Limits(gpu_hours=100.0),
+    ("user", "ann"): Limits(gpus=4),
+    ("user", "bob"): Limits(queued_jobs=2),
+}
+
+
+def limits_of(key: tuple[str, str]) -> Limits | None:
+    return LIMITS.get(key)
+
+
+def test_the_jobs_ahead_count_as_started_and_a_smaller_one_behind_a_held_one_may_go() -> None:
+    queue = [
+        Queued("1", "vision", "bob", 4),
+        Queued("2", "vision", "bob", 4),
+        Queued("3", "vision", "bob", 4),  # 12 of 8 GPUs: held
+        Queued("4", "vision", "bob", 0),  # no GPU: the third running job
+        Queued("5", "vision", "bob", 0),  # a fourth: held
+        Queued("6", "other", "bob", 64),  # no quota there
+    ]
+    assert hold_back(queue, limits_of, {}) == {
+        "3": "project vision is at its quota of 8 GPUs (8 for jobs ahead of it)",
+        "5": "project vision is at its quota of 3 running jobs (3 for jobs ahead of it)",
+    }
+    # 6 GPUs in use: no 4-GPU job fits, the jobs without GPUs do (2 more running jobs)
+    busy = hold_back(queue, limits_of, {("project", "vision"): InUse(gpus=6, running_jobs=1)})
+    assert busy == dict.fromkeys("123", "project vision is at its quota of 8 GPUs (6 in use)")
+    full = hold_back(queue, limits_of, {("project", "vision"): InUse(running_jobs=2)})
+    assert full["2"] == "project vision is at its quota of 3 running jobs (2 in use, 1 for jobs ahead of it)"
+
+
+def test_a_user_quota_holds_a_job_of_any_project_and_gpu_hours_hold_every_job() -> None:
+    queue = [Queued("1", "free", "ann", 4), Queued("2", "free", "ann", 1), Queued("3", "speech", "cy", 1)]
+    assert hold_back(queue, limits_of, {("project", "speech"): InUse(gpu_hours=100.0)}) == {
+        "2": "user ann is at its quota of 4 GPUs (4 for jobs ahead of it)",
+        "3": "project speech used its quota of 100 GPU-hours (100.0)",
+    }
+    assert hold_back(queue, lambda key: None, {}) == {}
+
+
+def test_a_submit_past_the_queued_quota_is_refused() -> None:
+    assert submit_refusal("x", "bob", limits_of, {("user", "bob"): 1}) is None
+    assert submit_refusal("x", "bob", limits_of, {("user", "bob"): 2}) == "user bob is at its quota of 2 queued jobs"
+    assert submit_refusal("vision", "ann", limits_of, {("user", "ann"): 50}) is None  # no queued limit there
