@@ -13,7 +13,8 @@ launch does) is then read from outside at a hang (``ftconsole debug``: the node'
 through /proc, supervisor_evidence.py). The folder is removed when the process exits.
 
 Then it hands over to the next ``sitecustomize`` on the path, if any (a distribution's, a virtualenv's), as if
-this one had not been there. Anything that goes wrong here is kept silent: the job runs as it would without.
+this one had not been there (one that fails says so as it would). Anything that goes wrong in the hook itself
+is kept silent: the job runs as it would without.
 """
 
 import contextlib
@@ -78,13 +79,13 @@ def _chain():
         import importlib
 
         importlib.import_module("sitecustomize")
-    except ImportError:
-        if mine is not None:
-            sys.modules["sitecustomize"] = mine
-    except Exception:
-        pass
+    except ImportError as exc:  # none further on; one that fails goes on failing as it would without this one
+        if exc.name != "sitecustomize":
+            raise
     finally:
         sys.path[:] = saved
+        if mine is not None and "sitecustomize" not in sys.modules:
+            sys.modules["sitecustomize"] = mine  # what site's import of this file looks for when it returns
 
 
 with contextlib.suppress(Exception):

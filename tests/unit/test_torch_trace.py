@@ -55,13 +55,16 @@ def test_the_key_is_on_in_mode_pytorch_may_be_turned_off_and_is_refused_where_it
         parse_jobspec(base + "mode: single\ndebug: {torch_trace: true}\n")
 
 
-def _python(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+CHAINED = "import os\nos.environ['CHAINED'] = 'yes'\n"
+
+
+def _python(tmp_path: Path, env: dict[str, str], other_text: str = CHAINED) -> subprocess.CompletedProcess[str]:
     hook = tmp_path / "torch-hook"
     hook.mkdir(exist_ok=True)
     (hook / "sitecustomize.py").write_bytes(TORCH_HOOK_SOURCE)
     other = tmp_path / "other"
     other.mkdir(exist_ok=True)
-    (other / "sitecustomize.py").write_text("import os\nos.environ['CHAINED'] = 'yes'\n")
+    (other / "sitecustomize.py").write_text(other_text)
     code = "import os, sys, threading; print(os.environ.get('CHAINED'), [t.name for t in threading.enumerate()])"
     full = {**os.environ, "PYTHONPATH": f"{hook}:{other}", **env}
     return subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=30)
@@ -73,6 +76,8 @@ def test_the_hook_hands_over_to_the_next_sitecustomize_and_waits_for_torch_only_
     assert asked.stdout.startswith("yes ") and "ftconsole-torch-trace" in asked.stdout  # chained; its thread waits
     quiet = _python(tmp_path, {"FT_TORCH_TRACE": "0"})
     assert quiet.stdout.startswith("yes ") and "ftconsole-torch-trace" not in quiet.stdout
+    broken = _python(tmp_path, {"FT_TORCH_TRACE": "1"}, "raise RuntimeError('the site is broken')\n")
+    assert broken.returncode == 0 and "the site is broken" in broken.stderr  # said as it would be without the hook
 
 
 def _doc(collectives: list[list[dict[str, Any]]]) -> dict[str, Any]:
