@@ -14,7 +14,9 @@ others wait in all_reduce. Once every rank runs, `debug` is called through the A
 
 Each call gathers from every node at once: the runs' status, then the processes (two looks 0.5 s apart for the
 CPU time, and py-spy on each Python process: torch.distributed.run and its worker on each node), then the last
-lines of output. The table also says whether the verdict named rank 5. Everything started is stopped at the end.
+lines of output. The table also says how many ranks had their stack and torch's trace (the stopped rank's is
+not asked for: its server is stopped with it), and whether the verdict named rank 5. Everything started is
+stopped at the end.
 """
 
 from __future__ import annotations
@@ -95,14 +97,14 @@ async def run(args: argparse.Namespace) -> None:
     finally:
         shut_down(lab_dir, [])
     stacks = sum(1 for r in doc["ranks"] if r["stack"])
+    traces = sum(1 for r in doc["ranks"] if r.get("collectives"))
     row = [
         len(doc["ranks"]), args.nodes, f"{first:.2f}", f"{statistics.median(again):.2f}", f"{max(again):.2f}",
         f"{statistics.median(bare):.2f}", f"{max(bare):.2f}", f"{stacks}/{len(doc['ranks'])}",
-        "yes" if doc["verdict"]["rank"] == STOPPED else "no",
+        f"{traces}/{len(doc['ranks'])}", "yes" if doc["verdict"]["rank"] == STOPPED else "no",
     ]  # fmt: skip
-    print_table(
-        ["RANKS", "NODES", "FIRST S", "AGAIN S (MED)", "(MAX)", "NO STACKS S (MED)", "(MAX)", "STACKS", "NAMED"], [row]
-    )
+    headers = ["RANKS", "NODES", "FIRST S", "AGAIN S (MED)", "(MAX)", "NO STACKS S (MED)", "(MAX)", "STACKS"]
+    print_table([*headers, "TRACES", "NAMED"], [row])
     print(f"\nverdict: {doc['verdict']['reason']}")
     print(f"(folder kept: {root})")
 

@@ -409,10 +409,14 @@ def processes(params):
             }
             listed.append(entry)
         out.append({"key": key, "sample": sample, "processes": listed})
-    if stacks:  # each Python process's stack, all at once (py-spy takes a few tenths of a second each)
+    if stacks:  # each Python process's stack and torch trace, all at once (py-spy takes tenths of a second each)
         wanted = [e for g in out for e in g.get("processes", []) if e["python"] and e["state"] != "Z"]
-        with ThreadPoolExecutor(max_workers=8) as pool:
-            for entry, (stack, why) in zip(wanted, pool.map(lambda e: _stack(py_spy, e["pid"]), wanted)):  # noqa: B905
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            dumps = [pool.submit(_stack, py_spy, e["pid"]) for e in wanted]
+            # a stopped process's server is stopped with it: it would be waited for in vain (TRACE_TIMEOUT_S)
+            traces = [pool.submit(_collectives, e["pid"]) if e["state"] not in "Tt" else None for e in wanted]
+            for entry, dump, trace in zip(wanted, dumps, traces):  # noqa: B905
+                stack, why = dump.result()
                 entry["stack"], entry["stack_error"] = stack, why
                 seen = earlier.get(entry["pid"])
                 was, now_frames = (
@@ -420,7 +424,7 @@ def processes(params):
                     _main_frames(stack, entry["pid"]),
                 )
                 entry["stack_moved"] = None if was is None or now_frames is None else was != now_frames
-            for entry, (trace, why) in zip(wanted, pool.map(lambda e: _collectives(e["pid"]), wanted)):  # noqa: B905
-                if trace is not None or why is not None:
-                    entry["collectives"], entry["collectives_error"] = trace, why
+                got, missing = trace.result() if trace is not None else (None, None)
+                if got is not None or missing is not None:
+                    entry["collectives"], entry["collectives_error"] = got, missing
     return {"groups": out, "time": time.time(), "py_spy": py_spy, "machine": os.uname().machine}
