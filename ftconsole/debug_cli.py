@@ -1,6 +1,6 @@
 """`ftconsole debug JOB`: what every rank of a running job is doing, and the rank that stands out (issue 29).
 
-Gathered by the scheduler from all the job's nodes at once (see docs/debugging.md); of a job that is not running,
+Gathered by the scheduler from all the job's nodes at once (see docs/jobs.md, "Which rank hangs"); of a job that is not running,
 the evidence kept from the last time. The stacks of ranks whose main threads are at the same place are shown once.
 """
 
