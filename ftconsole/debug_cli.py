@@ -1,7 +1,8 @@
 """`ftconsole debug JOB`: what every rank of a running job is doing, and the rank that stands out (issue 29).
 
 Gathered by the scheduler from all the job's nodes at once (see docs/jobs.md, "Which rank hangs"); of a job
-that is not running, the evidence kept from the last time. The stacks of ranks whose main threads are at the same place are shown once.
+that is not running, the evidence kept from the last time. The stacks of ranks whose main threads are at the
+same place are shown once.
 """
 
 from __future__ import annotations
