@@ -80,6 +80,27 @@ def add_window_options(p: argparse.ArgumentParser, *, since_help: str) -> None:
     p.add_argument("--until", metavar="WHEN", help="up to this time (default: now); a date or a time ago")
 
 
+LIMITS = (("gpus", int), ("running_jobs", int), ("queued_jobs", int), ("gpu_hours", float))
+
+
+def cmd_quota(args: argparse.Namespace) -> int:
+    limits: dict[str, Any] | None = None
+    if args.action == "set":
+        limits = {key: value for key, _ in LIMITS if (value := getattr(args, key)) is not None}
+        limits |= {key: None for key in args.no_limit or []}
+        if not limits:
+            raise UsageError("quota set needs at least one limit (--gpus, --running-jobs, --queued-jobs, --gpu-hours)")
+    doc = _with_client(args, "quota", lambda c: c.call("quota", kind=args.kind, name=args.name, limits=limits))
+    if args.json:
+        print_json(doc)
+        return 0
+    shown = {k: v for k, v in (doc["limits"] or {}).items() if v is not None}
+    what = ", ".join(f"{k} {v:g}" for k, v in shown.items()) or "no limits"
+    source = "set" if doc["set"] else "from the config"
+    print(f"quota of {doc['kind']} {doc['name']} ({source}): {what}")
+    return 0
+
+
 def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "usage",
@@ -92,3 +113,22 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     add_window_options(p, since_help=f"from this time (default: {DEFAULT_SINCE} ago); a date or a time ago")
     p.add_argument("--by", choices=["user", "project"], default="user", help="one row per user (default) or project")
     p.set_defaults(func=cmd_usage)
+
+    p = sub.add_parser(
+        "quota",
+        parents=parents,
+        help="set a project's or user's quota limits (admins), over the config's",
+        description="Sets the quota limits of a project or a user over the cluster config's (`quotas`); they take "
+        "effect at the next placement pass and stay across restarts. `clear` goes back to the config's. "
+        "`ftconsole usage --by project` (or user) shows every limit and what each uses.",
+    )
+    p.add_argument("action", choices=["set", "clear"])
+    p.add_argument("kind", choices=["project", "user"])
+    p.add_argument("name", help="the project's or user's name")
+    for key, kind in LIMITS:
+        flag = "--" + key.replace("_", "-")
+        p.add_argument(flag, dest=key, type=kind, metavar="N", help=f"set: the most {key.replace('_', ' ')}")
+    p.add_argument("--no-limit", action="append", choices=[k for k, _ in LIMITS], metavar="LIMIT",
+                   help="set: no limit for this one (repeatable)")  # fmt: skip
+    p.add_argument("--local", action="store_true", help="without a scheduler serving: write it to the store")
+    p.set_defaults(func=cmd_quota)

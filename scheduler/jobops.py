@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Sequence
@@ -32,7 +33,7 @@ from ftconsole.scheduler.nodeops import ClusterService, NodeView, ProbeOutcome
 from ftconsole.scheduler.rankreads import RankReads
 from ftconsole.scheduler.redaction import redact, redact_decision, redact_json, redact_outcome
 from ftconsole.scheduler.rules import Caller, Rules
-from ftconsole.scheduler.spec.config import format_duration
+from ftconsole.scheduler.spec.config import QuotaSettings, format_duration
 from ftconsole.scheduler.spec.jobspec import Access, JobSpec
 from ftconsole.scheduler.store.jobtx import Conflict
 from ftconsole.scheduler.store.records import JobActivity, StoredAlert, StoredEvent
@@ -142,12 +143,15 @@ class Scheduler(RankReads):
 
     async def _quota_json(self, by: str) -> dict[str, Any]:
         """Per project or user (`by`) with limits: its limits and what it uses now ({} without quotas)."""
-        config = self.config.quotas
-        if config is None:
+        placer = self.loop.placer
+        use = await placer.quota_use()
+        if not use and not await placer.quotas_on():
             return {}
-        use = await self.loop.placer.quota_use()
-        named = config.projects if by == "project" else config.users
-        names = sorted(set(named) | {name for kind, name in use if kind == by})
+        config = self.config.quotas
+        named = set() if config is None else set(config.projects if by == "project" else config.users)
+        named |= {name for kind, name in await self.store.quota_limits() if kind == by}
+        names = sorted(named | {name for kind, name in use if kind == by})
+        period = config.period if config is not None else QuotaSettings().period
         out = {}
         for name in names:
             limits = self.loop.placer.quota_limits((by, name))
@@ -155,14 +159,46 @@ class Scheduler(RankReads):
                 continue
             now = use.get((by, name), quotas.InUse())
             out[name] = {"limits": {k: v for k, v in dataclasses.asdict(limits).items() if v is not None},
-                         "in_use": dataclasses.asdict(now), "period_s": config.period}  # fmt: skip
+                         "in_use": dataclasses.asdict(now), "period_s": period}  # fmt: skip
         return out
+
+    async def set_quota(self, caller: Caller, kind: str, name: str, limits: dict[str, Any] | None) -> dict[str, Any]:
+        """Set some of a project's or user's quota limits (admins only; the others stay as they are), over the
+        config's; None: back to the config's. Takes effect at the next placement pass."""
+        if not self.is_admin(caller):
+            raise PermissionDenied(f"{caller.user} may not change quotas: that is for admins ({self._admins()})")
+        if kind not in ("project", "user") or not name or any(c.isspace() for c in name):
+            raise UsageError(f"a quota is of a project or a user, by name: not {kind!r} {name!r}")
+        if kind == "project" and self.config.projects and name not in self.config.projects:
+            raise UsageError(f"project {name!r} is not declared in the cluster config")
+        if limits is not None:
+            known = {f.name for f in dataclasses.fields(quotas.Limits)}
+            unknown = sorted(set(limits) - known)
+            if unknown or not limits:
+                raise UsageError(f"quota limits are {', '.join(sorted(known))}: not {', '.join(unknown) or 'none'}")
+            for key, value in limits.items():
+                if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
+                    raise UsageError(f"quota {key}: a number of 0 or more, or null for no limit; not {value!r}")
+                if value is not None and key != "gpu_hours" and not float(value).is_integer():
+                    raise UsageError(f"quota {key}: a whole number, not {value!r}")
+            limits = {k: (v if v is None or k == "gpu_hours" else int(v)) for k, v in limits.items()}
+            await self.loop.placer.quotas_on()
+            current = self.loop.placer.quota_limits((kind, name))  # the limits not given stay as they are
+            limits = {**(dataclasses.asdict(current) if current is not None else {}), **limits}
+        now = self.clock()
+        async with self.store.jobs_tx(f"set the quota of {kind} {name}") as tx:
+            await tx.quota(kind, name, limits, caller.user, now)
+            said = "the config's again" if limits is None else json.dumps(limits, sort_keys=True)
+            await tx.event(now, "Quota", f"quota of {kind} {name} set by {caller.user}: {said}")
+        self._poke()
+        await self.loop.placer.quotas_on()
+        found = self.loop.placer.quota_limits((kind, name))
+        return {"kind": kind, "name": name, "limits": None if found is None else dataclasses.asdict(found),
+                "set": limits is not None}  # fmt: skip
 
     async def _within_quota(self, user: str, spec: JobSpec) -> None:
         """Refuse a job whose project or user has its quota of queued jobs queued already (`quotas`); called
         inside the transaction that writes it."""
-        if self.config.quotas is None:
-            return
         queued = {k: u.queued_jobs for k, u in (await self.loop.placer.quota_use()).items()}
         why = quotas.submit_refusal(spec.project, user, self.loop.placer.quota_limits, queued)
         if why is not None:

@@ -25,6 +25,7 @@ from ftconsole.scheduler.decide.steps import user_root
 from ftconsole.scheduler.errors import FtError, SSHError, StoreError
 from ftconsole.scheduler.failpoints import afailpoint
 from ftconsole.scheduler.nodeops import ClusterService
+from ftconsole.scheduler.spec.config import QuotaSettings
 from ftconsole.scheduler.store.jobtx import Conflict
 
 log = logging.getLogger("ftconsole.scheduler")
@@ -61,6 +62,7 @@ class Placer:
         self._factors: dict[tuple[str, str], fairshare.Factor] = {}  # of the last pass's queued jobs
         self._hours: dict[quotas.Key, float] = {}  # quotas: GPU-hours of the last period, per project and user
         self._hours_at = float("-inf")
+        self._set_quotas: dict[quotas.Key, tuple[dict[str, Any], str, float]] = {}  # an admin's (`ftconsole quota`)
 
     @property
     def run_root(self) -> str:
@@ -206,13 +208,19 @@ class Placer:
                 await self._fail(job, f"ftconsole cannot start it: {type(exc).__name__}: {exc}")
         await self.notes(notes)
 
+    async def quotas_on(self) -> bool:
+        """Whether any quota applies: the config's `quotas`, or limits an admin set (`ftconsole quota`); reads
+        the latter for `quota_limits`."""
+        self._set_quotas = await self.store.quota_limits()
+        return self.config.quotas is not None or bool(self._set_quotas)
+
     async def quota_use(self) -> dict[quotas.Key, quotas.InUse]:
         """What each project and user uses now: GPUs held by its running jobs, running and queued jobs, and the
         GPU-hours of the last `quotas.period` (read again every minute)."""
         out: dict[quotas.Key, quotas.InUse] = {}
-        config = self.config.quotas
-        if config is None:
+        if not await self.quotas_on():
             return out
+        period = self.config.quotas.period if self.config.quotas is not None else QuotaSettings().period
         active = await self.store.jobs(statuses=[JobStatus.QUEUED, JobStatus.RUNNING], deleted=True)
         by_id = {j.id: j for j in active}
         for job in active:
@@ -234,7 +242,7 @@ class Placer:
             self._hours = {
                 (grouping, name): u.gpu_hours
                 for grouping in usage.GROUPINGS
-                for name, u in usage.usage_by(jobs, runs, grouping, now - config.period, now, now).items()
+                for name, u in usage.usage_by(jobs, runs, grouping, now - period, now, now).items()
             }
             self._hours_at = now
         for key, hours in self._hours.items():
@@ -246,8 +254,7 @@ class Placer:
     ) -> dict[str, str]:
         """Job id -> why it waits, for the queued jobs (these requests; `owners`: id -> (project, user)) that a
         quota holds back."""
-        config = self.config.quotas
-        if config is None or not requests:
+        if not requests or not await self.quotas_on():
             return {}
         queue = [
             quotas.Queued(r.id, *owners[r.id], r.nodes * max(c.gpus_per_node for c in r.candidates))
@@ -256,7 +263,10 @@ class Placer:
         return quotas.hold_back(queue, self.quota_limits, await self.quota_use())
 
     def quota_limits(self, key: quotas.Key) -> quotas.Limits | None:
-        """The limits of a project or user (`quotas` in the config), or None: none."""
+        """The limits of a project or user: those an admin set (as `quotas_on` last read them), else the
+        config's (`quotas`), else None: none."""
+        if key in self._set_quotas:
+            return quotas.Limits(**self._set_quotas[key][0])
         found = self.config.quotas.limits(key) if self.config.quotas is not None else None
         return None if found is None else quotas.Limits(**found.model_dump())
 

@@ -38,7 +38,7 @@ log = logging.getLogger("ftconsole.daemon")
 
 # ops that change something (the CLI refuses them when no scheduler runs to act on them, unless --local)
 # (ack, resolve, drain and resume take effect at once, scheduler or not)
-WRITE_OPS = frozenset({"submit", "stop", "delete", "clone", "priority", "extend", "scale", "release"})
+WRITE_OPS = frozenset({"submit", "stop", "delete", "clone", "priority", "extend", "scale", "release", "quota"})
 # The most rows one `events` or `alerts` request returns (issue 26): a larger `limit` is refused, not read.
 MAX_LIMIT = 10_000
 
@@ -77,6 +77,7 @@ class Operations:
             "resume": self._resume,
             "cluster": self._cluster,
             "usage": self._usage,
+            "quota": self._quota,
         }
 
     async def __call__(self, caller: Caller, op: str, args: dict[str, Any]) -> Any:
@@ -130,6 +131,12 @@ class Operations:
             until=_time(args, "until"),
         )
         return await self._json(jobs)
+
+    async def _quota(self, caller: Caller, args: dict[str, Any]) -> Any:
+        limits = args.get("limits")
+        if limits is not None and not isinstance(limits, dict):
+            raise UsageError("quota: limits is an object {gpus, running_jobs, queued_jobs, gpu_hours}, or null")
+        return await self.scheduler.set_quota(caller, str(args["kind"]), str(args["name"]), limits)
 
     async def _usage(self, caller: Caller, args: dict[str, Any]) -> Any:
         since = _time(args, "since")

@@ -379,6 +379,14 @@ class Store:
             rows = await cur.fetchall()
         return [_run_from_row(r) for r in rows]
 
+    async def quota_limits(self) -> dict[tuple[str, str], tuple[dict[str, Any], str, float]]:
+        """(kind, name) -> (limits, who set them, when): the quotas set at run time (`JobTx.quota`)."""
+        return dict(await self._kept_read(("quota_limits",), self._quota_limits))
+
+    async def _quota_limits(self) -> dict[tuple[str, str], tuple[dict[str, Any], str, float]]:
+        async with self._db.execute("SELECT kind, name, limits, set_by, set_at FROM quota_limits") as cur:
+            return {(k, n): (json.loads(lim), by, at) async for k, n, lim, by, at in cur}
+
     async def evidence(self, job: int) -> dict[str, Any] | None:
         """The newest evidence document kept of a job (`JobTx.evidence`), or None."""
         async with self._db.execute("SELECT data FROM evidence WHERE job = ? ORDER BY id DESC LIMIT 1", (job,)) as cur:

@@ -254,6 +254,18 @@ class JobTx:
             (time, kind, node, None if job is None else str(job), message, json.dumps(data or {})),
         )
 
+    async def quota(self, kind: str, name: str, limits: dict[str, Any] | None, by: str, time: float) -> None:
+        """Set a project's or user's quota limits over the config's; None: back to the config's."""
+        if limits is None:
+            await self._db.execute("DELETE FROM quota_limits WHERE kind = ? AND name = ?", (kind, name))
+            return
+        await self._db.execute(
+            "INSERT INTO quota_limits (kind, name, limits, set_by, set_at) VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT (kind, name) DO UPDATE SET limits = excluded.limits, set_by = excluded.set_by, "
+            "set_at = excluded.set_at",
+            (kind, name, json.dumps(limits), by, time),
+        )
+
     async def evidence(self, job: int, attempt: int, time: float, doc: dict[str, Any], *, keep: int) -> int:
         """Keep a job's evidence document (the newest `keep` of each job stay); its id."""
         cur = await self._db.execute(

@@ -208,5 +208,17 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX evidence_job ON evidence (job, id);
     """,
+    # 11: quota limits an admin set at run time (issue 30), over the config's for that project or user: limits is
+    #     JSON {gpus, running_jobs, queued_jobs, gpu_hours}, a null or missing one is no limit
+    """
+    CREATE TABLE quota_limits (
+        kind        TEXT NOT NULL,
+        name        TEXT NOT NULL,
+        limits      TEXT NOT NULL,
+        set_by      TEXT NOT NULL,
+        set_at      REAL NOT NULL,
+        PRIMARY KEY (kind, name)
+    );
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -4,6 +4,7 @@ a one-off scheduler in the CLI's process), read back from the store without a sc
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -51,6 +52,17 @@ def test_usage_and_the_job_history_of_a_period(sshd_cluster, tmp_path: Path, soc
     assert [j["name"] for j in cli.json("jobs", "--since", "1h")] == ["two", "one", "bad"]
     assert [j["name"] for j in cli.json("jobs", "--since", "1h", "--state", "error")] == ["bad"]
     assert cli.json("usage", "--since", f"{time.time() - before + 3600:.0f}s")["total"]["jobs"] == 3
+
+    # quotas an admin sets (the test runs as root, or as an admin of its config) show beside the usage
+    if os.geteuid() == 0:
+        said = cli("quota", "set", "project", "vision", "--gpus", "4", "--gpu-hours", "10", "--local")
+        assert said.stdout == "quota of project vision (set): gpus 4, gpu_hours 10\n"
+        shown = cli("usage", "--by", "project").stdout
+        assert "quotas (now; GPU-hours over the last 7.0d)" in shown and "0/4" in shown, shown
+        assert cli.json("usage", "--by", "project")["quotas"]["vision"]["limits"] == {"gpus": 4, "gpu_hours": 10.0}
+        assert "needs at least one limit" in cli("quota", "set", "user", "ann", "--local", check=2).stderr
+        cleared = cli("quota", "clear", "project", "vision", "--local").stdout
+        assert cleared == "quota of project vision (from the config): no limits\n"
 
     bad = cli("usage", "--since", "yesterday", check=2)
     assert "'yesterday' is not a time: give a date (2026-11-01, 2026-11-01T14:00) or a time ago" in bad.stderr
