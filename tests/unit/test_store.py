@@ -109,7 +109,7 @@ async def test_a_version_2_store_is_migrated_with_its_history(tmp_path: Path) ->
             "VALUES (5.0, 'job_failed', 'error', 1, 'failed', 'acknowledged', 'bob', 6.0)"
         )
     async with await Store.open(path) as store:
-        assert await store.schema_version() == SCHEMA_VERSION == 10
+        assert await store.schema_version() == SCHEMA_VERSION == 11
         assert len(store.cluster_id) == 12  # made by the migration: run folders are keyed by it
         (job,) = await store.jobs()
         assert (job.name, job.status.value) == ("old", "error")
@@ -121,6 +121,16 @@ async def test_a_version_2_store_is_migrated_with_its_history(tmp_path: Path) ->
         cursor, jobs, _ = await store.jobs_changed(29.0)  # updated was filled from the job's own times
         assert [j.id for j in jobs] == [job.id] and cursor > 30.0
         assert (await store.jobs_changed(30.5))[1] == []
+        assert await store.quota_limits() == {}  # migration 11: none set yet
+        async with store.jobs_tx("set a quota") as tx:
+            await tx.quota("project", "vision", {"gpus": 8}, "root", 40.0)
+        assert await store.quota_limits() == {("project", "vision"): ({"gpus": 8}, "root", 40.0)}
+        async with store.jobs_tx("set it again") as tx:
+            await tx.quota("project", "vision", {"gpus": 4, "gpu_hours": None}, "ann", 41.0)
+        assert await store.quota_limits() == {("project", "vision"): ({"gpus": 4, "gpu_hours": None}, "ann", 41.0)}
+        async with store.jobs_tx("clear it") as tx:
+            await tx.quota("project", "vision", None, "ann", 42.0)
+        assert await store.quota_limits() == {}
     with sqlite3.connect(path) as db:
         indexes = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
         assert {"jobs_updated", "alerts_job", "alerts_node"} <= indexes
