@@ -2,7 +2,8 @@
 wheel), sent once to each node of the same machine type and kept there by its hash, like the supervisor
 (`nodecache`): ``~/.ftconsole/lib/py-spy-<sha256>`` of the SSH account, 0700 in a 0700 folder. The node runs a
 copy only when its bytes hash to what the scheduler names (`supervisor_evidence._py_spy`), so a copy changed
-there is never run, only replaced. Copies of other versions are removed when one is stored.
+there is never run, only replaced. Copies of other versions are removed when one is stored (not the temporary
+file another node sharing the home is writing: only one left for an hour).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ SEND_TIMEOUT_S = 120.0  # about 11 MB of base64 on the wire
 
 # Python 3.8, standard library: stdin (base64) -> the kept copy, checked against the digest in argv[1]
 _STORE = r"""
-import base64, hashlib, os, socket, sys
+import base64, hashlib, os, socket, sys, time
 digest = sys.argv[1]
 home = os.path.expanduser("~")
 folder = os.path.join(home, ".ftconsole", "lib")
@@ -47,12 +48,15 @@ with os.fdopen(fd, "wb") as fh:
     fh.flush()
     os.fsync(fh.fileno())
 os.replace(tmp, final)
-for name in os.listdir(folder):
-    if name.startswith("py-spy-") and name != "py-spy-" + digest:
-        try:
-            os.unlink(os.path.join(folder, name))
-        except OSError:
-            pass
+for name in os.listdir(folder):  # other versions; not another node's copy being written (a shared home)
+    path = os.path.join(folder, name)
+    try:
+        other = len(name) == 71 and name.startswith("py-spy-") and name != "py-spy-" + digest
+        stale = name.startswith("py-spy-") and name.endswith(".tmp") and os.stat(path).st_mtime < time.time() - 3600
+        if other or stale:
+            os.unlink(path)
+    except OSError:
+        pass
 print("stored")
 """
 
