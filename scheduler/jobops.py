@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Sequence
@@ -18,7 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ftconsole.scheduler import debugenv
-from ftconsole.scheduler.decide import dependencies, elastic, placement, quotas, usage
+from ftconsole.scheduler.decide import elastic, placement
 from ftconsole.scheduler.decide.jobs import (
     TERMINAL,
     Condition,
@@ -33,7 +32,8 @@ from ftconsole.scheduler.nodeops import ClusterService, NodeView, ProbeOutcome
 from ftconsole.scheduler.rankreads import RankReads
 from ftconsole.scheduler.redaction import redact, redact_decision, redact_json, redact_outcome
 from ftconsole.scheduler.rules import Caller, Rules
-from ftconsole.scheduler.spec.config import QuotaSettings, format_duration
+from ftconsole.scheduler.sharing import Sharing
+from ftconsole.scheduler.spec.config import format_duration
 from ftconsole.scheduler.spec.jobspec import Access, JobSpec
 from ftconsole.scheduler.store.jobtx import Conflict
 from ftconsole.scheduler.store.records import JobActivity, StoredAlert, StoredEvent
@@ -43,7 +43,7 @@ log = logging.getLogger("ftconsole.scheduler")
 MIN_TICK_GAP_S = 0.2
 
 
-class Scheduler(RankReads):
+class Scheduler(RankReads, Sharing):
     def __init__(self, service: ClusterService, *, clock: Callable[[], float] = time.time) -> None:
         self.service = service
         self.store = service.store
@@ -123,102 +123,6 @@ class Scheduler(RankReads):
             await tx.event(now, Condition.PENDING, f"{how} by {caller.user}", job=job_id)
         self._poke()
         return dataclasses.replace(job, id=job_id)
-
-    async def usage(self, caller: Caller, *, since: float, until: float | None, by: str) -> dict[str, Any]:
-        """GPU-hours per user or project (`by`) in [since, until) (until: now), like sreport: every job's, the
-        deleted ones too (sums only: no job is named)."""
-        now = self.clock()
-        until = now if until is None else until
-        if since >= until:
-            raise UsageError("since must be before until")
-        jobs = {j.id: j for j in await self.store.jobs(deleted=True)}
-        runs = await self.store.runs()
-        try:
-            rows = usage.usage_by(jobs, runs, by, since, until, now)
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
-        total = usage.Usage(sum(u.gpu_seconds for u in rows.values()), sum(u.jobs for u in rows.values()))
-        return {"since": since, "until": until, "by": by, "rows": {k: u.to_json() for k, u in rows.items()},
-                "total": total.to_json(), "quotas": await self._quota_json(by)}  # fmt: skip
-
-    async def _quota_json(self, by: str) -> dict[str, Any]:
-        """Per project or user (`by`) with limits: its limits and what it uses now ({} without quotas)."""
-        placer = self.loop.placer
-        use = await placer.quota_use()
-        if not use and not await placer.quotas_on():
-            return {}
-        config = self.config.quotas
-        named = set() if config is None else set(config.projects if by == "project" else config.users)
-        named |= {name for kind, name in await self.store.quota_limits() if kind == by}
-        names = sorted(named | {name for kind, name in use if kind == by})
-        period = config.period if config is not None else QuotaSettings().period
-        out = {}
-        for name in names:
-            limits = self.loop.placer.quota_limits((by, name))
-            if limits is None:
-                continue
-            now = use.get((by, name), quotas.InUse())
-            out[name] = {"limits": {k: v for k, v in dataclasses.asdict(limits).items() if v is not None},
-                         "in_use": dataclasses.asdict(now), "period_s": period}  # fmt: skip
-        return out
-
-    async def set_quota(self, caller: Caller, kind: str, name: str, limits: dict[str, Any] | None) -> dict[str, Any]:
-        """Set some of a project's or user's quota limits (admins only; the others stay as they are), over the
-        config's; None: back to the config's. Takes effect at the next placement pass."""
-        if not self.is_admin(caller):
-            raise PermissionDenied(f"{caller.user} may not change quotas: that is for admins ({self._admins()})")
-        if kind not in ("project", "user") or not name or any(c.isspace() for c in name):
-            raise UsageError(f"a quota is of a project or a user, by name: not {kind!r} {name!r}")
-        if kind == "project" and self.config.projects and name not in self.config.projects:
-            raise UsageError(f"project {name!r} is not declared in the cluster config")
-        if limits is not None:
-            known = {f.name for f in dataclasses.fields(quotas.Limits)}
-            unknown = sorted(set(limits) - known)
-            if unknown or not limits:
-                raise UsageError(f"quota limits are {', '.join(sorted(known))}: not {', '.join(unknown) or 'none'}")
-            for key, value in limits.items():
-                if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
-                    raise UsageError(f"quota {key}: a number of 0 or more, or null for no limit; not {value!r}")
-                if value is not None and key != "gpu_hours" and not float(value).is_integer():
-                    raise UsageError(f"quota {key}: a whole number, not {value!r}")
-            limits = {k: (v if v is None or k == "gpu_hours" else int(v)) for k, v in limits.items()}
-            await self.loop.placer.quotas_on()
-            current = self.loop.placer.quota_limits((kind, name))  # the limits not given stay as they are
-            limits = {**(dataclasses.asdict(current) if current is not None else {}), **limits}
-        now = self.clock()
-        async with self.store.jobs_tx(f"set the quota of {kind} {name}") as tx:
-            await tx.quota(kind, name, limits, caller.user, now)
-            said = "the config's again" if limits is None else json.dumps(limits, sort_keys=True)
-            await tx.event(now, "Quota", f"quota of {kind} {name} set by {caller.user}: {said}")
-        self._poke()
-        await self.loop.placer.quotas_on()
-        found = self.loop.placer.quota_limits((kind, name))
-        return {"kind": kind, "name": name, "limits": None if found is None else dataclasses.asdict(found),
-                "set": limits is not None}  # fmt: skip
-
-    async def _within_quota(self, user: str, spec: JobSpec) -> None:
-        """Refuse a job whose project or user has its quota of queued jobs queued already (`quotas`); called
-        inside the transaction that writes it."""
-        queued = {k: u.queued_jobs for k, u in (await self.loop.placer.quota_use()).items()}
-        why = quotas.submit_refusal(spec.project, user, self.loop.placer.quota_limits, queued)
-        if why is not None:
-            raise UsageError(f"job {spec.name} refused: {why}")
-
-    async def _dependency(self, caller: Caller, spec: JobSpec) -> dependencies.Waits | None:
-        """Refuse an `after:` that names a job the caller cannot see (or none), or that can never be met; else
-        what it waits for (None: nothing)."""
-        if spec.after is None:
-            return None
-        hidden = await self.hidden_jobs(caller)
-        statuses = await self.loop.placer.statuses()
-        for kind, ids in spec.after.as_map().items():
-            for job_id in ids:
-                if statuses.get(job_id) is None or job_id in hidden:
-                    raise NotFound(f"job {spec.name}: after.{kind}: no job {job_id}")
-        found = dependencies.state(spec.after.as_map(), statuses)
-        if isinstance(found, dependencies.Never):
-            raise UsageError(f"job {spec.name}: its dependency can never be met: {found.reason}")
-        return found
 
     async def jobs(
         self,
