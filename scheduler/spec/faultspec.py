@@ -1,6 +1,6 @@
 """The job spec's `fault_tolerance:` key: restarts in place, resubmits, checkpoint resume, elastic resizing and
 seed 002's strategies, with the checks that tie them together (each strategy needs its budget, each budget its
-strategy). Pure code; `jobspec.JobSpec` holds a `FaultTolerance`, and `jobspec.cross_problems` runs
+strategy). Pure code; `jobspec.JobSpec` holds a `FaultTolerance`, and `jobchecks.cross_problems` runs
 `fault_problems`."""
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class FaultTolerance(Strict):
         return tuple(out)
 
 
-# -- checks across keys (on the raw YAML data; see jobspec.cross_problems) ----------------------------------
+# -- checks across keys (on the raw YAML data; see jobchecks.cross_problems) ----------------------------------
 
 
 def _elastic_problems(data: Mapping[str, Any], elastic: Mapping[str, Any]) -> list[tuple[Loc, str]]:
