@@ -61,8 +61,3 @@ def state(after: Mapping[str, Sequence[int]], statuses: Mapping[int, JobStatus |
         return None
     more = f" and {len(waiting) - 1} more" if len(waiting) > 1 else ""
     return Waits(f"waiting for {waiting[0]}{more}")
-
-
-def named(after: Mapping[str, Sequence[int]]) -> set[int]:
-    """Every job id `after` names."""
-    return {job for kind in KINDS for job in after.get(kind, ())}

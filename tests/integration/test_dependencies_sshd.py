@@ -3,10 +3,12 @@ never be met ends `error` saying which, a waiting job holds nothing back, and su
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from ftconsole.scheduler.errors import NotFound, UsageError
-from tests.integration.test_scheduler_sshd import finished, job, running, until, write_config
+from tests.integration.test_scheduler_sshd import as_nobody, finished, job, running, until, write_config
 from tests.sshd_cluster import SshdCluster
 
 pytestmark = pytest.mark.sshd
@@ -61,3 +63,23 @@ async def test_submit_refuses_an_unknown_job_and_one_that_can_never_be_met(sshd_
         assert [j["name"] for j in await client.call("jobs")] == ["failing", "long"]  # nothing refused was kept
         await client.call("stop", jobs=[running_one["id"]])
         await finished(client, running_one["id"])
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="acting as another user needs root")
+async def test_another_user_cannot_wait_on_a_job_they_cannot_see(sshd_cluster, tmp_path, sock_dir) -> None:
+    """A private job (access: none, the default) is no job to another user: a dependency on it is refused the
+    same way as one on a job that does not exist, so that it tells nothing of the job."""
+    cluster: SshdCluster = sshd_cluster(1, gpus=1)
+    loaded = write_config(cluster, tmp_path, sock_dir)
+    sock_dir.chmod(0o755)
+    async with running(loaded) as (_, client):
+        private = await client.call("submit", spec=job("mine", "sleep 30"))
+        refused = await as_nobody(
+            loaded.socket_path, "submit", spec=job("theirs", "true", after={"ok": [private["id"]]})
+        )
+        assert refused["error"]["type"] == "NotFound", refused
+        assert refused["error"]["message"] == f"job theirs: after.ok: no job {private['id']}"
+        unknown = await as_nobody(loaded.socket_path, "submit", spec=job("theirs", "true", after={"ok": [99999]}))
+        assert unknown["error"]["message"] == "job theirs: after.ok: no job 99999"
+        await client.call("stop", jobs=[private["id"]])
+        await finished(client, private["id"])
