@@ -270,7 +270,9 @@ class ClusterService:
         self._util_seeded = False
         # node -> (the checks it runs, None for all; the sweep) for each node a sweep is probing now
         self._sweeps: dict[str, tuple[frozenset[str] | None, asyncio.Task[list[ProbeOutcome]]]] = {}
-        self._folding = asyncio.Lock()  # one sweep at a time folds what it found into the nodes' health
+        # one change at a time reads and writes the nodes' health: a sweep's fold, or an admin state set (an
+        # isolation written while a fold was between its read and its write was lost, the node read unreachable)
+        self._folding = asyncio.Lock()
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -527,6 +529,12 @@ class ClusterService:
 
     async def _set_admin(self, nodeset: str, state: NodeState | None, reason: str, by: str) -> list[NodeHealth]:
         nodes = self.select(nodeset)
+        async with self._folding:
+            return await self._write_admin(nodes, state, reason, by)
+
+    async def _write_admin(
+        self, nodes: Sequence[Node], state: NodeState | None, reason: str, by: str
+    ) -> list[NodeHealth]:
         now = self.clock()
         current = await self.store.all_node_health()
         changes = [set_admin(current.get(n.name) or NodeHealth(n.name), state, reason, by, now) for n in nodes]

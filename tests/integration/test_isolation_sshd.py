@@ -5,6 +5,7 @@ and `ftconsole resume` still lifts it, with a warning."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,33 @@ async def test_an_isolated_node_is_resumed_after_passing_the_checks_n_times(sshd
         (alert,) = await svc.store.alerts(states=("resolved",))
         assert (alert.kind, alert.node, alert.resolved_by) == ("node_isolated", "node01", "ftconsole")
         assert alert.message == "node01 isolated by scheduler: job 4 attempt 1: rank 0 lost with its node"
+
+
+async def test_an_isolation_while_a_probe_folds_its_results_is_kept(sshd_cluster, tmp_path: Path) -> None:
+    """A probe reads the nodes' health, then writes what it found; an isolation that lands in between is not
+    overwritten (it was: the crash test's lost node then read `unreachable`, not `isolated`)."""
+    cluster: SshdCluster = sshd_cluster(1, gpus=2)
+    _, loaded = config(cluster, tmp_path)
+    async with ClusterService.open(loaded) as svc:
+        await svc.probe()
+        between, go_on = asyncio.Event(), asyncio.Event()
+        read_alerts = svc.store.open_node_alerts
+
+        async def held_read() -> Any:  # the fold has read the health; it waits here before writing it
+            between.set()
+            await asyncio.wait_for(go_on.wait(), 10)
+            return await read_alerts()
+
+        svc.store.open_node_alerts = held_read  # type: ignore[method-assign]
+        probing = asyncio.create_task(svc.probe())
+        await asyncio.wait_for(between.wait(), 10)
+        isolating = asyncio.create_task(svc.isolate(["node01"], reason="job 3: rank 0 lost", by="scheduler"))
+        await asyncio.sleep(0.3)  # time for the isolation to be written, if it does not wait for the fold
+        go_on.set()
+        await asyncio.wait_for(asyncio.gather(probing, isolating), 10)
+        svc.store.open_node_alerts = read_alerts  # type: ignore[method-assign]
+        (view,) = [v.to_json() for v in await svc.nodes()]
+        assert (view["state"], view["admin_by"]) == ("isolated", "scheduler"), view
 
 
 async def test_repeated_ecc_faults_make_a_node_flaky(sshd_cluster, tmp_path: Path) -> None:
