@@ -1,7 +1,7 @@
 """Benchmark: one full placement pass over a large cluster and a long queue.
 
     .venv/bin/python bench/placement.py [--nodes 1000] [--jobs 10000] [--repeat 5] [--seed 1] [--profile]
-                                        [--fairshare] [--quotas]
+                                        [--fairshare] [--quotas] [--preemption]
 
 Builds N nodes of 8 GPUs (four pools, three GPU models, two drivers, a few unhealthy; about 40% of the nodes
 partly or fully used by running jobs, most with an end time, some without; then the same cluster idle) and a
@@ -16,7 +16,10 @@ With `--fairshare`, each pass first computes the fair-share factor of every queu
 projects, 60 users, some projects with much usage, two with more shares), as the scheduler does, and the queue is
 ordered by it within each priority level; the time includes it. With `--quotas`, each pass first holds back
 the jobs past a quota (half the projects at 64 GPUs and 40 running jobs, some users at 16 GPUs), walking the
-queue in its order, as the scheduler does; the time includes it.
+queue in its order, as the scheduler does; the time includes it. With `--preemption`, half the running normal
+jobs are preemptible (run 0 to 10 hours, a third of them saving a checkpoint on the signal) and each pass then
+chooses whom the waiting urgent and very-urgent jobs preempt (`preempted`: jobs chosen); the time includes it.
+The urgent cap is then off (with it, urgent jobs past the cap wait for it, not for GPUs, and preempt no one).
 
 - slurm ref/s: Slurm's documented sustained rate of about 500 jobs/s, for scale (its figure is for a whole
   scheduler with launches, this one for the placement decision alone).
@@ -50,6 +53,7 @@ from ftconsole.scheduler.decide.placement import (  # noqa: E402
     plan,
     queue_order,
 )
+from ftconsole.scheduler.decide.preemption import Running, choose  # noqa: E402
 from ftconsole.scheduler.decide.quotas import Limits, Queued, hold_back  # noqa: E402
 
 POOLS = ("train", "train", "research", "infer", "dev")
@@ -121,15 +125,26 @@ def fair_inputs(queue: list[JobRequest], rng: random.Random) -> tuple[dict[tuple
     return used, [rng.choice(users) for _ in queue]
 
 
+def preemptible(state: ClusterState, rng: random.Random) -> dict[str, Running]:
+    """Half the running normal jobs, preemptible: run 0 to 10 hours, a third saving a checkpoint in 60 s."""
+    out = {}
+    for a in state.allocations:
+        if a.priority is Priority.NORMAL and rng.random() < 0.5:
+            grace = 60.0 if rng.random() < 1 / 3 else None
+            out[a.job_id] = Running(a.job_id, a.priority, len(a.gpus), NOW - rng.uniform(0, 36000), True, grace)
+    return out
+
+
 def time_pass(
     state: ClusterState,
     queue: list[JobRequest],
     repeat: int,
     fair: tuple[dict[tuple[str, str], float], list[str]] | None,
     quota_owners: list[str] | None = None,
-) -> tuple[float, int, int]:
+    running: dict[str, Running] | None = None,
+) -> tuple[float, int, int, int]:
     times = []
-    placed = decided = 0
+    placed = decided = preempted = 0
     for _ in range(repeat):
         start = time.perf_counter()
         if fair is not None:  # as the scheduler does each pass: the factors of the queue's (project, user)s, set
@@ -148,11 +163,14 @@ def time_pass(
                        for j in queue_order(queue)]  # fmt: skip
             held = hold_back(ordered, QUOTAS.get, {})
             placing = [j for j in queue if j.id not in held]
-        decisions = plan(state, placing, NOW, urgent_cap=3)
+        decisions = plan(state, placing, NOW, urgent_cap=None if running is not None else 3)
+        if running is not None:  # as the scheduler does each pass: whom the waiting jobs preempt
+            chosen = choose(state, placing, decisions, running, NOW, min_runtime=600)
+            preempted = sum(len(p.new) for p in chosen)
         times.append(time.perf_counter() - start)
         placed = sum(1 for d in decisions if isinstance(d, Place))
         decided = len(decisions) + len(held)  # the jobs a quota holds back wait too
-    return statistics.median(times), placed, decided
+    return statistics.median(times), placed, decided, preempted
 
 
 def main() -> int:
@@ -164,6 +182,7 @@ def main() -> int:
     parser.add_argument("--profile", action="store_true", help="print a cProfile of one pass")
     parser.add_argument("--fairshare", action="store_true", help="fair share on: each pass computes the factors")
     parser.add_argument("--quotas", action="store_true", help="quotas on: each pass holds back the jobs past one")
+    parser.add_argument("--preemption", action="store_true", help="preemptible jobs: each pass chooses victims")
     args = parser.parse_args()
 
     rows = []
@@ -174,14 +193,16 @@ def main() -> int:
         fair = fair_inputs(queue, rng) if args.fairshare or args.quotas else None
         quota_owners = fair[1] if fair is not None and args.quotas else None
         fair = fair if args.fairshare else None
-        on = [name for name, flag in (("fair share", args.fairshare), ("quotas", args.quotas)) if flag]
+        running = preemptible(state, rng) if args.preemption else None
+        flags = (("fair share", args.fairshare), ("quotas", args.quotas), ("preemption", args.preemption))
+        on = [name for name, flag in flags if flag]
         label += f" ({', '.join(on)})" if on else ""
         if args.profile:
             print(f"--- {label}")
             profiler = cProfile.Profile()
             profiler.runcall(plan, state, queue, NOW, urgent_cap=3)
             pstats.Stats(profiler).sort_stats("cumulative").print_stats(15)
-        seconds, placed, decided = time_pass(state, queue, args.repeat, fair, quota_owners)
+        seconds, placed, decided, preempted = time_pass(state, queue, args.repeat, fair, quota_owners, running)
         rows.append(
             [
                 label,
@@ -193,6 +214,7 @@ def main() -> int:
                 decided - placed,
                 f"{placed / seconds:,.0f}",
                 f"{decided / seconds:,.0f}",
+                preempted if running is not None else "-",
                 SLURM_JOBS_PER_S,
             ]
         )
@@ -206,6 +228,7 @@ def main() -> int:
         "waiting",
         "placed/s",
         "decided/s",
+        "preempted",
         "slurm ref/s",
     ]
     print_table(headers, rows)

@@ -336,7 +336,7 @@ class Scheduler(RankReads, Sharing):
         try:
             async with self.store.jobs_tx("scale a job") as tx:
                 # a running job's message is about the size it asked for until now (e.g. why it waits to grow)
-                cleared = {} if queued else {"message": ""}
+                cleared: dict[str, Any] = {} if queued else {"message": ""}
                 await tx.update_job(job.id, expect=[JobStatus.QUEUED, JobStatus.RUNNING], scaled_to=nodes, **cleared)
                 await tx.event(
                     now,

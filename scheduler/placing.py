@@ -26,6 +26,7 @@ from ftconsole.scheduler.decide.steps import user_root
 from ftconsole.scheduler.errors import FtError, SSHError, StoreError
 from ftconsole.scheduler.failpoints import afailpoint
 from ftconsole.scheduler.nodeops import ClusterService
+from ftconsole.scheduler.preempting import Preempter
 from ftconsole.scheduler.spec.config import QuotaSettings
 from ftconsole.scheduler.store.jobtx import Conflict
 
@@ -64,6 +65,7 @@ class Placer:
         self._hours: dict[quotas.Key, float] = {}  # quotas: GPU-hours of the last period, per project and user
         self._hours_at = float("-inf")
         self._set_quotas: dict[quotas.Key, tuple[dict[str, Any], str, float]] = {}  # an admin's (`ftconsole quota`)
+        self.preempter = Preempter(self.store, self.config, clock=clock, poke=poke)
 
     @property
     def run_root(self) -> str:
@@ -194,10 +196,13 @@ class Placer:
         decisions = placement.plan(
             state, requests, now, urgent_cap=self.settings.urgent_cap, allow_degraded=self.degraded_ok
         )
+        preempting = await self.preempter.preempt(state, requests, decisions, self.degraded_ok)
         for decision in decisions:
             job, request = by_id[decision.job_id]
             if isinstance(decision, placement.Wait):
                 why = f"{decision.reason}{self._why(job)}{self.fair_note(job.project, job.owner)}"
+                if decision.job_id in preempting:
+                    why += f"; {preempting[decision.job_id]}"
                 notes.append((job, f"waiting (position {decision.position}): {why}"))
                 continue
             try:

@@ -22,12 +22,14 @@ from ftconsole.probes.results import PREFLIGHT_CHECKS, CheckStatus
 from ftconsole.scheduler.decide.jobs import Attempt, Condition, Finish, Job, JobStatus, Run, StopReason
 from ftconsole.scheduler.decide.reconcile import (
     FAULTY,
+    PREEMPTED,
     REQUEUED,
     RESTARTED,
     SHRUNK,
     GiveUp,
     Health,
     Hold,
+    Preempted,
     ProbeFirst,
     Requeue,
     RestartInPlace,
@@ -89,7 +91,9 @@ class Recoverer:
                     async with self.store.jobs_tx(f"note job {job.id} waits to restart") as tx:
                         await tx.update_job(job.id, expect=[JobStatus.RUNNING], message=decision.message)
             return Outcome.WAIT
-        if isinstance(decision, Requeue):
+        if isinstance(decision, Preempted):
+            await self._preempted(job, runs, changes, decision.cause, now)
+        elif isinstance(decision, Requeue):
             await self._requeue(job, runs, changes, decision, now)
         elif isinstance(decision, Shrink):
             await self.service.isolate(list(decision.faulty), reason=f"job {job.id}: {decision.cause}", by="scheduler")
@@ -185,6 +189,23 @@ class Recoverer:
                 await tx.requeue(job.id, job.attempt, runs, now, result=REQUEUED, cause=d.cause,
                                  message=f"queued again: {d.cause} (resubmit {d.number} of {d.limit})")  # fmt: skip
                 await tx.event(now, Condition.RESTARTING, text, job=job.id, data=_data(job, d.faulty, "recover"))
+        except Conflict:
+            return
+        log.warning("job %s: %s", job.id, text)
+        await afailpoint("recover.after_record")
+        self._poke()
+
+    async def _preempted(
+        self, job: Job, runs: Sequence[Run], changes: Sequence[tuple[Run, dict[str, Any]]], cause: str, now: float
+    ) -> None:
+        text = f"attempt {job.attempt} {cause}; queued again at the front (a preemption spends no retry)"
+        try:
+            async with self.store.jobs_tx(f"requeue preempted job {job.id}") as tx:
+                for r, fields in changes:
+                    await tx.update_run(r, **fields)
+                await tx.requeue(job.id, job.attempt, runs, now, result=PREEMPTED, cause=cause,
+                                 message=f"queued again: {cause}")  # fmt: skip
+                await tx.event(now, Condition.RESTARTING, text, job=job.id, data=_data(job, [], "preempted"))
         except Conflict:
             return
         log.warning("job %s: %s", job.id, text)

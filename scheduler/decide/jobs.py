@@ -63,6 +63,7 @@ class StopReason(StrEnum):
     ERROR = "error"  # a rank failed: the others are stopped
     RESCHEDULE = "reschedule"  # a hardware fault under a running checkpoint_resume job: checkpoint, stop, requeue
     HUNG = "hung"  # suspected hung, with hang_action restart: stopped, then restarted by its policy
+    PREEMPTED = "preempted"  # for a waiting job of a higher level: checkpoint, stop, requeue (no retry spent)
 
 
 FINAL_STATUS = {StopReason.STOPPED: JobStatus.STOPPED, StopReason.EXPIRED: JobStatus.EXPIRED}
@@ -306,7 +307,9 @@ def settle(job: Job, runs: Sequence[Run], *, was_running: bool) -> Settlement:
         if not was_running and all(r.state == "running" for r in launching):
             return AllRunning()
         return None
-    if job.stop_reason in (StopReason.ERROR, StopReason.RESCHEDULE, StopReason.HUNG):  # the policy decides next
+    if job.stop_reason is StopReason.PREEMPTED and all(r.exit_code == 0 and r.stop_sent is None for r in launching):
+        return Finish(JobStatus.SUCCEEDED, "every rank exited with code 0 (before its preemption)", 0)
+    if job.stop_reason in (StopReason.ERROR, StopReason.RESCHEDULE, StopReason.HUNG, StopReason.PREEMPTED):
         return Finish(JobStatus.ERROR, job.message or _failure_message(failed), _exit_code(failed))
     if job.stop_reason is not None:
         reason = "max_runtime reached" if job.stop_reason is StopReason.EXPIRED else f"stopped by {job.stop_by}"

@@ -184,6 +184,24 @@ class FreeView:
             counts[k] -= 1
         self.free[name] = new
 
+    def give(self, name: str, gpus: Collection[int]) -> None:
+        """Mark these GPUs of the node free again (the inverse of `take`; preemption's what-if)."""
+        old = self.free.get(name)
+        if old is None:
+            return
+        total = self.catalog.nodes[name].gpus_total
+        new = sorted({*old, *(i for i in gpus if 0 <= i < total)})
+        if len(new) == len(old):
+            return
+        group = self.catalog.group_of[name]
+        bucket = self.buckets[group][len(old)]
+        del bucket[bisect.bisect_left(bucket, name)]
+        bisect.insort(self.buckets[group][len(new)], name)
+        counts = self.at_least[group]
+        for k in range(len(old) + 1, len(new) + 1):
+            counts[k] += 1
+        self.free[name] = new
+
 
 def pick_nodes(job: JobRequest, cand: Candidate, catalog: Catalog, view: FreeView) -> list[str] | None:
     if job.node_names is not None:

@@ -35,6 +35,8 @@ An elastic job with a hardware fault goes on at once on the nodes left, while th
 `min_nodes` -> `Shrink` (no limit: each one isolates a node). A `checkpoint_resume` job counts like `retries`
 with `max_resumes`; one stopped to be rescheduled (a hardware
 fault while it ran: it got its checkpoint signal and `grace_period`, see `scheduler.recovery`) -> `Requeue`.
+A job stopped for a waiting job of a higher level (preempted, decide/preemption.py) -> `Preempted`: queued again
+at the front, with no retry or restart spent.
 """
 
 from __future__ import annotations
@@ -163,9 +165,11 @@ def dumps(job: Job) -> bool:
     checkpoint signal and `grace_period` before they are stopped: `checkpoint_resume` with `dump` in its
     strategies (the default with `checkpoint_resume`)."""
     ft = job.spec.fault_tolerance
-    if job.stop_reason not in (StopReason.ERROR, StopReason.RESCHEDULE) or ft.checkpoint_resume is None:
+    if ft.checkpoint_resume is None:
         return False
-    return job.stop_reason is StopReason.RESCHEDULE or Strategy.DUMP in ft.plan
+    if job.stop_reason in (StopReason.RESCHEDULE, StopReason.PREEMPTED):
+        return True
+    return job.stop_reason is StopReason.ERROR and Strategy.DUMP in ft.plan
 
 
 def _silence(snap: Snapshot, node: str, asked: float) -> str:
@@ -182,6 +186,7 @@ PROBE_WAIT_S = 20.0  # how long a decision waits for a probe of the job's nodes 
 FAULTY = frozenset({"unhealthy", "unreachable"})  # node states that make a failure the hardware's
 DEFAULT_RESTART_CODES = frozenset(range(128, 256))  # killed by a signal (128 + its number): Kubeflow's retryable
 REQUEUED, RESTARTED, SHRUNK = "requeued", "restarted", "shrunk"  # results of attempts that led to a new one
+PREEMPTED = "preempted"  # the result of an attempt stopped for a job of a higher level: counts as no retry
 MAX_BACKOFF_S = 600.0  # a restart in place never waits longer than this
 
 
@@ -202,6 +207,13 @@ class Requeue:
     cause: str
     number: int
     limit: int
+
+
+@dataclass(frozen=True)
+class Preempted:
+    """Stopped for a job of a higher level (`cause`): queued again at the front; no retry or restart spent."""
+
+    cause: str
 
 
 @dataclass(frozen=True)
@@ -245,7 +257,7 @@ class GiveUp:
     message: str
 
 
-Recovery = Requeue | RestartInPlace | Shrink | ProbeFirst | Hold | GiveUp | None
+Recovery = Requeue | Preempted | RestartInPlace | Shrink | ProbeFirst | Hold | GiveUp | None
 
 
 def recover(
@@ -259,6 +271,8 @@ def recover(
         if resubmits < limit:
             return Requeue((), job.message or "rescheduled after a hardware fault", resubmits + 1, limit)
         return GiveUp(f"error,exiting: {job.message or 'hardware fault'} (resumed {resubmits} of {limit} times)")
+    if job.stop_reason is StopReason.PREEMPTED:
+        return Preempted(job.message or "preempted")
     if job.stop_reason is StopReason.HUNG:  # hang_action restart: stopped as suspected hung
         return _hang_restart(job, runs, attempts, health, resubmits, limit, now)
     if job.stop_reason not in (None, StopReason.ERROR):

@@ -37,7 +37,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from ftconsole.probes.health import NodeState
 from ftconsole.scheduler.decide.jobs import JobStatus
-from ftconsole.scheduler.decide.reconcile import REQUEUED, RESTARTED, SHRUNK
+from ftconsole.scheduler.decide.reconcile import PREEMPTED, REQUEUED, RESTARTED, SHRUNK
 from ftconsole.scheduler.errors import StoreError
 from ftconsole.scheduler.spec.config import MetricsSettings
 from ftconsole.scheduler.spec.jobspec import Priority
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ftconsole.metrics")
 
-RESTART_RESULTS = (RESTARTED, REQUEUED, SHRUNK)  # attempt results that led to a new attempt
+RESTART_RESULTS = (RESTARTED, REQUEUED, SHRUNK, PREEMPTED)  # attempt results that led to a new attempt
 REUSE_S = 1.0  # a snapshot this young is served again (several scrapers, or one retrying)
 COLLECT_TIMEOUT_S = 10.0  # a scrape that cannot read the store within this answers 503
 REQUEST_TIMEOUT_S = 10.0  # the request head must arrive, and the answer be taken, within this
@@ -235,8 +235,8 @@ class SnapshotCollector(Collector):
         yield jobs
         restarts = CounterMetricFamily(
             "ftconsole_restarts",
-            "Attempts that ended restarted (in place), requeued (placed anew) or shrunk (elastic), since the store "
-            "was made.",
+            "Attempts that ended restarted (in place), requeued (placed anew), shrunk (elastic) or preempted (for a "
+            "job of a higher level), since the store was made.",
             labels=["result"],
         )
         for result in RESTART_RESULTS:

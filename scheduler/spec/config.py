@@ -162,6 +162,8 @@ class SchedulerSettings(_Strict):
     # within a priority level, jobs of projects and users under their share first (absent: first come, first
     # served); docs/configuration.md, "Fair share"
     fairshare: FairShare | None = None
+    # a preemptible job runs at least this long before a job of a higher level may preempt it (docs/jobs.md)
+    preempt_min_runtime: Duration = 10 * 60.0
 
 
 class DebugSettings(_Strict):

@@ -232,6 +232,9 @@ class JobSpec(_Strict):
     image: Image | None = None  # the container image each rank runs in (issue 17)
     mounts: Mounts | None = None  # folders of the node the container sees
     after: After | None = None  # the jobs it waits for (issue 30: Slurm's --dependency)
+    # a job of a higher priority level that cannot start otherwise may stop it (checkpoint signal and grace
+    # period first, with checkpoint_resume) and queue it again at the front (docs/jobs.md, "Preemption")
+    preemptible: bool = False
 
     @model_validator(mode="before")
     @classmethod

@@ -129,8 +129,11 @@ class JobTx:
         self._touched.add(cur.lastrowid)
         return cur.lastrowid
 
-    async def update_job(self, job_id: int, *, expect: Iterable[JobStatus] | None = None, **fields: Any) -> None:
-        """Set columns of a job; with `expect`, only while its status is one of those (else `Conflict`)."""
+    async def update_job(
+        self, job_id: int, *, expect: Iterable[JobStatus] | None = None, unstopped: bool = False, **fields: Any
+    ) -> None:
+        """Set columns of a job; with `expect`, only while its status is one of those, with `unstopped` only while
+        no stop is asked for it (else `Conflict`)."""
         sql, args = _set_clause("jobs", _JOB_COLUMNS, fields)
         sql += ", updated = ? WHERE id = ?"
         args.extend([self.stamp, job_id])
@@ -138,6 +141,8 @@ class JobTx:
             wanted = [s.value for s in expect]
             sql += f" AND status IN ({','.join('?' * len(wanted))})"
             args.extend(wanted)
+        if unstopped:
+            sql += " AND stop_reason IS NULL"
         cur = await self._db.execute(sql, args)
         if cur.rowcount != 1:
             raise Conflict(f"job {job_id} changed meanwhile (expected status {', '.join(map(str, expect or ()))})")

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ftconsole.scheduler.decide.jobs import Attempt, Job, JobStatus, Run, StopReason
+from ftconsole.scheduler.decide.jobs import Attempt, Finish, Job, JobStatus, Run, StopReason, settle
 from ftconsole.scheduler.decide.reconcile import (
     KILL_MARGIN_S,
     PROBE_WAIT_S,
@@ -18,6 +18,7 @@ from ftconsole.scheduler.decide.reconcile import (
     Hold,
     Launch,
     Lose,
+    Preempted,
     ProbeFirst,
     Read,
     Recovery,
@@ -26,6 +27,7 @@ from ftconsole.scheduler.decide.reconcile import (
     Shrink,
     Snapshot,
     Stop,
+    dumps,
     hang_restarts,
     reconcile,
     recover,
@@ -413,6 +415,30 @@ RECOVERY += [
 ]
 
 
+def preempted(**ft: Any) -> Job:
+    return dataclasses.replace(ft_job(stop_reason=StopReason.PREEMPTED, **ft), message="preempted by job 9 (urgent)")
+
+
+RECOVERY += [
+    (
+        "preempted: queued again at the front, whatever its retries (none here, none spent)",
+        preempted(),
+        [ended(0, code=None, signal="SIGTERM"), STOPPED_1],
+        attempts("requeued", None),
+        OLD,
+        Preempted("preempted by job 9 (urgent)"),
+    ),
+    (
+        "preempted with its resumes used up: still queued again (a preemption spends none)",
+        preempted(checkpoint_resume={"max_resumes": 1}),
+        [ended(0, code=None, signal="SIGTERM"), STOPPED_1],
+        attempts("requeued", "preempted", None),
+        OLD,
+        Preempted("preempted by job 9 (urgent)"),
+    ),
+]
+
+
 def stretchy(min_nodes: int) -> Job:
     return ft_job(elastic={"min_nodes": min_nodes})
 
@@ -580,3 +606,15 @@ def test_recover(
     what: str, the_job: Job, runs: list[Run], history: list[Attempt], health: dict[str, Health], expected: Recovery
 ) -> None:
     assert recover(the_job, runs, history, health, NOW) == expected
+
+
+def test_a_preempted_job_gets_the_checkpoint_signal_and_is_requeued_unless_it_had_ended_by_itself() -> None:
+    saving = preempted(checkpoint_resume={"max_resumes": 1})
+    assert dumps(saving) and not dumps(preempted())  # the checkpoint signal first, with checkpoint_resume
+    done = [ended(0, code=0), ended(1, code=0)]  # both ranks ended by themselves before any stop was sent
+    assert settle(saving, done, was_running=True) == Finish(
+        JobStatus.SUCCEEDED, "every rank exited with code 0 (before its preemption)", 0
+    )
+    stopped = [ended(0, code=0, stop_sent=NOW - 9), ended(1, code=0, stop_sent=NOW - 9)]  # exit 0 on our SIGTERM
+    finish = settle(saving, stopped, was_running=True)
+    assert isinstance(finish, Finish) and finish.status is JobStatus.ERROR  # recovery requeues it (above)
