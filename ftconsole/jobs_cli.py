@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ftconsole.format import age, node_count, print_json, print_table
+from ftconsole.scheduler.decide.arrays import summary
 from ftconsole.scheduler.errors import ConfigError, NotRunning, Problem, UsageError
 from ftconsole.scheduler.serve.client import Client, connect, local_client, scheduler_here
 from ftconsole.scheduler.serve.daemon import WRITE_OPS
@@ -151,11 +152,19 @@ def cmd_submit(args: argparse.Namespace) -> int:
         if not args.json:
             print(job["id"], flush=True)
         final = job
-        async for state in client.stream("wait", job=job["id"]):
-            final = state
-            if not args.json:
-                detail = f": {state['message']}" if state["message"] else ""
-                print(f"job {state['id']} {state['status']}{detail}", file=sys.stderr)
+        # an array: each of its tasks in turn; it succeeded when every task did
+        tasks = (await client.call("show", job=job["id"]))["tasks"] if job.get("array_id") is not None else None
+        failed = None
+        for task in tasks or [job]:
+            async for state in client.stream("wait", job=task["id"]):
+                final = state
+                if not args.json:
+                    detail = f": {state['message']}" if state["message"] else ""
+                    print(f"job {state.get('ref') or state['id']} {state['status']}{detail}", file=sys.stderr)
+            if final["status"] != "succeeded" and failed is None:
+                failed = final
+        if tasks is not None:  # the array's outcome: the first task that did not succeed, else the array's id
+            final = {**(failed or final), "id": job["id"]}
         return job, final
 
     async def go() -> tuple[dict[str, Any], dict[str, Any] | None]:
@@ -186,7 +195,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
     job, final = asyncio.run(go())
     shown = final or job
     if args.json:
-        print_json({"id": shown["id"], "status": shown["status"], "message": shown["message"]})
+        out = {"id": shown["id"], "status": shown["status"], "message": shown["message"]}
+        if job.get("array_id") is not None:
+            out |= {"array": job["array"]}
+        print_json(out)
     elif not args.wait:
         print(shown["id"])
     if final is None:
@@ -226,22 +238,34 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     if args.json:
         print_json(jobs)
         return 0
-    rows = [
-        [
-            j["id"],
-            j["name"],
-            j["owner"],
-            j["status"] + (" (stopping)" if j["stop_reason"] and j["status"] == "running" else ""),
-            j["priority"],
-            j["mode"],
-            _shape(j),
-            _runtime(j),
-            j["message"] or "-",
-        ]
-        for j in jobs
-    ]
+    rows = []
+    for group in _grouped(jobs, expand=args.expand):
+        j = group[0]
+        if len(group) == 1 and (args.expand or j.get("array_id") is None):
+            status = j["status"] + (" (stopping)" if j["stop_reason"] and j["status"] == "running" else "")
+            rows.append([j.get("ref") or j["id"], j["name"], j["owner"], status, j["priority"], j["mode"], _shape(j),
+                         _runtime(j), j["message"] or "-"])  # fmt: skip
+            continue
+        # an array: one row, its tasks counted by status (--expand: a row each); the message of its first
+        # queued task (why the array waits), else of its first
+        waiting = next((t for t in group if t["status"] == "queued"), j)
+        rows.append([f"{j['array_id']}[{j['array']}]", j["name"], j["owner"], summary(t["status"] for t in group),
+                     "/".join(dict.fromkeys(t["priority"] for t in group)), j["mode"], _shape(j), "-",
+                     waiting["message"] or "-"])  # fmt: skip
     print_table(["ID", "NAME", "OWNER", "STATUS", "PRIORITY", "MODE", "SHAPE", "RUNTIME", "MESSAGE"], rows)
     return 0
+
+
+def _grouped(jobs: list[dict[str, Any]], *, expand: bool) -> list[list[dict[str, Any]]]:
+    """The jobs in order, the tasks of each array together at the place of its first one (each alone with
+    `expand`)."""
+    if expand:
+        return [[j] for j in jobs]
+    groups: dict[Any, list[dict[str, Any]]] = {}
+    for j in jobs:
+        key = ("array", j["array_id"]) if j.get("array_id") is not None else ("job", j["id"])
+        groups.setdefault(key, []).append(j)
+    return list(groups.values())
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -257,6 +281,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"  {'runtime:':<11} {_runtime(job)}")
     print(f"  {'submitted:':<11} {_when(job['submitted'])}")
     print(f"  {'command:':<11} {job['spec'].get('command', '(batch tasks)')}")
+    if job.get("tasks"):
+        print(f"  {'array:':<11} {job['array_id']}[{job['array']}]: {summary(t['status'] for t in job['tasks'])}")
+        print(f"  {'task:':<11} {job['ref']} (FT_ARRAY_INDEX={job['array_index']})")
     for attempt in job["attempts"]:
         result = attempt["result"] or "in progress"
         print(f"  attempt {attempt['number']} (port {attempt['master_port']}): {result}")
@@ -476,6 +503,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser, listing: argparse.Arg
     p.add_argument("--output", help="only jobs whose output path contains this")
     p.add_argument("--since", metavar="WHEN", help="only jobs not ended before this (a date, or a time ago: 7d)")
     p.add_argument("--until", metavar="WHEN", help="only jobs submitted before this (a date, or a time ago)")
+    p.add_argument("--expand", action="store_true", help="a row for each task of an array (12[7]), not one per array")
     p.set_defaults(func=cmd_jobs)
 
     p = sub.add_parser("show", parents=parents, help="a job with its attempts, runs and conditions")

@@ -33,6 +33,7 @@ from ftconsole.scheduler.rankreads import RankReads
 from ftconsole.scheduler.redaction import redact, redact_decision, redact_json, redact_outcome
 from ftconsole.scheduler.rules import Caller, Rules
 from ftconsole.scheduler.sharing import Sharing
+from ftconsole.scheduler.spec import arrayspec
 from ftconsole.scheduler.spec.config import format_duration
 from ftconsole.scheduler.spec.jobspec import Access, JobSpec
 from ftconsole.scheduler.store.jobtx import Conflict
@@ -89,7 +90,8 @@ class Scheduler(RankReads, Sharing):
         )
 
     async def _job(self, caller: Caller, job_id: int | str, verb: str, *, write: bool) -> Job:
-        job = await self.store.job(_job_id(job_id))
+        task = arrayspec.ref(str(job_id))  # 12[7]: a task of an array
+        job = await (self.store.array_task(*task) if task is not None else self.store.job(_job_id(job_id)))
         if job is None or (job.deleted and write):  # a deleted job can still be looked at, not acted on
             raise NotFound(f"no job {job_id}")
         self._check(caller, job, verb, write=write)
@@ -102,6 +104,7 @@ class Scheduler(RankReads, Sharing):
         now = self.clock()
         self.rules.admissible(caller, spec, spec.priority.value)
         await self._dependency(caller, spec)
+        indexes: tuple[int | None, ...] = (None,) if spec.array is None else arrayspec.parse(spec.array).indexes
         job = Job(
             id=0,
             name=spec.name,
@@ -115,14 +118,23 @@ class Scheduler(RankReads, Sharing):
             submitted=now,
             cloned_from=cloned_from,
         )
+        how = f"cloned from job {cloned_from}" if cloned_from else "submitted"
         async with self.store.jobs_tx("submit a job") as tx:
-            await self.rules.within_cap(caller.user, spec.project, spec.priority.value)  # checked and written at once
-            await self._within_quota(caller.user, spec)
-            job_id = await tx.add_job(job)
-            how = f"cloned from job {cloned_from}" if cloned_from else "submitted"
-            await tx.event(now, Condition.PENDING, f"{how} by {caller.user}", job=job_id)
+            # checked and written at once; an array's tasks count one each
+            await self.rules.within_cap(caller.user, spec.project, spec.priority.value, count=len(indexes))
+            await self._within_quota(caller.user, spec, count=len(indexes))
+            first: int | None = None
+            for index in indexes:  # an array: its first task's id names it, and every task knows it
+                job_id = await tx.add_job(dataclasses.replace(job, array_id=first, array_index=index))
+                if index is not None and first is None:
+                    first = job_id
+                    await tx.update_job(job_id, array_id=job_id)
+                task = "" if index is None else f" (task {index} of array {first})"
+                await tx.event(now, Condition.PENDING, f"{how} by {caller.user}{task}", job=job_id)
         self._poke()
-        return dataclasses.replace(job, id=job_id)
+        if first is None:
+            return dataclasses.replace(job, id=job_id)
+        return dataclasses.replace(job, id=first, array_id=first, array_index=indexes[0])
 
     async def jobs(
         self,
@@ -201,11 +213,21 @@ class Scheduler(RankReads, Sharing):
             ],
             "events": shown,
             "debug": debugenv.view(job, self.config.debug, self.settings, now),
+            "tasks": await self._tasks(job),
             "env_until": debugenv.env_until(job, self.config.debug, self.settings),
         }
 
+    async def _tasks(self, job: Job) -> list[dict[str, Any]] | None:
+        """A task's array: each task's index, id and status (None for a job that is no array's)."""
+        if job.array_id is None:
+            return None
+        return [
+            {"index": t.array_index, "id": t.id, "ref": t.ref, "status": t.status.value, "deleted": t.deleted}
+            for t in await self.store.array_tasks(job.array_id)
+        ]
+
     async def stop(self, caller: Caller, job_ids: Iterable[int | str]) -> list[Job]:
-        jobs = [await self._job(caller, j, "stop", write=True) for j in job_ids]
+        jobs = [job for j in job_ids for job in await self.targets(caller, j, "stop")]
         return [await self._stop(caller, job, StopReason.STOPPED) for job in jobs]
 
     async def _stop(self, caller: Caller, job: Job, reason: StopReason, *, delete: bool = False) -> Job:
@@ -251,7 +273,7 @@ class Scheduler(RankReads, Sharing):
 
     async def delete(self, caller: Caller, job_ids: Iterable[int | str]) -> list[Job]:
         """Hide jobs from every listing; a queued or running one is stopped first (its record and events stay)."""
-        jobs = [await self._job(caller, j, "delete", write=True) for j in job_ids]
+        jobs = [job for j in job_ids for job in await self.targets(caller, j, "delete")]
         return [await self._stop(caller, job, StopReason.STOPPED, delete=True) for job in jobs]
 
     async def release(self, caller: Caller, job_ids: Iterable[int | str]) -> list[Job]:
@@ -276,28 +298,39 @@ class Scheduler(RankReads, Sharing):
         return await self.submit(caller, job.spec, cloned_from=job.id)
 
     async def set_priority(self, caller: Caller, job_id: int | str, level: str) -> Job:
+        """A queued job's priority; an array's (`12`): that of each of its queued tasks. The job (an array: its
+        first task) as it is now."""
         try:
             label = placement.Priority.parse(level).label
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-        job = await self._job(caller, job_id, "change the priority of", write=True)
-        if job.status is not JobStatus.QUEUED:
-            raise UsageError(f"job {job.id} is {job.status.value}: the priority can only change while it is queued")
-        if label != job.priority:
-            self.rules.admissible(caller, job.spec, label)
+        jobs = await self.targets(caller, job_id, "change the priority of")
+        changing = [j for j in jobs if j.status is JobStatus.QUEUED] if len(jobs) > 1 else jobs
+        if len(jobs) > 1 and not changing:
+            raise UsageError(f"array {job_id} has no queued task: the priority can only change while it is queued")
+        for job in changing:
+            if job.status is not JobStatus.QUEUED:
+                raise UsageError(
+                    f"job {job.ref} is {job.status.value}: the priority can only change while it is queued"
+                )
+            if label != job.priority:
+                self.rules.admissible(caller, job.spec, label)
         now = self.clock()
+        moved = [j for j in changing if j.priority != label]
         try:
             async with self.store.jobs_tx("change a priority") as tx:
-                if label != job.priority:
-                    await self.rules.within_cap(job.owner, job.project, label)
-                await tx.update_job(job.id, expect=[JobStatus.QUEUED], priority=label)
-                await tx.event(now, "Priority", f"priority {job.priority} -> {label} by {caller.user}", job=job.id)
+                if moved:
+                    await self.rules.within_cap(moved[0].owner, moved[0].project, label, count=len(moved))
+                for job in changing:
+                    await tx.update_job(job.id, expect=[JobStatus.QUEUED], priority=label)
+                    text = f"priority {job.priority} -> {label} by {caller.user}"
+                    await tx.event(now, "Priority", text, job=job.id)
         except Conflict:
             raise UsageError(
-                f"job {job.id} started meanwhile: the priority can only change while it is queued"
+                f"job {job_id} started meanwhile: the priority can only change while it is queued"
             ) from None
         self._poke()
-        return await self._fresh(job.id)
+        return await self._fresh(jobs[0].id)
 
     async def extend(self, caller: Caller, job_id: int | str, seconds: float) -> Job:
         if seconds <= 0:

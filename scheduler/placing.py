@@ -14,11 +14,12 @@ import contextlib
 import dataclasses
 import logging
 import secrets
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from ftconsole.scheduler import debugenv
-from ftconsole.scheduler.decide import dependencies, elastic, fairshare, placement, quotas, usage
+from ftconsole.scheduler.decide import arrays, dependencies, elastic, fairshare, placement, quotas, usage
 from ftconsole.scheduler.decide.jobplan import plan_attempt
 from ftconsole.scheduler.decide.jobs import Attempt, Condition, Job, JobStatus, Run
 from ftconsole.scheduler.decide.requests import job_request, node_slot, urgent_scope
@@ -27,6 +28,7 @@ from ftconsole.scheduler.errors import FtError, SSHError, StoreError
 from ftconsole.scheduler.failpoints import afailpoint
 from ftconsole.scheduler.nodeops import ClusterService
 from ftconsole.scheduler.preempting import Preempter
+from ftconsole.scheduler.spec import arrayspec
 from ftconsole.scheduler.spec.config import QuotaSettings
 from ftconsole.scheduler.store.jobtx import Conflict
 
@@ -187,6 +189,7 @@ class Placer:
         state, requests, by_id, unplaceable = await self.placement_inputs(queued)
         notes = waiting + [(job, why) for job, why in unplaceable if why]
         held = await self.held_by_quotas(requests, {i: (job.project, job.owner) for i, (job, _) in by_id.items()})
+        held |= await self.held_by_arrays(requests, {i: job for i, (job, _) in by_id.items() if i not in held})
         if held:  # they wait, holding no one back: the others are placed as if they were not there
             requests = [r for r in requests if r.id not in held]
             notes += [(by_id[i][0], f"waiting: {why}") for i, why in held.items()]
@@ -265,6 +268,26 @@ class Placer:
             for r in placement.queue_order(requests)
         ]
         return quotas.hold_back(queue, self.quota_limits, await self.quota_use())
+
+    async def held_by_arrays(self, requests: Sequence[placement.JobRequest], jobs: Mapping[str, Job]) -> dict[str, str]:
+        """Job id -> why it waits, for the queued tasks (of `jobs`, by id) whose array runs its most tasks at once
+        (`array: ...%N`; decide/arrays.py)."""
+        limits = {
+            i: limit
+            for i, job in jobs.items()
+            if job.array_id is not None
+            and job.spec.array is not None
+            and (limit := arrayspec.parse(job.spec.array).limit) is not None
+        }
+        if not limits:
+            return {}
+        running = Counter(j.array_id for j in await self.store.jobs(statuses=[JobStatus.RUNNING], deleted=True))
+        queue = [
+            arrays.Task(r.id, jobs[r.id].array_id or 0, limits[r.id])
+            for r in placement.queue_order(requests)
+            if r.id in limits
+        ]
+        return arrays.hold_back(queue, {a: n for a, n in running.items() if a is not None})
 
     def quota_limits(self, key: quotas.Key) -> quotas.Limits | None:
         """The limits of a project or user: those an admin set (as `quotas_on` last read them), else the

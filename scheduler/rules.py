@@ -94,20 +94,22 @@ class Rules:
             f"3 samples; give at least {format_duration(3 * interval)}, or hang_detect: off"
         )
 
-    async def within_cap(self, owner: str, project: str, priority: str) -> None:
-        """The urgent cap (`scheduler.urgent_cap`), counted over `urgent_scope`: called inside the transaction
-        that writes the job, so that two submits at once cannot both pass it."""
+    async def within_cap(self, owner: str, project: str, priority: str, *, count: int = 1) -> None:
+        """The urgent cap (`scheduler.urgent_cap`), counted over `urgent_scope`, for `count` new urgent jobs (an
+        array's tasks): called inside the transaction that writes them, so that two submits at once cannot both
+        pass it."""
         cap = self.settings.urgent_cap
         if priority != "urgent" or cap is None:
             return
         scope = urgent_scope(self.config, owner, project)
         active = await self.store.jobs(statuses=[JobStatus.QUEUED, JobStatus.RUNNING])
-        count = sum(
+        active_count = sum(
             1 for j in active if urgent_scope(self.config, j.owner, j.project) == scope and j.priority == "urgent"
         )
-        if count >= cap:
+        if active_count + count > cap:
+            tasks = f" (and this array has {count} tasks)" if count > 1 else ""
             raise UsageError(
-                f"{scope} already has {count} urgent job(s) running or queued (cap {cap}); "
+                f"{scope} already has {active_count} urgent job(s) running or queued (cap {cap}){tasks}; "
                 "submit it as normal, or wait for one to finish"
             )
 

@@ -1,8 +1,9 @@
 """The rules of a cluster that teams share (issue 30), for the scheduler's callers: GPU usage over a period
 (`usage`, like sreport), the quotas an admin changes at run time (`set_quota`) and the ones a submit must fit
-(`_within_quota`), and a new job's dependencies (`_dependency`). Placement applies them each pass
-(`placing.Placer`: `by_dependencies`, `held_by_quotas`, `fair_factors`); the rules themselves are pure
-(decide/dependencies.py, quotas.py, fairshare.py, usage.py). Part of `Scheduler` (jobops.py).
+(`_within_quota`), a new job's dependencies (`_dependency`), and what an array's id names (`targets`).
+Placement applies them each pass (`placing.Placer`: `by_dependencies`, `held_by_quotas`, `held_by_arrays`,
+`fair_factors`); the rules themselves are pure (decide/dependencies.py, quotas.py, fairshare.py, usage.py,
+arrays.py). Part of `Scheduler` (jobops.py).
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from collections.abc import Callable
 from typing import Any
 
 from ftconsole.scheduler.decide import dependencies, quotas, usage
+from ftconsole.scheduler.decide.jobs import Job
 from ftconsole.scheduler.errors import NotFound, PermissionDenied, UsageError
 from ftconsole.scheduler.loop import Loop
 from ftconsole.scheduler.rules import Caller
+from ftconsole.scheduler.spec import arrayspec
 from ftconsole.scheduler.spec.config import ClusterConfig, QuotaSettings
 from ftconsole.scheduler.spec.jobspec import JobSpec
 from ftconsole.scheduler.store.db import Store
@@ -41,6 +44,24 @@ class Sharing:
 
     def _poke(self) -> None:
         raise NotImplementedError  # Scheduler's
+
+    async def _job(self, caller: Caller, job_id: int | str, verb: str, *, write: bool) -> Job:
+        raise NotImplementedError  # Scheduler's
+
+    def _check(self, caller: Caller, job: Job, verb: str, *, write: bool) -> None:
+        raise NotImplementedError  # Scheduler's
+
+    async def targets(self, caller: Caller, ref: int | str, verb: str) -> list[Job]:
+        """The jobs a stop, delete or priority change names: `12` the whole array when job 12 is an array's
+        first task (its id names the array, as in Slurm), its tasks that are not deleted; `12[7]` one task; any
+        other id its job. The caller must be allowed to `verb` each one."""
+        job = await self._job(caller, ref, verb, write=True)
+        if job.array_id != job.id or arrayspec.ref(str(ref)) is not None:
+            return [job]
+        tasks = [t for t in await self.store.array_tasks(job.id) if not t.deleted]
+        for task in tasks:
+            self._check(caller, task, verb, write=True)
+        return tasks
 
     async def usage(self, caller: Caller, *, since: float, until: float | None, by: str) -> dict[str, Any]:
         """GPU-hours per user or project (`by`) in [since, until) (until: now), like sreport: every job's, the
@@ -114,11 +135,11 @@ class Sharing:
         return {"kind": kind, "name": name, "limits": None if found is None else dataclasses.asdict(found),
                 "set": limits is not None}  # fmt: skip
 
-    async def _within_quota(self, user: str, spec: JobSpec) -> None:
-        """Refuse a job whose project or user has its quota of queued jobs queued already (`quotas`); called
-        inside the transaction that writes it."""
+    async def _within_quota(self, user: str, spec: JobSpec, *, count: int = 1) -> None:
+        """Refuse a job (`count` jobs: an array's tasks) whose project or user would have more than its quota of
+        queued jobs (`quotas`); called inside the transaction that writes it."""
         queued = {k: u.queued_jobs for k, u in (await self.loop.placer.quota_use()).items()}
-        why = quotas.submit_refusal(spec.project, user, self.loop.placer.quota_limits, queued)
+        why = quotas.submit_refusal(spec.project, user, self.loop.placer.quota_limits, queued, count=count)
         if why is not None:
             raise UsageError(f"job {spec.name} refused: {why}")
 

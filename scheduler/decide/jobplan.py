@@ -22,6 +22,7 @@ from ftconsole.scheduler.decide.launcher import (
 )
 from ftconsole.scheduler.decide.steps import Step, StepKind, user_root
 from ftconsole.scheduler.node.bundle import python_stdin_script, script
+from ftconsole.scheduler.spec import arrayspec
 from ftconsole.scheduler.spec.config import DataPrepSettings, Node
 from ftconsole.scheduler.spec.containers import ContainerSettings, RuntimeChoice, container_name, container_step
 from ftconsole.scheduler.spec.dataprep import DATA_STEP, node_params
@@ -227,7 +228,7 @@ def plan_attempt(
         attempt=attempt.number,
         mode=spec.mode.value,
         argv=(),
-        env=dict(spec.env),
+        env=dict(spec.env) | array_env(job),
         workdir=spec.workdir,
         nodes=tuple(NodeAssignment(r.node, nodes[r.node].host, r.gpus) for r in ordered),
         master_port=attempt.master_port,
@@ -236,11 +237,26 @@ def plan_attempt(
         hydra_iface=spec.launcher.hydra_iface if spec.launcher else None,
         torchrun_max_restarts=spec.launcher.torchrun_max_restarts if spec.launcher else None,
         torchrun_monitor_interval=spec.launcher.torchrun_monitor_interval if spec.launcher else None,
-        output_dir=spec.output,
+        output_dir=output_dir(job),
         checkpoint_dir=checkpoint_dir(job, run_root),
         torch_trace=spec.torch_trace,
     )
     return plan_job(spec, base, data_prep=data_prep, images=images)
+
+
+def array_env(job: Job) -> dict[str, str]:
+    """A task of an array: FT_ARRAY_ID (its array, the id of its first task), FT_ARRAY_INDEX, FT_ARRAY_COUNT."""
+    if job.array_id is None or job.array_index is None or job.spec.array is None:
+        return {}
+    count = len(arrayspec.parse(job.spec.array).indexes)
+    return {"FT_ARRAY_ID": str(job.array_id), "FT_ARRAY_INDEX": str(job.array_index), "FT_ARRAY_COUNT": str(count)}
+
+
+def output_dir(job: Job) -> str | None:
+    """The job's `output` folder (FT_OUTPUT_DIR); a task of an array has its own sub-folder, named by its index."""
+    if job.spec.output is None or job.array_index is None:
+        return job.spec.output
+    return posixpath.join(job.spec.output, str(job.array_index))
 
 
 def checkpoint_dir(job: Job, run_root: str) -> str:
@@ -251,6 +267,7 @@ def checkpoint_dir(job: Job, run_root: str) -> str:
     resume = job.spec.fault_tolerance.checkpoint_resume
     if resume is not None and resume.dir is not None:
         return resume.dir
-    if job.spec.output is not None:
-        return posixpath.join(job.spec.output, "checkpoints")
+    output = output_dir(job)
+    if output is not None:
+        return posixpath.join(output, "checkpoints")
     return f"~/.ftconsole/checkpoints/{posixpath.basename(run_root.rstrip('/'))}/{job.id}"

@@ -102,6 +102,8 @@ class Job:
     scaled_to: int | None = None  # an elastic job's size once scaled (`scale`); None: the spec's `nodes`
     debug_released: float | None = None  # when its hold for debugging was given up (`release`)
     excluded: tuple[str, ...] = ()  # nodes it is not placed on again (rescheduled as slow without them)
+    array_id: int | None = None  # a task of an array: the id of its first task, which names the array
+    array_index: int | None = None  # its index in the array (FT_ARRAY_INDEX)
 
     @property
     def size(self) -> int:
@@ -119,12 +121,21 @@ class Job:
         limit = self.max_runtime
         return None if limit is None or self.started is None else self.started + limit
 
+    @property
+    def ref(self) -> str:
+        """How users name it: `12`, or a task of an array `12[7]`."""
+        return str(self.id) if self.array_id is None else f"{self.array_id}[{self.array_index}]"
+
     def to_json(self, now: float) -> dict[str, Any]:
         runtime = None
         if self.started is not None:
             runtime = (self.ended or now) - self.started
         return {
             "id": self.id,
+            "array_id": self.array_id,
+            "array_index": self.array_index,
+            "array": self.spec.array,
+            "ref": self.ref,
             "name": self.name,
             "owner": self.owner,
             "status": self.status.value,

@@ -8,8 +8,8 @@ in the store before it launches anything.
 Queue order
     priority (very-urgent, urgent, normal), then requeued jobs first (recovery resubmits go to the front of
     their level), then the higher fair-share factor (`fairshare`, decide/fairshare.py; 1 for every job where
-    fair share is off), then FIFO by `submitted_at`, then by id for determinism. `plan` decides jobs in that order
-    and returns its decisions in that order.
+    fair share is off), then FIFO by `submitted_at`, then by id in number order for determinism. `plan` decides
+    jobs in that order and returns its decisions in that order.
 
 What a job may use
     A node is usable when `state_ok` (healthy), or when it is `degraded` and its pool is in `allow_degraded`.
@@ -84,9 +84,10 @@ from ftconsole.scheduler.decide.placement_inputs import WaitCause as WaitCause
 # --------------------------------------------------------------------------------------------- public API
 
 
-def queue_key(job: JobRequest) -> tuple[int, bool, float, float, str]:
-    """Sort key of the queue: priority desc, requeued first, fair share desc (all 1 without it), FIFO, id."""
-    return (-job.priority, not job.requeued, -job.fairshare, job.submitted_at, job.id)
+def queue_key(job: JobRequest) -> tuple[int, bool, float, float, int, str]:
+    """Sort key of the queue: priority desc, requeued first, fair share desc (all 1 without it), FIFO, id (in
+    number order: job 10 after job 9, as an array's tasks, submitted at one time, start in index order)."""
+    return (-job.priority, not job.requeued, -job.fairshare, job.submitted_at, len(job.id), job.id)
 
 
 def queue_order(queue: Iterable[JobRequest]) -> list[JobRequest]:

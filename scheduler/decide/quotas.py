@@ -99,11 +99,15 @@ NONE = InUse()
 
 
 def submit_refusal(
-    project: str, user: str, limits_of: Callable[[Key], Limits | None], queued: Mapping[Key, int]
+    project: str, user: str, limits_of: Callable[[Key], Limits | None], queued: Mapping[Key, int], count: int = 1
 ) -> str | None:
-    """Why a new job cannot even be queued (its project or user has `queued_jobs` queued already), or None."""
+    """Why `count` new jobs (an array's tasks; 1) cannot even be queued (their project or user would have more
+    than `queued_jobs` queued), or None."""
     for key in (("project", project), ("user", user)):
         limits = limits_of(key)
-        if limits is not None and limits.queued_jobs is not None and queued.get(key, 0) >= limits.queued_jobs:
-            return f"{describe(key)} is at its quota of {_n(limits.queued_jobs, 'queued job')}"
+        if limits is not None and limits.queued_jobs is not None and queued.get(key, 0) + count > limits.queued_jobs:
+            quota = f"{describe(key)} is at its quota of {_n(limits.queued_jobs, 'queued job')}"
+            if count == 1:
+                return quota
+            return f"{quota} ({queued.get(key, 0)} queued; the array's {count} tasks would pass it)"
     return None

@@ -203,8 +203,9 @@ def _nul_problems(value: Any, loc: Loc = ()) -> list[tuple[Loc, str]]:
 
 def _image_mode_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
     commands: list[tuple[Loc, Any]] = [(("command",), data.get("command"))]
-    tasks = data.get("tasks")
-    commands += [(("tasks", i, "command"), _mapping(t).get("command")) for i, t in enumerate(tasks or [])]
+    tasks = data.get("tasks")  # anything at all: the keys' own checks say what is wrong with it
+    listed = tasks if isinstance(tasks, list) else []
+    commands += [(("tasks", i, "command"), _mapping(t).get("command")) for i, t in enumerate(listed)]
     own = [(loc, name) for loc, command in commands if (name := program_name(command)) in MPI_LAUNCHERS]
     return image_mode_problems(data, first_node_launcher(data), own)
 

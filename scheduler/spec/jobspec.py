@@ -27,7 +27,7 @@ from typing import Annotated, Any, NamedTuple
 from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo, model_validator
 
 from ftconsole.scheduler.errors import ConfigError, Problem
-from ftconsole.scheduler.spec import yamlfile
+from ftconsole.scheduler.spec import arrayspec, yamlfile
 from ftconsole.scheduler.spec.command import check_command
 from ftconsole.scheduler.spec.config import PositiveDuration
 from ftconsole.scheduler.spec.containers import Image, Mounts
@@ -124,7 +124,19 @@ def _sub_folder(value: str) -> str:
     return value
 
 
+def _array_text(value: Any) -> Any:
+    """`array: 5` is one task, index 5; `0-99%8` as written (checked by `arrays.parse`)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return value
+
+
+def _valid_array(value: str) -> str:
+    return str(arrayspec.parse(value))  # the indexes as ranges, so that a stored spec says the same
+
+
 Name = Annotated[str, AfterValidator(_valid_name)]
+ArrayText = Annotated[str, BeforeValidator(_array_text), AfterValidator(_valid_array)]
 Command = Annotated[str, AfterValidator(_valid_command)]
 NodeSetExpr = Annotated[str, AfterValidator(_valid_nodeset)]
 Version = Annotated[str, BeforeValidator(_version_text), AfterValidator(_not_blank)]
@@ -235,6 +247,9 @@ class JobSpec(_Strict):
     # a job of a higher priority level that cannot start otherwise may stop it (checkpoint signal and grace
     # period first, with checkpoint_resume) and queue it again at the front (docs/jobs.md, "Preemption")
     preemptible: bool = False
+    # one submit, one task per index, each a job with FT_ARRAY_INDEX; %N: at most N running at once
+    # (docs/jobs.md, "Arrays")
+    array: ArrayText | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -331,6 +331,19 @@ class Store:
             row = await cur.fetchone()
         return self._job_from_row(row) if row else None
 
+    async def array_tasks(self, array_id: int) -> list[Job]:
+        """The tasks of an array (deleted ones too), by index."""
+        sql = "SELECT * FROM jobs WHERE array_id = ? ORDER BY array_index"
+        async with self._db.execute(sql, (array_id,)) as cur:
+            rows = await cur.fetchall()
+        return [self._job_from_row(r) for r in rows]
+
+    async def array_task(self, array_id: int, index: int) -> Job | None:
+        sql = "SELECT * FROM jobs WHERE array_id = ? AND array_index = ?"
+        async with self._db.execute(sql, (array_id, index)) as cur:
+            row = await cur.fetchone()
+        return self._job_from_row(row) if row else None
+
     def _job_from_row(self, row: sqlite3.Row) -> Job:
         spec = self._specs.get(row["spec"])
         if spec is None:

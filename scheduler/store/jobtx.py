@@ -44,6 +44,7 @@ _JOB_COLUMNS = frozenset(
         "scaled_to",
         "debug_released",
         "excluded",
+        "array_id",
     }
 )
 _ATTEMPT_COLUMNS = frozenset({"started", "ended", "result", "message", "master_port"})
@@ -110,7 +111,7 @@ class JobTx:
     async def add_job(self, job: Job) -> int:
         cur = await self._db.execute(
             "INSERT INTO jobs (name, owner, uid, spec, status, priority, project, access, submitted, cloned_from, "
-            "updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "array_id, array_index, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 job.name,
                 job.owner,
@@ -122,6 +123,8 @@ class JobTx:
                 job.access,
                 job.submitted,
                 job.cloned_from,
+                job.array_id,
+                job.array_index,
                 self.stamp,
             ),
         )

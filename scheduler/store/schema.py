@@ -220,5 +220,12 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (kind, name)
     );
     """,
+    # 12: job arrays (issue 30): each task is a job; array_id is the id of the array's first task, which names the
+    #     whole array (`12`), array_index its index (`12[7]`); both NULL for a job that is no array's
+    """
+    ALTER TABLE jobs ADD COLUMN array_id INTEGER;
+    ALTER TABLE jobs ADD COLUMN array_index INTEGER;
+    CREATE INDEX jobs_array ON jobs (array_id, array_index) WHERE array_id IS NOT NULL;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

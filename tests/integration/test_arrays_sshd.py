@@ -1,0 +1,71 @@
+"""Job arrays end to end on real sshd nodes: 20 tasks with %3 never run more than 3 at once, each with its index
+and its own output folder; the array is one row of `ftconsole jobs`, a task is named `12[7]`, and stop and
+priority act on one task or on the whole array."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cli_runner import Cli
+from tests.integration.test_scheduler_sshd import finished, job, log_of, poll, running, write_config
+from tests.sshd_cluster import SshdCluster
+
+pytestmark = pytest.mark.sshd
+
+TASK = "sh -c 'echo index=$FT_ARRAY_INDEX of $FT_ARRAY_COUNT in $FT_ARRAY_ID out=$FT_OUTPUT_DIR; sleep 1'"
+
+
+def most_at_once(spans: list[tuple[float, float]]) -> int:
+    """The most intervals that overlap at any time."""
+    edges = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
+    now = most = 0
+    for _, step in edges:
+        now += step
+        most = max(most, now)
+    return most
+
+
+async def test_an_array_of_20_tasks_with_a_limit_of_3_never_runs_more_than_3(
+    sshd_cluster: Any, tmp_path: Path, sock_dir: Path
+) -> None:
+    cluster: SshdCluster = sshd_cluster(2, gpus=4)  # room for 8 at once: only the array's limit holds them back
+    loaded = write_config(cluster, tmp_path, sock_dir)
+    cli = Cli(loaded.file)
+    out = tmp_path / "out"
+    async with running(loaded) as (_, client):
+        submitted = await client.call("submit", spec=job("sweep", TASK, array="0-19%3", output=str(out)))
+        array = submitted["id"]
+        assert (submitted["array_id"], submitted["array_index"], submitted["ref"]) == (array, 0, f"{array}[0]")
+        await asyncio.to_thread(cli, "stop", f"{array}[19]")  # one task, queued: stopped alone
+        await asyncio.to_thread(cli, "priority", str(array), "urgent")  # the array: each queued task
+        tenth = f"{array}[10]"
+        note = await poll(lambda: client.call("show", job=tenth), lambda j: "at most" in j["message"], "a note")
+        assert note["message"].startswith(f"waiting: array {array} runs at most 3 tasks at once ("), note["message"]
+        listed = await asyncio.to_thread(cli, "jobs")
+        (row,) = [line for line in listed.stdout.splitlines() if line.startswith(f"{array}[")]
+        assert row.startswith(f"{array}[0-19%3]  sweep") and "stopped 1" in row, listed.stdout
+        shown = await poll(
+            lambda: client.call("show", job=array),
+            lambda j: all(t["status"] not in ("queued", "running") for t in j["tasks"]),
+            "every task to end",
+        )
+        tasks = {t["index"]: t for t in shown["tasks"]}
+        ended = {i: await finished(client, t["id"]) for i, t in tasks.items()}
+        seventh = await log_of(client, tasks[7]["id"])
+        expanded = await asyncio.to_thread(cli, "jobs", "--expand")
+        task_json = await asyncio.to_thread(cli.json, "show", f"{array}[7]")
+
+    assert sorted(tasks) == list(range(20)) and len({t["id"] for t in tasks.values()}) == 20
+    assert {i: e["status"] for i, e in ended.items()} == {**dict.fromkeys(range(19), "succeeded"), 19: "stopped"}
+    # the tasks still queued then (a task runs 1 s, 3 at once: the later ones) took the new priority
+    assert {e["priority"] for i, e in ended.items() if 10 <= i < 19} == {"urgent"}
+    assert ended[0]["priority"] == "normal"  # running by then: a priority changes only while queued
+    spans = [(a["started"], a["ended"]) for e in ended.values() for a in e["attempts"]]
+    assert 2 <= most_at_once(spans) <= 3, spans
+    assert f"index=7 of 20 in {array} out={out / '7'}" in seventh
+    assert f"{array}[7]" in expanded.stdout and f"{array}[0-19%3]" not in expanded.stdout
+    assert (task_json["id"], task_json["array_index"]) == (tasks[7]["id"], 7)
