@@ -279,6 +279,8 @@ def cmd_show(args: argparse.Namespace) -> int:
             print(f"  {key + ':':<11} {job[key]}")
     print(f"  {'shape:':<11} {_shape(job)}")
     print(f"  {'runtime:':<11} {_runtime(job)}")
+    if job.get("goodput") and job["goodput"]["goodput"] is not None:
+        print(f"  {'goodput:':<11} {job['goodput']['text']}")
     print(f"  {'submitted:':<11} {_when(job['submitted'])}")
     print(f"  {'command:':<11} {job['spec'].get('command', '(batch tasks)')}")
     if job.get("tasks"):

@@ -51,9 +51,9 @@ def cmd_usage(args: argparse.Namespace) -> int:
         return 0
     span = age(doc["until"] - doc["since"])
     print(f"GPU-hours by {doc['by']} from {_local(doc['since'])} to {_local(doc['until'])} ({span})")
-    rows: list[list[Any]] = [[k, f"{u['gpu_hours']:.2f}", u["jobs"]] for k, u in doc["rows"].items()]
-    rows.append(["(all)", f"{doc['total']['gpu_hours']:.2f}", doc["total"]["jobs"]])
-    print_table([doc["by"].upper(), "GPU-HOURS", "JOBS"], rows)
+    rows: list[list[Any]] = [[k, f"{u['gpu_hours']:.2f}", u["jobs"], *_goodput(u)] for k, u in doc["rows"].items()]
+    rows.append(["(all)", f"{doc['total']['gpu_hours']:.2f}", doc["total"]["jobs"], *_goodput(doc["total"])])
+    print_table([doc["by"].upper(), "GPU-HOURS", "JOBS", "GOODPUT", "LOST GPU-H"], rows)
     if doc.get("quotas"):
         print(f"\nquotas (now; GPU-hours over the last {age(next(iter(doc['quotas'].values()))['period_s'])})")
         quota_rows = [
@@ -62,6 +62,15 @@ def cmd_usage(args: argparse.Namespace) -> int:
         ]
         print_table([doc["by"].upper(), "GPUS", "RUNNING", "QUEUED", "GPU-HOURS"], quota_rows)
     return 0
+
+
+def _goodput(row: dict[str, Any]) -> list[str]:
+    """The share of the GPU time that did useful work, and the GPU-hours lost to failures ("-" from a scheduler
+    that does not say)."""
+    ratio = row.get("goodput")
+    if ratio is None:
+        return ["-", "-"]
+    return [f"{ratio:.1%}", f"{row['lost_gpu_hours']:.2f}"]
 
 
 def _of(quota: dict[str, Any], key: str) -> str:

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Sequence
 from typing import Any
@@ -17,12 +18,14 @@ from typing import Any
 from pydantic import ValidationError
 
 from ftconsole.scheduler import debugenv
-from ftconsole.scheduler.decide import elastic, placement
+from ftconsole.scheduler.decide import elastic, goodput, placement
 from ftconsole.scheduler.decide.jobs import (
     TERMINAL,
+    Attempt,
     Condition,
     Job,
     JobStatus,
+    Run,
     StopReason,
 )
 from ftconsole.scheduler.decide.requests import job_request, urgent_scope
@@ -214,8 +217,15 @@ class Scheduler(RankReads, Sharing):
             "events": shown,
             "debug": debugenv.view(job, self.config.debug, self.settings, now),
             "tasks": await self._tasks(job),
+            "goodput": await self._goodput(job, attempts, runs, now),
             "env_until": debugenv.env_until(job, self.config.debug, self.settings),
         }
+
+    async def _goodput(self, job: Job, attempts: Sequence[Attempt], runs: Sequence[Run], now: float) -> Any:
+        """The job's goodput over its life: useful GPU time against the time lost to failures (decide/goodput.py)."""
+        marks = goodput.checkpoint_times(await self.store.checkpoint_signals(owed=False, job=job.id))
+        found = goodput.job_goodput(attempts, runs, {n: t for (_, n), t in marks.items()}, -math.inf, math.inf, now)
+        return {**found.to_json(), "text": found.describe()}
 
     async def _tasks(self, job: Job) -> list[dict[str, Any]] | None:
         """A task's array: each task's index, id and status (None for a job that is no array's)."""

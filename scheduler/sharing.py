@@ -14,7 +14,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from ftconsole.scheduler.decide import dependencies, quotas, usage
+from ftconsole.scheduler.decide import dependencies, goodput, quotas, usage
 from ftconsole.scheduler.decide.jobs import Job
 from ftconsole.scheduler.errors import NotFound, PermissionDenied, UsageError
 from ftconsole.scheduler.loop import Loop
@@ -72,13 +72,18 @@ class Sharing:
             raise UsageError("since must be before until")
         jobs = {j.id: j for j in await self.store.jobs(deleted=True)}
         runs = await self.store.runs()
-        try:
-            rows = await asyncio.to_thread(usage.usage_by, jobs, runs, by, since, until, now)  # every run: off the loop
+        attempts = await self.store.attempts(None)
+        marks = goodput.checkpoint_times(await self.store.checkpoint_signals(owed=False))
+        try:  # every run: off the loop
+            rows = await asyncio.to_thread(usage.usage_by, jobs, runs, by, since, until, now)
+            good, all_good = await asyncio.to_thread(goodput.goodput_by, jobs, attempts, runs, marks, by, since, until,
+                                                     now)  # fmt: skip
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         total = usage.Usage(sum(u.gpu_seconds for u in rows.values()), sum(u.jobs for u in rows.values()))
-        return {"since": since, "until": until, "by": by, "rows": {k: u.to_json() for k, u in rows.items()},
-                "total": total.to_json(), "quotas": await self._quota_json(by)}  # fmt: skip
+        shown = {k: {**u.to_json(), **good.get(k, goodput.Goodput()).to_json()} for k, u in rows.items()}
+        return {"since": since, "until": until, "by": by, "rows": shown, "total": {**total.to_json(),
+                **all_good.to_json()}, "quotas": await self._quota_json(by)}  # fmt: skip
 
     async def _quota_json(self, by: str) -> dict[str, Any]:
         """Per project or user (`by`) with limits: its limits and what it uses now ({} without quotas)."""

@@ -27,6 +27,7 @@ from textual.widgets import DataTable, Footer, Label, Log, Static, TabbedContent
 from ftconsole.debug_cli import evidence_text
 from ftconsole.format import age, runtime_lines
 from ftconsole.probes.health import is_fault
+from ftconsole.scheduler.decide.arrays import summary
 from ftconsole.scheduler.errors import FtError
 from ftconsole.scheduler.serve.client import Client
 from ftconsole.scheduler.spec.config import format_duration
@@ -187,6 +188,11 @@ class JobScreen(DetailScreen):
             f"   last output {age(now - job['last_output']) + ' ago' if job.get('last_output') else '-'}",
             f"project {job['project'] or '-'}   access {job['access']}   output {job['output'] or '-'}",
         ]
+        if (good := job.get("goodput")) and good.get("goodput") is not None:  # useful against lost to failures
+            facts.append(f"goodput {good['text']}")
+        if job.get("tasks"):  # a task of an array: where it stands, and its array
+            counts = summary(t["status"] for t in job["tasks"])
+            facts.append(f"task {job['ref']} of array {job['array_id']}[{job['array']}]: {counts}")
         if elastic := job.get("elastic"):  # `S` scales it within this range
             facts.append(f"nodes {job['nodes']} (elastic {elastic['min_nodes']}-{elastic['max_nodes']})")
         if job.get("message"):

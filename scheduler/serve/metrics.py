@@ -22,7 +22,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gzip
+import json
 import logging
+import math
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
@@ -36,7 +38,9 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from ftconsole.probes.health import NodeState
-from ftconsole.scheduler.decide.jobs import JobStatus
+from ftconsole.scheduler.decide import goodput
+from ftconsole.scheduler.decide.goodput import Goodput
+from ftconsole.scheduler.decide.jobs import Attempt, JobStatus, Run
 from ftconsole.scheduler.decide.reconcile import PREEMPTED, REQUEUED, RESTARTED, SHRUNK
 from ftconsole.scheduler.errors import StoreError
 from ftconsole.scheduler.spec.config import MetricsSettings
@@ -51,6 +55,8 @@ log = logging.getLogger("ftconsole.metrics")
 
 RESTART_RESULTS = (RESTARTED, REQUEUED, SHRUNK, PREEMPTED)  # attempt results that led to a new attempt
 REUSE_S = 1.0  # a snapshot this young is served again (several scrapers, or one retrying)
+GOODPUT_WINDOW_S = 7 * 86400.0  # the goodput gauges cover this much of the past
+GOODPUT_EVERY_S = 60.0  # and are summed again this often (every run of the window is read)
 COLLECT_TIMEOUT_S = 10.0  # a scrape that cannot read the store within this answers 503
 REQUEST_TIMEOUT_S = 10.0  # the request head must arrive, and the answer be taken, within this
 MAX_HEAD = 16 * 1024  # bytes of request line and headers
@@ -93,6 +99,7 @@ class Counts:
     queued: Mapping[str, int] = field(default_factory=dict)
     restarts: Mapping[str, int] = field(default_factory=dict)
     alerts: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
+    goodput: Goodput = field(default_factory=Goodput)  # the cluster's over the last GOODPUT_WINDOW_S
 
 
 @dataclass(frozen=True)
@@ -140,6 +147,8 @@ class StoreCounts:
 
     def __init__(self, db: aiosqlite.Connection) -> None:
         self._db = db
+        self._goodput = Goodput()
+        self._goodput_at = -math.inf  # monotonic: when it was last summed (again every GOODPUT_EVERY_S)
 
     @classmethod
     async def open(cls, path: Path) -> StoreCounts:
@@ -186,11 +195,42 @@ class StoreCounts:
                             OPEN_ALERT_STATES,
                         )
                     },
+                    goodput=await self._cluster_goodput(),
                 )
             finally:
                 await self._db.execute("COMMIT")
         except sqlite3.Error as exc:
             raise StoreError(f"cannot read the store for metrics: {exc}") from exc
+
+    async def _cluster_goodput(self) -> Goodput:
+        """The cluster's goodput over the last GOODPUT_WINDOW_S (decide/goodput.py), summed again at most every
+        GOODPUT_EVERY_S: it reads every run of the window."""
+        if time.monotonic() - self._goodput_at < GOODPUT_EVERY_S:
+            return self._goodput
+        now = time.time()
+        since = now - GOODPUT_WINDOW_S
+        runs = [
+            Run(j, a, k, "", tuple(json.loads(g)), "", launch=True, started=s, ended=e)
+            for j, a, k, g, s, e in await self._rows(
+                "SELECT job, attempt, rank, gpus, started, ended FROM runs WHERE started IS NOT NULL "
+                "AND (ended IS NULL OR ended >= ?)",
+                (since - GOODPUT_WINDOW_S,),  # a failed attempt's downtime may run into the window
+            )
+        ]
+        wanted = {r.job for r in runs}
+        attempts = [
+            Attempt(job=j, number=n, spec_name=None, gpus_per_node=0, master_port=0, created=0.0, result=result)
+            for j, n, result in await self._rows("SELECT job, number, result FROM attempts")
+            if j in wanted
+        ]
+        marks: dict[tuple[int, int], float] = {}
+        for j, a, done in await self._rows(
+            "SELECT job, attempt, MIN(done) FROM checkpoint_signals WHERE outcome = 'signalled' GROUP BY job, attempt"
+        ):
+            marks[(j, a)] = done
+        per = await asyncio.to_thread(goodput.per_job, attempts, runs, marks, since, now, now)
+        self._goodput, self._goodput_at = goodput.total(per), time.monotonic()
+        return self._goodput
 
     async def _rows(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         async with self._db.execute(sql, args) as cur:
@@ -248,6 +288,22 @@ class SnapshotCollector(Collector):
         for (kind, severity, state), n in sorted(c.alerts.items()):
             alerts.add_metric([kind, severity, state], n)
         yield alerts
+        ratio = c.goodput.ratio
+        if ratio is not None:
+            yield GaugeMetricFamily(
+                "ftconsole_goodput_ratio",
+                "The share of the GPU time of the last 7 days that did useful work, against the time lost to "
+                "failures (work redone after a failure, jobs standing still before their next attempt).",
+                value=ratio,
+            )
+        hours = GaugeMetricFamily(
+            "ftconsole_goodput_gpu_hours", "GPU-hours of the last 7 days: useful, redone, standing still.",
+            labels=["kind"],
+        )  # fmt: skip
+        for kind, value in (("useful", c.goodput.useful), ("rework", c.goodput.rework),
+                            ("downtime", c.goodput.downtime)):  # fmt: skip
+            hours.add_metric([kind], value / 3600)
+        yield hours
         yield GaugeMetricFamily(
             "ftconsole_scheduler_looping", "1 while the control loop runs (ticks and places jobs).", value=s.looping
         )

@@ -352,8 +352,11 @@ class Store:
             spec = self._specs[row["spec"]] = JobSpec.from_stored(json.loads(row["spec"]))
         return _job_from_row(row, spec)
 
-    async def attempts(self, job_id: int) -> list[Attempt]:
-        async with self._db.execute("SELECT * FROM attempts WHERE job = ? ORDER BY number", (job_id,)) as cur:
+    async def attempts(self, job_id: int | None) -> list[Attempt]:
+        """A job's attempts; None: every job's (by job, then number)."""
+        sql, args = ("SELECT * FROM attempts ORDER BY job, number", ()) if job_id is None else (
+            "SELECT * FROM attempts WHERE job = ? ORDER BY number", (job_id,))  # fmt: skip
+        async with self._db.execute(sql, args) as cur:
             rows = await cur.fetchall()
         return [_attempt_from_row(r) for r in rows]
 

@@ -40,6 +40,8 @@ def test_usage_and_the_job_history_of_a_period(sshd_cluster, tmp_path: Path, soc
         and used["gpu_hours"] == round(used["gpu_seconds"] / 3600, 4)
     )
     assert by_user["total"] == used
+    # goodput: the failed job's attempt is lost (it ended error), the others' time was useful
+    assert 0 < used["goodput"] < 1 and used["downtime_gpu_hours"] == 0
     by_project = cli.json("usage", "--by", "project")
     assert list(by_project["rows"]) == ["vision", "default"]  # most used first
     assert by_project["rows"]["vision"]["gpu_seconds"] >= 4 and by_project["rows"]["vision"]["jobs"] == 1

@@ -54,6 +54,11 @@ async def test_an_urgent_job_preempts_the_preemptible_one_which_resumes_from_its
     assert first["ended"] <= done_urgent["attempts"][0]["started"] <= second["started"]  # it went first, then back
     assert "saved" in first_log and "resumed from step-42" in second_log
     assert (output / "checkpoints" / "ckpt").read_text() == "step-42\n"
+    # its goodput: only the time after its checkpoint was redone (the grace period, and the stop), and the time
+    # it stood still while the urgent job ran is lost too
+    good = done_victim["goodput"]
+    assert 0 < good["rework_gpu_hours"] * 3600 <= 3 + 5 and good["downtime_gpu_hours"] > 0, good
+    assert 0 < good["goodput"] < 1 and good["text"].startswith(f"{good['goodput']:.1%} (useful "), good
     # the job that is not preemptible was never touched
     assert [a["result"] for a in still["attempts"]] == [None] and still["status"] == "running"
 

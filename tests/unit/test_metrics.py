@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -280,3 +281,31 @@ def test_label_values_are_escaped() -> None:
 def test_node_samples_without_a_probe() -> None:
     view = NodeView(node=Node("n9", "n9", None, None, "default"), health=NodeHealth("n9"), probe=None, now=NOW)
     assert metrics.node_samples([view]) == ((metrics.NodeSample("n9", "default", "unknown", None),), ())
+
+
+async def test_goodput_covers_the_last_7_days_of_runs(tmp_path: Path) -> None:
+    """A job requeued after an hour (no checkpoint), queued 10 minutes, then an hour to success, both attempts on
+    4 GPUs within the last day: 4 useful GPU-hours, 4 redone, 40 minutes standing still."""
+    now = time.time()
+    start = now - 3 * 3600
+    async with await Store.open(tmp_path / "state.db") as store:
+        async with store.jobs_tx("fill") as tx:
+            job_id = await tx.add_job(job(JobStatus.SUCCEEDED))
+            for number, (began, ended, result) in enumerate(
+                [(start, start + 3600, "requeued"), (start + 4200, start + 7800, "succeeded")], start=1
+            ):
+                attempt = Attempt(job_id, number, spec_name=None, gpus_per_node=4, master_port=1, created=began)
+                run = Run(job=job_id, attempt=number, rank=0, node="n1", gpus=(0, 1, 2, 3), run_dir="/r", launch=True)
+                await tx.add_attempt(attempt, [run])
+                await tx.update_run(run, started=began, ended=ended, state="exited")
+                await tx.update_attempt(job_id, number, ended=ended, result=result)
+        counts = await metrics.StoreCounts.open(store.path)
+        try:
+            found = (await counts.counts()).goodput
+        finally:
+            await counts.close()
+    assert (found.useful, found.rework) == (4 * 3600, 4 * 3600) and round(found.downtime) == 4 * 600
+    got = samples(metrics.render(metrics.Snapshot(counts=metrics.Counts(goodput=found)))[0])
+    assert value(got, "ftconsole_goodput_ratio") == pytest.approx(4 / (4 + 4 + 4 / 6))
+    assert value(got, "ftconsole_goodput_gpu_hours", kind="downtime") == pytest.approx(4 / 6)
+    assert value(samples(metrics.render(metrics.Snapshot())[0]), "ftconsole_goodput_ratio") is None  # no GPU time
