@@ -216,7 +216,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     elif decision["starts_now"]:
         where = ", ".join(f"{n['node']} (GPUs {','.join(map(str, n['gpus']))})" for n in decision["nodes"])
         print(f"{spec.name}: starts now on {where}")
-    elif decision["cause"] == "dependency":  # not in the queue's order until the jobs it waits for end
+    elif decision["cause"] in ("dependency", "reservation"):  # not in the queue's order until then
         print(f"{spec.name}: would wait: {decision['reason']}")
     else:
         ahead = f"; ahead: jobs {', '.join(decision['ahead'])}" if decision["ahead"] else ""

@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ftconsole.scheduler import debugenv
-from ftconsole.scheduler.decide import elastic, goodput, placement
+from ftconsole.scheduler.decide import elastic, goodput, placement, reservations
 from ftconsole.scheduler.decide.jobs import (
     TERMINAL,
     Attempt,
@@ -34,6 +34,7 @@ from ftconsole.scheduler.loop import Loop, request_stop
 from ftconsole.scheduler.nodeops import ClusterService, NodeView, ProbeOutcome
 from ftconsole.scheduler.rankreads import RankReads
 from ftconsole.scheduler.redaction import redact, redact_decision, redact_json, redact_outcome
+from ftconsole.scheduler.reserving import Reserving
 from ftconsole.scheduler.rules import Caller, Rules
 from ftconsole.scheduler.sharing import Sharing
 from ftconsole.scheduler.spec import arrayspec
@@ -47,7 +48,7 @@ log = logging.getLogger("ftconsole.scheduler")
 MIN_TICK_GAP_S = 0.2
 
 
-class Scheduler(RankReads, Sharing):
+class Scheduler(RankReads, Sharing, Reserving):
     def __init__(self, service: ClusterService, *, clock: Callable[[], float] = time.time) -> None:
         self.service = service
         self.store = service.store
@@ -107,6 +108,8 @@ class Scheduler(RankReads, Sharing):
         now = self.clock()
         self.rules.admissible(caller, spec, spec.priority.value)
         await self._dependency(caller, spec)
+        if spec.reservation is not None:  # one it may never use is refused now (UsageError), not left to wait
+            await self.loop.placer.reserved_for(spec, caller.user, now)
         indexes: tuple[int | None, ...] = (None,) if spec.array is None else arrayspec.parse(spec.array).indexes
         job = Job(
             id=0,
@@ -510,6 +513,10 @@ class Scheduler(RankReads, Sharing):
         job = job_request(spec, self.config, job_id="(this job)", now=now)
         fair = placer.fair_value(spec.project, caller.user)
         job = dataclasses.replace(job, project=urgent_scope(self.config, caller.user, spec.project), fairshare=fair)
+        where = await placer.reserved_for(spec, caller.user, now)
+        if isinstance(where, reservations.Waits):
+            return placement.Wait(job.id, where.reason, 0, cause=placement.WaitCause.RESERVATION)
+        job = placer.within(job, where.nodes, set())
         owners = {i: (j.project, j.owner) for i, (j, _) in by_id.items()} | {job.id: (spec.project, caller.user)}
         held = await placer.held_by_quotas([*requests, job], owners)
         if job.id in held:
@@ -519,8 +526,9 @@ class Scheduler(RankReads, Sharing):
             state, requests, job, now, urgent_cap=self.settings.urgent_cap, allow_degraded=placer.degraded_ok
         )
         if isinstance(decision, placement.Wait):
+            kept_off = f" ({where.note})" if where.note else ""
             decision = dataclasses.replace(
-                decision, reason=decision.reason + placer.fair_note(spec.project, caller.user)
+                decision, reason=decision.reason + kept_off + placer.fair_note(spec.project, caller.user)
             )
         return redact_decision(decision, await self.hidden_jobs(caller))
 

@@ -19,17 +19,18 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from ftconsole.scheduler import debugenv
-from ftconsole.scheduler.decide import arrays, dependencies, elastic, fairshare, placement, quotas, usage
+from ftconsole.scheduler.decide import arrays, dependencies, elastic, fairshare, placement, quotas, reservations, usage
 from ftconsole.scheduler.decide.jobplan import plan_attempt
 from ftconsole.scheduler.decide.jobs import Attempt, Condition, Job, JobStatus, Run
 from ftconsole.scheduler.decide.requests import job_request, node_slot, urgent_scope
 from ftconsole.scheduler.decide.steps import user_root
-from ftconsole.scheduler.errors import FtError, SSHError, StoreError
+from ftconsole.scheduler.errors import FtError, SSHError, StoreError, UsageError
 from ftconsole.scheduler.failpoints import afailpoint
 from ftconsole.scheduler.nodeops import ClusterService
 from ftconsole.scheduler.preempting import Preempter
 from ftconsole.scheduler.spec import arrayspec
 from ftconsole.scheduler.spec.config import QuotaSettings
+from ftconsole.scheduler.spec.jobspec import JobSpec
 from ftconsole.scheduler.store.jobtx import Conflict
 
 log = logging.getLogger("ftconsole.scheduler")
@@ -68,6 +69,7 @@ class Placer:
         self._hours_at = float("-inf")
         self._set_quotas: dict[quotas.Key, tuple[dict[str, Any], str, float]] = {}  # an admin's (`ftconsole quota`)
         self.preempter = Preempter(self.store, self.config, clock=clock, poke=poke)
+        self._kept_off: dict[int, str] = {}  # job id -> which reserved nodes it keeps off, as its last pass saw
 
     @property
     def run_root(self) -> str:
@@ -361,6 +363,8 @@ class Placer:
         why = "".join(f" (user {job.owner} has {what} on {', '.join(nodes)})" for what, nodes in lacks.items())
         if job.excluded:
             why += f" (not on {', '.join(job.excluded)}: it was slow there)"
+        if self._kept_off.get(job.id):
+            why += f" ({self._kept_off[job.id]})"
         return why
 
     @property
@@ -409,7 +413,18 @@ class Placer:
         )
         requests, by_id, unplaceable = [], {}, []
         fair = await self.fair_factors([(j.project, j.owner) for j in queued] + list(also))
+        kept = await self.store.reservations()
+        now = self.clock()
         for job in queued:
+            where = reservations.allowed(job.spec.reservation, job.owner, job.project, job.max_runtime, kept, now,
+                                         self._nodes)  # fmt: skip
+            if isinstance(where, reservations.Waits):  # its reservation has not begun: it waits, holding no one
+                unplaceable.append((job, where.reason))
+                continue
+            if isinstance(where, reservations.Never):
+                unplaceable.append((dataclasses.replace(job, message=f"it can never start: {where.reason}"), ""))
+                continue
+            self._kept_off[job.id] = where.note
             try:
                 request = job_request(job.spec, self.config, job_id=str(job.id), now=job.submitted)
                 request = dataclasses.replace(
@@ -421,10 +436,7 @@ class Placer:
                     min_nodes=None if request.min_nodes is None else min(request.min_nodes, job.size),
                     fairshare=fair[(job.project, job.owner)].value if fair else 1.0,
                 )
-                avoided = set(self._avoided(job.owner)) | set(job.excluded)  # no account there; or it was slow there
-                if avoided:
-                    allowed = request.node_names if request.node_names is not None else frozenset(self._nodes)
-                    request = dataclasses.replace(request, node_names=allowed - avoided)
+                request = self.within(request, where.nodes, set(self._avoided(job.owner)) | set(job.excluded))
             except FtError as exc:  # the config changed under a queued job (spec removed): say so, keep it
                 unplaceable.append((job, str(exc)))
                 continue
@@ -436,6 +448,26 @@ class Placer:
             requests.append(request)
             by_id[str(job.id)] = (job, request)
         return state, requests, by_id, unplaceable
+
+    def within(
+        self, request: placement.JobRequest, reserved: frozenset[str] | None, avoided: set[str]
+    ) -> placement.JobRequest:
+        """The request kept to the nodes a reservation allows (None: any) and off the `avoided` ones (its user has
+        no account there; or it was slow there)."""
+        if reserved is None and not avoided:
+            return request
+        allowed = request.node_names if request.node_names is not None else frozenset(self._nodes)
+        if reserved is not None:
+            allowed &= reserved
+        return dataclasses.replace(request, node_names=allowed - avoided)
+
+    async def reserved_for(self, spec: JobSpec, owner: str, now: float) -> reservations.Allowed | reservations.Waits:
+        """Where a job of this spec may go as the reservations stand (predict's); UsageError when it never can."""
+        found = reservations.allowed(spec.reservation, owner, spec.project, spec.max_runtime,
+                                     await self.store.reservations(), now, self._nodes)  # fmt: skip
+        if isinstance(found, reservations.Never):
+            raise UsageError(f"job {spec.name}: it can never start: {found.reason}")
+        return found
 
     async def notes(self, notes: Sequence[tuple[Job, str]], *, status: JobStatus = JobStatus.QUEUED) -> None:
         """Why jobs wait (their message): queued ones to start, running ones to be resized; in one transaction,

@@ -1,6 +1,11 @@
 """The console's actions on jobs, nodes and alerts, and its debug terminal: a part of `ConsoleApp` (app.py), which
 binds them to keys (`BINDINGS`), decides where they apply (`check_action`) and gives them what they act on
-(`_targets`, `_one`, `_job`) and the way they act (`act`: one operation through the client)."""
+(`_targets`, `_one`, `_job`) and the way they act (`act`: one operation through the client).
+
+An array's row (`array:12`, Jobs view) names the whole array to stop, delete, clone and priority: the scheduler
+takes its id, that of its first task, for all of its tasks. So a task's own row names it as `12[7]`, even the first
+one. Where an action needs one job (logs, shell, debug, its screen), an array's row gives its most pressing task,
+and says so; extend and scale work on tasks one by one."""
 
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ class Actions(App[int]):
         client: Any
         feed: Feed
         loaded: LoadedConfig
+        clock: Callable[[], float]
 
         @property
         def view(self) -> View: ...
@@ -45,35 +51,39 @@ class Actions(App[int]):
     def action_stop(self) -> None:
         ids = self._targets("job")
         if ids:
-            self._confirmed(f"Stop {_plural(ids, 'job')}?", "Running ranks get SIGTERM, then SIGKILL.",
-                            lambda: self.act(f"stop requested for {_plural(ids, 'job')}", "stop",
-                                              jobs=[int(i) for i in ids]))  # fmt: skip
+            what = self._what(ids)
+            self._confirmed(f"Stop {what}?", "Running ranks get SIGTERM, then SIGKILL.",
+                            lambda: self.act(f"stop requested for {what}", "stop", jobs=self._refs(ids)))  # fmt: skip
 
     def action_delete(self) -> None:
         ids = self._targets("job")
         if ids:
-            self._confirmed(f"Delete {_plural(ids, 'job')}?", "Running ones are stopped first; gone from the queue.",
-                            lambda: self.act(f"deleted {_plural(ids, 'job')}", "delete",
-                                              jobs=[int(i) for i in ids]))  # fmt: skip
+            what = self._what(ids)
+            self._confirmed(f"Delete {what}?", "Running ones are stopped first; gone from the queue.",
+                            lambda: self.act(f"deleted {what}", "delete", jobs=self._refs(ids)))  # fmt: skip
 
     def action_clone(self) -> None:
         if (job := self._one("job")) is not None:
-            self.act(f"cloned job {job}", "clone", job=int(job))
+            self.act(f"cloned {self._what([job])}", "clone", job=self._refs([job])[0])
 
     def action_priority(self) -> None:
         ids = self._targets("job")
         if not ids:
             return
-        current = self.feed.jobs.get(int(ids[0]), {}).get("priority")
+        first = R.array_of_key(ids[0])
+        current = self._job(first if first is not None else int(ids[0])).get("priority")
 
         def chosen(level: str | None) -> None:
-            for job in ids if level else []:
-                self.act(f"job {job} is now {level}", "priority", job=int(job), level=level)
+            for key in ids if level else []:
+                array = R.array_of_key(key) is not None
+                for job in self._refs([key]):  # an array: its id (each task's name where that is gone)
+                    what = f"array {job}" if array and isinstance(job, int) else f"job {job}"
+                    self.act(f"{what} is now {level}", "priority", job=job, level=level)
 
-        self.push_screen(ChoiceDialog(f"Priority of {_plural(ids, 'job')}", PRIORITIES, current), chosen)
+        self.push_screen(ChoiceDialog(f"Priority of {self._what(ids)}", PRIORITIES, current), chosen)
 
     def action_extend(self) -> None:
-        ids = self._targets("job")
+        ids = self._tasks_only(self._targets("job"), "extend")
         if not ids:
             return
 
@@ -97,7 +107,7 @@ class Actions(App[int]):
 
     def action_scale(self) -> None:
         """Resize elastic jobs: a running one's attempt is replaced by one of the new size (the `scale` op)."""
-        ids = self._targets("job")
+        ids = self._tasks_only(self._targets("job"), "scale")
         if not ids:
             return
         ranges = {job: r for job in ids if (r := self._job(int(job)).get("elastic"))}
@@ -144,7 +154,9 @@ class Actions(App[int]):
     def action_logs(self) -> None:
         if isinstance(self.screen, JobScreen):
             self.screen.action_logs()
-        elif (job := self._one("job")) is not None and (screen := self.open_job(int(job))) is not None:
+            return
+        job = self._task_of(self._one("job"), "the log of")
+        if job is not None and (screen := self.open_job(int(job))) is not None:
             self.call_after_refresh(screen.action_logs)
 
     def action_debug(self) -> None:
@@ -161,7 +173,7 @@ class Actions(App[int]):
                 screen = self.open_job(int(alert["job"]), alert=alert)
             elif key is not None:
                 self.notify(f"alert {key} names no job: no ranks to look at", title="debug", severity="warning")
-        elif (job := self._one("job")) is not None:
+        elif (job := self._task_of(self._one("job"), "the ranks of")) is not None:
             screen = self.open_job(int(job))
         if screen is not None:
             self.call_after_refresh(screen.action_debug)
@@ -233,7 +245,10 @@ class Actions(App[int]):
                 self._shell_on_alert(int(key))
             return
         kind = "node" if isinstance(self.screen, NodeScreen) or self.view.kind == "node" else "job"
-        if (target := self._one(kind)) is not None:
+        target = self._one(kind)
+        if kind == "job":
+            target = self._task_of(target, "a shell on")
+        if target is not None:
             self.open_shell(target, None)
 
     def _shell_on_alert(self, alert_id: int) -> None:
@@ -285,6 +300,55 @@ class Actions(App[int]):
         return code
 
     # -- helpers -------------------------------------------------------------------------------------------
+
+    def _tasks(self, array_id: int) -> list[dict[str, Any]]:
+        return [j for j in self.feed.jobs.values() if j.get("array_id") == array_id]
+
+    def _refs(self, keys: list[str]) -> list[int | str]:
+        """What the scheduler is asked to act on for these rows: an array's id (all its tasks; each task by name if
+        the first one is gone, as the id then names nothing), a task's `12[7]`, a job's id."""
+        out: list[int | str] = []
+        for key in keys:
+            array = R.array_of_key(key)
+            if array is not None:
+                out += [array] if array in self.feed.jobs else [str(t.get("ref")) for t in self._tasks(array)]
+                continue
+            job = self._job(int(key))
+            task = job.get("array_id") is not None and job.get("array_index") is not None
+            out.append(f"{job['array_id']}[{job['array_index']}]" if task else int(key))
+        return out
+
+    def _what(self, keys: list[str]) -> str:
+        """`job 12`, `job 12[7]`, `array 12 (100 tasks)`, `3 jobs`, `2 arrays and 1 job`: for questions and notes."""
+        arrays = [a for k in keys if (a := R.array_of_key(k)) is not None]
+        if len(keys) == 1 and arrays:
+            tasks = len(self._tasks(arrays[0]))
+            return f"array {arrays[0]} ({tasks} task{'s' * (tasks != 1)})"
+        if len(keys) == 1:
+            return f"job {self._refs(keys)[0]}"
+        jobs = len(keys) - len(arrays)
+        counts = [(len(arrays), "array"), (jobs, "job")]
+        return " and ".join(f"{n} {word}{'s' * (n != 1)}" for n, word in counts if n)
+
+    def _task_of(self, key: str | None, what: str) -> str | None:
+        """The job a row names for what acts on one job: an array's row gives its most pressing task, and says so."""
+        array = None if key is None else R.array_of_key(key)
+        if array is None:
+            return key
+        tasks = self._tasks(array)
+        if not tasks:
+            return None
+        lead = R.array_lead(tasks, self.clock())
+        self.notify(f"array {array}: {what} task {lead.get('ref')}, its most pressing; `t` lists every task", timeout=5)
+        return str(lead["id"])
+
+    def _tasks_only(self, keys: list[str], verb: str) -> list[str]:
+        """`keys` less the arrays' rows, with a word on those: `verb` works on tasks one by one."""
+        arrays = [str(a) for k in keys if (a := R.array_of_key(k)) is not None]
+        if arrays:
+            text = f"{verb} works on one task at a time: `t` lists the tasks of array {', '.join(arrays)}"
+            self.notify(text, title=verb, severity="warning")
+        return [k for k in keys if R.array_of_key(k) is None]
 
     def _confirmed(self, question: str, detail: str, then: Callable[[], Any]) -> None:
         def answered(yes: bool | None) -> None:

@@ -5,10 +5,11 @@ on the config's state_dir, it attaches to its socket. Otherwise it runs the sche
 loop, the probes and the API socket, so the CLI works while it is open) and calls its operations in-process.
 Both paths give the same features. A client can also be handed in (tests, or a read of the store alone).
 
-Views (number keys): 1 Jobs, 2 Nodes, 3 Alerts, 4 Events, 5 Cluster. Every action is an `action_*` method
-bound in `BINDINGS`; `check_action` hides the ones that do not apply to the view, and every action that
-changes something under `--readonly`. Data is read once a second by a worker, for the visible view, and
-applied by diff (`KeyedTable`), so the cursor and scroll never jump and the UI never waits on SSH.
+Views (number keys): 1 Jobs, 2 Nodes, 3 Alerts, 4 Events, 5 Cluster; in Jobs, an array of jobs is one row, and
+`t` shows or hides a row per task. Every action is an `action_*` method bound in `BINDINGS`; `check_action` hides
+the ones that do not apply to the view, and every action that changes something under `--readonly`. Data is
+read once a second by a worker, for the visible view, and applied by diff (`KeyedTable`), so the cursor and
+scroll never jump and the UI never waits on SSH.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ WRITES = frozenset(
         "submit",
     }
 )
-MAIN_SCREEN_ONLY = frozenset({"view", "filter", "mark", "submit", "probe_all", "escape"})
+MAIN_SCREEN_ONLY = frozenset({"view", "filter", "mark", "submit", "probe_all", "escape", "tasks"})
 JOB, NODE, ALERT = frozenset({"job"}), frozenset({"node"}), frozenset({"alert"})
 ROW_KINDS = {
     "stop": JOB,
@@ -77,6 +78,7 @@ ROW_KINDS = {
     "probe": NODE,
     "ack": ALERT,
     "resolve": ALERT,
+    "tasks": JOB,
 }
 
 
@@ -90,7 +92,8 @@ class JumpProvider(Provider):
         for name in sorted(app.feed.nodes):
             out.append((f"node {name}", app.feed.nodes[name]["state"], partial(app.open_node, name)))
         for job_id, job in sorted(app.feed.jobs.items(), reverse=True):
-            out.append((f"job {job_id} {job['name']}", job["status"], partial(app.open_job, job_id)))
+            ref = job.get("ref") or job_id  # a task of an array: 12[7]
+            out.append((f"job {ref} {job['name']}", job["status"], partial(app.open_job, job_id)))
         return out
 
     async def discover(self) -> Hits:
@@ -116,6 +119,7 @@ class ConsoleApp(Actions):
         Binding("colon", "command_palette", "Jump", show=False),
         Binding("escape", "escape", "Back", show=False),
         Binding("space", "mark", "Mark", show=False),
+        Binding("t", "tasks", "Tasks"),  # shown while the Jobs view has an array (check_action)
         Binding("n", "submit", "New job"),
         Binding("l", "logs", "Logs"),
         Binding("D", "debug", "Debug"),  # shift+d: `d` drains
@@ -161,6 +165,7 @@ class ConsoleApp(Actions):
         self.feed = Feed(clock=clock)
         self._stop = asyncio.Event()
         self._connected = asyncio.Event()
+        self._arrays_shown = False  # whether the Jobs view had an array at its last update (`t` applies)
         self.sub_title = str(loaded.file) + (" · read-only" if readonly else "")
 
     # -- layout --------------------------------------------------------------------------------------------
@@ -255,6 +260,10 @@ class ConsoleApp(Actions):
             self.view.update_view(self.feed, self.clock())
             alerts = sum(1 for a in self.feed.alerts.values() if a["state"] == "open")
             self.title = f"ftconsole · {alerts} open alert{'s' * (alerts != 1)}" if alerts else "ftconsole"
+        arrays = isinstance(self.view, JobsView) and bool(self.view.arrays)
+        if arrays != self._arrays_shown:  # `t` comes and goes in the footer
+            self._arrays_shown = arrays
+            self.refresh_bindings()
 
     def _theme_changed(self, theme: Any) -> None:
         R.use_palette("dark" if theme.dark else "light")
@@ -320,6 +329,22 @@ class ConsoleApp(Actions):
         self.apply_view()
         self.view.table.action_cursor_down()
 
+    def action_tasks(self) -> None:
+        """`t` on an array's row, or on one of its tasks: show or hide a row per task of the array."""
+        view = self.view
+        key = view.table.selected_key()
+        if not isinstance(view, JobsView) or key is None:
+            return
+        array = R.array_of_key(key)
+        if array is None and key.isdecimal():
+            array = self.feed.jobs.get(int(key), {}).get("array_id")
+        if array is None:
+            self.notify(f"job {key} is no array's: `t` shows the tasks of an array", severity="warning")
+            return
+        view.toggle_array(int(array))
+        self.apply_view()
+        view.table.select_key(R.array_key(int(array)))  # closing it from a task's row: back on the array's
+
     def action_keys(self) -> None:
         if self.screen.query("HelpPanel"):
             self.action_hide_help_panel()
@@ -331,6 +356,8 @@ class ConsoleApp(Actions):
             return False
         if action in MAIN_SCREEN_ONLY and self.screen is not self.screen_stack[0]:
             return False
+        if action == "tasks":
+            return self._arrays_shown
         kinds = ROW_KINDS.get(action)
         if kinds is None:
             return True
@@ -351,7 +378,8 @@ class ConsoleApp(Actions):
         key = str(event.row_key.value)
         kind = self.view.kind
         if kind == "job":
-            self.open_job(int(key))
+            if (job := self._task_of(key, "the screen of")) is not None:
+                self.open_job(int(job))
         elif kind == "node":
             self.open_node(key)
         elif kind == "alert":

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import re
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -93,6 +94,7 @@ class Column:
     key: str
     label: str
     width: int | None = None  # None: sized to the content
+    min_width: int = 0  # sized to the content, never narrower than this (the view sets it once mounted)
 
 
 # -- jobs ------------------------------------------------------------------------------------------------------
@@ -102,7 +104,7 @@ JOB_COLUMNS = (
     Column("id", "ID"),
     Column("name", "NAME"),
     Column("owner", "OWNER"),
-    Column("status", "STATUS", 9),
+    Column("status", "STATUS", min_width=9),  # "succeeded"; an array's counts ("8▶ 80○ 12✓") widen it
     Column("priority", "PRIO"),
     Column("mode", "MODE"),
     Column("shape", "NODESxGPU"),
@@ -183,7 +185,7 @@ def job_cells(job: Mapping[str, Any], now: float, marked: bool = False, found: S
     where = job.get("node_names") or []
     return (
         MARK if marked else " ",
-        str(job["id"]),
+        str(job.get("ref") or job["id"]),  # a task of an array: 12[7]
         str(job["name"]),
         str(job["owner"]),
         styled(state, STATUS_STYLE.get(state)),
@@ -196,6 +198,82 @@ def job_cells(job: Mapping[str, Any], now: float, marked: bool = False, found: S
         alerts_cell(int(job.get("open_alerts") or 0), found),
         compress_names(where),
         str(job.get("message") or ""),
+    )
+
+
+# -- arrays of jobs: one row each, its tasks' rows under it when expanded -----------------------------------------
+
+# A task's state -> its mark in the STATUS of its array's row ("8▶ 80○ 12✓"), those that need attention first.
+ARRAY_MARKS = {"stalled": "!", "error": "✗", "running": "▶", "stopping": "▷", "queued": "○", "succeeded": "✓",
+               "stopped": "■", "expired": "⊘"}  # fmt: skip
+FOLDED, UNFOLDED = "▸", "▾"  # in the mark column of an array's row: its tasks hidden, shown
+
+
+def array_key(array_id: int) -> str:
+    """The row key of an array: not a number, so it never meets a job's key (`12`, its first task's)."""
+    return f"array:{array_id}"
+
+
+def array_of_key(key: str) -> int | None:
+    """The array a row key names (`array:12` -> 12); None for a job's key."""
+    return int(key[6:]) if key.startswith("array:") and key[6:].isdecimal() else None
+
+
+def array_lead(tasks: Iterable[Mapping[str, Any]], now: float) -> Mapping[str, Any]:
+    """The task an array's row stands for: its most pressing one by `job_order`, where the array's row sorts."""
+    return min(tasks, key=lambda t: job_order(t, now))
+
+
+def array_status(states: Iterable[str]) -> Text:
+    """`1✗ 8▶ 80○ 12✓`: how many tasks are in each state, each count in its state's style, with a mark."""
+    counts = Counter(states)
+    parts: list[Any] = []
+    for state, mark in ARRAY_MARKS.items():
+        if counts.get(state):
+            parts += [" " if parts else "", (f"{counts[state]}{mark}", style(STATUS_STYLE.get(state)))]
+    if other := sum(n for s, n in counts.items() if s not in ARRAY_MARKS):  # a status this console does not know
+        parts += [" " if parts else "", f"{other}?"]
+    return Text.assemble(*parts)
+
+
+def array_cells(
+    tasks: Iterable[Mapping[str, Any]],
+    now: float,
+    marked: bool = False,
+    expanded: bool = False,
+    found: Mapping[int, Sequence[str]] | None = None,
+) -> Row:
+    """An array's row from its tasks (one or more, any order): name, owner, mode, shape of its first task, the tasks
+    counted by state, their priorities and alerts (`found`: `job_alert_marks`), the nodes of the running ones, and
+    the message of its first queued task (why the array waits), else of its first."""
+    first = queued = None
+    states: list[str] = []
+    priorities, marks, where, alerts = set[str](), set[str](), set[str](), 0
+    for t in tasks:
+        if first is None or int(t["id"]) < int(first["id"]):
+            first = t
+        if t["status"] == "queued" and (queued is None or int(t["id"]) < int(queued["id"])):
+            queued = t
+        states.append(job_state(t, now))
+        priorities.add(str(t["priority"]))
+        alerts += int(t.get("open_alerts") or 0)
+        marks.update((found or {}).get(int(t["id"]), ()))
+        where.update(t.get("node_names") or [] if t["status"] == "running" else [])
+    assert first is not None, "an array has a task"
+    prio = "/".join(sorted(priorities, key=lambda p: (PRIORITY_RANK.get(p, 9), p)))
+    return (
+        MARK if marked else UNFOLDED if expanded else FOLDED,
+        f"{first['array_id']}[{first.get('array') or '?'}]",
+        str(first["name"]),
+        str(first["owner"]),
+        array_status(states),
+        styled(prio, "strong" if prio != "normal" else None),
+        str(first["mode"]),
+        f"{node_count(first)}x{first['gpus_per_node']}",
+        *("-", "-", "-"),  # attempt, runtime, output: each task's own
+        alerts_cell(alerts, [m for m in JOB_ALERT_MARKS.values() if m in marks]),
+        compress_names(sorted(where)),
+        str((queued or first).get("message") or ""),
     )
 
 

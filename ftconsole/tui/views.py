@@ -3,7 +3,8 @@
 A view is a title line (counts, the `/` filter, the age of its data) over a `KeyedTable`. `update_view` turns
 the feed into rows (`rows.py`), filters them and hands them to the table, which redraws only what changed.
 Rows that cannot change with the clock (a queued or ended job) are built once and reused until their data
-changes, so a tick over 10,000 jobs costs what the running ones cost.
+changes, so a tick over 10,000 jobs costs what the running ones cost. An array of jobs is one row (`array:12`),
+built again on each update; expanded, its tasks' rows (keyed by job id, as any job's) follow it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Static
+from textual.widgets.data_table import ColumnKey
 
 from ftconsole.format import age
 from ftconsole.tui import rows as R
@@ -46,6 +48,13 @@ class View(Vertical):
     def compose(self) -> ComposeResult:
         yield Static(self.title, classes="view-title")
         yield self.table
+
+    def on_mount(self) -> None:
+        # the table has its columns by now (children mount first): the content-sized ones get their least width
+        for c in self.columns:
+            column = self.table.columns.get(ColumnKey(c.key))
+            if c.min_width and column is not None and column.auto_width:
+                column.content_width = max(column.content_width, c.min_width)
 
     # -- what subclasses provide ---------------------------------------------------------------------------
 
@@ -114,19 +123,30 @@ class JobsView(View):
         # id -> (the job dict the cells came from, marked, what the clock shows of it, what the detectors found
         # (its alerts), cells, order key): reused while all four hold still
         self._cache: dict[int, _Cached] = {}
-        self._order_keys: dict[int, tuple[Any, ...]] = {}
+        self._layout: tuple[dict[str, tuple[Any, ...]], dict[str, list[str]]] = ({}, {})
         self._order: list[str] = []
+        self.arrays: dict[int, list[Mapping[str, Any]]] = {}  # array id -> its tasks, as `build` last saw them
+        self.expanded: set[int] = set()  # the arrays whose tasks have a row each
 
     def restyle(self) -> None:
         self._cache.clear()
 
+    def toggle_array(self, array_id: int) -> None:
+        self.expanded ^= {array_id}
+
     def build(self, feed: Feed, now: float) -> tuple[dict[str, R.Row], list[str]]:
         rows: dict[str, R.Row] = {}
-        order_keys: dict[int, tuple[Any, ...]] = {}
+        top: dict[str, tuple[Any, ...]] = {}  # row key -> order key: the jobs that are no array's, and the arrays
+        arrays: dict[int, list[Mapping[str, Any]]] = {}
         cache = self._cache
         fresh: dict[int, _Cached] = {}
         found = R.job_alert_marks(feed.alerts.values())  # the alerts are read on every refresh, whatever the view
         for job_id, job in feed.jobs.items():
+            array_id = job.get("array_id")
+            if array_id is not None:
+                arrays.setdefault(array_id, []).append(job)
+                if array_id not in self.expanded:
+                    continue
             key = str(job_id)
             marked = key in self.marked
             clock = R.job_clock(job, now)
@@ -136,11 +156,21 @@ class JobsView(View):
                 hit = (job, marked, clock, marks, R.job_cells(job, now, marked, marks), R.job_order(job, now))
             fresh[job_id] = hit
             rows[key] = hit[4]
-            order_keys[job_id] = hit[5]
+            if array_id is None:
+                top[key] = hit[5]
         self._cache = fresh
-        if order_keys != self._order_keys:
-            self._order = [str(j) for j in sorted(order_keys, key=order_keys.__getitem__)]
-            self._order_keys = order_keys
+        self.arrays = arrays
+        inner: dict[str, list[str]] = {}  # an expanded array's row key -> its tasks' row keys, most pressing first
+        for array_id, tasks in arrays.items():
+            key = R.array_key(array_id)
+            expanded = array_id in self.expanded
+            rows[key] = R.array_cells(tasks, now, key in self.marked, expanded, found)
+            top[key] = R.job_order(R.array_lead(tasks, now), now)
+            if expanded:
+                inner[key] = [str(t["id"]) for t in sorted(tasks, key=lambda t: fresh[t["id"]][5])]
+        if (top, inner) != self._layout:
+            self._order = [k for key in sorted(top, key=top.__getitem__) for k in (key, *inner.get(key, ()))]
+            self._layout = (top, inner)
         return rows, self._order
 
     def summary(self, feed: Feed, now: float) -> Text:

@@ -265,6 +265,8 @@ def _shape(job: JobRequest, cand: Candidate) -> str:
 
 
 def _names(names: Collection[str], most: int = 4) -> str:
+    if not names:
+        return "none (no node left to it)"
     shown = sorted(names)
     text = ",".join(shown[:most])
     return text + f",... ({len(shown)} nodes)" if len(shown) > most else text

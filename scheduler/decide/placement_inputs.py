@@ -131,6 +131,7 @@ class WaitCause(StrEnum):
     TOO_FEW_NODES = "too-few-nodes"  # not enough usable nodes match, even with all of them free
     DEPENDENCY = "dependency"  # waits for another job to end (its `after:`)
     QUOTA = "quota"  # its project or user is at a quota (decide/quotas.py)
+    RESERVATION = "reservation"  # the reservation it names has not begun (decide/reservations.py)
 
 
 NodeGpus = tuple[str, tuple[int, ...]]

@@ -38,7 +38,9 @@ log = logging.getLogger("ftconsole.daemon")
 
 # ops that change something (the CLI refuses them when no scheduler runs to act on them, unless --local)
 # (ack, resolve, drain and resume take effect at once, scheduler or not)
-WRITE_OPS = frozenset({"submit", "stop", "delete", "clone", "priority", "extend", "scale", "release", "quota"})
+WRITE_OPS = frozenset(
+    {"submit", "stop", "delete", "clone", "priority", "extend", "scale", "release", "quota", "reserve", "unreserve"}
+)
 # The most rows one `events` or `alerts` request returns (issue 26): a larger `limit` is refused, not read.
 MAX_LIMIT = 10_000
 
@@ -78,6 +80,9 @@ class Operations:
             "cluster": self._cluster,
             "usage": self._usage,
             "quota": self._quota,
+            "reservations": self._reservations,
+            "reserve": self._reserve,
+            "unreserve": self._unreserve,
         }
 
     async def __call__(self, caller: Caller, op: str, args: dict[str, Any]) -> Any:
@@ -137,6 +142,25 @@ class Operations:
         if limits is not None and not isinstance(limits, dict):
             raise UsageError("quota: limits is an object {gpus, running_jobs, queued_jobs, gpu_hours}, or null")
         return await self.scheduler.set_quota(caller, str(args["kind"]), str(args["name"]), limits)
+
+    async def _reservations(self, caller: Caller, args: dict[str, Any]) -> Any:
+        return await self.scheduler.reservations()
+
+    async def _reserve(self, caller: Caller, args: dict[str, Any]) -> Any:
+        end = _time(args, "end")
+        if end is None:
+            raise UsageError("reserve needs end (seconds since the epoch)")
+        count = args.get("count")
+        if count is not None and (isinstance(count, bool) or not isinstance(count, int)):
+            raise UsageError(f"reserve: count is a whole number, not {count!r}")
+        text = {key: None if args.get(key) is None else str(args[key]) for key in ("nodes", "spec", "user", "project")}
+        return await self.scheduler.reserve(
+            caller, str(args["name"]), start=_time(args, "start"), end=end, count=count,
+            maintenance=args.get("maintenance") is True, reason=str(args.get("reason") or ""), **text,
+        )  # fmt: skip
+
+    async def _unreserve(self, caller: Caller, args: dict[str, Any]) -> Any:
+        return await self.scheduler.unreserve(caller, str(args["name"]))
 
     async def _usage(self, caller: Caller, args: dict[str, Any]) -> Any:
         since = _time(args, "since")

@@ -250,6 +250,8 @@ class JobSpec(_Strict):
     # one submit, one task per index, each a job with FT_ARRAY_INDEX; %N: at most N running at once
     # (docs/jobs.md, "Arrays")
     array: ArrayText | None = None
+    # the reservation it runs in: only on its nodes, within its window (docs/jobs.md, "Reservations")
+    reservation: Name | None = None
 
     @model_validator(mode="before")
     @classmethod

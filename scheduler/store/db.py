@@ -49,6 +49,7 @@ from ftconsole.scheduler.store.records import (
     _run_from_row,
 )
 from ftconsole.scheduler.store.schema import MIGRATIONS, SCHEMA_VERSION
+from ftconsole.scheduler.store.sharingreads import SharingReads
 
 PROBE_HISTORY_PER_NODE = 50
 ALERT_STATES = ("open", "acknowledged", "resolved")
@@ -57,7 +58,7 @@ OPEN_ALERT_STATES = ("open", "acknowledged")
 log = logging.getLogger("ftconsole.scheduler")
 
 
-class Store:
+class Store(SharingReads):
     def __init__(self, db: aiosqlite.Connection, path: Path) -> None:
         self._db = db
         self.path = path
@@ -394,14 +395,6 @@ class Store:
         async with self._db.execute(sql + " ORDER BY r.job, r.attempt, r.rank", args) as cur:
             rows = await cur.fetchall()
         return [_run_from_row(r) for r in rows]
-
-    async def quota_limits(self) -> dict[tuple[str, str], tuple[dict[str, Any], str, float]]:
-        """(kind, name) -> (limits, who set them, when): the quotas set at run time (`JobTx.quota`)."""
-        return dict(await self._kept_read(("quota_limits",), self._quota_limits))
-
-    async def _quota_limits(self) -> dict[tuple[str, str], tuple[dict[str, Any], str, float]]:
-        async with self._db.execute("SELECT kind, name, limits, set_by, set_at FROM quota_limits") as cur:
-            return {(k, n): (json.loads(lim), by, at) async for k, n, lim, by, at in cur}
 
     async def evidence(self, job: int) -> dict[str, Any] | None:
         """The newest evidence document kept of a job (`JobTx.evidence`), or None."""

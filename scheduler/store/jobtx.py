@@ -14,6 +14,7 @@ from typing import Any
 import aiosqlite
 
 from ftconsole.scheduler.decide.jobs import Attempt, Job, JobStatus, Run, StopReason
+from ftconsole.scheduler.decide.reservations import Reservation
 from ftconsole.scheduler.errors import StoreError
 from ftconsole.scheduler.store.records import AutoResolve, NewAlert, StoredAlert, _alert_from_row
 
@@ -273,6 +274,18 @@ class JobTx:
             "set_at = excluded.set_at",
             (kind, name, json.dumps(limits), by, time),
         )
+
+    async def reserve(self, r: Reservation | None, *, name: str = "") -> None:
+        """Keep a reservation (a new one: its name is not taken, `overlapping` was checked); None: remove `name`."""
+        if r is None:
+            await self._db.execute("DELETE FROM reservations WHERE name = ?", (name,))
+            return
+        await self._db.execute(
+            "INSERT INTO reservations (name, nodes, start, end_time, user, project, maintenance, reason, created_by, "
+            "created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (r.name, json.dumps(sorted(r.nodes)), r.start, r.end, r.user, r.project, int(r.maintenance), r.reason,
+             r.by, r.created),
+        )  # fmt: skip
 
     async def evidence(self, job: int, attempt: int, time: float, doc: dict[str, Any], *, keep: int) -> int:
         """Keep a job's evidence document (the newest `keep` of each job stay); its id."""

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from ftconsole.probes.health import NodeHealth, NodeState
 from ftconsole.scheduler.decide.jobs import Attempt, Job, JobStatus, Run, StopReason
+from ftconsole.scheduler.decide.reservations import Reservation
 from ftconsole.scheduler.spec.jobspec import JobSpec
 
 
@@ -189,4 +190,19 @@ def _health_from_row(row: sqlite3.Row) -> NodeHealth:
         last_probe=row["last_probe"],
         isolated_passes=row["isolated_passes"],
         needs_operator=bool(row["needs_operator"]),
+    )
+
+
+def reservation_from_row(row: sqlite3.Row) -> Reservation:
+    return Reservation(
+        name=row["name"],
+        nodes=frozenset(json.loads(row["nodes"])),
+        start=row["start"],
+        end=row["end_time"],
+        user=row["user"],
+        project=row["project"],
+        maintenance=bool(row["maintenance"]),
+        reason=row["reason"],
+        by=row["created_by"],
+        created=row["created"],
     )

@@ -227,5 +227,21 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE jobs ADD COLUMN array_index INTEGER;
     CREATE INDEX jobs_array ON jobs (array_id, array_index) WHERE array_id IS NOT NULL;
     """,
+    # 13: reservations (issue 30): nodes kept for a user, a project or maintenance from start to end (a spec's count
+    #     is resolved to nodes when it is made); a deleted one is removed (its Reservation events stay)
+    """
+    CREATE TABLE reservations (
+        name        TEXT PRIMARY KEY,
+        nodes       TEXT NOT NULL,          -- JSON list of node names
+        start       REAL NOT NULL,
+        end_time    REAL NOT NULL,
+        user        TEXT,
+        project     TEXT,
+        maintenance INTEGER NOT NULL DEFAULT 0,
+        reason      TEXT NOT NULL DEFAULT '',
+        created_by  TEXT NOT NULL,
+        created     REAL NOT NULL
+    );
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

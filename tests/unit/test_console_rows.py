@@ -163,3 +163,110 @@ def test_filter() -> None:
 )
 def test_compress_names(names: list[str], text: str) -> None:
     assert R.compress_names(names) == text
+
+
+# -- arrays: one row each, a row per task when expanded ------------------------------------------------------------
+
+WAITS = "array 12 runs at most 2 tasks at once (2 running)"
+
+
+def task(id_: int, index: int, status: str, **over: Any) -> dict[str, Any]:
+    return job(id=id_, array_id=12, array_index=index, array="0-4%2", ref=f"12[{index}]", status=status, **over)
+
+
+def array_tasks() -> list[dict[str, Any]]:
+    return [
+        task(12, 0, "succeeded", ended=NOW - 100, message="done"),
+        task(13, 1, "running", node_names=["node03"]),
+        task(14, 2, "running", node_names=["node04"]),
+        task(15, 3, "queued", started=None, last_output=None, node_names=[], message=WAITS, priority="urgent"),
+        task(16, 4, "queued", started=None, last_output=None, node_names=[], message="other"),
+    ]
+
+
+def cells_of(row: R.Row) -> dict[str, str]:
+    return dict(zip([c.key for c in R.JOB_COLUMNS], plain(row), strict=True))
+
+
+@pytest.mark.parametrize(
+    ("states", "text"),
+    [
+        (["running"] * 8 + ["queued"] * 80 + ["succeeded"] * 12, "8▶ 80○ 12✓"),
+        (["succeeded", "error", "stalled", "stopping", "stopped", "expired"], "1! 1✗ 1▷ 1✓ 1■ 1⊘"),  # trouble first
+        (["queued", "preempted"], "1○ 1?"),  # a status this console does not know yet still counts
+    ],
+)
+def test_array_status_counts_tasks_by_state(states: list[str], text: str) -> None:
+    assert R.array_status(states).plain == text
+
+
+def test_array_status_counts_in_their_states_style() -> None:
+    cell = R.array_status(["queued", "error", "running"])
+    assert [(cell.plain[s.start : s.end], str(s.style)) for s in cell.spans] == [
+        ("1✗", R.style("bad")), ("1▶", R.style("ok")), ("1○", R.style("warn"))
+    ]  # fmt: skip
+
+
+def test_array_keys_never_meet_job_keys() -> None:
+    assert R.array_key(12) == "array:12" and R.array_of_key("array:12") == 12
+    assert R.array_of_key("12") is None and R.array_of_key("array:x") is None and R.array_of_key("12[3]") is None
+
+
+def test_collapsed_array_row() -> None:
+    tasks = array_tasks()
+    cells = cells_of(R.array_cells(tasks, NOW, found={13: ("hung?",)}))
+    assert cells["mark"] == R.FOLDED
+    assert cells["id"] == "12[0-4%2]"
+    assert (cells["name"], cells["owner"], cells["mode"], cells["shape"]) == ("train", "ana", "pytorch", "2x8")
+    assert cells["status"] == "2▶ 2○ 1✓"
+    assert cells["priority"] == "urgent/normal"  # the most urgent first
+    assert (cells["attempt"], cells["runtime"], cells["output"]) == ("-", "-", "-")
+    assert cells["alerts"] == "hung?"
+    assert cells["where"] == "node[03-04]"  # where its tasks run
+    assert cells["message"] == WAITS  # its first queued task's: why the array waits
+    # in any order, the same row; with no queued task, the first task's message
+    assert R.array_cells(list(reversed(tasks)), NOW) == R.array_cells(tasks, NOW)
+    ended = [t | {"status": "succeeded", "ended": NOW - 5} for t in tasks]
+    assert cells_of(R.array_cells(ended, NOW))["message"] == "done"
+    assert cells_of(R.array_cells(tasks, NOW, marked=True))["mark"] == R.MARK
+    assert cells_of(R.array_cells(tasks, NOW, expanded=True))["mark"] == R.UNFOLDED
+
+
+def test_an_array_sorts_where_its_most_pressing_task_does() -> None:
+    tasks = array_tasks()
+    assert R.array_lead(tasks, NOW)["id"] == 13
+    stalled = [*tasks[:3], tasks[3], tasks[4] | {"status": "running", "last_output": NOW - 2 * R.STALL_AFTER_S}]
+    assert R.array_lead(stalled, NOW)["id"] == 16
+    assert R.job_order(R.array_lead(stalled, NOW), NOW)[0] == 0  # with the jobs that need attention
+
+
+def test_a_task_row_shows_its_name() -> None:
+    assert cells_of(R.job_cells(array_tasks()[1], NOW))["id"] == "12[1]"
+    assert cells_of(R.job_cells(job(ref="7"), NOW))["id"] == "7"
+
+
+def test_jobs_view_folds_arrays_and_expands_them() -> None:
+    from ftconsole.tui.feed import Feed
+    from ftconsole.tui.views import JobsView
+
+    feed = Feed(clock=lambda: NOW)
+    plain_jobs = [
+        job(id=3, status="queued", started=None, last_output=None, priority="very-urgent"),
+        job(id=5, status="succeeded", ended=NOW - 50),
+        job(id=20),  # running, after the array's running task 13
+    ]
+    feed.jobs = {j["id"]: j for j in [*array_tasks(), *plain_jobs]}
+    view = JobsView(id="jobs")
+    rows, order = view.build(feed, NOW)
+    assert order == ["array:12", "20", "3", "5"]  # one row for the array, where task 13 (running) sorts
+    assert plain(rows["array:12"])[1] == "12[0-4%2]" and rows["20"] is view.build(feed, NOW)[0]["20"]  # cached
+
+    view.toggle_array(12)
+    rows, order = view.build(feed, NOW)
+    assert order == ["array:12", "13", "14", "15", "16", "12", "20", "3", "5"]  # its tasks, most pressing first
+    assert [plain(rows[k])[1] for k in order[1:6]] == ["12[1]", "12[2]", "12[3]", "12[4]", "12[0]"]
+    assert plain(rows["array:12"])[0] == R.UNFOLDED
+    assert view.summary(feed, NOW).plain.endswith("8 jobs")  # the summary counts tasks as jobs
+
+    view.toggle_array(12)
+    assert view.build(feed, NOW)[1] == ["array:12", "20", "3", "5"]
