@@ -306,8 +306,8 @@ async def test_last_output_advances_while_a_job_prints_and_the_feed_carries_it(
     async with running(loaded) as (_, client):
         start = await client.call("jobs_changed", since=None)
         assert start["jobs"] == [] and isinstance(start["cursor"], float)
-        # 36 s: output is pushed every 5 s, and written every 10 s (two moves after the first)
-        command = "sh -c 'for i in $(seq 90); do echo step $i; sleep 0.4; done'"
+        # output is pushed every 5 s, and written every 10 s: it prints until stopped, once its output moved twice
+        command = "sh -c 'for i in $(seq 300); do echo step $i; sleep 0.4; done'"
         submitted = await client.call("submit", spec=job("printer", command, mode="pytorch", nodes=2))
         assert (submitted["last_output"], submitted["open_alerts"], submitted["node_names"]) == (None, 0, [])
         first = await until(client, submitted["id"], lambda j: j["last_output"] is not None, "the first output")
@@ -333,10 +333,11 @@ async def test_last_output_advances_while_a_job_prints_and_the_feed_carries_it(
         listed = {j["id"]: j for j in await client.call("jobs")}
         assert listed[submitted["id"]]["node_names"] == first["node_names"]
 
+        await client.call("stop", jobs=[submitted["id"]])
         done = await finished(client, submitted["id"])
-        assert done["status"] == "succeeded"
+        assert done["status"] == "stopped"
         tail = await client.call("jobs_changed", since=feed["cursor"])
-        assert [(j["id"], j["status"]) for j in tail["jobs"]] == [(submitted["id"], "succeeded")]
+        assert [(j["id"], j["status"]) for j in tail["jobs"]] == [(submitted["id"], "stopped")]
         assert (await client.call("jobs_changed", since=tail["cursor"]))["jobs"] == []
         await client.call("delete", jobs=[submitted["id"]])
         gone = await client.call("jobs_changed", since=tail["cursor"])
