@@ -106,8 +106,9 @@ def submit_refusal(
     for key in (("project", project), ("user", user)):
         limits = limits_of(key)
         if limits is not None and limits.queued_jobs is not None and queued.get(key, 0) + count > limits.queued_jobs:
-            quota = f"{describe(key)} is at its quota of {_n(limits.queued_jobs, 'queued job')}"
+            quota = _n(limits.queued_jobs, "queued job")
             if count == 1:
-                return quota
-            return f"{quota} ({queued.get(key, 0)} queued; the array's {count} tasks would pass it)"
+                return f"{describe(key)} is at its quota of {quota}"
+            now = queued.get(key, 0)
+            return f"{describe(key)} has a quota of {quota} ({now} queued now): the array's {count} tasks would pass it"
     return None

@@ -49,3 +49,10 @@ def test_a_submit_past_the_queued_quota_is_refused() -> None:
     assert submit_refusal("x", "bob", limits_of, {("user", "bob"): 1}) is None
     assert submit_refusal("x", "bob", limits_of, {("user", "bob"): 2}) == "user bob is at its quota of 2 queued jobs"
     assert submit_refusal("vision", "ann", limits_of, {("user", "ann"): 50}) is None  # no queued limit there
+
+
+def test_an_arrays_tasks_count_one_each_against_the_queued_quota() -> None:
+    assert submit_refusal("x", "bob", limits_of, {("user", "bob"): 0}, count=2) is None
+    assert submit_refusal("x", "bob", limits_of, {("user", "bob"): 1}, count=2) == (
+        "user bob has a quota of 2 queued jobs (1 queued now): the array's 2 tasks would pass it"
+    )
