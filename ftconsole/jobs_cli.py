@@ -476,6 +476,9 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     if view["queued_demand"]:
         print()
         print_table(["QUEUED DEMAND", "GPUS"], sorted(view["queued_demand"].items()))
+    good = view.get("goodput") or {}
+    if good.get("goodput") is not None:
+        print(f"\ngoodput over the last {age(good['until'] - good['since'])}: {good['text']}")
     return 0
 
 

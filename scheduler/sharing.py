@@ -24,9 +24,14 @@ from ftconsole.scheduler.spec.config import ClusterConfig, QuotaSettings
 from ftconsole.scheduler.spec.jobspec import JobSpec
 from ftconsole.scheduler.store.db import Store
 
+GOODPUT_WINDOW_S = 7 * 86400.0  # `cluster` and the console give the cluster's goodput over this much of the past
+GOODPUT_EVERY_S = 60.0  # summed again this often
+
 
 class Sharing:
     """Part of `Scheduler` (jobops.py): usage, quotas and dependencies."""
+
+    _goodput_kept: tuple[float, dict[str, Any]] | None = None
 
     store: Store
     loop: Loop
@@ -50,6 +55,23 @@ class Sharing:
 
     def _check(self, caller: Caller, job: Job, verb: str, *, write: bool) -> None:
         raise NotImplementedError  # Scheduler's
+
+    async def cluster_goodput(self) -> dict[str, Any]:
+        """The cluster's goodput over the last `GOODPUT_WINDOW_S` (decide/goodput.py), summed again at most every
+        `GOODPUT_EVERY_S` (it reads every run and attempt)."""
+        now = self.clock()
+        kept = self._goodput_kept
+        if kept is not None and now - kept[0] < GOODPUT_EVERY_S:
+            return dict(kept[1])
+        since = now - GOODPUT_WINDOW_S
+        runs = await self.store.runs()
+        attempts = await self.store.attempts(None)
+        marks = goodput.checkpoint_times(await self.store.checkpoint_signals(owed=False))
+        per = await asyncio.to_thread(goodput.per_job, attempts, runs, marks, since, now, now)
+        found = goodput.total(per)
+        doc = {**found.to_json(), "text": found.describe(), "since": since, "until": now}
+        self._goodput_kept = (now, doc)
+        return dict(doc)
 
     async def targets(self, caller: Caller, ref: int | str, verb: str) -> list[Job]:
         """The jobs a stop, delete or priority change names: `12` the whole array when job 12 is an array's

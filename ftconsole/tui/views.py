@@ -272,7 +272,10 @@ class ClusterView(View):
         nodes = (feed.cluster or {}).get("nodes") or []
         used = sum(n.get("gpus_used", 0) for n in nodes)
         total = sum(n.get("gpus_total", 0) for n in nodes)
-        return Text(f"{len(nodes)} nodes · GPUs {used}/{total} used")
+        good = (feed.cluster or {}).get("goodput") or {}
+        ratio = good.get("goodput")  # useful GPU time against the time lost to failures, last 7 days
+        shown = f" · goodput {ratio:.1%} (7 days; lost {good['lost_gpu_hours']:.1f} GPU-h)" if ratio is not None else ""
+        return Text(f"{len(nodes)} nodes · GPUs {used}/{total} used{shown}")
 
 
 def _specs_text(cluster: Mapping[str, Any]) -> Text:

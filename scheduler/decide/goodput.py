@@ -13,7 +13,8 @@ Per job, in GPU-seconds (a run holds its GPUs from its start to its end, as in d
   by itself loses, as far as this count goes, its whole failed attempt.
 - downtime: from such an attempt's end to the next attempt's start (queued again, a restart's backoff, the
   start itself), times the GPUs the next attempt holds: the time the job stood still.
-- goodput = useful / (useful + rework + downtime); None for a job that used no GPU time.
+- goodput = useful / (useful + rework + downtime); None for a job that used no GPU time. `saved`, part of
+  useful: what checkpoints kept of failed attempts (what recovery saved).
 A user's, a project's and the cluster's: the sums over their jobs. In a window [since, until), only the parts
 of the spans inside it count.
 """
@@ -50,6 +51,7 @@ class Goodput:
     useful: float = 0.0  # GPU-seconds
     rework: float = 0.0
     downtime: float = 0.0
+    saved: float = 0.0  # of `useful`: the part of failed attempts that their checkpoint kept (what recovery saved)
 
     @property
     def lost(self) -> float:
@@ -61,7 +63,12 @@ class Goodput:
         return self.useful / total if total > 0 else None
 
     def __add__(self, other: Goodput) -> Goodput:
-        return Goodput(self.useful + other.useful, self.rework + other.rework, self.downtime + other.downtime)
+        return Goodput(
+            self.useful + other.useful,
+            self.rework + other.rework,
+            self.downtime + other.downtime,
+            self.saved + other.saved,
+        )
 
     def to_json(self) -> dict[str, float | None]:
         ratio = self.ratio
@@ -71,6 +78,7 @@ class Goodput:
             "lost_gpu_hours": round(self.lost / 3600, 4),
             "rework_gpu_hours": round(self.rework / 3600, 4),
             "downtime_gpu_hours": round(self.downtime / 3600, 4),
+            "saved_gpu_hours": round(self.saved / 3600, 4),
         }
 
     def describe(self) -> str:
@@ -82,7 +90,8 @@ class Goodput:
         if self.lost <= 0:
             return text + "; nothing lost)"
         redone, still = self.rework / 3600, self.downtime / 3600
-        return f"{text}; lost {self.lost / 3600:.1f}: {redone:.1f} redone, {still:.1f} standing still)"
+        kept = f"; {self.saved / 3600:.1f} kept by checkpoints" if self.saved > 0 else ""
+        return f"{text}; lost {self.lost / 3600:.1f}: {redone:.1f} redone, {still:.1f} standing still{kept})"
 
 
 def job_goodput(
@@ -98,7 +107,7 @@ def job_goodput(
     by_attempt: dict[int, list[Run]] = defaultdict(list)
     for r in runs:
         by_attempt[r.attempt].append(r)
-    useful = rework = downtime = 0.0
+    useful = rework = downtime = saved = 0.0
     ordered = sorted(attempts, key=lambda a: a.number)
     for i, attempt in enumerate(ordered):
         mine = [r for r in by_attempt.get(attempt.number, []) if r.started is not None]
@@ -112,7 +121,9 @@ def job_goodput(
                 useful += gpus * overlap(start, end, since, until)
                 continue
             cut = start if saved_until is None else min(max(saved_until, start), end)
-            useful += gpus * overlap(start, cut, since, until)
+            kept = gpus * overlap(start, cut, since, until)
+            useful += kept
+            saved += kept
             rework += gpus * overlap(cut, end, since, until)
         if failed and i + 1 < len(ordered):
             nxt = ordered[i + 1]
@@ -122,7 +133,7 @@ def job_goodput(
             if ended is not None and resumed is not None and resumed > ended:
                 gpus = sum(len(r.gpus) for r in by_attempt.get(nxt.number, []))
                 downtime += gpus * overlap(ended, resumed, since, until)
-    return Goodput(useful, rework, downtime)
+    return Goodput(useful, rework, downtime, saved)
 
 
 def checkpoint_times(signals: Iterable[Signalled]) -> dict[tuple[int, int], float]:

@@ -282,7 +282,7 @@ class Operations:
             for gpu in node.get("gpus") or []:
                 if gpu.get("job") in hidden:
                     gpu.update(job=None, private=True)
-        return view
+        return {**view, "goodput": await s.cluster_goodput()}  # sums only: no job is named
 
     async def _hidden(self, caller: Caller) -> frozenset[int]:
         """The jobs this caller may not see (`Scheduler.may_see`): left out of listings, events and alerts; the

@@ -45,6 +45,7 @@ async def test_an_urgent_job_preempts_the_preemptible_one_which_resumes_from_its
         second_log = await log_of(client, victim, attempt=2)
         victim_events = await client.call("events", job=victim)
         urgent_events = await client.call("events", job=urgent)
+        cluster = await client.call("cluster")
 
     assert done_urgent["status"] == "succeeded"
     assert [(r["node"]) for r in done_urgent["attempts"][0]["runs"]] == [node]
@@ -59,6 +60,7 @@ async def test_an_urgent_job_preempts_the_preemptible_one_which_resumes_from_its
     good = done_victim["goodput"]
     assert 0 < good["rework_gpu_hours"] * 3600 <= 3 + 5 and good["downtime_gpu_hours"] > 0, good
     assert 0 < good["goodput"] < 1 and good["text"].startswith(f"{good['goodput']:.1%} (useful "), good
+    assert 0 < cluster["goodput"]["goodput"] < 1 and cluster["goodput"]["lost_gpu_hours"] >= 0, cluster["goodput"]
     # the job that is not preemptible was never touched
     assert [a["result"] for a in still["attempts"]] == [None] and still["status"] == "running"
 

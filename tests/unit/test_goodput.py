@@ -43,7 +43,7 @@ H = 3600.0
             [attempt(1, "requeued"), attempt(2, "succeeded")],
             [run(1, 0, 2 * H), run(2, 2.5 * H, 3.5 * H)],
             {1: 1.5 * H},
-            Goodput(4 * H + 6 * H, 2 * H, 2 * H),
+            Goodput(4 * H + 6 * H, 2 * H, 2 * H, 6 * H),
         ),
         # failed for good: its attempt is lost, nothing after it
         ([attempt(1, "error")], [run(1, 0, H)], {}, Goodput(0, 4 * H, 0)),
@@ -54,7 +54,7 @@ H = 3600.0
             [attempt(1, "restarted"), attempt(2, "preempted"), attempt(3, None)],
             [run(1, 0, H), run(2, H, 2 * H), run(3, 3 * H, None)],
             {2: 2 * H},
-            Goodput(4 * H + 4 * (NOW - 3 * H), 4 * H, 4 * H),
+            Goodput(4 * H + 4 * (NOW - 3 * H), 4 * H, 4 * H, 4 * H),
         ),
         # a run that never started used nothing; the next attempt still starting counts its wait up to now
         (
@@ -80,6 +80,8 @@ def test_ratio_and_text() -> None:
     g = Goodput(96 * H, 3 * H, 1 * H)
     assert g.ratio == pytest.approx(0.96) and g.lost == 4 * H
     assert g.describe() == "96.0% (useful 96.0 GPU-h; lost 4.0: 3.0 redone, 1.0 standing still)"
+    kept = Goodput(96 * H, 3 * H, 1 * H, 10 * H).describe()
+    assert kept == "96.0% (useful 96.0 GPU-h; lost 4.0: 3.0 redone, 1.0 standing still; 10.0 kept by checkpoints)"
     assert g.to_json()["goodput"] == 0.96 and g.to_json()["downtime_gpu_hours"] == 1.0
     assert Goodput().ratio is None and Goodput().describe() == "-"
     assert Goodput(H).describe() == "100.0% (useful 1.0 GPU-h; nothing lost)"
@@ -109,7 +111,7 @@ def test_per_user_and_for_the_cluster_from_the_stores_rows() -> None:
     marks = checkpoint_times(signals)
     assert marks == {(1, 1): 0.5 * H}
     rows, total = goodput_by(jobs, attempts, runs, marks, "user", 0, NOW, NOW)
-    assert rows == {"ann": Goodput(4 * 0.5 * H + 4 * H, 4 * 0.5 * H, 4 * H), "bob": Goodput(4 * H)}
+    assert rows == {"ann": Goodput(4 * 0.5 * H + 4 * H, 4 * 0.5 * H, 4 * H, 4 * 0.5 * H), "bob": Goodput(4 * H)}
     assert total == rows["ann"] + rows["bob"]
     with pytest.raises(ValueError, match="by one of user, project"):
         goodput_by(jobs, attempts, runs, marks, "node", 0, NOW, NOW)
