@@ -5,13 +5,14 @@ priority act on one task or on the whole array."""
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.cli_runner import Cli
-from tests.integration.test_scheduler_sshd import finished, job, log_of, poll, running, write_config
+from tests.integration.test_scheduler_sshd import as_nobody, finished, job, log_of, poll, running, write_config
 from tests.sshd_cluster import SshdCluster
 
 pytestmark = pytest.mark.sshd
@@ -69,3 +70,29 @@ async def test_an_array_of_20_tasks_with_a_limit_of_3_never_runs_more_than_3(
     assert f"index=7 of 20 in {array} out={out / '7'}" in seventh
     assert f"{array}[7]" in expanded.stdout and f"{array}[0-19%3]" not in expanded.stdout
     assert (task_json["id"], task_json["array_index"]) == (tasks[7]["id"], 7)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="acting as another user needs root")
+async def test_another_user_can_neither_stop_an_array_nor_one_of_its_tasks(
+    sshd_cluster: Any, tmp_path: Path, sock_dir: Path
+) -> None:
+    """Another user may not stop a private array (access: none) nor one of its tasks; with read-only access, they
+    may look but not stop nor change the priority; nothing of the array is touched either way."""
+    cluster: SshdCluster = sshd_cluster(1, gpus=1)
+    loaded = write_config(cluster, tmp_path, sock_dir)
+    sock_dir.chmod(0o755)
+    async with running(loaded) as (_, client):
+        private = (await client.call("submit", spec=job("mine", "sleep 60", array="0-2%1")))["id"]
+        shared = (await client.call("submit", spec=job("ours", "sleep 60", array="0-1", access="read-only")))["id"]
+        for ref in (str(private), f"{private}[1]", str(shared), f"{shared}[1]"):
+            refused = await as_nobody(loaded.socket_path, "stop", jobs=[ref])
+            assert refused["error"]["type"] == "PermissionDenied", refused
+        looked = await as_nobody(loaded.socket_path, "show", job=f"{shared}[1]")
+        assert looked["result"]["array_index"] == 1, looked
+        refused = await as_nobody(loaded.socket_path, "priority", job=str(shared), level="urgent")
+        assert refused["error"]["type"] == "PermissionDenied", refused
+        tasks = (await client.call("show", job=private))["tasks"] + (await client.call("show", job=shared))["tasks"]
+        assert all(t["status"] in ("queued", "running") for t in tasks), tasks
+        await client.call("stop", jobs=[str(private), str(shared)])
+        for t in tasks:
+            await finished(client, t["id"])
