@@ -28,6 +28,7 @@ from ftconsole.scheduler.decide.jobs import Job, Run
 from ftconsole.scheduler.errors import FtError
 from ftconsole.scheduler.executor import Executor
 from ftconsole.scheduler.spec.config import Node
+from ftconsole.scheduler.spec.containers import container_name
 from ftconsole.scheduler.ssh.pyspy import can_run_on, local_py_spy, send_py_spy
 from ftconsole.scheduler.ssh.runs import process_evidence, read_file, run_states
 from ftconsole.scheduler.store.jobtx import JobTx
@@ -147,6 +148,8 @@ async def _node(executor: Executor, job: Job, name: str, runs: Sequence[Run], st
             elif s is not None and s.state == "running":
                 groups.append({"key": r.run_dir, "pgid": s.pid, "start": s.pid_start, "boot": s.boot_id,
                                "env": ours, "user": user})  # fmt: skip
+                if job.spec.image is not None and r.token:  # its container's processes, apart from the step's
+                    groups[-1]["container"] = container_name(r.token, r.rank)
         seen = await _processes(executor, node, groups, stacks)
     except FtError as exc:
         return [dict(d, gone=f"node {name} did not answer: {exc}") for d in out]

@@ -12,6 +12,7 @@ from typing import Any
 
 from ftconsole.scheduler.decide.jobs import Attempt, Job, Run
 from ftconsole.scheduler.decide.launcher import (
+    TORCH_HOOK,
     LaunchError,
     LaunchInput,
     LaunchPlan,
@@ -138,8 +139,13 @@ def _in_containers(
                               gpus=node.gpus, mounts=spec.mounts or (), shares=shares,
                               settings=images.settings)  # fmt: skip
 
+    # FT_CONTAINER: how `ftconsole debug` finds the processes of the container, which are not the step's
     pull = Step(StepKind.PULL, PULL_STEP, (), {}, container=container(None))
-    return (pull,), [dataclasses.replace(m, container=container(m.index)) for m in main]
+    return (pull,), [
+        dataclasses.replace(m, container=container(m.index),
+                            env={**m.env, "FT_CONTAINER": container_name(images.token, rank, m.index)})
+        for m in main
+    ]  # fmt: skip
 
 
 def _hybrid(spec: JobSpec, base: LaunchInput, plan: LaunchPlan, images: Images) -> tuple[LaunchInput, dict[str, bytes]]:
@@ -183,6 +189,8 @@ def _shares(spec: JobSpec, base: LaunchInput, run_dir: str) -> list[str]:
     """The node's folders a rank's container sees at their own paths: the workdir, the run folder, the output
     and checkpoint folders, data_prep's copies."""
     shares = [spec.workdir, run_dir, spec.output or "", base.checkpoint_dir or ""]
+    if base.torch_trace:  # torch's trace hook, in the attempt's folder (launcher.TORCH_HOOK)
+        shares.append(posixpath.dirname(posixpath.normpath(f"{run_dir}/{TORCH_HOOK}")))
     return shares + [d.to for d in spec.data_prep or ()]
 
 

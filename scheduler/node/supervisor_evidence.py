@@ -1,11 +1,13 @@
 """What the processes of a rank are doing, for the hang evidence: node side, standard library only, Python 3.8.
 
-Action `processes` {groups: [{key, pgid?, start?, boot?, env?, user?}], sample, stacks, py_spy?}: for each group
-(a rank's current step, as its status.json names it: the leader's pid, its start time and the boot), every
-process of the process group and every descendant of them (a launcher's workers that left the group included);
-with `env` ({name: value}: the job's FT_JOB_ID and FT_ATTEMPT), also the processes of `user` that this node's
-SSH server started with those values in their environment (ranks a launcher started over SSH: deepspeed's runner
-through pdsh, mpirun's orted), and their descendants; each with:
+Action `processes` {groups: [{key, pgid?, start?, boot?, env?, user?, container?}], sample, stacks, py_spy?}: for
+each group (a rank's current step, as its status.json names it: the leader's pid, its start time and the boot),
+every process of the process group and every descendant of them (a launcher's workers that left the group
+included); with `env` ({name: value}: the job's FT_JOB_ID and FT_ATTEMPT), also the processes of `user` that this
+node's SSH server started with those values in their environment (ranks a launcher started over SSH: deepspeed's
+runner through pdsh, mpirun's orted), and their descendants; with `container` (the name of the step's container),
+the processes of `user` in it (FT_CONTAINER in their environment: the container's own, which its runtime started,
+not the step) and their descendants; each with:
 
   pid, ppid, comm, cmdline (the first 300 characters), state (R running, S sleeping, D uninterruptible, T
   stopped, t traced, Z zombie, I idle), threads (how many, and how many in each state), wchan (the kernel
@@ -16,8 +18,8 @@ through pdsh, mpirun's orted), and their descendants; each with:
   frames, innermost first) or stack_error (why there is none), and stack_moved (its main thread's stack differs
   from a first look taken at the start of the sample: the process moves; None: not known), and for one that
   serves torch's flight recorder trace (torch_hook.py: a Unix socket whose path has "/ftconsole-torch-", found
-  through /proc/PID/fd and /proc/net/unix): collectives ({"groups": {process group: its last collective
-  {"seq", "op", "done"}}}) or collectives_error (why it could not be read).
+  through /proc/PID/fd and /proc/PID/net/unix, reached through /proc/PID/root): collectives ({"groups":
+  {process group: its last collective {"seq", "op", "done"}}}) or collectives_error (why it could not be read).
 
 A group whose leader is another process now (its pid reused), in another boot, or gone reads {"gone": why}.
 Nothing is stopped or signalled: py-spy reads the process's memory without pausing it. It needs the right to
@@ -111,6 +113,9 @@ def _members(group, table):
             why = None if seeds else "its processes are gone"
     elif not group.get("env"):
         return None, "no process is known for it (not started yet?)"
+    if group.get("container"):  # its step runs in a container: the runtime's client is in the step's group,
+        # the container's processes are not (the runtime's monitor started them): FT_CONTAINER names them
+        seeds = sorted(set(seeds) | set(_by_container(group["container"], group.get("user"), table)))
     if group.get("env"):
         started = _by_env(group["env"], group.get("user"), table)
         seeds = sorted(set(seeds) | set(started))
@@ -153,6 +158,29 @@ def _by_env(want, user, table):
         env = set((_read("/proc/%d/environ" % pid, 1 << 20) or b"").split(b"\0"))
         if all(w in env for w in wanted) and _listener(pid, table) == mine:
             out.append(pid)
+    chosen = set(out)
+    return [p for p in out if table[p]["ppid"] not in chosen]
+
+
+def _by_container(name, user, table):
+    """Pids of the processes of `user` (None: this account) in the container `name` (or one of its batch tasks'
+    containers, `name-tN`): FT_CONTAINER in their environment, which the step passes in; outermost only."""
+    try:
+        uid = pwd.getpwnam(user).pw_uid if user else os.getuid()
+    except KeyError:
+        return []
+    exact, task = ("FT_CONTAINER=%s" % name).encode("utf-8"), ("FT_CONTAINER=%s-t" % name).encode("utf-8")
+    out = []
+    for pid in table:
+        try:
+            if os.stat("/proc/%d" % pid).st_uid != uid:
+                continue
+        except OSError:
+            continue
+        for item in (_read("/proc/%d/environ" % pid, 1 << 20) or b"").split(b"\0"):
+            if item == exact or item.startswith(task):
+                out.append(pid)
+                break
     chosen = set(out)
     return [p for p in out if table[p]["ppid"] not in chosen]
 
@@ -303,19 +331,21 @@ def _sockets(pid):
 
 
 def _torch_socket(pid):
-    """The Unix socket on which torch_hook.py serves this process's trace (its path names it), or None."""
+    """The Unix socket on which torch_hook.py serves this process's trace (its path names it), or None. Looked up
+    in the process's own network namespace, and reached through its own root: a rank in a container has both."""
     inodes = _sockets(pid)
     if not inodes:
         return None
     try:
-        with open("/proc/net/unix") as fh:
+        with open("/proc/%d/net/unix" % pid) as fh:
             lines = fh.read().splitlines()[1:]
     except OSError:
         return None
     for line in lines:
         fields = line.split()
         if len(fields) >= 8 and fields[6] in inodes and TRACE_SOCKET in fields[7]:
-            return fields[7]
+            inside = "/proc/%d/root%s" % (pid, fields[7])
+            return inside if os.path.exists(inside) else fields[7]
     return None
 
 

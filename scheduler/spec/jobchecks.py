@@ -217,9 +217,10 @@ def _torch_trace_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
     debug = data.get("debug")
     if not isinstance(debug, Mapping) or debug.get("torch_trace") is not True:
         return []
-    if data.get("mode", "single") not in TRACE_MODES or data.get("image") is not None:
-        return [(("debug", "torch_trace"), "torch's trace is kept in modes pytorch and pytorch-deepspeed without "
-                 "an image only")]  # fmt: skip
+    mode = data.get("mode", "single")
+    if mode not in TRACE_MODES or (data.get("image") is not None and mode != "pytorch"):
+        return [(("debug", "torch_trace"), "torch's trace is kept in modes pytorch (with an image or without) and "
+                 "pytorch-deepspeed (without an image) only")]  # fmt: skip
     return []
 
 

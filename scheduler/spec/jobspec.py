@@ -273,7 +273,7 @@ class JobSpec(_Strict):
     @property
     def torch_trace(self) -> bool:
         """Whether the ranks keep and serve torch's flight recorder trace (`debug.torch_trace`)."""
-        on = self.mode.value in TRACE_MODES and self.image is None
+        on = self.mode.value in TRACE_MODES and (self.image is None or self.mode.value == "pytorch")
         return on and self.debug.torch_trace is not False
 
     @property

@@ -104,3 +104,40 @@ async def test_pytorch_ranks_all_reduce_with_gloo_across_two_nodes_in_podman_con
         assert seen["torchrun"] and seen["group_rank"] == str(rank), seen  # torch.distributed.run started it
         assert seen["executable"] == str(PEERS / "bin" / "python"), seen
     assert lab.containers("ft-") == []  # each container was removed when its rank ended
+
+
+async def test_debug_names_the_rank_behind_from_the_trace_of_ranks_in_containers(
+    sshd_cluster, podman_lab, tmp_path: Path, sock_dir: Path
+) -> None:
+    """Two ranks in podman containers (mode pytorch, an image): rank 1 sleeps in its data loader while rank 0 waits
+    in all_reduce. `debug` finds the containers' processes (FT_CONTAINER: the runtime's monitor started them, not
+    the step), their stacks, and torch's trace of each (the hook's folder shared with the container, its socket
+    reached through the process's own root): rank 1 is named behind."""
+    from tests.peers.test_hang_evidence import HANG, verdict_naming
+
+    lab: PodmanLab = podman_lab
+    cluster: SshdCluster = sshd_cluster(2, gpus=1)
+    work, results = tmp_path / "work", tmp_path / "results"
+    work.mkdir()
+    results.mkdir()
+    loaded = lab_config(cluster, lab, tmp_path, sock_dir)
+    env = {"PATH": f"{PEERS / 'bin'}:/usr/bin:/bin", "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1",
+           "PEER_HANG": "load:1"}  # fmt: skip
+    spec = image_job(
+        "hang-in-image", f"{PEERS / 'bin' / 'python'} {HANG}", lab, mode="pytorch", nodes=2, gpus_per_node=1,
+        workdir=str(work), output=str(results), env=env,
+        mounts=[{"from": str(HERE), "to": str(HERE), "readonly": True}],
+    )  # fmt: skip
+    async with running(loaded) as (_, client):
+        job_id = (await client.call("submit", spec=spec))["id"]
+        doc = await verdict_naming(client, job_id, "behind", world=2)
+        await client.call("stop", jobs=[job_id])
+        await finished(client, job_id)
+    verdict = doc["verdict"]
+    assert (verdict["rank"], verdict["rule"]) == (1, "behind"), verdict
+    assert verdict["reason"].startswith(f"rank 1 on {verdict['node']} is behind: its last collective is all_reduce #")
+    assert " in load_batch; rank 0 is in all_reduce #" in verdict["reason"], verdict
+    ranks = {r["rank"]: r for r in doc["ranks"]}
+    assert all(r["collectives"] for r in ranks.values()), doc["ranks"]  # the trace of both, read in their container
+    assert ranks[1]["stack"][0]["name"] == "load_batch", ranks[1]
+    assert lab.containers("ft-") == []

@@ -3,6 +3,7 @@ what each rank's steps carry, and the runtime's command the node builds from the
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -189,6 +190,19 @@ def test_each_rank_pulls_then_runs_its_command_in_a_container_named_by_the_token
     assert plan.steps[0][1].container is None  # the hook runs on the node
     assert plan.steps[1][0].to_json()["container"]["name"] == "ft-c0ffee-r1"
     assert "container" not in plan_job(s, base()).steps[0][-1].to_json()  # placement's look: nothing wrapped
+
+
+def test_a_containers_step_names_it_and_torchs_trace_hook_is_shared_with_it() -> None:
+    """FT_CONTAINER lets `ftconsole debug` find the container's processes (not the step's: the runtime's monitor
+    started them); with torch's trace on, the attempt's torch-hook folder is shared at its own path."""
+    s = spec("mode: pytorch\nnodes: 2\nimage: localhost/train:1\nworkdir: /work\noutput: /shared/out\n")
+    choice = RuntimeChoice("podman", "/usr/bin/podman", "cdi")
+    images = Images({"node01": choice, "node02": choice}, ContainerSettings(), "c0ffee")
+    plan = plan_job(s, dataclasses.replace(base(), torch_trace=True), images=images)
+    command = plan.steps[1][-1]
+    assert command.env["FT_CONTAINER"] == "ft-c0ffee-r1" and "FT_CONTAINER" not in plan.steps[1][0].env  # not pull
+    assert command.container is not None and "/runs/c1/7/2/torch-hook" in command.container["shares"]
+    assert command.env["PYTHONPATH"].split(":")[0] == "/runs/c1/7/2/torch-hook"
 
 
 def test_batch_tasks_get_one_container_each() -> None:

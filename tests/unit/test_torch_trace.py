@@ -51,8 +51,12 @@ def test_the_key_is_on_in_mode_pytorch_may_be_turned_off_and_is_refused_where_it
     assert not parse_jobspec(base + "mode: pytorch\ndebug: {torch_trace: false}\n").torch_trace
     assert not parse_jobspec(base + "mode: single\n").torch_trace
     assert parse_jobspec("name: t\nmode: pytorch-deepspeed\ncommand: deepspeed train.py\n").torch_trace
-    with pytest.raises(ConfigError, match=r"debug\.torch_trace: torch's trace is kept in modes pytorch and"):
+    with pytest.raises(ConfigError, match=r"debug\.torch_trace: torch's trace is kept in modes pytorch \(with"):
         parse_jobspec(base + "mode: single\ndebug: {torch_trace: true}\n")
+    # with an image: in mode pytorch (the hook's folder is shared with the container), not through deepspeed's
+    assert parse_jobspec(base + "mode: pytorch\nimage: nvcr.io/nvidia/pytorch:24.05-py3\n").torch_trace
+    image = "image: nvcr.io/nvidia/pytorch:24.05-py3\n"
+    assert not parse_jobspec("name: t\nmode: pytorch-deepspeed\ncommand: deepspeed train.py\n" + image).torch_trace
 
 
 CHAINED = "import os\nos.environ['CHAINED'] = 'yes'\n"
