@@ -5,6 +5,7 @@ priority act on one task or on the whole array."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -96,3 +97,20 @@ async def test_another_user_can_neither_stop_an_array_nor_one_of_its_tasks(
         await client.call("stop", jobs=[str(private), str(shared)])
         for t in tasks:
             await finished(client, t["id"])
+
+
+def test_submit_wait_follows_every_task_and_fails_if_one_did(sshd_cluster: Any, tmp_path: Path, sock_dir: Path) -> None:
+    """`submit --wait` of an array (a one-off scheduler in the CLI's process: --local): each task's end on stderr,
+    exit 0 only when every task succeeded; `--json` names the array."""
+    cluster: SshdCluster = sshd_cluster(1, gpus=2)
+    cli = Cli(write_config(cluster, tmp_path, sock_dir).file)
+    good = tmp_path / "good.yaml"
+    good.write_text("name: good\narray: 0-2\ncommand: 'true'\n")
+    done = cli("submit", str(good), "--local", "--wait")
+    array = int(done.stdout.strip())
+    assert [f"job {array}[{i}] succeeded" in done.stderr for i in range(3)] == [True] * 3, done.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\narray: 0-1\ncommand: sh -c 'exit $FT_ARRAY_INDEX'\n")  # task 1 exits 1
+    failed = cli("submit", str(bad), "--local", "--wait", "--json", check=1)
+    shown = json.loads(failed.stdout)
+    assert shown["status"] == "error" and shown["array"] == "0-1", shown
