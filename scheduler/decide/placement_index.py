@@ -172,17 +172,7 @@ class FreeView:
         old = self.free.get(name)
         if old is None:
             return
-        new = [i for i in old if i not in gpus]
-        if len(new) == len(old):
-            return
-        group = self.catalog.group_of[name]
-        bucket = self.buckets[group][len(old)]
-        del bucket[bisect.bisect_left(bucket, name)]
-        bisect.insort(self.buckets[group][len(new)], name)
-        counts = self.at_least[group]
-        for k in range(len(new) + 1, len(old) + 1):
-            counts[k] -= 1
-        self.free[name] = new
+        self._set(name, old, [i for i in old if i not in gpus])
 
     def give(self, name: str, gpus: Collection[int]) -> None:
         """Mark these GPUs of the node free again (the inverse of `take`; preemption's what-if)."""
@@ -190,7 +180,10 @@ class FreeView:
         if old is None:
             return
         total = self.catalog.nodes[name].gpus_total
-        new = sorted({*old, *(i for i in gpus if 0 <= i < total)})
+        self._set(name, old, sorted({*old, *(i for i in gpus if 0 <= i < total)}))
+
+    def _set(self, name: str, old: list[int], new: list[int]) -> None:
+        """The node's free GPUs are `new` now (`old` before): its bucket and the group's counts follow."""
         if len(new) == len(old):
             return
         group = self.catalog.group_of[name]
@@ -198,8 +191,8 @@ class FreeView:
         del bucket[bisect.bisect_left(bucket, name)]
         bisect.insort(self.buckets[group][len(new)], name)
         counts = self.at_least[group]
-        for k in range(len(old) + 1, len(new) + 1):
-            counts[k] += 1
+        for k in range(min(len(old), len(new)) + 1, max(len(old), len(new)) + 1):
+            counts[k] += 1 if len(new) > len(old) else -1
         self.free[name] = new
 
 

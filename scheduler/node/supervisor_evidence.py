@@ -148,18 +148,25 @@ def _by_env(want, user, table):
     if os.environ.get(LAB_NODE):  # the lab's nodes share one SSH server process too: its sessions say whose
         want[LAB_NODE] = os.environ[LAB_NODE]
     wanted = [("%s=%s" % (k, v)).encode("utf-8") for k, v in sorted(want.items())]
-    out = []
+    out = [pid for pid, env in _environs(uid, table) if all(w in env for w in wanted) and _listener(pid, table) == mine]
+    return _outermost(out, table)
+
+
+def _environs(uid, table):
+    """(pid, the set of its environment's NAME=value) of each process of `uid`."""
     for pid in table:
         try:
             if os.stat("/proc/%d" % pid).st_uid != uid:
                 continue
         except OSError:
             continue
-        env = set((_read("/proc/%d/environ" % pid, 1 << 20) or b"").split(b"\0"))
-        if all(w in env for w in wanted) and _listener(pid, table) == mine:
-            out.append(pid)
-    chosen = set(out)
-    return [p for p in out if table[p]["ppid"] not in chosen]
+        yield pid, set((_read("/proc/%d/environ" % pid, 1 << 20) or b"").split(b"\0"))
+
+
+def _outermost(pids, table):
+    """Those of `pids` whose parent is not among them (their descendants follow them)."""
+    chosen = set(pids)
+    return [p for p in pids if table[p]["ppid"] not in chosen]
 
 
 def _by_container(name, user, table):
@@ -170,19 +177,8 @@ def _by_container(name, user, table):
     except KeyError:
         return []
     exact, task = ("FT_CONTAINER=%s" % name).encode("utf-8"), ("FT_CONTAINER=%s-t" % name).encode("utf-8")
-    out = []
-    for pid in table:
-        try:
-            if os.stat("/proc/%d" % pid).st_uid != uid:
-                continue
-        except OSError:
-            continue
-        for item in (_read("/proc/%d/environ" % pid, 1 << 20) or b"").split(b"\0"):
-            if item == exact or item.startswith(task):
-                out.append(pid)
-                break
-    chosen = set(out)
-    return [p for p in out if table[p]["ppid"] not in chosen]
+    out = [pid for pid, env in _environs(uid, table) if exact in env or any(e.startswith(task) for e in env)]
+    return _outermost(out, table)
 
 
 def _listener(pid, table):
