@@ -415,6 +415,7 @@ class Placer:
         fair = await self.fair_factors([(j.project, j.owner) for j in queued] + list(also))
         kept = await self.store.reservations()
         now = self.clock()
+        self._kept_off = {}  # of the jobs queued now only
         for job in queued:
             where = reservations.allowed(job.spec.reservation, job.owner, job.project, job.max_runtime, kept, now,
                                          self._nodes)  # fmt: skip
