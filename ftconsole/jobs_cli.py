@@ -310,7 +310,7 @@ def _print_jobs(jobs: list[dict[str, Any]], args: argparse.Namespace, verb: str)
     else:
         for j in jobs:
             stopping = " (stopping)" if j["status"] == "running" and j["stop_reason"] else ""
-            print(f"job {j['id']} {j['name']}: {verb}, {j['status']}{stopping}")
+            print(f"job {j.get('ref') or j['id']} {j['name']}: {verb}, {j['status']}{stopping}")
     return 0
 
 
