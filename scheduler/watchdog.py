@@ -128,9 +128,15 @@ class Watchdog:
             if not runs or any(r.state != "running" for r in runs):
                 continue
             quiet = self.quiet_since(runs)
+            flagged = self._flagged.get((job.id, job.attempt))
+            if (
+                flagged is None
+                and (quiet is None or now - quiet < window)
+                and (job.id, job.attempt) not in self._gathering
+            ):
+                continue  # not quiet for its window: not hung (detect.hung), and nothing to clear or cancel
             util = {f"{r.node}:{g}": samples.get(f"{r.node}:{g}", ()) for r in runs for g in r.gpus}
             verdict = hung(quiet, util, now, window)
-            flagged = self._flagged.get((job.id, job.attempt))
             if verdict is None:
                 gathering = self._gathering.pop((job.id, job.attempt), None)
                 if gathering is not None:
