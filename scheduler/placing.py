@@ -353,8 +353,16 @@ class Placer:
         return ready, waiting, never
 
     async def statuses(self) -> dict[int, JobStatus | None]:
-        """Every job's status, deleted ones too: what dependencies are judged by."""
-        return {j.id: j.status for j in await self.store.jobs(deleted=True)}
+        """Every job's status, deleted ones too: what dependencies are judged by; an array's id stands for all its
+        tasks (`dependencies.array_status`)."""
+        jobs = await self.store.jobs(deleted=True)
+        out: dict[int, JobStatus | None] = {j.id: j.status for j in jobs}
+        tasks: dict[int, list[JobStatus]] = {}
+        for j in jobs:
+            if j.array_id is not None:
+                tasks.setdefault(j.array_id, []).append(j.status)
+        out |= {array: dependencies.array_status(statuses) for array, statuses in tasks.items()}
+        return out
 
     def _why(self, job: Job) -> str:
         lacks: dict[str, list[str]] = {}

@@ -9,6 +9,9 @@ every job named has ended, each as its list asks:
 
 `state` says, for one queued job, whether it may be placed (None), waits (`Waits`, with what it waits for), or
 can never start (`Never`: a job it needs ended the wrong way, or is unknown), which ends it `error` saying which.
+
+An array's id (the id of its first task) stands for every task of it, as in Slurm (`array_status`): the array
+has ended once every task has, succeeded when every task did, and failed when one did not.
 """
 
 from __future__ import annotations
@@ -61,3 +64,13 @@ def state(after: Mapping[str, Sequence[int]], statuses: Mapping[int, JobStatus |
         return None
     more = f" and {len(waiting) - 1} more" if len(waiting) > 1 else ""
     return Waits(f"waiting for {waiting[0]}{more}")
+
+
+def array_status(tasks: Sequence[JobStatus]) -> JobStatus:
+    """An array's status for its dependants, from its tasks': running (or queued) while one is, then succeeded
+    when every task succeeded, else error (one ended without succeeding)."""
+    if any(t is JobStatus.RUNNING for t in tasks):
+        return JobStatus.RUNNING
+    if any(t.active for t in tasks):
+        return JobStatus.QUEUED
+    return JobStatus.SUCCEEDED if all(t is JobStatus.SUCCEEDED for t in tasks) else JobStatus.ERROR

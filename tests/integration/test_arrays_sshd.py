@@ -42,6 +42,8 @@ async def test_an_array_of_20_tasks_with_a_limit_of_3_never_runs_more_than_3(
         submitted = await client.call("submit", spec=job("sweep", TASK, array="0-19%3", output=str(out)))
         array = submitted["id"]
         assert (submitted["array_id"], submitted["array_index"], submitted["ref"]) == (array, 0, f"{array}[0]")
+        # after.any on the array's id: once every task of it has ended (Slurm's afterany on an array)
+        after = (await client.call("submit", spec=job("after", "true", after={"any": [array]})))["id"]
         await asyncio.to_thread(cli, "stop", f"{array}[19]")  # one task, queued: stopped alone
         await asyncio.to_thread(cli, "priority", str(array), "urgent")  # the array: each queued task
         tenth = f"{array}[10]"
@@ -58,6 +60,7 @@ async def test_an_array_of_20_tasks_with_a_limit_of_3_never_runs_more_than_3(
         tasks = {t["index"]: t for t in shown["tasks"]}
         ended = {i: await finished(client, t["id"]) for i, t in tasks.items()}
         seventh = await log_of(client, tasks[7]["id"])
+        followed = await finished(client, after)
         expanded = await asyncio.to_thread(cli, "jobs", "--expand")
         task_json = await asyncio.to_thread(cli.json, "show", f"{array}[7]")
 
@@ -67,6 +70,7 @@ async def test_an_array_of_20_tasks_with_a_limit_of_3_never_runs_more_than_3(
     assert {e["priority"] for i, e in ended.items() if 10 <= i < 19} == {"urgent"}
     assert ended[0]["priority"] == "normal"  # running by then: a priority changes only while queued
     spans = [(a["started"], a["ended"]) for e in ended.values() for a in e["attempts"]]
+    assert followed["status"] == "succeeded" and followed["started"] >= max(e for _, e in spans), followed
     assert 2 <= most_at_once(spans) <= 3, spans
     assert f"index=7 of 20 in {array} out={out / '7'}" in seventh
     assert f"{array}[7]" in expanded.stdout and f"{array}[0-19%3]" not in expanded.stdout

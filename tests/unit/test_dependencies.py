@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ftconsole.scheduler.decide.dependencies import Never, Waits, met, state
+from ftconsole.scheduler.decide.dependencies import Never, Waits, array_status, met, state
 from ftconsole.scheduler.decide.jobs import JobStatus as S
 from ftconsole.scheduler.errors import ConfigError
 from ftconsole.scheduler.spec.jobspec import parse_jobspec
@@ -55,3 +55,10 @@ def test_the_spec_key() -> None:
         with pytest.raises(ConfigError) as info:
             parse_jobspec(f"name: t\ncommand: x\n{bad}\n")
         assert said in str(info.value), (bad, str(info.value))
+
+
+def test_an_arrays_id_stands_for_all_its_tasks() -> None:
+    assert array_status([S.SUCCEEDED, S.RUNNING, S.QUEUED]) is S.RUNNING
+    assert array_status([S.SUCCEEDED, S.QUEUED]) is S.QUEUED
+    assert array_status([S.SUCCEEDED, S.SUCCEEDED]) is S.SUCCEEDED
+    assert array_status([S.SUCCEEDED, S.STOPPED]) is S.ERROR  # one did not succeed: after.ok never, .failed met
