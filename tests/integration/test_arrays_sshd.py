@@ -18,7 +18,7 @@ from tests.sshd_cluster import SshdCluster
 
 pytestmark = pytest.mark.sshd
 
-TASK = "sh -c 'echo index=$FT_ARRAY_INDEX of $FT_ARRAY_COUNT in $FT_ARRAY_ID out=$FT_OUTPUT_DIR; sleep 1'"
+TASK = "sh -c 'echo index=$FT_ARRAY_INDEX of $FT_ARRAY_COUNT in $FT_ARRAY_ID out=$FT_OUTPUT_DIR; sleep 0.6'"
 
 
 def most_at_once(spans: list[tuple[float, float]]) -> int:
@@ -44,8 +44,8 @@ async def test_an_array_of_20_tasks_with_a_limit_of_3_never_runs_more_than_3(
         assert (submitted["array_id"], submitted["array_index"], submitted["ref"]) == (array, 0, f"{array}[0]")
         # after.any on the array's id: once every task of it has ended (Slurm's afterany on an array)
         after = (await client.call("submit", spec=job("after", "true", after={"any": [array]})))["id"]
+        await client.call("priority", job=str(array), level="urgent")  # the array: each queued task, at once
         await asyncio.to_thread(cli, "stop", f"{array}[19]")  # one task, queued: stopped alone
-        await asyncio.to_thread(cli, "priority", str(array), "urgent")  # the array: each queued task
         tenth = f"{array}[10]"
         note = await poll(lambda: client.call("show", job=tenth), lambda j: "at most" in j["message"], "a note")
         assert note["message"].startswith(f"waiting: array {array} runs at most 3 tasks at once ("), note["message"]
