@@ -44,7 +44,8 @@ async def test_an_array_of_20_tasks_with_a_limit_of_3_never_runs_more_than_3(
         assert (submitted["array_id"], submitted["array_index"], submitted["ref"]) == (array, 0, f"{array}[0]")
         # after.any on the array's id: once every task of it has ended (Slurm's afterany on an array)
         after = (await client.call("submit", spec=job("after", "true", after={"any": [array]})))["id"]
-        await client.call("priority", job=str(array), level="urgent")  # the array: each queued task, at once
+        await poll(lambda: client.call("show", job=f"{array}[0]"), lambda j: j["status"] == "running", "task 0")
+        await client.call("priority", job=str(array), level="urgent")  # the array: each task still queued
         await asyncio.to_thread(cli, "stop", f"{array}[19]")  # one task, queued: stopped alone
         tenth = f"{array}[10]"
         note = await poll(lambda: client.call("show", job=tenth), lambda j: "at most" in j["message"], "a note")
