@@ -22,6 +22,11 @@ from ftconsole.scheduler.spec import yamlfile
 from ftconsole.scheduler.spec.containers import ContainerSettings, PoolContainers
 from ftconsole.scheduler.spec.nodesets import expand_nodeset
 
+# what teams sharing the cluster set (fair share, quotas) lives in spec/sharingspec.py; callers import it from here
+from ftconsole.scheduler.spec.sharingspec import FairShare as FairShare
+from ftconsole.scheduler.spec.sharingspec import QuotaLimits as QuotaLimits
+from ftconsole.scheduler.spec.sharingspec import QuotaSettings as QuotaSettings
+
 # the value types live in spec/values.py; the config's callers import them from here as before
 from ftconsole.scheduler.spec.values import Duration as Duration
 from ftconsole.scheduler.spec.values import PositiveDuration as PositiveDuration
@@ -119,17 +124,6 @@ class NodeSpecSettings(_Strict):
     gpu_model: str | None = None
     pool: str | None = None
     description: str = ""
-
-
-class FairShare(_Strict):
-    """Fair share (decide/fairshare.py): within a priority level, the jobs of projects and users that used less
-    of their share of the GPUs go first. Usage decays with `half_life`; `shares` gives projects their weight
-    (any other project: `default_share`); users of a project share it equally. Recomputed every `every`."""
-
-    half_life: PositiveDuration = 7 * 86400.0
-    shares: dict[str, Annotated[float, Field(gt=0)]] = Field(default_factory=dict)
-    default_share: Annotated[float, Field(gt=0)] = 1.0
-    every: PositiveDuration = 60.0
 
 
 class SchedulerSettings(_Strict):
@@ -383,32 +377,6 @@ class NotifySettings(_Strict):
         if self.headers and self.webhook is None:
             raise ValueError("headers are sent with the webhook's POST, and no webhook is set")
         return self
-
-
-class QuotaLimits(_Strict):
-    """The most a project or a user may have (decide/quotas.py); a limit left out is no limit."""
-
-    gpus: int | None = Field(None, ge=0)  # GPUs its running jobs hold at once
-    running_jobs: int | None = Field(None, ge=0)
-    queued_jobs: int | None = Field(None, ge=0)  # a submit past it is refused
-    gpu_hours: float | None = Field(None, ge=0)  # over the last `period`
-
-
-class QuotaSettings(_Strict):
-    """Quotas per project and per user (docs/configuration.md, "Quotas"): a project or user not named has the
-    default's limits (none without one)."""
-
-    projects: dict[str, QuotaLimits] = {}
-    users: dict[str, QuotaLimits] = {}
-    default_project: QuotaLimits | None = None
-    default_user: QuotaLimits | None = None
-    period: PositiveDuration = 7 * 86400.0  # what gpu_hours counts: the GPU-hours of the last period
-
-    def limits(self, key: tuple[str, str]) -> QuotaLimits | None:
-        kind, name = key
-        if kind == "project":
-            return self.projects.get(name, self.default_project)
-        return self.users.get(name, self.default_user)
 
 
 class ProjectSettings(_Strict):
