@@ -36,7 +36,6 @@ from ftconsole.scheduler.rankreads import RankReads
 from ftconsole.scheduler.redaction import redact, redact_decision, redact_json, redact_outcome
 from ftconsole.scheduler.reserving import Reserving
 from ftconsole.scheduler.rules import Caller, Rules
-from ftconsole.scheduler.sharing import Sharing
 from ftconsole.scheduler.spec import arrayspec
 from ftconsole.scheduler.spec.config import format_duration
 from ftconsole.scheduler.spec.jobspec import Access, JobSpec
@@ -48,7 +47,7 @@ log = logging.getLogger("ftconsole.scheduler")
 MIN_TICK_GAP_S = 0.2
 
 
-class Scheduler(RankReads, Sharing, Reserving):
+class Scheduler(RankReads, Reserving):
     def __init__(self, service: ClusterService, *, clock: Callable[[], float] = time.time) -> None:
         self.service = service
         self.store = service.store

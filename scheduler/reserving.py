@@ -7,7 +7,6 @@ decide/reservations.py, applied each pass by `placing.Placer` (`placement_inputs
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from typing import Any
 
 from ftconsole.scheduler.decide import placement
@@ -16,32 +15,18 @@ from ftconsole.scheduler.decide.placement_index import Catalog, FreeView
 from ftconsole.scheduler.decide.requests import node_slot
 from ftconsole.scheduler.decide.reservations import Reservation, overlapping
 from ftconsole.scheduler.errors import NotFound, PermissionDenied, UsageError
-from ftconsole.scheduler.loop import Loop
 from ftconsole.scheduler.nodeops import ClusterService
 from ftconsole.scheduler.rules import Caller
-from ftconsole.scheduler.spec.config import ClusterConfig, format_duration
-from ftconsole.scheduler.store.db import Store
+from ftconsole.scheduler.sharing import Sharing
+from ftconsole.scheduler.spec.config import format_duration
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
-class Reserving:
-    """Part of `Scheduler` (jobops.py): reservations."""
+class Reserving(Sharing):
+    """Part of `Scheduler` (jobops.py): reservations (what else the scheduler gives it: `Sharing`'s)."""
 
-    store: Store
-    loop: Loop
-    config: ClusterConfig
     service: ClusterService
-    clock: Callable[[], float]
-
-    def is_admin(self, caller: Caller) -> bool:
-        raise NotImplementedError  # Scheduler's
-
-    def _admins(self) -> str:
-        raise NotImplementedError  # Scheduler's
-
-    def _poke(self) -> None:
-        raise NotImplementedError  # Scheduler's
 
     async def reservations(self) -> list[dict[str, Any]]:
         """Every reservation kept, by start, with its state (planned, active, ended); anyone may look."""

@@ -141,3 +141,16 @@ def fixed_config(tmp_path: Path) -> LoadedConfig:
         "nodes:\n  - name: gpu[01-05]\n    host: 10.0.0.[1-5]\n    pool: h100\n"
     )
     return load_config(path)
+
+
+def record_notices(app: Any) -> Any:
+    """The app, with every notice it shows also kept in `app.said` (in order), for a test to read."""
+    app.said = []
+    notify = app.notify
+
+    def said(message: str, **kwargs: Any) -> None:
+        app.said.append(message)
+        notify(message, **kwargs)
+
+    app.notify = said
+    return app

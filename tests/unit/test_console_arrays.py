@@ -52,15 +52,7 @@ class ArraysClient(D.FixedClient):
 
 def console(tmp_path: Path) -> ConsoleApp:
     app = ConsoleApp(D.fixed_config(tmp_path), client=ArraysClient(), clock=lambda: D.NOW, refresh_s=3600)
-    app.said = []  # type: ignore[attr-defined]
-    notify = app.notify
-
-    def said(message: str, **kwargs: Any) -> None:
-        app.said.append(message)  # type: ignore[attr-defined]
-        notify(message, **kwargs)
-
-    app.notify = said  # type: ignore[method-assign]
-    return app
+    return D.record_notices(app)  # type: ignore[no-any-return]
 
 
 async def loaded(pilot: Any) -> JobsView:

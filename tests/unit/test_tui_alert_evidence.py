@@ -85,15 +85,7 @@ def console(tmp_path: Path, client: Any = None) -> ConsoleApp:
         return 0
 
     app.run_terminal = run_terminal  # type: ignore[method-assign]
-    app.said = []  # type: ignore[attr-defined]
-    notify = app.notify
-
-    def said(message: str, **kwargs: Any) -> None:
-        app.said.append(message)  # type: ignore[attr-defined]
-        notify(message, **kwargs)
-
-    app.notify = said  # type: ignore[method-assign]
-    return app
+    return D.record_notices(app)  # type: ignore[no-any-return]
 
 
 async def loaded(pilot: Any) -> None:
