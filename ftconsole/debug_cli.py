@@ -51,10 +51,29 @@ def evidence_text(doc: dict[str, Any]) -> str:
         rows.append([*row, _last_collective(r), where] if traced else [*row, where])
     head = ["RANK", "NODE", "PID", "STATE", "WAITS IN", "CPU"]
     lines.append(format_table([*head, "LAST COLLECTIVE", "WHERE"] if traced else [*head, "WHERE"], rows))
+    lines += _kernel_lines(doc)
     for ranks, stack in _folded(doc["ranks"]):
         lines += ["", f"ranks {ranks}:" if "," in ranks or "-" in ranks else f"rank {ranks}:"]
         lines += [f"    {frame['name']} ({frame['file']}:{frame['line']})" for frame in stack]
     return "\n".join(lines)
+
+
+def _kernel_lines(doc: dict[str, Any]) -> list[str]:
+    """The driver's Xids on the ranks' GPUs since the attempt started, once per node and Xid; and the nodes
+    whose kernel log could not be read."""
+    seen: dict[tuple[str, float, int], str] = {}
+    for r in doc["ranks"]:
+        for x in r.get("xids") or []:
+            when = time.strftime("%H:%M:%S", time.localtime(x["time"]))
+            hardware = " [hardware]" if x.get("hardware") else ""
+            seen[(r["node"], x["time"], x["code"])] = f"  {r['node']}: {x['what']} at {when}{hardware}: {x['text']}"
+    unread = sorted({f"  {run['node']}: {run['xids_error']}" for run in doc.get("runs") or [] if run.get("xids_error")})
+    lines = []
+    if seen:
+        lines += ["", "kernel log (NVIDIA Xids since the attempt started):", *(seen[k] for k in sorted(seen))]
+    if unread:
+        lines += ["", "kernel log not read:", *unread]
+    return lines
 
 
 def _folded(ranks: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ftconsole.scheduler.decide.hangs import Frame, Rank, Verdict, verdict
+from ftconsole.scheduler.decide.hangs import Frame, Rank, Verdict, Xid, verdict
 from ftconsole.scheduler.decide.jobs import Job, Run
 from ftconsole.scheduler.errors import FtError
 from ftconsole.scheduler.executor import Executor
@@ -91,6 +91,10 @@ async def record(tx: JobTx, job: int, doc: dict[str, Any]) -> None:
     await tx.event(doc["time"], EVIDENCE, text, job=job, data={"verdict": doc["verdict"], "evidence": kept_id})
 
 
+def _xid_json(x: Xid) -> dict[str, Any]:
+    return {"code": x.code, "gpu": x.gpu, "time": x.time, "text": x.text, "hardware": x.hardware, "what": str(x)}
+
+
 def _rank_json(r: Rank) -> dict[str, Any]:
     return {
         "rank": r.rank,
@@ -107,6 +111,7 @@ def _rank_json(r: Rank) -> dict[str, Any]:
         "gone": r.gone,
         # torch's trace: its last collective in each process group
         "collectives": [{"group": g, "seq": seq, "op": op, "done": done} for g, seq, op, done in r.trace],
+        "xids": [_xid_json(x) for x in r.xids],
     }
 
 
@@ -117,17 +122,23 @@ async def gather(executor: Executor, job: Job, runs: Sequence[Run], *, stacks: b
     by_node: dict[str, list[Run]] = {}
     for r in mine:
         by_node.setdefault(r.node, []).append(r)
-    found = await asyncio.gather(*(_node(executor, job, name, rs, stacks) for name, rs in sorted(by_node.items())))
+    starts = [r.started for r in mine if r.started is not None]
+    since = min(starts) if starts else None  # the driver's Xids logged since the attempt started
+    found = await asyncio.gather(
+        *(_node(executor, job, name, rs, stacks, since) for name, rs in sorted(by_node.items()))
+    )
     documents = sorted((doc for docs in found for doc in docs), key=lambda d: d["rank"])
     ranks = sorted((u for doc in documents for u in _units(doc)), key=lambda u: (u.rank, u.node))
     return Evidence(job.id, job.attempt, time.time(), time.monotonic() - started, verdict(ranks), tuple(ranks),
                     tuple(documents))  # fmt: skip
 
 
-async def _node(executor: Executor, job: Job, name: str, runs: Sequence[Run], stacks: bool) -> list[dict[str, Any]]:
-    """One node's runs: [{rank, node, run_dir, status, processes | gone, output_tail}]."""
+async def _node(
+    executor: Executor, job: Job, name: str, runs: Sequence[Run], stacks: bool, since: float | None
+) -> list[dict[str, Any]]:
+    """One node's runs: [{rank, node, run_dir, gpus, status, processes | gone, output_tail, xids}]."""
     node = executor.nodes.get(name)
-    out = [{"rank": r.rank, "node": name, "run_dir": r.run_dir} for r in runs]
+    out = [{"rank": r.rank, "node": name, "run_dir": r.run_dir, "gpus": list(r.gpus)} for r in runs]
     if node is None:
         return [dict(d, gone=f"node {name} is no longer in the cluster config") for d in out]
     user = executor.run_user(job)
@@ -150,11 +161,15 @@ async def _node(executor: Executor, job: Job, name: str, runs: Sequence[Run], st
                                "env": ours, "user": user})  # fmt: skip
                 if job.spec.image is not None and r.token:  # its container's processes, apart from the step's
                     groups[-1]["container"] = container_name(r.token, r.rank)
-        seen = await _processes(executor, node, groups, stacks)
+        seen, kernel = await _processes(executor, node, groups, stacks, since)
     except FtError as exc:
         return [dict(d, gone=f"node {name} did not answer: {exc}") for d in out]
     tails = await asyncio.gather(*(_tail(executor, node, r, user) for r in runs))
     for doc, r, tail in zip(out, runs, tails, strict=True):
+        if kernel is not None:  # the node's Xids on this run's GPUs (or on a GPU not known)
+            doc["xids"] = [x for x in kernel.get("xids") or [] if x.get("gpu") is None or x.get("gpu") in r.gpus]
+            if kernel.get("error"):
+                doc["xids_error"] = kernel["error"]
         status = states.get(r.run_dir)
         doc["state"] = status.state if status is not None else None
         doc["output_at"] = status.output_at if status is not None else None
@@ -174,23 +189,28 @@ async def _node(executor: Executor, job: Job, name: str, runs: Sequence[Run], st
     return out
 
 
-async def _processes(executor: Executor, node: Node, groups: list[dict[str, Any]], stacks: bool) -> dict[str, Any]:
-    """The node's answer about the processes of `groups`; where it has no py-spy, the scheduler's is sent first
-    (same machine type) and it is asked again. Each group's stack_error says why a stack is missing."""
+async def _processes(
+    executor: Executor, node: Node, groups: list[dict[str, Any]], stacks: bool, since: float | None
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The node's answer about the processes of `groups`, and its kernel log's Xids since `since`; where it has no
+    py-spy, the scheduler's is sent first (same machine type) and it is asked again. Each group's stack_error
+    says why a stack is missing."""
     local = await asyncio.to_thread(local_py_spy) if stacks else None  # hashes 8 MB the first time
     python, timeout = executor.config.ssh.python, executor.config.ssh.command_timeout + SAMPLE_S
     ask = functools.partial(process_evidence, executor.transport, node, groups, sample=SAMPLE_S, stacks=stacks,
-                            py_spy=local.params() if local else None, python=python, timeout=timeout)  # fmt: skip
+                            py_spy=local.params() if local else None, kernel_since=since, python=python,
+                            timeout=timeout)  # fmt: skip
     doc = await ask()
     pythons = any(p.get("python") for g in doc["groups"].values() for p in g.get("processes") or [])
     if not stacks or doc.get("py_spy") or not pythons:  # py-spy is sent only where a Python process lacks a stack
-        return dict(doc["groups"])
+        return dict(doc["groups"]), doc.get("kernel")
     why = can_run_on(local, doc.get("machine"))
     if why is None and local is not None:
         try:
             await send_py_spy(executor.transport, node, local, python=python)
             log.info("%s: sent py-spy (%s)", node.name, local.sha256[:12])
-            return dict((await ask())["groups"])
+            again = await ask()
+            return dict(again["groups"]), again.get("kernel")
         except FtError as exc:
             why = str(exc)
     log.info("%s: no stacks: %s", node.name, why)
@@ -198,7 +218,7 @@ async def _processes(executor: Executor, node: Node, groups: list[dict[str, Any]
         for p in group.get("processes") or []:
             if p.get("stack_error"):
                 p["stack_error"] = f"{p['stack_error']}: {why}"
-    return dict(doc["groups"])
+    return dict(doc["groups"]), doc.get("kernel")
 
 
 async def _tail(executor: Executor, node: Any, run: Run, user: str | None) -> str | None:
@@ -216,10 +236,10 @@ def _units(doc: dict[str, Any]) -> list[Rank]:
     """The training processes of one run (see the module's docstring), as the verdict's ranks."""
     node, run_rank = doc["node"], doc["rank"]
     if "gone" in doc:
-        return [Rank(run_rank, node, gone=str(doc["gone"]))]
+        return [Rank(run_rank, node, gone=str(doc["gone"]), xids=_xids(doc, None))]
     procs: list[dict[str, Any]] = doc.get("processes") or []
     if not procs:
-        return [Rank(run_rank, node, gone="no process of it is left")]
+        return [Rank(run_rank, node, gone="no process of it is left", xids=_xids(doc, None))]
     by_pid = {p["pid"]: p for p in procs}
     ranked = [p for p in procs if p.get("python") and _env_rank(p) is not None]
     # a launcher's workers say which of its processes they are (LOCAL_RANK, MPI's rank): where some do, one with
@@ -255,8 +275,23 @@ def _units(doc: dict[str, Any]) -> list[Rank]:
             blocked=tuple((q["pid"], q.get("wchan") or "") for q in mine if q.get("state") == "D"),
             moving=p.get("stack_moved") if isinstance(p.get("stack_moved"), bool) else None,
             trace=_trace(p),
+            xids=_xids(doc, p),
         ))  # fmt: skip
     return out
+
+
+def _xids(doc: dict[str, Any], p: dict[str, Any] | None) -> tuple[Xid, ...]:
+    """The run's Xids that concern process `p`: a launcher's worker uses the run's GPU at its LOCAL_RANK (the
+    CUDA device it picks among the run's), so an Xid on another GPU of the run is not its own; without a
+    LOCAL_RANK, or on a GPU not known, every Xid of the run is."""
+    gpus = doc.get("gpus") or []
+    local = (p.get("env") or {}).get("LOCAL_RANK") if p is not None else None
+    mine = gpus[int(local)] if isinstance(local, str) and local.isdigit() and int(local) < len(gpus) else None
+    return tuple(
+        Xid(int(x["code"]), x.get("gpu"), float(x.get("time") or 0.0), str(x.get("text") or ""))
+        for x in doc.get("xids") or []
+        if isinstance(x.get("code"), int) and (mine is None or x.get("gpu") in (None, mine))
+    )
 
 
 def _trace(p: dict[str, Any]) -> tuple[tuple[str, int, str, bool], ...]:

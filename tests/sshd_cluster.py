@@ -78,6 +78,12 @@ def sshd_available() -> bool:
     return os.access(SSHD, os.X_OK) and shutil.which("ssh-keygen") is not None and shutil.which("ssh") is not None
 
 
+def pci_bus_id(node: SshdNode, index: int) -> str:
+    """The PCI address of GPU `index` of `node`, as NVML writes it: the node's number is its PCI domain, so that no
+    two test nodes' GPUs share one (the nodes share one kernel log, where the driver's Xids name a GPU by it)."""
+    return f"{int(node.name.removeprefix('node')):08x}:{0x18 + index:02x}:00.0"
+
+
 def gpu_data(count: int, *, driver_version: str = DRIVER_VERSION, **fields: Any) -> dict[str, Any]:
     """The simulated-GPU file content of DESIGN.md ("Simulated GPUs"): `count` healthy, idle H100s.
 
@@ -656,9 +662,11 @@ class SshdCluster:
         self.restart(n)
 
     def set_gpus(self, node: str | SshdNode, data: Mapping[str, Any]) -> None:
-        """Atomically replace the node's simulated-GPU file (a reader never sees a half-written file)."""
+        """Atomically replace the node's simulated-GPU file (a reader never sees a half-written file). A GPU
+        without a `pci_bus_id` gets the node's (`pci_bus_id`): the driver's Xid lines name a GPU by it."""
         n = self.node(node)
-        _write_atomic(n.gpus_file, json.dumps(data, indent=1) + "\n")
+        gpus = [dict(g, pci_bus_id=g.get("pci_bus_id") or pci_bus_id(n, i)) for i, g in enumerate(data["gpus"])]
+        _write_atomic(n.gpus_file, json.dumps({**data, "gpus": gpus}, indent=1) + "\n")
 
     # -- use -----------------------------------------------------------------------------------------------
 

@@ -10,6 +10,13 @@ from ftconsole.lab.layout import DEFAULT_DRIVER_VERSION, EccFault, TemperatureFa
 from ftconsole.lab.plan import NodeSpec
 
 
+def pci_bus_id(node: str, index: int) -> str:
+    """GPU `index` of lab node `node`'s PCI address, as NVML writes it: the node's number is its PCI domain, so no
+    two lab nodes' GPUs share one (the lab's nodes share one kernel log, where the driver's Xids name a GPU by it)."""
+    digits = node[len(node.rstrip("0123456789")) :]
+    return f"{int(digits or 0):08x}:{0x18 + index:02x}:00.0"
+
+
 def render_gpus(spec: NodeSpec, driver_version: str = DEFAULT_DRIVER_VERSION) -> dict[str, Any]:
     """The node's gpus.json (DESIGN.md "Simulated GPUs"): idle, cool, healthy GPUs plus the node's faults."""
     gpus = [
@@ -21,6 +28,7 @@ def render_gpus(spec: NodeSpec, driver_version: str = DEFAULT_DRIVER_VERSION) ->
             "temperature": 34 + (i * 3) % 8,
             "ecc_uncorrectable": 0,
             "healthy": True,
+            "pci_bus_id": pci_bus_id(spec.name, i),
         }
         for i in range(spec.gpus)
     ]

@@ -5,14 +5,16 @@ with RANK in its environment and no such process under it), else the run's own m
 these rules in order and names the first rank that one of them singles out, with the reason in one line:
 
 1. stopped: a process of the rank is stopped (state T or t: SIGSTOP, a debugger);
-2. uninterruptible: one sleeps in the kernel where no signal reaches it (state D), with its wait channel (a
+2. xid: the NVIDIA driver logged an Xid for the rank's GPU since the attempt started (the node's kernel log;
+   NVIDIA's catalog says which point to the hardware: `HARDWARE_XIDS`);
+3. uninterruptible: one sleeps in the kernel where no signal reaches it (state D), with its wait channel (a
    driver's: the evidence points to hardware);
    (then, when most ranks' stacks changed between two looks, the job moves: no rank is named, rule "moving")
-3. behind: where the ranks keep torch's flight recorder trace (debug.torch_trace), its last collective's
+4. behind: where the ranks keep torch's flight recorder trace (debug.torch_trace), its last collective's
    sequence number is below the others' (they wait in, or are past, a collective it has not reached);
-4. outside the collective: the others wait in a collective (all_reduce, barrier...) and this one does not: the
+5. outside the collective: the others wait in a collective (all_reduce, barrier...) and this one does not: the
    innermost frame of its main thread says where it is (busy or not, by its CPU time);
-5. busy: its CPU time moves while the others' does not.
+6. busy: its CPU time moves while the others' does not.
 
 With no rank singled out, the verdict says what they share ("every rank waits in all_reduce") with rank None.
 """
@@ -33,6 +35,36 @@ COLLECTIVE_FILES = re.compile(r"torch/distributed/|deepspeed/comm/|mpi4py|horovo
 BUSY = 0.25  # of a core over the sample: CPU time that moves
 IDLE = 0.05  # ... that does not
 HARDWARE_WCHAN = re.compile(r"nv|nvidia|uvm|ib_|mlx|rdma|nccl", re.IGNORECASE)
+# NVIDIA's Xid catalog: the errors that point to the GPU, its memory, its links or its firmware (others, such as
+# 13, 31 and 43, are most often the program's own fault: a bad address, a kernel that faulted)
+HARDWARE_XIDS = {
+    48: "double-bit ECC error", 61: "internal micro-controller breakpoint", 62: "internal micro-controller halt",
+    63: "ECC page retirement or row remap", 64: "ECC page retirement or row remap failure", 74: "NVLink error",
+    79: "GPU has fallen off the bus", 92: "high single-bit ECC error rate", 94: "contained ECC error",
+    95: "uncontained ECC error", 119: "GSP RPC timeout", 120: "GSP error", 121: "C2C link error",
+    140: "unrecovered ECC error",
+}  # fmt: skip
+OTHER_XIDS = {13: "graphics engine exception", 31: "GPU memory page fault", 43: "GPU stopped processing",
+              45: "preemptive cleanup"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Xid:
+    """An Xid the driver logged for one of the rank's GPUs (gpu None: the node's GPU it names is not known)."""
+
+    code: int
+    gpu: int | None
+    time: float
+    text: str = ""
+
+    @property
+    def hardware(self) -> bool:
+        return self.code in HARDWARE_XIDS
+
+    def __str__(self) -> str:
+        what = HARDWARE_XIDS.get(self.code) or OTHER_XIDS.get(self.code)
+        where = f"GPU {self.gpu}" if self.gpu is not None else "a GPU"
+        return f"{where} logged Xid {self.code}" + (f" ({what})" if what else "")
 
 
 @dataclass(frozen=True)
@@ -64,6 +96,7 @@ class Rank:
     gone: str | None = None  # why nothing of it could be looked at
     # torch's flight recorder trace (debug.torch_trace): per process group, its last collective (seq, op, done)
     trace: tuple[tuple[str, int, str, bool], ...] = ()
+    xids: tuple[Xid, ...] = ()  # the driver's Xids for its GPUs since the attempt started, oldest first
 
     def last(self, group: str) -> tuple[int, str, bool] | None:
         """(sequence number, op, done) of its last collective in process group `group`, as its trace says."""
@@ -94,8 +127,8 @@ class Verdict:
     rank: int | None  # the rank that stands out (None: none does)
     node: str | None
     reason: str  # one line
-    rule: str  # stopped | uninterruptible | moving | behind | outside-collective | busy | none
-    hardware: bool = False  # the evidence points to the node's hardware (a driver's wait)
+    rule: str  # stopped | xid | uninterruptible | moving | behind | outside-collective | busy | none
+    hardware: bool = False  # the evidence points to the node's hardware (a hardware Xid, a driver's wait)
     ranks: tuple[int, ...] = field(default=())  # every rank singled out by that rule
 
 
@@ -174,6 +207,15 @@ def verdict(ranks: Sequence[Rank]) -> Verdict:
             f"rank {first.rank} on {first.node} is stopped (pid {pids}: SIGSTOP or a debugger){_others(seen, stopped)}"
         )
         return Verdict(first.rank, first.node, text, "stopped", ranks=tuple(r.rank for r in stopped))
+    logged = [r for r in seen if r.xids]
+    if logged:  # a hardware Xid first, then the earliest
+        first = min(logged, key=lambda r: (not any(x.hardware for x in r.xids), r.xids[0].time, r.rank))
+        hardware = any(x.hardware for x in first.xids)
+        last = max(first.xids, key=lambda x: (x.hardware, x.time))
+        more = f" ({len(first.xids) - 1} more)" if len(first.xids) > 1 else ""
+        at = f"; it is at {first.where}" if first.frames else ""
+        text = f"rank {first.rank} on {first.node}: {last}{more}{at}{_others(seen, logged)}"
+        return Verdict(first.rank, first.node, text, "xid", hardware, tuple(r.rank for r in logged))
     blocked = [r for r in seen if r.blocked]
     if blocked:
         first = blocked[0]

@@ -21,6 +21,9 @@ not the step) and their descendants; each with:
   through /proc/PID/fd and /proc/PID/net/unix, reached through /proc/PID/root): collectives ({"groups":
   {process group: its last collective {"seq", "op", "done"}}}) or collectives_error (why it could not be read).
 
+With `kernel_since` (a wall time), "kernel": the NVIDIA driver's Xid lines in the node's kernel log since then,
+each with its GPU's index here (kernel_log.py), or {"error": why} where the log cannot be read.
+
 A group whose leader is another process now (its pid reused), in another boot, or gone reads {"gone": why}.
 Nothing is stopped or signalled: py-spy reads the process's memory without pausing it. It needs the right to
 trace the process (the same user where the kernel's ptrace_scope is 0, else root); this action runs as the
@@ -41,6 +44,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Set  # noqa: F401  (used in type comments: this file runs on Python 3.8)
 
+from ftconsole.scheduler.node.kernel_log import xids  # bundled
 from ftconsole.scheduler.node.proc import _pid, _stat, _ticks, boot_id  # bundled
 
 MAX_SAMPLE_S = 3.0
@@ -50,6 +54,7 @@ MAX_FRAMES = 64  # per thread
 TRACE_TIMEOUT_S = 3.0  # torch's worker server answers its trace within this, or it is left out
 TRACE_SOCKET = "/ftconsole-torch-"  # in the path of the socket torch_hook.py serves the trace on
 MAX_TRACE = 16 << 20
+SIM_GPUS_ENV = "FTCONSOLE_SIM_GPUS"  # names the simulated-GPU file where the node's GPUs are simulated (the lab)
 LAB_NODE = "FTCONSOLE_LAB_NODE"  # in the environment of what the lab's SSH server starts (ftconsole/lab)
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -453,4 +458,7 @@ def processes(params):
                 got, missing = trace.result() if trace is not None else (None, None)
                 if got is not None or missing is not None:
                     entry["collectives"], entry["collectives_error"] = got, missing
-    return {"groups": out, "time": time.time(), "py_spy": py_spy, "machine": os.uname().machine}
+    answer = {"groups": out, "time": time.time(), "py_spy": py_spy, "machine": os.uname().machine}
+    if params.get("kernel_since") is not None:  # the driver's Xid lines since the attempt started
+        answer["kernel"] = xids(float(params["kernel_since"]), os.environ.get(SIM_GPUS_ENV))
+    return answer

@@ -500,19 +500,25 @@ async def process_evidence(
     sample: float,
     stacks: bool,
     py_spy: dict[str, str] | None = None,
+    kernel_since: float | None = None,
     python: str = "python3",
     timeout: float = 30.0,
 ) -> dict[str, Any]:
     """What the processes of each group ({key, pgid, start, boot}: a rank's step) are doing, as the SSH account
     (supervisor_evidence.py): {"groups": key -> {"processes": [...]} or {"gone": why}, "py_spy": the path used or
-    None, "machine"}. `py_spy`: where the scheduler's copy would be kept, and its hash (`ssh.pyspy`)."""
+    None, "machine", "kernel"}. `py_spy`: where the scheduler's copy would be kept, and its hash (`ssh.pyspy`);
+    `kernel_since`: a wall time, for the driver's Xid lines logged since then ("kernel": {"xids", "foreign"} or
+    {"error"}; kernel_log.py)."""
     params: dict[str, Any] = {"action": "processes", "groups": list(groups), "sample": sample, "stacks": stacks}
     if py_spy is not None:
         params["py_spy"] = py_spy
+    if kernel_since is not None:
+        params["kernel_since"] = kernel_since
     doc = await _call(transport, node, python, params, timeout, opens=False)
     found = doc.get("groups")
     by_key = {str(g.get("key")): g for g in found if isinstance(g, dict)} if isinstance(found, list) else {}
-    return {"groups": by_key, "py_spy": doc.get("py_spy"), "machine": doc.get("machine")}
+    kernel = doc.get("kernel") if isinstance(doc.get("kernel"), dict) else None
+    return {"groups": by_key, "py_spy": doc.get("py_spy"), "machine": doc.get("machine"), "kernel": kernel}
 
 
 async def free_port(transport: Transport, node: Node, *, python: str = "python3", timeout: float = 30.0) -> int:

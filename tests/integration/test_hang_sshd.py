@@ -5,11 +5,14 @@ conditions and alerts the scheduler writes."""
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 from typing import Any
 
-from tests.integration.test_scheduler_sshd import job, poll, running, until, write_config
-from tests.sshd_cluster import SshdCluster, gpu_data, pid_alive
+import pytest
+
+from tests.integration.test_scheduler_sshd import finished, job, poll, running, until, write_config
+from tests.sshd_cluster import SshdCluster, gpu_data, pci_bus_id, pid_alive
 
 # quiet for 8 s (no I/O, the GPU flat at 97 %), then prints every 0.2 s
 WAKES = "sh -c 'sleep 8; while true; do echo step; sleep 0.2; done'"
@@ -92,3 +95,44 @@ async def test_hang_action_restart_restarts_a_hung_job_through_its_policy_then_g
         assert all(f.endswith("; stopping it to restart (hang_action restart)") for f in flagged)
         pids = [r["pid"] for a in shown["attempts"] for r in a["runs"]]
         assert len(pids) == 2 and all(pid and not pid_alive(pid) for pid in pids)
+
+
+KMSG_WRITABLE = os.access("/dev/kmsg", os.W_OK)
+
+
+@pytest.mark.skipif(not KMSG_WRITABLE, reason="writing the driver's Xid into the kernel log needs root")
+async def test_a_hung_rank_whose_gpu_logged_a_hardware_xid_has_its_node_isolated_and_the_job_runs_elsewhere(
+    sshd_cluster: Any, tmp_path: Path, sock_dir: Path
+) -> None:
+    """Issue 29: the driver logs Xid 79 (GPU has fallen off the bus) for the GPU of rank 1 of a quiet two-node job
+    (a line the test writes into the real kernel log, as the driver would). The hang's evidence names rank 1 and
+    its node, `hang_action: restart` isolates that node, and the job, queued again (its retry), runs on the other
+    two; the test nodes share one kernel, so the line names the GPU by its PCI address, which only rank 1's node
+    has."""
+    cluster: SshdCluster = sshd_cluster(3, gpus=1)
+    loaded = write_config(cluster, tmp_path, sock_dir, probes={"interval": "0.5s"})
+    async with running(loaded) as (_, client):
+        spec = job("xid", "sleep 300", mode="pytorch", nodes=2, hang_detect="3s", hang_action="restart",
+                   fault_tolerance={"retries": 1})  # fmt: skip
+        job_id = (await client.call("submit", spec=spec))["id"]
+        shown = await until(client, job_id, lambda j: j["attempts"] and all(r["started"] for r in j["attempts"][0]
+                            ["runs"]) and len(j["attempts"][0]["runs"]) == 2, "both ranks to start")  # fmt: skip
+        runs = {r["rank"]: r for r in shown["attempts"][0]["runs"]}
+        bad = cluster.node(runs[1]["node"])
+        address = pci_bus_id(bad, runs[1]["gpus"][0])  # as NVML writes it; the driver's Xid line has it shorter
+        with open("/dev/kmsg", "w") as kmsg:
+            kmsg.write(f"<4>NVRM: Xid (PCI:{address[4:-2]}): 79, pid={runs[1]['pid']}, GPU has fallen off the bus.\n")
+        shown = await until(client, job_id, lambda j: len(j["attempts"]) == 2 and j["attempts"][1]["runs"] and
+                            all(r["started"] for r in j["attempts"][1]["runs"]), "the second attempt")  # fmt: skip
+        flagged = conditions(shown, "SuspectedHung")[0]
+        assert f"rank 1 on {bad.name}: GPU 0 logged Xid 79 (GPU has fallen off the bus)" in flagged
+        assert flagged.endswith(f"; {bad.name} isolated: the evidence points to its hardware")
+        assert {r["node"] for r in shown["attempts"][1]["runs"]} == {n.name for n in cluster} - {bad.name}
+        (node,) = await client.call("nodes", nodeset=bad.name)
+        assert node["state"] == "isolated"
+        pids = [r["pid"] for r in shown["attempts"][0]["runs"]]
+        assert all(pid and not pid_alive(pid) for pid in pids)  # the first attempt's ranks are gone
+        evidence = await client.call("debug", job=job_id, stacks=False)
+        assert evidence["attempt"] == 2 and all(not r["xids"] for r in evidence["ranks"])  # the Xid was before it
+        await client.call("stop", jobs=[job_id])
+        await finished(client, job_id)

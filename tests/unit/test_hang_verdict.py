@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ftconsole.scheduler.decide.hangs import Frame, Rank, ranges, verdict
+from ftconsole.scheduler.decide.hangs import Frame, Rank, Xid, ranges, verdict
 from ftconsole.scheduler.evidence import _units
 
 C10D = "/usr/lib/python3/site-packages/torch/distributed/distributed_c10d.py"
@@ -57,6 +58,43 @@ CASES = {
         [waiting(0), Rank(1, "gpu02", pid=201, state="S", frames=ALL_REDUCE, stopped=(200,))],
         (1, "gpu02", "stopped", False),
         "rank 1 on gpu02 is stopped (pid 200: SIGSTOP or a debugger); rank 0 waits in all_reduce",
+    ),
+    "a GPU fallen off the bus (a hardware Xid) comes before the driver's wait it causes": (
+        [
+            waiting(0),
+            Rank(
+                1,
+                "gpu07",
+                pid=301,
+                state="D",
+                wchan="nv_wait",
+                frames=ALL_REDUCE,
+                blocked=((301, "nv_wait"),),
+                xids=(Xid(79, 3, 1000.0, "pid=301, GPU has fallen off the bus."),),
+            ),
+        ],
+        (1, "gpu07", "xid", True),
+        "rank 1 on gpu07: GPU 3 logged Xid 79 (GPU has fallen off the bus); it is at distributed_c10d.py:2501 in "
+        "all_reduce; rank 0 waits in all_reduce",
+    ),
+    "an Xid of the program's own (a page fault) names the rank, not the hardware": (
+        [waiting(0), Rank(1, "gpu02", pid=201, state="S", frames=LOADING, xids=(Xid(31, 0, 5.0, "MMU Fault"),))],
+        (1, "gpu02", "xid", False),
+        "rank 1 on gpu02: GPU 0 logged Xid 31 (GPU memory page fault); it is at train.py:88 in load_batch; rank 0 "
+        "waits in all_reduce",
+    ),
+    "of two ranks with Xids, the hardware one; its hardware Xid told before the later ones": (
+        [
+            Rank(0, "gpu01", pid=101, state="S", xids=(Xid(13, 0, 1.0),)),
+            Rank(1, "gpu02", pid=201, state="S", xids=(Xid(74, None, 9.0), Xid(13, None, 10.0))),
+        ],
+        (1, "gpu02", "xid", True),
+        "rank 1 on gpu02: a GPU logged Xid 74 (NVLink error) (1 more)",
+    ),
+    "a stopped rank comes before an Xid": (
+        [Rank(0, "gpu01", pid=101, state="T", stopped=(101,)), Rank(1, "gpu02", pid=201, xids=(Xid(79, 0, 1.0),))],
+        (0, "gpu01", "stopped", False),
+        "rank 0 on gpu01 is stopped (pid 101: SIGSTOP or a debugger); rank 1 has no stack",
     ),
     "uninterruptible sleep in the driver": (
         [waiting(0), Rank(1, "gpu07", pid=301, state="D", blocked=((301, "nv_wait_for_completion"),))],
@@ -199,3 +237,37 @@ def test_the_recorded_stopped_rank_running_again_is_the_one_outside_the_collecti
     got = judged(doc)
     assert (got.rank, got.rule) == (1, "outside-collective"), got.reason
     assert got.reason.startswith("rank 1 on node01 is not in a collective: hang_rank.py:"), got.reason
+
+
+def test_a_launchers_worker_has_the_xids_of_the_runs_gpu_at_its_local_rank_and_those_of_a_gpu_not_known() -> None:
+    def worker(pid: int, local: int) -> dict[str, Any]:
+        env = {"RANK": str(4 + local), "LOCAL_RANK": str(local)}
+        return {"pid": pid, "ppid": 10, "python": True, "state": "S", "env": env}
+
+    run = {"rank": 1, "node": "gpu02", "gpus": [2, 5], "sample": 0.5,
+           "processes": [{"pid": 10, "ppid": 1, "python": True, "state": "S", "env": {"RANK": "1"}},
+                         worker(11, 0), worker(12, 1)],
+           "xids": [{"code": 79, "gpu": 5, "time": 3.0, "text": "fallen off"},
+                    {"code": 13, "gpu": None, "time": 4.0}]}  # fmt: skip
+    got = {u.rank: [(x.code, x.gpu) for x in u.xids] for u in _units(run)}
+    assert got == {4: [(13, None)], 5: [(79, 5), (13, None)]}
+    named = verdict(_units(run))
+    assert (named.rank, named.rule, named.hardware) == (5, "xid", True)
+
+
+def test_the_debug_text_lists_each_nodes_xid_once_and_the_nodes_whose_kernel_log_was_not_read() -> None:
+    from ftconsole.debug_cli import evidence_text
+
+    xid = {"code": 79, "gpu": 1, "time": 0.0, "text": "pid=7, GPU has fallen off the bus.", "hardware": True,
+           "what": "GPU 1 logged Xid 79 (GPU has fallen off the bus)"}  # fmt: skip
+    ranks = [{"rank": n, "node": "gpu07", "pid": 100 + n, "state": "S", "wchan": None, "cpu": 0.0, "collective": None,
+              "where": "x", "stack": [], "gone": None, "xids": [xid]} for n in (0, 1)]  # fmt: skip
+    verdict_doc = {"rank": 0, "node": "gpu07", "reason": "rank 0 on gpu07: ...", "rule": "xid"}
+    runs = [{"node": "gpu08", "xids_error": "cannot read the kernel log: /dev/kmsg: Operation not permitted"}]
+    doc = {"job": 7, "attempt": 1, "time": 0.0, "seconds": 1.0, "verdict": verdict_doc, "ranks": ranks, "runs": runs}
+    lines = evidence_text(doc).splitlines()
+    assert [ln for ln in lines if "Xid 79" in ln] == [
+        f"  gpu07: GPU 1 logged Xid 79 (GPU has fallen off the bus) at {time.strftime('%H:%M:%S', time.localtime(0))}"
+        " [hardware]: pid=7, GPU has fallen off the bus."
+    ]
+    assert lines[lines.index("kernel log not read:") + 1] == f"  gpu08: {runs[0]['xids_error']}"

@@ -142,3 +142,22 @@ def test_the_ranks_a_launcher_started_elsewhere_are_found_by_the_jobs_environmen
         for proc in (ours, other):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(TIMEOUT)
+
+
+@pytest.mark.skipif(not os.access("/dev/kmsg", os.W_OK), reason="writing into the kernel log needs root")
+def test_the_driver_xids_since_the_attempt_started_come_with_the_processes(tmp_path: Path) -> None:
+    """The bundled supervisor's action reads the kernel log (kernel_log.py), with the GPUs of the simulated file
+    of the node's environment; a line written into the real /dev/kmsg, as the driver would, is in the answer."""
+    gpus = tmp_path / "gpus.json"
+    gpus.write_text(json.dumps({"gpus": [{"index": 0, "pci_bus_id": "00007e57:18:00.0"}]}))
+    since = time.time() - 1
+    with open("/dev/kmsg", "w") as kmsg:
+        kmsg.write("<4>NVRM: Xid (PCI:7e57:18:00): 94, pid=7, Contained: SM (0x1). RST: No, D-RST: No\n")
+    params = {"action": "processes", "groups": [], "sample": 0, "stacks": False, "kernel_since": since}
+    done = subprocess.run(
+        [sys.executable, "-"], input=supervisor_script(params), capture_output=True, text=True, timeout=TIMEOUT,
+        env={**os.environ, "FTCONSOLE_SIM_GPUS": str(gpus)}, check=False,
+    )  # fmt: skip
+    doc = json.loads(next(ln for ln in reversed(done.stdout.splitlines()) if ln.startswith("{")))
+    found = [(x["code"], x["gpu"], x["pci"]) for x in doc["kernel"]["xids"]]
+    assert (94, 0, "7e57:18:00") in found

@@ -25,7 +25,9 @@ def source(name: str) -> str:
 
 def test_the_bundle_holds_every_supervisor_module_in_dependency_order() -> None:
     assert NODE_MODULES[-1] == "supervisor"
-    assert sorted(NODE_MODULES) == sorted([*(p.stem for p in SCHEDULER.glob("supervisor*.py")), "proc", "channel"])
+    assert sorted(NODE_MODULES) == sorted(
+        [*(p.stem for p in SCHEDULER.glob("supervisor*.py")), "proc", "channel", "kernel_log"]
+    )
     for at, name in enumerate(NODE_MODULES):
         tree = ast.parse(source(name))
         imported = {n.module.rsplit(".", 1)[1] for n in tree.body if isinstance(n, ast.ImportFrom) and n.module
