@@ -36,6 +36,11 @@ EVIDENCE_TIMEOUT_S = 20.0  # a hang's evidence not gathered by then: the job is 
 Gather = Callable[[Job, Sequence[Run]], Awaitable[Any]]  # -> scheduler.evidence.Evidence
 
 
+def _same(now: Sequence[Any], then: Sequence[Any]) -> bool:
+    """The same records, one by one (the store gives the records it kept while nobody wrote)."""
+    return len(now) == len(then) and all(a is b for a, b in zip(now, then, strict=True))
+
+
 def current_runs(jobs: Mapping[int, Job], held: Sequence[Run]) -> dict[int, list[Run]]:
     """Each job's launching runs of its current attempt, in one pass over the runs (not one per job)."""
     out: dict[int, list[Run]] = {}
@@ -59,6 +64,13 @@ class Watchdog:
         self._flagged: dict[tuple[int, int], float] = {}  # (job, attempt) suspected hung -> its quiet since
         self._seeded = False
         self._windows: dict[int, float] = {}  # running job -> its hang window, as of the last check
+        # the running jobs and held runs as the store gave them at the last check (the same records while nobody
+        # wrote), by id and each job's current launching runs
+        self._listing: list[Job] = []
+        self._held: list[Run] = []
+        self._jobs: dict[int, Job] = {}
+        self._current: dict[int, list[Run]] = {}
+        self._due = float("-inf")  # the first time a job may be quiet for its window, as of the last pass
         self.logs = LogWatch(service.store, clock=clock)  # stragglers, error lines, slow iterations
         # a suspected hang's evidence (`scheduler.evidence.gather`), gathered before the job is flagged so that
         # the alert names the rank that stands out; `poke` wakes the loop once it is in
@@ -73,11 +85,13 @@ class Watchdog:
                 self.logs.observe(run, status, now)
                 key = (run.job, run.attempt, run.rank)
                 if status.io is None:
-                    self._io.pop(key, None)  # not readable (or not running): nothing known
+                    if self._io.pop(key, None) is not None:  # not readable (or not running): nothing known
+                        self._due = now
                     continue
                 last = self._io.get(key)
                 if last is None or last[0] != status.io:
                     self._io[key] = (status.io, now)
+                    self._due = now  # a quiet period starts (or the first): the next check judges afresh
                     if last is not None:
                         self._moved.add(key)
 
@@ -99,20 +113,36 @@ class Watchdog:
 
     async def check(self) -> None:
         now = self.clock()
-        jobs = {j.id: j for j in await self.store.jobs(statuses=[JobStatus.RUNNING], deleted=True)}
+        listing = await self.store.jobs(statuses=[JobStatus.RUNNING], deleted=True)
+        held = await self.store.runs(held=True)
         if not self._seeded:  # alerts raised before a restart: cleared like ours once their job's I/O moves
             self._seeded = True
+            running = {j.id: j for j in listing}
             for alert in await self.store.alerts(limit=10_000):
-                job = jobs.get(alert.job) if alert.kind == HUNG_ALERT and alert.job is not None else None
+                job = running.get(alert.job) if alert.kind == HUNG_ALERT and alert.job is not None else None
                 if job is not None:
                     self._flagged[(job.id, job.attempt)] = float("-inf")
-        held = await self.store.runs(held=True)
-        live = {(r.job, r.attempt, r.rank) for r in held}
-        current = current_runs(jobs, held)
-        for key in [k for k in self._io if k not in live]:
-            del self._io[key]
-            self._moved.discard(key)
-        self._windows = {j.id: j.spec.hang_window for j in jobs.values() if j.spec.hang_window is not None}
+        if not (_same(listing, self._listing) and _same(held, self._held)):  # written since: the store kept nothing
+            self._listing, self._held = listing, held
+            self._jobs = {j.id: j for j in listing}
+            live = {(r.job, r.attempt, r.rank) for r in held}
+            self._current = current_runs(self._jobs, held)
+            for key in [k for k in self._io if k not in live]:
+                del self._io[key]
+                self._moved.discard(key)
+            self._windows = {j.id: w for j in listing if (w := j.spec.hang_window) is not None}
+            self._due = now  # judged afresh
+        # nothing read or written since the last pass, and no job quiet for its window by now: the pass would find
+        # what it found then (each job's verdict depends on its I/O, the clock and, once due, its GPUs)
+        if self._flagged or self._gathering or now >= self._due:
+            await self._judge(now)
+        await self.logs.check(self._jobs, self._current, now)
+
+    async def _judge(self, now: float) -> None:
+        """Flag the jobs quiet for their hang window (with their evidence), clear those that moved again; and
+        when the next job may be due (`_due`)."""
+        jobs, current = self._jobs, self._current
+        self._due = float("inf")
         samples = await self.service.gpu_samples()
         for job_id, attempt in list(self._flagged):
             job = jobs.get(job_id)
@@ -121,12 +151,12 @@ class Watchdog:
         for over in [k for k in self._gathering if jobs.get(k[0]) is None or jobs[k[0]].attempt != k[1]]:
             self._gathering.pop(over).cancel()
         for job in jobs.values():
-            window = job.spec.hang_window
+            window = self._windows.get(job.id)
             if window is None or job.stop_reason is not None:
                 continue
             runs = current.get(job.id, [])
             if not runs or any(r.state != "running" for r in runs):
-                continue
+                continue  # a run read running again is a write: judged afresh then
             quiet = self.quiet_since(runs)
             flagged = self._flagged.get((job.id, job.attempt))
             if (
@@ -134,7 +164,10 @@ class Watchdog:
                 and (quiet is None or now - quiet < window)
                 and (job.id, job.attempt) not in self._gathering
             ):
-                continue  # not quiet for its window: not hung (detect.hung), and nothing to clear or cancel
+                if quiet is not None:  # not quiet for its window: not hung (detect.hung) until then
+                    self._due = min(self._due, quiet + window)
+                continue  # (not read yet: its first read is an observation, which brings the next pass)
+            self._due = now  # quiet for its window: judged at every pass (its GPUs' samples move)
             util = {f"{r.node}:{g}": samples.get(f"{r.node}:{g}", ()) for r in runs for g in r.gpus}
             verdict = hung(quiet, util, now, window)
             if verdict is None:
@@ -153,7 +186,6 @@ class Watchdog:
                 and self._stirred(runs)
             ):
                 await self._clear(job.id, job.attempt, now, f"I/O resumed at {_clock(quiet)}")
-        await self.logs.check(jobs, current, now)
 
     def _evidence(self, job: Job, runs: Sequence[Run]) -> tuple[Any, str] | None:
         """(the evidence or None, why none) to flag the job with now; None: gathering, flag it later."""
