@@ -23,11 +23,13 @@ import ftconsole
 from ftconsole import debug_cli, jobs_cli, reservation_cli, shell_cli, usage_cli
 from ftconsole.format import age, gpu_summary, print_json, print_table, runtime_lines
 from ftconsole.jobs_cli import find_config, loaded_config
-from ftconsole.scheduler.errors import ConfigError, FtError, Problem
+from ftconsole.scheduler.errors import ConfigError, FtError, Problem, StoreError
 from ftconsole.scheduler.serve.client import open_client
+from ftconsole.scheduler.spec import yamlfile
 from ftconsole.scheduler.spec.config import LoadedConfig, check_problems, format_duration, load_config
 from ftconsole.scheduler.spec.detectspec import HANG_WINDOW_S
 from ftconsole.scheduler.store.files import STORE_FILE, read_cluster_id
+from ftconsole.scheduler.store.schema import SCHEMA_VERSION
 
 PROG = "ftconsole"
 
@@ -111,15 +113,16 @@ def cmd_config_check(args: argparse.Namespace) -> int:
         raise ConfigError(problems)
     nodes = loaded.cluster.node_list()
     pools = sorted({n.pool for n in nodes})
-    cluster_id = read_cluster_id(loaded.state_dir / STORE_FILE)
+    store_line, cluster_id, store = _store_check(loaded, path)
     settings = loaded.cluster.scheduler
     if args.json:
         print_json(
             {"file": str(path), "ok": True, "nodes": len(nodes), "pools": pools, "problems": [],
-             "cluster_id": cluster_id, "run_as": settings.run_as}
+             "cluster_id": cluster_id, "run_as": settings.run_as, "state": store}
         )  # fmt: skip
     else:
         print(f"{path}: ok ({len(nodes)} nodes in {len(pools)} pool(s): {', '.join(pools) or '-'})")
+        print(store_line)
         made = "none yet: made with the store when the scheduler first starts"
         print(f"cluster id: {cluster_id or made} (run folders: {settings.run_root}/<cluster id>/...)")
         if settings.run_as == "submitter":
@@ -128,6 +131,33 @@ def cmd_config_check(args: argparse.Namespace) -> int:
             print("jobs run as: the SSH account (run_as: ssh_user)")
         print(_hang_line(loaded.cluster.probes.interval))
     return 0
+
+
+def _store_check(loaded: LoadedConfig, path: Path) -> tuple[str, str | None, dict[str, Any]]:
+    """The store's line of `config check`, its cluster id and its JSON. A PostgreSQL store (`state.url`) is
+    asked for: a server that cannot be reached, or a store newer than this ftconsole, is a problem of that key."""
+    state = loaded.cluster.state
+    if state is None:
+        file = loaded.state_dir / STORE_FILE
+        return f"state: SQLite, {file}", read_cluster_id(file), {"engine": "sqlite", "path": str(file)}
+    from ftconsole.scheduler.store.postgres import redact, server_facts  # asyncpg: only where it is used
+
+    url = redact(state.url)
+    try:
+        facts = asyncio.run(server_facts(state.url))
+        newer = facts.schema_version is not None and facts.schema_version > SCHEMA_VERSION
+        if newer:
+            raise StoreError(f"the store at {url} has schema version {facts.schema_version}, newer than this "
+                             f"ftconsole ({SCHEMA_VERSION}): upgrade ftconsole")  # fmt: skip
+    except StoreError as exc:
+        try:
+            line = yamlfile.line_of(yamlfile.load(path)[1], ("state", "url"))
+        except (OSError, ConfigError):  # read from stdin, which is read already
+            line = None
+        raise ConfigError([Problem(str(path), line, "state.url", str(exc))]) from None
+    made = " (no store there yet: the scheduler makes it when it first starts)" if facts.schema_version is None else ""
+    summary = {"engine": "postgresql", "url": url, "server_version": facts.version}
+    return f"state: PostgreSQL {facts.version}, {url}{made}", facts.cluster_id, summary
 
 
 def _hang_line(interval: float) -> str:

@@ -33,8 +33,8 @@ from ftconsole.scheduler.spec.config import LoadedConfig, Node, ProbeSettings, f
 from ftconsole.scheduler.spec.nodesets import MAX_NODESET, expand_nodeset, nodeset_size
 from ftconsole.scheduler.ssh.probing import ProbeFailure, sweep
 from ftconsole.scheduler.ssh.transport import SSHPool, Transport
-from ftconsole.scheduler.store.db import STORE_FILE, Store
-from ftconsole.scheduler.store.files import secure_state
+from ftconsole.scheduler.store.db import Store
+from ftconsole.scheduler.store.files import secure_state, store_location
 from ftconsole.scheduler.store.records import AutoResolve, NewAlert, StoredEvent, StoredProbe
 
 STALE_AFTER_INTERVALS = 3
@@ -277,8 +277,9 @@ class ClusterService:
     @classmethod
     @contextlib.asynccontextmanager
     async def open(cls, loaded: LoadedConfig) -> AsyncIterator[ClusterService]:
-        secure_state(loaded.state_dir, group=loaded.cluster.api.group)  # private; looser modes tightened
-        store = await Store.open(loaded.state_dir / STORE_FILE)
+        # private; looser modes tightened
+        secure_state(loaded.state_dir, group=loaded.cluster.api.group, sqlite=loaded.cluster.state is None)
+        store = await Store.open(store_location(loaded))
         pool = SSHPool.from_config(loaded)
         try:
             yield cls(loaded, store, pool)

@@ -6,14 +6,15 @@ own exposition (`render`), so the values are those `ftconsole nodes`, `jobs` and
 and a restarted scheduler loses nothing.
 
 Why not prometheus_client's `start_http_server`: it serves from a thread, and the store is asyncio
-(aiosqlite); a collector called in that thread would have to reach back into the event loop and block on it.
-Here the HTTP server is a small asyncio server in the scheduler's loop instead: it awaits the store like any
-other reader, then renders the immutable `Snapshot` it gathered in a worker thread. Scrapes are taken one at a
-time (a snapshot younger than `REUSE_S` is served again), requests are bounded in size and time, and a failure
-answers 500 to the scraper (so Prometheus marks the target down) without touching the scheduler.
+(aiosqlite, asyncpg); a collector called in that thread would have to reach back into the event loop and
+block on it. Here the HTTP server is a small asyncio server in the scheduler's loop instead: it awaits the
+store like any other reader, then renders the immutable `Snapshot` it gathered in a worker thread. Scrapes are
+taken one at a time (a snapshot younger than `REUSE_S` is served again), requests are bounded in size and time,
+and a failure answers 500 to the scraper (so Prometheus marks the target down) without touching the scheduler.
 
-The counts (jobs, queue, restarts, alerts) come from a read-only SQLite connection of the metrics' own: it sees
-committed transactions only, never waits behind the scheduler's writes, and cannot write. The nodes come from
+The counts (jobs, queue, restarts, alerts) come from a read-only connection of the metrics' own (to the SQLite
+file or the PostgreSQL database, `scheduler.store.engine`): it sees committed transactions only, reads each
+scrape's counts from one snapshot, never waits behind the scheduler's writes, and cannot write. The nodes come from
 `ClusterService.nodes`, so a node's state is the one every other view shows (stale probes included).
 """
 
@@ -25,14 +26,12 @@ import gzip
 import json
 import logging
 import math
-import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import aiosqlite
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -46,6 +45,7 @@ from ftconsole.scheduler.errors import StoreError
 from ftconsole.scheduler.spec.config import MetricsSettings
 from ftconsole.scheduler.spec.jobspec import Priority
 from ftconsole.scheduler.store.db import OPEN_ALERT_STATES
+from ftconsole.scheduler.store.engine import Engine, connect, is_postgres
 
 if TYPE_CHECKING:
     from ftconsole.scheduler.jobops import Scheduler
@@ -145,32 +145,27 @@ def _int(value: Any) -> int | None:
 class StoreCounts:
     """Counts over the store through a read-only connection of its own (see the module docstring)."""
 
-    def __init__(self, db: aiosqlite.Connection) -> None:
+    def __init__(self, db: Engine) -> None:
         self._db = db
         self._goodput = Goodput()
         self._goodput_at = -math.inf  # monotonic: when it was last summed (again every GOODPUT_EVERY_S)
 
     @classmethod
-    async def open(cls, path: Path) -> StoreCounts:
-        if not path.is_file():  # said plainly (and SQLite's read-only mode would not create it anyway)
-            raise StoreError(f"cannot open {path} for metrics: there is no store")
-        try:
-            # isolation_level None: BEGIN and COMMIT by hand, so that the four counts are read in one snapshot
-            db = await aiosqlite.connect(
-                f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=10, isolation_level=None
-            )
-        except (OSError, sqlite3.Error) as exc:
-            raise StoreError(f"cannot open {path} for metrics: {exc}") from exc
-        return cls(db)
+    async def open(cls, where: Path | str) -> StoreCounts:
+        """`where`: the store's file (SQLite) or URL (PostgreSQL), as `Store.path`."""
+        if not is_postgres(where) and not Path(where).is_file():  # said plainly (read-only SQLite makes none)
+            raise StoreError(f"cannot open {where} for metrics: there is no store")
+        return cls(await connect(where, read_only=True, purpose=" for metrics"))
 
     async def close(self) -> None:
         await self._db.close()
 
     async def counts(self) -> Counts:
+        db = self._db
         try:
-            if self._db.in_transaction:  # a scrape cancelled between BEGIN and COMMIT
-                await self._db.execute("ROLLBACK")
-            await self._db.execute("BEGIN")
+            if db.in_transaction:  # a scrape cancelled between BEGIN and COMMIT
+                await db.rollback()
+            await db.begin(read_only=True)  # the counts of one scrape from one snapshot
             try:
                 return Counts(
                     jobs=dict(await self._rows("SELECT status, COUNT(*) FROM jobs WHERE deleted = 0 GROUP BY status")),
@@ -198,8 +193,8 @@ class StoreCounts:
                     goodput=await self._cluster_goodput(),
                 )
             finally:
-                await self._db.execute("COMMIT")
-        except sqlite3.Error as exc:
+                await db.commit()
+        except db.errors as exc:
             raise StoreError(f"cannot read the store for metrics: {exc}") from exc
 
     async def _cluster_goodput(self) -> Goodput:
@@ -233,8 +228,7 @@ class StoreCounts:
         return self._goodput
 
     async def _rows(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        async with self._db.execute(sql, args) as cur:
-            return [tuple(row) for row in await cur.fetchall()]
+        return [tuple(row) for row in await self._db.fetchall(sql, args)]
 
 
 def _marks(values: Sequence[Any]) -> str:

@@ -256,6 +256,29 @@ class MetricsSettings(_Strict):
         return parse_listen(self.listen)
 
 
+class StateSettings(_Strict):
+    """The store on a PostgreSQL server instead of SQLite in state_dir (docs/operations.md, State on PostgreSQL)."""
+
+    url: str  # postgresql://USER@HOST:PORT/DATABASE (a password: ~/.pgpass or $PGPASSWORD, not here)
+
+    @field_validator("url", mode="before")
+    @classmethod
+    def _url(cls, value: Any) -> str:
+        shape = "postgresql://USER@HOST:PORT/DATABASE"
+        text = value.strip() if isinstance(value, str) else ""
+        try:
+            parts = urlsplit(text)
+            parts.port  # noqa: B018 (parsing it: a port that is not a number raises)
+        except ValueError as exc:
+            raise ValueError(f"{value!r} is not a URL ({exc}); give {shape}") from None
+        if parts.scheme not in ("postgresql", "postgres") or not parts.netloc + parts.query:
+            raise ValueError(
+                f"give a PostgreSQL URL, {shape}, not {value!r} (the default store, SQLite in state_dir, needs no "
+                "url: leave state out)"
+            )
+        return text
+
+
 class NodeGroup(_Strict):
     name: str
     host: str | None = None
@@ -387,6 +410,7 @@ class ProjectSettings(_Strict):
 
 class ClusterConfig(_Strict):
     state_dir: str = "~/.local/state/ftconsole"
+    state: StateSettings | None = None  # the store on PostgreSQL; None: SQLite in state_dir
     ssh: SSHSettings = SSHSettings()
     nodes: list[NodeGroup] = []
     pools: dict[str, PoolSettings] = {}

@@ -1,11 +1,12 @@
-"""The state store: SQLite through aiosqlite, WAL mode, schema versioned with `PRAGMA user_version`.
+"""The state store: SQLite (the default: a file in state_dir) or PostgreSQL, behind `scheduler.store.engine`.
 
 Every change of a node's state is written in one transaction with the events that explain it, before
 anything acts on it: after a crash the store is the truth. Migrations are an append-only list of SQL
 scripts; a store newer than this program is refused rather than guessed at.
 
-The schema and its migrations are in `scheduler.store.schema`, the records and their row mappings in
-`scheduler.store.records`, the writes of a jobs transaction (and the alert writes) in `scheduler.store.jobtx`.
+The schema and its migrations are in `scheduler.store.schema` (their PostgreSQL DDL in `scheduler.store.postgres`),
+the records and their row mappings in `scheduler.store.records`, the writes of a jobs transaction (and the alert
+writes) in `scheduler.store.jobtx`.
 """
 
 from __future__ import annotations
@@ -14,19 +15,17 @@ import asyncio
 import contextlib
 import json
 import logging
-import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
-
-import aiosqlite
 
 from ftconsole.probes.health import FAULT_STATES as FAULT_STATES  # what counts as a fault: part of its API
 from ftconsole.probes.health import NodeEvent, NodeHealth, is_fault
 from ftconsole.scheduler.decide.jobs import Attempt, Job, JobStatus, Run
 from ftconsole.scheduler.errors import NotFound, StoreError, UsageError
 from ftconsole.scheduler.spec.jobspec import JobSpec
+from ftconsole.scheduler.store.engine import Engine, Row, connect, is_postgres
 from ftconsole.scheduler.store.files import STATE_DIR_MODE, _private_store_files
 from ftconsole.scheduler.store.files import STORE_FILE as STORE_FILE  # where the store lives: part of its API
 from ftconsole.scheduler.store.jobtx import CheckpointSignal, JobTx, _auto_resolve, _insert_alert
@@ -48,7 +47,8 @@ from ftconsole.scheduler.store.records import (
     _job_from_row,
     _run_from_row,
 )
-from ftconsole.scheduler.store.schema import MIGRATIONS, SCHEMA_VERSION
+from ftconsole.scheduler.store.schema import MIGRATIONS as MIGRATIONS  # SQLite's: part of its API (tests)
+from ftconsole.scheduler.store.schema import SCHEMA_VERSION
 from ftconsole.scheduler.store.sharingreads import SharingReads
 
 PROBE_HISTORY_PER_NODE = 50
@@ -59,9 +59,10 @@ log = logging.getLogger("ftconsole.scheduler")
 
 
 class Store(SharingReads):
-    def __init__(self, db: aiosqlite.Connection, path: Path) -> None:
+    def __init__(self, db: Engine, path: Path | str) -> None:
         self._db = db
-        self.path = path
+        self.path = path  # the SQLite file, or the PostgreSQL URL (`where` names it in messages)
+        self.where = db.where
         self._writing = asyncio.Lock()  # one connection: transactions must not interleave
         self._specs: dict[str, JobSpec] = {}  # spec JSON -> parsed (specs never change once stored)
         self._stamp = 0.0  # the last `jobs.updated` stamp handed out (see `_next_stamp`)
@@ -70,21 +71,23 @@ class Store(SharingReads):
         # process's (see `_kept_read`, `refresh`): a tick asks for the running jobs and the held runs in each of
         # its steps, and rebuilding their records was most of its CPU
         self._generation = 0
-        self._data_version: int | None = None  # as of the last `refresh`
         self._kept: dict[tuple[Any, ...], tuple[int, Any]] = {}
 
     @classmethod
-    async def open(cls, path: Path) -> Store:
-        try:
-            path.parent.mkdir(mode=STATE_DIR_MODE, parents=True, exist_ok=True)
-            changes = _private_store_files(path)
-            if changes:
-                log.warning("permissions tightened (the store is private): %s", "; ".join(changes))
-            db = await aiosqlite.connect(str(path), timeout=10, isolation_level=None)
-            db.row_factory = sqlite3.Row
-        except (OSError, sqlite3.Error) as exc:
-            raise StoreError(f"cannot open {path}: {exc}") from exc
-        store = cls(db, path)
+    async def open(cls, where: Path | str) -> Store:
+        """The store in a SQLite file (made, private, when there is none) or at a `postgresql://` URL."""
+        if not is_postgres(where):
+            path = Path(where)
+            try:
+                path.parent.mkdir(mode=STATE_DIR_MODE, parents=True, exist_ok=True)
+                changes = _private_store_files(path)
+                if changes:
+                    log.warning("permissions tightened (the store is private): %s", "; ".join(changes))
+            except OSError as exc:
+                raise StoreError(f"cannot open {path}: {exc}") from exc
+            where = path
+        db = await connect(where)
+        store = cls(db, where)
         try:
             await store._migrate()
         except BaseException:
@@ -104,47 +107,34 @@ class Store(SharingReads):
     async def _migrate(self) -> None:
         db = self._db
         try:
-            await db.execute("PRAGMA journal_mode=WAL")
-            await db.execute("PRAGMA busy_timeout=10000")
-            await db.execute("PRAGMA foreign_keys=ON")
-            async with db.execute("PRAGMA user_version") as cur:
-                row = await cur.fetchone()
-            version = int(row[0]) if row else 0
+            version = await db.schema_version()
             if version > SCHEMA_VERSION:
                 raise StoreError(
-                    f"{self.path} has schema version {version}, newer than this ftconsole ({SCHEMA_VERSION}); "
+                    f"{self.where} has schema version {version}, newer than this ftconsole ({SCHEMA_VERSION}); "
                     "upgrade ftconsole"
                 )
             for number in range(version + 1, SCHEMA_VERSION + 1):
-                await db.executescript(
-                    f"BEGIN IMMEDIATE;\n{MIGRATIONS[number - 1]}\nPRAGMA user_version = {number};\nCOMMIT;"
-                )
-            async with db.execute("SELECT COALESCE(MAX(updated), 0) FROM jobs") as cur:
-                row = await cur.fetchone()
+                await db.migrate(number)
+            row = await db.fetchone("SELECT COALESCE(MAX(updated), 0) FROM jobs")
             self._stamp = float(row[0]) if row else 0.0
-            async with db.execute("SELECT value FROM meta WHERE key = 'cluster_id'") as cur:
-                row = await cur.fetchone()
+            row = await db.fetchone("SELECT value FROM meta WHERE key = 'cluster_id'")
             if row is None:
-                raise StoreError(f"{self.path} has no cluster id: it was not made by ftconsole")
+                raise StoreError(f"{self.where} has no cluster id: it was not made by ftconsole")
             self.cluster_id = str(row[0])
-        except sqlite3.Error as exc:
-            raise StoreError(f"cannot prepare {self.path}: {exc}") from exc
+        except db.errors as exc:
+            raise StoreError(f"cannot prepare {self.where}: {exc}") from exc
 
     async def schema_version(self) -> int:
-        async with self._db.execute("PRAGMA user_version") as cur:
-            row = await cur.fetchone()
-        return int(row[0]) if row else 0
+        return await self._db.schema_version()
 
     # -- nodes -------------------------------------------------------------------------------------------
 
     async def node_health(self, name: str) -> NodeHealth | None:
-        async with self._db.execute("SELECT * FROM nodes WHERE name = ?", (name,)) as cur:
-            row = await cur.fetchone()
+        row = await self._db.fetchone("SELECT * FROM nodes WHERE name = ?", (name,))
         return _health_from_row(row) if row else None
 
     async def all_node_health(self) -> dict[str, NodeHealth]:
-        async with self._db.execute("SELECT * FROM nodes") as cur:
-            rows = await cur.fetchall()
+        rows = await self._db.fetchall("SELECT * FROM nodes")
         return {row["name"]: _health_from_row(row) for row in rows}
 
     async def save_nodes(
@@ -187,22 +177,25 @@ class Store(SharingReads):
 
     @contextlib.asynccontextmanager
     async def _transaction(self, what: str) -> AsyncIterator[None]:
-        """BEGIN IMMEDIATE ... COMMIT; any exception rolls the whole transaction back. The kept reads are
-        forgotten when it begins (reads inside it see its writes) and when it ends, committed or not."""
+        """BEGIN ... COMMIT holding the store's write lock (`Engine.begin`); any exception rolls the whole
+        transaction back. The kept reads are forgotten when it begins (reads inside it see its writes) and when
+        it ends, committed or not."""
+        db = self._db
         async with self._writing:
             try:
-                await self._db.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
-                raise StoreError(f"cannot {what} in {self.path}: {exc}") from exc
+                await db.begin()
+            except db.errors as exc:
+                raise StoreError(f"cannot {what} in {self.where}: {exc}") from exc
             self.forget()
             try:
                 yield
-                await self._db.execute("COMMIT")
+                await db.commit()
             except BaseException as exc:
-                if self._db.in_transaction:
-                    await self._db.execute("ROLLBACK")
-                if isinstance(exc, sqlite3.Error):
-                    raise StoreError(f"cannot {what} in {self.path}: {exc}") from exc
+                if db.in_transaction:
+                    with contextlib.suppress(*db.errors):  # a connection lost: the server rolled it back
+                        await db.rollback()
+                if isinstance(exc, db.errors):
+                    raise StoreError(f"cannot {what} in {self.where}: {exc}") from exc
                 raise
             finally:
                 self.forget()
@@ -213,14 +206,9 @@ class Store(SharingReads):
         self._kept.clear()
 
     async def refresh(self) -> None:
-        """Drop the kept reads if another process wrote since they were read (SQLite's `data_version`, which
-        moves with every commit of another connection): each tick asks, and a quiet cluster's tick then builds
-        no records again."""
-        async with self._db.execute("PRAGMA data_version") as cur:
-            row = await cur.fetchone()
-        version = row[0] if row is not None else None
-        if version != self._data_version:
-            self._data_version = version
+        """Drop the kept reads if another process wrote since they were read (`Engine.changed_elsewhere`): each
+        tick asks, and a quiet cluster's tick then builds no records again."""
+        if await self._db.changed_elsewhere():
             self.forget()
 
     async def _kept_read(self, key: tuple[Any, ...], read: Callable[[], Awaitable[Any]]) -> Any:
@@ -252,8 +240,7 @@ class Store(SharingReads):
 
     async def probe_history(self) -> list[StoredProbe]:
         """Every probe result kept (`PROBE_HISTORY_PER_NODE` per node), oldest first."""
-        async with self._db.execute("SELECT node, time, error, report FROM probe_results ORDER BY id") as cur:
-            rows = await cur.fetchall()
+        rows = await self._db.fetchall("SELECT node, time, error, report FROM probe_results ORDER BY id")
         return [StoredProbe(node=r[0], time=r[1], error=r[2], report=json.loads(r[3]) if r[3] else None) for r in rows]
 
     async def latest_probes(self) -> dict[str, StoredProbe]:
@@ -261,8 +248,7 @@ class Store(SharingReads):
             "SELECT p.node, p.time, p.error, p.report FROM probe_results p "
             "JOIN (SELECT node, MAX(id) AS id FROM probe_results GROUP BY node) last ON p.id = last.id"
         )
-        async with self._db.execute(sql) as cur:
-            rows = await cur.fetchall()
+        rows = await self._db.fetchall(sql)
         return {
             r[0]: StoredProbe(node=r[0], time=r[1], error=r[2], report=json.loads(r[3]) if r[3] else None) for r in rows
         }
@@ -281,8 +267,7 @@ class Store(SharingReads):
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY id DESC LIMIT ?"
-        async with self._db.execute(sql, (*args, limit)) as cur:
-            rows = await cur.fetchall()
+        rows = await self._db.fetchall(sql, (*args, limit))
         return [
             StoredEvent(id=r[0], time=r[1], kind=r[2], node=r[3], job=r[4], message=r[5], data=json.loads(r[6]))
             for r in reversed(list(rows))
@@ -292,10 +277,8 @@ class Store(SharingReads):
 
     async def owners(self, *, since: float) -> list[str]:
         """The owners of the jobs that are active, or ended at `since` or later (deleted ones too)."""
-        cur = await self._db.execute(
-            "SELECT DISTINCT owner FROM jobs WHERE ended IS NULL OR ended >= ? ORDER BY owner", (since,)
-        )
-        return [row[0] for row in await cur.fetchall()]
+        sql = "SELECT DISTINCT owner FROM jobs WHERE ended IS NULL OR ended >= ? ORDER BY owner"
+        return [row[0] for row in await self._db.fetchall(sql, (since,))]
 
     async def jobs(
         self, *, statuses: Iterable[JobStatus] | None = None, deleted: bool = False, ended_since: float | None = None
@@ -315,37 +298,32 @@ class Store(SharingReads):
         if ended_since is not None:
             sql += " AND ended >= ?"
             args.append(ended_since)
-        async with self._db.execute(sql + " ORDER BY id", args) as cur:
-            rows = await cur.fetchall()
+        rows = await self._db.fetchall(sql + " ORDER BY id", args)
         return [self._job_from_row(r) for r in rows]
 
     async def private_jobs(self, *, except_uid: int) -> frozenset[int]:
         """The ids of the jobs with access `none` that `except_uid` did not submit (deleted ones too): the jobs
         hidden from that user's listings. One query on two columns; no spec is read."""
         sql = "SELECT id FROM jobs WHERE access = 'none' AND uid != ?"
-        async with self._db.execute(sql, (except_uid,)) as cur:
-            rows = await cur.fetchall()
+        rows = await self._db.fetchall(sql, (except_uid,))
         return frozenset(int(r[0]) for r in rows)
 
     async def job(self, job_id: int) -> Job | None:
-        async with self._db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)) as cur:
-            row = await cur.fetchone()
+        row = await self._db.fetchone("SELECT * FROM jobs WHERE id = ?", (job_id,))
         return self._job_from_row(row) if row else None
 
     async def array_tasks(self, array_id: int) -> list[Job]:
         """The tasks of an array (deleted ones too), by index."""
         sql = "SELECT * FROM jobs WHERE array_id = ? ORDER BY array_index"
-        async with self._db.execute(sql, (array_id,)) as cur:
-            rows = await cur.fetchall()
+        rows = await self._db.fetchall(sql, (array_id,))
         return [self._job_from_row(r) for r in rows]
 
     async def array_task(self, array_id: int, index: int) -> Job | None:
         sql = "SELECT * FROM jobs WHERE array_id = ? AND array_index = ?"
-        async with self._db.execute(sql, (array_id, index)) as cur:
-            row = await cur.fetchone()
+        row = await self._db.fetchone(sql, (array_id, index))
         return self._job_from_row(row) if row else None
 
-    def _job_from_row(self, row: sqlite3.Row) -> Job:
+    def _job_from_row(self, row: Row) -> Job:
         spec = self._specs.get(row["spec"])
         if spec is None:
             if len(self._specs) > 50_000:
@@ -357,8 +335,7 @@ class Store(SharingReads):
         """A job's attempts; None: every job's (by job, then number)."""
         sql, args = ("SELECT * FROM attempts ORDER BY job, number", ()) if job_id is None else (
             "SELECT * FROM attempts WHERE job = ? ORDER BY number", (job_id,))  # fmt: skip
-        async with self._db.execute(sql, args) as cur:
-            rows = await cur.fetchall()
+        rows = await self._db.fetchall(sql, args)
         return [_attempt_from_row(r) for r in rows]
 
     async def running_attempts(self) -> dict[int, Attempt]:
@@ -369,13 +346,11 @@ class Store(SharingReads):
         sql = (
             "SELECT a.* FROM attempts a JOIN jobs j ON a.job = j.id AND a.number = j.attempt WHERE j.status = 'running'"
         )
-        async with self._db.execute(sql) as cur:
-            rows = await cur.fetchall()
+        rows = await self._db.fetchall(sql)
         return {row["job"]: _attempt_from_row(row) for row in rows}
 
     async def attempt(self, job_id: int, number: int) -> Attempt | None:
-        async with self._db.execute("SELECT * FROM attempts WHERE job = ? AND number = ?", (job_id, number)) as cur:
-            row = await cur.fetchone()
+        row = await self._db.fetchone("SELECT * FROM attempts WHERE job = ? AND number = ?", (job_id, number))
         return _attempt_from_row(row) if row else None
 
     async def runs(self, *, job: int | None = None, held: bool | None = None) -> list[Run]:
@@ -392,14 +367,12 @@ class Store(SharingReads):
             args.append(0 if held else 1)
         sql = "SELECT r.*, a.token FROM runs r JOIN attempts a ON a.job = r.job AND a.number = r.attempt"
         sql += " WHERE " + " AND ".join(where) if where else ""
-        async with self._db.execute(sql + " ORDER BY r.job, r.attempt, r.rank", args) as cur:
-            rows = await cur.fetchall()
+        rows = await self._db.fetchall(sql + " ORDER BY r.job, r.attempt, r.rank", args)
         return [_run_from_row(r) for r in rows]
 
     async def evidence(self, job: int) -> dict[str, Any] | None:
         """The newest evidence document kept of a job (`JobTx.evidence`), or None."""
-        async with self._db.execute("SELECT data FROM evidence WHERE job = ? ORDER BY id DESC LIMIT 1", (job,)) as cur:
-            row = await cur.fetchone()
+        row = await self._db.fetchone("SELECT data FROM evidence WHERE job = ? ORDER BY id DESC LIMIT 1", (job,))
         return None if row is None else dict(json.loads(row[0]))
 
     async def checkpoint_signals(self, *, owed: bool = True, job: int | None = None) -> list[CheckpointSignal]:
@@ -407,13 +380,12 @@ class Store(SharingReads):
         return list(await self._kept_read(("checkpoint_signals", owed, job), lambda: self._checkpoints(owed, job)))
 
     async def _checkpoints(self, owed: bool, job: int | None) -> list[CheckpointSignal]:
-        sql = "SELECT * FROM checkpoint_signals WHERE " + ("outcome IS NULL" if owed else "1")
+        sql = "SELECT * FROM checkpoint_signals WHERE " + ("outcome IS NULL" if owed else "1 = 1")
         args: list[Any] = []
         if job is not None:
             sql += " AND job = ?"
             args.append(job)
-        async with self._db.execute(sql + " ORDER BY job, attempt, rank", args) as cur:
-            rows = await cur.fetchall()
+        rows = await self._db.fetchall(sql + " ORDER BY job, attempt, rank", args)
         return [CheckpointSignal(**dict(r)) for r in rows]
 
     async def job_activity(self, job_ids: Collection[int] | None = None) -> dict[int, JobActivity]:
@@ -422,7 +394,7 @@ class Store(SharingReads):
         return await self._activity(*_ids_filter("j.id", job_ids))
 
     async def _activity(self, where: str, args: Sequence[Any]) -> dict[int, JobActivity]:
-        """`where`: a condition on the jobs table as `j` ("1" for all)."""
+        """`where`: a condition on the jobs table as `j` ("1 = 1" for all)."""
         runs_sql = (
             "SELECT r.job, r.node, r.output_at FROM runs r JOIN jobs j ON r.job = j.id AND r.attempt = j.attempt "
             f"WHERE {where} ORDER BY r.job, r.rank"
@@ -433,13 +405,11 @@ class Store(SharingReads):
         )
         nodes: dict[int, dict[str, None]] = {}
         output: dict[int, float] = {}
-        async with self._db.execute(runs_sql, args) as cur:
-            async for job, node, output_at in cur:
-                nodes.setdefault(job, {})[node] = None
-                if output_at is not None and output_at > output.get(job, float("-inf")):
-                    output[job] = output_at
-        async with self._db.execute(alerts_sql, args) as cur:
-            counts = {job: count async for job, count in cur}
+        for job, node, output_at in await self._db.fetchall(runs_sql, args):
+            nodes.setdefault(job, {})[node] = None
+            if output_at is not None and output_at > output.get(job, float("-inf")):
+                output[job] = output_at
+        counts = {job: count for job, count in await self._db.fetchall(alerts_sql, args)}
         return {
             job: JobActivity(
                 last_output=output.get(job), open_alerts=counts.get(job, 0), node_names=tuple(nodes.get(job, ()))
@@ -464,8 +434,7 @@ class Store(SharingReads):
                 where, args = "j.deleted = 0", []
             else:
                 where, args = "j.updated >= ?", [float(since)]
-            async with self._db.execute(f"SELECT * FROM jobs j WHERE {where} ORDER BY j.id", args) as cur:
-                rows = await cur.fetchall()
+            rows = await self._db.fetchall(f"SELECT * FROM jobs j WHERE {where} ORDER BY j.id", args)
             activity = await self._activity(where, args)
         return cursor, [self._job_from_row(r) for r in rows], activity
 
@@ -481,34 +450,32 @@ class Store(SharingReads):
         if job is not None:
             sql += " AND job = ?"
             args.append(job)
-        async with self._db.execute(sql + " ORDER BY id DESC LIMIT ?", (*args, limit)) as cur:
-            rows = await cur.fetchall()
+        rows = await self._db.fetchall(sql + " ORDER BY id DESC LIMIT ?", (*args, limit))
         return [_alert_from_row(r) for r in reversed(list(rows))]
 
     async def alerts_after(self, after: int, *, limit: int = 500) -> list[StoredAlert]:
         """The oldest `limit` alerts with an id above `after`, in any state, oldest first (what a notify target
         has still to get)."""
-        async with self._db.execute("SELECT * FROM alerts WHERE id > ? ORDER BY id LIMIT ?", (after, limit)) as cur:
-            rows = await cur.fetchall()
+        rows = await self._db.fetchall("SELECT * FROM alerts WHERE id > ? ORDER BY id LIMIT ?", (after, limit))
         return [_alert_from_row(r) for r in rows]
 
     async def newest_alert_id(self) -> int:
         """The id of the newest alert stored (0: none yet)."""
-        async with self._db.execute("SELECT COALESCE(MAX(id), 0) FROM alerts") as cur:
-            row = await cur.fetchone()
+        row = await self._db.fetchone("SELECT COALESCE(MAX(id), 0) FROM alerts")
         return int(row[0]) if row else 0
 
     async def notify_cursors(self) -> dict[str, int]:
         """Per notify target, the alert id up to which every alert is done for it (see `set_notify_cursor`)."""
-        async with self._db.execute("SELECT target, alert FROM notify_cursors") as cur:
-            return {target: int(alert) async for target, alert in cur}
+        rows = await self._db.fetchall("SELECT target, alert FROM notify_cursors")
+        return {target: int(alert) for target, alert in rows}
 
     async def set_notify_cursor(self, target: str, alert: int, *, now: float) -> None:
         """Every alert up to id `alert` is done for `target`; a cursor only moves forward."""
         async with self._transaction(f"record the notifications sent to {target}"):
             await self._db.execute(
                 "INSERT INTO notify_cursors (target, alert, updated) VALUES (?, ?, ?) ON CONFLICT (target) DO UPDATE "
-                "SET alert = MAX(alert, excluded.alert), updated = excluded.updated",
+                "SET alert = CASE WHEN excluded.alert > notify_cursors.alert THEN excluded.alert "
+                "ELSE notify_cursors.alert END, updated = excluded.updated",
                 (target, alert, now),
             )
 
@@ -520,8 +487,7 @@ class Store(SharingReads):
         found: dict[int, StoredAlert] = {}
         for chunk in _chunks(list(dict.fromkeys(wanted))):
             sql = f"SELECT * FROM alerts WHERE id IN ({','.join('?' * len(chunk))})"
-            async with self._db.execute(sql, chunk) as cur:
-                found.update((r["id"], _alert_from_row(r)) for r in await cur.fetchall())
+            found.update((r["id"], _alert_from_row(r)) for r in await self._db.fetchall(sql, chunk))
         missing = [str(i) for i in wanted if i not in found]
         if missing:
             raise NotFound(f"no alert {', '.join(missing)}")
@@ -546,15 +512,13 @@ class Store(SharingReads):
         """The kinds of alert open or acknowledged per node."""
         sql = "SELECT DISTINCT node, kind FROM alerts WHERE node IS NOT NULL AND state IN ('open', 'acknowledged')"
         out: dict[str, set[str]] = {}
-        async with self._db.execute(sql) as cur:
-            async for node, kind in cur:
-                out.setdefault(node, set()).add(kind)
+        for node, kind in await self._db.fetchall(sql):
+            out.setdefault(node, set()).add(kind)
         return out
 
     async def node_faults(self) -> dict[str, int]:
         """How many times each node became unhealthy, unreachable or isolated (per its events)."""
-        async with self._db.execute("SELECT name, faults FROM nodes") as cur:
-            return {name: faults async for name, faults in cur}
+        return {name: faults for name, faults in await self._db.fetchall("SELECT name, faults FROM nodes")}
 
     async def fault_events(self, *, since: float) -> dict[str, list[StoredEvent]]:
         """Each node's faults (`is_fault` events) at `since` or later, oldest first: its recent fault history."""
@@ -563,12 +527,11 @@ class Store(SharingReads):
             "WHERE kind IN ('isolated', 'state-changed') AND time >= ? AND node IS NOT NULL ORDER BY id"
         )  # the partial index events_faults
         out: dict[str, list[StoredEvent]] = {}
-        async with self._db.execute(sql, (since,)) as cur:
-            async for r in cur:
-                data = json.loads(r[6])
-                if is_fault(r[2], data):
-                    event = StoredEvent(id=r[0], time=r[1], kind=r[2], node=r[3], job=r[4], message=r[5], data=data)
-                    out.setdefault(r[3], []).append(event)
+        for r in await self._db.fetchall(sql, (since,)):
+            data = json.loads(r[6])
+            if is_fault(r[2], data):
+                event = StoredEvent(id=r[0], time=r[1], kind=r[2], node=r[3], job=r[4], message=r[5], data=data)
+                out.setdefault(r[3], []).append(event)
         return out
 
 
@@ -582,7 +545,7 @@ def _alert_id(value: Any) -> int:
 def _ids_filter(column: str, ids: Collection[int] | None) -> tuple[str, list[Any]]:
     """A WHERE condition for these ids; for none given, or very many, every row (the caller picks)."""
     if ids is None or len(ids) > 500:
-        return "1", []
+        return "1 = 1", []
     return f"{column} IN ({','.join('?' * len(ids))})", list(ids)
 
 

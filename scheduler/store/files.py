@@ -1,7 +1,8 @@
 """The state directory's files: where the store lives and who may read it. The store holds every job's spec and
 env, so state_dir is private (0700, or 0750 for `api.group`) and the store and its -wal/-shm files are 0600;
 `secure_state` makes them so, and tightens what an earlier ftconsole left looser. `read_cluster_id` reads the
-store's cluster id without opening it for writing.
+store's cluster id without opening it for writing. `store_location` says where the store is: that file, or the
+PostgreSQL database of `state.url`.
 """
 
 from __future__ import annotations
@@ -13,8 +14,12 @@ import os
 import sqlite3
 import stat
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ftconsole.scheduler.errors import StoreError
+
+if TYPE_CHECKING:
+    from ftconsole.scheduler.spec.config import LoadedConfig
 
 STORE_FILE = "state.db"  # in state_dir
 STORE_MODE = 0o600  # the store holds every spec and env: only the scheduler's user reads it
@@ -23,12 +28,19 @@ STATE_DIR_MODE = 0o700  # 0750 where api.group must reach the socket (its member
 log = logging.getLogger("ftconsole.scheduler")
 
 
-def secure_state(state_dir: Path, *, group: str | None = None) -> list[str]:
+def store_location(loaded: LoadedConfig) -> Path | str:
+    """Where the store is: `state.url` (PostgreSQL) when the config has one, else state.db in state_dir."""
+    state = loaded.cluster.state
+    return state.url if state is not None else loaded.state_dir / STORE_FILE
+
+
+def secure_state(state_dir: Path, *, group: str | None = None, sqlite: bool = True) -> list[str]:
     """Create state_dir and make it and the store private; what was tightened, one phrase each (logged once).
 
     state_dir is 0700, or 0750 (and owned by `group`) where `group` (api.group) must reach the socket in it;
     the store and its -wal/-shm files are 0600. Modes looser than those (a store made by an earlier ftconsole)
-    are tightened; paths owned by another user are left alone (their owner's scheduler tightens them).
+    are tightened; paths owned by another user are left alone (their owner's scheduler tightens them). Not
+    `sqlite` (the store is on PostgreSQL): no store file is made, and one left from before is tightened still.
     """
     changes: list[str] = []
     try:
@@ -49,7 +61,7 @@ def secure_state(state_dir: Path, *, group: str | None = None) -> list[str]:
                     os.chown(state_dir, -1, gid)
                 except PermissionError:
                     log.warning("cannot give %s to group %s (api.group): not a member of it", state_dir, group)
-        changes += _private_store_files(state_dir / STORE_FILE)
+        changes += _private_store_files(state_dir / STORE_FILE, create=sqlite)
     except OSError as exc:
         raise StoreError(f"cannot prepare {state_dir}: {exc}") from exc
     if changes:
@@ -66,12 +78,13 @@ def _group_id(group: str | None) -> int | None:
         return None  # the API server says so when it starts
 
 
-def _private_store_files(path: Path) -> list[str]:
-    """Create the store file 0600 when there is none (SQLite gives its -wal and -shm the store's mode) and
-    tighten a store, -wal or -shm file that is looser; what was changed."""
+def _private_store_files(path: Path, *, create: bool = True) -> list[str]:
+    """Create the store file 0600 when there is none and `create` (SQLite gives its -wal and -shm the store's
+    mode) and tighten a store, -wal or -shm file that is looser; what was changed."""
     changes = []
     with contextlib.suppress(FileExistsError):
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, STORE_MODE))
+        if create:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, STORE_MODE))
     for file in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
         try:
             info = file.stat()

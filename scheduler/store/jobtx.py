@@ -11,11 +11,10 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-import aiosqlite
-
 from ftconsole.scheduler.decide.jobs import Attempt, Job, JobStatus, Run, StopReason
 from ftconsole.scheduler.decide.reservations import Reservation
 from ftconsole.scheduler.errors import StoreError
+from ftconsole.scheduler.store.engine import Engine
 from ftconsole.scheduler.store.records import AutoResolve, NewAlert, StoredAlert, _alert_from_row
 
 AUTO = "ftconsole"  # who resolves the alerts that resolve themselves
@@ -99,7 +98,7 @@ class JobTx:
     """The writes of one jobs transaction (see `Store.jobs_tx`). Each write that concerns a job (its row, its
     attempts, runs and alerts) sets the job's `updated` to `stamp`, so the job feed (`jobs_changed`) sees it."""
 
-    def __init__(self, db: aiosqlite.Connection, stamp: float) -> None:
+    def __init__(self, db: Engine, stamp: float) -> None:
         self._db = db
         self.stamp = stamp
         self._touched: set[int] = set()
@@ -110,7 +109,7 @@ class JobTx:
             self._touched.add(job_id)
 
     async def add_job(self, job: Job) -> int:
-        cur = await self._db.execute(
+        job_id = await self._db.insert(
             "INSERT INTO jobs (name, owner, uid, spec, status, priority, project, access, submitted, cloned_from, "
             "array_id, array_index, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
@@ -129,9 +128,8 @@ class JobTx:
                 self.stamp,
             ),
         )
-        assert cur.lastrowid is not None
-        self._touched.add(cur.lastrowid)
-        return cur.lastrowid
+        self._touched.add(job_id)
+        return job_id
 
     async def update_job(
         self, job_id: int, *, expect: Iterable[JobStatus] | None = None, unstopped: bool = False, **fields: Any
@@ -147,8 +145,7 @@ class JobTx:
             args.extend(wanted)
         if unstopped:
             sql += " AND stop_reason IS NULL"
-        cur = await self._db.execute(sql, args)
-        if cur.rowcount != 1:
+        if await self._db.execute(sql, args) != 1:
             raise Conflict(f"job {job_id} changed meanwhile (expected status {', '.join(map(str, expect or ()))})")
         self._touched.add(job_id)
 
@@ -201,8 +198,7 @@ class JobTx:
         (`intent`) cancelled, its GPUs released, the attempt ended with `result` and `cause`, any stop
         request of the scheduler's own cleared. Raises Conflict when the job is no longer running, or when a
         user's stop (or max_runtime) asks it to end: that wins."""
-        cur = await self._db.execute("SELECT stop_reason FROM jobs WHERE id = ?", (job_id,))
-        row = await cur.fetchone()
+        row = await self._db.fetchone("SELECT stop_reason FROM jobs WHERE id = ?", (job_id,))
         if row is not None and row[0] in (StopReason.STOPPED, StopReason.EXPIRED):
             raise Conflict(f"job {job_id} is being stopped ({row[0]}): not queued again")
         for r in runs:
@@ -225,8 +221,8 @@ class JobTx:
         """The checkpoint `signal` is owed to each of `runs` until `deadline` (a rank owed one already keeps it)."""
         for r in runs:
             await self._db.execute(
-                "INSERT OR IGNORE INTO checkpoint_signals (job, attempt, rank, signal, asked, deadline) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT INTO checkpoint_signals (job, attempt, rank, signal, asked, deadline) "
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (job, attempt, rank) DO NOTHING",
                 (r.job, r.attempt, r.rank, signal, now, deadline),
             )
 
@@ -281,15 +277,15 @@ class JobTx:
             await self._db.execute("DELETE FROM reservations WHERE name = ?", (name,))
             return
         await self._db.execute(
-            "INSERT INTO reservations (name, nodes, start, end_time, user, project, maintenance, reason, created_by, "
-            "created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            'INSERT INTO reservations (name, nodes, start, end_time, "user", project, maintenance, reason, '
+            "created_by, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (r.name, json.dumps(sorted(r.nodes)), r.start, r.end, r.user, r.project, int(r.maintenance), r.reason,
              r.by, r.created),
         )  # fmt: skip
 
     async def evidence(self, job: int, attempt: int, time: float, doc: dict[str, Any], *, keep: int) -> int:
         """Keep a job's evidence document (the newest `keep` of each job stay); its id."""
-        cur = await self._db.execute(
+        evidence_id = await self._db.insert(
             "INSERT INTO evidence (job, attempt, time, data) VALUES (?, ?, ?, ?)", (job, attempt, time, json.dumps(doc))
         )
         await self._db.execute(
@@ -297,8 +293,7 @@ class JobTx:
             "LIMIT ?)",
             (job, job, keep),
         )
-        assert cur.lastrowid is not None
-        return int(cur.lastrowid)
+        return evidence_id
 
     async def alert(
         self,
@@ -319,8 +314,7 @@ class JobTx:
     async def resolve_job_alerts(self, job: int, kind: str, *, now: float, why: str) -> None:
         """Resolve, as ftconsole, the job's open and acknowledged alerts of `kind`, each with its event."""
         sql = "SELECT id FROM alerts WHERE job = ? AND kind = ? AND state IN ('open', 'acknowledged') ORDER BY id"
-        async with self._db.execute(sql, (job, kind)) as cur:
-            ids = [row[0] for row in await cur.fetchall()]
+        ids = [row[0] for row in await self._db.fetchall(sql, (job, kind))]
         for alert_id in ids:
             await _set_alert_state(self._db, alert_id, "resolved", by=AUTO, now=now, why=why)
         if ids:
@@ -335,24 +329,27 @@ class JobTx:
         return changed is not None
 
 
-async def _insert_alert(db: aiosqlite.Connection, alert: NewAlert, *, once: bool) -> None:
+async def _insert_alert(db: Engine, alert: NewAlert, *, once: bool) -> None:
     """Insert an alert; with `once`, only when none of its kind is open or acknowledged for its node or job."""
-    values: list[Any] = [alert.time, alert.kind, alert.severity, alert.job, alert.node, alert.message]
-    sql = "INSERT INTO alerts (time, kind, severity, job, node, message) SELECT ?, ?, ?, ?, ?, ?"
-    if once:
-        sql += (
-            " WHERE NOT EXISTS (SELECT 1 FROM alerts WHERE kind = ? AND node IS ? AND job IS ?"
-            " AND state IN ('open', 'acknowledged'))"
-        )
-        values += [alert.kind, alert.node, alert.job]
-    await db.execute(sql, values)
+    if once:  # the transaction holds the write lock: nobody raises one between this read and the insert
+        sql = "SELECT 1 FROM alerts WHERE kind = ? AND state IN ('open', 'acknowledged')"
+        args: list[Any] = [alert.kind]
+        for column, value in (("node", alert.node), ("job", alert.job)):
+            sql += f" AND {column} IS NULL" if value is None else f" AND {column} = ?"
+            args += [] if value is None else [value]
+        if await db.fetchone(sql + " LIMIT 1", args) is not None:
+            return
+    await db.execute(
+        "INSERT INTO alerts (time, kind, severity, job, node, message) VALUES (?, ?, ?, ?, ?, ?)",
+        (alert.time, alert.kind, alert.severity, alert.job, alert.node, alert.message),
+    )
 
 
 _ALERT_EVENT = {"acknowledged": "alert-acknowledged", "resolved": "alert-resolved"}
 
 
 async def _set_alert_state(
-    db: aiosqlite.Connection, alert_id: int, state: str, *, by: str, now: float, why: str = ""
+    db: Engine, alert_id: int, state: str, *, by: str, now: float, why: str = ""
 ) -> StoredAlert | None:
     """Move one alert to acknowledged or resolved, with its event; the alert as it was, or None if no change."""
     if state == "acknowledged":
@@ -364,12 +361,10 @@ async def _set_alert_state(
         )
     else:
         raise ValueError(f"cannot set an alert to {state!r}")
-    async with db.execute("SELECT * FROM alerts WHERE id = ?", (alert_id,)) as cur:
-        row = await cur.fetchone()
+    row = await db.fetchone("SELECT * FROM alerts WHERE id = ?", (alert_id,))
     if row is None:
         return None
-    cur = await db.execute(sql, (state, by, now, alert_id))
-    if cur.rowcount != 1:
+    if await db.execute(sql, (state, by, now, alert_id)) != 1:
         return None
     alert = _alert_from_row(row)
     what = f"job {alert.job}" if alert.job is not None else alert.node
@@ -388,10 +383,9 @@ async def _set_alert_state(
     return alert
 
 
-async def _auto_resolve(db: aiosqlite.Connection, r: AutoResolve) -> None:
+async def _auto_resolve(db: Engine, r: AutoResolve) -> None:
     sql = "SELECT id FROM alerts WHERE node = ? AND kind = ? AND state IN ('open', 'acknowledged') ORDER BY id"
-    async with db.execute(sql, (r.node, r.kind)) as cur:
-        ids = [row[0] for row in await cur.fetchall()]
+    ids = [row[0] for row in await db.fetchall(sql, (r.node, r.kind))]
     for alert_id in ids:
         await _set_alert_state(db, alert_id, "resolved", by=AUTO, now=r.time, why=r.why)
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sqlite3
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -15,6 +14,7 @@ from ftconsole.probes.health import NodeHealth, NodeState
 from ftconsole.scheduler.decide.jobs import Attempt, Job, JobStatus, Run, StopReason
 from ftconsole.scheduler.decide.reservations import Reservation
 from ftconsole.scheduler.spec.jobspec import JobSpec
+from ftconsole.scheduler.store.engine import Row
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ class JobActivity:
 R = TypeVar("R")
 
 
-def _record(cls: type[R], row: sqlite3.Row, **converted: Any) -> R:
+def _record(cls: type[R], row: Row, **converted: Any) -> R:
     """A record dataclass from a row: columns named like its fields, those needing conversion given."""
     names = _fields(cls)
     wanted = [k for k in row.keys() if k in names and k not in converted]  # noqa: SIM118 (a Row iterates values)
@@ -114,7 +114,7 @@ def _fields(cls: type) -> frozenset[str]:
     return names
 
 
-def _job_from_row(row: sqlite3.Row, spec: JobSpec) -> Job:
+def _job_from_row(row: Row, spec: JobSpec) -> Job:
     return _record(
         Job,
         row,
@@ -127,36 +127,33 @@ def _job_from_row(row: sqlite3.Row, spec: JobSpec) -> Job:
     )
 
 
-def _attempt_from_row(row: sqlite3.Row) -> Attempt:
+def _attempt_from_row(row: Row) -> Attempt:
     return _record(Attempt, row)
 
 
-def _run_from_row(row: sqlite3.Row) -> Run:
+def _run_from_row(row: Row) -> Run:
     return _record(
         Run, row, gpus=tuple(json.loads(row["gpus"])), launch=bool(row["launch"]), released=bool(row["released"])
     )
 
 
-def _alert_from_row(row: sqlite3.Row) -> StoredAlert:
+def _alert_from_row(row: Row) -> StoredAlert:
     return _record(StoredAlert, row, data=json.loads(row["data"]))
 
 
-_UPSERT_NODE = """
-INSERT INTO nodes (name, health, reasons, since, admin, admin_reason, admin_since, admin_by, pending,
-                   good_streak, boot_id, last_probe, isolated_passes, needs_operator)
-VALUES (:name, :health, :reasons, :since, :admin, :admin_reason, :admin_since, :admin_by, :pending,
-        :good_streak, :boot_id, :last_probe, :isolated_passes, :needs_operator)
-ON CONFLICT (name) DO UPDATE SET
-    health = excluded.health, reasons = excluded.reasons, since = excluded.since, admin = excluded.admin,
-    admin_reason = excluded.admin_reason, admin_since = excluded.admin_since, admin_by = excluded.admin_by,
-    pending = excluded.pending, good_streak = excluded.good_streak, boot_id = excluded.boot_id,
-    last_probe = excluded.last_probe, isolated_passes = excluded.isolated_passes,
-    needs_operator = excluded.needs_operator
-"""
+_NODE_COLUMNS = (
+    "name", "health", "reasons", "since", "admin", "admin_reason", "admin_since", "admin_by", "pending",
+    "good_streak", "boot_id", "last_probe", "isolated_passes", "needs_operator",
+)  # fmt: skip
+_UPSERT_NODE = (
+    f"INSERT INTO nodes ({', '.join(_NODE_COLUMNS)}) VALUES ({', '.join('?' * len(_NODE_COLUMNS))}) "
+    "ON CONFLICT (name) DO UPDATE SET " + ", ".join(f"{c} = excluded.{c}" for c in _NODE_COLUMNS[1:])
+)
 
 
-def _health_row(h: NodeHealth) -> dict[str, Any]:
-    return {
+def _health_row(h: NodeHealth) -> tuple[Any, ...]:
+    """The values of `_UPSERT_NODE`, in `_NODE_COLUMNS` order."""
+    row = {
         "name": h.node,
         "health": h.health.value,
         "reasons": json.dumps(list(h.reasons)),
@@ -172,9 +169,10 @@ def _health_row(h: NodeHealth) -> dict[str, Any]:
         "isolated_passes": h.isolated_passes,
         "needs_operator": int(h.needs_operator),
     }
+    return tuple(row[c] for c in _NODE_COLUMNS)
 
 
-def _health_from_row(row: sqlite3.Row) -> NodeHealth:
+def _health_from_row(row: Row) -> NodeHealth:
     return NodeHealth(
         node=row["name"],
         health=NodeState(row["health"]),
@@ -193,7 +191,7 @@ def _health_from_row(row: sqlite3.Row) -> NodeHealth:
     )
 
 
-def reservation_from_row(row: sqlite3.Row) -> Reservation:
+def reservation_from_row(row: Row) -> Reservation:
     return Reservation(
         name=row["name"],
         nodes=frozenset(json.loads(row["nodes"])),

@@ -1,8 +1,12 @@
-"""The state store's schema: the SQL scripts that build it, one per version (`PRAGMA user_version`).
+"""The state store's schema: the SQL scripts that build it, one per version (SQLite's `PRAGMA user_version`).
 
 Migrations are append-only: a script once released is never edited; a change is a new script at the end, and
 `SCHEMA_VERSION` is their count. `Store.open` runs, in order, each script the store has not had, each in its own
 transaction, and refuses a store whose version is newer than this program's rather than guess at it.
+
+On PostgreSQL the same scripts run turned into its DDL by `scheduler.store.postgres.postgres_script` (types,
+row ids, quoted names): a new script sticks to SQL both understand, or gives its SQLite-only text a PostgreSQL
+spelling there (`_FUNCTIONS`); the store's tests run every script on both.
 """
 
 from __future__ import annotations

@@ -4,8 +4,6 @@ columns and fault history, the config keys and the console's flaky mark."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from pydantic import ValidationError
 from rich.text import Text
@@ -26,6 +24,7 @@ from ftconsole.scheduler.spec.config import Node, ProbeSettings
 from ftconsole.scheduler.store.db import Store
 from ftconsole.scheduler.store.records import StoredEvent
 from ftconsole.tui import rows as R
+from tests.unit.conftest import StoreAt
 
 H, D, U, X = NodeState.HEALTHY, NodeState.DEGRADED, NodeState.UNHEALTHY, NodeState.UNREACHABLE
 IS = NodeState.ISOLATED
@@ -252,8 +251,8 @@ def test_node_json_says_flaky_and_the_faults_in_the_window() -> None:
     assert out["isolated_passes"] == 0
 
 
-async def test_store_keeps_the_streak_and_the_hold_and_lists_recent_faults(tmp_path: Path) -> None:
-    async with await Store.open(tmp_path / "state.db") as store:
+async def test_store_keeps_the_streak_and_the_hold_and_lists_recent_faults(store_at: StoreAt) -> None:
+    async with await Store.open(store_at()) as store:
         h = NodeHealth("n1", health=H, reasons=(), admin=IS, admin_reason="x", isolated_passes=2, needs_operator=True)
         events = [
             NodeEvent(1.0, "n1", "state-changed", "old", {"to": "unreachable"}),

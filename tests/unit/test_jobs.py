@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -28,6 +27,7 @@ from ftconsole.scheduler.spec.jobspec import JobSpec
 from ftconsole.scheduler.store.db import Store
 from ftconsole.scheduler.store.jobtx import Conflict
 from ftconsole.scheduler.store.schema import SCHEMA_VERSION
+from tests.unit.conftest import StoreAt
 
 SPEC = JobSpec.from_json({"name": "train", "command": "python3 train.py", "max_runtime": 60})
 
@@ -176,10 +176,11 @@ def test_expired(job: Job, now: float, expected: bool) -> None:
 
 
 # -- store -----------------------------------------------------------------------------------------------------
+# (on SQLite and on PostgreSQL: `store_at`, tests/unit/conftest.py)
 
 
-async def test_store_jobs_round_trip_and_conditional_updates(tmp_path: Path) -> None:
-    async with await Store.open(tmp_path / "state.db") as store:
+async def test_store_jobs_round_trip_and_conditional_updates(store_at: StoreAt) -> None:
+    async with await Store.open(store_at()) as store:
         assert await store.schema_version() == SCHEMA_VERSION
         async with store.jobs_tx("submit") as tx:
             job_id = await tx.add_job(make_job(status=JobStatus.QUEUED, started=None))
@@ -208,8 +209,8 @@ async def test_store_jobs_round_trip_and_conditional_updates(tmp_path: Path) -> 
         assert [j.id for j in await store.jobs(statuses=[JobStatus.SUCCEEDED])] == [job_id]
 
 
-async def test_a_requeue_cancels_what_never_started_and_never_undoes_a_users_stop(tmp_path: Path) -> None:
-    async with await Store.open(tmp_path / "state.db") as store:
+async def test_a_requeue_cancels_what_never_started_and_never_undoes_a_users_stop(store_at: StoreAt) -> None:
+    async with await Store.open(store_at()) as store:
         async with store.jobs_tx("submit") as tx:
             job_id = await tx.add_job(make_job(attempt=1))
             attempt = Attempt(job=job_id, number=1, spec_name=None, gpus_per_node=1, master_port=1, created=2.0)
@@ -234,8 +235,8 @@ async def test_a_requeue_cancels_what_never_started_and_never_undoes_a_users_sto
         assert (ended.result, ended.message, ended.ended) == ("requeued", "gpu07 died", 4.0)
 
 
-async def test_store_refuses_unknown_columns(tmp_path: Path) -> None:
-    async with await Store.open(tmp_path / "state.db") as store:
+async def test_store_refuses_unknown_columns(store_at: StoreAt) -> None:
+    async with await Store.open(store_at()) as store:
         with pytest.raises(ValueError, match="cannot set"):
             async with store.jobs_tx("bad") as tx:
                 await tx.update_job(1, owner="mallory")

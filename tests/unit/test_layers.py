@@ -175,7 +175,7 @@ def test_no_helper_is_written_twice_on_the_node_side() -> None:
 
 # -- the pure folders --------------------------------------------------------------------------------------------
 
-IO_LIBRARIES = ("asyncssh", "aiosqlite", "sqlite3", "httpx", "prometheus_client", "textual")
+IO_LIBRARIES = ("asyncssh", "aiosqlite", "sqlite3", "asyncpg", "httpx", "prometheus_client", "textual")
 
 
 def test_the_decisions_and_specs_import_no_io() -> None:

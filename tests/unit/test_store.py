@@ -1,4 +1,5 @@
-"""The state store: schema versioning, node state written with its events, probe history pruning."""
+"""The state store: schema versioning, node state written with its events, probe history pruning. The tests that
+take `store_at` run on SQLite and on PostgreSQL (tests/unit/conftest.py)."""
 
 from __future__ import annotations
 
@@ -16,27 +17,38 @@ from ftconsole.scheduler.store import db as store_mod
 from ftconsole.scheduler.store.db import Store
 from ftconsole.scheduler.store.records import StoredProbe
 from ftconsole.scheduler.store.schema import SCHEMA_VERSION
+from tests.pg_server import raw_sql
+from tests.unit.conftest import StoreAt
 
 
-async def test_fresh_store_is_migrated_and_reopens(tmp_path: Path) -> None:
-    path = tmp_path / "s" / "state.db"
-    async with await Store.open(path) as store:
+async def test_fresh_store_is_migrated_and_reopens(store_at: StoreAt) -> None:
+    async with await Store.open(store_at()) as store:
         assert await store.schema_version() == SCHEMA_VERSION
+    async with await Store.open(store_at()) as store:
+        assert await store.schema_version() == SCHEMA_VERSION
+
+
+async def test_a_sqlite_store_is_made_in_its_folder_in_wal_mode(tmp_path: Path) -> None:
+    path = tmp_path / "s" / "state.db"
     async with await Store.open(path) as store:
         assert await store.schema_version() == SCHEMA_VERSION
     with sqlite3.connect(path) as db:
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
-async def test_newer_schema_is_refused(tmp_path: Path) -> None:
-    path = tmp_path / "state.db"
-    with sqlite3.connect(path) as db:
-        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+async def test_newer_schema_is_refused(store_at: StoreAt) -> None:
+    where = store_at()
+    if isinstance(where, Path):
+        await raw_sql(where, f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    else:
+        async with await Store.open(where):  # made, then marked newer
+            pass
+        await raw_sql(where, "UPDATE ftconsole_store SET schema_version = ?", (SCHEMA_VERSION + 1,))
     with pytest.raises(StoreError, match="newer than this ftconsole"):
-        await Store.open(path)
+        await Store.open(where)
 
 
-async def test_node_round_trip_with_events(tmp_path: Path) -> None:
+async def test_node_round_trip_with_events(store_at: StoreAt) -> None:
     h = NodeHealth(
         "gpu01",
         health=NodeState.UNHEALTHY,
@@ -52,7 +64,7 @@ async def test_node_round_trip_with_events(tmp_path: Path) -> None:
         last_probe=12.0,
     )
     events = [NodeEvent(10.0, "gpu01", "state-changed", "healthy -> unhealthy", {"to": "unhealthy"})]
-    async with await Store.open(tmp_path / "state.db") as store:
+    async with await Store.open(store_at()) as store:
         await store.save_nodes([(h, events)], [StoredProbe("gpu01", 12.0, None, {"checks": []})])
         assert await store.node_health("gpu01") == h
         assert await store.node_health("nope") is None
@@ -61,9 +73,9 @@ async def test_node_round_trip_with_events(tmp_path: Path) -> None:
         assert (await store.latest_probes())["gpu01"].report == {"checks": []}
 
 
-async def test_failed_write_leaves_nothing_half_done(tmp_path: Path) -> None:
+async def test_failed_write_leaves_nothing_half_done(store_at: StoreAt) -> None:
     bad = NodeEvent(1.0, "n", "state-changed", "x", {"unserialisable": object()})
-    async with await Store.open(tmp_path / "state.db") as store:
+    async with await Store.open(store_at()) as store:
         with pytest.raises(TypeError):
             await store.save_nodes([(NodeHealth("n", health=NodeState.HEALTHY), [bad])])
         # neither the node nor any event was written, and the store still works
@@ -73,15 +85,14 @@ async def test_failed_write_leaves_nothing_half_done(tmp_path: Path) -> None:
         assert await store.node_health("n") is not None
 
 
-async def test_probe_history_is_bounded_per_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_probe_history_is_bounded_per_node(store_at: StoreAt, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(store_mod, "PROBE_HISTORY_PER_NODE", 3)
-    async with await Store.open(tmp_path / "state.db") as store:
+    async with await Store.open(store_at()) as store:
         for t in range(6):
             await store.save_nodes([], [StoredProbe("a", float(t), "down", None), StoredProbe("b", float(t), None, {})])
         latest = await store.latest_probes()
         assert latest["a"].time == 5.0 and latest["a"].error == "down" and latest["b"].report == {}
-    with sqlite3.connect(tmp_path / "state.db") as db:
-        assert db.execute("SELECT COUNT(*) FROM probe_results WHERE node = 'a'").fetchone()[0] == 3
+    assert await raw_sql(store_at(), "SELECT COUNT(*) FROM probe_results WHERE node = 'a'") == [(3,)]
 
 
 async def test_a_version_2_store_is_migrated_with_its_history(tmp_path: Path) -> None:
@@ -137,27 +148,27 @@ async def test_a_version_2_store_is_migrated_with_its_history(tmp_path: Path) ->
         assert "output_at" in {row[1] for row in db.execute("PRAGMA table_info(runs)")}
 
 
-async def test_every_store_has_its_own_cluster_id_kept_across_opens(tmp_path: Path) -> None:
-    async with await Store.open(tmp_path / "a.db") as a, await Store.open(tmp_path / "b.db") as b:
+async def test_every_store_has_its_own_cluster_id_kept_across_opens(store_at: StoreAt) -> None:
+    async with await Store.open(store_at("a")) as a, await Store.open(store_at("b")) as b:
         first = a.cluster_id
-        assert first and b.cluster_id and first != b.cluster_id
-    async with await Store.open(tmp_path / "a.db") as again:
+        assert len(first) == 12 and b.cluster_id and first != b.cluster_id
+    async with await Store.open(store_at("a")) as again:
         assert again.cluster_id == first
 
 
-async def test_notify_cursors_move_forward_only(tmp_path: Path) -> None:
-    async with await Store.open(tmp_path / "state.db") as store:
+async def test_notify_cursors_move_forward_only(store_at: StoreAt) -> None:
+    async with await Store.open(store_at()) as store:
         assert await store.notify_cursors() == {} and await store.newest_alert_id() == 0
         await store.set_notify_cursor("webhook", 5, now=1.0)
         await store.set_notify_cursor("webhook", 3, now=2.0)  # a late writer never moves it back
         await store.set_notify_cursor("command", 0, now=2.0)
         assert await store.notify_cursors() == {"webhook": 5, "command": 0}
-    async with await Store.open(tmp_path / "state.db") as store:  # kept across restarts
+    async with await Store.open(store_at()) as store:  # kept across restarts
         assert await store.notify_cursors() == {"webhook": 5, "command": 0}
 
 
-async def test_alerts_after_an_id_oldest_first_in_any_state(tmp_path: Path) -> None:
-    async with await Store.open(tmp_path / "state.db") as store:
+async def test_alerts_after_an_id_oldest_first_in_any_state(store_at: StoreAt) -> None:
+    async with await Store.open(store_at()) as store:
         async with store.jobs_tx("alerts") as tx:
             for i in range(5):
                 await tx.alert(float(i), "node_unreachable", "error", f"n{i} is unreachable", node=f"n{i}")
@@ -167,9 +178,9 @@ async def test_alerts_after_an_id_oldest_first_in_any_state(tmp_path: Path) -> N
         assert await store.alerts_after(5) == [] and await store.newest_alert_id() == 5
 
 
-async def test_a_checkpoint_signal_owed_is_kept_until_tried_through_or_closed(tmp_path: Path) -> None:
+async def test_a_checkpoint_signal_owed_is_kept_until_tried_through_or_closed(store_at: StoreAt) -> None:
     runs = [Run(7, 1, rank, f"n{rank}", (0,), f"/r/7/1/{rank}", True, "running") for rank in range(3)]
-    async with await Store.open(tmp_path / "state.db") as store:
+    async with await Store.open(store_at()) as store:
         async with store.jobs_tx("decide") as tx:
             await tx.owe_checkpoint(runs, "SIGUSR1", now=10.0, deadline=70.0)
             await tx.owe_checkpoint(runs[:1], "SIGUSR2", now=11.0, deadline=71.0)  # owed once: the first stands
@@ -185,19 +196,18 @@ async def test_a_checkpoint_signal_owed_is_kept_until_tried_through_or_closed(tm
         assert (left.key, left.tries, left.error, left.outcome) == ((7, 1, 0), 1, "no answer", None)
         done = {o.rank: (o.outcome, o.done, o.tries) for o in await store.checkpoint_signals(owed=False, job=7)}
         assert done == {0: (None, None, 1), 1: ("signalled", 12.0, 1), 2: ("late", 80.0, 0)}
-    async with await Store.open(tmp_path / "state.db") as store:  # a scheduler after a crash finds it owed
+    async with await Store.open(store_at()) as store:  # a scheduler after a crash finds it owed
         assert [o.key for o in await store.checkpoint_signals()] == [(7, 1, 0)]
 
 
-async def test_evidence_keeps_the_newest_documents_of_each_job(tmp_path: Path) -> None:
-    async with await Store.open(tmp_path / "state.db") as store:
+async def test_evidence_keeps_the_newest_documents_of_each_job(store_at: StoreAt) -> None:
+    async with await Store.open(store_at()) as store:
         assert await store.evidence(7) is None
         for n in range(5):
             async with store.jobs_tx("keep evidence") as tx:
                 await tx.evidence(7, 1, float(n), {"n": n}, keep=3)
                 await tx.evidence(8, 1, float(n), {"n": 10 + n}, keep=3)
         assert (await store.evidence(7), await store.evidence(8)) == ({"n": 4}, {"n": 14})
-        with sqlite3.connect(tmp_path / "state.db") as db:
-            kept = db.execute("SELECT job, data FROM evidence ORDER BY id").fetchall()
+        kept = await raw_sql(store_at(), "SELECT job, data FROM evidence ORDER BY id")
         got = [(job, json.loads(data)["n"]) for job, data in kept]
         assert got == [(7, 2), (8, 12), (7, 3), (8, 13), (7, 4), (8, 14)]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +17,7 @@ from ftconsole.scheduler.spec.jobspec import JobSpec
 from ftconsole.scheduler.store import db as store_mod
 from ftconsole.scheduler.store.db import ALERT_STATES, Store
 from ftconsole.scheduler.store.records import AutoResolve, JobActivity, NewAlert
+from tests.unit.conftest import StoreAt
 
 SPEC = JobSpec.from_json({"name": "train", "command": "python3 train.py"})
 WAIT = 10.0
@@ -47,8 +47,9 @@ def runs_of(job_id: int, attempt: int, nodes: list[str]) -> list[Run]:
 
 
 @pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    async with await Store.open(tmp_path / "state.db") as s:
+async def store(store_at: StoreAt) -> AsyncIterator[Store]:
+    """A new store, on SQLite and on PostgreSQL (tests/unit/conftest.py)."""
+    async with await Store.open(store_at()) as s:
         yield s
 
 

@@ -2,19 +2,18 @@
 asked for the running jobs and the held runs in each of its steps, and rebuilding the records was most of its
 CPU). What must hold: a read after any write, committed or rolled back, sees the store as it is; a read kept
 is the same data, as a list of its own; another process's write is seen after `refresh` (each tick), which
-keeps the reads where nobody else wrote."""
+keeps the reads where nobody else wrote. Each runs on SQLite and on PostgreSQL (tests/unit/conftest.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import sqlite3
-from pathlib import Path
 
 import pytest
 
 from ftconsole.scheduler.decide.jobs import Attempt, JobStatus
 from ftconsole.scheduler.store.db import Store
 from ftconsole.scheduler.store.jobtx import Conflict
+from tests.unit.conftest import StoreAt
 from tests.unit.test_jobs import make_job, run
 
 
@@ -31,8 +30,8 @@ def counted(monkeypatch, store: Store, name: str) -> list[tuple]:  # type: ignor
     return queries
 
 
-async def test_reads_are_kept_until_a_write_and_each_caller_gets_its_own_list(tmp_path: Path, monkeypatch) -> None:
-    async with await Store.open(tmp_path / "state.db") as store:
+async def test_reads_are_kept_until_a_write_and_each_caller_gets_its_own_list(store_at: StoreAt, monkeypatch) -> None:
+    async with await Store.open(store_at()) as store:
         async with store.jobs_tx("submit") as tx:
             job_id = await tx.add_job(make_job(attempt=1))
             attempt = Attempt(job=job_id, number=1, spec_name=None, gpus_per_node=1, master_port=1, created=2.0)
@@ -59,9 +58,8 @@ async def test_reads_are_kept_until_a_write_and_each_caller_gets_its_own_list(tm
         assert [r.state for r in await store.runs(held=True)] == ["running", "intent"]
 
 
-async def test_jobs_and_running_attempts_are_kept_and_forget_reads_another_processs_write(tmp_path: Path) -> None:
-    path = tmp_path / "state.db"
-    async with await Store.open(path) as store:
+async def test_jobs_and_running_attempts_are_kept_and_forget_reads_another_processs_write(store_at: StoreAt) -> None:
+    async with await Store.open(store_at()) as store:
         async with store.jobs_tx("submit") as tx:
             job_id = await tx.add_job(make_job(attempt=1))
             attempt = Attempt(job=job_id, number=1, spec_name=None, gpus_per_node=1, master_port=1, created=2.0)
@@ -69,17 +67,17 @@ async def test_jobs_and_running_attempts_are_kept_and_forget_reads_another_proce
             await tx.update_job(job_id, status=JobStatus.RUNNING, attempt=1)
         assert [j.status for j in await store.jobs(statuses=[JobStatus.RUNNING])] == [JobStatus.RUNNING]
         assert list(await store.running_attempts()) == [job_id]
-        with sqlite3.connect(path) as other:  # another process (a CLI) writes behind this store's back
-            other.execute("UPDATE jobs SET status = 'succeeded' WHERE id = ?", (job_id,))
+        # another process (a CLI) writes behind this store's back
+        async with await Store.open(store_at()) as other, other.jobs_tx("finish") as tx:
+            await tx.update_job(job_id, status=JobStatus.SUCCEEDED)
         assert [j.id for j in await store.jobs(statuses=[JobStatus.RUNNING])] == [job_id]  # kept
         await store.refresh()  # what each tick does first
         assert await store.jobs(statuses=[JobStatus.RUNNING]) == []
         assert await store.running_attempts() == {}
 
 
-async def test_refresh_keeps_the_reads_where_no_other_process_wrote(tmp_path: Path, monkeypatch) -> None:
-    path = tmp_path / "state.db"
-    async with await Store.open(path) as store:
+async def test_refresh_keeps_the_reads_where_no_other_process_wrote(store_at: StoreAt, monkeypatch) -> None:
+    async with await Store.open(store_at()) as store:
         async with store.jobs_tx("submit") as tx:
             await tx.add_job(make_job())
         await store.refresh()
@@ -89,14 +87,14 @@ async def test_refresh_keeps_the_reads_where_no_other_process_wrote(tmp_path: Pa
             await store.refresh()
             assert len(await store.jobs()) == 1
         assert len(queries) == 1
-        with sqlite3.connect(path) as other:
-            other.execute("UPDATE jobs SET name = 'renamed'")
+        async with await Store.open(store_at()) as other, other.jobs_tx("urgent") as tx:
+            await tx.update_job(1, priority="urgent")
         await store.refresh()
-        assert [j.name for j in await store.jobs()] == ["renamed"] and len(queries) == 2
+        assert [j.priority for j in await store.jobs()] == ["urgent"] and len(queries) == 2
 
 
-async def test_a_read_under_way_when_a_write_begins_is_not_kept(tmp_path: Path, monkeypatch) -> None:
-    async with await Store.open(tmp_path / "state.db") as store:
+async def test_a_read_under_way_when_a_write_begins_is_not_kept(store_at: StoreAt, monkeypatch) -> None:
+    async with await Store.open(store_at()) as store:
         async with store.jobs_tx("submit") as tx:
             job_id = await tx.add_job(make_job(attempt=1))
             attempt = Attempt(job=job_id, number=1, spec_name=None, gpus_per_node=1, master_port=1, created=2.0)

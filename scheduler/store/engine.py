@@ -1,0 +1,182 @@
+"""The store's seam in front of its database: one small interface (`Engine`), on SQLite or on PostgreSQL.
+
+The store's SQL is written once, in the dialect both engines understand: `?` placeholders, `ON CONFLICT`
+upserts, no engine's own functions. An engine runs it as it is (SQLite) or with the placeholders numbered
+(PostgreSQL, `scheduler.store.postgres`); what cannot be shared (the schema's DDL, how a transaction takes the
+write lock, where the schema version is kept, how another process's writes are noticed) lives behind the
+interface. Rows come back as the driver makes them (`sqlite3.Row`, `asyncpg.Record`): both are read by column
+name or index, give `keys()`, turn into a dict and unpack as a tuple, and the store uses nothing else of them.
+"""
+
+from __future__ import annotations
+
+import abc
+import sqlite3
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+
+from ftconsole.scheduler.errors import StoreError
+from ftconsole.scheduler.store.schema import MIGRATIONS
+
+Row = Any  # sqlite3.Row or asyncpg.Record (see the module docstring)
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+
+
+def is_postgres(where: Path | str) -> bool:
+    return isinstance(where, str) and where.startswith(POSTGRES_SCHEMES)
+
+
+class Engine(abc.ABC):
+    """One connection to the store's database, and what differs between SQLite and PostgreSQL."""
+
+    kind: str  # SQLite | PostgreSQL, for messages
+    where: str  # the file, or the URL without its password: for messages
+    errors: tuple[type[BaseException], ...]  # what the driver raises: turned into StoreError at the store's edge
+
+    @abc.abstractmethod
+    async def execute(self, sql: str, args: Sequence[Any] = ()) -> int:
+        """Run one statement; the number of rows it changed."""
+
+    @abc.abstractmethod
+    async def insert(self, sql: str, args: Sequence[Any] = ()) -> int:
+        """Run one INSERT into a table with an `id` key; the id of the row it made."""
+
+    @abc.abstractmethod
+    async def fetchall(self, sql: str, args: Sequence[Any] = ()) -> list[Row]: ...
+
+    async def fetchone(self, sql: str, args: Sequence[Any] = ()) -> Row | None:
+        rows = await self.fetchall(sql, args)
+        return rows[0] if rows else None
+
+    @abc.abstractmethod
+    async def begin(self, *, read_only: bool = False) -> None:
+        """Begin a transaction. A writing one holds the store's write lock until it ends, whatever process
+        writes: the store's transactions read, decide and write as if alone. A read-only one reads one
+        snapshot and waits for nobody."""
+
+    @abc.abstractmethod
+    async def commit(self) -> None: ...
+
+    @abc.abstractmethod
+    async def rollback(self) -> None: ...
+
+    @property
+    @abc.abstractmethod
+    def in_transaction(self) -> bool: ...
+
+    @abc.abstractmethod
+    async def schema_version(self) -> int:
+        """How many of the migrations the database has had (0: a new one)."""
+
+    @abc.abstractmethod
+    async def migrate(self, number: int) -> None:
+        """Run migration `number` (1-based) and record it, in one transaction; nothing if it was run already."""
+
+    @abc.abstractmethod
+    async def changed_elsewhere(self) -> bool:
+        """Whether another connection committed a write since this was last asked (or since this connection's
+        own last commit): a cheap question, asked each tick."""
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+
+class SqliteEngine(Engine):
+    """SQLite through aiosqlite: WAL, a 10 s busy timeout, foreign keys on; `PRAGMA user_version` is the schema
+    version and `PRAGMA data_version` says when another connection committed."""
+
+    kind = "SQLite"
+    errors = (sqlite3.Error,)
+
+    def __init__(self, db: aiosqlite.Connection, path: Path) -> None:
+        self._db = db
+        self.where = str(path)
+        self._data_version: int | None = None
+
+    @classmethod
+    async def connect(cls, path: Path, *, read_only: bool = False) -> SqliteEngine:
+        """Raises OSError or sqlite3.Error (`connect` says which store). `read_only`: a connection that cannot
+        write (the metrics' own)."""
+        # isolation_level None: BEGIN and COMMIT are ours
+        if read_only:
+            db = await aiosqlite.connect(
+                f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=10, isolation_level=None
+            )
+        else:
+            db = await aiosqlite.connect(str(path), timeout=10, isolation_level=None)
+        db.row_factory = sqlite3.Row
+        engine = cls(db, path)
+        if not read_only:
+            try:
+                await db.execute("PRAGMA journal_mode=WAL")
+                await db.execute("PRAGMA busy_timeout=10000")
+                await db.execute("PRAGMA foreign_keys=ON")
+            except BaseException:
+                await db.close()
+                raise
+        return engine
+
+    async def execute(self, sql: str, args: Sequence[Any] = ()) -> int:
+        cur = await self._db.execute(sql, args)
+        return cur.rowcount
+
+    async def insert(self, sql: str, args: Sequence[Any] = ()) -> int:
+        cur = await self._db.execute(sql, args)
+        assert cur.lastrowid is not None
+        return cur.lastrowid
+
+    async def fetchall(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
+        return list(await self._db.execute_fetchall(sql, args))  # one trip to aiosqlite's thread
+
+    async def begin(self, *, read_only: bool = False) -> None:
+        await self._db.execute("BEGIN" if read_only else "BEGIN IMMEDIATE")
+
+    async def commit(self) -> None:
+        await self._db.execute("COMMIT")
+
+    async def rollback(self) -> None:
+        await self._db.execute("ROLLBACK")
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._db.in_transaction
+
+    async def schema_version(self) -> int:
+        row = await self.fetchone("PRAGMA user_version")
+        return int(row[0]) if row else 0
+
+    async def migrate(self, number: int) -> None:
+        await self._db.executescript(
+            f"BEGIN IMMEDIATE;\n{MIGRATIONS[number - 1]}\nPRAGMA user_version = {number};\nCOMMIT;"
+        )
+
+    async def changed_elsewhere(self) -> bool:
+        """SQLite's `data_version` moves with every commit of another connection, never with this one's."""
+        row = await self.fetchone("PRAGMA data_version")
+        version = row[0] if row is not None else None
+        changed = version != self._data_version
+        self._data_version = version
+        return changed
+
+    async def close(self) -> None:
+        await self._db.close()
+
+
+async def connect(where: Path | str, *, read_only: bool = False, purpose: str = "") -> Engine:
+    """An engine for a store file (SQLite) or a `postgresql://` URL; StoreError names it (and `purpose`, such as
+    " for metrics") when it cannot be opened. asyncpg is imported only for a URL."""
+    if is_postgres(where):
+        # imported here: only a PostgreSQL store loads asyncpg
+        from ftconsole.scheduler.store.postgres import PostgresEngine, redact
+
+        try:
+            return await PostgresEngine.connect(str(where), read_only=read_only)
+        except (*PostgresEngine.errors, OSError, ValueError) as exc:
+            raise StoreError(f"cannot open {redact(str(where))}{purpose}: {exc}") from exc
+    try:
+        return await SqliteEngine.connect(Path(where), read_only=read_only)
+    except (OSError, sqlite3.Error) as exc:
+        raise StoreError(f"cannot open {where}{purpose}: {exc}") from exc
