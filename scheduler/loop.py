@@ -57,7 +57,7 @@ from ftconsole.scheduler.spec.config import format_duration
 from ftconsole.scheduler.spec.containers import pulling
 from ftconsole.scheduler.ssh.runs import RunStatus
 from ftconsole.scheduler.store.jobtx import Conflict, JobTx
-from ftconsole.scheduler.watchdog import Watchdog
+from ftconsole.scheduler.watchdog import Watchdog, same_records
 
 log = logging.getLogger("ftconsole.scheduler")
 
@@ -104,6 +104,10 @@ class Loop:
         self._steps: dict[tuple[int, int, int], str | None] = {}  # (job, attempt, rank) read running -> its step
         self._outputs: dict[tuple[int, int, int], float] = {}  # output.log's mtime read or pushed, not yet written
         self._outputs_written = float("-inf")
+        # the running jobs and held runs (as the store gave them) of the last observe pass that had nothing to
+        # decide, write or wait for: the next pass with nothing read or pushed since skips them
+        self._settled: tuple[list[Job], list[Run]] | None = None
+        self._owed = False  # the current pass decided something (or waits for a backoff)
 
     # ============================================================ driving
 
@@ -227,13 +231,26 @@ class Loop:
     # ============================================================ 2. observe
 
     async def _observe(self) -> None:
-        running = {j.id: j for j in await self.store.jobs(statuses=[JobStatus.RUNNING], deleted=True)}
+        listing = await self.store.jobs(statuses=[JobStatus.RUNNING], deleted=True)
+        running = {j.id: j for j in listing}
         observed = self.executor.observations()
         self.watchdog.observe(observed, self.clock())
-        held = [r for r in await self.store.runs(held=True) if r.job in running]
+        every = await self.store.runs(held=True)
+        held = [r for r in every if r.job in running]
         self._adopting(held, observed)
+        pushed = self.executor.outputs()  # output written, as the channels pushed
+        settled, self._settled = self._settled, None
         if not running:
             return
+        if (
+            settled is not None
+            and not (observed or pushed or self._outputs)
+            and same_records(listing, settled[0])
+            and same_records(every, settled[1])
+        ):
+            self._settled = settled  # nothing read, pushed or written since a pass that had nothing to decide
+            return
+        self._owed = False  # a pass that decides, writes or waits for its time sets it
         now = self.clock()
         self._prepared = {k for k in self._prepared if k[0] in running}
         self._steps = {k: step for k, step in self._steps.items() if k[0] in running}
@@ -263,7 +280,7 @@ class Loop:
                     continue
                 changes.append((r, fields))
                 moved = True
-        for (node, run_dir), at in self.executor.outputs().items():  # output written, as the channels pushed
+        for (node, run_dir), at in pushed.items():
             r = by_dir.get((node, run_dir))
             if r is None or (r.job, r.attempt, r.rank) in updated or r.state != "running" or r.output_at == at:
                 continue
@@ -312,6 +329,8 @@ class Loop:
                 await self._observing_failed(job, "release its resized attempt", exc)
                 continue
             self._poke()
+        if not (self._owed or changes or quiet or drained):
+            self._settled = (listing, every)  # the next pass, with nothing new, would find nothing to decide
 
     async def _observe_job(
         self,
@@ -333,6 +352,8 @@ class Loop:
         attempt = attempts.get(job.id)
         was_running = attempt is not None and attempt.started is not None
         decision = await self._preparing(job, runs, settle(job, runs, was_running=was_running), now)
+        if decision is not None:
+            self._owed = True  # decided (or waiting for its time to): the next pass must look again
         if isinstance(decision, Finish) and decision.status is JobStatus.ERROR:
             outcome = await self.recoverer.after_failure(job, runs, mine, decision)
             if outcome is Outcome.WAIT:  # decided on a later tick: the runs are stored as read

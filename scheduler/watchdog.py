@@ -36,7 +36,7 @@ EVIDENCE_TIMEOUT_S = 20.0  # a hang's evidence not gathered by then: the job is 
 Gather = Callable[[Job, Sequence[Run]], Awaitable[Any]]  # -> scheduler.evidence.Evidence
 
 
-def _same(now: Sequence[Any], then: Sequence[Any]) -> bool:
+def same_records(now: Sequence[Any], then: Sequence[Any]) -> bool:
     """The same records, one by one (the store gives the records it kept while nobody wrote)."""
     return len(now) == len(then) and all(a is b for a, b in zip(now, then, strict=True))
 
@@ -122,7 +122,7 @@ class Watchdog:
                 job = running.get(alert.job) if alert.kind == HUNG_ALERT and alert.job is not None else None
                 if job is not None:
                     self._flagged[(job.id, job.attempt)] = float("-inf")
-        if not (_same(listing, self._listing) and _same(held, self._held)):  # written since: the store kept nothing
+        if not (same_records(listing, self._listing) and same_records(held, self._held)):  # written since
             self._listing, self._held = listing, held
             self._jobs = {j.id: j for j in listing}
             live = {(r.job, r.attempt, r.rank) for r in held}
