@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import ftconsole
-from ftconsole import debug_cli, jobs_cli, reservation_cli, shell_cli, usage_cli
+from ftconsole import debug_cli, jobs_cli, reservation_cli, shell_cli, state_cli, usage_cli
 from ftconsole.format import age, gpu_summary, print_json, print_table, runtime_lines
 from ftconsole.jobs_cli import find_config, loaded_config
 from ftconsole.scheduler.errors import ConfigError, FtError, Problem, StoreError
@@ -404,6 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
     debug_cli.add_parser(sub, [common, listing])
     usage_cli.add_parser(sub, [common, listing])
     reservation_cli.add_parser(sub, [common, listing])
+    state_cli.add_parser(sub, [common, listing])
 
     lab_parser = sub.add_parser("lab", help="the local lab cluster (SSH servers on 127.0.0.1)")
     lab_sub = lab_parser.add_subparsers(dest="lab_command", metavar="SUBCOMMAND", required=True)
