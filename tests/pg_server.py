@@ -55,14 +55,18 @@ class PgServer:
         self.root = root
         self.port = port
         self._names = itertools.count(1)
+        self.durable = False
 
     @classmethod
-    def start(cls, bin_dir: Path | None = None) -> PgServer:
+    def start(cls, bin_dir: Path | None = None, *, durable: bool = False) -> PgServer:
+        """A server of its own in a temporary folder. `durable`: with fsync and synchronous commits, as a real
+        one (the benchmarks'); without, faster (the tests')."""
         found = bin_dir or find_bin_dir()
         if found is None:
             raise RuntimeError(PG_MISSING)
         root = Path(tempfile.mkdtemp(prefix="ftpg-", dir="/tmp"))  # short: the socket's path is limited
         server = cls(found, root, _free_port())
+        server.durable = durable
         try:
             if os.geteuid() == 0:
                 nobody = pwd.getpwnam("nobody")
@@ -78,10 +82,9 @@ class PgServer:
 
     def _start_server(self) -> None:
         for tries in range(3):  # the free port may have been taken meanwhile: another one
-            options = (
-                f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.root} -c fsync=off "
-                "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
-            )
+            options = f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.root} -c max_connections=200"
+            if not self.durable:
+                options += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
             try:
                 self._as_owner(
                     ["pg_ctl", "-D", str(self.root / "data"), "-l", str(self.root / "server.log"), "-o", options,
@@ -109,6 +112,20 @@ class PgServer:
         createdb = [str(self.bin_dir / "createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U", USER, name]
         subprocess.run(createdb, check=True, capture_output=True, timeout=TIMEOUT_S)
         return self.url(name)
+
+    def pids(self) -> list[int]:
+        """The server's processes (the postmaster and its children), for their CPU time."""
+        try:
+            main = int((self.root / "data" / "postmaster.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return []
+        out = [main]
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    if int((entry / "stat").read_text().rpartition(")")[2].split()[1]) == main:
+                        out.append(int(entry.name))
+        return out
 
     def log(self) -> str:
         with contextlib.suppress(OSError):
