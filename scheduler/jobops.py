@@ -39,8 +39,9 @@ from ftconsole.scheduler.rules import Caller, Rules
 from ftconsole.scheduler.spec import arrayspec
 from ftconsole.scheduler.spec.config import format_duration
 from ftconsole.scheduler.spec.jobspec import Access, JobSpec
-from ftconsole.scheduler.store.jobtx import Conflict
+from ftconsole.scheduler.store.jobtx import Conflict, JobTx
 from ftconsole.scheduler.store.records import JobActivity, StoredAlert, StoredEvent
+from ftconsole.scheduler.submitting import GroupCommit
 
 log = logging.getLogger("ftconsole.scheduler")
 
@@ -57,6 +58,7 @@ class Scheduler(RankReads, Reserving):
         self.clock = clock
         self.loop = Loop(service, clock=clock, poke=self._poke)
         self.rules = Rules(service, placer=self.loop.placer)
+        self.submits: GroupCommit[tuple[int, int | None]] = GroupCommit(self.store, "submit a job")
         self._changed = asyncio.Event()
         self._nodes = {n.name: n for n in service.all_nodes}
 
@@ -124,7 +126,8 @@ class Scheduler(RankReads, Reserving):
             cloned_from=cloned_from,
         )
         how = f"cloned from job {cloned_from}" if cloned_from else "submitted"
-        async with self.store.jobs_tx("submit a job") as tx:
+
+        async def write(tx: JobTx) -> tuple[int, int | None]:
             # checked and written at once; an array's tasks count one each
             await self.rules.within_cap(caller.user, spec.project, spec.priority.value, count=len(indexes))
             await self._within_quota(caller.user, spec, count=len(indexes))
@@ -136,6 +139,9 @@ class Scheduler(RankReads, Reserving):
                     await tx.update_job(job_id, array_id=job_id)
                 task = "" if index is None else f" (task {index} of array {first})"
                 await tx.event(now, Condition.PENDING, f"{how} by {caller.user}{task}", job=job_id)
+            return job_id, first
+
+        job_id, first = await self.submits.write(write)  # with the submits that arrive meanwhile (group commit)
         self._poke()
         if first is None:
             return dataclasses.replace(job, id=job_id)
