@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from ftconsole.scheduler import loop as loop_module
 from ftconsole.scheduler.errors import AlreadyRunning, NotFound, UsageError
 from ftconsole.scheduler.jobops import Scheduler
 from ftconsole.scheduler.serve.api import ApiClient
@@ -299,14 +300,15 @@ async def test_logs_follow_streams_until_the_run_ends(sshd_cluster, tmp_path, so
 
 
 async def test_last_output_advances_while_a_job_prints_and_the_feed_carries_it(
-    sshd_cluster, tmp_path, sock_dir
+    sshd_cluster, tmp_path, sock_dir, monkeypatch
 ) -> None:
     cluster: SshdCluster = sshd_cluster(2, gpus=1)
     loaded = write_config(cluster, tmp_path, sock_dir)
+    monkeypatch.setattr(loop_module, "OUTPUT_FLUSH_S", 2.0)  # written every 2 s, not 10: the same path, sooner
     async with running(loaded) as (_, client):
         start = await client.call("jobs_changed", since=None)
         assert start["jobs"] == [] and isinstance(start["cursor"], float)
-        # output is pushed every 5 s, and written every 10 s: it prints until stopped, once its output moved twice
+        # output is pushed every 5 s, and written every 2 s here: it prints until stopped, once its output moved twice
         command = "sh -c 'for i in $(seq 300); do echo step $i; sleep 0.4; done'"
         submitted = await client.call("submit", spec=job("printer", command, mode="pytorch", nodes=2))
         assert (submitted["last_output"], submitted["open_alerts"], submitted["node_names"]) == (None, 0, [])
