@@ -13,6 +13,7 @@ from tests.sshd_cluster import (
     SSHD_MISSING,
     SshdCluster,
     gpu_data,
+    pci_bus_id,
     pid_alive,
     sshd_available,
     sshd_cluster_fixture,  # noqa: F401  (the `sshd_cluster` fixture)
@@ -36,6 +37,9 @@ def test_nodes_have_their_own_home_and_gpu_file(sshd_cluster) -> None:
         assert first.split() == [str(node.home), str(node.gpus_file), node.name]
         assert listing.split() == ["cache"]
         data = json.loads(cluster.run(node, _sh('cat "$FTCONSOLE_SIM_GPUS"'), check=True).stdout)
+        # each GPU gets its node's PCI address (the driver's Xid lines name a GPU by it; the nodes share a kernel)
+        addresses = [pci_bus_id(node, i) for i in range(gpus)]
+        assert [g.pop("pci_bus_id") for g in data["gpus"]] == addresses and len(set(addresses)) == gpus
         assert data == gpu_data(gpus)
         assert data["driver_version"] == "550.54.15"
         assert {g["name"] for g in data["gpus"]} == {"NVIDIA H100 80GB HBM3"}
@@ -136,8 +140,9 @@ def test_set_gpus_is_seen_on_the_node(sshd_cluster) -> None:
     data = gpu_data(2)
     data["gpus"][1].update(healthy=False, ecc_uncorrectable=3)
     cluster.set_gpus("node01", data)
-    shown = cluster.run("node01", _sh('cat "$FTCONSOLE_SIM_GPUS"'), check=True).stdout
-    assert json.loads(shown) == data
+    shown = json.loads(cluster.run("node01", _sh('cat "$FTCONSOLE_SIM_GPUS"'), check=True).stdout)
+    assert [g.pop("pci_bus_id") for g in shown["gpus"]] == ["00000001:18:00.0", "00000001:19:00.0"]
+    assert shown == data
 
 
 def test_stop_is_idempotent_and_kills_everything(tmp_path: Path) -> None:
