@@ -116,6 +116,18 @@ class StoreError(FtError):
     title = "state store"
 
 
+class NotLeader(StoreError):
+    """A write refused because this scheduler does not lead (a standby, or a leader whose lease another took):
+    several schedulers share one PostgreSQL store and only the one holding its lease writes."""
+
+    title = "standby"
+
+
+class Fenced(Exception):
+    """A node command or notification not made because this scheduler's lease may have run out (by its own
+    clock). Deliberately no FtError: the loop must not record the action as failed, only leave it undone."""
+
+
 class NotFound(UsageError):
     """A node, job or other object named by the user does not exist."""
 

@@ -31,7 +31,7 @@ from ftconsole.scheduler.decide.launcher import RankLaunch
 from ftconsole.scheduler.decide.reconcile import Actions, Launch, Read, Stop
 from ftconsole.scheduler.decide.runstatus import status_fields
 from ftconsole.scheduler.decide.steps import user_root
-from ftconsole.scheduler.errors import FtError, SSHError, UnreachableError
+from ftconsole.scheduler.errors import Fenced, FtError, SSHError, UnreachableError
 from ftconsole.scheduler.failpoints import afailpoint
 from ftconsole.scheduler.nodeops import ClusterService
 from ftconsole.scheduler.spec.config import Node
@@ -107,6 +107,9 @@ class Executor(Sweeping):
         # (user, node) -> (when, what the user lacks there: "no account", "no home folder")
         self.no_account: dict[tuple[str, str], tuple[float, str]] = {}
         self.checkpoints = CheckpointSignals(self.store, clock=clock, send=self._signal)
+        # whether this scheduler may act on the nodes now: False once its lease may have run out (several schedulers
+        # on one PostgreSQL store: scheduler.serve.leadership); every node command of the loop asks it first
+        self.may_act: Callable[[], bool] = lambda: True
 
     def avoided(self, user: str) -> dict[str, str]:
         """The nodes where `user` was lately found to have no account (or no home folder for its run folders),
@@ -223,13 +226,19 @@ class Executor(Sweeping):
 
     def _done(self, key: Hashable, task: asyncio.Task[None]) -> None:
         self._tasks.pop(key, None)
-        if not task.cancelled() and task.exception() is not None:
+        if not task.cancelled() and isinstance(task.exception(), Fenced):
+            log.info("%s not done: %s", key, task.exception())
+        elif not task.cancelled() and task.exception() is not None:
             log.error("%s failed", key, exc_info=task.exception())
         if not self._in_tick:
             self._poke()  # finished after its tick stopped waiting: the next tick reads what it wrote
 
     async def _ask(self, node: Node, work: Coroutine[Any, Any, Any], *, heartbeat: bool = True) -> Any:
-        """One command on a node, its answer or silence counted (`NodeSilence.ask`)."""
+        """One command on a node, its answer or silence counted (`NodeSilence.ask`); none once this scheduler may
+        no longer lead (`Fenced`: the command is not sent, and nothing is recorded of it)."""
+        if not self.may_act():
+            work.close()
+            raise Fenced(f"{node.name}: not sent, this scheduler's lease may have run out")
         return await self.tracker.ask(node.name, work, heartbeat=heartbeat)
 
     @property
@@ -262,6 +271,8 @@ class Executor(Sweeping):
         except FtError as exc:
             log.warning("job %s: cannot launch attempt %s yet: %s", job.id, launch.attempt, exc)
             return  # the node did not answer: asked again next tick (node_timeout decides when to give up)
+        except Fenced:
+            raise  # not this job's fault: this scheduler may no longer act (scheduler.serve.leadership)
         except Exception as exc:  # a bug or a spec we cannot plan: this job fails, the others go on
             log.exception("job %s: cannot plan its launch", job.id)
             await self._fail(job, f"ftconsole cannot plan its launch: {type(exc).__name__}: {exc}")

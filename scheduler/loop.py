@@ -46,7 +46,7 @@ from ftconsole.scheduler.decide.jobs import (
 )
 from ftconsole.scheduler.decide.reconcile import READ_STATES, Actions, Snapshot, reconcile
 from ftconsole.scheduler.decide.runstatus import missing, status_fields
-from ftconsole.scheduler.errors import FtError, silence_text
+from ftconsole.scheduler.errors import Fenced, FtError, silence_text
 from ftconsole.scheduler.executor import Executor
 from ftconsole.scheduler.failpoints import FailpointError, afailpoint
 from ftconsole.scheduler.nodeops import ClusterService
@@ -77,6 +77,7 @@ class Loop:
         self.clock = clock
         self._poke = poke
         self.looping = False  # True while `run` drives ticks (else jobs only change on request)
+        self.ran = False  # `run` was called: a loop runs once (a standby's next term has a new one)
         self.wake = asyncio.Event()
         self._nodes = {n.name: n for n in service.all_nodes}
         self.executor = Executor(service, clock=clock, poke=poke, fail=self._fail)
@@ -116,7 +117,7 @@ class Loop:
 
         The runs already on the nodes are read from the first tick on; nothing is placed or resized before the
         first probe sweep has said which nodes are healthy (or `probes.timeout` + 5 s have gone by)."""
-        self.looping = True
+        self.looping = self.ran = True
         self._started = time.monotonic()
         first: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         prober = asyncio.create_task(self._probe_loop(stop, first)) if probe else None
@@ -404,8 +405,8 @@ class Loop:
     async def _observing_failed(self, job: Job, doing: str, exc: Exception) -> None:
         """An unexpected error observing one job (a bug, a value the store refuses): logged, and that job fails
         alone with the reason; the other jobs' observations are written as usual."""
-        if isinstance(exc, FailpointError):
-            raise exc  # an error injected by a test stands for the whole step's (scheduler.failpoints)
+        if isinstance(exc, FailpointError | Fenced):
+            raise exc  # a test's error stands for the whole step's (scheduler.failpoints); Fenced: not the job's
         log.exception("job %s: cannot %s", job.id, doing)
         try:
             await self._fail(job, f"ftconsole cannot {doing}: {type(exc).__name__}: {exc}")

@@ -275,7 +275,16 @@ class ClusterView(View):
         good = (feed.cluster or {}).get("goodput") or {}
         ratio = good.get("goodput")  # useful GPU time against the time lost to failures, last 7 days
         shown = f" · goodput {ratio:.1%} (7 days; lost {good['lost_gpu_hours']:.1f} GPU-h)" if ratio is not None else ""
-        return Text(f"{len(nodes)} nodes · GPUs {used}/{total} used{shown}")
+        return Text(f"{len(nodes)} nodes · GPUs {used}/{total} used{shown}{_standby_text(feed.cluster or {})}")
+
+
+def _standby_text(cluster: Mapping[str, Any]) -> str:
+    """ " · standby (leader: HOST, SOCKET)" when attached to a standby scheduler (two head nodes), else ""."""
+    lead = cluster.get("leadership") or {}
+    if lead.get("role") != "standby":
+        return ""
+    leader = lead.get("leader")
+    return f" · standby (leader: {leader['host']}, {leader['socket']})" if leader else " · standby (no leader now)"
 
 
 def _specs_text(cluster: Mapping[str, Any]) -> Text:

@@ -1,8 +1,10 @@
 """The scheduler as a service: the control loop plus the local API, one per state directory.
 
 `serve` (behind `ftconsole serve`, and the console in embedded mode) takes the state_dir lock, opens the
-store and the SSH pool, serves `Operations` on the API socket, and runs the loop until stopped. Jobs keep
-running on their nodes while it is down: their supervisors are detached, and the next start reads them back.
+store and the SSH pool, serves `Operations` on the API socket, and runs the loop until stopped. With the store on
+PostgreSQL, several may share it: one leads and runs the loop, the others stand by (`scheduler.serve.leadership`).
+Jobs keep running on their nodes while it is down: their supervisors are detached, and the next start reads them
+back.
 
 `Operations` maps API ops to `Scheduler` methods and turns their results into JSON. The CLI uses the same
 mapping in-process (`client.LocalClient`) when no scheduler runs, so a reply never depends on the path taken.
@@ -22,7 +24,7 @@ from ftconsole.scheduler import debugenv, failpoints
 from ftconsole.scheduler.decide import placement
 from ftconsole.scheduler.decide.clusterview import cluster_view
 from ftconsole.scheduler.decide.jobs import Job, JobStatus
-from ftconsole.scheduler.errors import UsageError
+from ftconsole.scheduler.errors import NotLeader, UsageError
 from ftconsole.scheduler.jobops import Scheduler
 from ftconsole.scheduler.nodeops import ClusterService
 from ftconsole.scheduler.redaction import redact_json
@@ -41,6 +43,8 @@ log = logging.getLogger("ftconsole.daemon")
 WRITE_OPS = frozenset(
     {"submit", "stop", "delete", "clone", "priority", "extend", "scale", "release", "quota", "reserve", "unreserve"}
 )
+# what a standby refuses (several schedulers on one PostgreSQL store: only the leader changes anything)
+LEADER_OPS = WRITE_OPS | {"ack", "resolve", "probe", "drain", "resume"}
 # The most rows one `events` or `alerts` request returns (issue 26): a larger `limit` is refused, not read.
 MAX_LIMIT = 10_000
 
@@ -50,6 +54,8 @@ class Operations:
 
     def __init__(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
+        # several schedulers on one PostgreSQL store: this one's side of the lease (`serve.leadership.Leadership`)
+        self.leadership: Any = None
         self._ops: dict[str, Callable[[Caller, dict[str, Any]], Awaitable[Any]]] = {
             "whoami": self._whoami,
             "status": self._status,
@@ -89,6 +95,10 @@ class Operations:
         handler = self._ops.get(op)
         if handler is None:
             raise UsageError(f"unknown op {op!r} (known: {', '.join(sorted(self._ops))})")
+        if self.leadership is not None and not self.leadership.leading():
+            if op in LEADER_OPS:
+                raise NotLeader(self.leadership.refusal(op))
+            await self.scheduler.store.refresh()  # no loop here reads the leader's writes: the kept reads may be old
         try:
             return await handler(caller, args)
         except (KeyError, TypeError, ValueError) as exc:
@@ -116,7 +126,12 @@ class Operations:
     async def _status(self, caller: Caller, args: dict[str, Any]) -> Any:
         jobs = await self.scheduler.store.jobs()
         counts = {s.value: sum(1 for j in jobs if j.status is s) for s in JobStatus}
-        return {"pid": os.getpid(), "looping": self.scheduler.looping, "jobs": counts}
+        return {"pid": os.getpid(), "looping": self.scheduler.looping, "jobs": counts, **self._leadership()}
+
+    def _leadership(self) -> dict[str, Any]:
+        """{"leadership": {"role": "leader" | "standby", "epoch", "leader": {"host", "socket", "epoch"} | None}}
+        where several schedulers share a PostgreSQL store; nothing on SQLite."""
+        return {} if self.leadership is None else {"leadership": self.leadership.to_json()}
 
     async def _submit(self, caller: Caller, args: dict[str, Any]) -> Any:
         return {**(await self.scheduler.submit(caller, args["spec"])).to_json(self.now), **JobActivity().to_json()}
@@ -282,7 +297,7 @@ class Operations:
             for gpu in node.get("gpus") or []:
                 if gpu.get("job") in hidden:
                     gpu.update(job=None, private=True)
-        return {**view, "goodput": await s.cluster_goodput()}  # sums only: no job is named
+        return {**view, "goodput": await s.cluster_goodput(), **self._leadership()}  # sums only: no job is named
 
     async def _hidden(self, caller: Caller) -> frozenset[int]:
         """The jobs this caller may not see (`Scheduler.may_see`): left out of listings, events and alerts; the
@@ -406,14 +421,8 @@ async def serve(
             if service is None:
                 service = await stack.enter_async_context(ClusterService.open(loaded))
             scheduler = Scheduler(service)
-            await stack.enter_async_context(
-                ApiServer(loaded.socket_path, Operations(scheduler), group=loaded.cluster.api.group)
-            )
-            # new alerts to the notify targets, in a task of its own (never holds up the loop)
-            await stack.enter_async_context(notify.running(loaded.cluster.notify, service.store))
-            await stack.enter_async_context(alertmanager.running(loaded.cluster, service.store))
-            # Prometheus metrics on metrics.listen, read from the store at each scrape (off without it)
-            await stack.enter_async_context(metrics.serving(loaded.cluster.metrics, scheduler))
+            ops = Operations(scheduler)
+            await stack.enter_async_context(ApiServer(loaded.socket_path, ops, group=loaded.cluster.api.group))
             log.info(
                 "serving %s on %s (cluster id %s, run folders %s)",
                 loaded.state_dir,
@@ -423,9 +432,37 @@ async def serve(
             )
             if failpoints.active():
                 log.warning("failpoints active: %s", failpoints.active())
-            if ready is not None:
-                ready(scheduler)
-            await scheduler.run(stop, probe=probe)
+            readied = False
+
+            async def lead(scheduler: Scheduler, stop: asyncio.Event, leadership: Any = None) -> None:
+                """The loop with what follows the leader: notifications, the Alertmanager sync, metrics."""
+                async with contextlib.AsyncExitStack() as term:
+                    assert service is not None
+                    # new alerts to the notify targets, in a task of its own (never holds up the loop)
+                    dispatcher = await term.enter_async_context(notify.running(loaded.cluster.notify, service.store))
+                    if dispatcher is not None and leadership is not None:
+                        dispatcher.may_send = leadership.leading
+                    await term.enter_async_context(alertmanager.running(loaded.cluster, service.store))
+                    # Prometheus metrics on metrics.listen, read from the store at each scrape (off without it)
+                    await term.enter_async_context(metrics.serving(loaded.cluster.metrics, scheduler))
+                    nonlocal readied
+                    if ready is not None and not readied:
+                        readied = True
+                        ready(scheduler)
+                    await scheduler.run(stop, probe=probe)
+
+            if loaded.cluster.state is None:  # SQLite: one scheduler per state_dir, its lock says so
+                await lead(scheduler, stop)
+                return
+            from ftconsole.scheduler.serve import leadership  # loads asyncpg: PostgreSQL only
+
+            def standing_ready() -> None:  # once the lease was first looked at: leading or not, its API serves
+                nonlocal readied
+                if ready is not None and not readied:
+                    readied = True
+                    ready(scheduler)
+
+            await leadership.serve(loaded, service, ops, stop, lead, ready=standing_ready)
 
 
 async def serve_until_signalled(loaded: LoadedConfig) -> None:

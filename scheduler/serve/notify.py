@@ -337,6 +337,9 @@ class Dispatcher:
         self._task: asyncio.Task[None] | None = None
         self._deliveries: set[asyncio.Task[None]] = set()
         self._slots: dict[str, asyncio.Semaphore] = {}
+        # False once this scheduler's lease may have run out (scheduler.serve.leadership): nothing more is sent, and
+        # the cursors stay where they are, so the next leader sends what this one did not
+        self.may_send: Callable[[], bool] = lambda: True
 
     async def __aenter__(self) -> Dispatcher:
         s = self.settings
@@ -487,6 +490,9 @@ class Dispatcher:
         tries = 1 + self.settings.retries
         async with self._slots[target.name]:
             for n in range(1, tries + 1):
+                if not self.may_send():
+                    log.info("notification of %s to %s not sent: not leading (the leader sends it)", what, target.name)
+                    return
                 try:
                     await target.send(body)
                 except DeliveryFailed as exc:

@@ -28,6 +28,8 @@ from ftconsole.scheduler.spec.sharingspec import QuotaLimits as QuotaLimits
 from ftconsole.scheduler.spec.sharingspec import QuotaSettings as QuotaSettings
 
 # the value types live in spec/values.py; the config's callers import them from here as before
+from ftconsole.scheduler.spec.statespec import LEASE_S as LEASE_S
+from ftconsole.scheduler.spec.statespec import StateSettings as StateSettings
 from ftconsole.scheduler.spec.values import Duration as Duration
 from ftconsole.scheduler.spec.values import PositiveDuration as PositiveDuration
 from ftconsole.scheduler.spec.values import RetentionDuration as RetentionDuration
@@ -254,29 +256,6 @@ class MetricsSettings(_Strict):
     @property
     def address(self) -> tuple[str, int]:
         return parse_listen(self.listen)
-
-
-class StateSettings(_Strict):
-    """The store on a PostgreSQL server instead of SQLite in state_dir (docs/operations.md, State on PostgreSQL)."""
-
-    url: str  # postgresql://USER@HOST:PORT/DATABASE (a password: ~/.pgpass or $PGPASSWORD, not here)
-
-    @field_validator("url", mode="before")
-    @classmethod
-    def _url(cls, value: Any) -> str:
-        shape = "postgresql://USER@HOST:PORT/DATABASE"
-        text = value.strip() if isinstance(value, str) else ""
-        try:
-            parts = urlsplit(text)
-            parts.port  # noqa: B018 (parsing it: a port that is not a number raises)
-        except ValueError as exc:
-            raise ValueError(f"{value!r} is not a URL ({exc}); give {shape}") from None
-        if parts.scheme not in ("postgresql", "postgres") or not parts.netloc + parts.query:
-            raise ValueError(
-                f"give a PostgreSQL URL, {shape}, not {value!r} (the default store, SQLite in state_dir, needs no "
-                "url: leave state out)"
-            )
-        return text
 
 
 class NodeGroup(_Strict):

@@ -127,6 +127,10 @@ class Store(SharingReads):
     async def schema_version(self) -> int:
         return await self._db.schema_version()
 
+    def fence(self, epoch: int | None) -> None:
+        """Check each write transaction against this lease epoch from now on (`Engine.epoch`)."""
+        self._db.epoch = epoch
+
     # -- nodes -------------------------------------------------------------------------------------------
 
     async def node_health(self, name: str) -> NodeHealth | None:

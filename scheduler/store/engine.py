@@ -35,6 +35,9 @@ class Engine(abc.ABC):
     kind: str  # SQLite | PostgreSQL, for messages
     where: str  # the file, or the URL without its password: for messages
     errors: tuple[type[BaseException], ...]  # what the driver raises: turned into StoreError at the store's edge
+    # the lease epoch every write transaction must find, under the write lock, or fail with NotLeader (PostgreSQL
+    # shared by several schedulers: scheduler.serve.leadership); None: none checked (SQLite has one scheduler)
+    epoch: int | None = None
 
     @abc.abstractmethod
     async def execute(self, sql: str, args: Sequence[Any] = ()) -> int:

@@ -23,6 +23,7 @@ is bounded by `lock_timeout` (10 s, as SQLite's busy timeout); a statement by `c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import re
 from collections.abc import Sequence
@@ -32,12 +33,13 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from ftconsole.scheduler.errors import StoreError
+from ftconsole.scheduler.errors import NotLeader, StoreError
 from ftconsole.scheduler.store.engine import Engine, Row
 from ftconsole.scheduler.store.schema import MIGRATIONS
 
 CONNECT_TIMEOUT_S = 10.0
 COMMAND_TIMEOUT_S = 120.0  # a statement that takes longer (the server or the network gone) fails the write
+IDLE_IN_TRANSACTION = "5s"
 WRITE_LOCK = 0x6674636F6E736F6C  # "ftconsol": the advisory lock of the store's write transactions
 
 _TABLE = """
@@ -47,7 +49,23 @@ CREATE TABLE IF NOT EXISTS ftconsole_store (
     writes          BIGINT NOT NULL         -- bumped by every write transaction (see the module docstring)
 );
 INSERT INTO ftconsole_store (one, schema_version, writes) VALUES (1, 0, 0) ON CONFLICT (one) DO NOTHING;
+CREATE TABLE IF NOT EXISTS ftconsole_lease (
+    one      INTEGER PRIMARY KEY CHECK (one = 1),
+    holder   TEXT NOT NULL,                 -- the leading scheduler's id; '' when none ever led or it let go
+    epoch    BIGINT NOT NULL,               -- bumped by each takeover; every write of the leader checks it
+    expires  DOUBLE PRECISION NOT NULL,     -- by the server's clock, seconds since the epoch
+    host     TEXT NOT NULL,                 -- the leader's host and API socket, for messages
+    socket   TEXT NOT NULL
+);
+INSERT INTO ftconsole_lease VALUES (1, '', 0, 0, '', '') ON CONFLICT (one) DO NOTHING;
 """
+# a write transaction of a scheduler that leads with epoch {epoch} (the lease, scheduler.decide.leadership): it
+# fails, under the write lock, when another has taken the lease since
+STALE_EPOCH = "FT001"  # the SQLSTATE it fails with
+_FENCE = (
+    "DO $$BEGIN IF (SELECT epoch FROM ftconsole_lease) IS DISTINCT FROM {epoch} THEN "
+    f"RAISE EXCEPTION 'stale epoch' USING ERRCODE = '{STALE_EPOCH}'; END IF; END$$"
+)
 
 # the SQLite functions of the migrations, per migration: (SQLite's text, PostgreSQL's)
 _FUNCTIONS: dict[int, tuple[tuple[str, str], ...]] = {
@@ -107,6 +125,11 @@ def redact(url: str) -> str:
 
 async def _connect(url: str, *, read_only: bool) -> asyncpg.Connection:
     settings = {"application_name": "ftconsole", "lock_timeout": "10s"}
+    if not read_only:
+        # a transaction left open by a scheduler cut off from the server ends after this, and its write lock with
+        # it: a standby's takeover waits for that lock (scheduler.store.lease). The store's transactions never
+        # wait on anything but the server: a scheduler that is there never comes near it
+        settings["idle_in_transaction_session_timeout"] = IDLE_IN_TRANSACTION
     if read_only:
         settings["default_transaction_read_only"] = "on"
     return await asyncpg.connect(
@@ -131,6 +154,7 @@ class PostgresEngine(Engine):
         self._open = False  # a transaction begun and not yet ended (by us: the connection may be lost meanwhile)
         self._writing = False  # in a write transaction (its commit bumps `writes`)
         self._writes: int | None = None  # the `writes` counter as last seen
+        self.epoch: int | None = None  # the lease epoch every write transaction must find (None: none checked)
 
     @classmethod
     async def connect(cls, url: str, *, read_only: bool = False) -> PostgresEngine:
@@ -177,9 +201,22 @@ class PostgresEngine(Engine):
     async def begin(self, *, read_only: bool = False) -> None:
         if read_only:  # the counts of one scrape, from one snapshot
             await self.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        else:
-            await self.execute(f"BEGIN; SELECT pg_advisory_xact_lock({WRITE_LOCK})")
-        self._open, self._writing = True, not read_only
+            self._open, self._writing = True, False
+            return
+        fence = "" if self.epoch is None else _FENCE.format(epoch=int(self.epoch))
+        try:
+            await self.execute(f"BEGIN; SELECT pg_advisory_xact_lock({WRITE_LOCK}); {fence}")
+        except BaseException as exc:
+            self._open = True  # begun, maybe: ended here, whatever failed
+            with contextlib.suppress(*self.errors, OSError):
+                await self.rollback()
+            if getattr(exc, "sqlstate", None) == STALE_EPOCH:
+                raise NotLeader(
+                    f"not written to {self.where}: this scheduler does not hold the lease (epoch {self.epoch}): "
+                    "another leads"
+                ) from None
+            raise
+        self._open, self._writing = True, True
 
     async def commit(self) -> None:
         if self._writing:

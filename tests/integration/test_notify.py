@@ -496,3 +496,19 @@ async def test_serve_killed_while_its_webhook_failed_sends_the_alert_after_its_r
     body = posts[-1]["json"]
     assert (body["kind"], body["node"]) == ("node_unreachable", "dead01"), (tmp_path / "serve.log").read_text()
     assert body["id"] == posts[0]["json"]["id"]  # the same alert: not raised again, sent again
+
+
+async def test_a_dispatcher_no_longer_leading_sends_nothing_and_the_next_leader_sends_it_once(
+    store: Store, hook: Hook
+) -> None:
+    """Two head nodes (docs/operations.md): once its lease may have run out, a leader's dispatcher sends nothing
+    and leaves its cursor, so the next leader's sends the alert, once."""
+    async with Dispatcher(NotifySettings(webhook=hook.url), store, **FAST) as old:
+        old.may_send = lambda: False
+        await node_alert(store, "gpu09")
+        await asyncio.sleep(0.5)  # time enough for a wrong POST
+    assert hook.received() == []
+    async with Dispatcher(NotifySettings(webhook=hook.url), store, **FAST):
+        posts = await until(hook.received, lambda p: len(p) >= 1, "the POST")
+        await asyncio.sleep(0.3)
+    assert len(hook.received()) == 1 and posts[0]["json"]["node"] == "gpu09"
