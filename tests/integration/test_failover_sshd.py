@@ -1,9 +1,10 @@
 """Two head nodes: two `ftconsole serve` on one PostgreSQL store (tests/pg_server.py) and real sshd nodes.
 
 One leads, the other stands by (it answers reads, refuses writes naming the leader, in the CLI too). Jobs are
-submitted and running when the leader is killed -9; the standby takes the lease, re-adopts the runs from the nodes
-and carries every job to its right end; no rank starts twice (each start appends its pid to a file on its node, as
-in test_crash_sshd.py); the old leader, restarted while the new one leads, stays a standby and says so in its log.
+running, and one more just submitted (being placed or launched), when the leader is killed -9; the standby takes
+the lease, re-adopts the runs from the nodes and carries every job to its right end; no rank starts twice (each
+start appends its pid to a file on its node, as in test_crash_sshd.py); the old leader, restarted while the new
+one leads, stays a standby and says so in its log.
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ JOBS: dict[str, tuple[dict[str, Any], str, int]] = {
     "one": ({"command": f"sh -c '{START}; sleep 7'"}, "succeeded", 1),
     "pair": ({"mode": "pytorch", "nodes": 2, "command": f"sh -c '{START}; sleep 7'"}, "succeeded", 2),
     "fails": ({"command": f"sh -c '{START}; sleep 7; exit 3'"}, "error", 1),
+}
+# submitted just before the kill, on GPUs left free: the leader dies while it places or launches it
+LATE: dict[str, tuple[dict[str, Any], str, int]] = {
+    "late": ({"command": f"sh -c '{START}; sleep 2'"}, "succeeded", 1),
 }
 
 
@@ -85,7 +90,7 @@ async def test_the_standby_takes_over_from_a_killed_leader_and_runs_nothing_twic
     sshd_cluster, tmp_path, pg_server: PgServer
 ) -> None:
     url = pg_server.database()
-    cluster: SshdCluster = sshd_cluster(2, gpus=2)
+    cluster: SshdCluster = sshd_cluster(2, gpus=3)
     a_root, b_root = tmp_path / "a", tmp_path / "b"
     a_conf, b_conf = config(cluster, a_root, url), config(cluster, b_root, url)
     procs = [serve(a_conf, a_root)]
@@ -114,7 +119,11 @@ async def test_the_standby_takes_over_from_a_killed_leader_and_runs_nothing_twic
             )
 
         await until("every job running", all_running, procs[0], a_root)
+        late = {(await call(a_root, "submit", spec={"name": n, **LATE[n][0]}))["id"]: n for n in LATE}
+        await asyncio.sleep(0.2)  # a tick or so: placed, or its start on the way
         kill(procs[0])  # the leader dies; its runs go on on the nodes
+        ids.update(late)
+        expected = {**JOBS, **LATE}
         killed = time.monotonic()
         await until("b leads", lambda: _is(b_root, "leader"), procs[1], b_root)
         took = time.monotonic() - killed
@@ -132,10 +141,10 @@ async def test_the_standby_takes_over_from_a_killed_leader_and_runs_nothing_twic
             return seen if all(s not in ("queued", "running") for s in seen.values()) else None
 
         seen = await until("every job ended", ended, procs[1], b_root)
-        assert seen == {i: JOBS[n][1] for i, n in ids.items()}, seen
+        assert seen == {i: expected[n][1] for i, n in ids.items()}, seen
         for job_id, name in ids.items():
             starts = list(_starts(cluster, job_id))
-            assert len(starts) == JOBS[name][2], f"job {job_id} ({name}): ranks started {starts}"
+            assert len(starts) == expected[name][2], f"job {job_id} ({name}): ranks started {starts}"
             assert not any(pid_alive(int(pid)) for pid in starts)
         assert await _is(a_root, "standby")  # still
         log = (a_root / "serve.log").read_text()
