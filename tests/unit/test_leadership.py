@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 
 from ftconsole.scheduler.decide.leadership import LeaseRow, Step, Timing, decide, fenced
-from ftconsole.scheduler.errors import ConfigError, Fenced, FtError, NotLeader
+from ftconsole.scheduler.errors import Fenced, FtError, NotLeader
 from ftconsole.scheduler.executor import Executor
-from ftconsole.scheduler.spec import yamlfile
 from ftconsole.scheduler.spec.config import ClusterConfig
 from ftconsole.scheduler.store.db import Store
 from tests.pg_server import PgServer, raw_sql
 from tests.unit.test_jobs import make_job
+from tests.unit.test_store_postgres import config_problem
 
 T = Timing(lease_s=10.0, renew_s=2.5, check_s=2.0, margin_s=1.0)  # fences 9 s after its last renewal was sent
 ME, OTHER = "me", "other"
@@ -80,12 +80,7 @@ def test_the_lease_setting(tmp_path, state: dict[str, str], problem: str | None)
     if problem is None:
         assert ClusterConfig.model_validate({"state": state}).state.lease == 4.0  # type: ignore[union-attr]
         return
-    path = tmp_path / "cluster.yaml"
-    path.write_text(f"nodes: [{{name: n1}}]\nstate: {json.dumps(state)}\n")
-    data, marks = yamlfile.load(path)
-    with pytest.raises(ConfigError) as caught:
-        yamlfile.validate(ClusterConfig, data, str(path), marks)
-    (found,) = caught.value.problems
+    found = config_problem(tmp_path, f"nodes: [{{name: n1}}]\nstate: {json.dumps(state)}\n")
     assert found.line == 2 and found.path.startswith("state") and problem in found.message
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from ftconsole.cli import main
 from ftconsole.scheduler.decide.jobs import JobStatus
-from ftconsole.scheduler.errors import ConfigError, StoreError
+from ftconsole.scheduler.errors import ConfigError, Problem, StoreError
 from ftconsole.scheduler.serve import metrics
 from ftconsole.scheduler.spec import yamlfile
 from ftconsole.scheduler.spec.config import ClusterConfig
@@ -73,13 +73,19 @@ def test_the_state_url_must_be_postgresql(tmp_path: Path, url: object, problem: 
     if problem is None:
         assert ClusterConfig.model_validate({"state": {"url": url}}).state is not None
         return
+    found = config_problem(tmp_path, f"nodes: [{{name: n1}}]\nstate:\n  url: {json.dumps(url)}\n")
+    assert (found.line, found.path) == (3, "state.url") and problem in found.message
+
+
+def config_problem(tmp_path: Path, text: str) -> Problem:
+    """The one problem a cluster config of `text` has, as `config check` reports it (with its line)."""
     path = tmp_path / "cluster.yaml"
-    path.write_text(f"nodes: [{{name: n1}}]\nstate:\n  url: {json.dumps(url)}\n")
+    path.write_text(text)
     data, marks = yamlfile.load(path)
     with pytest.raises(ConfigError) as caught:
         yamlfile.validate(ClusterConfig, data, str(path), marks)
     (found,) = caught.value.problems
-    assert (found.line, found.path) == (3, "state.url") and problem in found.message
+    return found
 
 
 # -- on a real server -----------------------------------------------------------------------------------------
