@@ -86,7 +86,7 @@ class Goodput:
         ratio = self.ratio
         if ratio is None:
             return "-"
-        text = f"{ratio:.1%} (useful {self.useful / 3600:.1f} GPU-h"
+        text = f"{round(ratio, 4):.1%} (useful {self.useful / 3600:.1f} GPU-h"  # the JSON's `goodput`, shown
         if self.lost <= 0:
             return text + "; nothing lost)"
         redone, still = self.rework / 3600, self.downtime / 3600

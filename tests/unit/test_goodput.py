@@ -115,3 +115,10 @@ def test_per_user_and_for_the_cluster_from_the_stores_rows() -> None:
     assert total == rows["ann"] + rows["bob"]
     with pytest.raises(ValueError, match="by one of user, project"):
         goodput_by(jobs, attempts, runs, marks, "node", 0, NOW, NOW)
+
+
+def test_the_text_shows_the_ratio_the_json_gives() -> None:
+    """0.09854 rounds to 0.0985 in the JSON, which shows as 9.8%; the unrounded ratio would read 9.9%."""
+    g = Goodput(9854.0, 90146.0)
+    assert g.to_json()["goodput"] == 0.0985
+    assert g.describe().startswith(f"{g.to_json()['goodput']:.1%} (useful ") and g.describe().startswith("9.8%")
