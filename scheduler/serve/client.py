@@ -116,14 +116,15 @@ async def scheduler_here(loaded: LoadedConfig) -> AsyncIterator[LocalClient]:
     as the block lasts, and a client of it. AlreadyRunning when another scheduler holds the state_dir."""
     stop = asyncio.Event()
     started: asyncio.Future[Scheduler] = asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(serve(loaded, stop, ready=started.set_result))
+    answering: list[Operations] = []  # the API's own: on a standby they name the leader when they refuse a change
+    task = asyncio.create_task(serve(loaded, stop, ready=started.set_result, answering=answering.append))
     first: list[asyncio.Future[Any]] = [started, task]
     await asyncio.wait(first, return_when=asyncio.FIRST_COMPLETED)
     if not started.done():  # it stopped before it served: say why
         await task
         raise FtError(f"the scheduler for {loaded.state_dir} stopped before it started")
     try:
-        yield LocalClient(Operations(started.result()), this_process())
+        yield LocalClient(answering[0], this_process())
     finally:
         stop.set()
         await task  # a scheduler that failed meanwhile says why here

@@ -411,10 +411,13 @@ async def serve(
     ready: Callable[[Scheduler], None] | None = None,
     probe: bool = True,
     service: ClusterService | None = None,
+    answering: Callable[[Operations], None] | None = None,
 ) -> None:
     """Run the scheduler with its API until `stop` is set. AlreadyRunning when another one holds state_dir.
 
     `service`: an open ClusterService to share (the console's); by default one is opened and closed here.
+    `answering`: told the operations that answer its API (a console in this process calls the same: on a
+    standby, they refuse a change naming the leader).
     """
     with StateLock(loaded.state_dir):
         async with contextlib.AsyncExitStack() as stack:
@@ -422,6 +425,8 @@ async def serve(
                 service = await stack.enter_async_context(ClusterService.open(loaded))
             scheduler = Scheduler(service)
             ops = Operations(scheduler)
+            if answering is not None:
+                answering(ops)
             await stack.enter_async_context(ApiServer(loaded.socket_path, ops, group=loaded.cluster.api.group))
             log.info(
                 "serving %s on %s (cluster id %s, run folders %s)",

@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import yaml
 
 from ftconsole.scheduler.decide.leadership import LeaseRow, Step, Timing, decide, fenced
 from ftconsole.scheduler.errors import Fenced, FtError, NotLeader
 from ftconsole.scheduler.executor import Executor
-from ftconsole.scheduler.spec.config import ClusterConfig
+from ftconsole.scheduler.spec.config import ClusterConfig, LoadedConfig, load_config
 from ftconsole.scheduler.store.db import Store
 from tests.pg_server import PgServer, raw_sql
 from tests.unit.test_jobs import make_job
@@ -260,3 +262,42 @@ async def test_a_leader_cut_off_from_the_database_stops_acting_before_a_standby_
         stop.set()
         await a.table.close()
         await b.table.close()
+
+
+def head_config(root: Path, sock_dir: Path, name: str, url: str) -> LoadedConfig:
+    """A head node's config on the shared store: its own state_dir and socket, one node that is never reached."""
+    (root / name).mkdir()
+    config = {
+        "state_dir": str(root / name / "state"),
+        "nodes": [{"name": "n1", "host": "127.0.0.1", "port": 1}],
+        "api": {"socket": str(sock_dir / f"{name}.sock")},
+        "state": {"url": url},
+    }
+    (root / name / "cluster.yaml").write_text(yaml.safe_dump(config))
+    return load_config(root / name / "cluster.yaml")
+
+
+async def test_a_scheduler_started_here_on_a_standby_refuses_changes_naming_the_leader(
+    pg_url: str, tmp_path: Path, sock_dir: Path
+) -> None:
+    """The console or the CLI with no scheduler of its own starts one in its process (`scheduler_here`); on a
+    standby, what it asks is answered as the standby's API answers it: the refusal names the leader."""
+    from ftconsole.scheduler.serve.client import scheduler_here
+    from ftconsole.scheduler.serve.daemon import serve
+
+    leader_conf = head_config(tmp_path, sock_dir, "head-a", pg_url)
+    stop = asyncio.Event()
+    ready: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    leader = asyncio.create_task(serve(leader_conf, stop, ready=ready.set_result, probe=False))
+    try:
+        await asyncio.wait_for(asyncio.shield(ready), 30)
+        async with scheduler_here(head_config(tmp_path, sock_dir, "head-b", pg_url)) as here:
+            status = await asyncio.wait_for(here.call("status"), 30)
+            assert status["leadership"]["role"] == "standby"
+            assert status["leadership"]["leader"]["socket"] == str(leader_conf.socket_path)
+            with pytest.raises(NotLeader, match=f"the leader is on .*, socket {leader_conf.socket_path}"):
+                await here.call("submit", spec={"name": "j", "command": "true"})
+        assert await raw_sql(pg_url, "SELECT count(*) FROM jobs") == [(0,)]
+    finally:
+        stop.set()
+        await asyncio.wait_for(leader, 30)
