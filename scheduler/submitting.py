@@ -2,11 +2,13 @@
 
 A submit is answered once it is on disk, and the disk's flush is most of its time (SQLite's WAL with
 synchronous FULL, PostgreSQL's commit). Written one transaction each, concurrent submits wait for each other's
-flush; written together, they share one. Each part runs in a savepoint of its own (`JobTx.savepoint`): a part
-that fails (a quota, a cap, a value the store refuses) rolls back its own writes and fails its own caller, the
-others are committed. A part is written in the order it arrived, and each sees what the parts before it
-wrote (a cap counts the jobs submitted just before in the same transaction). A caller that goes away before its
-part is written (cancelled) leaves it out. A lone write waits for nobody: the first starts a transaction at once.
+flush; written together, they share one. A part that fails (a quota, a cap, a value the store refuses) fails its
+own caller: its transaction is rolled back and the others are written again without it, in a new one (a
+failure costs a second transaction; success, which is the rule, costs no savepoint: two round trips per part on
+PostgreSQL). A part is written in the order it arrived, and each sees what the parts before it wrote (a cap
+counts the jobs submitted just before in the same transaction: the store's kept reads of a table go as it is
+written). A caller that goes away before its part is written (cancelled) leaves it out. A lone write waits for
+nobody: the first starts a transaction at once.
 """
 
 from __future__ import annotations
@@ -46,32 +48,47 @@ class GroupCommit(Generic[T]):
                 await self._commit(batch)
 
     async def _commit(self, batch: list[tuple[Part, asyncio.Future[Any]]]) -> None:
-        outcomes: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
+        while batch:
+            refused = await self._try(batch)
+            if refused is None:
+                return
+            index, error = refused  # rolled back: written again without it
+            done = batch.pop(index)[1]
+            if not done.done():
+                done.set_exception(error)
+            batch = [(part, done) for part, done in batch if not done.cancelled()]
+
+    async def _try(self, batch: list[tuple[Part, asyncio.Future[Any]]]) -> tuple[int, Exception] | None:
+        """Write `batch` in one transaction and answer each part; or, where a part of several failed, roll it all
+        back and say which part, with its error."""
+        values: list[Any] = []
+        refused: tuple[int, Exception] | None = None
         what = self.what if len(batch) == 1 else f"{self.what} ({len(batch)} at once)"
         self.transactions += 1
         try:
             async with self.store.jobs_tx(what) as tx:
-                if len(batch) == 1:  # alone: its failure is the transaction's, no savepoint needed
-                    outcomes.append((batch[0][1], await batch[0][0](tx), None))
-                else:
-                    for part, done in batch:
-                        self.store.forget()  # its reads (a cap, a quota) see the parts before it
-                        try:
-                            async with tx.savepoint():
-                                outcomes.append((done, await part(tx), None))
-                        except Exception as refused:  # this part alone: the others go on
-                            outcomes.append((done, None, refused))
-        except BaseException as exc:  # nothing was written (the commit failed, the store is gone...): each is told
+                for index, (part, _) in enumerate(batch):
+                    try:
+                        values.append(await part(tx))
+                    except Exception as exc:
+                        if len(batch) == 1:  # alone: its failure is the transaction's
+                            raise
+                        refused = (index, exc)
+                        raise _Refused from exc  # the whole transaction rolls back
+        except _Refused:
+            return refused
+        except BaseException as exc:  # nothing was written (a lone part failed, the commit failed...): each is told
             for _, done in batch:
                 if not done.done():
                     done.cancel() if isinstance(exc, asyncio.CancelledError) else done.set_exception(exc)
             if not isinstance(exc, Exception):
                 raise
-            return
-        for done, value, error in outcomes:
-            if done.done():
-                continue
-            if error is not None:
-                done.set_exception(error)
-            else:
+            return None
+        for (_, done), value in zip(batch, values, strict=True):
+            if not done.done():
                 done.set_result(value)
+        return None
+
+
+class _Refused(Exception):
+    """A part of several failed: its transaction rolls back (`GroupCommit._try`)."""

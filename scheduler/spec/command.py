@@ -62,7 +62,12 @@ def _wrapped(command: str) -> str:
     return f"bash -c {shlex.quote(command)}"
 
 
+_OPERATOR_STARTS = frozenset(op[0] for op in _OPERATORS)
+
+
 def _operator_at(text: str, i: int) -> str | None:
+    if text[i] not in _OPERATOR_STARTS:  # most characters: no operator to try
+        return None
     return next((op for op in _OPERATORS if text.startswith(op, i)), None)
 
 

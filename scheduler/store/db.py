@@ -25,7 +25,7 @@ from ftconsole.probes.health import NodeEvent, NodeHealth, is_fault
 from ftconsole.scheduler.decide.jobs import Attempt, Job, JobStatus, Run
 from ftconsole.scheduler.errors import NotFound, StoreError, UsageError
 from ftconsole.scheduler.spec.jobspec import JobSpec
-from ftconsole.scheduler.store.engine import Engine, Row, connect, is_postgres
+from ftconsole.scheduler.store.engine import ANY_TABLE, Engine, Row, connect, is_postgres
 from ftconsole.scheduler.store.files import STATE_DIR_MODE, _private_store_files
 from ftconsole.scheduler.store.files import STORE_FILE as STORE_FILE  # where the store lives: part of its API
 from ftconsole.scheduler.store.jobtx import CheckpointSignal, JobTx, _auto_resolve, _insert_alert
@@ -57,6 +57,12 @@ OPEN_ALERT_STATES = ("open", "acknowledged")
 
 log = logging.getLogger("ftconsole.scheduler")
 
+# the tables each kept read reads (see `Store._kept_read`)
+_JOBS = frozenset({"jobs"})
+_ATTEMPTS = frozenset({"attempts", "jobs"})
+_RUNS = frozenset({"runs", "attempts"})
+_CHECKPOINTS = frozenset({"checkpoint_signals"})
+
 
 class Store(SharingReads):
     def __init__(self, db: Engine, path: Path | str) -> None:
@@ -65,13 +71,18 @@ class Store(SharingReads):
         self.where = db.where
         self._writing = asyncio.Lock()  # one connection: transactions must not interleave
         self._specs: dict[str, JobSpec] = {}  # spec JSON -> parsed (specs never change once stored)
+        # job id -> (its row's values, the record built from them): a job whose row did not change is not built
+        # again when a write drops the kept reads (a submit among thousands of queued jobs changes one row)
+        self._built: dict[int, tuple[tuple[Any, ...], Job]] = {}
         self._stamp = 0.0  # the last `jobs.updated` stamp handed out (see `_next_stamp`)
         self.cluster_id = ""  # random, made with the store: run folders on the nodes are keyed by it
-        # reads of jobs, runs, attempts and checkpoint signals kept until the next write, ours or another
-        # process's (see `_kept_read`, `refresh`): a tick asks for the running jobs and the held runs in each of
-        # its steps, and rebuilding their records was most of its CPU
-        self._generation = 0
-        self._kept: dict[tuple[Any, ...], tuple[int, Any]] = {}
+        # reads of jobs, runs, attempts and checkpoint signals kept until the next write to a table they read,
+        # ours or another process's (see `_kept_read`, `_wrote`, `refresh`): a tick asks for the running jobs and
+        # the held runs in each of its steps, and rebuilding their records was most of its CPU
+        self._generation = 0  # moves with every write
+        self._wrote_at: dict[str, int] = {}  # table -> the generation of its last write (ANY_TABLE: of any table)
+        self._kept: dict[tuple[Any, ...], tuple[int, frozenset[str], Any]] = {}
+        db.on_write = self._wrote
 
     @classmethod
     async def open(cls, where: Path | str) -> Store:
@@ -182,32 +193,38 @@ class Store(SharingReads):
     @contextlib.asynccontextmanager
     async def _transaction(self, what: str) -> AsyncIterator[None]:
         """BEGIN ... COMMIT holding the store's write lock (`Engine.begin`); any exception rolls the whole
-        transaction back. The kept reads are forgotten when it begins (reads inside it see its writes) and when
-        it ends, committed or not."""
+        transaction back. The kept reads of each table it writes are forgotten as it writes (reads inside it see
+        its writes); all of them when another process wrote since we last looked, and when it is rolled back."""
         db = self._db
         async with self._writing:
             try:
-                await db.begin()
+                if await db.begin():
+                    self.forget()
             except db.errors as exc:
                 raise StoreError(f"cannot {what} in {self.where}: {exc}") from exc
-            self.forget()
             try:
                 yield
                 await db.commit()
             except BaseException as exc:
+                self.forget()  # what was read inside it saw writes that are gone
                 if db.in_transaction:
                     with contextlib.suppress(*db.errors):  # a connection lost: the server rolled it back
                         await db.rollback()
                 if isinstance(exc, db.errors):
                     raise StoreError(f"cannot {what} in {self.where}: {exc}") from exc
                 raise
-            finally:
-                self.forget()
 
     def forget(self) -> None:
-        """Drop the kept reads: after a write of ours."""
+        """Drop every kept read: another process wrote, or a transaction was rolled back."""
+        self._wrote(ANY_TABLE)
+
+    def _wrote(self, table: str) -> None:
+        """A write to `table` (`ANY_TABLE`: to any) is about to run, or ran: the kept reads of it go (told by the
+        engine, `Engine.on_write`, before and after each write statement)."""
         self._generation += 1
-        self._kept.clear()
+        self._wrote_at[table] = self._generation
+        if table == ANY_TABLE:
+            self._kept.clear()
 
     async def refresh(self) -> None:
         """Drop the kept reads if another process wrote since they were read (`Engine.changed_elsewhere`): each
@@ -215,17 +232,22 @@ class Store(SharingReads):
         if await self._db.changed_elsewhere():
             self.forget()
 
-    async def _kept_read(self, key: tuple[Any, ...], read: Callable[[], Awaitable[Any]]) -> Any:
-        """`read()`, or what it gave last for `key` when nothing was written since. A read under way when a
-        transaction begins is not kept: it may have read before or after the write."""
+    async def _kept_read(self, key: tuple[Any, ...], tables: frozenset[str], read: Callable[[], Awaitable[Any]]) -> Any:
+        """`read()`, or what it gave last for `key` when none of `tables` (those it reads) was written since. A
+        read under way when one of them is written is not kept: it may have read before or after the write."""
         generation = self._generation
         kept = self._kept.get(key)
-        if kept is not None and kept[0] == generation:
-            return kept[1]
+        if kept is not None and self._unwritten(kept[1], since=kept[0]):
+            return kept[2]
         value = await read()
-        if generation == self._generation:
-            self._kept[key] = (generation, value)
+        if self._unwritten(tables, since=generation):
+            self._kept[key] = (generation, tables, value)
         return value
+
+    def _unwritten(self, tables: frozenset[str], *, since: int) -> bool:
+        """Whether none of `tables` was written after generation `since`."""
+        written = self._wrote_at.get
+        return written(ANY_TABLE, 0) <= since and all(written(t, 0) <= since for t in tables)
 
     @contextlib.asynccontextmanager
     async def jobs_tx(self, what: str) -> AsyncIterator[JobTx]:
@@ -290,7 +312,7 @@ class Store(SharingReads):
         """Jobs by id; `ended_since`: only those that ended at or after that time."""
         wanted = None if statuses is None else tuple(statuses)
         key = ("jobs", wanted, deleted, ended_since)
-        return list(await self._kept_read(key, lambda: self._jobs(wanted, deleted, ended_since)))
+        return list(await self._kept_read(key, _JOBS, lambda: self._jobs(wanted, deleted, ended_since)))
 
     async def _jobs(self, statuses: Iterable[JobStatus] | None, deleted: bool, ended_since: float | None) -> list[Job]:
         sql = "SELECT * FROM jobs WHERE deleted <= ?"
@@ -328,6 +350,17 @@ class Store(SharingReads):
         return self._job_from_row(row) if row else None
 
     def _job_from_row(self, row: Row) -> Job:
+        values = tuple(row)
+        built = self._built.get(row["id"])
+        if built is not None and built[0] == values:
+            return built[1]
+        if len(self._built) > 100_000:
+            self._built.clear()
+        job = self._new_job(row)
+        self._built[row["id"]] = (values, job)
+        return job
+
+    def _new_job(self, row: Row) -> Job:
         spec = self._specs.get(row["spec"])
         if spec is None:
             if len(self._specs) > 50_000:
@@ -344,7 +377,7 @@ class Store(SharingReads):
 
     async def running_attempts(self) -> dict[int, Attempt]:
         """The current attempt of every running job, by job id, in one query."""
-        return dict(await self._kept_read(("running_attempts",), self._running_attempts))
+        return dict(await self._kept_read(("running_attempts",), _ATTEMPTS, self._running_attempts))
 
     async def _running_attempts(self) -> dict[int, Attempt]:
         sql = (
@@ -359,7 +392,7 @@ class Store(SharingReads):
 
     async def runs(self, *, job: int | None = None, held: bool | None = None) -> list[Run]:
         """Runs of one job (every attempt) or of all jobs; `held`: only those whose GPUs are not released."""
-        return list(await self._kept_read(("runs", job, held), lambda: self._runs(job, held)))
+        return list(await self._kept_read(("runs", job, held), _RUNS, lambda: self._runs(job, held)))
 
     async def _runs(self, job: int | None, held: bool | None) -> list[Run]:
         where, args = [], []
@@ -381,7 +414,8 @@ class Store(SharingReads):
 
     async def checkpoint_signals(self, *, owed: bool = True, job: int | None = None) -> list[CheckpointSignal]:
         """The checkpoint signals still owed (`owed`), or all of them; of one job, or of every job."""
-        return list(await self._kept_read(("checkpoint_signals", owed, job), lambda: self._checkpoints(owed, job)))
+        key = ("checkpoint_signals", owed, job)
+        return list(await self._kept_read(key, _CHECKPOINTS, lambda: self._checkpoints(owed, job)))
 
     async def _checkpoints(self, owed: bool, job: int | None) -> list[CheckpointSignal]:
         sql = "SELECT * FROM checkpoint_signals WHERE " + ("outcome IS NULL" if owed else "1 = 1")

@@ -11,8 +11,10 @@ name or index, give `keys()`, turn into a dict and unpack as a tuple, and the st
 from __future__ import annotations
 
 import abc
+import functools
+import re
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,21 @@ def is_postgres(where: Path | str) -> bool:
     return isinstance(where, str) and where.startswith(POSTGRES_SCHEMES)
 
 
+ANY_TABLE = "*"  # what `written_table` says of a statement that may change any table (DDL, a script, a rollback)
+_WRITE = re.compile(r"\s*(?:INSERT(?:\s+OR\s+\w+)?\s+INTO|UPDATE|DELETE\s+FROM)\s+(\w+)", re.IGNORECASE)
+_READ = re.compile(r"\s*(?:SELECT|PRAGMA|BEGIN|COMMIT|SAVEPOINT|RELEASE|WITH\s+\w+\s+AS\s*\(\s*SELECT)\b", re.I)
+
+
+@functools.lru_cache(maxsize=2048)
+def written_table(sql: str) -> str | None:
+    """The table a statement writes (`ANY_TABLE`: it may change any); None: it writes none (a read, BEGIN...)."""
+    if (write := _WRITE.match(sql)) is not None:
+        return write.group(1).lower()
+    if _READ.match(sql) is not None and ";" not in sql.rstrip().rstrip(";"):
+        return None
+    return ANY_TABLE
+
+
 class Engine(abc.ABC):
     """One connection to the store's database, and what differs between SQLite and PostgreSQL."""
 
@@ -38,6 +55,20 @@ class Engine(abc.ABC):
     # the lease epoch every write transaction must find, under the write lock, or fail with NotLeader (PostgreSQL
     # shared by several schedulers: scheduler.serve.leadership); None: none checked (SQLite has one scheduler)
     epoch: int | None = None
+    # told the table of each write statement, before it runs and once it has run (the store's kept reads of that
+    # table go: `Store._kept_read`); `ANY_TABLE` for a statement that may change any
+    on_write: Callable[[str], None] | None = None
+
+    def _will_write(self, sql: str) -> str | None:
+        """The table `sql` writes, told to `on_write` (see above); call again with it once the statement ran."""
+        table = written_table(sql)
+        if table is not None and self.on_write is not None:
+            self.on_write(table)
+        return table
+
+    def _wrote(self, table: str | None) -> None:
+        if table is not None and self.on_write is not None:
+            self.on_write(table)
 
     @abc.abstractmethod
     async def execute(self, sql: str, args: Sequence[Any] = ()) -> int:
@@ -55,10 +86,13 @@ class Engine(abc.ABC):
         return rows[0] if rows else None
 
     @abc.abstractmethod
-    async def begin(self, *, read_only: bool = False) -> None:
+    async def begin(self, *, read_only: bool = False) -> bool:
         """Begin a transaction. A writing one holds the store's write lock until it ends, whatever process
         writes: the store's transactions read, decide and write as if alone. A read-only one reads one
-        snapshot and waits for nobody."""
+        snapshot and waits for nobody.
+
+        A writing one says, under the lock, whether another connection wrote since `changed_elsewhere` last
+        asked or this connection last committed (the store's kept reads from before then go); read-only: False."""
 
     @abc.abstractmethod
     async def commit(self) -> None: ...
@@ -123,19 +157,28 @@ class SqliteEngine(Engine):
         return engine
 
     async def execute(self, sql: str, args: Sequence[Any] = ()) -> int:
-        cur = await self._db.execute(sql, args)
+        table = self._will_write(sql)
+        try:
+            cur = await self._db.execute(sql, args)
+        finally:
+            self._wrote(table)
         return cur.rowcount
 
     async def insert(self, sql: str, args: Sequence[Any] = ()) -> int:
-        cur = await self._db.execute(sql, args)
+        table = self._will_write(sql)
+        try:
+            cur = await self._db.execute(sql, args)
+        finally:
+            self._wrote(table)
         assert cur.lastrowid is not None
         return cur.lastrowid
 
     async def fetchall(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
         return list(await self._db.execute_fetchall(sql, args))  # one trip to aiosqlite's thread
 
-    async def begin(self, *, read_only: bool = False) -> None:
+    async def begin(self, *, read_only: bool = False) -> bool:
         await self._db.execute("BEGIN" if read_only else "BEGIN IMMEDIATE")
+        return False if read_only else await self.changed_elsewhere()
 
     async def commit(self) -> None:
         await self._db.execute("COMMIT")

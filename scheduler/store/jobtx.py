@@ -5,9 +5,8 @@ one (with its event), resolve a node's alerts of a kind automatically.
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -103,24 +102,6 @@ class JobTx:
         self._db = db
         self.stamp = stamp
         self._touched: set[int] = set()
-        self._savepoints = 0
-
-    @contextlib.asynccontextmanager
-    async def savepoint(self) -> AsyncIterator[None]:
-        """A part of the transaction that fails alone: an exception inside rolls back its writes only (SQL's
-        SAVEPOINT, on SQLite and PostgreSQL alike) and goes on up; the rest of the transaction stands."""
-        self._savepoints += 1
-        name = f"part{self._savepoints}"
-        touched = set(self._touched)
-        await self._db.execute(f"SAVEPOINT {name}")
-        try:
-            yield
-        except BaseException:
-            await self._db.execute(f"ROLLBACK TO SAVEPOINT {name}")
-            await self._db.execute(f"RELEASE SAVEPOINT {name}")
-            self._touched = touched
-            raise
-        await self._db.execute(f"RELEASE SAVEPOINT {name}")
 
     async def _touch(self, job_id: int) -> None:
         if job_id not in self._touched:

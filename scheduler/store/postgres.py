@@ -62,10 +62,16 @@ INSERT INTO ftconsole_lease VALUES (1, '', 0, 0, '', '') ON CONFLICT (one) DO NO
 # a write transaction of a scheduler that leads with epoch {epoch} (the lease, scheduler.decide.leadership): it
 # fails, under the write lock, when another has taken the lease since
 STALE_EPOCH = "FT001"  # the SQLSTATE it fails with
-_FENCE = (
-    "DO $$BEGIN IF (SELECT epoch FROM ftconsole_lease) IS DISTINCT FROM {epoch} THEN "
-    f"RAISE EXCEPTION 'stale epoch' USING ERRCODE = '{STALE_EPOCH}'; END IF; END$$"
-)
+_STALE_EPOCH = f"RAISE EXCEPTION 'stale epoch' USING ERRCODE = '{STALE_EPOCH}';"
+# ... and when another process wrote since this one last read or bumped the `writes` counter: it begins again
+# and drops its kept reads (`PostgresEngine.begin`)
+WRITES_MOVED = "FT002"
+_MOVED = f"RAISE EXCEPTION 'writes moved' USING ERRCODE = '{WRITES_MOVED}';"
+
+
+class StaleWrites(Exception):
+    """The `writes` counter moved since this process last saw it (`PostgresEngine._begin_writing`)."""
+
 
 # the SQLite functions of the migrations, per migration: (SQLite's text, PostgreSQL's)
 _FUNCTIONS: dict[int, tuple[tuple[str, str], ...]] = {
@@ -181,14 +187,26 @@ class PostgresEngine(Engine):
         return self._conn
 
     async def execute(self, sql: str, args: Sequence[Any] = ()) -> int:
+        table = self._will_write(sql)
+        try:
+            return await self._run(sql, args)
+        finally:
+            self._wrote(table)
+
+    async def _run(self, sql: str, args: Sequence[Any] = ()) -> int:
+        """`execute` without telling `on_write`: the engine's own statements (BEGIN, COMMIT, the lock...)."""
         async with self._turn:
             status = await (await self._live()).execute(numbered(sql), *args)
         count = status.rsplit(" ", 1)[-1]  # "UPDATE 3", "INSERT 0 1", "DELETE 0"
         return int(count) if count.isdigit() else -1
 
     async def insert(self, sql: str, args: Sequence[Any] = ()) -> int:
-        async with self._turn:
-            return int(await (await self._live()).fetchval(numbered(sql) + " RETURNING id", *args))
+        table = self._will_write(sql)
+        try:
+            async with self._turn:
+                return int(await (await self._live()).fetchval(numbered(sql) + " RETURNING id", *args))
+        finally:
+            self._wrote(table)
 
     async def fetchall(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
         async with self._turn:
@@ -198,31 +216,56 @@ class PostgresEngine(Engine):
         async with self._turn:
             return await (await self._live()).fetchrow(numbered(sql), *args)
 
-    async def begin(self, *, read_only: bool = False) -> None:
+    async def begin(self, *, read_only: bool = False) -> bool:
         if read_only:  # the counts of one scrape, from one snapshot
-            await self.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            await self._run("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             self._open, self._writing = True, False
-            return
-        fence = "" if self.epoch is None else _FENCE.format(epoch=int(self.epoch))
+            return False
+        known = self._writes
         try:
-            await self.execute(f"BEGIN; SELECT pg_advisory_xact_lock({WRITE_LOCK}); {fence}")
+            await self._begin_writing(known)
+        except StaleWrites:  # another wrote since we last looked: begin again, without expecting a count
+            self._writes = None
+            await self._begin_writing(None)
+        self._open, self._writing = True, True
+        return known is None or self._writes is None
+
+    async def _begin_writing(self, writes: int | None) -> None:
+        """BEGIN, the write lock, and, in the same round trip, the checks under it: the lease's epoch (`epoch`),
+        and that the `writes` counter is still `writes` (none: unknown). StaleWrites when it moved."""
+        checks = ""
+        if self.epoch is not None:
+            checks += f"IF (SELECT epoch FROM ftconsole_lease) IS DISTINCT FROM {int(self.epoch)} THEN {_STALE_EPOCH}"
+            checks += " END IF;"
+        if writes is not None:
+            checks += f"IF (SELECT writes FROM ftconsole_store) IS DISTINCT FROM {int(writes)} THEN {_MOVED} END IF;"
+        fence = f"DO $$BEGIN {checks} END$$" if checks else ""
+        try:
+            await self._run(f"BEGIN; SELECT pg_advisory_xact_lock({WRITE_LOCK}); {fence}")
         except BaseException as exc:
             self._open = True  # begun, maybe: ended here, whatever failed
             with contextlib.suppress(*self.errors, OSError):
                 await self.rollback()
-            if getattr(exc, "sqlstate", None) == STALE_EPOCH:
+            state = getattr(exc, "sqlstate", None)
+            if state == STALE_EPOCH:
                 raise NotLeader(
                     f"not written to {self.where}: this scheduler does not hold the lease (epoch {self.epoch}): "
                     "another leads"
                 ) from None
+            if state == WRITES_MOVED:
+                raise StaleWrites from None
             raise
-        self._open, self._writing = True, True
 
     async def commit(self) -> None:
-        if self._writing:
+        if not self._writing:
+            await self._run("COMMIT")
+        elif (writes := self._writes) is not None:  # known, under the lock: bumped and committed in one round trip
+            await self._run("UPDATE ftconsole_store SET writes = writes + 1; COMMIT")
+            self._writes = writes + 1
+        else:
             row = await self.fetchone("UPDATE ftconsole_store SET writes = writes + 1 RETURNING writes")
+            await self._run("COMMIT")
             self._writes = None if row is None else row[0]
-        await self.execute("COMMIT")
         self._open = self._writing = False
 
     async def rollback(self) -> None:
@@ -230,7 +273,7 @@ class PostgresEngine(Engine):
         if self._conn.is_closed():  # lost: the server rolled it back
             return
         try:
-            await self.execute("ROLLBACK")
+            await self._run("ROLLBACK")
         except BaseException:
             self._conn.terminate()  # in a state nobody knows (lost mid-statement): the next statement connects again
             raise

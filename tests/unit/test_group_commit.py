@@ -66,3 +66,21 @@ async def test_a_caller_gone_before_its_write_is_left_out(store_at: StoreAt) -> 
         with pytest.raises(asyncio.CancelledError):
             await gone
         assert [j.name for j in await store.jobs()] == ["first", "kept"]
+
+
+async def test_a_part_the_database_refuses_fails_alone(store_at: StoreAt) -> None:
+    """A statement the database refuses aborts a PostgreSQL transaction: the others are written again without
+    it, in a transaction of their own."""
+    async with await Store.open(store_at()) as store:
+        group: GroupCommit[tuple[int, int]] = GroupCommit(store, "submit a job")
+
+        async def clash(tx: JobTx) -> tuple[int, int]:
+            await tx.add_job(job("clash"))
+            await store._db.execute("INSERT INTO meta (key, value) VALUES ('cluster_id', 'taken')")  # its key is
+            raise AssertionError("the database took a second cluster_id")
+
+        parts = [adding(store, "a"), adding(store, "b"), clash, adding(store, "c")]
+        results = await asyncio.gather(*(group.write(p) for p in parts), return_exceptions=True)
+        assert isinstance(results[2], store._db.errors) and not isinstance(results[2], AssertionError)
+        assert [j.name for j in await store.jobs()] == ["a", "b", "c"]
+        assert [before for _, before in results[:2] + results[3:]] == [0, 1, 2]  # type: ignore[misc]

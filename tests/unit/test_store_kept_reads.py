@@ -117,3 +117,54 @@ async def test_a_read_under_way_when_a_write_begins_is_not_kept(store_at: StoreA
         assert [r.state for r in await asyncio.wait_for(reading, 10)] == ["intent"]  # what it read, before
         monkeypatch.setattr(store, "_runs", real)
         assert [r.state for r in await store.runs(held=True)] == ["running"]  # not kept: read again
+
+
+async def test_a_write_keeps_the_reads_of_the_tables_it_does_not_write(store_at: StoreAt, monkeypatch) -> None:
+    """A submit writes jobs and events: the quota limits read before it are kept (one query per submit fewer),
+    the jobs read again; a quota set is read again; and so is all of it after a rollback."""
+    async with await Store.open(store_at()) as store:
+        await store.refresh()  # as a tick does first: from now on this store knows who else wrote
+        limits = counted(monkeypatch, store, "_quota_limits")
+        jobs = counted(monkeypatch, store, "_jobs")
+        assert await store.quota_limits() == {} and await store.jobs() == []
+        async with store.jobs_tx("submit") as tx:
+            job_id = await tx.add_job(make_job())
+            await tx.event(1.0, "Pending", "submitted", job=job_id)
+            assert [j.id for j in await store.jobs()] == [job_id]  # inside: its own write, read again
+            assert await store.quota_limits() == {}
+        assert await store.quota_limits() == {} and len(limits) == 1  # kept through the submit
+        assert [j.id for j in await store.jobs()] == [job_id] and len(jobs) == 2
+        async with store.jobs_tx("set a quota") as tx:
+            await tx.quota("project", "vision", {"gpus": 8}, "root", 2.0)
+        assert list(await store.quota_limits()) == [("project", "vision")] and len(limits) == 2
+        await store.refresh()  # our own writes are not another process's: the kept reads stay
+        await store.quota_limits()
+        await store.jobs()
+        assert (len(limits), len(jobs)) == (2, 2)
+        with pytest.raises(RuntimeError):
+            async with store.jobs_tx("set a quota") as tx:
+                await tx.quota("project", "vision", None, "root", 3.0)
+                raise RuntimeError("changed my mind")
+        assert list(await store.quota_limits()) == [("project", "vision")] and len(limits) == 3
+
+
+async def test_another_processs_write_is_seen_when_a_write_begins(store_at: StoreAt, monkeypatch) -> None:
+    """Kept reads are used inside write transactions (a submit checks the quotas it read before): each write
+    transaction asks, under the store's write lock, whether another process wrote meanwhile, without a tick's
+    `refresh` in between (a standby that has just taken over, a CLI on the store)."""
+    async with await Store.open(store_at()) as store:
+        async with store.jobs_tx("submit") as tx:
+            await tx.add_job(make_job())
+        await store.refresh()
+        assert await store.quota_limits() == {}
+        async with await Store.open(store_at()) as other, other.jobs_tx("set a quota") as tx:
+            await tx.quota("user", "ann", {"gpus": 1}, "root", 2.0)
+        async with store.jobs_tx("submit") as tx:
+            assert list(await store.quota_limits()) == [("user", "ann")]
+            await tx.add_job(make_job())
+        assert len(await store.jobs()) == 2
+        # and after our own commit, the other's write again
+        async with await Store.open(store_at()) as other, other.jobs_tx("drop a quota") as tx:
+            await tx.quota("user", "ann", None, "root", 3.0)
+        async with store.jobs_tx("submit") as tx:
+            assert await store.quota_limits() == {}
