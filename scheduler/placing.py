@@ -10,7 +10,6 @@ executor starts them on the next tick. Elastic jobs scaled to a new size get the
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import secrets
@@ -485,9 +484,7 @@ class Placer:
         if not changed:
             return
         async with self.store.jobs_tx("note why jobs wait") as tx:
-            for job, text in changed:
-                with contextlib.suppress(Conflict):  # its status changed meanwhile
-                    await tx.update_job(job.id, expect=[status], message=text)
+            await tx.note([(job.id, text) for job, text in changed], status=status)  # those whose status changed: not
 
     async def _start(self, job: Job, candidate: placement.Candidate, decision: placement.Place, now: float) -> None:
         """Record the job's attempt and its runs as intents (their GPUs held from now on); the act step of the

@@ -79,6 +79,10 @@ class Engine(abc.ABC):
         """Run one INSERT into a table with an `id` key; the id of the row it made."""
 
     @abc.abstractmethod
+    async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        """Run one statement once per row of arguments, in one trip to the database where it can."""
+
+    @abc.abstractmethod
     async def fetchall(self, sql: str, args: Sequence[Any] = ()) -> list[Row]: ...
 
     async def fetchone(self, sql: str, args: Sequence[Any] = ()) -> Row | None:
@@ -172,6 +176,13 @@ class SqliteEngine(Engine):
             self._wrote(table)
         assert cur.lastrowid is not None
         return cur.lastrowid
+
+    async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        table = self._will_write(sql)
+        try:
+            await self._db.executemany(sql, rows)
+        finally:
+            self._wrote(table)
 
     async def fetchall(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
         return list(await self._db.execute_fetchall(sql, args))  # one trip to aiosqlite's thread

@@ -149,6 +149,13 @@ class JobTx:
             raise Conflict(f"job {job_id} changed meanwhile (expected status {', '.join(map(str, expect or ()))})")
         self._touched.add(job_id)
 
+    async def note(self, notes: Iterable[tuple[int, str]], *, status: JobStatus) -> None:
+        """Set the message of each job (id, text) that still has `status` (the others are left as they are), in
+        one statement: the wait reasons of a placement pass, one per queued job."""
+        rows = [(text, self.stamp, job_id, status.value) for job_id, text in notes]
+        if rows:
+            await self._db.executemany("UPDATE jobs SET message = ?, updated = ? WHERE id = ? AND status = ?", rows)
+
     async def add_attempt(self, attempt: Attempt, runs: Iterable[Run]) -> None:
         await self._db.execute(
             "INSERT INTO attempts (job, number, spec_name, gpus_per_node, master_port, created, token) "

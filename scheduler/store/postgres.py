@@ -208,6 +208,14 @@ class PostgresEngine(Engine):
         finally:
             self._wrote(table)
 
+    async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        table = self._will_write(sql)
+        try:
+            async with self._turn:  # the rows' statements pipelined: one round trip
+                await (await self._live()).executemany(numbered(sql), rows)
+        finally:
+            self._wrote(table)
+
     async def fetchall(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
         async with self._turn:
             return list(await (await self._live()).fetch(numbered(sql), *args))

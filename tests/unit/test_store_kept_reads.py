@@ -168,3 +168,19 @@ async def test_another_processs_write_is_seen_when_a_write_begins(store_at: Stor
             await tx.quota("user", "ann", None, "root", 3.0)
         async with store.jobs_tx("submit") as tx:
             assert await store.quota_limits() == {}
+
+
+async def test_wait_reasons_are_written_in_one_statement_to_the_jobs_that_still_wait(store_at: StoreAt) -> None:
+    """A placement pass notes why each queued job waits (`JobTx.note`, one statement for all of them): a job
+    that started meanwhile keeps its message and its stamp."""
+    async with await Store.open(store_at()) as store:
+        async with store.jobs_tx("submit") as tx:
+            ids = [await tx.add_job(make_job(status=JobStatus.QUEUED, started=None)) for _ in range(3)]
+            await tx.update_job(ids[1], status=JobStatus.RUNNING, message="")
+        stamps = "SELECT id, updated FROM jobs ORDER BY id"
+        before = dict(await store._db.fetchall(stamps))
+        async with store.jobs_tx("note why jobs wait") as tx:
+            await tx.note([(i, f"waits {i}") for i in ids], status=JobStatus.QUEUED)
+        after = dict(await store._db.fetchall(stamps))
+        assert [j.message for j in await store.jobs()] == [f"waits {ids[0]}", "", f"waits {ids[2]}"]
+        assert after[ids[1]] == before[ids[1]] and after[ids[0]] == after[ids[2]] == tx.stamp > before[ids[0]]
