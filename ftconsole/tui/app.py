@@ -213,12 +213,14 @@ class ConsoleApp(Actions):
         except NotRunning:
             pass
 
+        answering: list[Operations] = []  # the API's own: on a standby they refuse a change naming the leader
+
         def ready(scheduler: Any) -> None:
-            self.client = LocalClient(Operations(scheduler), this_process())
+            self.client = LocalClient(answering[0], this_process())
             self._mode("embedded", f"scheduler embedded · API {socket}")
 
         try:
-            await serve(self.loaded, self._stop, ready=ready)
+            await serve(self.loaded, self._stop, ready=ready, answering=answering.append)
         except AlreadyRunning:  # another console or `ftconsole serve` started meanwhile
             await self._attach_socket()
 

@@ -301,3 +301,39 @@ async def test_a_scheduler_started_here_on_a_standby_refuses_changes_naming_the_
     finally:
         stop.set()
         await asyncio.wait_for(leader, 30)
+
+
+async def test_the_console_on_a_standby_head_node_says_so_and_refuses_changes_naming_the_leader(
+    pg_url: str, tmp_path: Path, sock_dir: Path
+) -> None:
+    """The console with no scheduler serving its state_dir runs one embedded: on a standby, its cluster view says
+    "standby (leader: ...)" and a change made from it is refused naming the leader."""
+    from ftconsole.scheduler.serve.daemon import serve
+    from ftconsole.tui.app import ConsoleApp
+    from ftconsole.tui.views import ClusterView
+
+    leader_conf = head_config(tmp_path, sock_dir, "head-a", pg_url)
+    stop = asyncio.Event()
+    ready: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    leader = asyncio.create_task(serve(leader_conf, stop, ready=ready.set_result, probe=False))
+    try:
+        await asyncio.wait_for(asyncio.shield(ready), 30)
+        app = ConsoleApp(head_config(tmp_path, sock_dir, "head-b", pg_url), refresh_s=0.2)
+        async with app.run_test(size=(160, 40)) as pilot:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 30
+            while "leadership" not in (app.feed.cluster or {}):
+                assert loop.time() < deadline, "timed out waiting for the console's cluster view"
+                if app.client is not None:
+                    await app.refresh_data("cluster")
+                await pilot.pause(0.1)
+            assert app.scheduler_mode == "embedded"
+            summary = str(app.query_one("#cluster", ClusterView).summary(app.feed, 0.0))
+            assert f"· standby (leader: {app.feed.cluster['leadership']['leader']['host']}, " in summary
+            assert f"{leader_conf.socket_path})" in summary
+            with pytest.raises(NotLeader, match=f"socket {leader_conf.socket_path}"):
+                await app.client.call("submit", spec={"name": "j", "command": "true"})
+        assert await raw_sql(pg_url, "SELECT count(*) FROM jobs") == [(0,)]
+    finally:
+        stop.set()
+        await asyncio.wait_for(leader, 30)
