@@ -13,7 +13,9 @@ of the last alert up to which every alert is done for it (accepted by the target
 `notify-failed` event, or not for it), advanced only then. A scheduler starts after each target's cursor, so an
 alert raised while none ran, or just before a crash, or still being tried (or held by the rate limit) when it
 stopped, goes out at the next start; one accepted just before a crash, before its cursor moved, may go out
-twice. A target met for the first time starts after the newest alert stored: nothing old is sent to it.
+twice. That second one carries the same key (`notification_key` in the JSON, and the webhook's
+`Idempotency-Key` header: the cluster id and the alert ids), so a receiver can drop it. A target met for the
+first time starts after the newest alert stored: nothing old is sent to it.
 
 Only new alerts are sent, not their acknowledgement or resolution (those are events, made by a person or by
 ftconsole itself; the console and `ftconsole alerts` show them).
@@ -147,6 +149,12 @@ def coalesced_payload(infos: Sequence[AlertInfo], cluster_id: str, *, rate_limit
     }
 
 
+def notification_key(cluster_id: str, ids: Sequence[int]) -> str:
+    """What names one notification wherever and however often it is sent (a restart, another leader): the
+    cluster and its alerts, e.g. `ftconsole-3f9c2a1b7d4e-12` or `ftconsole-3f9c2a1b7d4e-12-15.17`."""
+    return f"ftconsole-{cluster_id}-" + ".".join(_id_ranges(ids).replace(" ", "").split(","))
+
+
 def _id_ranges(ids: Sequence[int]) -> str:
     """[3, 4, 5, 9] -> '3-5, 9'."""
     out: list[str] = []
@@ -216,8 +224,9 @@ class Target(Protocol):
     name: str  # for logs and events; never a secret (no URL path, no header)
     key: str  # its cursor's name in the store: "webhook" or "command" (a config has one of each at most)
 
-    async def send(self, body: bytes) -> None:
-        """Deliver one notification; DeliveryFailed if it did not arrive."""
+    async def send(self, body: bytes, key: str) -> None:
+        """Deliver one notification (`key`: the same each time these alerts are sent); DeliveryFailed if it did
+        not arrive."""
 
 
 def url_origin(url: str) -> str:
@@ -237,11 +246,12 @@ class WebhookTarget:
         self.name = f"webhook {url_origin(url)}"
         self.key = "webhook"  # not the URL: a new token in it is the same target, which goes on where it was
 
-    async def send(self, body: bytes) -> None:
+    async def send(self, body: bytes, key: str) -> None:
         import httpx
 
         try:
-            response = await self.client.post(self.url, content=body, headers=self.headers)
+            headers = {**self.headers, "Idempotency-Key": key}  # the same on a resend: a receiver may drop it
+            response = await self.client.post(self.url, content=body, headers=headers)
         except httpx.TimeoutException as exc:
             raise DeliveryFailed(f"no answer in time ({type(exc).__name__})") from exc
         except httpx.HTTPError as exc:
@@ -265,7 +275,7 @@ class CommandTarget:
         self.name = f"command {os.path.basename(self.argv[0])}"
         self.key = "command"
 
-    async def send(self, body: bytes) -> None:
+    async def send(self, body: bytes, key: str) -> None:  # the key is in the JSON: `notification_key`
         try:
             proc = await asyncio.create_subprocess_exec(
                 *self.argv,
@@ -469,9 +479,10 @@ class Dispatcher:
                 continue
             mine = Batch(items, coalesced=batch.coalesced and len(items) > 1)
             ids = tuple(i.alert.id for i in items)
+            key = notification_key(self.store.cluster_id, ids)
             if ids not in bodies:
-                bodies[ids] = json.dumps(self._payload(mine)).encode()
-            task = asyncio.create_task(self._deliver(target, mine, bodies[ids]), name=f"notify {target.name}")
+                bodies[ids] = json.dumps({**self._payload(mine), "notification_key": key}).encode()
+            task = asyncio.create_task(self._deliver(target, mine, bodies[ids], key), name=f"notify {target.name}")
             self._deliveries.add(task)
             task.add_done_callback(self._deliveries.discard)
 
@@ -485,7 +496,7 @@ class Dispatcher:
         self._pending[target.key].difference_update(i.alert.id for i in batch.items)
         await self._advance()
 
-    async def _deliver(self, target: Target, batch: Batch[AlertInfo], body: bytes) -> None:
+    async def _deliver(self, target: Target, batch: Batch[AlertInfo], body: bytes, key: str) -> None:
         what = _describe(batch)
         tries = 1 + self.settings.retries
         async with self._slots[target.name]:
@@ -494,7 +505,7 @@ class Dispatcher:
                     log.info("notification of %s to %s not sent: not leading (the leader sends it)", what, target.name)
                     return
                 try:
-                    await target.send(body)
+                    await target.send(body, key)
                 except DeliveryFailed as exc:
                     failure = exc
                     final = n == tries or not exc.retry

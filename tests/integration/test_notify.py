@@ -154,6 +154,9 @@ async def test_a_new_alert_is_posted_old_ones_are_not(store: Store, hook: Hook) 
         "node_unreachable", "error", "gpu01", None, "open",
     )  # fmt: skip
     assert body["cluster_id"] == store.cluster_id
+    assert (
+        body["notification_key"] == post["headers"]["Idempotency-Key"] == f"ftconsole-{store.cluster_id}-{body['id']}"
+    )
     assert await failures(store) == []
 
 
@@ -398,6 +401,8 @@ async def test_an_alert_still_being_tried_when_it_stopped_goes_out_at_the_next_s
         posts = await until(hook.received, lambda p: len(p) >= 2, "the alert again, after the restart")
         await until(store.notify_cursors, lambda c: c["webhook"] > cursor, "the cursor to move past it")
     assert [p["json"]["node"] for p in posts] == ["gpu21", "gpu21"]
+    # sent again after a restart: under the same key, which a receiver may drop it by
+    assert posts[0]["headers"]["Idempotency-Key"] == posts[1]["headers"]["Idempotency-Key"]
     assert await failures(store) == []
 
 

@@ -20,6 +20,7 @@ from ftconsole.scheduler.serve.notify import (
     _id_ranges,
     alert_payload,
     coalesced_payload,
+    notification_key,
     one_line,
     url_origin,
     worst_severity,
@@ -175,14 +176,15 @@ async def test_webhook_answers(status: int, retry: bool | None) -> None:
         target = WebhookTarget(client, "https://hooks.example.com/T/SECRET", {"Authorization": "Bearer t"})
         assert target.name == "webhook https://hooks.example.com"
         if retry is None:
-            await target.send(b'{"text": "hi"}')
+            await target.send(b'{"text": "hi"}', "ftconsole-c1-7")
         else:
             with pytest.raises(DeliveryFailed, match=f"HTTP {status}") as caught:
-                await target.send(b'{"text": "hi"}')
+                await target.send(b'{"text": "hi"}', "ftconsole-c1-7")
             assert caught.value.retry is retry
     assert len(seen) == 1  # redirects not followed
     assert seen[0].headers["Authorization"] == "Bearer t"
     assert seen[0].headers["Content-Type"] == "application/json"
+    assert seen[0].headers["Idempotency-Key"] == "ftconsole-c1-7"  # a receiver may drop a resend by it
     assert json.loads(seen[0].content) == {"text": "hi"}
 
 
@@ -192,7 +194,7 @@ async def test_webhook_network_errors_are_ours_and_retried() -> None:
 
     async with httpx.AsyncClient(transport=httpx.MockTransport(refuse)) as client:
         with pytest.raises(DeliveryFailed, match="ConnectError") as caught:
-            await WebhookTarget(client, "http://127.0.0.1:9/", {}).send(b"{}")
+            await WebhookTarget(client, "http://127.0.0.1:9/", {}).send(b"{}", "ftconsole-c1-7")
     assert caught.value.retry is True
 
 
@@ -255,3 +257,11 @@ def test_spec_notify_opt_in() -> None:
     spec = JobSpec.from_json({**base, "notify": True})
     assert spec.notify is True
     assert JobSpec.from_stored(spec.to_json()).notify is True
+
+
+@pytest.mark.parametrize(
+    ("ids", "key"),
+    [([12], "ftconsole-c1-12"), ([12, 13, 14, 15, 17], "ftconsole-c1-12-15.17"), ([3, 9], "ftconsole-c1-3.9")],
+)
+def test_a_notification_key_names_the_cluster_and_its_alerts(ids: list[int], key: str) -> None:
+    assert notification_key("c1", ids) == key
