@@ -21,8 +21,8 @@ from typing import Any, TypeVar
 from ftconsole.format import age, node_count, print_json, print_table
 from ftconsole.scheduler.decide.arrays import summary
 from ftconsole.scheduler.errors import ConfigError, NotRunning, Problem, UsageError
+from ftconsole.scheduler.serve.api import WRITE_OPS
 from ftconsole.scheduler.serve.client import Client, connect, local_client, scheduler_here
-from ftconsole.scheduler.serve.daemon import WRITE_OPS
 from ftconsole.scheduler.spec import config
 from ftconsole.scheduler.spec.config import DEFAULT_CONFIG_PATHS, LoadedConfig, format_duration, load_config
 

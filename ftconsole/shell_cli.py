@@ -16,7 +16,6 @@ from typing import Any
 from ftconsole.scheduler.errors import FtError
 from ftconsole.scheduler.serve.client import open_client
 from ftconsole.scheduler.spec.config import find_config, load_config
-from ftconsole.scheduler.ssh.shell import ShellTarget, shell_target
 
 
 class SshNotFound(FtError):
@@ -24,6 +23,8 @@ class SshNotFound(FtError):
 
 
 def cmd_shell(args: argparse.Namespace) -> int:
+    from ftconsole.scheduler.ssh.shell import ShellTarget, shell_target  # asyncssh: only for this command
+
     loaded = load_config(find_config(args.config))
 
     async def go() -> ShellTarget:

@@ -11,17 +11,20 @@ import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ftconsole.scheduler.decide import placement
 from ftconsole.scheduler.decide.jobs import Job, JobStatus
 from ftconsole.scheduler.decide.requests import job_request, urgent_scope
 from ftconsole.scheduler.errors import PermissionDenied, UsageError
-from ftconsole.scheduler.nodeops import ClusterService
-from ftconsole.scheduler.placing import Placer
 from ftconsole.scheduler.spec import dataprep
 from ftconsole.scheduler.spec.config import format_duration
 from ftconsole.scheduler.spec.containers import run_root_problem
 from ftconsole.scheduler.spec.jobspec import Access, JobSpec
+
+if TYPE_CHECKING:  # only annotations: the API's clients import Caller from here without the scheduler's machinery
+    from ftconsole.scheduler.nodeops import ClusterService
+    from ftconsole.scheduler.placing import Placer
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,12 @@ from ftconsole.scheduler import errors
 from ftconsole.scheduler.errors import AlreadyRunning, ConfigError, FtError, NotRunning, Problem, UsageError
 from ftconsole.scheduler.rules import Caller
 
+# ops that change something (the CLI refuses them when no scheduler runs to act on them, unless --local)
+# (ack, resolve, drain and resume take effect at once, scheduler or not)
+WRITE_OPS = frozenset(
+    {"submit", "stop", "delete", "clone", "priority", "extend", "scale", "release", "quota", "reserve", "unreserve"}
+)
+
 log = logging.getLogger("ftconsole.api")
 
 MAX_LINE = 16 * 1024 * 1024  # a reply line (the client's bound: a job list or a page of logs can be large)

@@ -14,15 +14,18 @@ import contextlib
 import os
 import pwd
 from collections.abc import AsyncIterator
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ftconsole.scheduler.errors import FtError, NotRunning, UsageError
-from ftconsole.scheduler.jobops import Scheduler
-from ftconsole.scheduler.nodeops import ClusterService
 from ftconsole.scheduler.rules import Caller
 from ftconsole.scheduler.serve.api import ApiClient
-from ftconsole.scheduler.serve.daemon import Operations, serve
 from ftconsole.scheduler.spec.config import LoadedConfig
+
+# The scheduler itself (its loop, SSH, the store) is imported only where it runs in this process (`local_client`,
+# `scheduler_here`): a command that talks to a running scheduler's socket starts without it (a third of a second)
+if TYPE_CHECKING:
+    from ftconsole.scheduler.jobops import Scheduler
+    from ftconsole.scheduler.serve.daemon import Operations
 
 
 class Client(Protocol):
@@ -92,6 +95,10 @@ async def connect(loaded: LoadedConfig, *, timeout: float = 5.0) -> SocketClient
 @contextlib.asynccontextmanager
 async def local_client(loaded: LoadedConfig) -> AsyncIterator[LocalClient]:
     """The operations in this process on the store, without a scheduler: what they change waits for one."""
+    from ftconsole.scheduler.jobops import Scheduler
+    from ftconsole.scheduler.nodeops import ClusterService
+    from ftconsole.scheduler.serve.daemon import Operations
+
     async with ClusterService.open(loaded) as service:
         yield LocalClient(Operations(Scheduler(service)), this_process())
 
@@ -114,6 +121,8 @@ async def open_client(loaded: LoadedConfig, *, timeout: float = 5.0) -> AsyncIte
 async def scheduler_here(loaded: LoadedConfig) -> AsyncIterator[LocalClient]:
     """A scheduler in this process (its loop, probes and API socket, as `ftconsole serve` runs them) for as long
     as the block lasts, and a client of it. AlreadyRunning when another scheduler holds the state_dir."""
+    from ftconsole.scheduler.serve.daemon import serve
+
     stop = asyncio.Event()
     started: asyncio.Future[Scheduler] = asyncio.get_running_loop().create_future()
     answering: list[Operations] = []  # the API's own: on a standby they name the leader when they refuse a change

@@ -30,7 +30,7 @@ from ftconsole.scheduler.nodeops import ClusterService
 from ftconsole.scheduler.redaction import redact_json
 from ftconsole.scheduler.rules import Caller
 from ftconsole.scheduler.serve import alertmanager, metrics, notify
-from ftconsole.scheduler.serve.api import ApiServer
+from ftconsole.scheduler.serve.api import WRITE_OPS, ApiServer
 from ftconsole.scheduler.serve.lock import StateLock
 from ftconsole.scheduler.spec.config import LoadedConfig, parse_duration
 from ftconsole.scheduler.store.db import ALERT_STATES
@@ -38,11 +38,6 @@ from ftconsole.scheduler.store.records import JobActivity
 
 log = logging.getLogger("ftconsole.daemon")
 
-# ops that change something (the CLI refuses them when no scheduler runs to act on them, unless --local)
-# (ack, resolve, drain and resume take effect at once, scheduler or not)
-WRITE_OPS = frozenset(
-    {"submit", "stop", "delete", "clone", "priority", "extend", "scale", "release", "quota", "reserve", "unreserve"}
-)
 # what a standby refuses (several schedulers on one PostgreSQL store: only the leader changes anything)
 LEADER_OPS = WRITE_OPS | {"ack", "resolve", "probe", "drain", "resume"}
 # The most rows one `events` or `alerts` request returns (issue 26): a larger `limit` is refused, not read.

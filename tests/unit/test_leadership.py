@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -20,6 +22,7 @@ from ftconsole.scheduler.executor import Executor
 from ftconsole.scheduler.spec.config import ClusterConfig, LoadedConfig, load_config
 from ftconsole.scheduler.store.db import Store
 from tests.pg_server import PgServer, raw_sql
+from tests.tcp_proxy import TcpRelay
 from tests.unit.test_jobs import make_job
 from tests.unit.test_store_postgres import config_problem
 
@@ -232,36 +235,48 @@ def test_the_console_says_it_is_on_a_standby(cluster: dict[str, Any], text: str)
     assert _standby_text(cluster) == text
 
 
-async def test_a_leader_cut_off_from_the_database_stops_acting_before_a_standby_takes_over(pg_url: str) -> None:
-    """The network between the leader and the database goes silent (its statements never answer): the leader
-    stops acting by its own clock, and only later does the standby, on the server's clock, take the lease."""
+async def test_a_leader_cut_off_from_the_database_stops_acting_before_a_standby_takes_over(
+    pg_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The network between the leader and the database is cut (a TCP relay that stops relaying and leaves its
+    connections open, as a partition does: the leader's statements go unanswered). The leader stops acting by its
+    own clock, and only later does the standby, on the server's clock, take the lease. The network mended, the
+    old leader reads who leads now and stands by."""
+    caplog.set_level(logging.INFO, logger="ftconsole.daemon")
     async with await Store.open(pg_url):
         pass
-    a, b = leadership(pg_url, "head-a"), leadership(pg_url, "head-b")  # a 2 s lease
-    stop = asyncio.Event()
-    try:
-        assert await a.step() is Step.TAKE_OVER
-        runs = [asyncio.create_task(a.run(stop)), asyncio.create_task(b.run(stop))]
-        await asyncio.sleep(1.0)  # a renews, b stands by
-        assert a.leading() and not b.leading()
-
-        async def silent(*args: Any) -> Any:
-            await asyncio.sleep(3600)
-
-        a.table.read = a.table.renew = silent  # type: ignore[method-assign]
-        cut = asyncio.get_running_loop().time()
-        await asyncio.wait_for(a.wait_lost(), 10)
-        a_stopped = asyncio.get_running_loop().time()
-        assert not b.leading()  # a stopped first
-        await asyncio.wait_for(b.wait_leading(stop), 10)
-        b_leads = asyncio.get_running_loop().time()
-        assert a_stopped - cut < a.timing.lease_s and a_stopped < b_leads and b.epoch == 2
-        stop.set()
-        await asyncio.wait_for(asyncio.gather(*runs), 10)
-    finally:
-        stop.set()
-        await a.table.close()
-        await b.table.close()
+    port = urlsplit(pg_url).port
+    loop = asyncio.get_running_loop()
+    async with TcpRelay(int(port or 0)) as relay:
+        a = leadership(pg_url.replace(f":{port}/", f":{relay.port}/"), "head-a")  # a 2 s lease
+        b = leadership(pg_url, "head-b")
+        stop = asyncio.Event()
+        try:
+            assert await a.step() is Step.TAKE_OVER
+            runs = [asyncio.create_task(a.run(stop)), asyncio.create_task(b.run(stop))]
+            await asyncio.sleep(1.0)  # a renews, b stands by
+            assert a.leading() and not b.leading()
+            relay.cut()
+            cut = loop.time()
+            await asyncio.wait_for(a.wait_lost(), 10)
+            a_stopped = loop.time()
+            assert not b.leading()  # a stopped first
+            await asyncio.wait_for(b.wait_leading(stop), 10)
+            b_leads = loop.time()
+            assert a_stopped - cut < a.timing.lease_s and a_stopped < b_leads and b.epoch == 2
+            relay.mend()
+            deadline = loop.time() + 20
+            while "standing by: head-b leads" not in caplog.text:
+                assert loop.time() < deadline, "the old leader never read the lease again"
+                await asyncio.sleep(0.1)
+            assert not a.leading() and b.leading() and a.epoch is None and a.row is not None and a.row.epoch == 2
+            stop.set()
+            await asyncio.wait_for(asyncio.gather(*runs), 20)
+        finally:
+            stop.set()
+            relay.mend()
+            await a.table.close()
+            await b.table.close()
 
 
 def head_config(root: Path, sock_dir: Path, name: str, url: str) -> LoadedConfig:
