@@ -67,7 +67,8 @@ async def one_round(
 ) -> list[object]:
     config: dict[str, object] = {
         "state_dir": str(root / "state"),
-        "nodes": [{"name": f"gpu[0001-{nodes:04d}]", "port": 1}],  # never contacted
+        # never reached: each a loopback address whose port 1 refuses at once (no name to look up)
+        "nodes": [{"name": f"gpu{i:04d}", "host": f"127.0.{i >> 8}.{i & 255}", "port": 1} for i in range(1, nodes + 1)],
         "scheduler": {"tick": f"{TICK_S}s"},
         "api": {"socket": str(root / "ft.sock")},
     }
