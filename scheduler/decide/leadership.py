@@ -1,10 +1,13 @@
 """Who leads, when several schedulers share one PostgreSQL store: the lease's decisions, pure.
 
-The store holds one lease row: its holder (a random id per scheduler process), an epoch (bumped by each
-takeover), its expiry by the database server's clock, and the holder's host and API socket (for messages).
+The store holds one lease row: its holder (an id per head node's state_dir, kept there), an epoch (bumped by
+each takeover), its expiry by the database server's clock, and the holder's host and API socket (for messages).
 The leader renews it every `renew_s`; a standby reads it every `check_s` and takes it (epoch + 1) once the
-server's clock is past its expiry. Every write transaction of the leader checks its epoch under the store's
-write lock (`scheduler.store.postgres`), so a takeover and a late write of the old leader are ordered.
+server's clock is past its expiry, or at once where the lease is its own: a scheduler restarted on the same
+state_dir (whose lock proves that the one before it is gone), or one that stopped acting when its renewals went
+unanswered and reads that nobody took the lease meanwhile. Its new term starts as after a restart. Every write
+transaction of the leader checks its epoch under the store's write lock (`scheduler.store.postgres`), so a
+takeover and a late write of the old leader are ordered.
 
 The leader also fences itself by time: a renewal sent at T (its own monotonic clock) makes the lease run until
 at least T + lease_s by the server's clock, since the server runs it after T; so until T + lease_s - margin_s
@@ -64,7 +67,7 @@ class Step(enum.Enum):
     HOLD = "hold"  # I lead, within my time, and cannot read the lease now: go on, try again
     FENCE = "fence"  # I led, and may no longer: stop acting at once, stand by
     STAND_BY = "stand by"  # another leads (or the lease cannot be read): serve reads, refuse writes
-    TAKE_OVER = "take over"  # the lease ran out (or was let go): take it with the next epoch
+    TAKE_OVER = "take over"  # the lease ran out, was let go, or is mine from before: take it with the next epoch
 
 
 def fenced(since_sent: float | None, timing: Timing) -> bool:
@@ -84,6 +87,6 @@ def decide(row: LeaseRow | None, me: str, mine: int | None, since_sent: float | 
         if row.holder != me or row.epoch != mine:
             return Step.FENCE  # another took it: its epoch is newer than mine
         return Step.RENEW
-    if row is not None and row.expired:
+    if row is not None and (row.expired or row.holder == me):
         return Step.TAKE_OVER
     return Step.STAND_BY

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import secrets
 import socket
 import time
@@ -29,6 +30,7 @@ from ftconsole.scheduler.store.lease import LeaseTable
 
 log = logging.getLogger("ftconsole.daemon")
 
+HOLDER_FILE = "lease-holder"  # in state_dir: the random part of its schedulers' lease holder id (`holder_id`)
 STANDBY_EPOCH = -1  # the epoch a standby's store checks its writes against: no lease has it, so none is written
 
 
@@ -36,10 +38,19 @@ class Leadership:
     """This scheduler's side of the lease: `leading()` says, at any instant, whether it may act."""
 
     def __init__(
-        self, table: LeaseTable, *, host: str, socket: str, timing: Timing, clock: Callable[[], float] = time.monotonic
+        self,
+        table: LeaseTable,
+        *,
+        host: str,
+        socket: str,
+        timing: Timing,
+        me: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.table = table
-        self.me = secrets.token_hex(8)  # per process: a restarted scheduler is another, and waits for the lease
+        # the lease holder's id: its state_dir's (`holder_id`), so that a scheduler restarted there takes back its
+        # own lease at once; by default one of its own
+        self.me = me or secrets.token_hex(8)
         self.host, self.socket = host, socket
         self.timing = timing
         self.clock = clock
@@ -198,7 +209,10 @@ async def serve(
     state = loaded.cluster.state
     assert state is not None
     table = LeaseTable(state.url)
-    lease = Leadership(table, host=socket.gethostname(), socket=str(loaded.socket_path), timing=Timing.of(state.lease))
+    host = socket.gethostname()
+    lease = Leadership(
+        table, host=host, socket=str(loaded.socket_path), timing=Timing.of(state.lease), me=holder_id(loaded, host)
+    )
     ops.leadership = lease
     store = service.store
     store.fence(STANDBY_EPOCH)
@@ -232,6 +246,21 @@ async def serve(
                 await task
         await lease.let_go()
         await table.close()
+
+
+def holder_id(loaded: LoadedConfig, host: str) -> str:
+    """The lease holder's id of the schedulers of this head node's state_dir: `HOST/RANDOM`, the random part made
+    once and kept in state_dir (`lease-holder`). One scheduler at a time holds state_dir's lock, so a lease held
+    under this id and found by a scheduler just started there is its dead predecessor's: it takes it back at once
+    (`decide`) where another head node would wait for it to run out."""
+    path = loaded.state_dir / HOLDER_FILE
+    try:
+        with open(path, "x", encoding="utf-8") as made:  # made once; private, as the rest of state_dir
+            os.chmod(path, 0o600)
+            made.write(secrets.token_hex(8) + "\n")
+    except FileExistsError:
+        pass
+    return f"{host}/{path.read_text(encoding='utf-8').strip()}"
 
 
 async def _refresh_standing_by(service: ClusterService, lease: Leadership, stop: asyncio.Event) -> None:

@@ -1,6 +1,8 @@
 """The scheduler killed (-9) at every step of its loop, and at random moments, on real sshd nodes.
 
-After each crash a fresh `ftconsole serve` takes over the same store. Both layouts of the nodes' homes run:
+After each crash a fresh `ftconsole serve` takes over the same store (a SQLite file; the random kills also on
+PostgreSQL, where a process killed inside a transaction leaves the server to end it). Both layouts of the
+nodes' homes run:
 each node with its own (every point), and every node with the same one (an NFS home; here the nodes share a
 kernel too: the points after which runs are left on both nodes), where each node's sweep after a restart sees
 every other node's run folders and must leave them alone. What is
@@ -29,6 +31,7 @@ from ftconsole.scheduler.errors import NotRunning
 from ftconsole.scheduler.serve.api import ApiClient
 from ftconsole.scheduler.spec.jobspec import JobSpec
 from ftconsole.scheduler.store.db import STORE_FILE, Store
+from tests.pg_server import pg_server_fixture  # noqa: F401  (provides the `pg_server` fixture)
 from tests.sshd_cluster import SshdCluster, pid_alive
 
 pytestmark = pytest.mark.sshd
@@ -60,7 +63,8 @@ JOBS: dict[str, tuple[dict[str, Any], str, int]] = {
 }  # fmt: skip
 
 
-def write_config(cluster: SshdCluster, root: Path) -> Path:
+def write_config(cluster: SshdCluster, root: Path, url: str | None = None) -> Path:
+    """The cluster's config; `url`: the state on that PostgreSQL database (else in state_dir's SQLite file)."""
     return cluster.write_config(
         root / "cluster.yaml",
         state_dir=str(root / "state"),
@@ -68,13 +72,18 @@ def write_config(cluster: SshdCluster, root: Path) -> Path:
         scheduler={"tick": "0.3s", "stop_grace": "1s"},
         api={"socket": str(root / "ft.sock")},
         probes={"interval": "30s"},
+        **({"state": {"url": url}} if url else {}),
     )
 
 
-async def preload(root: Path, names: list[str]) -> dict[int, str]:
+def store_of(root: Path, url: str | None = None) -> Path | str:
+    return url or root / "state" / STORE_FILE
+
+
+async def preload(root: Path, names: list[str], url: str | None = None) -> dict[int, str]:
     """Queue jobs straight into the store (no scheduler runs yet): job id -> name."""
     ids = {}
-    async with await Store.open(root / "state" / STORE_FILE) as store, store.jobs_tx("preload") as tx:
+    async with await Store.open(store_of(root, url)) as store, store.jobs_tx("preload") as tx:
         for name in names:
             spec = JobSpec.from_json({"name": name, **JOBS[name][0]})
             job = Job(id=0, name=name, owner="root", uid=0, spec=spec, status=JobStatus.QUEUED, priority="normal",
@@ -129,14 +138,16 @@ async def settle(config: Path, root: Path, ids: dict[int, str]) -> dict[int, str
             kill(proc)
 
 
-async def check_outcomes(cluster: SshdCluster, root: Path, ids: dict[int, str], seen: dict[int, str]) -> None:
+async def check_outcomes(
+    cluster: SshdCluster, root: Path, ids: dict[int, str], seen: dict[int, str], url: str | None = None
+) -> None:
     for job_id, name in ids.items():
         assert seen[job_id] == JOBS[name][1], f"job {job_id} ({name}) ended {seen[job_id]}"
         starts = [line for h in cluster.homes for f in h.glob(f"starts.{job_id}.*") for line in f.read_text().split()]
         assert len(starts) == JOBS[name][2], f"job {job_id} ({name}): ranks started {starts}"  # once per attempt
         for pid in starts:
             assert not pid_alive(int(pid)), f"job {job_id} ({name}): process {pid} still runs"
-    async with await Store.open(root / "state" / STORE_FILE) as store:
+    async with await Store.open(store_of(root, url)) as store:
         assert [r for r in await store.runs(held=True)] == []
 
 
@@ -158,14 +169,20 @@ async def test_a_crash_at_each_failpoint_loses_nothing_and_runs_nothing_twice(
     await check_outcomes(cluster, tmp_path, ids, seen)
 
 
-@pytest.mark.parametrize(("seed", "layout"), [(1, "own-home"), (3, "shared-home")])
-async def test_random_kills_while_jobs_are_submitted_run_and_end(sshd_cluster, tmp_path, seed, layout) -> None:
+@pytest.mark.parametrize(
+    ("seed", "layout", "store"),
+    [(1, "own-home", "sqlite"), (3, "shared-home", "sqlite"), (2, "own-home", "postgresql")],
+)
+async def test_random_kills_while_jobs_are_submitted_run_and_end(
+    sshd_cluster, tmp_path, seed, layout, store, request: pytest.FixtureRequest
+) -> None:
     """kill -9 at random moments (seeded: a failing seed replays) while jobs are queued, placed, started,
     stopped and ending, then a last scheduler that lets everything finish."""
     rng = random.Random(seed)
+    url = request.getfixturevalue("pg_server").database() if store == "postgresql" else None
     cluster: SshdCluster = sshd_cluster(2, gpus=2, shared_home=layout == "shared-home")
-    config = write_config(cluster, tmp_path)
-    ids = await preload(tmp_path, list(JOBS))
+    config = write_config(cluster, tmp_path, url)
+    ids = await preload(tmp_path, list(JOBS), url)
     for _ in range(6):
         proc = serve(config, tmp_path)
         try:
@@ -178,4 +195,4 @@ async def test_random_kills_while_jobs_are_submitted_run_and_end(sshd_cluster, t
         finally:
             kill(proc)
     seen = await settle(config, tmp_path, ids)
-    await check_outcomes(cluster, tmp_path, ids, seen)
+    await check_outcomes(cluster, tmp_path, ids, seen, url)

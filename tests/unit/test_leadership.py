@@ -42,7 +42,8 @@ CASES = [
     ("a standby, the lease runs out this instant", lease(expires=100.0), None, None, Step.TAKE_OVER),
     ("a standby, nobody ever led", lease(holder="", epoch=0, expires=0.0), None, None, Step.TAKE_OVER),
     ("a standby, the lease let go", lease(holder="", expires=100.0), None, None, Step.TAKE_OVER),
-    ("a standby finds its own old lease still running", lease(holder=ME), None, None, Step.STAND_BY),
+    # restarted on the same state_dir (its lock: the one before is gone), or fenced and nobody took it since
+    ("a standby finds its own old lease still running", lease(holder=ME), None, None, Step.TAKE_OVER),
     ("a leader within its time", lease(holder=ME), 3, 2.5, Step.RENEW),
     ("a leader, the database silent, within its time", None, 3, 5.0, Step.HOLD),
     ("a leader, the database silent, its time out", None, 3, 9.0, Step.FENCE),
@@ -352,3 +353,18 @@ async def test_the_console_on_a_standby_head_node_says_so_and_refuses_changes_na
     finally:
         stop.set()
         await asyncio.wait_for(leader, 30)
+
+
+def test_the_lease_holder_id_is_kept_in_state_dir(tmp_path: Path, sock_dir: Path) -> None:
+    """A scheduler restarted on the same state_dir is the same holder (it takes its lease back at once); another
+    head node's state_dir is another."""
+    from ftconsole.scheduler.serve.leadership import HOLDER_FILE, holder_id
+
+    a = head_config(tmp_path, sock_dir, "head-a", "postgresql://x@127.0.0.1/db")
+    b = head_config(tmp_path, sock_dir, "head-b", "postgresql://x@127.0.0.1/db")
+    for loaded in (a, b):
+        loaded.state_dir.mkdir(mode=0o700)
+    first = holder_id(a, "vm")
+    assert first.startswith("vm/") and holder_id(a, "vm") == first
+    assert holder_id(b, "vm") != first
+    assert (a.state_dir / HOLDER_FILE).stat().st_mode & 0o777 == 0o600
