@@ -6,8 +6,10 @@ nothing."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -299,6 +301,20 @@ async def test_a_scheduler_started_here_on_a_standby_refuses_changes_naming_the_
     """The console or the CLI with no scheduler of its own starts one in its process (`scheduler_here`); on a
     standby, what it asks is answered as the standby's API answers it: the refusal names the leader."""
     from ftconsole.scheduler.serve.client import scheduler_here
+
+    async with leader_serving(tmp_path, sock_dir, pg_url) as leader_conf:
+        async with scheduler_here(head_config(tmp_path, sock_dir, "head-b", pg_url)) as here:
+            status = await asyncio.wait_for(here.call("status"), 30)
+            assert status["leadership"]["role"] == "standby"
+            assert status["leadership"]["leader"]["socket"] == str(leader_conf.socket_path)
+            with pytest.raises(NotLeader, match=f"the leader is on .*, socket {leader_conf.socket_path}"):
+                await here.call("submit", spec={"name": "j", "command": "true"})
+        assert await raw_sql(pg_url, "SELECT count(*) FROM jobs") == [(0,)]
+
+
+@contextlib.asynccontextmanager
+async def leader_serving(tmp_path: Path, sock_dir: Path, pg_url: str) -> AsyncIterator[LoadedConfig]:
+    """`serve` of head-a in this process, leading on the store (probes off); stopped on the way out."""
     from ftconsole.scheduler.serve.daemon import serve
 
     leader_conf = head_config(tmp_path, sock_dir, "head-a", pg_url)
@@ -307,13 +323,7 @@ async def test_a_scheduler_started_here_on_a_standby_refuses_changes_naming_the_
     leader = asyncio.create_task(serve(leader_conf, stop, ready=ready.set_result, probe=False))
     try:
         await asyncio.wait_for(asyncio.shield(ready), 30)
-        async with scheduler_here(head_config(tmp_path, sock_dir, "head-b", pg_url)) as here:
-            status = await asyncio.wait_for(here.call("status"), 30)
-            assert status["leadership"]["role"] == "standby"
-            assert status["leadership"]["leader"]["socket"] == str(leader_conf.socket_path)
-            with pytest.raises(NotLeader, match=f"the leader is on .*, socket {leader_conf.socket_path}"):
-                await here.call("submit", spec={"name": "j", "command": "true"})
-        assert await raw_sql(pg_url, "SELECT count(*) FROM jobs") == [(0,)]
+        yield leader_conf
     finally:
         stop.set()
         await asyncio.wait_for(leader, 30)
@@ -324,16 +334,10 @@ async def test_the_console_on_a_standby_head_node_says_so_and_refuses_changes_na
 ) -> None:
     """The console with no scheduler serving its state_dir runs one embedded: on a standby, its cluster view says
     "standby (leader: ...)" and a change made from it is refused naming the leader."""
-    from ftconsole.scheduler.serve.daemon import serve
     from ftconsole.tui.app import ConsoleApp
     from ftconsole.tui.views import ClusterView
 
-    leader_conf = head_config(tmp_path, sock_dir, "head-a", pg_url)
-    stop = asyncio.Event()
-    ready: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-    leader = asyncio.create_task(serve(leader_conf, stop, ready=ready.set_result, probe=False))
-    try:
-        await asyncio.wait_for(asyncio.shield(ready), 30)
+    async with leader_serving(tmp_path, sock_dir, pg_url) as leader_conf:
         app = ConsoleApp(head_config(tmp_path, sock_dir, "head-b", pg_url), refresh_s=0.2)
         async with app.run_test(size=(160, 40)) as pilot:
             loop = asyncio.get_running_loop()
@@ -350,9 +354,6 @@ async def test_the_console_on_a_standby_head_node_says_so_and_refuses_changes_na
             with pytest.raises(NotLeader, match=f"socket {leader_conf.socket_path}"):
                 await app.client.call("submit", spec={"name": "j", "command": "true"})
         assert await raw_sql(pg_url, "SELECT count(*) FROM jobs") == [(0,)]
-    finally:
-        stop.set()
-        await asyncio.wait_for(leader, 30)
 
 
 def test_the_lease_holder_id_is_kept_in_state_dir(tmp_path: Path, sock_dir: Path) -> None:
