@@ -38,7 +38,8 @@ pytestmark = pytest.mark.sshd
 WAIT = 60.0
 # with one home for both nodes, the points after which runs are left on both nodes for the next scheduler's sweep
 # (every point runs with each node's own home; the shared layout is where the sweep can take another node's run)
-SHARED_HOME_POINTS = ("launch.before_send", "launch.after_send", "observe.after_record", "stop.after_send")
+# (launch.before_send left out: nothing of the attempt is on a node yet, and the own-home case covers it)
+SHARED_HOME_POINTS = ("launch.after_send", "observe.after_record", "stop.after_send")
 CASES = [("own-home", p) for p in sorted(failpoints.POINTS)] + [("shared-home", p) for p in SHARED_HOME_POINTS]
 START = 'echo $$ >> "$HOME/starts.$FT_JOB_ID.$RANK"'
 
@@ -171,7 +172,8 @@ async def test_a_crash_at_each_failpoint_loses_nothing_and_runs_nothing_twice(
 
 @pytest.mark.parametrize(
     ("seed", "layout", "store"),
-    [(1, "own-home", "sqlite"), (3, "shared-home", "sqlite"), (2, "own-home", "postgresql")],
+    # each store and each layout once (SQLite's own-home crashes are every failpoint's test above)
+    [(3, "shared-home", "sqlite"), (2, "own-home", "postgresql")],
 )
 async def test_random_kills_while_jobs_are_submitted_run_and_end(
     sshd_cluster, tmp_path, seed, layout, store, request: pytest.FixtureRequest
