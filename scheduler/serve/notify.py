@@ -49,6 +49,7 @@ if TYPE_CHECKING:  # httpx is imported when a webhook is set: the CLI, which imp
     import httpx
 
 log = logging.getLogger("ftconsole.notify")
+RECORD_AT_STOP_S = 5.0  # how long a stopping dispatcher waits to record the notifications its targets accepted
 
 FAILED_EVENT = "notify-failed"  # the event of a notification whose every try failed
 WINDOW_S = 60.0  # rate_limit counts notifications per this many seconds
@@ -346,6 +347,7 @@ class Dispatcher:
         self._client: httpx.AsyncClient | None = None
         self._task: asyncio.Task[None] | None = None
         self._deliveries: set[asyncio.Task[None]] = set()
+        self._recording: set[asyncio.Task[None]] = set()  # the cursor moves of accepted notifications (`_deliver`)
         self._slots: dict[str, asyncio.Semaphore] = {}
         # False once this scheduler's lease may have run out (scheduler.serve.leadership): nothing more is sent, and
         # the cursors stay where they are, so the next leader sends what this one did not
@@ -404,6 +406,8 @@ class Dispatcher:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self._recording:  # a clean stop still records what its targets accepted (bounded: the store may be gone)
+            await asyncio.wait(self._recording, timeout=RECORD_AT_STOP_S)
         await self._close_client()
 
     async def _close_client(self) -> None:
@@ -527,7 +531,12 @@ class Dispatcher:
                     break
                 else:
                     log.debug("notification of %s delivered to %s (try %d)", what, target.name, n)
-                    await self._done(target, batch)
+                    # recorded even when the dispatcher stops meanwhile (`__aexit__` waits for it): accepted, it
+                    # must not go out again at the next start
+                    recording = asyncio.create_task(self._done(target, batch))
+                    self._recording.add(recording)
+                    recording.add_done_callback(self._recording.discard)
+                    await asyncio.shield(recording)
                     return
         await self._record_failure(target, batch, what, n, failure)
         await self._done(target, batch)  # given up: the notify-failed event says so, a restart does not try again

@@ -406,13 +406,41 @@ async def test_an_alert_still_being_tried_when_it_stopped_goes_out_at_the_next_s
     assert await failures(store) == []
 
 
+async def test_a_notification_accepted_as_the_dispatcher_stops_is_recorded_and_not_sent_again(
+    store: Store, hook: Hook, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stopped while it records what its target accepted, a dispatcher still records it: the next start does
+    not send it again."""
+    recording = asyncio.Event()
+    real = store.set_notify_cursor
+
+    async def slow(*args: Any, **kwargs: Any) -> None:
+        recording.set()
+        await asyncio.sleep(0.5)  # the stop comes in here
+        await real(*args, **kwargs)
+
+    settings = NotifySettings(webhook=hook.url)
+    async with Dispatcher(settings, store, **FAST):
+        monkeypatch.setattr(store, "set_notify_cursor", slow)
+        await node_alert(store, "gpu40")
+        await asyncio.wait_for(recording.wait(), 30)
+    first = hook.received()[0]["json"]["id"]
+    assert (await store.notify_cursors())["webhook"] >= first
+    monkeypatch.setattr(store, "set_notify_cursor", real)
+    async with Dispatcher(settings, store, **FAST):
+        await asyncio.sleep(0.5)  # time enough for a wrong second POST
+    assert [p["json"]["node"] for p in hook.received()] == ["gpu40"]
+
+
 async def test_alerts_held_by_the_rate_limit_when_it_stopped_go_out_at_the_next_start(store: Store, hook: Hook) -> None:
     settings = NotifySettings(webhook=hook.url, rate_limit=1)
     async with Dispatcher(settings, store, window=60, **FAST) as dispatcher:
         for i in range(3):
             await node_alert(store, f"gpu3{i}")
-        await until(hook.received, lambda p: len(p) >= 1, "the first")
+        first = (await until(hook.received, lambda p: len(p) >= 1, "the first"))[0]["json"]["id"]
         await until(lambda: len(dispatcher.throttle.held), lambda n: n == 2, "two held")
+        # its answer read and recorded (stopped before that, it would be sent again: at least once)
+        await until(store.notify_cursors, lambda c: c["webhook"] >= first, "the first one's cursor")
     async with Dispatcher(settings, store, window=60, **FAST):
         posts = await until(hook.received, lambda p: len(p) >= 2, "the held ones, after the restart")
         await asyncio.sleep(0.3)
