@@ -484,7 +484,8 @@ class Placer:
         if not changed:
             return
         async with self.store.jobs_tx("note why jobs wait") as tx:
-            await tx.note([(job.id, text) for job, text in changed], status=status)  # those whose status changed: not
+            # one statement; a job whose status changed meanwhile keeps its message
+            await tx.note([(job.id, text) for job, text in changed], status=status)
 
     async def _start(self, job: Job, candidate: placement.Candidate, decision: placement.Place, now: float) -> None:
         """Record the job's attempt and its runs as intents (their GPUs held from now on); the act step of the

@@ -434,6 +434,12 @@ async def serve(
                 log.warning("failpoints active: %s", failpoints.active())
             readied = False
 
+            def mark_ready() -> None:  # once: when it first leads, or first looked at the lease (two head nodes)
+                nonlocal readied
+                if ready is not None and not readied:
+                    readied = True
+                    ready(scheduler)
+
             async def lead(scheduler: Scheduler, stop: asyncio.Event, leadership: Any = None) -> None:
                 """The loop with what follows the leader: notifications, the Alertmanager sync, metrics."""
                 async with contextlib.AsyncExitStack() as term:
@@ -445,10 +451,7 @@ async def serve(
                     await term.enter_async_context(alertmanager.running(loaded.cluster, service.store))
                     # Prometheus metrics on metrics.listen, read from the store at each scrape (off without it)
                     await term.enter_async_context(metrics.serving(loaded.cluster.metrics, scheduler))
-                    nonlocal readied
-                    if ready is not None and not readied:
-                        readied = True
-                        ready(scheduler)
+                    mark_ready()
                     await scheduler.run(stop, probe=probe)
 
             if loaded.cluster.state is None:  # SQLite: one scheduler per state_dir, its lock says so
@@ -456,13 +459,8 @@ async def serve(
                 return
             from ftconsole.scheduler.serve import leadership  # loads asyncpg: PostgreSQL only
 
-            def standing_ready() -> None:  # once the lease was first looked at: leading or not, its API serves
-                nonlocal readied
-                if ready is not None and not readied:
-                    readied = True
-                    ready(scheduler)
-
-            await leadership.serve(loaded, service, ops, stop, lead, ready=standing_ready)
+            # ready once the lease was first looked at: leading or not, its API serves
+            await leadership.serve(loaded, service, ops, stop, lead, ready=mark_ready)
 
 
 async def serve_until_signalled(loaded: LoadedConfig) -> None:

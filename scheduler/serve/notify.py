@@ -153,7 +153,7 @@ def coalesced_payload(infos: Sequence[AlertInfo], cluster_id: str, *, rate_limit
 def notification_key(cluster_id: str, ids: Sequence[int]) -> str:
     """What names one notification wherever and however often it is sent (a restart, another leader): the
     cluster and its alerts, e.g. `ftconsole-3f9c2a1b7d4e-12` or `ftconsole-3f9c2a1b7d4e-12-15.17`."""
-    return f"ftconsole-{cluster_id}-" + ".".join(_id_ranges(ids).replace(" ", "").split(","))
+    return f"ftconsole-{cluster_id}-" + _id_ranges(ids).replace(", ", ".")
 
 
 def _id_ranges(ids: Sequence[int]) -> str:

@@ -11,10 +11,11 @@ name or index, give `keys()`, turn into a dict and unpack as a tuple, and the st
 from __future__ import annotations
 
 import abc
+import contextlib
 import functools
 import re
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,16 +60,19 @@ class Engine(abc.ABC):
     # table go: `Store._kept_read`); `ANY_TABLE` for a statement that may change any
     on_write: Callable[[str], None] | None = None
 
-    def _will_write(self, sql: str) -> str | None:
-        """The table `sql` writes, told to `on_write` (see above); call again with it once the statement ran."""
+    @contextlib.contextmanager
+    def _told(self, sql: str) -> Iterator[None]:
+        """Around running `sql`: the table it writes told to `on_write` before it runs and once it ran."""
         table = written_table(sql)
-        if table is not None and self.on_write is not None:
-            self.on_write(table)
-        return table
-
-    def _wrote(self, table: str | None) -> None:
-        if table is not None and self.on_write is not None:
-            self.on_write(table)
+        tell = self.on_write
+        if table is None or tell is None:
+            yield
+            return
+        tell(table)
+        try:
+            yield
+        finally:
+            tell(table)
 
     @abc.abstractmethod
     async def execute(self, sql: str, args: Sequence[Any] = ()) -> int:
@@ -161,28 +165,19 @@ class SqliteEngine(Engine):
         return engine
 
     async def execute(self, sql: str, args: Sequence[Any] = ()) -> int:
-        table = self._will_write(sql)
-        try:
+        with self._told(sql):
             cur = await self._db.execute(sql, args)
-        finally:
-            self._wrote(table)
         return cur.rowcount
 
     async def insert(self, sql: str, args: Sequence[Any] = ()) -> int:
-        table = self._will_write(sql)
-        try:
+        with self._told(sql):
             cur = await self._db.execute(sql, args)
-        finally:
-            self._wrote(table)
         assert cur.lastrowid is not None
         return cur.lastrowid
 
     async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        table = self._will_write(sql)
-        try:
+        with self._told(sql):
             await self._db.executemany(sql, rows)
-        finally:
-            self._wrote(table)
 
     async def fetchall(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
         return list(await self._db.execute_fetchall(sql, args))  # one trip to aiosqlite's thread

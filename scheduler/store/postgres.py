@@ -187,11 +187,8 @@ class PostgresEngine(Engine):
         return self._conn
 
     async def execute(self, sql: str, args: Sequence[Any] = ()) -> int:
-        table = self._will_write(sql)
-        try:
+        with self._told(sql):
             return await self._run(sql, args)
-        finally:
-            self._wrote(table)
 
     async def _run(self, sql: str, args: Sequence[Any] = ()) -> int:
         """`execute` without telling `on_write`: the engine's own statements (BEGIN, COMMIT, the lock...)."""
@@ -201,20 +198,14 @@ class PostgresEngine(Engine):
         return int(count) if count.isdigit() else -1
 
     async def insert(self, sql: str, args: Sequence[Any] = ()) -> int:
-        table = self._will_write(sql)
-        try:
+        with self._told(sql):
             async with self._turn:
                 return int(await (await self._live()).fetchval(numbered(sql) + " RETURNING id", *args))
-        finally:
-            self._wrote(table)
 
     async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        table = self._will_write(sql)
-        try:
+        with self._told(sql):
             async with self._turn:  # the rows' statements pipelined: one round trip
                 await (await self._live()).executemany(numbered(sql), rows)
-        finally:
-            self._wrote(table)
 
     async def fetchall(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
         async with self._turn:
