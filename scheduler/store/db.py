@@ -82,6 +82,7 @@ class Store(SharingReads):
         self._generation = 0  # moves with every write
         self._wrote_at: dict[str, int] = {}  # table -> the generation of its last write (ANY_TABLE: of any table)
         self._kept: dict[tuple[Any, ...], tuple[int, frozenset[str], Any]] = {}
+        self._kept_of: dict[str, set[tuple[Any, ...]]] = {}  # table -> the keys of the kept reads of it
         db.on_write = self._wrote
 
     @classmethod
@@ -225,6 +226,10 @@ class Store(SharingReads):
         self._wrote_at[table] = self._generation
         if table == ANY_TABLE:
             self._kept.clear()
+            self._kept_of.clear()
+            return
+        for key in self._kept_of.pop(table, ()):  # gone, not only stale: a key read once (a time in it) never piles up
+            self._kept.pop(key, None)
 
     async def refresh(self) -> None:
         """Drop the kept reads if another process wrote since they were read (`Engine.changed_elsewhere`): each
@@ -242,6 +247,8 @@ class Store(SharingReads):
         value = await read()
         if self._unwritten(tables, since=generation):
             self._kept[key] = (generation, tables, value)
+            for table in tables:
+                self._kept_of.setdefault(table, set()).add(key)
         return value
 
     def _unwritten(self, tables: frozenset[str], *, since: int) -> bool:

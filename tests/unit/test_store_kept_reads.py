@@ -184,3 +184,17 @@ async def test_wait_reasons_are_written_in_one_statement_to_the_jobs_that_still_
         after = dict(await store._db.fetchall(stamps))
         assert [j.message for j in await store.jobs()] == [f"waits {ids[0]}", "", f"waits {ids[2]}"]
         assert after[ids[1]] == before[ids[1]] and after[ids[0]] == after[ids[2]] == tx.stamp > before[ids[0]]
+
+
+async def test_kept_reads_of_a_table_written_are_dropped_not_left_to_pile_up(store_at: StoreAt) -> None:
+    """A read asked once with a time in its key (the jobs ended since a moment) is gone at the next write to its
+    table: a scheduler that runs for weeks keeps no more reads than it asks between two writes."""
+    async with await Store.open(store_at()) as store:
+        await store.refresh()
+        for since in range(50):
+            await store.jobs(ended_since=float(since))
+        await store.quota_limits()
+        assert len(store._kept) == 51
+        async with store.jobs_tx("submit") as tx:
+            await tx.add_job(make_job())
+        assert list(store._kept) == [("quota_limits",)]
