@@ -335,18 +335,27 @@ class Scheduler(RankReads, Reserving):
                 self.rules.admissible(caller, job.spec, label)
         now = self.clock()
         moved = [j for j in changing if j.priority != label]
+        array = len(jobs) > 1
         try:
             async with self.store.jobs_tx("change a priority") as tx:
                 if moved:
                     await self.rules.within_cap(moved[0].owner, moved[0].project, label, count=len(moved))
+                changed = 0
                 for job in changing:
-                    await tx.update_job(job.id, expect=[JobStatus.QUEUED], priority=label)
+                    try:
+                        await tx.update_job(job.id, expect=[JobStatus.QUEUED], priority=label)
+                    except Conflict:
+                        if not array:
+                            raise
+                        continue  # a task that started since it was read keeps its priority, as a running one does
+                    changed += 1
                     text = f"priority {job.priority} -> {label} by {caller.user}"
                     await tx.event(now, "Priority", text, job=job.id)
+                if not changed:
+                    raise Conflict(f"array {job_id}: every queued task started meanwhile")
         except Conflict:
-            raise UsageError(
-                f"job {job_id} started meanwhile: the priority can only change while it is queued"
-            ) from None
+            what = f"array {job_id} has no queued task left" if array else f"job {job_id} started meanwhile"
+            raise UsageError(f"{what}: the priority can only change while it is queued") from None
         self._poke()
         return await self._fresh(jobs[0].id)
 
