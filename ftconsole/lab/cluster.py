@@ -33,6 +33,7 @@ from ftconsole.lab.processes import (
     find_lab_processes,
 )
 from ftconsole.lab.records import LabInfo, LabNodeInfo
+from ftconsole.lab.session import reset_session_signals
 from ftconsole.scheduler.errors import LabError, NotFound, UsageError
 from ftconsole.scheduler.node.proc import start_time
 from ftconsole.scheduler.ssh.transport import local_user
@@ -99,6 +100,7 @@ class LabCluster:
         self._lock.acquire()
         try:
             _raise_nofile_limit()
+            reset_session_signals()
             self._authorized = authorized = self._prepare()
             await self._listen(authorized)
             self._write_client_files()

@@ -35,6 +35,25 @@ _CTTY_EXEC = (
 
 _PTY = -1  # the output "fd" of a pty session
 
+# The signals a session's command starts with at their default, as sshd's children do (sshd resets them in the
+# child of each connection). An ignored signal is inherited across exec, a caught one is not: in a process
+# started with SIGHUP ignored (nohup, a CI runner, a service manager) every command would outlive its session's
+# hangup, and with SIGINT ignored (a background job of a script) a client's break would do nothing.
+_SESSION_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT)
+
+
+def _still_ignored(signum: int, frame: object) -> None:
+    """This process goes on ignoring the signal (as it was told to); the commands it starts do not inherit it."""
+
+
+def reset_session_signals() -> None:
+    """Catch, and ignore, each of `_SESSION_SIGNALS` this process ignores, so that a session's command starts
+    with it at its default. Only from the main thread (elsewhere nothing can be changed: left as it is)."""
+    for sig in _SESSION_SIGNALS:
+        if signal.getsignal(sig) == signal.SIG_IGN:
+            with contextlib.suppress(ValueError):
+                signal.signal(sig, _still_ignored)
+
 
 def _signal_number(name: str) -> int | None:
     sig = getattr(signal, f"SIG{name}", None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -174,6 +175,23 @@ async def test_disconnect_hangs_up_on_the_command_but_not_on_a_detached_process(
     assert pid_alive(detached_pid), "a detached process was killed with its session"
     await lab.stop()
     assert await wait_until(lambda: not pid_alive(detached_pid)), "lab stop left a node process running"
+
+
+async def test_a_lab_started_with_sighup_ignored_still_hangs_up_on_a_closed_sessions_command(tmp_path: Path) -> None:
+    """A process started with SIGHUP ignored (nohup, a CI runner) passed SIG_IGN on to every command of the lab's
+    sessions (an ignored signal survives exec), so a closed session's command ran on: the suite failed so under CI
+    and passed from a terminal. As sshd does, a session's command now starts with SIGHUP at its default."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT)}
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        async with LabCluster(tmp_path / "lab", nodes=1) as lab:
+            async with asyncio.timeout(TIMEOUT), asyncssh.connect(**lab.connect_options("lab01")) as conn:
+                process = await conn.create_process("echo $$; exec sleep 300")
+                attached = int(await process.stdout.readline())
+            assert await wait_until(lambda: not pid_alive(attached)), "the command of a closed session still runs"
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
 
 
 async def test_a_node_taken_off_the_network_keeps_its_detached_processes(lab: LabCluster) -> None:
