@@ -3,7 +3,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 PYTHON ?= python3
 
-.PHONY: venv test test-peers check demo lab-down bench snapshots clean
+.PHONY: venv test test-stress test-peers check demo lab-down bench snapshots clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -13,8 +13,23 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
+# The suite runs in a random order (pytest-randomly), a new one each time: its seed is printed before and after the
+# run, and `make test SEED=N` runs that order again.
+ifndef SEED
+SEED := $(shell $(PYTHON) -c 'import random; print(random.randrange(1 << 31))')
+endif
+
 test: venv
-	$(PY) -m pytest -q
+	@echo "test order: seed $(SEED) (make test SEED=$(SEED) runs it again)"
+	$(PY) -m pytest -q -p randomly --randomly-seed=$(SEED)
+
+# The suite under load: RUNS runs (a new order each, seeds printed), with LOAD spinning processes keeping the CPUs
+# busy; it stops at the first failure and says how to run that order again (tests/stress.py).
+RUNS ?= 3
+LOAD ?= $(shell nproc)
+
+test-stress: venv
+	$(PY) tests/stress.py --runs $(RUNS) --load $(LOAD) --seed $(SEED)
 
 # The real-launcher suite (tests/peers, issue 15): each launch mode against its real launcher on two sshd test
 # nodes. Its own environment, pinned and CPU only, which the main suite does not need; deepspeed comes last and

@@ -34,3 +34,13 @@ def sock_dir() -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """The order's seed again at the end, beside the failures: `make test SEED=N` runs that order again."""
+    seed = getattr(config.option, "randomly_seed", None)
+    if isinstance(seed, int) and getattr(config.option, "randomly_reorganize", True):
+        terminalreporter.write_line(
+            f"test order: seed {seed} (make test SEED={seed}, or pytest -p randomly "
+            f"--randomly-seed={seed}, runs it again)"
+        )
