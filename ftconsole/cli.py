@@ -21,7 +21,7 @@ from typing import Any
 
 import ftconsole
 from ftconsole import debug_cli, jobs_cli, reservation_cli, shell_cli, state_cli, usage_cli
-from ftconsole.format import age, gpu_summary, print_json, print_table, runtime_lines
+from ftconsole.format import age, gpu_summary, print_json, print_table, printable, runtime_lines
 from ftconsole.jobs_cli import find_config, loaded_config
 from ftconsole.scheduler.errors import ConfigError, FtError, Problem, StoreError
 from ftconsole.scheduler.serve.client import open_client
@@ -256,7 +256,7 @@ def _admin(args: argparse.Namespace, op: str, **call: Any) -> int:
         )  # fmt: skip
     else:
         for v in views:
-            print(f"{v['name']}: {v['state']}" + (f" ({v['admin_reason']})" if v["admin_reason"] else ""))
+            print(printable(f"{v['name']}: {v['state']}" + (f" ({v['admin_reason']})" if v["admin_reason"] else "")))
     if op == "resume":
         for v in views:
             if v.get("flaky"):
@@ -451,10 +451,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"{PROG}: {exc.title}:", file=sys.stderr)
         for problem in exc.problems:
-            print(f"  {problem}", file=sys.stderr)
+            print(f"  {printable(problem)}", file=sys.stderr)
         return exc.exit_code
-    except FtError as exc:
-        print(f"{PROG}: {exc.title}: {exc}", file=sys.stderr)
+    except FtError as exc:  # its message may quote what a job's user wrote (a run's error): no control character
+        print(f"{PROG}: {exc.title}: {printable(exc)}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130

@@ -11,7 +11,7 @@ import argparse
 import time
 from typing import Any
 
-from ftconsole.format import format_table, print_json
+from ftconsole.format import format_table, print_json, printable
 from ftconsole.jobs_cli import _with_client
 
 
@@ -34,7 +34,8 @@ def _last_collective(rank: dict[str, Any]) -> str:
 
 def evidence_text(doc: dict[str, Any]) -> str:
     """The evidence as people read it (the CLI's output, the console's Debug tab): the verdict, a table of the
-    ranks, then each distinct main-thread stack once with the ranks at it."""
+    ranks, then each distinct main-thread stack once with the ranks at it; no control character (its frame names,
+    command lines and output are a job user's words)."""
     when = time.strftime("%H:%M:%S", time.localtime(doc["time"]))
     kept = " (kept: the job is not running)" if doc.get("kept") else ""
     lines = [f"job {doc['job']}, attempt {doc['attempt']}, at {when} ({doc['seconds']:.1f} s to gather){kept}",
@@ -55,7 +56,7 @@ def evidence_text(doc: dict[str, Any]) -> str:
     for ranks, stack in _folded(doc["ranks"]):
         lines += ["", f"ranks {ranks}:" if "," in ranks or "-" in ranks else f"rank {ranks}:"]
         lines += [f"    {frame['name']} ({frame['file']}:{frame['line']})" for frame in stack]
-    return "\n".join(lines)
+    return printable("\n".join(lines))
 
 
 def _kernel_lines(doc: dict[str, Any]) -> list[str]:

@@ -1,4 +1,9 @@
-"""Small text formatters shared by the CLI and the console."""
+"""Small text formatters shared by the CLI and the console.
+
+What they write is for a terminal: a text that came from the store (a job's message, an event, a run's error, a
+node's reason) may hold a job user's words, so no control character of it is written (`printable`; the store
+keeps them without, `scheduler.decide.usertext`: this is the second line of defence, for text stored by an
+older ftconsole or gathered on the way)."""
 
 from __future__ import annotations
 
@@ -8,6 +13,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ftconsole.probes.results import parse_runtimes
+from ftconsole.scheduler.decide.usertext import clean
+
+
+def printable(value: Any) -> str:
+    """`value` as text for a terminal: without control characters (newline and tab stay)."""
+    return clean(str(value))
 
 
 def node_count(job: Mapping[str, Any]) -> str:
@@ -61,6 +72,6 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """Columns padded to their widest cell, two spaces apart, a line per row after the headers."""
-    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in row] for row in rows]
+    cells = [[str(h) for h in headers]] + [["" if c is None else printable(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells)

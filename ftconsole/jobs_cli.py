@@ -18,8 +18,9 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ftconsole.format import age, node_count, print_json, print_table
+from ftconsole.format import age, node_count, print_json, print_table, printable
 from ftconsole.scheduler.decide.arrays import summary
+from ftconsole.scheduler.decide.usertext import clean_json
 from ftconsole.scheduler.errors import ConfigError, NotRunning, Problem, UsageError
 from ftconsole.scheduler.serve.api import WRITE_OPS
 from ftconsole.scheduler.serve.client import Client, connect, local_client, scheduler_here
@@ -160,7 +161,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
                 final = state
                 if not args.json:
                     detail = f": {state['message']}" if state["message"] else ""
-                    print(f"job {state.get('ref') or state['id']} {state['status']}{detail}", file=sys.stderr)
+                    print(
+                        printable(f"job {state.get('ref') or state['id']} {state['status']}{detail}"), file=sys.stderr
+                    )
             if final["status"] != "succeeded" and failed is None:
                 failed = final
         if tasks is not None:  # the array's outcome: the first task that did not succeed, else the array's id
@@ -217,10 +220,12 @@ def cmd_predict(args: argparse.Namespace) -> int:
         where = ", ".join(f"{n['node']} (GPUs {','.join(map(str, n['gpus']))})" for n in decision["nodes"])
         print(f"{spec.name}: starts now on {where}")
     elif decision["cause"] in ("dependency", "reservation"):  # not in the queue's order until then
-        print(f"{spec.name}: would wait: {decision['reason']}")
+        print(f"{spec.name}: would wait: {printable(decision['reason'])}")
     else:
         ahead = f"; ahead: jobs {', '.join(decision['ahead'])}" if decision["ahead"] else ""
-        print(f"{spec.name}: would wait (queue position {decision['position']}): {decision['reason']}{ahead}")
+        print(
+            printable(f"{spec.name}: would wait (queue position {decision['position']}): {decision['reason']}{ahead}")
+        )
     return 0
 
 
@@ -273,6 +278,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     if args.json:
         print_json(job)
         return 0
+    job = clean_json(job)  # its message, conditions and runs' errors hold a job user's words: no control character
     print(f"job {job['id']}: {job['name']}  ({job['status']})")
     for key in ("owner", "priority", "project", "access", "mode", "message", "exit_code"):
         if job.get(key) not in (None, ""):

@@ -10,6 +10,10 @@ A rank of the verdict is one training process: a launcher's worker (a Python pro
 environment and none under it; its rank is that RANK), else the run's first Python process, else the first of its
 processes that started no other (a wrapper shell's command); its rank is then the run's. The
 document (`Evidence.to_json`) keeps everything gathered, per run; `ftconsole debug JOB` shows it.
+
+What the nodes said names the job user's processes (frame names and files, command lines, environments, torch's
+op and group names, output): every text of it is kept without control characters (`usertext.clean_json`) before
+it is parsed into the verdict's ranks, stored or shown.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Any
 
 from ftconsole.scheduler.decide.hangs import Frame, Rank, Verdict, Xid, verdict
 from ftconsole.scheduler.decide.jobs import Job, Run
+from ftconsole.scheduler.decide.usertext import clean_json
 from ftconsole.scheduler.errors import FtError
 from ftconsole.scheduler.executor import Executor
 from ftconsole.scheduler.spec.config import Node
@@ -127,7 +132,7 @@ async def gather(executor: Executor, job: Job, runs: Sequence[Run], *, stacks: b
     found = await asyncio.gather(
         *(_node(executor, job, name, rs, stacks, since) for name, rs in sorted(by_node.items()))
     )
-    documents = sorted((doc for docs in found for doc in docs), key=lambda d: d["rank"])
+    documents = sorted((clean_json(doc) for docs in found for doc in docs), key=lambda d: d["rank"])
     ranks = sorted((u for doc in documents for u in _units(doc)), key=lambda u: (u.rank, u.node))
     return Evidence(job.id, job.attempt, time.time(), time.monotonic() - started, verdict(ranks), tuple(ranks),
                     tuple(documents))  # fmt: skip

@@ -2,7 +2,9 @@
 
 What a node sends back about a run is untrusted input: status.json belongs to the run's user (see supervisor.py,
 "Users"), who may write anything in it. Each field is checked by type and range (`status_problem`) before it is
-used or stored; a document that fails reads state "lost" with the reason (UNREADABLE).
+used or stored; a document that fails reads state "lost" with the reason (UNREADABLE). Its texts (`error`,
+`step`, `signal`, what a scan of output.log found) are kept without control characters (`usertext.clean`): an
+escape sequence written there never reaches a terminal that shows the job.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ftconsole.scheduler.decide.jobs import Run
+from ftconsole.scheduler.decide.usertext import clean, clean_json
 
 UNREADABLE = "its status file is unreadable: "
 NODE_STATES = frozenset({"starting", "running", "exited", "failed", "lost", "orphaned", "absent", "foreign"})
@@ -113,10 +116,21 @@ class RunStatus:
     io: int | None = None  # running: the I/O counters summed over its process group (the hang detector's)
     scan: dict[str, Any] | None = None  # what a scan of output.log asked for found (see supervisor `_scan`)
 
+    def __post_init__(self) -> None:
+        # the user's words, however the status was made (from_json, a refusal quoting the claim file): without
+        # control characters (token and boot_id stay as sent: they are compared, never shown as text)
+        for name in ("error", "step", "signal"):
+            text = getattr(self, name)
+            if text is not None:
+                object.__setattr__(self, name, clean(text))
+        if self.scan is not None:
+            object.__setattr__(self, "scan", clean_json(self.scan))
+
     @classmethod
     def from_json(cls, doc: Any) -> RunStatus:
         """The status a node sent, each field checked by type and range (`status_problem`); a document that is
-        not what the supervisor writes reads lost, with what is wrong (its user may write anything in it)."""
+        not what the supervisor writes reads lost, with what is wrong (its user may write anything in it). Its
+        texts are kept without control characters (see `__post_init__`)."""
         problem = status_problem(doc)
         if problem is not None:
             return cls(state="lost", error=UNREADABLE + problem)

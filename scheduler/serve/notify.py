@@ -20,6 +20,12 @@ first time starts after the newest alert stored: nothing old is sent to it.
 Only new alerts are sent, not their acknowledgement or resolution (those are events, made by a person or by
 ftconsole itself; the console and `ftconsole alerts` show them).
 
+What is sent is text a job's user may have written (a run's error, a job's name): every text of a notification is
+sent without control characters (`usertext.clean`), and its `text`, what a chat hook shows, is escaped as Slack's
+message formatting asks (`&`, `<`, `>` as `&amp;`, `&lt;`, `&gt;`; `chat_escape`), so that `<!channel>`,
+`<!here>`, `<@U123>` or a link written by a user reach the channel as plain text, never as a mention or a link.
+The other fields (`message`, ...) carry the plain text.
+
 The pure parts are tested from tables: the payloads (`alert_payload`, `coalesced_payload`) and the rate limit
 (`Throttle`): at most `rate_limit` notifications in any minute; the alerts over it are held and go out together
 as one "N more alerts" notification as soon as the limit allows: never dropped.
@@ -40,6 +46,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 from urllib.parse import urlsplit
 
+from ftconsole.scheduler.decide.usertext import clean, clean_json
 from ftconsole.scheduler.errors import FtError
 from ftconsole.scheduler.spec.config import NotifySettings
 from ftconsole.scheduler.store.db import Store
@@ -85,25 +92,42 @@ class AlertInfo:
 
 
 def one_line(text: str, most: int = TEXT_MAX) -> str:
-    flat = " ".join(text.split())
+    """`text` on one line (each run of white space one space), without control characters, at most `most`
+    characters long."""
+    flat = clean(" ".join(text.split()))
     return flat if len(flat) <= most else flat[: most - 1] + "…"
 
 
+# Slack's message formatting: "&", "<" and ">" are control characters of its markup (`<!channel>`, `<@U123>`,
+# `<https://...|text>`); escaped, they read as themselves. `&` first: the others' escapes start with it.
+_CHAT_ESCAPES = (("&", "&amp;"), ("<", "&lt;"), (">", "&gt;"))
+
+
+def chat_escape(text: str) -> str:
+    """`text` as a chat hook shows it as written: `<!channel>` reads `&lt;!channel&gt;`, no mention, no link."""
+    for raw, escaped in _CHAT_ESCAPES:
+        text = text.replace(raw, escaped)
+    return text
+
+
 def alert_text(alert: StoredAlert) -> str:
-    """`[ftconsole] ERROR job_failed #12: job 7 (llama, ann) failed: ...` (the message names the job or node)."""
-    return one_line(f"[ftconsole] {alert.severity.upper()} {alert.kind} #{alert.id}: {alert.message}")
+    """`[ftconsole] ERROR job_failed #12: job 7 (llama, ann) failed: ...` (the message names the job or node), one
+    line of at most TEXT_MAX characters before it is escaped for chat (`chat_escape`)."""
+    return chat_escape(one_line(f"[ftconsole] {alert.severity.upper()} {alert.kind} #{alert.id}: {alert.message}"))
 
 
 def alert_payload(info: AlertInfo, cluster_id: str) -> dict[str, Any]:
-    """The JSON of one alert: `text` (one line, what a chat hook shows) and the alert's own fields, as
-    `ftconsole alerts --json` gives them, with the job's name and owner and the cluster id."""
-    return {
+    """The JSON of one alert: `text` (one line, what a chat hook shows, escaped for it) and the alert's own
+    fields, as `ftconsole alerts --json` gives them, with the job's name and owner and the cluster id; no text
+    in it has a control character."""
+    payload = {
         "text": alert_text(info.alert),
         **info.alert.to_json(),
         "job_name": info.job_name,
         "owner": info.owner,
         "cluster_id": cluster_id,
     }
+    return clean_json(payload)
 
 
 def worst_severity(severities: Iterable[str]) -> str:
@@ -113,7 +137,8 @@ def worst_severity(severities: Iterable[str]) -> str:
 
 def coalesced_payload(infos: Sequence[AlertInfo], cluster_id: str, *, rate_limit: int) -> dict[str, Any]:
     """The JSON of alerts held back by the rate limit, sent as one: `kind` "coalesced", their `count`, every
-    id, the worst severity, a count per kind, and the first `LISTED_MAX` of them in brief."""
+    id, the worst severity, a count per kind, and the first `LISTED_MAX` of them in brief; `text` escaped for
+    chat, no text with a control character."""
     alerts = [i.alert for i in infos]
     kinds: dict[str, int] = {}
     for a in alerts:
@@ -125,8 +150,8 @@ def coalesced_payload(infos: Sequence[AlertInfo], cluster_id: str, *, rate_limit
         f"[ftconsole] {severity.upper()} {len(alerts)} more {noun} (over the limit of {rate_limit} a minute): "
         f"{per_kind}; ids {_id_ranges([a.id for a in alerts])}; see `ftconsole alerts`"
     )
-    return {
-        "text": one_line(text),
+    payload = {
+        "text": chat_escape(one_line(text)),
         "kind": "coalesced",
         "severity": severity,
         "count": len(alerts),
@@ -148,6 +173,7 @@ def coalesced_payload(infos: Sequence[AlertInfo], cluster_id: str, *, rate_limit
         ],
         "cluster_id": cluster_id,
     }
+    return clean_json(payload)
 
 
 def notification_key(cluster_id: str, ids: Sequence[int]) -> str:
