@@ -5,6 +5,9 @@ past it is refused), `gpu_hours` (most GPU-hours over the last `period`, as `ftc
 project's limits are `quotas.projects[name]`, else `quotas.default_project`; a user's likewise. A job must fit
 both its project's and its user's.
 
+A user's `queued_jobs` is 10,000 unless the config says otherwise (spec/sharingspec.py, DEFAULT_QUEUED_JOBS: as
+Slurm's MaxSubmitJobs), so that no one user's submits fill the store (issue 40).
+
 `hold_back` walks the queue in its order and keeps back each job that would take its project or user past a
 limit, counting the jobs before it as if they started (so that one pass never places past a limit, whatever it
 places); the jobs kept back wait, saying which quota, and hold no one else back. Next pass, with what really
@@ -49,7 +52,7 @@ class Queued:
 
 
 def _n(count: int, what: str) -> str:
-    return f"{count} {what}" if count == 1 else f"{count} {what}s"
+    return f"{count} {what}" if count == 1 else f"{count:,} {what}s"
 
 
 def describe(key: Key) -> str:
@@ -110,5 +113,8 @@ def submit_refusal(
             if count == 1:
                 return f"{describe(key)} is at its quota of {quota}"
             now = queued.get(key, 0)
-            return f"{describe(key)} has a quota of {quota} ({now} queued now): the array's {count} tasks would pass it"
+            return (
+                f"{describe(key)} has a quota of {quota} ({now:,} queued now): the array's {count:,} tasks would "
+                "pass it"
+            )
     return None

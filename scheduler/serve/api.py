@@ -58,8 +58,10 @@ WRITE_OPS = frozenset(
 log = logging.getLogger("ftconsole.api")
 
 MAX_LINE = 16 * 1024 * 1024  # a reply line (the client's bound: a job list or a page of logs can be large)
-# A request line. Requests are small (the largest, a submit, carries one job spec: some kilobytes); 1 MiB leaves
-# room for any real spec and bounds what a hostile client makes the scheduler buffer (at most twice this).
+# A request line. Requests are small (the largest, a submit, carries one job spec: some kilobytes, and the scheduler
+# takes at most 64 KiB of it as compact JSON, jobspec.MAX_SPEC_BYTES); 1 MiB leaves room for any real spec, and for a
+# spec over its bound to be read and refused naming the key at fault, and bounds what a hostile client makes the
+# scheduler buffer (at most twice this).
 MAX_REQUEST = 1024 * 1024
 # How long a request may take to arrive once its first byte has: a client that sends half a line and stops is
 # answered and dropped. An idle connection between requests (the console's) waits as long as it likes.

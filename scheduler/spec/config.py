@@ -26,6 +26,7 @@ from ftconsole.scheduler.spec.nodesets import expand_nodeset
 from ftconsole.scheduler.spec.sharingspec import FairShare as FairShare
 from ftconsole.scheduler.spec.sharingspec import QuotaLimits as QuotaLimits
 from ftconsole.scheduler.spec.sharingspec import QuotaSettings as QuotaSettings
+from ftconsole.scheduler.spec.sharingspec import UserLimits as UserLimits
 
 # the value types live in spec/values.py; the config's callers import them from here as before
 from ftconsole.scheduler.spec.statespec import LEASE_S as LEASE_S
@@ -396,7 +397,8 @@ class ClusterConfig(_Strict):
     admins: list[str] = []
     # declared projects; without any, a job's project is free text and the urgent cap counts per user
     projects: dict[str, ProjectSettings] = {}
-    quotas: QuotaSettings | None = None  # limits per project and per user (absent: none)
+    # limits per project and per user (absent: none; given, a user's queued jobs are 10,000 unless set otherwise)
+    quotas: QuotaSettings | None = None
     specs: dict[str, NodeSpecSettings] = {}
     probes: ProbeSettings = ProbeSettings()
     scheduler: SchedulerSettings = SchedulerSettings()

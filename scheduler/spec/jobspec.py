@@ -10,6 +10,13 @@ tensorflow job without a worker, a workdir relative to wherever SSH logs in); a 
 (`JobSpec.from_stored`) skips them, so that a job accepted before they existed does not make the store
 unreadable.
 
+A new spec is bounded in bytes and in work before anything else is checked (issue 40, docs/jobs.md "Limits"):
+the whole spec as JSON (MAX_SPEC_BYTES), an array's tasks times that (MAX_ARRAY_BYTES), the text of `command`,
+the tasks' commands and the hooks (MAX_TEXT_BYTES), `env` (MAX_ENV entries of MAX_ENV_NAME_BYTES and
+MAX_TEXT_BYTES), the lists (`after`, `tasks`, `specs`) and `node_names` (nodesets.py). Every check after them is
+linear in the spec's size. A spec read back from the store skips these bounds too: it was accepted under the
+bounds of its day.
+
 The command of a job (and of each batch task) is run directly, as an argument vector, not by a shell:
 `scheduler.command.check_command` rejects what only a shell would understand and says how to write it.
 
@@ -18,6 +25,7 @@ Pure code: the only I/O is reading the YAML file in `load_jobspec`.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from collections.abc import Mapping
@@ -61,6 +69,104 @@ from ftconsole.scheduler.spec.specbase import unique as _unique
 
 _STORED = "stored"  # validation context key: the spec is read back from the store (see `JobSpec.from_stored`)
 
+# -- bounds (issue 40): what one request may cost, checked before anything else ------------------------------
+
+MAX_SPEC_BYTES = 64 * 1024  # the spec as JSON (UTF-8): real ones are 1 to 5 kB
+MAX_ARRAY_BYTES = 64 * 1024 * 1024  # an array's tasks x its spec's bytes: each task stores the whole spec
+MAX_TEXT_BYTES = 16 * 1024  # `command`, a task's command, a hook, a value of `env` (a longer one: a script)
+MAX_ENV = 1_000  # variables in `env`
+MAX_ENV_NAME_BYTES = 256  # the name of a variable of `env`
+MAX_AFTER = 1_000  # job ids in each of after.ok, after.any, after.failed
+MAX_BATCH_TASKS = 1_000  # `tasks` of a batch job
+MAX_SPECS = 64  # node specs in `specs`
+
+
+def _stored(info: ValidationInfo) -> bool:
+    return isinstance(info.context, Mapping) and info.context.get(_STORED) is True
+
+
+def _utf8_bytes(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8", "replace"))
+
+
+def _at_most(most: int, unit: str, hint: str) -> BeforeValidator:
+    """A new spec's text of at most `most` bytes, or list of at most `most` entries (`unit`: what they are); the
+    value as it is otherwise (a wrong type is the field's own validator's to say)."""
+
+    def check(value: Any, info: ValidationInfo) -> Any:
+        if _stored(info):
+            return value
+        count = _utf8_bytes(value) if isinstance(value, str) else len(value) if isinstance(value, list) else 0
+        if count > most:
+            raise ValueError(f"{count:,} {unit}, over the limit of {most:,}: {hint}")
+        return value
+
+    return BeforeValidator(check)
+
+
+def _shown(text: str, limit: int = 40) -> str:
+    return repr(text if len(text) <= limit else text[: limit - 1] + "…")
+
+
+def _env_bounds(value: Any, info: ValidationInfo) -> Any:
+    """`env` of a new spec: at most MAX_ENV variables, each name at most MAX_ENV_NAME_BYTES and each value at most
+    MAX_TEXT_BYTES long."""
+    if _stored(info) or not isinstance(value, Mapping):
+        return value
+    if len(value) > MAX_ENV:
+        raise ValueError(f"{len(value):,} variables, over the limit of {MAX_ENV:,}: pass the rest in a file")
+    for name, text in value.items():
+        if isinstance(name, str) and _utf8_bytes(name) > MAX_ENV_NAME_BYTES:
+            raise ValueError(
+                f"the name {_shown(name)} is {_utf8_bytes(name):,} bytes, over the limit of {MAX_ENV_NAME_BYTES}"
+            )
+        if isinstance(text, str) and _utf8_bytes(text) > MAX_TEXT_BYTES:
+            raise ValueError(
+                f"{name}: its value is {_utf8_bytes(text):,} bytes, over the limit of {MAX_TEXT_BYTES:,}: "
+                "pass it in a file"
+            )
+    return value
+
+
+def _json_bytes(value: Any) -> int:
+    """The size of `value` as compact JSON, in UTF-8 bytes (what YAML reads that JSON has not, a date, as text)."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+    except (TypeError, ValueError):  # a key JSON cannot have (a date): left out, the model refuses it anyway
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str, skipkeys=True)
+    return _utf8_bytes(text)
+
+
+def size_problems(data: Mapping[str, Any]) -> list[tuple[tuple[Any, ...], str]]:
+    """A new spec's bounds in bytes, from its raw data, before any other check: the whole spec as JSON
+    (MAX_SPEC_BYTES, naming the key that takes most of it) and an array's tasks times that (MAX_ARRAY_BYTES)."""
+    total = _json_bytes(data)
+    if total > MAX_SPEC_BYTES:
+        sizes = {key: _json_bytes(value) for key, value in data.items()}
+        key = max(sizes, key=lambda k: sizes[k])
+        return [
+            (
+                (key,),
+                f"the job spec is {total:,} bytes as JSON, over the limit of {MAX_SPEC_BYTES:,} (64 KiB), and this key "
+                f"takes {sizes[key]:,} of them: put large data in files the job reads",
+            )
+        ]
+    array = data.get("array")
+    try:
+        tasks = len(arrayspec.parse(str(_array_text(array))).indexes) if array is not None else 1
+    except ValueError:
+        return []  # the field says what is wrong
+    if tasks * total > MAX_ARRAY_BYTES:
+        return [
+            (
+                ("array",),
+                f"{tasks:,} tasks of a spec of {total:,} bytes (as JSON) are {tasks * total:,} bytes to store, over "
+                f"the limit of {MAX_ARRAY_BYTES:,} (64 MiB): each task keeps the whole spec; submit fewer tasks, or "
+                "make the spec smaller (large data in files the job reads)",
+            )
+        ]
+    return []
+
 
 def _valid_command(value: str) -> str:
     problem = check_command(value)
@@ -83,8 +189,10 @@ def _valid_name(value: str) -> str:
 
 
 def _valid_nodeset(value: str, info: ValidationInfo) -> str:
-    stored = isinstance(info.context, Mapping) and info.context.get(_STORED) is True
-    expand_nodeset(value, limit=MAX_NODESET if stored else MAX_NODE_NAMES)
+    if _stored(info):  # as it was accepted: at most the config's bound, and of any length
+        expand_nodeset(value, limit=MAX_NODESET, text_limit=None)
+    else:
+        expand_nodeset(value, limit=MAX_NODE_NAMES)
     return value
 
 
@@ -135,9 +243,12 @@ def _valid_array(value: str) -> str:
     return str(arrayspec.parse(value))  # the indexes as ranges, so that a stored spec says the same
 
 
+_RUN_A_SCRIPT = "put it in a script and run that"
+
 Name = Annotated[str, AfterValidator(_valid_name)]
 ArrayText = Annotated[str, BeforeValidator(_array_text), AfterValidator(_valid_array)]
-Command = Annotated[str, AfterValidator(_valid_command)]
+Command = Annotated[str, AfterValidator(_valid_command), _at_most(MAX_TEXT_BYTES, "bytes", _RUN_A_SCRIPT)]
+HookText = Annotated[Text, _at_most(MAX_TEXT_BYTES, "bytes", _RUN_A_SCRIPT)]
 NodeSetExpr = Annotated[str, AfterValidator(_valid_nodeset)]
 Version = Annotated[str, BeforeValidator(_version_text), AfterValidator(_not_blank)]
 EnvValue = Annotated[str, BeforeValidator(_env_value)]
@@ -159,15 +270,20 @@ class Task(_Strict):
 
 
 JobId = Annotated[int, Field(ge=1, strict=True)]
+JobIds = Annotated[
+    list[JobId],
+    _at_most(MAX_AFTER, "job ids", "wait for an array (its id stands for all its tasks) or for a job that does"),
+    AfterValidator(_unique),
+]
 
 
 class After(_Strict):
     """The jobs this one waits for (Slurm's --dependency): `ok` to succeed (afterok), `any` to end whatever its
     end (afterany), `failed` to end without succeeding (afternotok). See decide/dependencies.py."""
 
-    ok: Annotated[list[JobId], AfterValidator(_unique)] = Field(default_factory=list)
-    any: Annotated[list[JobId], AfterValidator(_unique)] = Field(default_factory=list)
-    failed: Annotated[list[JobId], AfterValidator(_unique)] = Field(default_factory=list)
+    ok: JobIds = Field(default_factory=list)
+    any: JobIds = Field(default_factory=list)
+    failed: JobIds = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _names_one(self) -> After:
@@ -182,8 +298,8 @@ class After(_Strict):
 class Hooks(_Strict):
     """Lifecycle scripts run on the job's first node before it starts and after it ends."""
 
-    before: Text | None = None
-    after: Text | None = None
+    before: HookText | None = None
+    after: HookText | None = None
 
 
 class Debug(_Strict):
@@ -215,16 +331,20 @@ class JobSpec(_Strict):
     nodes: int = Field(1, ge=1, strict=True)
     gpus_per_node: int | None = Field(None, ge=0, le=64)
     spec: Name | None = None
-    specs: Annotated[list[Name], AfterValidator(_unique)] | None = Field(None, min_length=1)
+    specs: (
+        Annotated[list[Name], _at_most(MAX_SPECS, "specs", "name fewer candidates"), AfterValidator(_unique)] | None
+    ) = Field(None, min_length=1)
     node_names: NodeSetExpr | None = None
     driver_version: Version | None = None
     pool: Text | None = None
     gpu_model: Text | None = None
     ps_count: int | None = Field(None, ge=0)
     command: Command | None = None
-    tasks: list[Task] | None = Field(None, min_length=1)
+    tasks: Annotated[list[Task], _at_most(MAX_BATCH_TASKS, "tasks", "split the batch into several jobs")] | None = (
+        Field(None, min_length=1)
+    )
     workdir: Annotated[Text, BeforeValidator(_home_not_null)] = "~"
-    env: dict[str, EnvValue] = Field(default_factory=dict)
+    env: Annotated[dict[str, EnvValue], BeforeValidator(_env_bounds)] = Field(default_factory=dict)
     priority: Priority = Priority.NORMAL
     project: Name = "default"
     max_runtime: PositiveDuration | None = None
@@ -260,10 +380,20 @@ class JobSpec(_Strict):
             return {**data, "gpus_per_node": 1}
         return data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _bounded(cls, data: Any, info: ValidationInfo) -> Any:
+        """A new spec's size first (`size_problems`): nothing else is looked at in a spec past it. (Of the "before"
+        validators, the last defined runs first.)"""
+        if isinstance(data, Mapping) and not _stored(info):
+            problems = size_problems(data)
+            if problems:
+                raise ValueError("; ".join(f"{yamlfile.dotted(loc)}: {msg}" for loc, msg in problems))
+        return data
+
     @model_validator(mode="after")
     def _cross_checks(self, info: ValidationInfo) -> JobSpec:
-        stored = isinstance(info.context, Mapping) and info.context.get(_STORED) is True
-        problems = cross_problems(self.model_dump(mode="json", exclude_none=True), stored=stored)
+        problems = cross_problems(self.model_dump(mode="json", exclude_none=True), stored=_stored(info))
         if problems:
             raise ValueError("; ".join(f"{yamlfile.dotted(loc)}: {msg}" for loc, msg in problems))
         return self
@@ -305,7 +435,7 @@ class JobSpec(_Strict):
 
     def node_list(self) -> list[str]:
         """The expanded `node_names`, or [] when the scheduler picks the nodes."""
-        return expand_nodeset(self.node_names) if self.node_names else []
+        return expand_nodeset(self.node_names, text_limit=None) if self.node_names else []  # checked when accepted
 
     @property
     def elastic_range(self) -> tuple[int, int] | None:
@@ -354,6 +484,11 @@ def _merge(problems: list[Problem], data: Any, file: str, marks: yamlfile.Marks)
 
 
 def _build(data: Any, file: str, marks: yamlfile.Marks) -> JobSpec:
+    too_big = size_problems(data) if isinstance(data, Mapping) else []
+    if too_big:  # before any other check: each is linear in the spec's size, but the size is not yet bounded
+        raise ConfigError(
+            [Problem(file, yamlfile.line_of(marks, loc), yamlfile.dotted(loc), msg) for loc, msg in too_big]
+        )
     try:
         return yamlfile.validate(JobSpec, data, file, marks)
     except ConfigError as exc:

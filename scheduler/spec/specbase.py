@@ -28,9 +28,17 @@ T = TypeVar("T")
 
 
 def unique(values: list[T]) -> list[T]:
-    repeated = sorted({str(v) for v in values if values.count(v) > 1})
+    """`values` if no entry repeats; one pass over them (issue 40: a count per entry took 61 s for 80,000)."""
+    seen: set[T] = set()
+    repeated: set[str] = set()
+    for value in values:
+        if value in seen:
+            repeated.add(str(value))
+        seen.add(value)
     if repeated:
-        raise ValueError(f"each entry must be unique: {', '.join(repeated)} given more than once")
+        shown = sorted(repeated)
+        more = f" and {len(shown) - 10:,} more" if len(shown) > 10 else ""
+        raise ValueError(f"each entry must be unique: {', '.join(shown[:10])}{more} given more than once")
     return values
 
 
