@@ -29,7 +29,7 @@ from ftconsole.scheduler.decide.jobplan import Images, JobLaunch, plan_attempt
 from ftconsole.scheduler.decide.jobs import Attempt, Condition, Job, Run
 from ftconsole.scheduler.decide.launcher import RankLaunch
 from ftconsole.scheduler.decide.reconcile import Actions, Launch, Read, Stop
-from ftconsole.scheduler.decide.runstatus import status_fields
+from ftconsole.scheduler.decide.runrecord import recorded
 from ftconsole.scheduler.decide.steps import user_root
 from ftconsole.scheduler.errors import Fenced, FtError, SSHError, UnreachableError
 from ftconsole.scheduler.failpoints import afailpoint
@@ -354,6 +354,7 @@ class Executor(Sweeping):
                 path = await self._ask(node, prepared)
                 fields: dict[str, Any] = {"state": "prepared", "run_dir": path}
             else:
+                sent = self.clock()
                 started = start_run(
                     self.transport,
                     node,
@@ -368,7 +369,7 @@ class Executor(Sweeping):
                 )
                 _, status = await self._ask(node, started)
                 await afailpoint("launch.after_send")
-                fields = status_fields(status)
+                fields = recorded(run, status, self.clock(), sent=sent)
                 if status.state == "refused":
                     fields.update(state="failed", error=f"cannot start: {status.error}", ended=self.clock())
                     log.error("job %s rank %s: %s", job.id, run.rank, status.error)
@@ -395,7 +396,9 @@ class Executor(Sweeping):
         except FtError as exc:
             log.warning("job %s rank %s: cannot read its run: %s", job.id, run.rank, exc)
             return
-        fields = {"state": "cancelled"} if status.state in ("absent", "foreign") else status_fields(status)
+        fields = (
+            {"state": "cancelled"} if status.state in ("absent", "foreign") else recorded(run, status, self.clock())
+        )
         async with self.store.jobs_tx("record a cancelled run") as tx:
             await tx.update_run(run, **fields)
         self._poke()

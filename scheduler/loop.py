@@ -45,7 +45,8 @@ from ftconsole.scheduler.decide.jobs import (
     settle,
 )
 from ftconsole.scheduler.decide.reconcile import READ_STATES, Actions, Snapshot, reconcile
-from ftconsole.scheduler.decide.runstatus import missing, status_fields
+from ftconsole.scheduler.decide.runrecord import recorded
+from ftconsole.scheduler.decide.runstatus import missing
 from ftconsole.scheduler.errors import Fenced, FtError, silence_text
 from ftconsole.scheduler.executor import Executor
 from ftconsole.scheduler.failpoints import FailpointError, afailpoint
@@ -222,7 +223,7 @@ class Loop:
         self.executor.given_up(actions.silent)  # when they answer again, whatever still runs there is stopped
         async with self.store.jobs_tx("record lost runs") as tx:
             for lose in actions.lose:
-                await tx.update_run(lose.run, state="lost", error=lose.reason, ended=now)
+                await tx.update_run(lose.run, state="lost", error=lose.reason, ended=now, fault=lose.reason)
                 text = f"rank {lose.run.rank} of attempt {lose.run.attempt} on {lose.run.node} lost: {lose.reason}"
                 await tx.event(now, "RunLost", text, job=lose.run.job, node=lose.run.node)
         for lose in actions.lose:
@@ -268,7 +269,7 @@ class Loop:
                 r = key.get((seen.job, seen.attempt, seen.rank))
                 if r is None or r.state not in READ_STATES:
                     continue  # written since it was read (lost, stopped...): the newer word stands
-                fields = status_fields(status)
+                fields = recorded(r, status, now)
                 if status.state in ("absent", "foreign"):
                     fields.update(state="failed", ended=now, error=missing(r, status))
                 if status.output_at is not None and status.output_at != r.output_at:

@@ -73,7 +73,7 @@ class Recoverer:
         written here), or WAIT (decided on a later tick, once the probes asked for are in)."""
         now = self.clock()
         health = {
-            v.node.name: Health(v.health.state.value, v.health.reasons, v.health.last_probe)
+            v.node.name: Health(v.health.state.value, v.health.reasons, v.health.last_probe, v.health.boot_id)
             for v in await self.service.nodes(extras=False)
         }
         decision = recover(job, runs, await self.store.attempts(job.id), health, now)

@@ -34,7 +34,10 @@ COLLECTIVES = frozenset({
 COLLECTIVE_FILES = re.compile(r"torch/distributed/|deepspeed/comm/|mpi4py|horovod/|torch/nn/parallel/")
 BUSY = 0.25  # of a core over the sample: CPU time that moves
 IDLE = 0.05  # ... that does not
-HARDWARE_WCHAN = re.compile(r"nv|nvidia|uvm|ib_|mlx|rdma|nccl", re.IGNORECASE)
+# The wait channels of the GPU and fabric drivers, by their symbols' prefixes (nvidia.ko's nvidia_*, nv_*, _nv000123rm;
+# nvidia-uvm's uvm_*; the InfiniBand stack's ib_*, mlx5_*, rdma_*). Anchored: a wait elsewhere (nvme_*, an NFS or
+# FUSE wait a user can cause at will) is never the GPU's, and a node leaves service only on the driver's evidence.
+HARDWARE_WCHAN = re.compile(r"(?:nvidia|nv_|_nv\d|uvm_|ib_|mlx\d*_|rdma_)")
 # NVIDIA's Xid catalog: the errors that point to the GPU, its memory, its links or its firmware (others, such as
 # 13, 31 and 43, are most often the program's own fault: a bad address, a kernel that faulted)
 HARDWARE_XIDS = {
@@ -220,7 +223,7 @@ def verdict(ranks: Sequence[Rank]) -> Verdict:
     if blocked:
         first = blocked[0]
         pid, wchan = first.blocked[0]
-        hardware = bool(HARDWARE_WCHAN.search(wchan))
+        hardware = bool(wchan and HARDWARE_WCHAN.match(wchan))
         driver = " (a driver's wait: the node's hardware?)" if hardware else ""
         text = (f"rank {first.rank} on {first.node} is in uninterruptible sleep in {wchan or 'the kernel'} "
                 f"(pid {pid}){driver}{_others(seen, blocked)}")  # fmt: skip

@@ -235,6 +235,10 @@ class Run:
     supervisor_start: int | None = None  # with the pid, what proves the supervisor is the one started
     pid_start: int | None = None
     kill_sent: float | None = None  # when the scheduler last sent SIGKILL (the grace period was over)
+    # lost on the scheduler's own evidence that its node failed (no answer for node_timeout, refused, left the
+    # config): the only loss that is the node's. A loss the node reports (supervisor gone, status unreadable) is
+    # the run's user's claim: it ends the job, never a node's service (DESIGN.md, "Claims and evidence")
+    fault: str | None = None
 
     @property
     def active(self) -> bool:

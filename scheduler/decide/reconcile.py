@@ -197,6 +197,7 @@ class Health:
     state: str
     reasons: tuple[str, ...] = ()
     last_probe: float | None = None
+    boot_id: str | None = None  # the boot its last probe saw (the scheduler's own reading)
 
 
 @dataclass(frozen=True)
@@ -283,7 +284,10 @@ def recover(
     first = failed[0]
     failed_at = first.ended or now
     nodes = sorted({r.node for r in runs})
-    sick = {r.node: r.describe() for r in failed if r.state == "lost" and r.node in health}
+    # A node is sick on the scheduler's own evidence only (DESIGN.md, "Claims and evidence"): a run it lost itself
+    # (no answer, refused), a boot its probe read that is not the run's, or a state its checks gave. A loss the
+    # node reports (the supervisor gone, status.json unreadable) is the run's user's to cause: the job's own.
+    sick = {r.node: r.describe() for r in failed if r.state == "lost" and r.node in health and _node_lost(r, health)}
     for name in nodes:
         h = health.get(name)
         if name not in sick and h is not None and h.state in FAULTY:
@@ -296,7 +300,8 @@ def recover(
             f"error,exiting: {first.describe()} (restarts are allowed for {allowed} after the first failure, "
             f"{format_duration(round(now - min(earlier)))} ago; restart_time_limit)"
         )
-    if limit and not sick:
+    claimed = any(r.state == "lost" for r in failed)  # by the node: a check of ours tells whose trouble it is
+    if (limit or (claimed and Strategy.RECOVER in ft.plan)) and not sick:
         stale = [n for n in nodes if n in health and (health[n].last_probe or 0) < failed_at]
         if stale and now - failed_at < PROBE_WAIT_S:
             return ProbeFirst(tuple(stale))
@@ -402,6 +407,15 @@ def _hang_restart(
     stopped = job.stop_requested or now
     found = _escalate(job, cause, cause, restarts, resubmits, limit, stopped, now, requeue=True)
     return found if found is not None else GiveUp(f"error,exiting: {cause} (no restart left in its policy)")
+
+
+def _node_lost(run: Run, health: Mapping[str, Health]) -> bool:
+    """Whether a lost run was lost with its node, on what the scheduler saw itself: it lost the run (`fault`), or
+    its probe read another boot than the run's (a reboot; the run's boot id is the launch's, see loop.py)."""
+    if run.fault is not None:
+        return True
+    boot = health[run.node].boot_id
+    return boot is not None and run.boot_id is not None and boot != run.boot_id
 
 
 def _exit_code(run: Run) -> int | None:

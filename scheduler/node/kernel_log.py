@@ -21,7 +21,13 @@ KMSG = "/dev/kmsg"
 NVIDIA_GPUS = "/proc/driver/nvidia/gpus"
 MAX_XIDS = 32  # the newest kept
 MAX_KMSG_RECORDS = 100000  # a ring buffer holds far fewer; this bounds a read that never ends
-XID = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f]{1,8}):([0-9A-Fa-f]{1,2}):([0-9A-Fa-f]{1,2})(?:\.\d)?\): (\d+)(.*)")
+# The driver's line, from its start: "NVRM: Xid (PCI:...): N, ..." (after dmesg's "[ 12.345] " where a tool added it).
+# Anchored, so that a line of another author that holds the words (a segfault "in NVRM: Xid ..." names a user's
+# file) is never read as the driver's: a node leaves service only on the driver's own evidence.
+XID = re.compile(
+    r"(?:\[\s*\d+\.\d+\]\s*)?NVRM: Xid "
+    r"\(PCI:([0-9A-Fa-f]{1,8}):([0-9A-Fa-f]{1,2}):([0-9A-Fa-f]{1,2})(?:\.\d)?\): (\d+)(.*)"
+)
 
 
 def pci_address(text):
@@ -35,7 +41,7 @@ def pci_address(text):
 
 def parse_xid(message):
     """(pci address, Xid number, the rest of the line) of a driver's Xid line, else None."""
-    found = XID.search(message)
+    found = XID.match(message)
     if not found:
         return None
     domain, bus, device, code, rest = found.groups()

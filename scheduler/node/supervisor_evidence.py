@@ -39,6 +39,8 @@ import json
 import os
 import pwd
 import socket
+import stat
+import struct
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -51,7 +53,10 @@ MAX_SAMPLE_S = 3.0
 STACK_TIMEOUT_S = 10.0
 MAX_PROCESSES = 64  # per group: a launcher with its workers fits; a fork bomb is cut short
 MAX_FRAMES = 64  # per thread
-TRACE_TIMEOUT_S = 3.0  # torch's worker server answers its trace within this, or it is left out
+TRACE_TIMEOUT_S = 3.0  # torch's worker server answers its trace within this (all of it), or it is left out
+MAX_NAME = 200  # characters of a process group's or a collective's name, as the trace names them
+MAX_GROUPS = 64  # process groups of one rank's trace
+DEADLINE_S = 30.0  # the whole answer: what is not read by then is left out, with why
 TRACE_SOCKET = "/ftconsole-torch-"  # in the path of the socket torch_hook.py serves the trace on
 MAX_TRACE = 16 << 20
 SIM_GPUS_ENV = "FTCONSOLE_SIM_GPUS"  # names the simulated-GPU file where the node's GPUs are simulated (the lab)
@@ -106,6 +111,9 @@ def _members(group, table):
     group, and with "env" the processes of this node's SSH server whose environment has those values (the ranks
     a launcher started here over SSH: deepspeed's runner through pdsh, mpirun's orted)."""
     pgid, start, boot = group.get("pgid"), group.get("start"), group.get("boot")
+    uid = _uid(group.get("user"))
+    if uid is None:
+        return None, "its user %r has no account here" % group.get("user")
     seeds, why = [], None
     if _pid(pgid) and _ticks(start):
         if boot is not None and boot != boot_id():
@@ -131,13 +139,35 @@ def _members(group, table):
     children = {}  # type: Dict[int, List[int]]
     for seen in table.values():
         children.setdefault(seen["ppid"], []).append(seen["pid"])
+    # Only the job user's own processes, whoever the group names: its pgid comes from status.json, which that user
+    # may point at anyone's (DESIGN.md, "Claims and evidence"); what root reads and traces must be theirs.
+    seeds = [p for p in seeds if _owned_by(p, uid)]
     found, todo = set(seeds), list(seeds)
     while todo and len(found) < MAX_PROCESSES:
         for child in children.get(todo.pop(), []):
-            if child not in found:
+            if child not in found and _owned_by(child, uid):
                 found.add(child)
                 todo.append(child)
+    if not found:
+        return None, why or "no process of its user is in it"
     return sorted(found)[:MAX_PROCESSES], None
+
+
+def _uid(user):
+    """The uid of `user` (None: this account), or None where it has no account here."""
+    try:
+        return pwd.getpwnam(user).pw_uid if user else os.getuid()
+    except KeyError:
+        return None
+
+
+def _owned_by(pid, uid):
+    """Whether the process runs as `uid`: its real and effective uids both (a set-uid program it ran is not)."""
+    for line in (_read("/proc/%d/status" % pid) or b"").splitlines():
+        if line.startswith(b"Uid:"):
+            ids = line.split()[1:3]
+            return len(ids) == 2 and all(i == str(uid).encode("ascii") for i in ids)
+    return False
 
 
 def _by_env(want, user, table):
@@ -333,7 +363,8 @@ def _sockets(pid):
 
 def _torch_socket(pid):
     """The Unix socket on which torch_hook.py serves this process's trace (its path names it), or None. Looked up
-    in the process's own network namespace, and reached through its own root: a rank in a container has both."""
+    in the process's own network namespace, and reached through its own root: a rank in a container has both.
+    The path is the user's to choose: `_post` connects only to a socket their own and served by this process."""
     inodes = _sockets(pid)
     if not inodes:
         return None
@@ -350,16 +381,33 @@ def _torch_socket(pid):
     return None
 
 
-def _post(path, url):
-    """The body of torch's worker server's answer to POST `url`, over the Unix socket at `path`."""
+def _post(path, url, pid, uid):
+    """The body of torch's worker server's answer to POST `url`, over the Unix socket at `path`, served by process
+    `pid` of `uid`: the socket file must be a socket of `uid` (a path the user chose may name anyone's, root's
+    included: root would connect for them), and its server, once connected, process `pid` itself (SO_PEERCRED);
+    else nothing is sent. The whole answer within TRACE_TIMEOUT_S: a server that drips bytes is cut off."""
+    deadline = time.monotonic() + TRACE_TIMEOUT_S
+    info = os.stat(path)
+    if not stat.S_ISSOCK(info.st_mode) or info.st_uid != uid:
+        raise ValueError("its socket is not a socket of the job's user")
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.settimeout(TRACE_TIMEOUT_S)
     try:
         conn.connect(path)
+        peer_pid, peer_uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        if peer_pid != pid or peer_uid != uid:
+            raise ValueError("its socket is served by another process (pid %d)" % peer_pid)
         conn.sendall(("POST %s HTTP/1.0\r\nHost: localhost\r\nContent-Length: 0\r\n\r\n" % url).encode("ascii"))
         data = b""
         while len(data) <= MAX_TRACE:
-            chunk = conn.recv(1 << 16)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ValueError("its server did not answer within %gs" % TRACE_TIMEOUT_S)
+            conn.settimeout(left)
+            try:
+                chunk = conn.recv(1 << 16)
+            except socket.timeout:
+                raise ValueError("its server did not answer within %gs" % TRACE_TIMEOUT_S) from None
             if not chunk:
                 break
             data += chunk
@@ -368,51 +416,53 @@ def _post(path, url):
     head, _, body = data.partition(b"\r\n\r\n")
     status = head.split(b"\r\n", 1)[0].split()
     if len(status) < 2 or status[1] != b"200":
-        raise ValueError("torch's worker server said %r" % head[:100])
+        raise ValueError("torch's worker server did not answer 200")
     return body
 
 
-def _collectives(pid):
+def _collectives(pid, uid):
     """(trace, why none) of a process that keeps torch's flight recorder trace and serves it (torch_hook.py): per
-    process group, its last collective: {"seq", "op", "done"} ("done": torch retired it)."""
+    process group, its last collective: {"seq", "op", "done"} ("done": torch retired it). What the server says is
+    the user's: checked by type, its names cut to MAX_NAME, at most MAX_GROUPS groups."""
     path = _torch_socket(pid)
     if path is None:
         return None, None
     try:
-        doc = json.loads(_post(path, "/handler/fr_trace_json").decode("utf-8", "replace"))
+        doc = json.loads(_post(path, "/handler/fr_trace_json", pid, uid).decode("utf-8", "replace"))
     except Exception as exc:  # a trace that cannot be read now: the rest of the evidence still comes
-        return None, "torch's trace could not be read: %s" % exc
+        return None, "torch's trace could not be read: %s" % str(exc)[:200]
+    entries = doc.get("entries") if isinstance(doc, dict) else None
+    if not isinstance(entries, list):
+        return None, "torch's trace is not what torch writes (no list of entries)"
     last = {}  # type: Dict[str, Dict[str, Any]]
-    for entry in doc.get("entries") or []:
+    for entry in entries:
         if not isinstance(entry, dict) or entry.get("is_p2p") or not isinstance(entry.get("collective_seq_id"), int):
             continue
         group = entry.get("process_group") or [entry.get("pg_id")]
-        key = str(group[0]) if isinstance(group, list) and group else str(entry.get("pg_id"))
+        key = str(group[0] if isinstance(group, list) and group else entry.get("pg_id"))[:MAX_NAME]
+        if key not in last and len(last) >= MAX_GROUPS:
+            continue
         seq = entry["collective_seq_id"]
         if key not in last or seq >= last[key]["seq"]:
             name = str(entry.get("profiling_name") or "")
-            last[key] = {"seq": seq, "op": name.split(":", 1)[-1], "done": bool(entry.get("retired"))}
+            last[key] = {"seq": seq, "op": name.split(":", 1)[-1][:MAX_NAME], "done": bool(entry.get("retired"))}
     return {"groups": last}, None
 
 
-def processes(params):
-    sample = min(max(float(params.get("sample") or 0.0), 0.0), MAX_SAMPLE_S)
-    stacks = bool(params.get("stacks"))
-    table = _all()
-    groups = []
-    for group in params.get("groups") or []:
-        pids, why = _members(group, table)
-        groups.append((group.get("key"), pids, why))
-    before = {pid: table[pid]["cpu"] for _, pids, _ in groups for pid in pids or []}
-    py_spy = _py_spy(params) if stacks else None
-    pythons = [p for p in before if _python(p, table[p]["comm"]) and table[p]["state"] != "Z"] if stacks else []
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        # a first look at the stacks while the CPU time is sampled: a stack that differs in the second look is
-        # of a process that moves (a job that progresses is not stuck wherever one look finds it)
-        first = pool.map(lambda p: _stack(py_spy, p), pythons) if sample > 0 else iter(())
-        if sample > 0 and before:
-            time.sleep(sample)
-        earlier = dict(zip(pythons, first))  # noqa: B905
+def _results(futures, deadline, missing):
+    """Each future's result, or `missing` for one not done by `deadline` (time.monotonic())."""
+    out = []
+    for future in futures:
+        try:
+            out.append(future.result(timeout=max(0.0, deadline - time.monotonic())))
+        except Exception:  # not done in time (or failed): left out, the rest of the evidence still comes
+            future.cancel()
+            out.append(missing)
+    return out
+
+
+def _looks(groups, table, before, sample):
+    """The answer's groups: each process of each group as /proc shows it now."""
     out = []
     for key, pids, why in groups:
         if why is not None:
@@ -440,24 +490,57 @@ def processes(params):
             }
             listed.append(entry)
         out.append({"key": key, "sample": sample, "processes": listed})
-    if stacks:  # each Python process's stack and torch trace, all at once (py-spy takes tenths of a second each)
-        wanted = [e for g in out for e in g.get("processes", []) if e["python"] and e["state"] != "Z"]
-        with ThreadPoolExecutor(max_workers=16) as pool:
-            dumps = [pool.submit(_stack, py_spy, e["pid"]) for e in wanted]
-            # a stopped process's server is stopped with it: it would be waited for in vain (TRACE_TIMEOUT_S)
-            traces = [pool.submit(_collectives, e["pid"]) if e["state"] not in "Tt" else None for e in wanted]
-            for entry, dump, trace in zip(wanted, dumps, traces):  # noqa: B905
-                stack, why = dump.result()
-                entry["stack"], entry["stack_error"] = stack, why
-                seen = earlier.get(entry["pid"])
-                was, now_frames = (
-                    _main_frames(seen[0] if seen else None, entry["pid"]),
-                    _main_frames(stack, entry["pid"]),
-                )
-                entry["stack_moved"] = None if was is None or now_frames is None else was != now_frames
-                got, missing = trace.result() if trace is not None else (None, None)
-                if got is not None or missing is not None:
-                    entry["collectives"], entry["collectives_error"] = got, missing
+    return out
+
+
+def _stacks(out, pool, py_spy, owners, earlier, deadline):
+    """Each Python process's stack and torch trace into its entry of `out`, all at once, by `deadline`."""
+    wanted = [e for g in out for e in g.get("processes", []) if e["python"] and e["state"] != "Z"]
+    late = "not read within the answer's %gs" % DEADLINE_S
+    dumps = _results([pool.submit(_stack, py_spy, e["pid"]) for e in wanted], deadline, (None, late))
+    # a stopped process's server is stopped with it: it would be waited for in vain (TRACE_TIMEOUT_S)
+    asked = [(e, pool.submit(_collectives, e["pid"], owners[e["pid"]])) for e in wanted if e["state"] not in "Tt"]
+    traces = dict(zip([id(e) for e, _ in asked], _results([f for _, f in asked], deadline, (None, late))))  # noqa: B905
+    for entry, (stack, why) in zip(wanted, dumps):  # noqa: B905
+        entry["stack"], entry["stack_error"] = stack, why
+        seen = earlier.get(entry["pid"])
+        was, now_frames = _main_frames(seen[0] if seen else None, entry["pid"]), _main_frames(stack, entry["pid"])
+        entry["stack_moved"] = None if was is None or now_frames is None else was != now_frames
+        got, missing = traces.get(id(entry), (None, None))
+        if got is not None or missing is not None:
+            entry["collectives"], entry["collectives_error"] = got, missing
+
+
+def processes(params):
+    sample = min(max(float(params.get("sample") or 0.0), 0.0), MAX_SAMPLE_S)
+    stacks = bool(params.get("stacks"))
+    deadline = time.monotonic() + DEADLINE_S
+    table = _all()
+    groups = []
+    owners = {}  # type: Dict[int, int]
+    for group in params.get("groups") or []:
+        pids, why = _members(group, table)
+        groups.append((group.get("key"), pids, why))
+        uid = _uid(group.get("user"))
+        owners.update((p, uid) for p in pids or [] if uid is not None)
+    before = {pid: table[pid]["cpu"] for _, pids, _ in groups for pid in pids or []}
+    py_spy = _py_spy(params) if stacks else None
+    pythons = [p for p in before if _python(p, table[p]["comm"]) and table[p]["state"] != "Z"] if stacks else []
+    pool, first = ThreadPoolExecutor(max_workers=16), []  # type: ThreadPoolExecutor, List[Any]
+    try:
+        # a first look at the stacks while the CPU time is sampled: a stack that differs in the second look is
+        # of a process that moves (a job that progresses is not stuck wherever one look finds it)
+        first = [pool.submit(_stack, py_spy, p) for p in pythons] if sample > 0 else []
+        if sample > 0 and before:
+            time.sleep(sample)
+        earlier = dict(zip(pythons, _results(first, deadline, (None, None))))  # noqa: B905
+        out = _looks(groups, table, before, sample)
+        if stacks:  # each Python process's stack and torch trace, all at once (py-spy takes tenths of a second each)
+            _stacks(out, pool, py_spy, owners, earlier, deadline)
+    finally:
+        for future in first:
+            future.cancel()
+        pool.shutdown(wait=False)  # what still runs ends within its own timeout (py-spy's, the trace's)
     answer = {"groups": out, "time": time.time(), "py_spy": py_spy, "machine": os.uname().machine}
     if params.get("kernel_since") is not None:  # the driver's Xid lines since the attempt started
         answer["kernel"] = xids(float(params["kernel_since"]), os.environ.get(SIM_GPUS_ENV))

@@ -66,6 +66,7 @@ _RUN_COLUMNS = frozenset(
         "supervisor_start",
         "pid_start",
         "kill_sent",
+        "fault",
     }
 )
 

@@ -247,5 +247,10 @@ MIGRATIONS: tuple[str, ...] = (
         created     REAL NOT NULL
     );
     """,
+    # 14: what the scheduler itself found of a lost run's node (issue 40): set only by the scheduler (no answer, the
+    #     node left the config), never from what the node reports of the run (the run's user may write that)
+    """
+    ALTER TABLE runs ADD COLUMN fault TEXT;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -328,13 +328,13 @@ async def test_a_value_the_store_refuses_fails_that_job_alone_and_the_others_are
     doomed: set[int] = set()
     armed = [True]
 
-    def refused_pid(status: Any, real: Any = loop.status_fields) -> dict[str, Any]:
-        fields: dict[str, Any] = real(status)
+    def refused_pid(run: Any, status: Any, now: float, real: Any = loop.recorded) -> dict[str, Any]:
+        fields: dict[str, Any] = real(run, status, now)
         if armed[0] and status.token in doomed:
             fields["pid"] = 2**70
         return fields
 
-    monkeypatch.setattr(loop, "status_fields", refused_pid)
+    monkeypatch.setattr(loop, "recorded", refused_pid)
     async with running(loaded) as (_, client):
         bad = await client.call("submit", spec=job("bad", "sleep 300", gpus_per_node=1))
         fine = await client.call("submit", spec=job("fine", "sleep 2", gpus_per_node=1))

@@ -271,3 +271,27 @@ def test_the_debug_text_lists_each_nodes_xid_once_and_the_nodes_whose_kernel_log
         " [hardware]: pid=7, GPU has fallen off the bus."
     ]
     assert lines[lines.index("kernel log not read:") + 1] == f"  gpu08: {runs[0]['xids_error']}"
+
+
+@pytest.mark.parametrize(
+    ("wchan", "hardware"),
+    [
+        ("nv_wait_for_completion", True),
+        ("nvidia_ioctl", True),
+        ("_nv012345rm", True),
+        ("uvm_spin_loop", True),
+        ("ib_uverbs_write", True),
+        ("mlx5_cmd_exec", True),
+        ("rdma_resolve_addr", True),
+        # waits a user can cause at will: never read as the node's hardware (issue 40)
+        ("nvme_poll", False),  # a disk under heavy I/O
+        ("invalidate_inode_pages2", False),  # held "nv" inside
+        ("fuse_wait_answer", False),
+        ("rpc_wait_bit_killable", False),
+        ("do_nccl_wait", False),  # no such kernel symbol: "nccl" is user space
+        ("", False),
+    ],
+)
+def test_only_a_gpu_or_fabric_drivers_wait_reads_as_the_hardware(wchan: str, hardware: bool) -> None:
+    found = verdict([Rank(0, "gpu01", pid=5, state="D", blocked=((5, wchan),)), waiting(1)])
+    assert (found.rule, found.hardware) == ("uninterruptible", hardware)

@@ -25,6 +25,9 @@ from ftconsole.scheduler.node.kernel_log import gpu_addresses, parse_xid, pci_ad
          ("0001:18:00", 119, "pid='<unknown>', name=<unknown>, Timeout after 6s of waiting for RPC")),
         ("NVRM: GPU at PCI:0000:3b:00: GPU-5f1a...", None),
         ("nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, Non-fatal", None),
+        # another author's line holding the words (a segfault names the user's file): never the driver's (issue 40)
+        ("python3[4242]: segfault at 0 ip 00007f in NVRM: Xid (PCI:0000:3b:00): 79, pid=1, fell off[7f+1000]", None),
+        ("audit: comm=\"NVRM: Xid (PCI:0000:3b:00): 79\"", None),
     ],
 )  # fmt: skip
 def test_an_xid_line_gives_its_gpus_address_and_number(line: str, parsed: tuple[str, int, str] | None) -> None:

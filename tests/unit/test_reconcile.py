@@ -211,7 +211,13 @@ OLD = {"n0": Health("healthy", (), NOW - 60), "n1": Health("healthy", (), NOW - 
 ECC = {**FRESH, "n1": Health("unhealthy", ("gpu 0: 2 uncorrectable ECC errors",), NOW - 1)}
 STOPPED_BY_US = ended(0, signal="SIGTERM", code=None, at=NOW - 4)  # a rank the scheduler stopped
 STOPPED_1 = ended(1, signal="SIGTERM", code=None, at=NOW - 4)
-LOST = ended(1, "lost", None, error="node unreachable since 10:00:00 (no answer for 10s)")
+UNREACHABLE = "node unreachable since 10:00:00 (no answer for 10s)"
+LOST = ended(1, "lost", None, error=UNREACHABLE, fault=UNREACHABLE)  # lost by the scheduler: its node is silent
+# lost as the node says: what the run's user can cause (pkill of the supervisor, a status.json rewritten)
+GONE = ended(1, "lost", None, error="its supervisor died without recording an end", boot_id="b1")
+FAKED_REBOOT = ended(1, "lost", None, error="the node rebooted since the run started", boot_id="b1")
+BOOT_1 = {name: dataclasses.replace(h, boot_id="b1") for name, h in FRESH.items()}  # the run's boot, probed now
+REBOOTED = {**BOOT_1, "n1": dataclasses.replace(BOOT_1["n1"], boot_id="b2")}
 RECOVERY: list[tuple[str, Job, list[Run], list[Attempt], dict[str, Health], Recovery]] = [
     ("no policy, healthy: error", ft_job(), [ended(0), ended(1, code=0)], attempts(None), OLD, None),
     (
@@ -441,6 +447,76 @@ RECOVERY += [
 
 def stretchy(min_nodes: int) -> Job:
     return ft_job(elastic={"min_nodes": min_nodes})
+
+
+# Claims and evidence (issue 40): a loss the node reports is the run's user's claim; a node leaves service only on
+# what the scheduler saw itself (no answer, another boot read by its own probe, its checks)
+RECOVERY += [
+    (
+        "retries, the supervisor gone (a pkill of one's own), no probe since: probe first",
+        ft_job(retries=1),
+        [STOPPED_BY_US, GONE],
+        attempts(None),
+        OLD,
+        ProbeFirst(("n0", "n1")),
+    ),
+    (
+        "retries, the supervisor gone, fresh probes say healthy: the job's own failure, no node isolated",
+        ft_job(retries=1),
+        [STOPPED_BY_US, GONE],
+        attempts(None),
+        BOOT_1,
+        None,
+    ),
+    (
+        "retries, status.json says rebooted but the probe reads the run's boot: the job's own failure",
+        ft_job(retries=2),
+        [STOPPED_BY_US, FAKED_REBOOT],
+        attempts(None),
+        BOOT_1,
+        None,
+    ),
+    (
+        "retries, the probe reads another boot than the run's: the node rebooted, isolate and requeue",
+        ft_job(retries=2),
+        [STOPPED_BY_US, FAKED_REBOOT],
+        attempts(None),
+        REBOOTED,
+        Requeue(("n1",), f"hardware fault: {FAKED_REBOOT.describe()}", 1, 2),
+    ),
+    (
+        "retries, the supervisor gone on a node the probe reads unhealthy: the node's",
+        ft_job(retries=1),
+        [STOPPED_BY_US, GONE],
+        attempts(None),
+        ECC,
+        Requeue(("n1",), "hardware fault: n1 unhealthy: gpu 0: 2 uncorrectable ECC errors", 1, 1),
+    ),
+    (
+        "elastic, the supervisor gone, no probe since: probe first (never shrink on a claim)",
+        stretchy(1),
+        [STOPPED_BY_US, GONE],
+        attempts(None),
+        OLD,
+        ProbeFirst(("n0", "n1")),
+    ),
+    (
+        "elastic, the supervisor gone, fresh probes say healthy: no shrink",
+        stretchy(1),
+        [STOPPED_BY_US, GONE],
+        attempts(None),
+        BOOT_1,
+        None,
+    ),
+    (
+        "no retries, the supervisor gone: the job ends, nothing probed",
+        ft_job(),
+        [STOPPED_BY_US, GONE],
+        attempts(None),
+        OLD,
+        None,
+    ),
+]
 
 
 RECOVERY += [
