@@ -103,6 +103,9 @@ class Sync:
         self._client: httpx.AsyncClient | None = None
         self._task: asyncio.Task[None] | None = None
         self._jobs: dict[int, tuple[str, str] | None] = {}  # job id -> (name, owner) when it opted in
+        # False once this scheduler's lease may have run out (scheduler.serve.leadership): nothing is posted, as
+        # the notifications' dispatcher does; the next leader keeps the Alertmanager in sync
+        self.may_send: Callable[[], bool] = lambda: True
 
     async def __aenter__(self) -> Sync:
         import httpx
@@ -132,7 +135,10 @@ class Sync:
             await asyncio.sleep(self.poll)
 
     async def sync_once(self, *, force: bool = False) -> bool:
-        """Post the view if it changed, or the interval is over (or `force`); True when a post was made."""
+        """Post the view if it changed, or the interval is over (or `force`); True when a post was made. Nothing
+        while this scheduler may no longer lead (`may_send`)."""
+        if not self.may_send():
+            return False
         now = self.wall()
         current = [a for a in await self.store.alerts(limit=OPEN_MAX) if await self._wanted(a)]
         states = {a.id: a.state for a in current}

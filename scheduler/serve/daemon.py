@@ -38,8 +38,9 @@ from ftconsole.scheduler.store.records import JobActivity
 
 log = logging.getLogger("ftconsole.daemon")
 
-# what a standby refuses (several schedulers on one PostgreSQL store: only the leader changes anything)
-LEADER_OPS = WRITE_OPS | {"ack", "resolve", "probe", "drain", "resume"}
+# what a standby refuses (several schedulers on one PostgreSQL store: only the leader changes anything, and only
+# the leader acts on the nodes: `debug` runs py-spy on them as the SSH account)
+LEADER_OPS = WRITE_OPS | {"ack", "resolve", "probe", "drain", "resume", "debug"}
 # The most rows one `events` or `alerts` request returns (issue 26): a larger `limit` is refused, not read.
 MAX_LIMIT = 10_000
 
@@ -448,7 +449,9 @@ async def serve(
                     dispatcher = await term.enter_async_context(notify.running(loaded.cluster.notify, service.store))
                     if dispatcher is not None and leadership is not None:
                         dispatcher.may_send = leadership.leading
-                    await term.enter_async_context(alertmanager.running(loaded.cluster, service.store))
+                    sync = await term.enter_async_context(alertmanager.running(loaded.cluster, service.store))
+                    if sync is not None and leadership is not None:
+                        sync.may_send = leadership.leading
                     # Prometheus metrics on metrics.listen, read from the store at each scrape (off without it)
                     await term.enter_async_context(metrics.serving(loaded.cluster.metrics, scheduler))
                     mark_ready()

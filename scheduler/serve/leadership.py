@@ -45,7 +45,7 @@ class Leadership:
         socket: str,
         timing: Timing,
         me: str | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = lambda: time.clock_gettime(time.CLOCK_BOOTTIME),
     ) -> None:
         self.table = table
         # the lease holder's id: its state_dir's (`holder_id`), so that a scheduler restarted there takes back its

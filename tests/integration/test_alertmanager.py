@@ -121,6 +121,19 @@ async def test_alerts_fire_are_acknowledged_and_end_in_a_real_alertmanager(
     assert all(a["status"]["state"] != "active" for a in ended), ended
 
 
+async def test_a_sync_no_longer_leading_posts_nothing(alertmanager: Alertmanager, store: Store) -> None:
+    """Two head nodes: once its lease may have run out, a leader's sync posts nothing (the next leader's does)."""
+    settings = AlertmanagerSettings(url=alertmanager.url, interval=60)
+    await node_alert(store, "gpu03")
+    async with Sync(settings, NotifySettings(), store, poll=0.1, trust_env=False) as sync:
+        sync.may_send = lambda: False
+        assert await sync.sync_once(force=True) is False
+        await asyncio.sleep(0.5)  # time enough for a wrong post
+        assert firing(alertmanager) == {}
+        sync.may_send = lambda: True
+        await until(lambda: firing(alertmanager), lambda f: "1" in f, "the alert once it leads")
+
+
 async def test_an_alertmanager_that_was_down_gets_the_alerts_once_it_is_back(
     alertmanager: Alertmanager, store: Store
 ) -> None:

@@ -309,6 +309,9 @@ async def test_a_scheduler_started_here_on_a_standby_refuses_changes_naming_the_
             assert status["leadership"]["leader"]["socket"] == str(leader_conf.socket_path)
             with pytest.raises(NotLeader, match=f"the leader is on .*, socket {leader_conf.socket_path}"):
                 await here.call("submit", spec={"name": "j", "command": "true"})
+            # only the leader acts on the nodes: a standby's debug would run py-spy there as the SSH account
+            with pytest.raises(NotLeader, match=f"socket {leader_conf.socket_path}"):
+                await here.call("debug", job=1)
         assert await raw_sql(pg_url, "SELECT count(*) FROM jobs") == [(0,)]
 
 
