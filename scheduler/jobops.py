@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ftconsole.scheduler import debugenv
-from ftconsole.scheduler.decide import elastic, goodput, placement, reservations
+from ftconsole.scheduler.decide import elastic, goodput, placement, quotas, reservations
 from ftconsole.scheduler.decide.jobs import (
     TERMINAL,
     Attempt,
@@ -39,6 +39,7 @@ from ftconsole.scheduler.rules import Caller, Rules
 from ftconsole.scheduler.spec import arrayspec
 from ftconsole.scheduler.spec.config import format_duration
 from ftconsole.scheduler.spec.jobspec import Access, JobSpec
+from ftconsole.scheduler.spec.sharingspec import DEFAULT_QUEUED_JOBS
 from ftconsole.scheduler.store.jobtx import Conflict, JobTx
 from ftconsole.scheduler.store.records import JobActivity, StoredAlert, StoredEvent
 from ftconsole.scheduler.submitting import GroupCommit
@@ -84,8 +85,13 @@ class Scheduler(RankReads, Reserving):
         return job if message == job.message else dataclasses.replace(job, message=message)
 
     def _check(self, caller: Caller, job: Job, verb: str, *, write: bool) -> None:
+        """Refuse a caller who may not `verb` the job. A job it may not see at all (`may_see`: another's, with
+        `access: none`) reads as one that does not exist: the same NotFound, whatever the verb, so that neither its
+        existence nor its owner is told (as a dependency on it says "no job N")."""
         if self.is_admin(caller) or caller.uid == job.uid:
             return
+        if not self.may_see(caller, job):
+            raise NotFound(f"no job {job.id}")
         if job.access == Access.READ_WRITE.value or (job.access == Access.READ_ONLY.value and not write):
             return
         allowed = {"none": "nothing", "read-only": "read only"}.get(job.access, job.access)
@@ -97,7 +103,8 @@ class Scheduler(RankReads, Reserving):
     async def _job(self, caller: Caller, job_id: int | str, verb: str, *, write: bool) -> Job:
         task = arrayspec.ref(str(job_id))  # 12[7]: a task of an array
         job = await (self.store.array_task(*task) if task is not None else self.store.job(_job_id(job_id)))
-        if job is None or (job.deleted and write):  # a deleted job can still be looked at, not acted on
+        # a deleted job can still be looked at, not acted on; one the caller may not see is as one that is not
+        if job is None or (job.deleted and write) or not self.may_see(caller, job):
             raise NotFound(f"no job {job_id}")
         self._check(caller, job, verb, write=write)
         return job
@@ -131,6 +138,7 @@ class Scheduler(RankReads, Reserving):
             # checked and written at once; an array's tasks count one each
             await self.rules.within_cap(caller.user, spec.project, spec.priority.value, count=len(indexes))
             await self._within_quota(caller.user, spec, count=len(indexes))
+            await self._within_queue_cap(caller.user, spec, count=len(indexes))
             first: int | None = None
             for index in indexes:  # an array: its first task's id names it, and every task knows it
                 job_id = await tx.add_job(dataclasses.replace(job, array_id=first, array_index=index))
@@ -146,6 +154,18 @@ class Scheduler(RankReads, Reserving):
         if first is None:
             return dataclasses.replace(job, id=job_id)
         return dataclasses.replace(job, id=first, array_id=first, array_index=indexes[0])
+
+    async def _within_queue_cap(self, user: str, spec: JobSpec, *, count: int) -> None:
+        """Where no quota applies (no `quotas`, none set by an admin), still at most DEFAULT_QUEUED_JOBS queued jobs
+        per user (Slurm's MaxSubmitJobs): one count of an index, in the transaction that writes the jobs. Where
+        quotas apply, `quotas.default_user.queued_jobs` says it (`_within_quota`)."""
+        if await self.loop.placer.quotas_on():
+            return
+        queued = {("user", user): await self.store.queued_count(user)}
+        cap = quotas.Limits(queued_jobs=DEFAULT_QUEUED_JOBS)
+        why = quotas.submit_refusal(spec.project, user, lambda k: cap if k[0] == "user" else None, queued, count=count)
+        if why is not None:
+            raise UsageError(f"job {spec.name} refused: {why} (quotas.default_user.queued_jobs)")
 
     async def jobs(
         self,
@@ -441,6 +461,8 @@ class Scheduler(RankReads, Reserving):
                     f"nodes are for admins ({self._admins()})"
                 )
             job = await self.store.job(alert.job)
+            if job is not None and not self.may_see(caller, job):  # left out of its listings: as if there were none
+                raise NotFound(f"no alert {alert.id}")
             if job is None:
                 raise NotFound(f"alert {alert.id} is about job {alert.job}, which does not exist")
             self._check(caller, job, f"{verb} alert {alert.id} of", write=True)

@@ -414,6 +414,13 @@ class Store(SharingReads):
         rows = await self._db.fetchall(sql + " ORDER BY r.job, r.attempt, r.rank", args)
         return [_run_from_row(r) for r in rows]
 
+    async def queued_count(self, owner: str) -> int:
+        """How many jobs `owner` has queued (an index lookup: the cap a submit checks, whatever the queue's size)."""
+        row = await self._db.fetchone(
+            "SELECT COUNT(*) FROM jobs WHERE owner = ? AND status = ?", (owner, JobStatus.QUEUED.value)
+        )
+        return int(row[0]) if row else 0
+
     async def evidence(self, job: int) -> dict[str, Any] | None:
         """The newest evidence document kept of a job (`JobTx.evidence`), or None."""
         row = await self._db.fetchone("SELECT data FROM evidence WHERE job = ? ORDER BY id DESC LIMIT 1", (job,))

@@ -252,5 +252,9 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE runs ADD COLUMN fault TEXT;
     """,
+    # 15: a user's queued jobs counted at each submit (issue 40: at most quotas.default_user.queued_jobs)
+    """
+    CREATE INDEX jobs_owner_status ON jobs (owner, status);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
