@@ -44,6 +44,7 @@ _SESSION_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT)
 
 def _still_ignored(signum: int, frame: object) -> None:
     """This process goes on ignoring the signal (as it was told to); the commands it starts do not inherit it."""
+    return
 
 
 def reset_session_signals() -> None:
