@@ -61,9 +61,9 @@ class Placer:
         self._run_root = run_root
         self._avoided = avoided  # user -> the nodes where that user has no account or home, and which it lacks
         self._nodes = {n.name: n for n in service.all_nodes}
-        self._used: dict[tuple[str, str], float] = {}  # fair share: (project, user) -> decayed GPU-seconds
+        self._used: dict[tuple[str, str], float] = {}  # fair share: fairshare.account -> decayed GPU-seconds
         self._used_at = float("-inf")  # when that was computed (again every fairshare.every)
-        self._factors: dict[tuple[str, str], fairshare.Factor] = {}  # of the last pass's queued jobs
+        self._factors: dict[tuple[str, str], fairshare.Factor] = {}  # of the last pass's queued jobs' accounts
         self._hours: dict[quotas.Key, float] = {}  # quotas: GPU-hours of the last period, per project and user
         self._hours_at = float("-inf")
         self._set_quotas: dict[quotas.Key, tuple[dict[str, Any], str, float]] = {}  # an admin's (`ftconsole quota`)
@@ -292,36 +292,48 @@ class Placer:
 
     def quota_limits(self, key: quotas.Key) -> quotas.Limits | None:
         """The limits of a project or user: those an admin set (as `quotas_on` last read them), else the
-        config's (`quotas`), else None: none."""
+        config's (`quotas`), else None: none. A project the config does not declare has none (`quotas.applies`)."""
+        if not quotas.applies(key, self.config.projects):
+            return None
         if key in self._set_quotas:
             return quotas.Limits(**self._set_quotas[key][0])
         found = self.config.quotas.limits(key) if self.config.quotas is not None else None
         return None if found is None else quotas.Limits(**found.model_dump())
 
     async def fair_factors(self, wanted: Sequence[tuple[str, str]]) -> dict[tuple[str, str], fairshare.Factor]:
-        """The fair-share factor of each (project, user) of `wanted`; {} where fair share is off. The decayed
-        usage is read from the store's runs again every `fairshare.every` (Slurm's PriorityCalcPeriod)."""
+        """The fair-share factor of each (project, user) of `wanted` (a job's project as written), counted as
+        `fairshare.account` says (per user where no projects are declared); {} where fair share is off. The
+        decayed usage is read from the store's runs again every `fairshare.every` (Slurm's PriorityCalcPeriod)."""
         fair = self.settings.fairshare
         if fair is None:
             return {}
         now = self.clock()
+        declared = self.config.projects
         if now - self._used_at >= fair.every:
             jobs = {j.id: j for j in await self.store.jobs(deleted=True)}
             runs = await self.store.runs()  # every run a tenth of a second at 100,000: off the event loop
-            self._used = await asyncio.to_thread(fairshare.usage, jobs, runs, now, fair.half_life)
+            self._used = await asyncio.to_thread(fairshare.usage, jobs, runs, now, fair.half_life, declared=declared)
             self._used_at = now
-        self._factors = fairshare.factors(self._used, wanted, fair.shares, fair.default_share)
-        return self._factors
+        accounts = {w: fairshare.account(*w, declared) for w in wanted}
+        self._factors = fairshare.factors(
+            self._used, accounts.values(), fair.shares, fair.default_share, by_user=not declared
+        )
+        return {w: self._factors[a] for w, a in accounts.items()}
+
+    def _fair(self, project: str, user: str) -> tuple[tuple[str, str], fairshare.Factor | None]:
+        """The (project, user) fair share counts a job under, and its factor of the last pass (None: none)."""
+        key = fairshare.account(project, user, self.config.projects)
+        return key, self._factors.get(key) if self.settings.fairshare is not None else None
 
     def fair_value(self, project: str, user: str) -> float:
         """The factor of the last pass for (project, user): 1 where fair share is off."""
-        factor = self._factors.get((project, user)) if self.settings.fairshare is not None else None
+        _, factor = self._fair(project, user)
         return factor.value if factor is not None else 1.0
 
     def fair_note(self, project: str, user: str) -> str:
         """ "; fair share 0.21: project vision used 2.1x its share" of the last pass, or "" (fair share off)."""
-        factor = self._factors.get((project, user)) if self.settings.fairshare is not None else None
-        return f"; {factor.describe(project, user)}" if factor is not None else ""
+        key, factor = self._fair(project, user)
+        return f"; {factor.describe(*key)}" if factor is not None else ""
 
     async def _dependencies(self, queued: list[Job]) -> tuple[list[Job], list[tuple[Job, str]]]:
         """The queued jobs whose `after:` is met (or who have none), and why the others wait; a job whose
@@ -425,7 +437,7 @@ class Placer:
         self._kept_off = {}  # of the jobs queued now only
         for job in queued:
             where = reservations.allowed(job.spec.reservation, job.owner, job.project, job.max_runtime, kept, now,
-                                         self._nodes)  # fmt: skip
+                                         self._nodes, self.config.projects)  # fmt: skip
             if isinstance(where, reservations.Waits):  # its reservation has not begun: it waits, holding no one
                 unplaceable.append((job, where.reason))
                 continue
@@ -472,7 +484,8 @@ class Placer:
     async def reserved_for(self, spec: JobSpec, owner: str, now: float) -> reservations.Allowed | reservations.Waits:
         """Where a job of this spec may go as the reservations stand (predict's); UsageError when it never can."""
         found = reservations.allowed(spec.reservation, owner, spec.project, spec.max_runtime,
-                                     await self.store.reservations(), now, self._nodes)  # fmt: skip
+                                     await self.store.reservations(), now, self._nodes,
+                                     self.config.projects)  # fmt: skip
         if isinstance(found, reservations.Never):
             raise UsageError(f"job {spec.name}: it can never start: {found.reason}")
         return found

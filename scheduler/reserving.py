@@ -17,7 +17,7 @@ from ftconsole.scheduler.decide.reservations import Reservation, overlapping
 from ftconsole.scheduler.errors import NotFound, PermissionDenied, UsageError
 from ftconsole.scheduler.nodeops import ClusterService
 from ftconsole.scheduler.rules import Caller
-from ftconsole.scheduler.sharing import Sharing
+from ftconsole.scheduler.sharing import Sharing, undeclared_project
 from ftconsole.scheduler.spec.config import format_duration
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -61,8 +61,9 @@ class Reserving(Sharing):
             raise UsageError("a reservation must end after it starts, and after now")
         if sum((user is not None, project is not None, maintenance)) != 1:
             raise UsageError("a reservation is for one of: a user (--user), a project (--project), or maintenance")
-        if project is not None and self.config.projects and project not in self.config.projects:
-            raise UsageError(f"project {project!r} is not declared in the cluster config")
+        if project is not None and project not in self.config.projects:
+            why = undeclared_project(project, self.config.projects, "a reservation for a project", "reserve for a user")
+            raise UsageError(why)
         kept = await self.store.reservations()
         if any(r.name == name for r in kept):
             raise UsageError(f"there is a reservation {name} already: delete it first, or choose another name")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from ftconsole.scheduler.decide import dependencies, goodput, quotas, usage
@@ -26,6 +26,17 @@ from ftconsole.scheduler.store.db import Store
 
 GOODPUT_WINDOW_S = 7 * 86400.0  # `cluster` and the console give the cluster's goodput over this much of the past
 GOODPUT_EVERY_S = 60.0  # summed again this often
+
+
+def undeclared_project(project: str, declared: Collection[str], what: str, instead: str) -> str:
+    """Why `what` (a quota, a reservation) cannot be for `project`: it is not declared in the config. Without
+    declared projects a job's `project:` is a label anyone may write, so nothing is keyed on it (issue 40)."""
+    if declared:
+        return f"project {project!r} is not declared in the cluster config (projects: {', '.join(sorted(declared))})"
+    return (
+        f"{what} needs projects declared in the cluster config (projects:), and none are: a job's project is then "
+        f"a label anyone may write; declare the projects, or {instead}"
+    )
 
 
 class Sharing:
@@ -135,8 +146,8 @@ class Sharing:
             raise PermissionDenied(f"{caller.user} may not change quotas: that is for admins ({self._admins()})")
         if kind not in ("project", "user") or not name or any(c.isspace() for c in name):
             raise UsageError(f"a quota is of a project or a user, by name: not {kind!r} {name!r}")
-        if kind == "project" and self.config.projects and name not in self.config.projects:
-            raise UsageError(f"project {name!r} is not declared in the cluster config")
+        if kind == "project" and name not in self.config.projects:
+            raise UsageError(undeclared_project(name, self.config.projects, "a project's quota", "set the user's"))
         if limits is not None:
             known = {f.name for f in dataclasses.fields(quotas.Limits)}
             unknown = sorted(set(limits) - known)

@@ -13,17 +13,31 @@ twice that long ago one quarter (a run's whole span, integrated). Two levels, as
 A job's factor is the product, in (0, 1]: 1 for one whose project and user used nothing, 0.5 for one whose
 project used just its share (and whose user nothing), less for more. Within one priority level, the queue puts
 higher factors first, then the older job (placement.queue_key).
+
+Projects count only where the cluster config declares them (`account`, issue 40). Without declared projects a
+job's `project:` is a label anyone may write: a fresh name would be a fresh project, at the top factor, and
+would dilute every other project's share. So there every job counts under one project (`DEFAULT_PROJECT`) and
+the factor has one level (`by_user`): the user's share of all the usage against an equal share among the users
+that count.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from ftconsole.scheduler.decide.jobs import Job, Run
 
 HORIZON = 10  # half-lives: older usage (less than a thousandth) is left out
+DEFAULT_PROJECT = "default"  # what a job counts under when its project is not declared (a spec's default too)
+
+
+def account(project: str, user: str, declared: Collection[str]) -> tuple[str, str]:
+    """The (project, user) a job's usage and factor count under: its project where the config declares it (a
+    job may name only those), else `DEFAULT_PROJECT`: with no projects declared, every job (fair share is per
+    user); with some, a job queued before they were."""
+    return (project, user) if project in declared else (DEFAULT_PROJECT, user)
 
 
 def decayed_seconds(start: float, end: float, now: float, half_life: float) -> float:
@@ -34,8 +48,11 @@ def decayed_seconds(start: float, end: float, now: float, half_life: float) -> f
     return (math.exp(-k * (now - end)) - math.exp(-k * (now - start))) / k
 
 
-def usage(jobs: Mapping[int, Job], runs: Iterable[Run], now: float, half_life: float) -> dict[tuple[str, str], float]:
-    """(project, user) -> its decayed GPU-seconds."""
+def usage(
+    jobs: Mapping[int, Job], runs: Iterable[Run], now: float, half_life: float, *, declared: Collection[str]
+) -> dict[tuple[str, str], float]:
+    """(project, user) -> its decayed GPU-seconds, the project as `account` counts it (`declared`: the config's
+    projects)."""
     out: dict[tuple[str, str], float] = {}
     horizon = now - HORIZON * half_life
     for r in runs:
@@ -46,7 +63,7 @@ def usage(jobs: Mapping[int, Job], runs: Iterable[Run], now: float, half_life: f
             continue
         used = len(r.gpus) * decayed_seconds(max(r.started, horizon), min(r.ended or now, now), now, half_life)
         if used > 0:
-            key = (job.project, job.owner)
+            key = account(job.project, job.owner, declared)
             out[key] = out.get(key, 0.0) + used
     return out
 
@@ -55,10 +72,15 @@ def usage(jobs: Mapping[int, Job], runs: Iterable[Run], now: float, half_life: f
 class Factor:
     value: float  # in (0, 1]: higher goes first
     project_ratio: float  # the project's share of the usage over its share of the shares (1: just its share)
-    user_ratio: float  # the same for the user within the project
+    user_ratio: float  # the same for the user within the project (`by_user`: within all the usage)
+    by_user: bool = False  # one level: no projects are declared (`factors`)
 
     def describe(self, project: str, user: str) -> str:
-        """What it means, in a few words: "fair share 0.21: project vision used 2.1x its share"."""
+        """What it means, in a few words: "fair share 0.21: project vision used 2.1x its share"; without declared
+        projects "fair share 0.25: ann used 2.0x their share"."""
+        if self.by_user:
+            used = f": {user} used {self.user_ratio:.1f}x their share" if self.user_ratio >= 0.05 else ""
+            return f"fair share {self.value:.2f}{used}"
         parts = []
         if self.project_ratio >= 0.05:
             parts.append(f"project {project} used {self.project_ratio:.1f}x its share")
@@ -72,9 +94,14 @@ def factors(
     queued: Iterable[tuple[str, str]],
     shares: Mapping[str, float],
     default_share: float,
+    *,
+    by_user: bool = False,
 ) -> dict[tuple[str, str], Factor]:
-    """The factor of each (project, user) of `queued` (the queued jobs'), from `used` (`usage`)."""
+    """The factor of each (project, user) of `queued` (the queued jobs'), from `used` (`usage`). `by_user` (no
+    projects declared: every key's project is `DEFAULT_PROJECT`): one level, the user's within all the usage."""
     wanted = set(queued)
+    if by_user:
+        return _by_user(used, wanted)
     projects = set(shares) | {p for p, _ in used} | {p for p, _ in wanted}
     total_shares = sum(shares.get(p, default_share) for p in projects)
     total = sum(used.values())
@@ -93,4 +120,19 @@ def factors(
         user_ratio = (used.get((p, u), 0.0) / mine) * len(users[p]) if mine > 0 else 0.0
         value = 2.0**-project_ratio * 2.0**-user_ratio
         out[(p, u)] = Factor(value, project_ratio, user_ratio)
+    return out
+
+
+def _by_user(used: Mapping[tuple[str, str], float], wanted: set[tuple[str, str]]) -> dict[tuple[str, str], Factor]:
+    """Slurm's classic factor at one level: each user's share of all the usage against an equal share among the
+    users that count (with usage or a queued job)."""
+    total = sum(used.values())
+    mine: dict[str, float] = {}
+    for (_, u), seconds in used.items():
+        mine[u] = mine.get(u, 0.0) + seconds
+    users = set(mine) | {u for _, u in wanted}
+    out = {}
+    for p, u in wanted:
+        ratio = (mine.get(u, 0.0) / total) * len(users) if total > 0 else 0.0
+        out[(p, u)] = Factor(2.0**-ratio, 0.0, ratio, by_user=True)
     return out

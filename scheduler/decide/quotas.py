@@ -5,6 +5,10 @@ past it is refused), `gpu_hours` (most GPU-hours over the last `period`, as `ftc
 project's limits are `quotas.projects[name]`, else `quotas.default_project`; a user's likewise. A job must fit
 both its project's and its user's.
 
+A project's limits apply only to a project the cluster config declares (`applies`, issue 40): without declared
+projects a job's `project:` is a label anyone may write, and a new name would escape every project limit, so
+only its user's apply (the config refuses project limits there: spec/config.py).
+
 A user's `queued_jobs` is 10,000 unless the config says otherwise (spec/sharingspec.py, DEFAULT_QUEUED_JOBS: as
 Slurm's MaxSubmitJobs), so that no one user's submits fill the store (issue 40).
 
@@ -16,7 +20,7 @@ started, counts again.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 Key = tuple[str, str]  # ("project", name) or ("user", name)
@@ -49,6 +53,13 @@ class Queued:
 
     def scopes(self) -> tuple[Key, Key]:
         return (("project", self.project), ("user", self.user))
+
+
+def applies(key: Key, declared: Collection[str]) -> bool:
+    """Whether limits may hold for `key`: a user's always; a project's where the config declares it
+    (`declared`), never for a name a user made up."""
+    kind, name = key
+    return kind == "user" or name in declared
 
 
 def _n(count: int, what: str) -> str:

@@ -11,7 +11,10 @@ backfill see those nodes as not there for it, and its message says why when they
 
 A job that names one (`reservation: NAME`) runs only on that reservation's nodes and only within its window,
 and only when the reservation is for its user or its project: before the window it waits, saying when it
-starts; once the window is over, or when the reservation is gone or for maintenance, it can never start.
+starts; once the window is over, or when the reservation is gone or for maintenance, it can never start. A
+project's reservation takes only jobs whose project the cluster config declares (`declared`; issue 40): without
+declared projects a job's `project:` is a label anyone may write, so naming one proves nothing (and such a
+reservation is refused when made: reserving.py).
 """
 
 from __future__ import annotations
@@ -87,14 +90,15 @@ def allowed(
     reservations: Iterable[Reservation],
     now: float,
     all_nodes: Collection[str],
+    declared: Collection[str],
 ) -> Allowed | Waits | Never:
-    """Where a queued job may start now; see the module docstring."""
+    """Where a queued job may start now (`declared`: the config's projects); see the module docstring."""
     live = [r for r in reservations if r.end > now]
     if named is not None:
         found = next((r for r in live if r.name == named), None)
         if found is None:
             return Never(f"reservation {named} is over, or there is none")
-        refusal = refused(found, owner, project)
+        refusal = refused(found, owner, project, declared)
         if refusal is not None:
             return Never(refusal)
         if now < found.start:
@@ -115,14 +119,19 @@ def allowed(
     return Allowed(frozenset(all_nodes) - out, f"not on reserved nodes: {'; '.join(parts)}")
 
 
-def refused(r: Reservation, owner: str, project: str) -> str | None:
-    """Why a job of `owner` in `project` may not use `r` (None: it may)."""
+def refused(r: Reservation, owner: str, project: str, declared: Collection[str]) -> str | None:
+    """Why a job of `owner` in `project` may not use `r` (None: it may); `declared`: the config's projects."""
     if r.maintenance:
         return f"reservation {r.name} is for maintenance: no job runs in it"
     if r.user is not None and r.user != owner:
         return f"reservation {r.name} is for user {r.user}, not {owner}"
     if r.project is not None and r.project != project:
         return f"reservation {r.name} is for project {r.project}, not {project}"
+    if r.project is not None and r.project not in declared:
+        return (
+            f"reservation {r.name} is for project {r.project}, which the cluster config does not declare (projects): "
+            "naming it proves nothing"
+        )
     return None
 
 

@@ -395,7 +395,8 @@ class ClusterConfig(_Strict):
     nodes: list[NodeGroup] = []
     pools: dict[str, PoolSettings] = {}
     admins: list[str] = []
-    # declared projects; without any, a job's project is free text and the urgent cap counts per user
+    # declared projects; without any, a job's project is a label: the urgent cap, fair share and quotas count per
+    # user, and nothing is kept for a project (issue 40)
     projects: dict[str, ProjectSettings] = {}
     # limits per project and per user (absent: none; given, a user's queued jobs are 10,000 unless set otherwise)
     quotas: QuotaSettings | None = None
@@ -433,14 +434,23 @@ class ClusterConfig(_Strict):
         for admin in self.admins:
             if not admin or any(c.isspace() for c in admin):
                 out.append((("admins",), f"invalid user name {admin!r}"))
+        return out + self._project_problems() + self._run_as_problems()
+
+    def _project_problems(self) -> list[tuple[tuple[Any, ...], str]]:
+        """Fair-share shares and project quotas name declared projects only; without any declared, they are
+        refused: keyed on a label anyone may write, they would hold no one (issue 40)."""
         fair = self.scheduler.fairshare
         named: list[tuple[str, ...]] = []
         named += [("scheduler", "fairshare", "shares", n) for n in sorted(fair.shares)] if fair is not None else []
         named += [("quotas", "projects", n) for n in sorted(self.quotas.projects)] if self.quotas is not None else []
-        for where in named if self.projects else ():
-            if where[-1] not in self.projects:
-                out.append((where, f"project {where[-1]!r} is not declared under projects"))
-        return out + self._run_as_problems()
+        if self.projects:
+            undeclared = [w for w in named if w[-1] not in self.projects]
+            return [(w, f"project {w[-1]!r} is not declared under projects") for w in undeclared]
+        if self.quotas is not None and self.quotas.default_project is not None:
+            named.append(("quotas", "default_project"))
+        why = ("no projects are declared (projects:): a job's project is then a label anyone may write, and fair share "
+               "and quotas count per user; declare the projects, or leave this out")  # fmt: skip
+        return [(where, why) for where in named]
 
     def _run_as_problems(self) -> list[tuple[tuple[Any, ...], str]]:
         s = self.scheduler

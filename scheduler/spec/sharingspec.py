@@ -15,8 +15,9 @@ from ftconsole.scheduler.spec.values import PositiveDuration
 
 class FairShare(_Strict):
     """Fair share (decide/fairshare.py): within a priority level, the jobs of projects and users that used less
-    of their share of the GPUs go first. Usage decays with `half_life`; `shares` gives projects their weight
-    (any other project: `default_share`); users of a project share it equally. Recomputed every `every`."""
+    of their share of the GPUs go first. Usage decays with `half_life`; `shares` gives declared projects their
+    weight (any other project: `default_share`); users of a project share it equally. Without declared projects
+    it is per user, and `shares` is refused (ClusterConfig.cross_problems). Recomputed every `every`."""
 
     half_life: PositiveDuration = 7 * 86400.0
     shares: dict[str, Annotated[float, Field(gt=0)]] = Field(default_factory=dict)
@@ -49,7 +50,8 @@ class UserLimits(QuotaLimits):
 
 class QuotaSettings(_Strict):
     """Quotas per project and per user (docs/configuration.md, "Quotas"): a project or user not named has the
-    default's limits (none without one). A user's queued jobs are DEFAULT_QUEUED_JOBS unless set otherwise."""
+    default's limits (none without one). A user's queued jobs are DEFAULT_QUEUED_JOBS unless set otherwise.
+    Project limits hold for declared projects only (decide/quotas.py, `applies`)."""
 
     projects: dict[str, QuotaLimits] = Field(default_factory=dict)
     users: dict[str, UserLimits] = Field(default_factory=dict)

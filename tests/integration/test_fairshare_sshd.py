@@ -13,7 +13,8 @@ pytestmark = pytest.mark.sshd
 
 async def test_the_project_that_used_less_goes_first_within_a_level(sshd_cluster, tmp_path, sock_dir) -> None:
     cluster: SshdCluster = sshd_cluster(1, gpus=1)
-    loaded = write_config(cluster, tmp_path, sock_dir, scheduler={"fairshare": {"half_life": "1h", "every": "0.1s"}})
+    fair = {"fairshare": {"half_life": "1h", "every": "0.1s"}}
+    loaded = write_config(cluster, tmp_path, sock_dir, scheduler=fair, projects={"heavy": {}, "light": {}})
     async with running(loaded) as (_, client):
         warm = await client.call("submit", spec=job("warm", "sleep 2", project="heavy"))
         assert (await finished(client, warm["id"]))["status"] == "succeeded"

@@ -20,7 +20,8 @@ pytestmark = pytest.mark.sshd
 
 def test_usage_and_the_job_history_of_a_period(sshd_cluster, tmp_path: Path, sock_dir: Path) -> None:
     cluster: SshdCluster = sshd_cluster(1, gpus=2)
-    cli = Cli(write_config(cluster, tmp_path, sock_dir).file)
+    # project quotas are for declared projects (issue 40); a job that names none is in project default
+    cli = Cli(write_config(cluster, tmp_path, sock_dir, projects={"vision": {}, "default": {}}).file)
     before = time.time()
     two = spec(tmp_path, "two", "gpus_per_node: 2\nproject: vision\ncommand: sleep 2\n")
     one = spec(tmp_path, "one", "gpus_per_node: 1\ncommand: sleep 1\n")

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.sshd
 async def test_a_job_over_its_projects_quota_waits_and_starts_when_it_frees(sshd_cluster, tmp_path, sock_dir) -> None:
     cluster: SshdCluster = sshd_cluster(1, gpus=2)
     quotas = {"projects": {"vision": {"gpus": 1, "queued_jobs": 1}}}
-    loaded = write_config(cluster, tmp_path, sock_dir, quotas=quotas)
+    loaded = write_config(cluster, tmp_path, sock_dir, quotas=quotas, projects={"vision": {}, "speech": {}})
     async with running(loaded) as (_, client):
         first = await client.call("submit", spec=job("first", "sleep 3", project="vision"))
         await until(client, first["id"], lambda j: j["status"] == "running", "the first to run")
@@ -44,7 +44,7 @@ async def test_an_admin_changes_a_quota_at_run_time_and_nobody_else_may(sshd_clu
     """No quota in the config: an admin sets one (it holds the next job back), loosens it (the job starts), and
     clears it; the limits not given stay as they were; a user who is not an admin is refused."""
     cluster: SshdCluster = sshd_cluster(1, gpus=2)
-    loaded = write_config(cluster, tmp_path, sock_dir)
+    loaded = write_config(cluster, tmp_path, sock_dir, projects={"vision": {}})
     sock_dir.chmod(0o755)
     async with running(loaded) as (_, client):
         me_admin = (await client.call("whoami"))["admin"]

@@ -99,6 +99,11 @@ CASES = [
      "project 'speech' is not declared under projects"),
     ("quotas:\n  users:\n    ann: {gpus: -1}\n", 3, "quotas.users.ann.gpus", "greater than or equal to 0"),
     ("quotas:\n  default_user: {gpu: 4}\n", 2, "quotas.default_user.gpu", "unknown key"),
+    # no projects declared: a project is a label anyone may write, so nothing is kept per project (issue 40)
+    ("scheduler:\n  fairshare:\n    shares: {vision: 2}\n", 3, "scheduler.fairshare.shares.vision",
+     "no projects are declared (projects:): a job's project is then a label anyone may write"),
+    ("quotas:\n  projects:\n    vision: {gpus: 8}\n", 3, "quotas.projects.vision", "no projects are declared"),
+    ("quotas:\n  default_project: {gpus: 8}\n", 2, "quotas.default_project", "declare the projects, or leave this"),
 ]  # fmt: skip
 
 

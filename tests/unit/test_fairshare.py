@@ -1,4 +1,5 @@
-"""Fair share (decide/fairshare.py): the decayed usage, the factors, the queue's order, and the config's rules."""
+"""Fair share (decide/fairshare.py): the decayed usage, the factors, the queue's order, and the config's rules;
+what a job counts under with and without declared projects (issue 40)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import math
 
 import pytest
 
-from ftconsole.scheduler.decide.fairshare import Factor, decayed_seconds, factors, usage
+from ftconsole.scheduler.decide.fairshare import Factor, account, decayed_seconds, factors, usage
 from ftconsole.scheduler.decide.jobs import Job, JobStatus, Run
 from ftconsole.scheduler.decide.placement import queue_order
 from ftconsole.scheduler.decide.placement_inputs import Candidate, JobRequest, Priority
@@ -36,7 +37,7 @@ def test_usage_per_project_and_user_running_runs_to_now_old_ones_left_out() -> N
     jobs = {1: job(1, "ann", "vision"), 2: job(2, "bob", "vision"), 3: job(3, "ann", "speech")}
     now = 100 * HOUR
     runs = [run(1, 2, now - 10, now), run(2, 1, now - 10, None), run(3, 8, 0, 1)]  # job 3: 100 half-lives ago
-    used = usage(jobs, runs, now, half_life=HOUR)
+    used = usage(jobs, runs, now, half_life=HOUR, declared={"vision", "speech"})
     assert set(used) == {("vision", "ann"), ("vision", "bob")}
     assert used[("vision", "ann")] == pytest.approx(20, rel=1e-2) and used[("vision", "bob")] == pytest.approx(
         10, rel=1e-2
@@ -59,6 +60,43 @@ def test_factors() -> None:
     assert got[("vision", "ann")].describe("vision", "ann") == "fair share 0.12: project vision used 2.0x its share"
     assert two[("vision", "ann")].describe("vision", "ann").endswith("used 1.0x its share, ann 2.0x theirs in it")
     assert none[("vision", "ann")].describe("vision", "ann") == "fair share 1.00"
+
+
+@pytest.mark.parametrize(
+    ("project", "declared", "expected"),
+    [
+        ("vision", {"vision", "speech"}, ("vision", "ann")),  # declared: its own project
+        ("default", {"vision"}, ("default", "ann")),
+        ("fresh", {"vision"}, ("default", "ann")),  # queued before projects were declared: no project of its own
+        ("vision", set(), ("default", "ann")),  # none declared: a label; every job counts per user
+        ("fresh", set(), ("default", "ann")),
+        ("default", set(), ("default", "ann")),
+    ],
+)
+def test_a_job_counts_under_its_project_only_where_it_is_declared(
+    project: str, declared: set[str], expected: tuple[str, str]
+) -> None:
+    assert account(project, "ann", declared) == expected
+
+
+def test_without_declared_projects_usage_and_factors_are_per_user_whatever_project_a_job_names() -> None:
+    jobs = {1: job(1, "ann", "vision"), 2: job(2, "bob", "speech"), 3: job(3, "bob", "fresh")}
+    runs = [run(1, 1, 0, 100), run(2, 3, 0, 100), run(3, 2, 0, 100)]
+    used = usage(jobs, runs, 100, half_life=1e9, declared=())
+    assert used == {("default", "ann"): pytest.approx(100, rel=1e-3), ("default", "bob"): pytest.approx(500, rel=1e-3)}
+    # bob names a fresh project: today's two levels would give it the top factor (a project with no usage)
+    wanted = [account(p, u, ()) for p, u in [("vision", "ann"), ("brand-new", "bob"), ("speech", "bob")]]
+    got = factors(used, wanted, {}, 1.0, by_user=True)
+    assert set(got) == {("default", "ann"), ("default", "bob")}  # one key per user, whatever project was named
+    ann, bob = got[("default", "ann")], got[("default", "bob")]
+    # two users: an equal share is a half; ann used 1/6 of it all (ratio 1/3), bob 5/6 (ratio 5/3)
+    assert (ann.user_ratio, bob.user_ratio) == (pytest.approx(1 / 3), pytest.approx(5 / 3))
+    assert bob.value == pytest.approx(2.0 ** (-5 / 3)) and ann.value > bob.value and ann.project_ratio == 0.0
+    assert bob.describe("default", "bob") == "fair share 0.31: bob used 1.7x their share"
+    assert factors({}, [("default", "cy")], {}, 1.0, by_user=True)[("default", "cy")] == Factor(1.0, 0.0, 0.0, True)
+    assert factors({}, [("default", "cy")], {}, 1.0, by_user=True)[("default", "cy")].describe("default", "cy") == (
+        "fair share 1.00"
+    )
 
 
 def request(job_id: str, submitted: float, fair: float, priority: Priority = Priority.NORMAL) -> JobRequest:

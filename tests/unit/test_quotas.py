@@ -1,8 +1,16 @@
-"""Quotas (decide/quotas.py): which queued jobs a quota holds back, in queue order, and a submit's refusal."""
+"""Quotas (decide/quotas.py): which queued jobs a quota holds back, in queue order, and a submit's refusal; which
+project limits apply with and without declared projects (issue 40)."""
 
 from __future__ import annotations
 
-from ftconsole.scheduler.decide.quotas import InUse, Limits, Queued, hold_back, submit_refusal
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from ftconsole.scheduler.decide.quotas import InUse, Key, Limits, Queued, applies, hold_back, submit_refusal
+from ftconsole.scheduler.placing import Placer
+from ftconsole.scheduler.spec.config import ClusterConfig
 
 LIMITS = {
     ("project", "vision"): Limits(gpus=8, running_jobs=3),
@@ -55,4 +63,60 @@ def test_an_arrays_tasks_count_one_each_against_the_queued_quota() -> None:
     assert submit_refusal("x", "bob", limits_of, {("user", "bob"): 0}, count=2) is None
     assert submit_refusal("x", "bob", limits_of, {("user", "bob"): 1}, count=2) == (
         "user bob has a quota of 2 queued jobs (1 queued now): the array's 2 tasks would pass it"
+    )
+
+
+@pytest.mark.parametrize(
+    ("key", "declared", "expected"),
+    [
+        (("user", "ann"), set(), True),
+        (("user", "ann"), {"vision"}, True),
+        (("project", "vision"), {"vision"}, True),
+        (("project", "fresh"), {"vision"}, False),  # queued before the projects were declared
+        (("project", "vision"), set(), False),  # none declared: a label anyone may write holds no limit
+        (("project", "default"), set(), False),
+    ],
+)
+def test_project_limits_apply_to_declared_projects_only(key: Key, declared: set[str], expected: bool) -> None:
+    assert applies(key, declared) is expected
+
+
+def placer(config: dict[str, Any], set_by_admin: dict[Key, dict[str, Any]] | None = None) -> Placer:
+    service = SimpleNamespace(store=None, config=ClusterConfig.model_validate(config), all_nodes=[])
+    found = Placer(service, clock=lambda: 0.0, poke=lambda: None, fail=None, run_root=lambda: "~")  # type: ignore[arg-type]
+    found._set_quotas = {k: (v, "root", 0.0) for k, v in (set_by_admin or {}).items()}
+    return found
+
+
+@pytest.mark.parametrize(
+    ("config", "set_by_admin", "key", "expected"),
+    [
+        # declared: the config's limits, the default's for a declared project not named, an admin's over them
+        ({"projects": {"vision": {}, "speech": {}}, "quotas": {"projects": {"vision": {"gpus": 8}},
+          "default_project": {"gpus": 2}}}, {}, ("project", "vision"), Limits(gpus=8)),
+        ({"projects": {"vision": {}, "speech": {}}, "quotas": {"default_project": {"gpus": 2}}}, {},
+         ("project", "speech"), Limits(gpus=2)),
+        ({"projects": {"vision": {}}, "quotas": {"default_project": {"gpus": 2}}}, {}, ("project", "fresh"), None),
+        ({"projects": {"vision": {}}}, {("project", "vision"): {"gpus": 1}}, ("project", "vision"), Limits(gpus=1)),
+        # none declared: no project limit, whatever an admin set before; a user's still apply
+        ({}, {("project", "vision"): {"gpus": 1}}, ("project", "vision"), None),
+        ({"quotas": {"users": {"ann": {"gpus": 4}}}}, {}, ("project", "ann"), None),
+        ({"quotas": {"users": {"ann": {"gpus": 4}}}}, {}, ("user", "ann"), Limits(gpus=4, queued_jobs=10_000)),
+    ],
+)  # fmt: skip
+def test_the_limits_placement_applies(
+    config: dict[str, Any], set_by_admin: dict[Key, dict[str, Any]], key: Key, expected: Limits | None
+) -> None:
+    assert placer(config, set_by_admin).quota_limits(key) == expected
+
+
+def test_without_declared_projects_a_fresh_project_name_escapes_nothing_and_holds_nothing() -> None:
+    """A user's quota holds their jobs whatever project each names; no project quota holds anyone."""
+    limits_of = placer({"quotas": {"users": {"ann": {"gpus": 4, "queued_jobs": 1}}}}).quota_limits
+    queue = [Queued("1", "vision", "ann", 4), Queued("2", "brand-new", "ann", 1), Queued("3", "vision", "bob", 64)]
+    assert hold_back(queue, limits_of, {("project", "vision"): InUse(gpus=1000)}) == {
+        "2": "user ann is at its quota of 4 GPUs (4 for jobs ahead of it)"
+    }
+    assert submit_refusal("brand-new", "ann", limits_of, {("user", "ann"): 1}) == (
+        "user ann is at its quota of 1 queued job"
     )

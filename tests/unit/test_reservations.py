@@ -16,9 +16,12 @@ OVER = Reservation("old", frozenset({"n4"}), NOW - 3 * H, NOW - 2 * H, user="ann
 ALL = [MAINT, LATER, ANN, OVER]
 
 
-def where(named: str | None = None, owner: str = "bob", project: str = "default",
-          max_runtime: float | None = None) -> Allowed | Waits | Never:  # fmt: skip
-    return allowed(named, owner, project, max_runtime, ALL, NOW, NODES)
+DECLARED = frozenset({"vision", "speech"})
+
+
+def where(named: str | None = None, owner: str = "bob", project: str = "default", max_runtime: float | None = None,
+          declared: frozenset[str] = DECLARED) -> Allowed | Waits | Never:  # fmt: skip
+    return allowed(named, owner, project, max_runtime, ALL, NOW, NODES, declared)
 
 
 def test_a_job_without_a_reservation_keeps_off_reserved_nodes_and_those_it_would_run_into() -> None:
@@ -30,7 +33,8 @@ def test_a_job_without_a_reservation_keeps_off_reserved_nodes_and_those_it_would
     assert "it would run into vision (project vision, " in long.note and "on n2,n3" in long.note
     forever = where()  # no max_runtime: it never ends, so it keeps off every reservation to come
     assert isinstance(forever, Allowed) and forever.nodes == frozenset()
-    assert allowed(None, "bob", "default", None, [OVER], NOW, NODES) == Allowed(None)  # an ended one holds nothing
+    ended = allowed(None, "bob", "default", None, [OVER], NOW, NODES, DECLARED)
+    assert ended == Allowed(None)  # an ended one holds nothing
 
 
 @pytest.mark.parametrize(
@@ -51,6 +55,26 @@ def test_a_job_naming_a_reservation(named: str, owner: str, project: str, expect
         assert isinstance(found, Waits) and found.reason.startswith("waiting for reservation vision (project vision, ")
     else:
         assert found == expected
+
+
+NOT_DECLARED = "reservation vision is for project vision, which the cluster config does not declare (projects)"
+
+
+@pytest.mark.parametrize(
+    ("project", "declared", "expected"),
+    [
+        ("vision", DECLARED, "waits"),  # declared and named: it may
+        ("vision", frozenset(), Never(f"{NOT_DECLARED}: naming it proves nothing")),  # none declared: a label
+        ("vision", frozenset({"speech"}), Never(f"{NOT_DECLARED}: naming it proves nothing")),  # no longer declared
+        ("speech", frozenset(), Never("reservation vision is for project vision, not speech")),
+    ],
+)
+def test_a_project_reservation_takes_only_jobs_of_a_declared_project_that_name_it(
+    project: str, declared: frozenset[str], expected: object
+) -> None:
+    found = where("vision", "bob", project, declared=declared)
+    assert isinstance(found, Waits) if expected == "waits" else found == expected
+    assert where("ann", "ann", "fresh", declared=frozenset()) == Allowed(frozenset({"n4"}))  # a user's: as before
 
 
 def test_a_node_is_in_one_reservation_at_a_time() -> None:
