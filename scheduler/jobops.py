@@ -62,6 +62,7 @@ class Scheduler(RankReads, Reserving):
         self.submits: GroupCommit[tuple[int, int | None]] = GroupCommit(self.store, "submit a job")
         self._changed = asyncio.Event()
         self._nodes = {n.name: n for n in service.all_nodes}
+        self._gathers = {}
 
     # ============================================================ permissions
 
@@ -80,9 +81,12 @@ class Scheduler(RankReads, Reserving):
 
     def redact_job(self, job: Job, hidden: Collection[int]) -> Job:
         """A job the caller may read, its message redacted: a queued job's "blocked behind job N" may name a job
-        the caller may not read."""
+        the caller may not read; so may `cloned_from` (an admin's clone of a private job), then null."""
         message = redact(job.message, hidden)
-        return job if message == job.message else dataclasses.replace(job, message=message)
+        cloned_from = None if job.cloned_from in hidden else job.cloned_from
+        if message == job.message and cloned_from == job.cloned_from:
+            return job
+        return dataclasses.replace(job, message=message, cloned_from=cloned_from)
 
     def _check(self, caller: Caller, job: Job, verb: str, *, write: bool) -> None:
         """Refuse a caller who may not `verb` the job. A job it may not see at all (`may_see`: another's, with

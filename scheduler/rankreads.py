@@ -25,6 +25,10 @@ from ftconsole.scheduler.store.db import Store
 
 LOG_POLL_S = 0.5
 LOG_CHUNK = 1 << 20
+# A running job's evidence is gathered at most once in this long (issue 40: each gather runs py-spy on every node
+# of the job as the SSH account): a `debug` meanwhile, whoever asks, gets that gather's evidence, or waits for the
+# one under way; the hang check gathers on its own.
+DEBUG_EVERY_S = 5.0
 
 
 class RankReads:
@@ -35,6 +39,7 @@ class RankReads:
     config: ClusterConfig
     clock: Callable[[], float]
     _nodes: dict[str, Node]
+    _gathers: dict[int, tuple[float, asyncio.Task[dict[str, Any]]]]  # job -> its last debug gather (when, task)
 
     async def _job(self, caller: Caller, job_id: int | str, verb: str, *, write: bool) -> Job:
         raise NotImplementedError  # Scheduler's
@@ -173,7 +178,8 @@ class RankReads:
     async def debug(self, caller: Caller, job_id: int | str, *, stacks: bool = True) -> dict[str, Any]:
         """The evidence of every rank of a running job's current attempt, gathered now and kept with the job (an
         `Evidence` event); of a job not running, the last kept. Its owner's or an admin's: it reads the
-        stacks and output of the job's processes."""
+        stacks and output of the job's processes. A gather under way or at most DEBUG_EVERY_S old is shared
+        (`gathered_s_ago` says how old), so that asking again and again runs nothing more on the nodes."""
         job = await self._job(caller, job_id, "debug", write=True)
         if job.status is not JobStatus.RUNNING:
             last = await self.store.evidence(job.id)
@@ -182,6 +188,25 @@ class RankReads:
                     f"job {job.id} is {job.status.value}: there is nothing to look at, and no evidence kept"
                 )
             return dict(last, kept=True)
+        now = asyncio.get_running_loop().time()
+        for key, (at, task) in list(self._gathers.items()):  # forget the old ones (their jobs may be gone)
+            if task.done() and now - at >= DEBUG_EVERY_S:
+                del self._gathers[key]
+        found = self._gathers.get(job.id)
+        if found is None or (found[1].done() and now - found[0] >= DEBUG_EVERY_S) or not stacks:
+            found = (now, asyncio.create_task(self._gather(job, stacks=stacks)))
+            if stacks:
+                self._gathers[job.id] = found
+        try:
+            doc = await asyncio.shield(found[1])
+        except Exception:
+            if self._gathers.get(job.id) is found:
+                del self._gathers[job.id]  # a gather that failed is not shared: the next debug tries again
+            raise
+        return dict(doc, kept=False, gathered_s_ago=round(now - found[0], 1))
+
+    async def _gather(self, job: Job, *, stacks: bool) -> dict[str, Any]:
+        """The evidence of a running job, gathered now and kept with it (an `Evidence` event)."""
         runs = await self.store.runs(job=job.id)
         found = await evidence.gather(self.loop.executor, job, runs, stacks=stacks)
         doc = found.to_json()
@@ -189,4 +214,4 @@ class RankReads:
         doc["suspected_hung"] = bool(hung)  # a job that moves: a rank between two collectives is no news
         async with self.store.jobs_tx(f"keep the evidence of job {job.id}") as tx:
             await evidence.record(tx, job.id, doc)
-        return dict(doc, kept=False)
+        return doc

@@ -14,6 +14,8 @@ from ftconsole.scheduler.nodeops import ProbeOutcome
 
 HIDDEN_JOB = "a job you cannot see"  # what a caller reads in place of a job it may not read
 _JOB_MENTION = re.compile(r"\bjob #?(\d+)\b")
+# the keys of an event's data whose value is a job's id (not a text that `redact` reads): a hidden one reads null
+JOB_ID_KEYS = frozenset({"preempted_by", "cloned_from"})
 
 
 def redact(text: str, hidden: Collection[int]) -> str:
@@ -55,7 +57,8 @@ def _clause_end(text: str, start: int) -> int:
 
 
 def redact_json(value: Any, hidden: Collection[int]) -> Any:
-    """A JSON value with `redact` applied to every string in it (keys are left as they are)."""
+    """A JSON value with `redact` applied to every string in it (keys are left as they are), and every job id
+    under a key of `JOB_ID_KEYS` (an event's ``preempted_by``) that names a job in `hidden` made null."""
     if not hidden:
         return value
     if isinstance(value, str):
@@ -63,8 +66,18 @@ def redact_json(value: Any, hidden: Collection[int]) -> Any:
     if isinstance(value, list):
         return [redact_json(v, hidden) for v in value]
     if isinstance(value, dict):
-        return {k: redact_json(v, hidden) for k, v in value.items()}
+        return {k: None if k in JOB_ID_KEYS and _names_hidden(v, hidden) else redact_json(v, hidden)
+                for k, v in value.items()}  # fmt: skip
     return value
+
+
+def _names_hidden(value: Any, hidden: Collection[int]) -> bool:
+    """Whether a job id (a number, or its digits as text) is one of `hidden`."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, str) and value.strip().isdecimal():
+        value = int(value)
+    return isinstance(value, int) and value in hidden
 
 
 def redact_outcome(outcome: ProbeOutcome, hidden: Collection[int]) -> ProbeOutcome:

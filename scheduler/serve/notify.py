@@ -6,7 +6,8 @@ mail or SMS gateways; never through a shell).
 above the last one it read, leaves out job alerts of jobs that did not opt in (`notify.jobs`), and hands each
 notification to every target in a task of its own: a slow or dead target never holds up the loop, the API or
 the other target. A failed try is tried again after 1 s, 2 s, 4 s ... (`notify.retries`); one whose last try
-failed is logged and written as a `notify-failed` event, so operators see it in `ftconsole events`.
+failed is logged (with what the target answered) and written as a `notify-failed` event, so operators see it in
+`ftconsole events`; the event, which every user reads, says only what failed (`DeliveryFailed`), no answer's body.
 
 Delivery is at least once across restarts: the store keeps a cursor per target (`Store.notify_cursors`), the id
 of the last alert up to which every alert is done for it (accepted by the target, given up with its
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http
 import json
 import logging
 import os
@@ -63,6 +65,7 @@ WINDOW_S = 60.0  # rate_limit counts notifications per this many seconds
 POLL_S = 2.0  # how often the store is asked for new alerts (the loop's default tick)
 BACKOFF_S = 1.0  # the first retry waits this long, each next one twice as long
 TEXT_MAX = 400  # characters of the one-line summary (`text`)
+BODY_LOGGED = 200  # characters of a webhook's error body, a command's stderr, kept in the log (never in an event)
 LISTED_MAX = 100  # alerts listed in a coalesced notification (all are counted, every id is given)
 PARALLEL_PER_TARGET = 4  # notifications in flight to one target at a time
 READ_PAGE = 500  # alerts read from the store at a time (a long downtime may have left many to send)
@@ -70,13 +73,18 @@ SEVERITY_ORDER = ("info", "warning", "error", "critical")
 
 
 class DeliveryFailed(FtError):
-    """One try to reach a target failed; `retry`: a later try may succeed (not so for a 404, say)."""
+    """One try to reach a target failed; `retry`: a later try may succeed (not so for a 404, say). The message
+    goes into a `notify-failed` event, which every user reads: it says only what failed (an HTTP status and its
+    standard reason, a command's exit, a network error); `detail`, what the target answered (a webhook's error
+    body, a command's stderr: it may echo the notification's alerts, a token or the receiver's internals), goes
+    to the scheduler's log only."""
 
     title = "notification failed"
 
-    def __init__(self, message: str, *, retry: bool = True) -> None:
+    def __init__(self, message: str, *, retry: bool = True, detail: str = "") -> None:
         super().__init__(message)
         self.retry = retry
+        self.detail = detail
 
 
 # -- what is sent (pure) -----------------------------------------------------------------------------------
@@ -287,9 +295,19 @@ class WebhookTarget:
         if response.is_success:
             return
         code = response.status_code
-        reason = f"HTTP {code} {response.reason_phrase}".rstrip()
-        snippet = one_line(response.text, 200) if response.text else ""
-        raise DeliveryFailed(reason + (f": {snippet}" if snippet else ""), retry=code >= 500 or code in (408, 429))
+        # the status's standard reason, not the server's own phrase (any text it likes); its body: the log's only
+        reason = f"HTTP {code} {_phrase(code)}".rstrip()
+        text = response.text[: BODY_LOGGED * 4].replace(self.url, url_origin(self.url))  # echoed, the path is secret
+        answer = one_line(text, BODY_LOGGED) if response.content else ""
+        raise DeliveryFailed(reason, retry=code >= 500 or code in (408, 429), detail=answer)
+
+
+def _phrase(code: int) -> str:
+    """The standard reason phrase of an HTTP status ("Internal Server Error"); "" for a status without one."""
+    try:
+        return http.HTTPStatus(code).phrase
+    except ValueError:
+        return ""
 
 
 class CommandTarget:
@@ -326,9 +344,9 @@ class CommandTarget:
         code = proc.returncode
         if code != 0:
             assert code is not None  # communicate() waited for it
-            tail = one_line(err.decode(errors="replace")[-300:], 200)
+            tail = one_line(err.decode(errors="replace")[-BODY_LOGGED * 4 :], BODY_LOGGED)
             how = f"exit {code}" if code > 0 else f"signal {-code}"
-            raise DeliveryFailed(how + (f": {tail}" if tail else ""))
+            raise DeliveryFailed(how, detail=tail)  # its stderr (a curl's may hold the answer's body): the log's only
 
 
 def _kill_session(pid: int) -> None:
@@ -540,13 +558,14 @@ class Dispatcher:
                     failure = exc
                     final = n == tries or not exc.retry
                     log.warning(
-                        "notification of %s to %s failed (try %d of %d%s): %s",
+                        "notification of %s to %s failed (try %d of %d%s): %s%s",
                         what,
                         target.name,
                         n,
                         tries,
                         ", the last" if final else "",
                         exc,
+                        f"; it answered: {exc.detail}" if exc.detail else "",
                     )
                     if final:
                         break

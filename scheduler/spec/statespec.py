@@ -7,6 +7,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ftconsole.scheduler.spec.pgurl import redact
 from ftconsole.scheduler.spec.values import Duration
 
 LEASE_S = 10.0  # state.lease's default (scheduler.decide.leadership)
@@ -42,10 +43,11 @@ class StateSettings(BaseModel):
             parts = urlsplit(text)
             parts.port  # noqa: B018 (parsing it: a port that is not a number raises)
         except ValueError as exc:
-            raise ValueError(f"{value!r} is not a URL ({exc}); give {shape}") from None
+            raise ValueError(f"{redact(text)!r} is not a URL ({exc}); give {shape}") from None
         if parts.scheme not in ("postgresql", "postgres") or not parts.netloc + parts.query:
             raise ValueError(
-                f"give a PostgreSQL URL, {shape}, not {value!r} (the default store, SQLite in state_dir, needs no "
+                f"give a PostgreSQL URL, {shape}, not {redact(text) if text else value!r} (the default store, SQLite "
+                "in state_dir, needs no "
                 "url: leave state out)"
             )
         return text

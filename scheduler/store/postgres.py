@@ -29,11 +29,11 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
 from ftconsole.scheduler.errors import NotLeader, StoreError
+from ftconsole.scheduler.spec.pgurl import redact
 from ftconsole.scheduler.store.engine import Engine, Row
 from ftconsole.scheduler.store.schema import MIGRATIONS
 
@@ -117,16 +117,6 @@ def numbered(sql: str) -> str:
         return f"${count}"
 
     return _PLACEHOLDER.sub(number, sql)
-
-
-def redact(url: str) -> str:
-    """The URL without its password (in its user part or a `password=` parameter), for messages and logs."""
-    parts = urlsplit(url)
-    if parts.password is not None:
-        netloc = parts.netloc.rsplit("@", 1)[1]
-        parts = parts._replace(netloc=f"{parts.username or ''}:***@{netloc}")
-    query = re.sub(r"(^|&)password=[^&]*", r"\1password=***", parts.query)
-    return urlunsplit(parts._replace(query=query))
 
 
 async def _connect(url: str, *, read_only: bool) -> asyncpg.Connection:

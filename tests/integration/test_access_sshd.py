@@ -227,3 +227,62 @@ async def test_a_private_job_is_named_in_no_node_reason_event_alert_or_predictio
         assert predicted["reason"] == f"blocked behind job {head} (head of queue)" and str(head) in predicted["ahead"]
         assert mentions((await client.call("show", job=waiting))["message"], head)
         await client.call("stop", jobs=[jid, head, waiting])
+
+
+async def test_a_private_job_reads_as_no_job_to_others_whatever_they_ask(sshd_cluster, tmp_path, sock_dir) -> None:
+    """Every per-job request of another user about root's private job (access: none), and about its alert, is
+    answered exactly as for a job (an alert) that does not exist: the same error type, text and exit code, so that
+    neither its existence nor its owner is told; nothing of the job is changed."""
+    cluster: SshdCluster = sshd_cluster(1, gpus=2)
+    loaded = write_config(cluster, tmp_path, sock_dir)
+    sock_dir.chmod(0o755)
+    path = loaded.socket_path
+    async with running(loaded) as (_, client):
+        private = (await client.call("submit", spec=job("secret", "sleep 300")))["id"]
+        failed = (await client.call("submit", spec=job("secret-fail", "sh -c 'exit 3'")))["id"]
+        before = await until(client, private, started, "the private job to run")
+        await finished(client, failed)
+        (alert,) = [a["id"] for a in await client.call("alerts") if a["job"] == failed]
+        missing_job, missing_alert = failed + 1000, alert + 1000
+
+        def per_job(ref: int | str) -> dict[str, dict[str, Any]]:
+            return {
+                "show": {"job": ref},
+                "events": {"job": ref, "limit": 10},
+                "logs": {"job": ref},
+                "launch": {"job": ref},
+                "debug": {"job": ref},
+                "wait": {"job": ref},
+                "clone": {"job": ref},
+                "stop": {"jobs": [ref]},
+                "delete": {"jobs": [ref]},
+                "release": {"jobs": [ref]},
+                "priority": {"job": ref, "level": "urgent"},
+                "extend": {"job": ref, "duration": "10m"},
+                "scale": {"job": ref, "nodes": 1},
+            }
+
+        async def refusal(op: str, args: dict[str, Any], ref: int, missing: int) -> dict[str, Any]:
+            reply = await as_nobody(path, op, **args)
+            assert "error" in reply, (op, reply)
+            error = dict(reply["error"])
+            error["message"] = re.sub(rf"\b({ref}|{missing})\b", "ID", error["message"])
+            return error
+
+        for ref in (private, failed):
+            asked, missing = per_job(ref), per_job(missing_job)
+            for op in asked:
+                hidden = await refusal(op, asked[op], ref, missing_job)
+                absent = await refusal(op, missing[op], ref, missing_job)
+                assert hidden == absent, (op, hidden, absent)
+                assert hidden["type"] == "NotFound" and "root" not in hidden["message"], (op, hidden)
+        for op in ("ack", "resolve"):
+            hidden = await refusal(op, {"alerts": [alert]}, alert, missing_alert)
+            assert hidden == await refusal(op, {"alerts": [missing_alert]}, alert, missing_alert), op
+
+        shown = await client.call("show", job=private)  # root's job goes on as it was
+        assert shown["status"] == "running"
+        assert (shown["priority"], shown["max_runtime_s"], shown["nodes"]) == (before["priority"],
+                before["max_runtime_s"], before["nodes"])  # fmt: skip
+        assert [a["state"] for a in await client.call("alerts") if a["id"] == alert] == ["open"]
+        await client.call("stop", jobs=[private])

@@ -82,15 +82,19 @@ async def test_an_array_of_20_tasks_with_a_limit_of_3_never_runs_more_than_3(
 async def test_another_user_can_neither_stop_an_array_nor_one_of_its_tasks(
     sshd_cluster: Any, tmp_path: Path, sock_dir: Path
 ) -> None:
-    """Another user may not stop a private array (access: none) nor one of its tasks; with read-only access, they
-    may look but not stop nor change the priority; nothing of the array is touched either way."""
+    """Another user may not stop a private array (access: none) nor one of its tasks: to them it is no job at all;
+    with read-only access, they may look but not stop nor change the priority; nothing of the array is touched
+    either way."""
     cluster: SshdCluster = sshd_cluster(1, gpus=1)
     loaded = write_config(cluster, tmp_path, sock_dir)
     sock_dir.chmod(0o755)
     async with running(loaded) as (_, client):
         private = (await client.call("submit", spec=job("mine", "sleep 60", array="0-2%1")))["id"]
         shared = (await client.call("submit", spec=job("ours", "sleep 60", array="0-1", access="read-only")))["id"]
-        for ref in (str(private), f"{private}[1]", str(shared), f"{shared}[1]"):
+        for ref in (str(private), f"{private}[1]"):
+            refused = await as_nobody(loaded.socket_path, "stop", jobs=[ref])
+            assert refused["error"]["type"] == "NotFound" and refused["error"]["message"] == f"no job {ref}", refused
+        for ref in (str(shared), f"{shared}[1]"):
             refused = await as_nobody(loaded.socket_path, "stop", jobs=[ref])
             assert refused["error"]["type"] == "PermissionDenied", refused
         looked = await as_nobody(loaded.socket_path, "show", job=f"{shared}[1]")

@@ -10,6 +10,7 @@ import asyncio
 
 import pytest
 
+from ftconsole.scheduler import rankreads
 from tests.cli_runner import Cli
 from tests.integration.test_scheduler_sshd import finished, job, log_of, poll, running, until, write_config
 from tests.sshd_cluster import HOME_LAYOUTS, SshdCluster
@@ -20,8 +21,12 @@ WAITER = "import time\ndef wait_for_peer():\n    time.sleep(600)\nprint('waiting
 
 
 @pytest.mark.parametrize("layout", HOME_LAYOUTS)
-async def test_debug_gathers_every_ranks_stack_and_keeps_the_evidence(sshd_cluster, tmp_path, sock_dir, layout) -> None:
-    """With a shared home (NFS), both nodes store the same py-spy at once: one copy, each node's own temporary."""
+async def test_debug_gathers_every_ranks_stack_and_keeps_the_evidence(
+    sshd_cluster, tmp_path, sock_dir, layout, monkeypatch
+) -> None:
+    """With a shared home (NFS), both nodes store the same py-spy at once: one copy, each node's own temporary.
+    A gather is shared by the debug requests that come while it is recent (here: for the whole test)."""
+    monkeypatch.setattr(rankreads, "DEBUG_EVERY_S", 3600.0)
     cluster: SshdCluster = sshd_cluster(2, shared_home=layout == "shared-home")
     script = tmp_path / "waiter.py"
     script.write_text(WAITER)
@@ -56,6 +61,10 @@ async def test_debug_gathers_every_ranks_stack_and_keeps_the_evidence(sshd_clust
         assert all(len(copies) == 1 for copies in kept), kept
         stamps = [copies[0].stat().st_mtime_ns for copies in kept]
 
+        # asked again at once, and twice at the same time: the gather just made is shared (nothing more is run on
+        # the nodes, no new Evidence event)
+        again = await asyncio.gather(client.call("debug", job=job_id), client.call("debug", job=job_id))
+        assert [(d["time"], d["verdict"]) for d in again] == [(doc["time"], doc["verdict"])] * 2, again
         text = (await asyncio.to_thread(cli, "debug", str(job_id))).stdout
         assert "verdict: no rank stands out: ranks 0-1 are at waiter.py:3 in wait_for_peer" in text, text
         assert "\nranks 0-1:\n    wait_for_peer (" in text, text  # two identical stacks shown once
@@ -67,7 +76,7 @@ async def test_debug_gathers_every_ranks_stack_and_keeps_the_evidence(sshd_clust
         assert after["kept"] and after["verdict"] == doc["verdict"]
         events = await client.call("events", job=job_id)
         kept_events = [e for e in events if e["kind"] == "Evidence"]
-        assert len(kept_events) == 2 and all(set(e["data"]) == {"verdict", "evidence"} for e in kept_events)
+        assert len(kept_events) == 1 and all(set(e["data"]) == {"verdict", "evidence"} for e in kept_events)
 
 
 async def test_a_job_without_python_gets_its_evidence_and_no_py_spy_is_sent(sshd_cluster, tmp_path, sock_dir) -> None:

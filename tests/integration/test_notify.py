@@ -41,8 +41,9 @@ class Hook:
     """A webhook on 127.0.0.1: records each POST (path, headers, JSON) and answers with the next status of
     `statuses` (the last one once they run out)."""
 
-    def __init__(self, statuses: list[int]) -> None:
+    def __init__(self, statuses: list[int], *, body: bytes = b"") -> None:
         self.statuses = statuses
+        self.body = body  # what an answer carries
         self.posts: list[dict[str, Any]] = []
         self.lock = threading.Lock()
         hook = self
@@ -54,8 +55,9 @@ class Hook:
                     hook.posts.append({"path": self.path, "headers": dict(self.headers), "json": json.loads(body)})
                     status = hook.statuses.pop(0) if len(hook.statuses) > 1 else hook.statuses[0]
                 self.send_response(status)
-                self.send_header("Content-Length", "0")
+                self.send_header("Content-Length", str(len(hook.body)))
                 self.end_headers()
+                self.wfile.write(hook.body)
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
@@ -80,8 +82,13 @@ def hook_statuses() -> list[int]:
 
 
 @pytest.fixture
-def hook(hook_statuses: list[int]) -> Iterator[Hook]:
-    h = Hook(hook_statuses)
+def hook_body() -> bytes:
+    return b""
+
+
+@pytest.fixture
+def hook(hook_statuses: list[int], hook_body: bytes) -> Iterator[Hook]:
+    h = Hook(hook_statuses, body=hook_body)
     h.thread.start()
     try:
         yield h
@@ -200,6 +207,25 @@ async def test_a_failing_webhook_is_retried_then_an_event_says_so(
     assert event.data["tries"] == 3 and event.data["target"].startswith("webhook http://127.0.0.1:")
     assert "(try 1 of 3): HTTP 500" in caplog.text and "(try 3 of 3, the last)" in caplog.text
     assert "SECRET" not in caplog.text  # not in our log lines, nor in httpx's
+
+
+@pytest.mark.parametrize("hook_statuses", [[500]])
+@pytest.mark.parametrize(
+    "hook_body", [b'{"error": "invalid_auth", "token": "xoxb-T0K3N", "echo": "job 7 (secret-run)"}']
+)
+async def test_a_webhooks_answer_goes_to_the_log_not_to_the_event_every_user_reads(
+    store: Store, hook: Hook, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The notify-failed event (`ftconsole events` shows it to every user) says the status and its reason; what the
+    webhook answered (its body: a token, the alerts it echoes) is in the scheduler's log only."""
+    caplog.set_level(logging.INFO)
+    async with Dispatcher(NotifySettings(webhook=hook.url, retries=0), store, **FAST):
+        await node_alert(store, "gpu03")
+        (event,) = await until(lambda: failures(store), lambda e: len(e) == 1, "the notify-failed event")
+    assert event.message.endswith("failed after 1 try: HTTP 500 Internal Server Error"), event.message
+    assert event.data["error"] == "HTTP 500 Internal Server Error"
+    assert "T0K3N" not in json.dumps(event.to_json()) and "secret-run" not in json.dumps(event.to_json())
+    assert 'HTTP 500 Internal Server Error; it answered: {"error": "invalid_auth", "token": "xoxb-T0K3N"' in caplog.text
 
 
 @pytest.mark.parametrize("hook_statuses", [[503, 500, 200]])

@@ -245,8 +245,8 @@ async def test_only_owner_admins_and_access_decide_who_acts(sshd_cluster, tmp_pa
         assert (await as_nobody(loaded.socket_path, "show", job=shared["id"]))["result"]["name"] == "shared"
         refused = await as_nobody(loaded.socket_path, "debug", job=shared["id"])  # read-only: its stacks are not
         assert f"may not debug job {shared['id']}: it belongs to root" in refused["error"]["message"]
-        refused = await as_nobody(loaded.socket_path, "show", job=private["id"])
-        assert refused["error"]["type"] == "PermissionDenied"
+        refused = await as_nobody(loaded.socket_path, "show", job=private["id"])  # as if it were not there
+        assert refused["error"]["type"] == "NotFound" and refused["error"]["message"] == f"no job {private['id']}"
         refused = await as_nobody(loaded.socket_path, "submit", spec=job("vip", "true", priority="very-urgent"))
         assert "admins only" in refused["error"]["message"]
         assert (await client.call("show", job=shared["id"]))["status"] == "running"

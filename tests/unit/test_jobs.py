@@ -19,7 +19,7 @@ from ftconsole.scheduler.decide.jobs import (
     expired,
     settle,
 )
-from ftconsole.scheduler.errors import PermissionDenied
+from ftconsole.scheduler.errors import NotFound, PermissionDenied
 from ftconsole.scheduler.jobops import Scheduler
 from ftconsole.scheduler.rules import Caller
 from ftconsole.scheduler.spec.config import ClusterConfig
@@ -258,22 +258,45 @@ ROOT = Caller(uid=0, gid=0, pid=4, user="root")
 
 
 @pytest.mark.parametrize(
-    ("caller", "access", "write", "allowed"),
+    ("caller", "access", "write", "refused"),
     [
-        (ANN, "none", True, True),  # the owner
-        (BOB, "none", False, False),
-        (BOB, "read-only", False, True),
-        (BOB, "read-only", True, False),
-        (BOB, "read-write", True, True),
-        (ALICE, "none", True, True),  # an admin by name
-        (ROOT, "none", True, True),  # root
+        (ANN, "none", True, None),  # the owner
+        (BOB, "none", False, NotFound),  # a job bob may not see is, to him, no job at all
+        (BOB, "none", True, NotFound),
+        (BOB, "read-only", False, None),
+        (BOB, "read-only", True, PermissionDenied),
+        (BOB, "read-write", True, None),
+        (ALICE, "none", True, None),  # an admin by name
+        (ROOT, "none", True, None),  # root
     ],
 )
-def test_who_may_act_on_a_job(caller: Caller, access: str, write: bool, allowed: bool) -> None:
+def test_who_may_act_on_a_job(caller: Caller, access: str, write: bool, refused: type[Exception] | None) -> None:
     scheduler = scheduler_with(["alice"])
     job = make_job(access=access)
-    if allowed:
+    if refused is None:
         scheduler._check(caller, job, "stop", write=write)
+    elif refused is NotFound:
+        with pytest.raises(NotFound) as caught:
+            scheduler._check(caller, job, "stop", write=write)
+        assert str(caught.value) == "no job 1"  # as `_job` says of a job that does not exist: no owner, no access
     else:
         with pytest.raises(PermissionDenied, match=f"bob may not stop job 1: it belongs to ann .*'{access}'"):
             scheduler._check(caller, job, "stop", write=write)
+
+
+@pytest.mark.parametrize(
+    ("message", "cloned_from", "shown_message", "shown_from"),
+    [
+        ("waiting (position 2): blocked behind job 7 (head of queue)", 7,
+         "waiting (position 2): blocked behind a job you cannot see", None),
+        ("waiting (position 2): blocked behind job 8 (head of queue)", 8,
+         "waiting (position 2): blocked behind job 8 (head of queue)", 8),
+        ("", None, "", None),
+    ],
+)  # fmt: skip
+def test_a_job_shown_names_no_job_the_caller_may_not_see(
+    message: str, cloned_from: int | None, shown_message: str, shown_from: int | None
+) -> None:
+    job = make_job(id=9, message=message, cloned_from=cloned_from)
+    shown = scheduler_with([]).redact_job(job, frozenset({7}))
+    assert (shown.message, shown.cloned_from) == (shown_message, shown_from)

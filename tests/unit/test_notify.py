@@ -188,6 +188,37 @@ async def test_webhook_answers(status: int, retry: bool | None) -> None:
     assert json.loads(seen[0].content) == {"text": "hi"}
 
 
+@pytest.mark.parametrize(
+    ("status", "reason", "body", "said", "logged"),
+    [
+        (500, "Internal Server Error", b'{"error": "token xoxb-T0K3N expired", "alerts": ["job 7 (secret)"]}',
+         "HTTP 500 Internal Server Error", '{"error": "token xoxb-T0K3N expired", "alerts": ["job 7 (secret)"]}'),
+        (403, "Forbidden, ask ops for xoxb-T0K3N", b"forbidden:\n invalid_token xoxb-T0K3N", "HTTP 403 Forbidden",
+         "forbidden: invalid_token xoxb-T0K3N"),
+        (599, "Custom xoxb-T0K3N", b"", "HTTP 599", ""),  # no standard reason: the status alone
+        (404, "Not Found", b"no hook at https://hooks.example.com/T/SECRET " + b"x" * 10_000, "HTTP 404 Not Found",
+         "no hook at https://hooks.example.com xxx"),  # cut to 200 characters, the hook's URL made its origin
+    ],
+    ids=["500", "403", "599", "404"],
+)  # fmt: skip
+async def test_a_webhook_failure_says_its_status_and_keeps_its_answer_for_the_log(
+    status: int, reason: str, body: bytes, said: str, logged: str
+) -> None:
+    """What a failure says (the notify-failed event says it, and every user reads that) is the status and its
+    standard reason, never the server's own phrase nor its body; the body, on one line, cut short and without the
+    hook's URL, is the failure's `detail`, for the scheduler's log."""
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(status, content=body, extensions={"reason_phrase": reason.encode()})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+        with pytest.raises(DeliveryFailed) as caught:
+            await WebhookTarget(client, "https://hooks.example.com/T/SECRET", {}).send(b"{}", "ftconsole-c1-7")
+    assert caught.value.message == said
+    assert caught.value.detail.startswith(logged) and len(caught.value.detail) <= 200
+    assert "SECRET" not in caught.value.detail and (len(body) < 200 or caught.value.detail.endswith("…"))
+
+
 async def test_webhook_network_errors_are_ours_and_retried() -> None:
     def refuse(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("connection refused", request=request)

@@ -3,10 +3,14 @@ and cluster id kept; an occupied target or a running scheduler refused, nothing 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 import time
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
@@ -19,7 +23,7 @@ from ftconsole.scheduler.spec.jobspec import JobSpec
 from ftconsole.scheduler.store.copy import copy_store
 from ftconsole.scheduler.store.db import Store
 from ftconsole.scheduler.store.records import StoredProbe
-from tests.pg_server import PgServer
+from tests.pg_server import PgServer, raw_sql
 
 
 @pytest.fixture
@@ -90,8 +94,6 @@ async def test_a_target_that_holds_a_store_is_refused_and_keeps_what_it_had(tmp_
 def test_the_command_copies_while_no_scheduler_runs_and_refuses_while_one_does(
     tmp_path: Path, pg_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import asyncio
-
     state = tmp_path / "state"
     config = tmp_path / "cluster.yaml"
     config.write_text(f"state_dir: {state}\nnodes:\n  - name: n1\n")
@@ -104,3 +106,78 @@ def test_the_command_copies_while_no_scheduler_runs_and_refuses_while_one_does(
     assert main(["--config", str(config), "state", "copy", "--to", pg_url, "--json"]) == 0
     done = json.loads(capsys.readouterr().out)
     assert done["rows"]["jobs"] == 3 and done["target"] == pg_url
+
+
+@pytest.fixture
+def password_role(pg_server: PgServer) -> Iterator[tuple[str, str, Callable[[], str]]]:
+    """A role that must give its password (scram-sha-256 in pg_hba.conf, for it alone), and a maker of empty
+    databases it owns: (role, password, new database URL without the password)."""
+    role, password = f"ftpw{uuid.uuid4().hex[:8]}", "s3cret#p@ss"
+    hba = pg_server.root / "data" / "pg_hba.conf"
+    kept = hba.read_text()
+    hba.write_text(f"host all {role} 127.0.0.1/32 scram-sha-256\n{kept}")
+    admin = pg_server.url()
+    asyncio.run(raw_sql(admin, f"CREATE ROLE {role} LOGIN PASSWORD '{password}'"))
+    asyncio.run(raw_sql(admin, "SELECT pg_reload_conf()"))
+
+    def database() -> str:
+        url = pg_server.database()
+        name = url.rsplit("/", 1)[1]
+        asyncio.run(raw_sql(admin, f"ALTER DATABASE {name} OWNER TO {role}"))
+        return url.replace("postgresql://postgres@", f"postgresql://{role}@")
+
+    try:
+        yield role, password, database
+    finally:
+        hba.write_text(kept)
+        asyncio.run(raw_sql(admin, "SELECT pg_reload_conf()"))
+
+
+def test_the_password_of_the_target_comes_from_pgpassword_or_pgpass_not_the_command_line(
+    tmp_path: Path,
+    password_role: tuple[str, str, Callable[[], str]],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`--to` without a password: PGPASSWORD gives it, else ~/.pgpass (or PGPASSFILE), as for psql; with none
+    the copy is refused by the server. A password written in the URL still works, with a warning that ps shows
+    it to every user (and the warning does not show it); the help says so."""
+    role, password, database = password_role
+    state = tmp_path / "state"
+    config = tmp_path / "cluster.yaml"
+    config.write_text(f"state_dir: {state}\nnodes:\n  - name: n1\n")
+    asyncio.run(fill(state / "state.db"))
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.pgpass of the developer's
+    for name in ("PGPASSWORD", "PGPASSFILE", "PGUSER", "PGHOST"):
+        monkeypatch.delenv(name, raising=False)
+
+    def copy(url: str) -> int:
+        return main(["--config", str(config), "state", "copy", "--to", url, "--json"])
+
+    assert copy(database()) != 0  # no password anywhere
+    assert "password authentication failed" in capsys.readouterr().err
+
+    monkeypatch.setenv("PGPASSWORD", password)
+    url = database()
+    assert copy(url) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["target"] == url and "warning" not in err
+    monkeypatch.delenv("PGPASSWORD")
+
+    pgpass = tmp_path / ".pgpass"
+    pgpass.write_text(f"127.0.0.1:*:*:{role}:{password}\n")
+    pgpass.chmod(0o600)
+    assert copy(database()) == 0
+    capsys.readouterr()
+    pgpass.unlink()
+
+    url = database()
+    written = url.replace(f"{role}@", f"{role}:{quote(password, safe='')}@")
+    assert copy(written) == 0
+    out, err = capsys.readouterr()
+    assert "visible to every user of this host (ps, /proc)" in err and "PGPASSWORD" in err
+    assert "s3cret" not in err + out and json.loads(out)["target"] == url.replace(f"{role}@", f"{role}:***@")
+
+    with pytest.raises(SystemExit):
+        main(["state", "copy", "--help"])
+    assert "visible to every user of this host (ps, /proc)" in " ".join(capsys.readouterr().out.split())
