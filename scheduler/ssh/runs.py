@@ -68,8 +68,9 @@ class CannotSwitch(SupervisorError):
     title = "cannot run as the user"
 
 
-# nodes (name, host) whose SSH account switches users through sudo: asked once, then sent through sudo directly
-_THROUGH_SUDO: set[tuple[str, str]] = set()
+# nodes (name, host) whose SSH account switches users through sudo -> that account's name: asked once, then sent
+# through sudo directly (the name for what a refusal says: "the SSH account deploy may not...")
+_THROUGH_SUDO: dict[tuple[str, str], str] = {}
 
 
 @dataclass(frozen=True)
@@ -143,10 +144,10 @@ async def _call(
         params = {**params, "user": user}
     key = (node.name, node.host)
     sudo = user is not None and key in _THROUGH_SUDO
-    doc = await _answer(transport, node, python, params, timeout, sudo=sudo, opens=opens)
+    account = _THROUGH_SUDO.get(key, "the SSH account")
+    doc = await _answer(transport, node, python, params, timeout, sudo=sudo, account=account, opens=opens)
     if "sudo" in doc and user is not None:
-        _THROUGH_SUDO.add(key)
-        account = str(doc.get("account"))
+        _THROUGH_SUDO[key] = account = str(doc.get("account"))
         doc = await _answer(transport, node, python, params, timeout, sudo=True, account=account, opens=opens)
     if "no_account" in doc:
         raise NoAccount(node.name, str(doc["no_account"]))

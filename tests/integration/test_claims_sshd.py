@@ -76,6 +76,19 @@ async def test_a_users_pkill_of_their_own_processes_ends_their_job_and_takes_no_
     assert not [e for e in events if e["kind"] in ("Isolated", "Requeued", "Restarting")], events
 
 
+# Once its supervisor has written it running (else the supervisor's own write could land after this one), the rank
+# overwrites its status file with what is not JSON, then sleeps.
+CORRUPT = (
+    "import os, time\n"
+    "path = os.path.join(os.path.dirname(os.environ['FT_OUTPUT_DIR']), 'status.json')\n"
+    "while '\"running\"' not in open(path).read():\n"
+    "    time.sleep(0.05)\n"
+    "with open(path, 'w') as fh:\n"
+    "    fh.write('{not json')\n"
+    "time.sleep(300)\n"
+)
+
+
 async def test_a_corrupted_status_file_ends_its_job_and_takes_no_node_out(
     sshd_cluster: Any, tmp_path: Path, sock_dir: Path, shared_run_root: str, account: tuple[str, int]
 ) -> None:
@@ -84,7 +97,7 @@ async def test_a_corrupted_status_file_ends_its_job_and_takes_no_node_out(
     _, uid = account
     cluster: SshdCluster = sshd_cluster(2, gpus=1)
     loaded = write_config(cluster, tmp_path, sock_dir, shared_run_root)
-    corrupt = 'sh -c \'echo "{not json" > "$(dirname "$FT_OUTPUT_DIR")/status.json"; exec sleep 300\''
+    corrupt = f"python3 -c {shlex.quote(CORRUPT)}"
     async with running(loaded) as (_, client):
         spec = job("corrupt", corrupt, fault_tolerance={"retries": 2})
         submitted = (await as_uid(uid, loaded.socket_path, "submit", spec=spec))["result"]

@@ -314,8 +314,13 @@ async def test_a_non_root_ssh_account_switches_through_sudo_or_says_what_it_need
     node = Node(name="sudo-node", host="127.0.0.1", port=None, user=None, pool="default")
     transport = AsUid(NOBODY)  # the SSH account: nobody; the job's user: daemon
     user = pwd.getpwnam("daemon")
-    with pytest.raises(CannotSwitch, match=r"sudo-node: .*the SSH account nobody is not root and may not run "
-                       r"/usr/bin/python3 as daemon through sudo without a password .* sudoers line"):  # fmt: skip
+    refused = (r"sudo-node: .*the SSH account nobody is not root and may not run /usr/bin/python3 as daemon "
+               r"through sudo without a password .* sudoers line")  # fmt: skip
+    with pytest.raises(CannotSwitch, match=refused):
+        await account(transport, node, "daemon", python=python)
+    # asked again (through sudo at once now, as the node is known to need it): the refusal still names the account
+    # (it said "the SSH account the SSH account" where another test had asked a node of that name first)
+    with pytest.raises(CannotSwitch, match=refused):
         await account(transport, node, "daemon", python=python)
     with pytest.raises(NoAccount, match="user ftconsole-no-such-user has no account on sudo-node"):
         await account(transport, node, "ftconsole-no-such-user", python=python)
