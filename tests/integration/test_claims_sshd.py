@@ -147,6 +147,17 @@ async def printed(client: Any, job_id: int, text: str) -> None:
     await poll(lambda: log_of(client, job_id), lambda t: text in t, f"{text!r} in its output")
 
 
+async def debugged(loaded: Any, client: Any, uid: int, script: str, marker: str, *args: str) -> dict[str, Any]:
+    """Submit `script` (Python, with `args`) as `uid`, wait until it printed `marker`, and `ftconsole debug` it as
+    root: the evidence of its Python process."""
+    command = shlex.join(["python3", "-c", script, *args])
+    submitted = (await as_uid(uid, loaded.socket_path, "submit", spec=job("evidence", command)))["result"]
+    await printed(client, submitted["id"], marker)
+    doc = await client.call("debug", job=submitted["id"])
+    (rank,) = [p for r in doc["runs"] for p in r.get("processes") or [] if p.get("python")]
+    return dict(rank)
+
+
 def start_time(pid: int) -> int:
     """A process's start time in clock ticks since boot (/proc/PID/stat field 22), as status.json keeps it."""
     return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19])
@@ -241,11 +252,7 @@ async def test_a_trace_server_that_drips_bytes_is_cut_off_and_the_rest_of_the_ev
     cluster: SshdCluster = sshd_cluster(1, gpus=1)
     loaded = write_config(cluster, tmp_path, sock_dir, shared_run_root, probes={"interval": "1h"})
     async with running(loaded) as (_, client):
-        command = f"python3 -c {shlex.quote(DRIP)}"
-        submitted = (await as_uid(uid, loaded.socket_path, "submit", spec=job("drip", command)))["result"]
-        await printed(client, submitted["id"], "serving")
-        doc = await client.call("debug", job=submitted["id"])
-    (rank,) = [p for r in doc["runs"] for p in r.get("processes") or [] if p.get("python")]
+        rank = await debugged(loaded, client, uid, DRIP, "serving")
     assert "within" in (rank.get("collectives_error") or ""), rank
     assert rank["stack"] and any(f["name"] == "wait_for_peer" for t in rank["stack"] for f in t["frames"]), rank
 
@@ -281,14 +288,10 @@ async def test_root_never_connects_to_a_socket_that_is_not_the_job_users(
         cluster: SshdCluster = sshd_cluster(1, gpus=1)
         loaded = write_config(cluster, tmp_path, sock_dir, shared_run_root, probes={"interval": "1h"})
         async with running(loaded) as (_, client):
-            command = f"python3 -c {shlex.quote(SWAP)} {target}"
-            submitted = (await as_uid(uid, loaded.socket_path, "submit", spec=job("swap", command)))["result"]
-            await printed(client, submitted["id"], "swapped")
-            doc = await client.call("debug", job=submitted["id"])
+            rank = await debugged(loaded, client, uid, SWAP, "swapped", str(target))
         with pytest.raises(BlockingIOError):
             listener.accept()  # nobody connected
     finally:
         listener.close()
         shutil.rmtree(private, ignore_errors=True)
-    (rank,) = [p for r in doc["runs"] for p in r.get("processes") or [] if p.get("python")]
     assert "not a socket of the job's user" in (rank.get("collectives_error") or ""), rank
