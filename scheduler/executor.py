@@ -146,7 +146,8 @@ class Executor(Sweeping):
         and with `sweep` the sweeps of the nodes still to be swept; and the checkpoint signals owed."""
         self._spawn(("checkpoints",), self.checkpoints.carry_out())
         if self.channels is not None:
-            self.channels.close_idle()
+            wanted = {r.run_dir for read in actions.read for r in read.runs}
+            self.channels.close_idle(wanted | {r.run_dir for stop in actions.stop for r in stop.runs})
         for launch in actions.launch:
             self._spawn(("launch", launch.job, launch.attempt), self._launch(launch))
         stops: dict[str, list[Stop]] = defaultdict(list)

@@ -353,15 +353,23 @@ class Channels:
             return None
         return followed
 
-    def close_idle(self) -> list[str]:
-        """Close the channels that watch no run, follow no file and were asked nothing for `IDLE_S` (a node
-        whose runs all ended: its heartbeats would cost the scheduler for nothing); the next request opens one
-        again. The nodes closed, by name."""
+    def close_idle(self, wanted: Set[str]) -> list[str]:
+        """Close the channels that watch no run of `wanted` (the run folders the loop still reads), follow no file
+        and were asked nothing for `IDLE_S` (a node whose runs all ended: its heartbeats would cost the scheduler
+        for nothing); the next request opens one again. The nodes closed, by name.
+
+        What a channel watches is what its last status read answered: a run whose end was read by another way
+        (a command, while the channel was busy) stays in it until the next read, which never comes once the
+        node has no run left: so a watch counts only while the loop still wants that run read."""
         now = self.clock()
         idle = [
             key
             for key, c in self._open.items()
-            if c.closed is None and not c.watching and not c._follows and not c.busy and now - c.asked_at >= IDLE_S
+            if c.closed is None
+            and not (c.watching & wanted)
+            and not c._follows
+            and not c.busy
+            and now - c.asked_at >= IDLE_S
         ]
         for key in idle:
             self._open.pop(key).close()
