@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ftconsole.scheduler import debugenv
-from ftconsole.scheduler.decide import elastic, goodput, placement, quotas, reservations
+from ftconsole.scheduler.decide import elastic, goodput, placement, reservations
 from ftconsole.scheduler.decide.jobs import (
     TERMINAL,
     Attempt,
@@ -39,7 +39,6 @@ from ftconsole.scheduler.rules import Caller, Rules
 from ftconsole.scheduler.spec import arrayspec
 from ftconsole.scheduler.spec.config import format_duration
 from ftconsole.scheduler.spec.jobspec import Access, JobSpec
-from ftconsole.scheduler.spec.sharingspec import DEFAULT_QUEUED_JOBS
 from ftconsole.scheduler.store.jobtx import Conflict, JobTx
 from ftconsole.scheduler.store.records import JobActivity, StoredAlert, StoredEvent
 from ftconsole.scheduler.submitting import GroupCommit
@@ -142,7 +141,6 @@ class Scheduler(RankReads, Reserving):
             # checked and written at once; an array's tasks count one each
             await self.rules.within_cap(caller.user, spec.project, spec.priority.value, count=len(indexes))
             await self._within_quota(caller.user, spec, count=len(indexes))
-            await self._within_queue_cap(caller.user, spec, count=len(indexes))
             first: int | None = None
             for index in indexes:  # an array: its first task's id names it, and every task knows it
                 job_id = await tx.add_job(dataclasses.replace(job, array_id=first, array_index=index))
@@ -158,18 +156,6 @@ class Scheduler(RankReads, Reserving):
         if first is None:
             return dataclasses.replace(job, id=job_id)
         return dataclasses.replace(job, id=first, array_id=first, array_index=indexes[0])
-
-    async def _within_queue_cap(self, user: str, spec: JobSpec, *, count: int) -> None:
-        """Where no quota applies (no `quotas`, none set by an admin), still at most DEFAULT_QUEUED_JOBS queued jobs
-        per user (Slurm's MaxSubmitJobs): one count of an index, in the transaction that writes the jobs. Where
-        quotas apply, `quotas.default_user.queued_jobs` says it (`_within_quota`)."""
-        if await self.loop.placer.quotas_on():
-            return
-        queued = {("user", user): await self.store.queued_count(user)}
-        cap = quotas.Limits(queued_jobs=DEFAULT_QUEUED_JOBS)
-        why = quotas.submit_refusal(spec.project, user, lambda k: cap if k[0] == "user" else None, queued, count=count)
-        if why is not None:
-            raise UsageError(f"job {spec.name} refused: {why} (quotas.default_user.queued_jobs)")
 
     async def jobs(
         self,

@@ -22,6 +22,7 @@ from ftconsole.scheduler.rules import Caller
 from ftconsole.scheduler.spec import arrayspec
 from ftconsole.scheduler.spec.config import ClusterConfig, QuotaSettings
 from ftconsole.scheduler.spec.jobspec import JobSpec
+from ftconsole.scheduler.spec.sharingspec import DEFAULT_QUEUED_JOBS
 from ftconsole.scheduler.store.db import Store
 
 GOODPUT_WINDOW_S = 7 * 86400.0  # `cluster` and the console give the cluster's goodput over this much of the past
@@ -175,9 +176,19 @@ class Sharing:
 
     async def _within_quota(self, user: str, spec: JobSpec, *, count: int = 1) -> None:
         """Refuse a job (`count` jobs: an array's tasks) whose project or user would have more than its quota of
-        queued jobs (`quotas`); called inside the transaction that writes it."""
-        queued = {k: u.queued_jobs for k, u in (await self.loop.placer.quota_use()).items()}
-        why = quotas.submit_refusal(spec.project, user, self.loop.placer.quota_limits, queued, count=count)
+        queued jobs; called inside the transaction that writes it. Where no quota applies (no `quotas`, none set
+        by an admin), a user still has at most DEFAULT_QUEUED_JOBS (Slurm's MaxSubmitJobs), counted from an index:
+        the quotas' own count reads the whole queue."""
+        placer = self.loop.placer
+        if await placer.quotas_on():
+            queued = {k: u.queued_jobs for k, u in (await placer.quota_use()).items()}
+            why = quotas.submit_refusal(spec.project, user, placer.quota_limits, queued, count=count)
+        else:
+            cap = quotas.Limits(queued_jobs=DEFAULT_QUEUED_JOBS)
+            mine = {("user", user): await self.store.queued_count(user)}
+            users_only = lambda key: cap if key[0] == "user" else None  # noqa: E731
+            why = quotas.submit_refusal(spec.project, user, users_only, mine, count=count)
+            why = why and f"{why} (quotas.default_user.queued_jobs)"
         if why is not None:
             raise UsageError(f"job {spec.name} refused: {why}")
 

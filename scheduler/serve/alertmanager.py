@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from ftconsole.scheduler.serve.notify import alert_text, one_line
+from ftconsole.scheduler.serve.payloads import alert_text, one_line
 from ftconsole.scheduler.spec.config import AlertmanagerSettings, ClusterConfig, NotifySettings
 from ftconsole.scheduler.store.db import Store
 from ftconsole.scheduler.store.records import StoredAlert

@@ -16,15 +16,17 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from ftconsole.probes.health import FAULT_STATES as FAULT_STATES  # what counts as a fault: part of its API
 from ftconsole.probes.health import NodeEvent, NodeHealth, is_fault
 from ftconsole.scheduler.decide.jobs import Attempt, Job, JobStatus, Run
-from ftconsole.scheduler.errors import NotFound, StoreError, UsageError
+from ftconsole.scheduler.errors import StoreError
 from ftconsole.scheduler.spec.jobspec import JobSpec
+from ftconsole.scheduler.store.alertreads import OPEN_ALERT_STATES as OPEN_ALERT_STATES  # part of its API
+from ftconsole.scheduler.store.alertreads import AlertReads
 from ftconsole.scheduler.store.engine import ANY_TABLE, Engine, Row, connect, is_postgres
 from ftconsole.scheduler.store.files import STATE_DIR_MODE, _private_store_files
 from ftconsole.scheduler.store.files import STORE_FILE as STORE_FILE  # where the store lives: part of its API
@@ -37,10 +39,8 @@ from ftconsole.scheduler.store.records import (
     AutoResolve,
     JobActivity,
     NewAlert,
-    StoredAlert,
     StoredEvent,
     StoredProbe,
-    _alert_from_row,
     _attempt_from_row,
     _health_from_row,
     _health_row,
@@ -53,7 +53,6 @@ from ftconsole.scheduler.store.sharingreads import SharingReads
 
 PROBE_HISTORY_PER_NODE = 50
 ALERT_STATES = ("open", "acknowledged", "resolved")
-OPEN_ALERT_STATES = ("open", "acknowledged")
 
 log = logging.getLogger("ftconsole.scheduler")
 
@@ -64,7 +63,7 @@ _RUNS = frozenset({"runs", "attempts"})
 _CHECKPOINTS = frozenset({"checkpoint_signals"})
 
 
-class Store(SharingReads):
+class Store(SharingReads, AlertReads):
     def __init__(self, db: Engine, path: Path | str) -> None:
         self._db = db
         self.path = path  # the SQLite file, or the PostgreSQL URL (`where` names it in messages)
@@ -490,84 +489,6 @@ class Store(SharingReads):
             activity = await self._activity(where, args)
         return cursor, [self._job_from_row(r) for r in rows], activity
 
-    # -- alerts ------------------------------------------------------------------------------------------------
-
-    async def alerts(
-        self, *, states: Iterable[str] = OPEN_ALERT_STATES, limit: int = 200, job: int | None = None
-    ) -> list[StoredAlert]:
-        """The newest `limit` alerts in these states (oldest first); `job`: only that job's."""
-        wanted = list(states)
-        sql = f"SELECT * FROM alerts WHERE state IN ({','.join('?' * len(wanted))})"
-        args: list[Any] = [*wanted]
-        if job is not None:
-            sql += " AND job = ?"
-            args.append(job)
-        rows = await self._db.fetchall(sql + " ORDER BY id DESC LIMIT ?", (*args, limit))
-        return [_alert_from_row(r) for r in reversed(list(rows))]
-
-    async def alerts_after(self, after: int, *, limit: int = 500) -> list[StoredAlert]:
-        """The oldest `limit` alerts with an id above `after`, in any state, oldest first (what a notify target
-        has still to get)."""
-        rows = await self._db.fetchall("SELECT * FROM alerts WHERE id > ? ORDER BY id LIMIT ?", (after, limit))
-        return [_alert_from_row(r) for r in rows]
-
-    async def newest_alert_id(self) -> int:
-        """The id of the newest alert stored (0: none yet)."""
-        row = await self._db.fetchone("SELECT COALESCE(MAX(id), 0) FROM alerts")
-        return int(row[0]) if row else 0
-
-    async def notify_cursors(self) -> dict[str, int]:
-        """Per notify target, the alert id up to which every alert is done for it (see `set_notify_cursor`)."""
-        rows = await self._db.fetchall("SELECT target, alert FROM notify_cursors")
-        return {target: int(alert) for target, alert in rows}
-
-    async def set_notify_cursor(self, target: str, alert: int, *, now: float) -> None:
-        """Every alert up to id `alert` is done for `target`; a cursor only moves forward."""
-        async with self._transaction(f"record the notifications sent to {target}"):
-            await self._db.execute(
-                "INSERT INTO notify_cursors (target, alert, updated) VALUES (?, ?, ?) ON CONFLICT (target) DO UPDATE "
-                "SET alert = CASE WHEN excluded.alert > notify_cursors.alert THEN excluded.alert "
-                "ELSE notify_cursors.alert END, updated = excluded.updated",
-                (target, alert, now),
-            )
-
-    async def alerts_by_id(self, ids: Iterable[int | str]) -> list[StoredAlert]:
-        """These alerts, in the order given; NotFound names the ids that do not exist."""
-        wanted = [_alert_id(i) for i in ids]
-        if not wanted:
-            return []
-        found: dict[int, StoredAlert] = {}
-        for chunk in _chunks(list(dict.fromkeys(wanted))):
-            sql = f"SELECT * FROM alerts WHERE id IN ({','.join('?' * len(chunk))})"
-            found.update((r["id"], _alert_from_row(r)) for r in await self._db.fetchall(sql, chunk))
-        missing = [str(i) for i in wanted if i not in found]
-        if missing:
-            raise NotFound(f"no alert {', '.join(missing)}")
-        return [found[i] for i in wanted]
-
-    async def ack_alerts(self, ids: Iterable[int | str], *, by: str, now: float) -> list[StoredAlert]:
-        """Acknowledge open alerts (one event each); the others are left as they are. NotFound: unknown ids."""
-        return await self._set_alerts(ids, "acknowledged", by=by, now=now)
-
-    async def resolve_alerts(self, ids: Iterable[int | str], *, by: str, now: float) -> list[StoredAlert]:
-        """Resolve open or acknowledged alerts (one event each); resolved ones stay as they are."""
-        return await self._set_alerts(ids, "resolved", by=by, now=now)
-
-    async def _set_alerts(self, ids: Iterable[int | str], state: str, *, by: str, now: float) -> list[StoredAlert]:
-        wanted = await self.alerts_by_id(ids)
-        async with self.jobs_tx(f"mark alerts {state}") as tx:
-            for alert in wanted:
-                await tx.set_alert_state(alert.id, state, by=by, now=now)
-        return await self.alerts_by_id(a.id for a in wanted)
-
-    async def open_node_alerts(self) -> dict[str, set[str]]:
-        """The kinds of alert open or acknowledged per node."""
-        sql = "SELECT DISTINCT node, kind FROM alerts WHERE node IS NOT NULL AND state IN ('open', 'acknowledged')"
-        out: dict[str, set[str]] = {}
-        for node, kind in await self._db.fetchall(sql):
-            out.setdefault(node, set()).add(kind)
-        return out
-
     async def node_faults(self) -> dict[str, int]:
         """How many times each node became unhealthy, unreachable or isolated (per its events)."""
         return {name: faults for name, faults in await self._db.fetchall("SELECT name, faults FROM nodes")}
@@ -587,20 +508,8 @@ class Store(SharingReads):
         return out
 
 
-def _alert_id(value: Any) -> int:
-    try:
-        return int(str(value).strip().removeprefix("#"))
-    except ValueError:
-        raise UsageError(f"not an alert id: {value!r} (alert ids are numbers, as `ftconsole alerts` shows)") from None
-
-
 def _ids_filter(column: str, ids: Collection[int] | None) -> tuple[str, list[Any]]:
     """A WHERE condition for these ids; for none given, or very many, every row (the caller picks)."""
     if ids is None or len(ids) > 500:
         return "1 = 1", []
     return f"{column} IN ({','.join('?' * len(ids))})", list(ids)
-
-
-def _chunks(items: list[Any], size: int = 500) -> Iterator[list[Any]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]

@@ -11,18 +11,14 @@ import httpx
 import pytest
 
 from ftconsole.scheduler.errors import ConfigError
-from ftconsole.scheduler.serve.notify import (
+from ftconsole.scheduler.serve.notify import Batch, DeliveryFailed, Throttle, WebhookTarget, url_origin
+from ftconsole.scheduler.serve.payloads import (
     AlertInfo,
-    Batch,
-    DeliveryFailed,
-    Throttle,
-    WebhookTarget,
-    _id_ranges,
     alert_payload,
     coalesced_payload,
+    id_ranges,
     notification_key,
     one_line,
-    url_origin,
     worst_severity,
 )
 from ftconsole.scheduler.spec.config import NotifySettings, load_config
@@ -135,7 +131,7 @@ def test_coalesced_payload_lists_at_most_100_but_counts_all() -> None:
     ("ids", "text"), [([1], "1"), ([1, 2, 3], "1-3"), ([5, 1, 2, 9, 10, 12], "1-2, 5, 9-10, 12"), ([], "")]
 )
 def test_id_ranges(ids: list[int], text: str) -> None:
-    assert _id_ranges(ids) == text
+    assert id_ranges(ids) == text
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from ftconsole.scheduler import evidence
 from ftconsole.scheduler.decide.jobs import Run
 from ftconsole.scheduler.decide.runstatus import RunStatus
 from ftconsole.scheduler.decide.usertext import clean, clean_json
-from ftconsole.scheduler.serve.notify import AlertInfo, alert_payload, chat_escape, coalesced_payload, one_line
+from ftconsole.scheduler.serve.payloads import AlertInfo, alert_payload, chat_escape, coalesced_payload, one_line
 from ftconsole.scheduler.store.records import StoredAlert
 
 HOSTILE = "\x1b]0;pwned\x07\x1b[2J"  # set the window's title, clear the screen
