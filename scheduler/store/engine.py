@@ -201,9 +201,19 @@ class SqliteEngine(Engine):
         return int(row[0]) if row else 0
 
     async def migrate(self, number: int) -> None:
-        await self._db.executescript(
-            f"BEGIN IMMEDIATE;\n{MIGRATIONS[number - 1]}\nPRAGMA user_version = {number};\nCOMMIT;"
-        )
+        """Under the write lock, and only if the version read there is still below `number`: two processes that
+        open a new or older store at once (`serve` and a CLI) would otherwise both run the same script."""
+        await self._db.execute("BEGIN IMMEDIATE")
+        try:
+            if await self.schema_version() < number:  # another process may have run it meanwhile
+                for statement in _statements(MIGRATIONS[number - 1]):
+                    await self._db.execute(statement)
+                await self._db.execute(f"PRAGMA user_version = {number}")
+            await self._db.execute("COMMIT")
+        except BaseException:
+            if self._db.in_transaction:
+                await self._db.execute("ROLLBACK")
+            raise
 
     async def changed_elsewhere(self) -> bool:
         """SQLite's `data_version` moves with every commit of another connection, never with this one's."""
@@ -215,6 +225,18 @@ class SqliteEngine(Engine):
 
     async def close(self) -> None:
         await self._db.close()
+
+
+def _statements(script: str) -> Iterator[str]:
+    """The statements of a migration script, one at a time (`executescript` would commit the open transaction)."""
+    pending = ""
+    for line in script.splitlines(keepends=True):
+        pending += line
+        if sqlite3.complete_statement(pending):
+            yield pending.strip()
+            pending = ""
+    if pending.strip():
+        raise ValueError(f"a migration ends inside a statement: {pending.strip()[:80]!r}")
 
 
 async def connect(where: Path | str, *, read_only: bool = False, purpose: str = "") -> Engine:
