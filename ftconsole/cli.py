@@ -20,13 +20,21 @@ from pathlib import Path
 from typing import Any
 
 import ftconsole
-from ftconsole import debug_cli, jobs_cli, reservation_cli, shell_cli, state_cli, usage_cli
+from ftconsole import check_cli, debug_cli, jobs_cli, reservation_cli, shell_cli, state_cli, usage_cli
 from ftconsole.format import age, gpu_summary, print_json, print_table, printable, runtime_lines
 from ftconsole.jobs_cli import find_config, loaded_config
-from ftconsole.scheduler.errors import ConfigError, FtError, Problem, StoreError
+from ftconsole.probes.health import NodeState
+from ftconsole.scheduler.errors import ConfigError, FtError, Problem, StoreError, UsageError
 from ftconsole.scheduler.serve.client import open_client
 from ftconsole.scheduler.spec import yamlfile
-from ftconsole.scheduler.spec.config import LoadedConfig, check_problems, format_duration, load_config
+from ftconsole.scheduler.spec.config import (
+    DEFAULT_CONFIG_PATHS,
+    LoadedConfig,
+    format_duration,
+    load_config,
+    sort_problems,
+)
+from ftconsole.scheduler.spec.configcheck import check_config
 from ftconsole.scheduler.spec.detectspec import HANG_WINDOW_S
 from ftconsole.scheduler.store.files import STORE_FILE, read_cluster_id
 from ftconsole.scheduler.store.schema import SCHEMA_VERSION
@@ -89,9 +97,9 @@ def cmd_config_systemd(args: argparse.Namespace) -> int:
     return 0
 
 
-def _lab_layout(path: Path, exc: ConfigError) -> ConfigError | None:
-    """The error to give when `path` is a lab layout, which a cluster config's keys cannot read."""
-    unknown = [p.path for p in exc.problems if p.message == "unknown key"]
+def _lab_layout(path: Path, problems: list[Problem]) -> list[Problem] | None:
+    """The problem to give when `path` is a lab layout, which a cluster config's keys cannot read."""
+    unknown = [p.path for p in problems if p.message.startswith("unknown key")]
     if not any(key in LAB_KEYS or key.rsplit(".", 1)[-1] in LAB_NODE_KEYS for key in unknown):
         return None
     message = (
@@ -99,41 +107,62 @@ def _lab_layout(path: Path, exc: ConfigError) -> ConfigError | None:
         "The lab writes its own cluster config, cluster.yaml in its folder (`ftconsole lab status` names it); "
         "for a real cluster start from `ftconsole config example`"
     )
-    return ConfigError([Problem(str(path), None, "", message)])
+    return [Problem(str(path), None, "", message)]
+
+
+def problem_json(problem: Problem) -> dict[str, Any]:
+    return {"file": problem.file, "line": problem.line, "key": problem.path, "message": problem.message}
 
 
 def cmd_config_check(args: argparse.Namespace) -> int:
-    path = find_config(args.config, stdin=True)
+    """Every problem in one run, by line; exit 2 with any. With --json, one document whatever is found."""
+    path: Path | None = None
+    notes: list[str] = []
+    store = None
     try:
-        loaded = load_config(path)  # raises ConfigError with every problem
+        path = find_config(args.config, stdin=True)
+        checked = check_config(path)  # ConfigError only where nothing can be read past it (YAML syntax)
+        problems, notes = checked.problems, checked.notes
+        if not any(p.path == "state" or p.path.startswith("state.") for p in problems):
+            try:
+                store = _store_check(checked.loaded, path, checked.marks)
+            except ConfigError as exc:  # the PostgreSQL server: not reached, or its store too new
+                problems = sort_problems([*problems, *exc.problems])
     except ConfigError as exc:
-        raise _lab_layout(path, exc) or exc from None
-    problems = check_problems(loaded, path)  # loads, but cannot schedule (no nodes)
-    if problems:
+        problems = exc.problems
+    if problems or store is None or path is None:
+        problems = (_lab_layout(path, problems) if path is not None else None) or problems
+        if args.json:
+            found = [problem_json(p) for p in problems]
+            print_json({"ok": False, "file": str(path) if path else None, "problems": found, "notes": notes})
+            return 2
         raise ConfigError(problems)
+    loaded = checked.loaded
     nodes = loaded.cluster.node_list()
     pools = sorted({n.pool for n in nodes})
-    store_line, cluster_id, store = _store_check(loaded, path)
+    store_line, cluster_id, summary = store
     settings = loaded.cluster.scheduler
     if args.json:
         print_json(
             {"file": str(path), "ok": True, "nodes": len(nodes), "pools": pools, "problems": [],
-             "cluster_id": cluster_id, "run_as": settings.run_as, "state": store}
+             "cluster_id": cluster_id, "run_as": settings.run_as, "state": summary, "notes": notes}
         )  # fmt: skip
+        return 0
+    print(f"{path}: ok ({len(nodes)} nodes in {len(pools)} pool(s): {', '.join(pools) or '-'})")
+    print(store_line)
+    made = "none yet: made with the store when the scheduler first starts"
+    print(f"cluster id: {cluster_id or made} (run folders: {settings.run_root}/<cluster id>/...)")
+    if settings.run_as == "submitter":
+        print("jobs run as: the user who submitted them (the SSH account switches to it: root, or sudo)")
     else:
-        print(f"{path}: ok ({len(nodes)} nodes in {len(pools)} pool(s): {', '.join(pools) or '-'})")
-        print(store_line)
-        made = "none yet: made with the store when the scheduler first starts"
-        print(f"cluster id: {cluster_id or made} (run folders: {settings.run_root}/<cluster id>/...)")
-        if settings.run_as == "submitter":
-            print("jobs run as: the user who submitted them (the SSH account switches to it: root, or sudo)")
-        else:
-            print("jobs run as: the SSH account (run_as: ssh_user)")
-        print(_hang_line(loaded.cluster.probes.interval))
+        print("jobs run as: the SSH account (run_as: ssh_user)")
+    print(_hang_line(loaded.cluster.probes.interval))
+    for note in notes:
+        print(f"note: {note}")
     return 0
 
 
-def _store_check(loaded: LoadedConfig, path: Path) -> tuple[str, str | None, dict[str, Any]]:
+def _store_check(loaded: LoadedConfig, path: Path, marks: yamlfile.Marks) -> tuple[str, str | None, dict[str, Any]]:
     """The store's line of `config check`, its cluster id and its JSON. A PostgreSQL store (`state.url`) is
     asked for: a server that cannot be reached, or a store newer than this ftconsole, is a problem of that key."""
     state = loaded.cluster.state
@@ -150,10 +179,7 @@ def _store_check(loaded: LoadedConfig, path: Path) -> tuple[str, str | None, dic
             raise StoreError(f"the store at {url} has schema version {facts.schema_version}, newer than this "
                              f"ftconsole ({SCHEMA_VERSION}): upgrade ftconsole")  # fmt: skip
     except StoreError as exc:
-        try:
-            line = yamlfile.line_of(yamlfile.load(path)[1], ("state", "url"))
-        except (OSError, ConfigError):  # read from stdin, which is read already
-            line = None
+        line = yamlfile.line_of(marks, ("state", "url"))
         raise ConfigError([Problem(str(path), line, "state.url", str(exc))]) from None
     made = " (no store there yet: the scheduler makes it when it first starts)" if facts.schema_version is None else ""
     summary = {"engine": "postgresql", "url": url, "server_version": facts.version}
@@ -199,6 +225,9 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 
 def cmd_nodes(args: argparse.Namespace) -> int:
+    states = [state.value for state in NodeState]
+    if any(state not in states for state in args.state or ()):  # refused, as `jobs --status` refuses a status
+        raise UsageError(f"unknown state in {', '.join(args.state)} (one of {', '.join(states)})")
     loaded = loaded_config(args)
 
     async def go() -> list[dict[str, Any]]:
@@ -344,7 +373,7 @@ def run_console(loaded: LoadedConfig, *, readonly: bool, theme: str | None = Non
 
 
 def build_parser() -> argparse.ArgumentParser:
-    config_help = "cluster config (default: $FTCONSOLE_CONFIG, ./ftconsole.yaml, ~/.config/ftconsole/cluster.yaml)"
+    config_help = f"cluster config (default: $FTCONSOLE_CONFIG, else the first of {', '.join(DEFAULT_CONFIG_PATHS)})"
     # --config is accepted before or after the command; the subcommand's copy must not reset it to None.
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--config", "-c", metavar="FILE", default=argparse.SUPPRESS, help=config_help)
@@ -400,6 +429,7 @@ def build_parser() -> argparse.ArgumentParser:
     resume.set_defaults(func=cmd_resume)
 
     jobs_cli.add_parsers(sub, common, listing)
+    check_cli.add_parser(sub, [common, listing])
     shell_cli.add_parser(sub, common)
     debug_cli.add_parser(sub, [common, listing])
     usage_cli.add_parser(sub, [common, listing])

@@ -56,6 +56,13 @@ class ConfigError(UsageError):
         super().__init__("\n".join(str(p) for p in problems))
 
 
+class JobSpecError(ConfigError):
+    """A job spec (a job's YAML file) is invalid; carries every problem found. A ConfigError, so that callers
+    that catch those still catch it; only its title differs."""
+
+    title = "invalid job spec"
+
+
 class SSHError(FtError):
     """A node could not be reached or a command on it could not be run. `hung`: the node's kernel took the
     connection (or its sshd the command) and nothing answered: alive but frozen or stalled, not down."""

@@ -1,7 +1,7 @@
 """The job spec: what a user submits (a YAML file), validated with pydantic; unknown keys are errors.
 
-`load_jobspec` / `parse_jobspec` raise `ConfigError` with every problem at once, each naming the file, the
-line and the key path. Checks of one key live on the models; checks that span several keys (seed 003's
+`load_jobspec` / `parse_jobspec` raise `JobSpecError` (a `ConfigError`) with every problem at once, each naming
+the file, the line and the key path. Checks of one key live on the models; checks that span several keys (seed 003's
 rules: node names not together with driver version or pool, fault restart and checkpoint resume mutually
 exclusive, ...) live in `cross_problems` (jobchecks.py), which works on the raw YAML data so that they are reported even
 when other keys are invalid, and which the model also runs, so a `JobSpec` built from JSON obeys them too.
@@ -34,7 +34,7 @@ from typing import Annotated, Any, NamedTuple
 
 from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo, model_validator
 
-from ftconsole.scheduler.errors import ConfigError, Problem
+from ftconsole.scheduler.errors import ConfigError, JobSpecError, Problem
 from ftconsole.scheduler.spec import arrayspec, yamlfile
 from ftconsole.scheduler.spec.command import check_command
 from ftconsole.scheduler.spec.config import PositiveDuration
@@ -496,13 +496,27 @@ def _build(data: Any, file: str, marks: yamlfile.Marks) -> JobSpec:
 
 
 def parse_jobspec(text: str, file: str = "<job>") -> JobSpec:
-    """Parse and validate job YAML; raise ConfigError naming file, line and key of every problem."""
-    data, marks = yamlfile.parse(text, file)
-    return _build(data, file, marks)
+    """Parse and validate job YAML; raise JobSpecError naming file, line and key of every problem: those of the
+    YAML itself (a duplicate key) with those of the spec, in one run."""
+    try:
+        data, marks, found = yamlfile.parse_all(text, file)
+        try:
+            spec = _build(data, file, marks)
+        except ConfigError as exc:  # a key the YAML already faulted (its value left out) is not faulted again
+            found += [p for p in exc.problems if not any(q.path and _related(q.path, p.path) for q in found)]
+        if found:
+            raise JobSpecError(sorted(found, key=lambda p: p.line or 0))
+        return spec
+    except JobSpecError:
+        raise
+    except ConfigError as exc:  # a YAML syntax error
+        raise JobSpecError(exc.problems) from exc
 
 
 def load_jobspec(path: str | Path) -> JobSpec:
-    """Read, parse and validate a job file; raise ConfigError naming file, line and key of every problem."""
-    path = Path(path)
-    data, marks = yamlfile.load(path)
-    return _build(data, str(path), marks)
+    """Read, parse and validate a job file; raise JobSpecError naming file, line and key of every problem."""
+    try:
+        text = yamlfile.read(Path(path))
+    except ConfigError as exc:
+        raise JobSpecError(exc.problems) from exc
+    return parse_jobspec(text, str(path))

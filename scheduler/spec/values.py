@@ -1,10 +1,11 @@
 """The value types of the cluster config and the job spec: durations (`30s`, `5m`, `12h`, `off` for a retention),
-and host addresses SSH can reach.
+host addresses SSH can reach, and the unit a number is written in (`Unit`, which the problems of a value name).
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BeforeValidator
@@ -36,13 +37,37 @@ def format_duration(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
+@dataclass(frozen=True)
+class Unit:
+    """What a number is counted in, for the problems that quote a bound of it: put in a field's `Annotated[...]`
+    (pydantic ignores it), read by `yamlfile` to say "must be at least 2s (a duration such as 30s, 5m, 2h)" rather
+    than a bare 2. `suffix` is written after a bound; a duration's bounds are written as durations."""
+
+    suffix: str = ""
+    hint: str = ""
+    duration: bool = False
+
+    def show(self, value: float, *, hint: bool = True) -> str:
+        """`value` in this unit (`hint`: with what such a value looks like)."""
+        text = format_duration(float(value)) if self.duration else f"{value:g}{self.suffix}"
+        return f"{text} ({self.hint})" if self.hint and hint else text
+
+
+DURATION_HINT = "a duration such as 30s, 5m, 2h"
+SECONDS = Unit(hint=DURATION_HINT, duration=True)
+GB = Unit(" GB")
+KB = Unit(" KB")
+PERCENT = Unit("%")
+CELSIUS = Unit(" °C")
+
+
 def _positive(seconds: float) -> float:
     if seconds <= 0:
         raise ValueError("must be greater than 0")
     return seconds
 
 
-Duration = Annotated[float, BeforeValidator(parse_duration)]
+Duration = Annotated[float, BeforeValidator(parse_duration), SECONDS]
 PositiveDuration = Annotated[Duration, AfterValidator(_positive)]
 
 
@@ -53,7 +78,7 @@ def _retention(value: Any) -> float:
     return parse_duration(value)
 
 
-RetentionDuration = Annotated[float, BeforeValidator(_retention)]
+RetentionDuration = Annotated[float, BeforeValidator(_retention), SECONDS]
 
 
 # A host name, an IPv4 address or an IPv6 address (bracketed or not, with an optional %zone). Anything else (a
@@ -61,8 +86,22 @@ RetentionDuration = Annotated[float, BeforeValidator(_retention)]
 _ADDRESS = re.compile(r"^(?!-)[A-Za-z0-9_.:%\[\]-]+$")
 
 
+def check_no_user(text: str, key: str = "host") -> str:
+    """`text` unless it has a user in it (`root@10.0.0.1`, as ssh takes it): ValueError saying where the user goes.
+    Checked before the text is read as a node set, which would take '@' for a node group."""
+    user, at, address = text.partition("@")
+    if at:
+        raise ValueError(
+            f"{key} {text!r}: {key} takes an address only (a host name or IP address, or a node set of them, as "
+            f"10.0.0.[1-4]); the user goes in this group's `user:` (or ssh.user for every node): "
+            f"{key}: {address or '10.0.0.1'} with user: {user or 'root'}"
+        )
+    return text
+
+
 def check_address(address: str, key: str = "host") -> str:
     """`address` if SSH can reach it as a host; ValueError naming `key` otherwise."""
+    check_no_user(address, key)
     if not _ADDRESS.match(address):
         raise ValueError(
             f"{key} {address!r} is not a reachable address: give a host name or an IP address "

@@ -2,10 +2,11 @@
 built with `python -m build`, installed with pip into a fresh venv, then the first commands of a new operator
 (`--version`, `config example` into ~/.config, `config check`, a `submit` with no scheduler serving).
 
-To stay fast and offline the wheel is built without build isolation (the dev venv has setuptools and build,
-from the dev extras), and the fresh venv borrows the dev venv's dependencies through a .pth file, so pip
+To stay fast and offline the wheel is built without build isolation (the dev venv has setuptools, setuptools-scm
+and build, from the dev extras), and the fresh venv borrows the dev venv's dependencies through a .pth file, so pip
 installs the wheel alone (`--no-deps`). Nothing else of the dev venv is visible: ftconsole itself comes from
-the wheel (checked).
+the wheel (checked). The copy has no git history, so the build is told the version git gives this checkout
+(what a build from the repository gets), and `--version` of the install must print it.
 """
 
 from __future__ import annotations
@@ -21,8 +22,6 @@ from typing import Any
 
 import pytest
 
-import ftconsole
-
 ROOT = Path(__file__).resolve().parents[2]
 SCHEDULER_FOLDERS = tuple(f"ftconsole/scheduler/{d}" for d in ("node", "spec", "decide", "ssh", "store", "serve"))
 SOURCES = ("pyproject.toml", "README.md", "ftconsole", "scheduler", "probes")  # what the build reads
@@ -34,7 +33,15 @@ def run(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def source_version() -> str:
+    """The version setuptools-scm makes of this checkout (pyproject.toml's fallback where it has no git)."""
+    made = run([sys.executable, "-m", "setuptools_scm"], cwd=ROOT)
+    assert made.returncode == 0, made.stderr
+    return made.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory, source_version: str) -> tuple[Path, Path]:
     """(a copy of the sources, the wheel built from it): the build writes nothing into the source tree."""
     src = tmp_path_factory.mktemp("src")
     for name in SOURCES:
@@ -44,9 +51,11 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         else:
             shutil.copy2(ROOT / name, src / name)
     dist = tmp_path_factory.mktemp("dist")
-    build = run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(src)], cwd=src)
+    argv = [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(src)]
+    build = run(argv, cwd=src, env={**os.environ, "SETUPTOOLS_SCM_PRETEND_VERSION_FOR_FTCONSOLE": source_version})
     assert build.returncode == 0, f"python -m build failed (make venv installs it):\n{build.stdout}\n{build.stderr}"
     (wheel,) = dist.glob("ftconsole-*.whl")
+    assert wheel.name.startswith(f"ftconsole-{source_version}-"), wheel.name
     return src, wheel
 
 
@@ -95,7 +104,7 @@ def test_the_wheel_holds_every_module_and_data_file(built: tuple[Path, Path]) ->
 
 
 def test_installed_ftconsole_runs_from_outside_the_source_tree(
-    venv: Path, operator: tuple[Path, dict[str, str]]
+    venv: Path, operator: tuple[Path, dict[str, str]], source_version: str
 ) -> None:
     work, env = operator
     ft = str(venv / "bin" / "ftconsole")
@@ -105,13 +114,18 @@ def test_installed_ftconsole_runs_from_outside_the_source_tree(
 
     where = run([str(venv / "bin" / "python"), "-c", "import ftconsole; print(ftconsole.__file__)"], cwd=work, env=env)
     assert where.stdout.startswith(str(venv)), where.stdout + where.stderr  # the wheel's, not the source tree's
-    assert cli("--version").stdout == f"ftconsole {ftconsole.__version__}\n"
+    assert cli("--version").stdout == f"ftconsole {source_version}\n"  # the build's, naming the commit
 
     # no config yet: the error says where one is looked for and how to make one
     missing = cli("jobs")
     assert missing.returncode == 2 and "ftconsole config example" in missing.stderr, missing.stderr
 
-    # README: ftconsole config example > ~/.config/ftconsole/cluster.yaml, then config check
+    # README, 3: the nodes' host keys in ~/.ssh/known_hosts (no node to scan here: the file, empty); without it,
+    # config check refuses the example's host_key_policy: strict
+    known = Path(env["HOME"]) / ".ssh" / "known_hosts"
+    known.parent.mkdir(mode=0o700)
+    known.write_text("")
+    # README, 4: ftconsole config example > ~/.config/ftconsole/cluster.yaml, then config check
     config = Path(env["HOME"]) / ".config" / "ftconsole" / "cluster.yaml"
     config.parent.mkdir(parents=True)
     example = cli("config", "example")

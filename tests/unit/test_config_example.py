@@ -220,6 +220,8 @@ def test_config_example_prints_the_shipped_file(capsys: pytest.CaptureFixture[st
 def test_config_example_piped_into_config_check_passes(tmp_path: Path) -> None:
     cli = [sys.executable, "-m", "ftconsole.cli"]
     env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    (tmp_path / ".ssh").mkdir()
+    (tmp_path / ".ssh" / "known_hosts").touch()  # filled with ssh-keyscan, as the example says; strict needs it
     example = subprocess.run([*cli, "config", "example"], capture_output=True, env=env, timeout=60, check=True)
     check = subprocess.run(
         [*cli, "--config", "-", "config", "check"], input=example.stdout, capture_output=True, env=env, timeout=60

@@ -56,10 +56,10 @@ REFUSED = [
     (_prep("{from: /s/x, to: /l/x}", "{from: /s/y, to: /l/x/y}"), 5, "data_prep[1].to", "lies inside data_prep[0]"),
     (_prep("{from: /s/x, to: /l/x/y}", "{from: /s/y, to: /l/x}"), 5, "data_prep[1].to", "holds data_prep[0].to"),
     (_prep('{from: "/s/x", to: "/l/\\0x"}'), 4, "data_prep[0].to", "NUL"),
-    (_prep("{from: /s/x}"), 4, "data_prep[0].to", "Field required"),
+    (_prep("{from: /s/x}"), 4, "data_prep[0].to", "missing: this key is required"),
     (_prep("{from: /s/x, to: /l/x, mode: copy}"), 4, "data_prep[0].mode", "unknown key"),
-    (BASE + "data_prep: []\n", 3, "data_prep", "at least 1 item"),
-    (_prep(*[f"{{from: /s/{i}, to: /l/{i}}}" for i in range(17)]), 3, "data_prep", "at most 16 items"),
+    (BASE + "data_prep: []\n", 3, "data_prep", "at least 1 entry"),
+    (_prep(*[f"{{from: /s/{i}, to: /l/{i}}}" for i in range(17)]), 3, "data_prep", "at most 16 entries"),
     (
         "name: j\nmode: horovod\nnodes: 2\ncommand: python3 t.py\ndata_prep: [{from: /s/x, to: /l/x}]\n",
         5,

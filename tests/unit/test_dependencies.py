@@ -47,10 +47,10 @@ def test_the_spec_key() -> None:
     assert parse_jobspec("name: t\ncommand: x\n").after is None
     for bad, said in [
         ("after: {}", "after: name at least one job under ok, any or failed"),
-        ("after: {ok: [0]}", "after.ok[0]: Input should be greater than or equal to 1"),
+        ("after: {ok: [0]}", "after.ok[0]: must be at least 1, not 0"),
         ("after: {ok: [3, 3]}", "after.ok: each entry must be unique: 3 given more than once"),
         ("after: {okay: [1]}", "after.okay: unknown key"),
-        ("after: {ok: ['3']}", "after.ok[0]: Input should be a valid integer"),
+        ("after: {ok: ['3']}", "after.ok[0]: must be a whole number"),
     ]:
         with pytest.raises(ConfigError) as info:
             parse_jobspec(f"name: t\ncommand: x\n{bad}\n")

@@ -80,7 +80,10 @@ def test_the_default_timing_takes_over_within_15_s() -> None:
     ("state", "problem"),
     [
         ({"url": "postgresql://ft@db/ft", "lease": "4s"}, None),
-        ({"url": "postgresql://ft@db/ft", "lease": "1s"}, "greater than or equal to 2"),
+        (
+            {"url": "postgresql://ft@db/ft", "lease": "1s"},
+            "must be at least 2s (a duration such as 30s, 5m, 2h), not 1s",
+        ),
         ({"lease": "10s"}, "SQLite in state_dir, has one scheduler and no lease"),
     ],
 )

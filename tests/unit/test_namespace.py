@@ -30,6 +30,9 @@ def test_ftconsole_runs_beside_other_top_level_scheduler_and_probes_packages(tmp
     assert done.stdout.strip() == "the other scheduler package | the other probes package | ftconsole.scheduler.jobops"
     example = ROOT / "config" / "cluster.example.yaml"
     cli = [sys.executable, "-m", "ftconsole.cli", "--config", str(example), "config", "check", "--json"]
+    (tmp_path / ".ssh").mkdir()
+    (tmp_path / ".ssh" / "known_hosts").touch()  # the example's, with host_key_policy strict: config check wants it
+    env["HOME"] = str(tmp_path)
     done = subprocess.run(cli, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert '"ok": true' in done.stdout

@@ -260,12 +260,12 @@ NOTIFY_PROBLEMS = [
     ("  webhok: https://example.com/\n", 4, "notify.webhok", "unknown key"),
     ("  headers: {X-Token: a}\n", 3, "notify", "no webhook is set"),
     ("  webhook: https://e.com/\n  headers: {'Bad Name': a}\n", 5, "notify.headers", "not an HTTP header name"),
-    ("  command: []\n", 4, "notify.command", "at least 1 item"),
-    ("  command: echo hi\n", 4, "notify.command", "valid list"),
+    ("  command: []\n", 4, "notify.command", "must have at least 1 entry"),
+    ("  command: echo hi\n", 4, "notify.command", "must be a list, as [a, b], not text ('echo hi')"),
     ("  command: ['']\n", 4, "notify.command", "give the command as a list"),
-    ("  jobs: everyone\n", 4, "notify.jobs", "'opted-in' or 'all'"),
-    ("  rate_limit: 0\n", 4, "notify.rate_limit", "greater than or equal to 1"),
-    ("  retries: -1\n", 4, "notify.retries", "greater than or equal to 0"),
+    ("  jobs: everyone\n", 4, "notify.jobs", "must be one of: opted-in, all; not 'everyone'"),
+    ("  rate_limit: 0\n", 4, "notify.rate_limit", "must be at least 1, not 0"),
+    ("  retries: -1\n", 4, "notify.retries", "must be at least 0, not -1"),
     ("  timeout: 0s\n", 4, "notify.timeout", "greater than 0"),
 ]
 
