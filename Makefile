@@ -31,7 +31,7 @@ LOAD ?= $(shell nproc)
 test-stress: venv
 	$(PY) tests/stress.py --runs $(RUNS) --load $(LOAD) --seed $(SEED)
 
-# The real-launcher suite (tests/peers, issue 15): each launch mode against its real launcher on two sshd test
+# The real-launcher suite (tests/peers): each launch mode against its real launcher on two sshd test
 # nodes. Its own environment, pinned and CPU only, which the main suite does not need; deepspeed comes last and
 # without build isolation (its setup.py imports torch: isolated, pip would fetch a CUDA torch for the build).
 # Needs Debian's openmpi-bin, mpich and pdsh (.ci/run installs them).

@@ -44,7 +44,7 @@ async def test_newer_schema_is_refused(store_at: StoreAt) -> None:
         async with await Store.open(where):  # made, then marked newer
             pass
         await raw_sql(where, "UPDATE ftconsole_store SET schema_version = ?", (SCHEMA_VERSION + 1,))
-    with pytest.raises(StoreError, match="newer than this ftconsole"):
+    with pytest.raises(StoreError, match="written by a newer ftconsole"):
         await Store.open(where)
 
 

@@ -281,7 +281,11 @@ async def test_the_metrics_read_a_postgresql_store_and_cannot_write(pg_url: str)
 
 def test_config_check_names_the_server_and_its_version(pg_url: str, tmp_path: Path, capsys) -> None:
     config = tmp_path / "cluster.yaml"
-    config.write_text(f"state_dir: {tmp_path / 'state'}\nstate:\n  url: {pg_url}\nnodes:\n  - name: n1\n")
+    (tmp_path / "known_hosts").touch()  # config check refuses a strict known_hosts that does not exist
+    config.write_text(
+        f"state_dir: {tmp_path / 'state'}\nssh: {{known_hosts: known_hosts}}\n"
+        f"state:\n  url: {pg_url}\nnodes:\n  - name: n1\n"
+    )
     assert main(["--config", str(config), "config", "check"]) == 0
     out = capsys.readouterr().out
     assert "state: PostgreSQL 1" in out and f"{pg_url} (no store there yet" in out
