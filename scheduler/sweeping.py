@@ -1,7 +1,8 @@
 """What is left on the nodes, for the executor (`Executor`, which this is part of): the sweep that fences runs the
 store no longer counts as current (a node back after it was given up, runs left by a crash between a start and its
-record), and run retention (old ended attempts' folders removed, for the users with runs on a node and for the
-others who ran jobs lately). Each user's folders are read and acted on as that user.
+record, runs started after the backup a store was restored from: `stray_runs`), and run retention (old ended
+attempts' folders removed, for the users with runs on a node and for the others who ran jobs lately). Each user's
+folders are read and acted on as that user.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from ftconsole.scheduler import debugenv
+from ftconsole.scheduler.decide.jobs import Run
 from ftconsole.scheduler.decide.reconcile import READ_STATES
 from ftconsole.scheduler.decide.runstatus import NodeRun
 from ftconsole.scheduler.decide.steps import user_root
@@ -35,6 +37,7 @@ class Sweeping:
     clock: Callable[[], float]
     _unswept: set[str]
     _pruned_at: dict[str, float]
+    _poke: Callable[[], None]
 
     @property
     def run_root(self) -> str:
@@ -110,12 +113,12 @@ class Sweeping:
                 return
         self._was_pruned(node, prune, pruned)
         self._unswept.discard(node.name)
+        self._poke()  # a start that waited for this sweep goes now
 
     async def _fence(self, node: Node, found: Sequence[NodeRun], user: str | None) -> bool:
         """Kill the runs `found` (one user's) that are not current; False when the node did not take it."""
         held = await self.store.runs(held=True)
-        current = {(str(r.job), str(r.attempt), str(r.rank)) for r in held if r.node == node.name and r.active}
-        strays = [f for f in found if f.status.state in READ_STATES and (f.job, f.attempt, f.rank) not in current]
+        strays = stray_runs(found, held, node.name)
         if not strays:
             return True
         root = user_root(self.run_root, user)
@@ -129,13 +132,50 @@ class Sweeping:
             log.warning("cannot stop stray runs on %s: %s", node.name, exc)
             return False
         now = self.clock()
+        known = [await self._known(f) for f in strays]
         async with self.store.jobs_tx("record fenced runs") as tx:
-            for f in strays:
-                text = (
-                    f"fenced: rank {f.rank} of attempt {f.attempt} was still running on {node.name}, which the "
-                    "scheduler no longer counts as current; killed"
-                )
-                job = int(f.job) if f.job.isdigit() else None
+            for f, job in zip(strays, known, strict=True):
+                if job is not None:
+                    text = (
+                        f"fenced: rank {f.rank} of attempt {f.attempt} was still running on {node.name}, which the "
+                        "scheduler no longer counts as current; killed"
+                    )
+                else:  # its job id may be another job's in this store: the event names no job
+                    text = (
+                        f"fenced: a run this store does not know was running on {node.name} (run folder "
+                        f"{f.job}/{f.attempt}/{f.rank}, attempt token {f.status.token}: started after the backup "
+                        "this store was restored from?); killed"
+                    )
                 await tx.event(now, "Fenced", text, job=job, node=node.name)
                 log.warning("job %s: %s", f.job, text)
         return True
+
+    async def _known(self, found: NodeRun) -> int | None:
+        """The job of a run found on a node when the store knows that run (its attempt, with its token), else
+        None: a run started by another store of the same cluster id (restored from a backup older than it)."""
+        if not (found.job.isdigit() and found.attempt.isdigit()):
+            return None
+        attempt = await self.store.attempt(int(found.job), int(found.attempt))
+        if attempt is None:
+            return None
+        if attempt.token is not None and found.status.token is not None and attempt.token != found.status.token:
+            return None
+        return int(found.job)
+
+
+def stray_runs(found: Sequence[NodeRun], held: Sequence[Run], node: str) -> list[NodeRun]:
+    """The runs `found` on `node` that still run and are not the store's current ones there: no held active run
+    of that job, attempt and rank on the node, or one claimed by another attempt token. The path alone is no
+    identity: a store restored from a backup hands out again the job ids and attempt numbers of the runs started
+    after the backup, and a new attempt's run must not shield an old one in the folder of the same name. A run
+    without a token (an earlier ftconsole's) counts as current where its path does."""
+    current = {(str(r.job), str(r.attempt), str(r.rank)): r.token for r in held if r.node == node and r.active}
+
+    def is_current(f: NodeRun) -> bool:
+        key = (f.job, f.attempt, f.rank)
+        if key not in current:
+            return False
+        token = current[key]
+        return token is None or f.status.token is None or f.status.token == token
+
+    return [f for f in found if f.status.state in READ_STATES and not is_current(f)]
