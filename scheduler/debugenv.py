@@ -85,8 +85,10 @@ class Hold:
 
 
 async def failed_lately(store: Store, settings: DebugSettings, now: float) -> list[Job]:
-    """The failed jobs whose environment is still kept (`kept_until` after now): one indexed query."""
-    jobs = await store.jobs(statuses=[JobStatus.ERROR], deleted=True, ended_since=now - settings.max_retention)
+    """The failed jobs whose environment is still kept (`kept_until` after now): one indexed query, kept by the
+    store for a minute while no job changes (every node's sweep asks)."""
+    since = now - settings.max_retention
+    jobs = await store.jobs(statuses=[JobStatus.ERROR], deleted=True, ended_since=since - since % 60)
     return [j for j in jobs if (kept_until(j, settings) or 0.0) > now]
 
 

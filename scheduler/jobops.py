@@ -26,11 +26,10 @@ from ftconsole.scheduler.decide.jobs import (
     Job,
     JobStatus,
     Run,
-    StopReason,
 )
 from ftconsole.scheduler.decide.requests import job_request, urgent_scope
 from ftconsole.scheduler.errors import NotFound, PermissionDenied, UsageError
-from ftconsole.scheduler.loop import Loop, request_stop
+from ftconsole.scheduler.loop import Loop
 from ftconsole.scheduler.nodeops import ClusterService, NodeView, ProbeOutcome
 from ftconsole.scheduler.rankreads import RankReads
 from ftconsole.scheduler.redaction import redact, redact_decision, redact_json, redact_outcome
@@ -39,6 +38,7 @@ from ftconsole.scheduler.rules import Caller, Rules
 from ftconsole.scheduler.spec import arrayspec
 from ftconsole.scheduler.spec.config import format_duration
 from ftconsole.scheduler.spec.jobspec import Access, JobSpec
+from ftconsole.scheduler.stopping import Stopping
 from ftconsole.scheduler.store.jobtx import Conflict, JobTx
 from ftconsole.scheduler.store.records import JobActivity, StoredAlert, StoredEvent
 from ftconsole.scheduler.submitting import GroupCommit
@@ -48,7 +48,7 @@ log = logging.getLogger("ftconsole.scheduler")
 MIN_TICK_GAP_S = 0.2
 
 
-class Scheduler(RankReads, Reserving):
+class Scheduler(RankReads, Reserving, Stopping):
     def __init__(self, service: ClusterService, *, clock: Callable[[], float] = time.time) -> None:
         self.service = service
         self.store = service.store
@@ -253,73 +253,6 @@ class Scheduler(RankReads, Reserving):
             {"index": t.array_index, "id": t.id, "ref": t.ref, "status": t.status.value, "deleted": t.deleted}
             for t in await self.store.array_tasks(job.array_id)
         ]
-
-    async def stop(self, caller: Caller, job_ids: Iterable[int | str]) -> list[Job]:
-        jobs = [job for j in job_ids for job in await self.targets(caller, j, "stop")]
-        return [await self._stop(caller, job, StopReason.STOPPED) for job in jobs]
-
-    async def _stop(self, caller: Caller, job: Job, reason: StopReason, *, delete: bool = False) -> Job:
-        now = self.clock()
-        try:
-            async with self.store.jobs_tx("stop a job") as tx:
-                if job.status is JobStatus.QUEUED:
-                    await tx.update_job(
-                        job.id,
-                        expect=[JobStatus.QUEUED],
-                        status=JobStatus.STOPPED,
-                        ended=now,
-                        stop_requested=now,
-                        stop_reason=reason,
-                        stop_by=caller.user,
-                        message=f"stopped by {caller.user} before it started",
-                        **({"deleted": True} if delete else {}),
-                    )
-                    await tx.event(now, Condition.STOPPED, f"stopped by {caller.user} while queued", job=job.id)
-                elif job.status is JobStatus.RUNNING and job.stop_reason is None:
-                    grace = format_duration(self.settings.stop_grace)
-                    await request_stop(
-                        tx,
-                        job,
-                        now,
-                        reason,
-                        caller.user,
-                        f"stop requested by {caller.user}; SIGKILL after {grace}",
-                        **({"deleted": True} if delete else {}),
-                    )
-                elif delete:
-                    await tx.update_job(job.id, deleted=True)
-                if delete:
-                    await tx.event(now, "Deleted", f"deleted by {caller.user}", job=job.id)
-        except Conflict:  # it changed state meanwhile (placed, or finished): act on what it is now
-            fresh = await self.store.job(job.id)
-            assert fresh is not None
-            return await self._stop(caller, fresh, reason, delete=delete)
-        self._poke()
-        fresh = await self.store.job(job.id)
-        assert fresh is not None
-        return fresh
-
-    async def delete(self, caller: Caller, job_ids: Iterable[int | str]) -> list[Job]:
-        """Hide jobs from every listing; a queued or running one is stopped first (its record and events stay)."""
-        jobs = [job for j in job_ids for job in await self.targets(caller, j, "delete")]
-        return [await self._stop(caller, job, StopReason.STOPPED, delete=True) for job in jobs]
-
-    async def release(self, caller: Caller, job_ids: Iterable[int | str]) -> list[Job]:
-        """Give up the GPUs failed jobs hold for debugging (`debug.hold_nodes`) before their time is over; the
-        run folders stay for the rest of the retention."""
-        jobs = [await self._job(caller, j, "release", write=True) for j in job_ids]
-        now = self.clock()
-        for job in jobs:
-            until = debugenv.held_until(job, self.config.debug)
-            if until is None or until <= now:
-                why = "holds no GPUs for debugging" if until is None else "held its GPUs until " + _clock(until)
-                raise UsageError(f"job {job.id} is {job.status.value} and {why}: nothing to release")
-        async with self.store.jobs_tx("release a job's held GPUs") as tx:
-            for job in jobs:
-                await tx.update_job(job.id, expect=[JobStatus.ERROR], debug_released=now)
-                await tx.event(now, "Released", f"GPUs held for debugging released by {caller.user}", job=job.id)
-        self._poke()
-        return [await self._fresh(job.id) for job in jobs]
 
     async def clone(self, caller: Caller, job_id: int | str) -> Job:
         job = await self._job(caller, job_id, "clone", write=False)
@@ -589,7 +522,3 @@ def _spec(spec: JobSpec | dict[str, Any]) -> JobSpec:
         return JobSpec.from_json(spec)
     except ValidationError as exc:
         raise UsageError(f"invalid job spec: {exc}") from None
-
-
-def _clock(when: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when))

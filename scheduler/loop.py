@@ -53,6 +53,7 @@ from ftconsole.scheduler.failpoints import FailpointError, afailpoint
 from ftconsole.scheduler.nodeops import ClusterService
 from ftconsole.scheduler.placing import Placer
 from ftconsole.scheduler.recovery import Outcome, Recoverer
+from ftconsole.scheduler.retention import Pruner
 from ftconsole.scheduler.spec import dataprep
 from ftconsole.scheduler.spec.config import format_duration
 from ftconsole.scheduler.spec.containers import pulling
@@ -92,6 +93,7 @@ class Loop:
         )
         self.recoverer = Recoverer(service, self.placer, clock=clock, poke=poke)
         self.watchdog = Watchdog(service, clock=clock)
+        self.pruner = Pruner(self.store, service.config.history, clock=clock)
         self.watchdog.gather = lambda job, runs: evidence.gather(self.executor, job, runs)
         self.watchdog.poke = poke
         self.executor.scans = self.watchdog.logs.scans
@@ -123,6 +125,7 @@ class Loop:
         first: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         prober = asyncio.create_task(self._probe_loop(stop, first)) if probe else None
         self._first_probe = first if probe else None
+        pruner = asyncio.create_task(self.pruner.run(stop))  # history retention, alongside (scheduler/retention.py)
         try:
             while not stop.is_set():
                 self.wake.clear()  # before the tick: a poke made during it brings the next one forward
@@ -140,6 +143,9 @@ class Loop:
                         w.cancel()
         finally:
             self.looping = False
+            pruner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pruner
             if prober is not None:
                 prober.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

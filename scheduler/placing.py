@@ -9,7 +9,6 @@ executor starts them on the next tick. Elastic jobs scaled to a new size get the
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import secrets
@@ -18,7 +17,16 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from ftconsole.scheduler import debugenv
-from ftconsole.scheduler.decide import arrays, dependencies, elastic, fairshare, placement, quotas, reservations, usage
+from ftconsole.scheduler.decide import (
+    arrays,
+    dependencies,
+    elastic,
+    fairshare,
+    placement,
+    queuedepth,
+    quotas,
+    reservations,
+)
 from ftconsole.scheduler.decide.jobplan import plan_attempt
 from ftconsole.scheduler.decide.jobs import Attempt, Condition, Job, JobStatus, Run
 from ftconsole.scheduler.decide.requests import job_request, node_slot, urgent_scope
@@ -26,9 +34,9 @@ from ftconsole.scheduler.decide.steps import user_root
 from ftconsole.scheduler.errors import FtError, SSHError, StoreError, UsageError
 from ftconsole.scheduler.failpoints import afailpoint
 from ftconsole.scheduler.nodeops import ClusterService
+from ftconsole.scheduler.placing_shares import SharingWeights
 from ftconsole.scheduler.preempting import Preempter
 from ftconsole.scheduler.spec import arrayspec
-from ftconsole.scheduler.spec.config import QuotaSettings
 from ftconsole.scheduler.spec.jobspec import JobSpec
 from ftconsole.scheduler.store.jobtx import Conflict
 
@@ -37,10 +45,7 @@ log = logging.getLogger("ftconsole.scheduler")
 ANY_PORT = 29500  # which ranks start a process does not depend on the port: any valid one plans them
 
 
-QUOTA_HOURS_EVERY_S = 60.0  # quotas' GPU-hours of the period are read again this often
-
-
-class Placer:
+class Placer(SharingWeights):
     def __init__(
         self,
         service: ClusterService,
@@ -69,6 +74,12 @@ class Placer:
         self._set_quotas: dict[quotas.Key, tuple[dict[str, Any], str, float]] = {}  # an admin's (`ftconsole quota`)
         self.preempter = Preempter(self.store, self.config, clock=clock, poke=poke)
         self._kept_off: dict[int, str] = {}  # job id -> which reserved nodes it keeps off, as its last pass saw
+        # the queue in its order, kept while the jobs and the fair-share values stay the same (a deep queue is
+        # sorted once, not every pass); and what each project and user uses, likewise
+        self._order: tuple[tuple[Any, ...], list[list[Job]]] | None = None
+        self._use: tuple[tuple[int, float], dict[quotas.Key, quotas.InUse]] | None = None
+        self._accounts: tuple[tuple[int, ...], list[tuple[str, str]]] | None = None  # the queue's (project, user)s
+        self._after: tuple[tuple[int, ...] | None, bool] | None = None  # whether any queued job has an `after:`
 
     @property
     def run_root(self) -> str:
@@ -182,18 +193,21 @@ class Placer:
     # ============================================================ place
 
     async def place(self) -> None:
+        version: tuple[int, ...] = (
+            self.store.version(("jobs",)),
+        )  # before the read: what is derived from it is kept with it
         queued = await self.store.jobs(statuses=[JobStatus.QUEUED])
         if not queued:
             return
         now = self.clock()
-        queued, waiting = await self._dependencies(queued)
-        state, requests, by_id, unplaceable = await self.placement_inputs(queued)
+        version += (len(queued),)
+        queued, waiting = await self._dependencies(queued, version)
+        taken = await self.take(queued, version)  # the first queue_depth; the held ones wait, holding no one
+        state, requests, by_id, unplaceable = await self.placement_inputs(taken.taken)
         notes = waiting + [(job, why) for job, why in unplaceable if why]
-        held = await self.held_by_quotas(requests, {i: (job.project, job.owner) for i, (job, _) in by_id.items()})
-        held |= await self.held_by_arrays(requests, {i: job for i, (job, _) in by_id.items() if i not in held})
-        if held:  # they wait, holding no one back: the others are placed as if they were not there
-            requests = [r for r in requests if r.id not in held]
-            notes += [(by_id[i][0], f"waiting: {why}") for i, why in held.items()]
+        notes += [(job, f"waiting: {why}") for job, why in taken.held]
+        later = queuedepth.beyond(self.settings.queue_depth)
+        notes += [(job, later) for job in taken.beyond if job.message != later]
         for job, why in unplaceable:
             if not why:  # not a config change: the job itself cannot be planned
                 await self._fail(job, job.message)
@@ -218,137 +232,70 @@ class Placer:
                 await self._fail(job, f"ftconsole cannot start it: {type(exc).__name__}: {exc}")
         await self.notes(notes)
 
-    async def quotas_on(self) -> bool:
-        """Whether any quota applies: the config's `quotas`, or limits an admin set (`ftconsole quota`); reads
-        the latter for `quota_limits`."""
-        self._set_quotas = await self.store.quota_limits()
-        return self.config.quotas is not None or bool(self._set_quotas)
+    async def take(self, queued: Sequence[Job], version: tuple[int, ...]) -> queuedepth.Walk:
+        """The queued jobs (whose dependencies are met) this pass plans: the first `scheduler.queue_depth` in
+        queue order that no quota or array limit holds back; with the held ones and the rest (decide/queuedepth)."""
+        if self._accounts is None or self._accounts[0] != version:
+            self._accounts = (version, list({(j.project, j.owner) for j in queued}))
+        fair = await self.fair_factors(self._accounts[1])
+        values = {account: f.value for account, f in fair.items()}
+        if self._order is None or self._order[0] != (*version, values):
+            self._order = ((*version, values), queuedepth.order(queued, values))
+        ordered = self._order[1]
+        quota = quotas.Gate(self.quota_limits, await self.quota_use()) if await self.quotas_on() else None
+        sizes: dict[tuple[int, int], int | None] = {}  # (its spec, its size) -> its GPUs; None: no request
+        limits: dict[int, int | None] = {}  # its spec -> its array's limit
 
-    async def quota_use(self) -> dict[quotas.Key, quotas.InUse]:
-        """What each project and user uses now: GPUs held by its running jobs, running and queued jobs, and the
-        GPU-hours of the last `quotas.period` (read again every minute)."""
-        out: dict[quotas.Key, quotas.InUse] = {}
-        if not await self.quotas_on():
-            return out
-        period = self.config.quotas.period if self.config.quotas is not None else QuotaSettings().period
-        active = await self.store.jobs(statuses=[JobStatus.QUEUED, JobStatus.RUNNING], deleted=True)
-        by_id = {j.id: j for j in active}
-        for job in active:
-            for key in (("project", job.project), ("user", job.owner)):
-                use = out.setdefault(key, quotas.InUse())
-                if job.status is JobStatus.RUNNING:
-                    use.running_jobs += 1
-                else:
-                    use.queued_jobs += 1
-        for r in await self.store.runs(held=True):
-            holder = by_id.get(r.job)
-            if holder is not None and holder.status is JobStatus.RUNNING:
-                for key in (("project", holder.project), ("user", holder.owner)):
-                    out.setdefault(key, quotas.InUse()).gpus += len(r.gpus)
+        def gpus(job: Job) -> int | None:
+            key = (id(job.spec), job.size)
+            if key not in sizes:
+                try:
+                    request = job_request(job.spec, self.config, job_id=str(job.id), now=job.submitted)
+                    sizes[key] = job.size * max(c.gpus_per_node for c in request.candidates)
+                except Exception:  # planning it says why (placement_inputs)
+                    sizes[key] = None
+            return sizes[key]
+
+        def limit(job: Job) -> int | None:
+            if id(job.spec) not in limits:
+                limits[id(job.spec)] = None if job.spec.array is None else arrayspec.parse(job.spec.array).limit
+            return limits[id(job.spec)]
+
+        array_gate = None
+        if any(run[0].array_id is not None and limit(run[0]) is not None for run in ordered):
+            running = Counter(j.array_id for j in await self.store.jobs(statuses=[JobStatus.RUNNING], deleted=True))
+            array_gate = arrays.Gate({a: n for a, n in running.items() if a is not None})
+        kept = await self.store.reservations()
         now = self.clock()
-        if now - self._hours_at >= QUOTA_HOURS_EVERY_S:
-            jobs = {j.id: j for j in await self.store.jobs(deleted=True)}
-            runs = await self.store.runs()
-            by = [(g, await asyncio.to_thread(usage.usage_by, jobs, runs, g, now - period, now, now))  # off the loop
-                  for g in usage.GROUPINGS]  # fmt: skip
-            self._hours = {(grouping, name): u.gpu_hours for grouping, rows in by for name, u in rows.items()}
-            self._hours_at = now
-        for key, hours in self._hours.items():
-            out.setdefault(key, quotas.InUse()).gpu_hours = hours
-        return out
 
-    async def held_by_quotas(
-        self, requests: Sequence[placement.JobRequest], owners: Mapping[str, tuple[str, str]]
-    ) -> dict[str, str]:
-        """Job id -> why it waits, for the queued jobs (these requests; `owners`: id -> (project, user)) that a
-        quota holds back."""
-        if not requests or not await self.quotas_on():
-            return {}
-        queue = [
-            quotas.Queued(r.id, *owners[r.id], r.nodes * max(c.gpus_per_node for c in r.candidates))
-            for r in placement.queue_order(requests)
-        ]
-        return quotas.hold_back(queue, self.quota_limits, await self.quota_use())
+        def counts(job: Job) -> bool:  # one that waits for its reservation to begin holds no quota and no slot
+            if job.spec.reservation is None:
+                return True
+            where = reservations.allowed(job.spec.reservation, job.owner, job.project, job.max_runtime, kept, now,
+                                         self._nodes, self.config.projects)  # fmt: skip
+            return isinstance(where, reservations.Allowed)
 
-    async def held_by_arrays(self, requests: Sequence[placement.JobRequest], jobs: Mapping[str, Job]) -> dict[str, str]:
-        """Job id -> why it waits, for the queued tasks (of `jobs`, by id) whose array runs its most tasks at once
-        (`array: ...%N`; decide/arrays.py)."""
-        limits = {
-            i: limit
-            for i, job in jobs.items()
-            if job.array_id is not None
-            and job.spec.array is not None
-            and (limit := arrayspec.parse(job.spec.array).limit) is not None
-        }
-        if not limits:
-            return {}
-        running = Counter(j.array_id for j in await self.store.jobs(statuses=[JobStatus.RUNNING], deleted=True))
-        queue = [
-            arrays.Task(r.id, jobs[r.id].array_id or 0, limits[r.id])
-            for r in placement.queue_order(requests)
-            if r.id in limits
-        ]
-        return arrays.hold_back(queue, {a: n for a, n in running.items() if a is not None})
+        return queuedepth.walk(ordered, self.settings.queue_depth, gpus=gpus, quota=quota, limit=limit,
+                               array_gate=array_gate, counts=counts)  # fmt: skip
 
-    def quota_limits(self, key: quotas.Key) -> quotas.Limits | None:
-        """The limits of a project or user: those an admin set (as `quotas_on` last read them), else the
-        config's (`quotas`), else None: none. A project the config does not declare has none (`quotas.applies`)."""
-        if not quotas.applies(key, self.config.projects):
-            return None
-        if key in self._set_quotas:
-            return quotas.Limits(**self._set_quotas[key][0])
-        found = self.config.quotas.limits(key) if self.config.quotas is not None else None
-        return None if found is None else quotas.Limits(**found.model_dump())
-
-    async def fair_factors(self, wanted: Sequence[tuple[str, str]]) -> dict[tuple[str, str], fairshare.Factor]:
-        """The fair-share factor of each (project, user) of `wanted` (a job's project as written), counted as
-        `fairshare.account` says (per user where no projects are declared); {} where fair share is off. The
-        decayed usage is read from the store's runs again every `fairshare.every` (Slurm's PriorityCalcPeriod)."""
-        fair = self.settings.fairshare
-        if fair is None:
-            return {}
-        now = self.clock()
-        declared = self.config.projects
-        if now - self._used_at >= fair.every:
-            jobs = {j.id: j for j in await self.store.jobs(deleted=True)}
-            runs = await self.store.runs()  # every run a tenth of a second at 100,000: off the event loop
-            self._used = await asyncio.to_thread(fairshare.usage, jobs, runs, now, fair.half_life, declared=declared)
-            self._used_at = now
-        accounts = {w: fairshare.account(*w, declared) for w in wanted}
-        self._factors = fairshare.factors(
-            self._used, accounts.values(), fair.shares, fair.default_share, by_user=not declared
-        )
-        return {w: self._factors[a] for w, a in accounts.items()}
-
-    def _fair(self, project: str, user: str) -> tuple[tuple[str, str], fairshare.Factor | None]:
-        """The (project, user) fair share counts a job under, and its factor of the last pass (None: none)."""
-        key = fairshare.account(project, user, self.config.projects)
-        return key, self._factors.get(key) if self.settings.fairshare is not None else None
-
-    def fair_value(self, project: str, user: str) -> float:
-        """The factor of the last pass for (project, user): 1 where fair share is off."""
-        _, factor = self._fair(project, user)
-        return factor.value if factor is not None else 1.0
-
-    def fair_note(self, project: str, user: str) -> str:
-        """ "; fair share 0.21: project vision used 2.1x its share" of the last pass, or "" (fair share off)."""
-        key, factor = self._fair(project, user)
-        return f"; {factor.describe(*key)}" if factor is not None else ""
-
-    async def _dependencies(self, queued: list[Job]) -> tuple[list[Job], list[tuple[Job, str]]]:
+    async def _dependencies(
+        self, queued: list[Job], version: tuple[int, ...] | None = None
+    ) -> tuple[list[Job], list[tuple[Job, str]]]:
         """The queued jobs whose `after:` is met (or who have none), and why the others wait; a job whose
         dependency can never be met ends `error` saying which (decide/dependencies.py)."""
-        ready, waiting, never = await self.by_dependencies(queued)
+        ready, waiting, never = await self.by_dependencies(queued, version)
         for job, why in never:
             await self._fail(job, f"its dependency can never be met: {why}")
         return ready, waiting
 
     async def by_dependencies(
-        self, queued: list[Job]
+        self, queued: list[Job], version: tuple[int, ...] | None = None
     ) -> tuple[list[Job], list[tuple[Job, str]], list[tuple[Job, str]]]:
         """The queued jobs split by their `after:`: those that may be placed, those that wait for another job
         (not placed, so that they hold nothing back: backfill goes around them), those that never can; with why."""
-        if not any(j.spec.after is not None for j in queued):
+        if version is None or self._after is None or self._after[0] != version:  # `version`: of the queue's read
+            self._after = (version, any(j.spec.after is not None for j in queued))
+        if not self._after[1]:
             return queued, [], []
         statuses = await self.statuses()
         ready, waiting, never = [], [], []
@@ -435,6 +382,7 @@ class Placer:
         kept = await self.store.reservations()
         now = self.clock()
         self._kept_off = {}  # of the jobs queued now only
+        avoided: dict[str, set[str]] = {}
         for job in queued:
             where = reservations.allowed(job.spec.reservation, job.owner, job.project, job.max_runtime, kept, now,
                                          self._nodes, self.config.projects)  # fmt: skip
@@ -456,7 +404,9 @@ class Placer:
                     min_nodes=None if request.min_nodes is None else min(request.min_nodes, job.size),
                     fairshare=fair[(job.project, job.owner)].value if fair else 1.0,
                 )
-                request = self.within(request, where.nodes, set(self._avoided(job.owner)) | set(job.excluded))
+                if job.owner not in avoided:
+                    avoided[job.owner] = set(self._avoided(job.owner))
+                request = self.within(request, where.nodes, avoided[job.owner] | set(job.excluded))
             except FtError as exc:  # the config changed under a queued job (spec removed): say so, keep it
                 unplaceable.append((job, str(exc)))
                 continue

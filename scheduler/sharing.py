@@ -1,7 +1,7 @@
 """The rules of a cluster that teams share (issue 30), for the scheduler's callers: GPU usage over a period
 (`usage`, like sreport), the quotas an admin changes at run time (`set_quota`) and the ones a submit must fit
 (`_within_quota`), a new job's dependencies (`_dependency`), and what an array's id names (`targets`).
-Placement applies them each pass (`placing.Placer`: `by_dependencies`, `held_by_quotas`, `held_by_arrays`,
+Placement applies them each pass (`placing.Placer`: `by_dependencies`, `held_by_quotas`, `take`,
 `fair_factors`); the rules themselves are pure (decide/dependencies.py, quotas.py, fairshare.py, usage.py,
 arrays.py). Part of `Scheduler` (jobops.py).
 """
@@ -24,6 +24,7 @@ from ftconsole.scheduler.spec.config import ClusterConfig, QuotaSettings
 from ftconsole.scheduler.spec.jobspec import JobSpec
 from ftconsole.scheduler.spec.sharingspec import DEFAULT_QUEUED_JOBS
 from ftconsole.scheduler.store.db import Store
+from ftconsole.scheduler.store.history import DAY_S
 
 GOODPUT_WINDOW_S = 7 * 86400.0  # `cluster` and the console give the cluster's goodput over this much of the past
 GOODPUT_EVERY_S = 60.0  # summed again this often
@@ -114,6 +115,13 @@ class Sharing:
                                                      now)  # fmt: skip
         except ValueError as exc:
             raise UsageError(str(exc)) from None
+        for day in await self.store.history_days(since - since % DAY_S, until):  # the pruned jobs' (history:)
+            key = day.owner if by == "user" else day.project
+            was = rows.get(key, usage.Usage())
+            rows[key] = usage.Usage(was.gpu_seconds + day.gpu_seconds, was.jobs + day.jobs)
+            kept = goodput.Goodput(day.useful, day.rework, day.downtime, day.saved)
+            good[key] = good.get(key, goodput.Goodput()) + kept
+            all_good = all_good + kept
         total = usage.Usage(sum(u.gpu_seconds for u in rows.values()), sum(u.jobs for u in rows.values()))
         shown = {k: {**u.to_json(), **good.get(k, goodput.Goodput()).to_json()} for k, u in rows.items()}
         return {"since": since, "until": until, "by": by, "rows": shown, "total": {**total.to_json(),

@@ -29,20 +29,29 @@ class Task:
     limit: int | None
 
 
+class Gate:
+    """The arrays' limits as a placement pass meets the queue, one task at a time in queue order: `running`
+    (array id -> its running tasks) and the tasks ahead take the slots first."""
+
+    def __init__(self, running: Mapping[int, int]) -> None:
+        self.running = running
+        self.taken = dict(running)
+
+    def hold(self, task: Task) -> str | None:
+        if task.limit is None:
+            return None
+        used = self.taken.get(task.array_id, 0)
+        if used >= task.limit:
+            return (
+                f"array {task.array_id} runs at most {task.limit} task{'s' if task.limit > 1 else ''} at once "
+                f"({self.running.get(task.array_id, 0)} running)"
+            )
+        self.taken[task.array_id] = used + 1
+        return None
+
+
 def hold_back(queue: Sequence[Task], running: Mapping[int, int]) -> dict[str, str]:
     """Job id -> why it waits, for the queued tasks (`queue`, in queue order) that their array's limit holds back:
     `running` (array id -> its running tasks) and the tasks ahead of them in the queue take the slots first."""
-    taken = dict(running)
-    out = {}
-    for task in queue:
-        if task.limit is None:
-            continue
-        used = taken.get(task.array_id, 0)
-        if used >= task.limit:
-            out[task.job_id] = (
-                f"array {task.array_id} runs at most {task.limit} task{'s' if task.limit > 1 else ''} at once "
-                f"({running.get(task.array_id, 0)} running)"
-            )
-            continue
-        taken[task.array_id] = used + 1
-    return out
+    gate = Gate(running)
+    return {task.job_id: why for task in queue if (why := gate.hold(task)) is not None}

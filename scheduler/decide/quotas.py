@@ -89,24 +89,34 @@ def _taken(used: int, ahead: int) -> str:
     return f" ({', '.join(parts)})" if parts else ""
 
 
+class Gate:
+    """The quotas as a placement pass meets the queue, one job at a time in queue order: a job past a quota
+    waits (`hold` says why), one within them counts as started for the jobs after it."""
+
+    def __init__(self, limits_of: Callable[[Key], Limits | None], in_use: Mapping[Key, InUse]) -> None:
+        self.limits_of = limits_of
+        self.in_use = in_use
+        self.ahead: dict[Key, InUse] = {}
+
+    def hold(self, job: Queued) -> str | None:
+        scopes = [(k, lim) for k in job.scopes() if (lim := self.limits_of(k)) is not None]
+        found = (over(k, lim, self.in_use.get(k, NONE), self.ahead.get(k, NONE), job.gpus) for k, lim in scopes)
+        why = next((w for w in found if w is not None), None)
+        if why is not None:
+            return why
+        for k, _ in scopes:  # counted as if it started: the jobs after it see it
+            taken = self.ahead.setdefault(k, InUse())
+            taken.gpus += job.gpus
+            taken.running_jobs += 1
+        return None
+
+
 def hold_back(
     queue: Iterable[Queued], limits_of: Callable[[Key], Limits | None], in_use: Mapping[Key, InUse]
 ) -> dict[str, str]:
     """Job id -> why it waits, for the queued jobs (in queue order) that would go past a quota."""
-    ahead: dict[Key, InUse] = {}
-    held: dict[str, str] = {}
-    for job in queue:
-        scopes = [(k, lim) for k in job.scopes() if (lim := limits_of(k)) is not None]
-        found = (over(k, lim, in_use.get(k, NONE), ahead.get(k, NONE), job.gpus) for k, lim in scopes)
-        why = next((w for w in found if w is not None), None)
-        if why is not None:
-            held[job.id] = why
-            continue
-        for k, _ in scopes:  # counted as if it started: the jobs after it see it
-            taken = ahead.setdefault(k, InUse())
-            taken.gpus += job.gpus
-            taken.running_jobs += 1
-    return held
+    gate = Gate(limits_of, in_use)
+    return {job.id: why for job in queue if (why := gate.hold(job)) is not None}
 
 
 NONE = InUse()

@@ -100,6 +100,7 @@ class Counts:
     restarts: Mapping[str, int] = field(default_factory=dict)
     alerts: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
     goodput: Goodput = field(default_factory=Goodput)  # the cluster's over the last GOODPUT_WINDOW_S
+    pruned: Mapping[str, int] = field(default_factory=dict)  # history retention: jobs, events, alerts, restarts:<r>
 
 
 @dataclass(frozen=True)
@@ -191,6 +192,7 @@ class StoreCounts:
                         )
                     },
                     goodput=await self._cluster_goodput(),
+                    pruned={str(k): int(n) for k, n in await self._rows("SELECT what, count FROM pruned")},
                 )
             finally:
                 await db.commit()
@@ -273,9 +275,18 @@ class SnapshotCollector(Collector):
             "job of a higher level), since the store was made.",
             labels=["result"],
         )
-        for result in RESTART_RESULTS:
-            restarts.add_metric([result], c.restarts.get(result, 0))
+        for result in RESTART_RESULTS:  # with those of the attempts history retention pruned: it never goes down
+            restarts.add_metric([result], c.restarts.get(result, 0) + c.pruned.get(f"restarts:{result}", 0))
         yield restarts
+        pruned = CounterMetricFamily(
+            "ftconsole_history_pruned",
+            "Rows history retention removed from the store (history: in the config): ended jobs (with their runs, "
+            "events and alerts), events of nodes, resolved alerts of nodes.",
+            labels=["kind"],
+        )
+        for kind in ("jobs", "events", "alerts"):
+            pruned.add_metric([kind], c.pruned.get(kind, 0))
+        yield pruned
         alerts = GaugeMetricFamily(
             "ftconsole_alerts", "Unresolved alerts by kind, severity and state.", labels=["kind", "severity", "state"]
         )

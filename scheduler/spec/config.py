@@ -6,21 +6,26 @@ problems it found at once; `ftconsole config check` prints them.
 
 from __future__ import annotations
 
-import ipaddress
+import contextlib
 import os
 import pwd
-import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ftconsole.scheduler.errors import ConfigError, Problem
 from ftconsole.scheduler.spec import yamlfile
 from ftconsole.scheduler.spec.containers import ContainerSettings, PoolContainers
 from ftconsole.scheduler.spec.nodesets import expand_nodeset
+
+# the outward channels (metrics, notify, alertmanager) live in spec/outward.py; callers import them from here
+from ftconsole.scheduler.spec.outward import AlertmanagerSettings as AlertmanagerSettings
+from ftconsole.scheduler.spec.outward import MetricsSettings as MetricsSettings
+from ftconsole.scheduler.spec.outward import NotifySettings as NotifySettings
+from ftconsole.scheduler.spec.outward import parse_listen as parse_listen
 
 # what teams sharing the cluster set (fair share, quotas) lives in spec/sharingspec.py; callers import it from here
 from ftconsole.scheduler.spec.sharingspec import FairShare as FairShare
@@ -31,16 +36,23 @@ from ftconsole.scheduler.spec.sharingspec import UserLimits as UserLimits
 # the value types live in spec/values.py; the config's callers import them from here as before
 from ftconsole.scheduler.spec.statespec import LEASE_S as LEASE_S
 from ftconsole.scheduler.spec.statespec import StateSettings as StateSettings
+from ftconsole.scheduler.spec.thresholds import WARN_FAIL, warn_fail_problem
+from ftconsole.scheduler.spec.thresholds import PartialThresholds as PartialThresholds
+from ftconsole.scheduler.spec.thresholds import Thresholds as Thresholds
 from ftconsole.scheduler.spec.values import Duration as Duration
 from ftconsole.scheduler.spec.values import PositiveDuration as PositiveDuration
 from ftconsole.scheduler.spec.values import RetentionDuration as RetentionDuration
 from ftconsole.scheduler.spec.values import check_address as check_address
+from ftconsole.scheduler.spec.values import check_no_user
 from ftconsole.scheduler.spec.values import format_duration as format_duration
 from ftconsole.scheduler.spec.values import parse_duration as parse_duration
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+Loc = tuple[Any, ...]  # a key path: (key, key, index, ...)
 
 
 DEFAULT_CONFIG_PATHS = (
@@ -62,40 +74,6 @@ class SSHSettings(_Strict):
     keepalive_interval: Duration = 15.0
     max_parallel: int = Field(64, ge=1, le=4096)
     python: str = "python3"
-
-
-class Thresholds(_Strict):
-    """Pass conditions of the checks; defaults are seed 000's."""
-
-    disk_root_gb: float = 32.0
-    disk_shm_gb: float = 1.0
-    disk_cache_gb: float = 32.0
-    ulimit_memlock_kb: int = 16000
-    ulimit_nofile: int = 1_000_000
-    ulimit_stack_kb: int = 8000
-    ulimit_nproc: int = 1_000_000
-    gpus_expected: int | None = Field(None, ge=0)
-    gpu_temp_warn_c: float = 85.0
-    gpu_temp_fail_c: float = 95.0
-    mem_available_warn_pct: float = 5.0
-    load_warn_per_cpu: float = 2.0
-
-
-class PartialThresholds(_Strict):
-    """Per-pool overrides: only the keys given replace the cluster-wide values."""
-
-    disk_root_gb: float | None = None
-    disk_shm_gb: float | None = None
-    disk_cache_gb: float | None = None
-    ulimit_memlock_kb: int | None = None
-    ulimit_nofile: int | None = None
-    ulimit_stack_kb: int | None = None
-    ulimit_nproc: int | None = None
-    gpus_expected: int | None = Field(None, ge=0)
-    gpu_temp_warn_c: float | None = None
-    gpu_temp_fail_c: float | None = None
-    mem_available_warn_pct: float | None = None
-    load_warn_per_cpu: float | None = None
 
 
 class ProbeSettings(_Strict):
@@ -161,6 +139,9 @@ class SchedulerSettings(_Strict):
     fairshare: FairShare | None = None
     # a preemptible job runs at least this long before a job of a higher level may preempt it (docs/jobs.md)
     preempt_min_runtime: Duration = 10 * 60.0
+    # how many queued jobs each placement pass considers, in queue order, past those a quota, an array's limit or a
+    # dependency holds back (Slurm's default_queue_depth); the others wait for a later pass (docs/configuration.md)
+    queue_depth: int = Field(500, ge=1, le=100_000)
 
 
 class DebugSettings(_Strict):
@@ -180,6 +161,17 @@ class DebugSettings(_Strict):
                 f"({format_duration(self.max_retention)})"
             )
         return self
+
+
+class HistorySettings(_Strict):
+    """How long the store keeps what has ended, like Slurm's PurgeJobAfter and PurgeEventAfter: older records are
+    pruned in small batches while `serve` runs (docs/operations.md, "History"); 0 or off: kept for ever. Usage and
+    goodput keep their per-day sums, so reports over any span still work."""
+
+    # ended jobs, with their attempts, runs, evidence, events and alerts, this long after they ended
+    jobs: RetentionDuration = 365 * 86400.0
+    # node events and resolved node alerts, this long after they happened
+    events: RetentionDuration = 365 * 86400.0
 
 
 def _data_root(value: str) -> str:
@@ -209,56 +201,6 @@ class ApiSettings(_Strict):
     group: str | None = None  # group that may connect (mode 0660); default: the scheduler's own group
 
 
-_HOST_NAME = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?:\.(?!-)[A-Za-z0-9-]{1,63})*\.?$")
-
-
-def parse_listen(value: Any) -> tuple[str, int]:
-    """'127.0.0.1:9464', '[::1]:9464' or 'localhost:9464' -> (host, port); ValueError saying what is wrong."""
-    hint = "give HOST:PORT, such as 127.0.0.1:9464, [::1]:9464 or 0.0.0.0:9464 (every interface)"
-    if not isinstance(value, str):
-        raise ValueError(f"{hint}, not {value!r}")
-    host, sep, port = value.strip().rpartition(":")
-    if not sep or not host:
-        raise ValueError(f"{hint}, not {value!r}")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-        try:
-            ipaddress.IPv6Address(host)
-        except ValueError:
-            raise ValueError(f"{host!r} in {value!r} is not an IPv6 address; {hint}") from None
-    elif ":" in host:
-        raise ValueError(f"{value!r}: put an IPv6 address in brackets, as in [::1]:9464")
-    elif not _HOST_NAME.match(host) or (host.replace(".", "").isdigit() and not _ipv4(host)):
-        raise ValueError(f"{host!r} in {value!r} is not a host name or IP address; {hint}")
-    if not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
-        raise ValueError(f"port {port!r} in {value!r} is not a number from 1 to 65535")
-    return host, int(port)
-
-
-def _ipv4(host: str) -> bool:
-    try:
-        ipaddress.IPv4Address(host)
-    except ValueError:
-        return False
-    return True
-
-
-class MetricsSettings(_Strict):
-    """The Prometheus endpoint of `ftconsole serve`: http://<listen>/metrics (docs/operations.md, Metrics)."""
-
-    listen: str  # HOST:PORT to serve on; the metrics section absent: no endpoint
-
-    @field_validator("listen", mode="before")
-    @classmethod
-    def _listen(cls, value: Any) -> str:
-        parse_listen(value)
-        return str(value).strip()
-
-    @property
-    def address(self) -> tuple[str, int]:
-        return parse_listen(self.listen)
-
-
 class NodeGroup(_Strict):
     name: str
     host: str | None = None
@@ -271,12 +213,14 @@ class NodeGroup(_Strict):
     @classmethod
     def _addresses(cls, host: str | None) -> str | None:
         if host is not None:
-            for address in expand_nodeset(host):
+            for address in expand_nodeset(check_no_user(host)):  # '@' first: a node set reads it as a group
                 check_address(address)
         return host
 
     @model_validator(mode="after")
     def _expressions(self) -> NodeGroup:
+        if self.host is None:
+            check_no_user(self.name, "name")
         names = expand_nodeset(self.name)
         if self.host is None:  # the name is the address
             for name in names:
@@ -315,73 +259,6 @@ class Node:
     labels: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
 
 
-def _webhook_url(url: str) -> str:
-    parts = urlsplit(url.strip())
-    if parts.scheme.lower() not in ("http", "https"):
-        got = f"a {parts.scheme!r} URL" if parts.scheme else "no URL scheme"
-        raise ValueError(f"the webhook must be an http:// or https:// URL, got {got}")
-    if not parts.hostname:
-        raise ValueError("the webhook URL names no host (as in https://hooks.example.com/...)")
-    return url.strip()
-
-
-_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP token (RFC 9110)
-
-
-_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")  # a Prometheus label name
-
-
-class AlertmanagerSettings(_Strict):
-    """A Prometheus Alertmanager kept in sync with the alerts (docs/operations.md, Notifications)."""
-
-    url: Annotated[str, AfterValidator(_webhook_url)]  # its base URL, e.g. http://alertmanager:9093
-    interval: PositiveDuration = 60.0  # every alert still open is sent again this often (within 2 s of a change)
-    labels: dict[str, str] = {}  # added to every alert's labels (cluster: prod, say)
-
-    @field_validator("labels")
-    @classmethod
-    def _labels(cls, labels: dict[str, str]) -> dict[str, str]:
-        for name in labels:
-            if not _LABEL_NAME.match(name) or name.startswith("__"):
-                raise ValueError(f"{name!r} is not a label name (letters, digits, '_'; not a digit or __ first)")
-        return labels
-
-
-class NotifySettings(_Strict):
-    """Where new alerts are sent (docs/operations.md, Notifications); neither webhook nor command: nowhere."""
-
-    webhook: Annotated[str, AfterValidator(_webhook_url)] | None = None  # a JSON POST of each alert
-    headers: dict[str, str] = {}  # sent with the webhook's POST (an Authorization header, say)
-    command: list[str] | None = Field(None, min_length=1)  # argv run with the alert JSON on stdin; no shell
-    retries: int = Field(3, ge=0, le=10)  # tries after a failed one, 1s, 2s, 4s ... apart
-    rate_limit: int = Field(30, ge=1, le=10_000)  # notifications a minute; those over it go out as one
-    timeout: PositiveDuration = 10.0  # per try
-    jobs: Literal["opted-in", "all"] = "opted-in"  # job alerts of jobs with `notify: true` only, or of all
-
-    @field_validator("headers")
-    @classmethod
-    def _headers(cls, headers: dict[str, str]) -> dict[str, str]:
-        for name, value in headers.items():
-            if not _HEADER_NAME.match(name):
-                raise ValueError(f"{name!r} is not an HTTP header name (letters, digits, '-'; no space or ':')")
-            if any(c in value for c in "\r\n\0"):
-                raise ValueError(f"the value of header {name!r} has a line break or NUL")
-        return headers
-
-    @field_validator("command")
-    @classmethod
-    def _argv(cls, argv: list[str] | None) -> list[str] | None:
-        if argv is not None and (not argv[0].strip() or any("\0" in arg for arg in argv)):
-            raise ValueError("give the command as a list: [program, arg, ...], the program not empty, no NUL")
-        return argv
-
-    @model_validator(mode="after")
-    def _headers_need_webhook(self) -> NotifySettings:
-        if self.headers and self.webhook is None:
-            raise ValueError("headers are sent with the webhook's POST, and no webhook is set")
-        return self
-
-
 class ProjectSettings(_Strict):
     """A project jobs may name (`project:`): who may submit to it; the urgent cap counts per project."""
 
@@ -408,14 +285,16 @@ class ClusterConfig(_Strict):
     notify: NotifySettings = NotifySettings()  # where new alerts are sent; no target: nowhere
     alertmanager: AlertmanagerSettings | None = None  # a Prometheus Alertmanager kept in sync with the alerts
     debug: DebugSettings = DebugSettings()  # how long a failed job's environment is kept (seed 003)
+    history: HistorySettings = HistorySettings()  # how long ended jobs and old events are kept in the store
     data_prep: DataPrepSettings = DataPrepSettings()  # node-local storage for jobs' data sets (seed 003)
     containers: ContainerSettings = ContainerSettings()  # the runtime jobs with `image` run in (issue 17)
 
-    def cross_problems(self) -> list[tuple[tuple[Any, ...], str]]:
-        """Problems that span several keys, as (key path, message); pydantic checks each key alone."""
-        out: list[tuple[tuple[Any, ...], str]] = []
+    def cross_problems(self, groups: Sequence[tuple[int, NodeGroup]] | None = None) -> list[tuple[Loc, str]]:
+        """Problems that span several keys, as (key path, message); pydantic checks each key alone. `groups`: the
+        node groups with their places in the file, where some are left out (invalid); default: all of them."""
+        out: list[tuple[Loc, str]] = []
         seen: dict[str, int] = {}
-        for i, group in enumerate(self.nodes):
+        for i, group in enumerate(self.nodes) if groups is None else groups:
             for name in expand_nodeset(group.name):
                 if name in seen:
                     out.append((("nodes", i, "name"), f"node {name} is already defined in nodes[{seen[name]}]"))
@@ -434,9 +313,44 @@ class ClusterConfig(_Strict):
         for admin in self.admins:
             if not admin or any(c.isspace() for c in admin):
                 out.append((("admins",), f"invalid user name {admin!r}"))
-        return out + self._project_problems() + self._run_as_problems()
+        return (
+            out + self._threshold_problems() + self._project_problems() + self._run_as_problems()
+            + self._history_problems()
+        )  # fmt: skip
 
-    def _project_problems(self) -> list[tuple[tuple[Any, ...], str]]:
+    def _history_problems(self) -> list[tuple[Loc, str]]:
+        """history.jobs keeps the jobs that the quotas' GPU-hours and the kept debugging environments still need."""
+        keep = self.history.jobs
+        if not keep:
+            return []
+        out: list[tuple[Loc, str]] = []
+        if self.quotas is not None and keep < self.quotas.period:
+            out.append((("history", "jobs"), f"{format_duration(keep)} is shorter than quotas.period "
+                        f"({format_duration(self.quotas.period)}): the GPU-hours quotas count over it would forget "
+                        "the jobs pruned before it ends"))  # fmt: skip
+        if keep < self.debug.max_retention:
+            out.append((("history", "jobs"), f"{format_duration(keep)} is shorter than debug.max_retention "
+                        f"({format_duration(self.debug.max_retention)}): a failed job would leave the store while its "
+                        "debugging environment is kept"))  # fmt: skip
+        return out
+
+    def _threshold_problems(self) -> list[tuple[Loc, str]]:
+        """A pool's thresholds over the cluster's: each warn level still below its fail level (the models check
+        each part alone)."""
+        out: list[tuple[Loc, str]] = []
+        for name, pool in self.pools.items():
+            given = pool.thresholds.model_dump(exclude_none=True)
+            merged = self.thresholds_for(name).model_dump()
+            for warn, fail in WARN_FAIL:
+                if warn_fail_problem(merged, fail) is None or (warn in given) == (fail in given):  # both: the model's
+                    continue
+                mine, other, side = (warn, fail, "below") if warn in given else (fail, warn, "above")
+                out.append((("pools", name, "thresholds", mine),
+                            f"this pool's {mine} ({merged[mine]:g}) is not {side} probes.thresholds.{other} "
+                            f"({merged[other]:g}): a node warns before it fails"))  # fmt: skip
+        return out
+
+    def _project_problems(self) -> list[tuple[Loc, str]]:
         """Fair-share shares and project quotas name declared projects only; without any declared, they are
         refused: keyed on a label anyone may write, they would hold no one (issue 40)."""
         fair = self.scheduler.fairshare
@@ -452,7 +366,7 @@ class ClusterConfig(_Strict):
                "and quotas count per user; declare the projects, or leave this out")  # fmt: skip
         return [(where, why) for where in named]
 
-    def _run_as_problems(self) -> list[tuple[tuple[Any, ...], str]]:
+    def _run_as_problems(self) -> list[tuple[Loc, str]]:
         s = self.scheduler
         if s.run_as == "submitter":
             if not (s.run_root.startswith("~/") or "{user}" in s.run_root):
@@ -562,23 +476,82 @@ def find_config(explicit: str | None) -> Path:
     )
 
 
-def check_problems(loaded: LoadedConfig, path: Path) -> list[Problem]:
-    """What `config check` refuses beyond `load_config`: a config that loads (a CLI needs only its socket and
-    state_dir) but cannot schedule anything. Today: no node at all."""
-    if loaded.cluster.nodes:
-        return []
-    data, marks = yamlfile.load(path)
-    line = yamlfile.line_of(marks, ("nodes",)) if isinstance(data, dict) and "nodes" in data else 1
-    return [Problem(str(path), line, "nodes", "no nodes: list at least one node group (name, host)")]
+def _alone(key: str, value: Any) -> Any:
+    """The value of top-level `key` validated alone; a section's (a model's) without its faulted keys, where that
+    is all that is wrong with it. ValidationError where it does not validate."""
+    try:
+        return getattr(ClusterConfig.model_validate({key: value}), key)
+    except ValidationError as exc:
+        faulted = {err["loc"][1] for err in exc.errors() if len(err["loc"]) > 1}
+        section = isinstance(ClusterConfig.model_fields[key].default, BaseModel)  # not a map of named entries
+        if not section or not faulted or not isinstance(value, Mapping):
+            raise
+        rest = {k: v for k, v in value.items() if k not in faulted}
+        return getattr(ClusterConfig.model_validate({key: rest}), key)
+
+
+def _salvage(data: Any) -> tuple[ClusterConfig, list[tuple[int, NodeGroup]]]:
+    """What of an invalid config validates: each top-level key that does alone (the others at their defaults; a
+    section less its faulted keys), and the node groups that do, with their places in the file; so that the checks
+    across keys, and `config check`'s of this host, still run: every problem is reported in one run."""
+    fields: dict[str, Any] = {}
+    groups: list[tuple[int, NodeGroup]] = []
+    for key, value in data.items() if isinstance(data, Mapping) else ():
+        if key == "nodes" and isinstance(value, list):
+            for i, item in enumerate(value):
+                with contextlib.suppress(ValidationError):
+                    groups.append((i, NodeGroup.model_validate(item)))
+            fields["nodes"] = [group for _, group in groups]
+        elif isinstance(key, str) and key in ClusterConfig.model_fields:
+            with contextlib.suppress(ValidationError):
+                fields[key] = _alone(key, value)
+    try:
+        return ClusterConfig.model_validate(fields), groups
+    except ValidationError:  # keys that hold alone and not together: the checks across keys see the defaults
+        return ClusterConfig(), []
+
+
+def config_problems(
+    data: Any, marks: yamlfile.Marks, file: str
+) -> tuple[ClusterConfig | None, ClusterConfig, list[Problem]]:
+    """Validate a config's data: (the config, or None when invalid; what of it validates, for checks that go on;
+    every problem of its keys and across its keys, in the order of their lines)."""
+    try:
+        cluster: ClusterConfig | None = yamlfile.validate(ClusterConfig, data, file, marks)
+        problems: list[Problem] = []
+    except ConfigError as exc:
+        cluster, problems = None, exc.problems
+    if cluster is not None:
+        best, groups = cluster, list(enumerate(cluster.nodes))
+    elif isinstance(data, Mapping):
+        best, groups = _salvage(yamlfile.empty_as_default(ClusterConfig, data))
+    else:
+        best, groups = ClusterConfig(), []
+    faulted = {p.path for p in problems}
+    for loc, msg in best.cross_problems(groups):
+        if yamlfile.dotted(loc) not in faulted:
+            problems.append(Problem(file, yamlfile.line_of(marks, loc), yamlfile.dotted(loc), msg))
+    return (cluster if not problems else None), best, sort_problems(problems)
+
+
+def sort_problems(problems: list[Problem]) -> list[Problem]:
+    """By line (those without one first: the file's own), each once."""
+    return sorted(dict.fromkeys(problems), key=lambda p: (p.line or 0, p.path))
 
 
 def load_config(path: Path) -> LoadedConfig:
-    data, marks = yamlfile.load(path)
-    cluster = yamlfile.validate(ClusterConfig, data, str(path), marks)
-    problems = [
-        Problem(str(path), yamlfile.line_of(marks, loc), yamlfile.dotted(loc), msg)
-        for loc, msg in cluster.cross_problems()
-    ]
-    if problems:
-        raise ConfigError(problems)
+    """The config at `path`; ConfigError with every problem of its YAML, its keys and across its keys, at once.
+    What this host has (its groups, files and folders) is `config check`'s (spec/configcheck.py): a config that
+    points at files not made yet still loads."""
+    data, marks, problems = yamlfile.load_all(path)
+    cluster, _, more = config_problems(data, marks, str(path))
+    if problems or cluster is None:
+        raise ConfigError(merge_problems(problems, more))
     return LoadedConfig(cluster=cluster, file=path.resolve())
+
+
+def merge_problems(first: list[Problem], then: list[Problem]) -> list[Problem]:
+    """`first` (the YAML's own: a duplicate key, a bad value) and those of `then` about other keys, by line."""
+    keys = [p.path for p in first if p.path]
+    inside = tuple(k + "." for k in keys) + tuple(k + "[" for k in keys)
+    return sort_problems(first + [p for p in then if p.path not in keys and not p.path.startswith(inside)])

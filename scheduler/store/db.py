@@ -30,6 +30,7 @@ from ftconsole.scheduler.store.alertreads import AlertReads
 from ftconsole.scheduler.store.engine import ANY_TABLE, Engine, Row, connect, is_postgres
 from ftconsole.scheduler.store.files import STATE_DIR_MODE, _private_store_files
 from ftconsole.scheduler.store.files import STORE_FILE as STORE_FILE  # where the store lives: part of its API
+from ftconsole.scheduler.store.history import HistoryStore
 from ftconsole.scheduler.store.jobtx import CheckpointSignal, JobTx, _auto_resolve, _insert_alert
 from ftconsole.scheduler.store.jobtx import (
     Conflict as Conflict,  # raised by the store's conditional writes: part of its API
@@ -48,7 +49,7 @@ from ftconsole.scheduler.store.records import (
     _run_from_row,
 )
 from ftconsole.scheduler.store.schema import MIGRATIONS as MIGRATIONS  # SQLite's: part of its API (tests)
-from ftconsole.scheduler.store.schema import SCHEMA_VERSION
+from ftconsole.scheduler.store.schema import SCHEMA_VERSION, newer_store_refusal
 from ftconsole.scheduler.store.sharingreads import SharingReads
 
 PROBE_HISTORY_PER_NODE = 50
@@ -63,7 +64,7 @@ _RUNS = frozenset({"runs", "attempts"})
 _CHECKPOINTS = frozenset({"checkpoint_signals"})
 
 
-class Store(SharingReads, AlertReads):
+class Store(SharingReads, AlertReads, HistoryStore):
     def __init__(self, db: Engine, path: Path | str) -> None:
         self._db = db
         self.path = path  # the SQLite file, or the PostgreSQL URL (`where` names it in messages)
@@ -120,10 +121,7 @@ class Store(SharingReads, AlertReads):
         try:
             version = await db.schema_version()
             if version > SCHEMA_VERSION:
-                raise StoreError(
-                    f"{self.where} has schema version {version}, newer than this ftconsole ({SCHEMA_VERSION}); "
-                    "upgrade ftconsole"
-                )
+                raise StoreError(newer_store_refusal(self.where, version))
             for number in range(version + 1, SCHEMA_VERSION + 1):
                 await db.migrate(number)
             row = await db.fetchone("SELECT COALESCE(MAX(updated), 0) FROM jobs")
@@ -213,6 +211,12 @@ class Store(SharingReads, AlertReads):
                 if isinstance(exc, db.errors):
                     raise StoreError(f"cannot {what} in {self.where}: {exc}") from exc
                 raise
+
+    def version(self, tables: Collection[str]) -> int:
+        """A number that moves whenever one of `tables` is written (by this process, or by another as `refresh`
+        found): what is derived from their kept reads may be kept as long as it stays the same."""
+        written = self._wrote_at.get
+        return max(written(ANY_TABLE, 0), *(written(t, 0) for t in tables))
 
     def forget(self) -> None:
         """Drop every kept read: another process wrote, or a transaction was rolled back."""
@@ -308,9 +312,15 @@ class Store(SharingReads, AlertReads):
     # -- jobs --------------------------------------------------------------------------------------------------
 
     async def owners(self, *, since: float) -> list[str]:
-        """The owners of the jobs that are active, or ended at `since` or later (deleted ones too)."""
+        """The owners of the jobs that are active, or ended at `since` or later (deleted ones too; `since` taken
+        back to the hour: each node's sweep asks, and the answer is kept until a job changes)."""
+        since -= since % 3600
         sql = "SELECT DISTINCT owner FROM jobs WHERE ended IS NULL OR ended >= ? ORDER BY owner"
-        return [row[0] for row in await self._db.fetchall(sql, (since,))]
+
+        async def read() -> list[str]:
+            return [row[0] for row in await self._db.fetchall(sql, (since,))]
+
+        return list(await self._kept_read(("owners", since), _JOBS, read))
 
     async def jobs(
         self, *, statuses: Iterable[JobStatus] | None = None, deleted: bool = False, ended_since: float | None = None
@@ -343,6 +353,15 @@ class Store(SharingReads, AlertReads):
     async def job(self, job_id: int) -> Job | None:
         row = await self._db.fetchone("SELECT * FROM jobs WHERE id = ?", (job_id,))
         return self._job_from_row(row) if row else None
+
+    async def jobs_by_id(self, ids: Sequence[int]) -> list[Job]:
+        """The jobs of these ids that exist, by id; a few queries for thousands."""
+        out: list[Job] = []
+        for start in range(0, len(ids), 500):
+            chunk = list(ids[start : start + 500])
+            sql = f"SELECT * FROM jobs WHERE id IN ({','.join('?' * len(chunk))}) ORDER BY id"
+            out += [self._job_from_row(r) for r in await self._db.fetchall(sql, chunk)]
+        return out
 
     async def array_tasks(self, array_id: int) -> list[Job]:
         """The tasks of an array (deleted ones too), by index."""

@@ -256,5 +256,47 @@ MIGRATIONS: tuple[str, ...] = (
     """
     CREATE INDEX jobs_owner_status ON jobs (owner, status);
     """,
+    # 16: history retention (`history:`): what pruned jobs used, summed per UTC day and (user, project), so usage
+    #     and goodput reports over any span still add up; how many rows were pruned (and the restarts of pruned
+    #     attempts, so that counters in the metrics never go down); events found by their time
+    """
+    CREATE TABLE history_days (
+        day         REAL NOT NULL,          -- the day's start, UTC midnight, seconds since the epoch
+        owner       TEXT NOT NULL,
+        project     TEXT NOT NULL,
+        gpu_seconds REAL NOT NULL DEFAULT 0,
+        jobs        INTEGER NOT NULL DEFAULT 0,   -- pruned jobs that used GPUs that day
+        useful      REAL NOT NULL DEFAULT 0,      -- goodput's GPU-seconds (decide/goodput.py)
+        rework      REAL NOT NULL DEFAULT 0,
+        downtime    REAL NOT NULL DEFAULT 0,
+        saved       REAL NOT NULL DEFAULT 0,
+        PRIMARY KEY (day, owner, project)
+    );
+    CREATE TABLE pruned (
+        what        TEXT PRIMARY KEY,       -- jobs | events | alerts | restarts:<result>
+        count       INTEGER NOT NULL DEFAULT 0,
+        last        REAL
+    );
+    CREATE INDEX events_time ON events (time);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
+
+# The first ftconsole release that writes each schema version: a store of version N is read by that release and every
+# later one. A new script in MIGRATIONS adds its version here with the release it will ship in (the next one);
+# tests/unit/test_store_versions.py checks that every version has its release, in order.
+RELEASE_OF_SCHEMA: dict[int, str] = {
+    **dict.fromkeys(range(1, 16), "0.1.0"),  # 1 to 15: everything up to the first release
+    16: "0.2.0",  # history retention
+}
+
+
+def newer_store_refusal(where: str, version: int) -> str:
+    """Why a store of schema `version`, newer than this program's, is refused, and which ftconsole reads it."""
+    release = RELEASE_OF_SCHEMA.get(version)
+    wrote = f"ftconsole {release} or newer" if release else "a newer ftconsole"
+    install = f"install ftconsole {release} or newer" if release else "install the ftconsole that wrote it, or newer"
+    return (
+        f"{where} was written by {wrote} (store schema {version}, this one knows up to {SCHEMA_VERSION}): "
+        f"{install}; the store is not changed"
+    )

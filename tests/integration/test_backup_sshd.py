@@ -209,7 +209,11 @@ async def test_a_restored_store_readopts_what_it_knows_and_stops_what_started_af
         assert await running_pid(sock, a) == a_pid  # read back: the same process
         assert sleepers(cluster) == {a_pid}
         assert starts(cluster, a) == [a_pid] and starts(cluster, b) == [b_pid]  # each started once
-        fenced = [e for e in await call(sock, "events", node="node01", limit=1000) if e["kind"] == "Fenced"]
+
+        async def fenced_events() -> list[dict[str, Any]]:  # written once the kill is done: wait for it
+            return [e for e in await call(sock, "events", node="node01", limit=1000) if e["kind"] == "Fenced"]
+
+        fenced = await wait_for("the fenced event", fenced_events)
         assert [(e["job"], f"run folder {b}/1/0" in e["message"]) for e in fenced] == [(None, True)], fenced
 
         if where == "in place":  # B's GPU is free in the restored store: a new job gets it, with an id after B's

@@ -1,0 +1,143 @@
+"""Stopping, deleting and releasing jobs (part of `jobops.Scheduler`): a queued job ends at once (many in one
+transaction), a running one is asked to stop (SIGTERM to its ranks, SIGKILL after `scheduler.stop_grace`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+
+from ftconsole.scheduler import debugenv
+from ftconsole.scheduler.decide.jobs import Condition, Job, JobStatus, StopReason
+from ftconsole.scheduler.errors import UsageError
+from ftconsole.scheduler.loop import request_stop
+from ftconsole.scheduler.rules import Caller
+from ftconsole.scheduler.spec.config import ClusterConfig, SchedulerSettings, format_duration
+from ftconsole.scheduler.store.db import Store
+from ftconsole.scheduler.store.jobtx import Conflict, JobTx
+
+STOP_BATCH = 500  # queued jobs stopped (or deleted) in one transaction
+
+
+class Stopping:
+    """Part of `Scheduler` (jobops.py): stop, delete, release."""
+
+    store: Store
+    config: ClusterConfig
+    settings: SchedulerSettings
+    clock: Callable[[], float]
+
+    def _poke(self) -> None:
+        raise NotImplementedError  # Scheduler's
+
+    async def targets(self, caller: Caller, ref: int | str, verb: str) -> list[Job]:
+        raise NotImplementedError  # Scheduler's (sharing.py)
+
+    async def _job(self, caller: Caller, job_id: int | str, verb: str, *, write: bool) -> Job:
+        raise NotImplementedError  # Scheduler's
+
+    async def _fresh(self, job_id: int) -> Job:
+        raise NotImplementedError  # Scheduler's
+
+    async def stop(self, caller: Caller, job_ids: Iterable[int | str]) -> list[Job]:
+        jobs = [job for j in job_ids for job in await self.targets(caller, j, "stop")]
+        return await self._stop_all(caller, jobs, StopReason.STOPPED)
+
+    async def _stop_all(
+        self, caller: Caller, jobs: Sequence[Job], reason: StopReason, *, delete: bool = False
+    ) -> list[Job]:
+        """`_stop` each job; the queued ones STOP_BATCH at a time, in one transaction each (stopping a thousand
+        queued tasks of an array is a few writes, not a thousand)."""
+        done: dict[int, Job] = {}
+        queued = [job for job in jobs if job.status is JobStatus.QUEUED]
+        for start in range(0, len(queued), STOP_BATCH):
+            batch = queued[start : start + STOP_BATCH]
+            now = self.clock()
+            try:
+                async with self.store.jobs_tx("stop queued jobs") as tx:
+                    for job in batch:
+                        await self._stop_queued(tx, caller, job, reason, now, delete=delete)
+            except Conflict:  # one of them was placed meanwhile: each on its own, as it is now
+                continue
+            done.update({job.id: job for job in batch})
+        if done:
+            self._poke()
+            fresh = {job.id: job for job in await self.store.jobs_by_id(list(done))}
+            done = {i: fresh.get(i, job) for i, job in done.items()}
+        return [
+            done[job.id] if job.id in done else await self._stop(caller, job, reason, delete=delete) for job in jobs
+        ]
+
+    async def _stop_queued(
+        self, tx: JobTx, caller: Caller, job: Job, reason: StopReason, now: float, *, delete: bool
+    ) -> None:
+        await tx.update_job(
+            job.id,
+            expect=[JobStatus.QUEUED],
+            status=JobStatus.STOPPED,
+            ended=now,
+            stop_requested=now,
+            stop_reason=reason,
+            stop_by=caller.user,
+            message=f"stopped by {caller.user} before it started",
+            **({"deleted": True} if delete else {}),
+        )
+        await tx.event(now, Condition.STOPPED, f"stopped by {caller.user} while queued", job=job.id)
+        if delete:
+            await tx.event(now, "Deleted", f"deleted by {caller.user}", job=job.id)
+
+    async def _stop(self, caller: Caller, job: Job, reason: StopReason, *, delete: bool = False) -> Job:
+        now = self.clock()
+        try:
+            async with self.store.jobs_tx("stop a job") as tx:
+                if job.status is JobStatus.QUEUED:
+                    await self._stop_queued(tx, caller, job, reason, now, delete=delete)  # its Deleted event too
+                elif job.status is JobStatus.RUNNING and job.stop_reason is None:
+                    grace = format_duration(self.settings.stop_grace)
+                    await request_stop(
+                        tx,
+                        job,
+                        now,
+                        reason,
+                        caller.user,
+                        f"stop requested by {caller.user}; SIGKILL after {grace}",
+                        **({"deleted": True} if delete else {}),
+                    )
+                elif delete:
+                    await tx.update_job(job.id, deleted=True)
+                if delete and job.status is not JobStatus.QUEUED:
+                    await tx.event(now, "Deleted", f"deleted by {caller.user}", job=job.id)
+        except Conflict:  # it changed state meanwhile (placed, or finished): act on what it is now
+            fresh = await self.store.job(job.id)
+            assert fresh is not None
+            return await self._stop(caller, fresh, reason, delete=delete)
+        self._poke()
+        fresh = await self.store.job(job.id)
+        assert fresh is not None
+        return fresh
+
+    async def delete(self, caller: Caller, job_ids: Iterable[int | str]) -> list[Job]:
+        """Hide jobs from every listing; a queued or running one is stopped first (its record and events stay)."""
+        jobs = [job for j in job_ids for job in await self.targets(caller, j, "delete")]
+        return await self._stop_all(caller, jobs, StopReason.STOPPED, delete=True)
+
+    async def release(self, caller: Caller, job_ids: Iterable[int | str]) -> list[Job]:
+        """Give up the GPUs failed jobs hold for debugging (`debug.hold_nodes`) before their time is over; the
+        run folders stay for the rest of the retention."""
+        jobs = [await self._job(caller, j, "release", write=True) for j in job_ids]
+        now = self.clock()
+        for job in jobs:
+            until = debugenv.held_until(job, self.config.debug)
+            if until is None or until <= now:
+                why = "holds no GPUs for debugging" if until is None else "held its GPUs until " + _clock(until)
+                raise UsageError(f"job {job.id} is {job.status.value} and {why}: nothing to release")
+        async with self.store.jobs_tx("release a job's held GPUs") as tx:
+            for job in jobs:
+                await tx.update_job(job.id, expect=[JobStatus.ERROR], debug_released=now)
+                await tx.event(now, "Released", f"GPUs held for debugging released by {caller.user}", job=job.id)
+        self._poke()
+        return [await self._fresh(job.id) for job in jobs]
+
+
+def _clock(when: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when))

@@ -1,0 +1,166 @@
+"""The store's side of history retention (`history:` in the config; the pruning itself is `scheduler.retention`):
+which ended jobs, old events and resolved alerts may go, and their removal in small transactions, each with what
+must outlive them: the per-day sums of what the pruned jobs used (`history_days`) and the count of what was
+pruned (`pruned`, with the restarts of the pruned attempts, so that the metrics' counters never go down).
+
+Part of `Store` (db.py), as `AlertReads` is. The SQL is the dialect both engines read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ftconsole.scheduler.decide.jobs import Attempt, Job, JobStatus, Run
+from ftconsole.scheduler.decide.reconcile import PREEMPTED, REQUEUED, RESTARTED, SHRUNK
+from ftconsole.scheduler.store.engine import Engine
+from ftconsole.scheduler.store.jobtx import CheckpointSignal
+from ftconsole.scheduler.store.records import _attempt_from_row, _run_from_row
+
+ENDED = tuple(s.value for s in JobStatus if not s.active)
+RESTART_RESULTS = (RESTARTED, REQUEUED, SHRUNK, PREEMPTED)
+DAY_S = 86400.0
+
+
+@dataclass(frozen=True)
+class DaySum:
+    """What pruned jobs of one (user, project) used on one UTC day."""
+
+    day: float
+    owner: str
+    project: str
+    gpu_seconds: float = 0.0
+    jobs: int = 0
+    useful: float = 0.0
+    rework: float = 0.0
+    downtime: float = 0.0
+    saved: float = 0.0
+
+
+@dataclass(frozen=True)
+class Pruning:
+    """A batch of ended jobs to prune, with everything their day sums are made of."""
+
+    jobs: list[Job]
+    attempts: list[Attempt]
+    runs: list[Run]
+    signals: list[CheckpointSignal]
+
+
+def _marks(values: Sequence[Any]) -> str:
+    return ",".join("?" * len(values))
+
+
+class HistoryStore:
+    """Part of `Store` (db.py): history retention's reads and writes."""
+
+    _db: Engine
+
+    def _transaction(self, what: str) -> contextlib.AbstractAsyncContextManager[None]:
+        raise NotImplementedError  # Store's
+
+    def _job_from_row(self, row: Any) -> Job:
+        raise NotImplementedError  # Store's
+
+    async def prunable_jobs(self, before: float, limit: int) -> Pruning:
+        """Up to `limit` jobs that ended before `before`, oldest first, with their attempts, runs and checkpoint
+        signals. Not one whose alert is still open or acknowledged (an on-call person still looks at it), nor a
+        task of an array with a task still active or ended since (an array goes whole)."""
+        sql = (
+            f"SELECT j.* FROM jobs j WHERE j.status IN ({_marks(ENDED)}) AND j.ended < ? "
+            "AND NOT EXISTS (SELECT 1 FROM alerts a WHERE a.job = j.id AND a.state != 'resolved') "
+            "AND (j.array_id IS NULL OR NOT EXISTS (SELECT 1 FROM jobs t WHERE t.array_id = j.array_id "
+            "AND (t.ended IS NULL OR t.ended >= ?))) ORDER BY j.ended, j.id LIMIT ?"
+        )
+        jobs = [self._job_from_row(r) for r in await self._db.fetchall(sql, (*ENDED, before, before, limit))]
+        if not jobs:
+            return Pruning([], [], [], [])
+        ids = [j.id for j in jobs]
+        inside = f"({_marks(ids)})"
+        attempts = await self._db.fetchall(f"SELECT * FROM attempts WHERE job IN {inside} ORDER BY job, number", ids)
+        runs = await self._db.fetchall(
+            "SELECT r.*, a.token FROM runs r JOIN attempts a ON a.job = r.job AND a.number = r.attempt "
+            f"WHERE r.job IN {inside} ORDER BY r.job, r.attempt, r.rank",
+            ids,
+        )
+        signals = await self._db.fetchall(f"SELECT * FROM checkpoint_signals WHERE job IN {inside}", ids)
+        return Pruning(
+            jobs,
+            [_attempt_from_row(r) for r in attempts],
+            [_run_from_row(r) for r in runs],
+            [CheckpointSignal(**dict(r)) for r in signals],
+        )
+
+    async def prune_jobs(self, pruning: Pruning, days: Sequence[DaySum], now: float) -> int:
+        """Remove these jobs with everything of theirs (attempts, runs, checkpoint signals, evidence, events,
+        alerts) and add their day sums, in one transaction; the number of jobs removed."""
+        ids = [j.id for j in pruning.jobs]
+        if not ids:
+            return 0
+        inside = f"({_marks(ids)})"
+        restarts: dict[str, int] = {}
+        for a in pruning.attempts:
+            if a.result in RESTART_RESULTS:
+                restarts[f"restarts:{a.result}"] = restarts.get(f"restarts:{a.result}", 0) + 1
+        async with self._transaction("prune ended jobs"):
+            for table in ("checkpoint_signals", "evidence", "runs", "attempts", "alerts"):
+                await self._db.execute(f"DELETE FROM {table} WHERE job IN {inside}", ids)
+            await self._db.execute(f"DELETE FROM events WHERE job IN {inside}", [str(i) for i in ids])
+            gone = await self._db.execute(f"DELETE FROM jobs WHERE id IN {inside}", ids)
+            await self._db.executemany(
+                "INSERT INTO history_days (day, owner, project, gpu_seconds, jobs, useful, rework, downtime, saved) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (day, owner, project) DO UPDATE SET "
+                "gpu_seconds = history_days.gpu_seconds + excluded.gpu_seconds, "
+                "jobs = history_days.jobs + excluded.jobs, useful = history_days.useful + excluded.useful, "
+                "rework = history_days.rework + excluded.rework, "
+                "downtime = history_days.downtime + excluded.downtime, saved = history_days.saved + excluded.saved",
+                [(d.day, d.owner, d.project, d.gpu_seconds, d.jobs, d.useful, d.rework, d.downtime, d.saved)
+                 for d in days],
+            )  # fmt: skip
+            await self._count({"jobs": gone, **restarts}, now)
+        return gone
+
+    async def prune_events(self, before: float, limit: int, now: float) -> int:
+        """Remove up to `limit` events of no job older than `before` (a job's go with it); how many."""
+        rows = await self._db.fetchall(
+            "SELECT id FROM events WHERE time < ? AND job IS NULL ORDER BY time LIMIT ?", (before, limit)
+        )
+        return await self._prune_ids("events", [r[0] for r in rows], now)
+
+    async def prune_alerts(self, before: float, limit: int, now: float) -> int:
+        """Remove up to `limit` resolved alerts of no job resolved before `before` (a job's go with it)."""
+        rows = await self._db.fetchall(
+            "SELECT id FROM alerts WHERE state = 'resolved' AND job IS NULL AND resolved_at < ? ORDER BY id LIMIT ?",
+            (before, limit),
+        )
+        return await self._prune_ids("alerts", [r[0] for r in rows], now)
+
+    async def _prune_ids(self, table: str, ids: Sequence[int], now: float) -> int:
+        if not ids:
+            return 0
+        async with self._transaction(f"prune old {table}"):
+            gone = await self._db.execute(f"DELETE FROM {table} WHERE id IN ({_marks(ids)})", list(ids))
+            await self._count({table: gone}, now)
+        return gone
+
+    async def _count(self, counts: Mapping[str, int], now: float) -> None:
+        await self._db.executemany(
+            "INSERT INTO pruned (what, count, last) VALUES (?, ?, ?) ON CONFLICT (what) DO UPDATE SET "
+            "count = pruned.count + excluded.count, last = excluded.last",
+            [(what, n, now) for what, n in counts.items() if n],
+        )
+
+    async def pruned_counts(self) -> dict[str, int]:
+        """What was pruned so far, by kind (jobs, events, alerts, restarts:<result>)."""
+        return {str(r[0]): int(r[1]) for r in await self._db.fetchall("SELECT what, count FROM pruned")}
+
+    async def history_days(self, since: float, until: float) -> list[DaySum]:
+        """The day sums of the days that start in [since, until)."""
+        rows = await self._db.fetchall(
+            "SELECT day, owner, project, gpu_seconds, jobs, useful, rework, downtime, saved FROM history_days "
+            "WHERE day >= ? AND day < ? ORDER BY day",
+            (since, until),
+        )
+        return [DaySum(*r) for r in rows]
