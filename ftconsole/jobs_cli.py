@@ -41,6 +41,8 @@ _LOCAL_SUBMIT_HELP = (
     "with --wait, a scheduler runs in this process until the job ends (a one-off local run)"
 )
 
+RECENT = "1d"  # `jobs` without a window: the active jobs and those ended this long ago at most
+
 
 def find_config(explicit: str | None, *, stdin: bool = False) -> Path:
     """The config file, found as `scheduler.config.find_config` finds it; `-` reads stdin where `stdin` allows."""
@@ -235,7 +237,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
 def cmd_jobs(args: argparse.Namespace) -> int:
     from ftconsole.usage_cli import window
 
-    since, until = window(args, default_since=None)
+    # the active jobs and those ended in the last day, unless a window or --all says otherwise (squeue's, not
+    # sacct's: the history is kept for history.jobs, and reading all of it is what --all is for)
+    recent = None if args.all or args.since is not None or args.until is not None else RECENT
+    since, until = window(args, default_since=recent)
     filters = {"status": args.status, "name": args.name, "owner": args.owner, "spec": args.spec, "output": args.output}
     if since is not None or until is not None:  # only then: a scheduler from before them refuses no argument
         filters |= {"since": since, "until": until}
@@ -506,7 +511,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser, listing: argparse.Arg
     p.add_argument("job", metavar="JOB.yaml", help="job spec file")
     p.set_defaults(func=cmd_predict)
 
-    p = sub.add_parser("jobs", parents=parents, help="the queue and every job")
+    p = sub.add_parser("jobs", parents=parents, help="the queue, the running jobs, those ended lately (--all: all)")
     p.add_argument("--status", "--state", action="append", metavar="S", help="only this status (repeatable)")
     p.add_argument("--name", help="only names containing this")
     p.add_argument("--owner", help="only this user's jobs")
@@ -514,6 +519,11 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser, listing: argparse.Arg
     p.add_argument("--output", help="only jobs whose output path contains this")
     p.add_argument("--since", metavar="WHEN", help="only jobs not ended before this (a date, or a time ago: 7d)")
     p.add_argument("--until", metavar="WHEN", help="only jobs submitted before this (a date, or a time ago)")
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help=f"every job the store keeps (default: the active ones and those ended in the last {RECENT})",
+    )
     p.add_argument("--expand", action="store_true", help="a row for each task of an array (12[7]), not one per array")
     p.set_defaults(func=cmd_jobs)
 

@@ -183,7 +183,9 @@ class Scheduler(RankReads, Reserving, Stopping):
                     f"unknown status in {', '.join(status)} (one of {', '.join(s.value for s in JobStatus)})"
                 ) from None
         out = []
-        for job in await self.store.jobs(statuses=statuses):
+        # with `since`, the jobs active or ended since, read as such: a listing of the recent ones reads no history
+        found = await (self.store.jobs(statuses=statuses) if since is None else self.store.jobs_since(since, statuses))
+        for job in found:
             if not self.may_see(caller, job):
                 continue
             if name and name not in job.name:

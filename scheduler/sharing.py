@@ -105,10 +105,9 @@ class Sharing:
         until = now if until is None else until
         if since >= until:
             raise UsageError("since must be before until")
-        jobs = {j.id: j for j in await self.store.jobs(deleted=True)}
-        runs = await self.store.runs()
-        attempts = await self.store.attempts(None)
-        marks = goodput.checkpoint_times(await self.store.checkpoint_signals(owed=False))
+        jobs, runs = await self.store.used_since(since)  # the window's runs and jobs, not the whole history
+        attempts, signals = await self.store.attempts_of(sorted(jobs))
+        marks = goodput.checkpoint_times(signals)
         try:  # every run: off the loop
             rows = await asyncio.to_thread(usage.usage_by, jobs, runs, by, since, until, now)
             good, all_good = await asyncio.to_thread(goodput.goodput_by, jobs, attempts, runs, marks, by, since, until,

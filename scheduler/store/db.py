@@ -83,6 +83,7 @@ class Store(SharingReads, AlertReads, HistoryStore):
         self._wrote_at: dict[str, int] = {}  # table -> the generation of its last write (ANY_TABLE: of any table)
         self._kept: dict[tuple[Any, ...], tuple[int, frozenset[str], Any]] = {}
         self._kept_of: dict[str, set[tuple[Any, ...]]] = {}  # table -> the keys of the kept reads of it
+        self._under_way: dict[tuple[Any, ...], tuple[int, asyncio.Future[Any]]] = {}  # key -> reads begun, not done
         db.on_write = self._wrote
 
     @classmethod
@@ -247,7 +248,24 @@ class Store(SharingReads, AlertReads, HistoryStore):
         kept = self._kept.get(key)
         if kept is not None and self._unwritten(kept[1], since=kept[0]):
             return kept[2]
-        value = await read()
+        # the same read under way, begun after the last write to its tables: its answer is as fresh as a new one
+        # (64 nodes' sweeps asking at once read once)
+        under_way = self._under_way.get(key)
+        if under_way is not None and self._unwritten(tables, since=under_way[0]):
+            return await asyncio.shield(under_way[1])
+        answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._under_way[key] = (generation, answer)
+        try:
+            value = await read()
+        except BaseException as exc:
+            answer.set_exception(exc)
+            answer.exception()  # retrieved: those waiting for it get it; nobody else need
+            raise
+        else:
+            answer.set_result(value)
+        finally:
+            if self._under_way.get(key, (0, None))[1] is answer:
+                del self._under_way[key]
         if self._unwritten(tables, since=generation):
             self._kept[key] = (generation, tables, value)
             for table in tables:
@@ -315,10 +333,15 @@ class Store(SharingReads, AlertReads, HistoryStore):
         """The owners of the jobs that are active, or ended at `since` or later (deleted ones too; `since` taken
         back to the hour: each node's sweep asks, and the answer is kept until a job changes)."""
         since -= since % 3600
-        sql = "SELECT DISTINCT owner FROM jobs WHERE ended IS NULL OR ended >= ? ORDER BY owner"
+        active = tuple(s.value for s in JobStatus if s.active)
+        ended = tuple(s.value for s in JobStatus if not s.active)
+        sql = (  # two indexed reads (an OR of the two would scan every job)
+            f"SELECT owner FROM jobs WHERE status IN ({','.join('?' * len(active))}) UNION "
+            f"SELECT owner FROM jobs WHERE status IN ({','.join('?' * len(ended))}) AND ended >= ? ORDER BY owner"
+        )
 
         async def read() -> list[str]:
-            return [row[0] for row in await self._db.fetchall(sql, (since,))]
+            return [row[0] for row in await self._db.fetchall(sql, (*active, *ended, since))]
 
         return list(await self._kept_read(("owners", since), _JOBS, read))
 

@@ -20,6 +20,7 @@ from ftconsole.scheduler.store.jobtx import CheckpointSignal
 from ftconsole.scheduler.store.records import _attempt_from_row, _run_from_row
 
 ENDED = tuple(s.value for s in JobStatus if not s.active)
+ACTIVE = tuple(s.value for s in JobStatus if s.active)
 RESTART_RESULTS = (RESTARTED, REQUEUED, SHRUNK, PREEMPTED)
 DAY_S = 86400.0
 
@@ -155,6 +156,63 @@ class HistoryStore:
     async def pruned_counts(self) -> dict[str, int]:
         """What was pruned so far, by kind (jobs, events, alerts, restarts:<result>)."""
         return {str(r[0]): int(r[1]) for r in await self._db.fetchall("SELECT what, count FROM pruned")}
+
+    async def used_since(self, since: float) -> tuple[dict[int, Job], list[Run]]:
+        """The runs that held GPUs at `since` or later (running, or ended since), and every run of an active job
+        (one queued again stands still in goodput's count), with their jobs (deleted ones too): what usage over a
+        window from `since` reads, without the whole history (an index on `ended`)."""
+        select = "SELECT r.*, a.token FROM runs r JOIN attempts a ON a.job = r.job AND a.number = r.attempt WHERE "
+        found: dict[tuple[int, int, int], Run] = {}
+        for where, args in (  # three indexed reads, not one scan of every run (an OR defeats the indexes)
+            ("r.ended >= ?", (since,)),
+            ("r.ended IS NULL", ()),
+            ("r.job IN (SELECT id FROM jobs WHERE status IN (?, ?))", ACTIVE),
+        ):
+            for row in await self._db.fetchall(select + where, args):
+                run = _run_from_row(row)
+                found[(run.job, run.attempt, run.rank)] = run
+        runs = [found[key] for key in sorted(found)]
+        ids = sorted({r.job for r in runs})
+        jobs: dict[int, Job] = {}
+        for start in range(0, len(ids), 500):
+            chunk = ids[start : start + 500]
+            rows = await self._db.fetchall(f"SELECT * FROM jobs WHERE id IN ({_marks(chunk)})", chunk)
+            jobs.update({j.id: j for j in map(self._job_from_row, rows)})
+        return jobs, runs
+
+    async def jobs_since(self, since: float, statuses: Sequence[JobStatus] | None = None) -> list[Job]:
+        """The jobs (not deleted) active now or ended at `since` or later, by id, of `statuses` (None: any): a
+        listing of the recent jobs that reads no older history (two indexed reads)."""
+        wanted = [s.value for s in statuses] if statuses is not None else [s.value for s in JobStatus]
+        active = [s for s in wanted if s in ACTIVE]
+        ended = [s for s in wanted if s in ENDED]
+        reads: list[tuple[str, list[Any]]] = []  # two indexed reads (an OR of them scans every job)
+        if active:
+            reads.append((f"status IN ({_marks(active)})", list(active)))
+        if ended:
+            reads.append((f"status IN ({_marks(ended)}) AND ended >= ?", [*ended, since]))
+        rows = [r for where, args in reads for r in await self._db.fetchall(
+            f"SELECT * FROM jobs WHERE deleted = 0 AND {where}", args)]  # fmt: skip
+        rows.sort(key=lambda r: r["id"])
+        return [self._job_from_row(r) for r in rows]
+
+    async def status_counts(self) -> dict[str, int]:
+        """How many jobs (not deleted) are in each status."""
+        rows = await self._db.fetchall("SELECT status, COUNT(*) FROM jobs WHERE deleted = 0 GROUP BY status")
+        return {str(r[0]): int(r[1]) for r in rows}
+
+    async def attempts_of(self, ids: Sequence[int]) -> tuple[list[Attempt], list[CheckpointSignal]]:
+        """The attempts and the checkpoint signals of these jobs (goodput's inputs)."""
+        attempts: list[Attempt] = []
+        signals: list[CheckpointSignal] = []
+        for start in range(0, len(ids), 500):
+            chunk = list(ids[start : start + 500])
+            inside = f"({_marks(chunk)})"
+            rows = await self._db.fetchall(f"SELECT * FROM attempts WHERE job IN {inside} ORDER BY job, number", chunk)
+            attempts += [_attempt_from_row(r) for r in rows]
+            rows = await self._db.fetchall(f"SELECT * FROM checkpoint_signals WHERE job IN {inside}", chunk)
+            signals += [CheckpointSignal(**dict(r)) for r in rows]
+        return attempts, signals
 
     async def history_days(self, since: float, until: float) -> list[DaySum]:
         """The day sums of the days that start in [since, until)."""

@@ -278,6 +278,7 @@ MIGRATIONS: tuple[str, ...] = (
         last        REAL
     );
     CREATE INDEX events_time ON events (time);
+    CREATE INDEX runs_ended ON runs (ended);
     """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
