@@ -53,6 +53,7 @@ from ftconsole.scheduler.store.schema import SCHEMA_VERSION, newer_store_refusal
 from ftconsole.scheduler.store.sharingreads import SharingReads
 
 PROBE_HISTORY_PER_NODE = 50
+RECENT_S = 7 * 86400.0  # the jobs a client following the job list starts with: active, or ended this recently
 ALERT_STATES = ("open", "acknowledged", "resolved")
 
 log = logging.getLogger("ftconsole.scheduler")
@@ -513,7 +514,8 @@ class Store(SharingReads, AlertReads, HistoryStore):
     async def jobs_changed(self, since: float | None) -> tuple[float, list[Job], dict[int, JobActivity]]:
         """The jobs changed since a cursor, for a client that follows the job list; returns the next cursor.
 
-        `since` None: every job not deleted. Else every job whose `updated` is at or after `since`, deleted ones
+        `since` None: every job not deleted that is active or ended in the last `RECENT_S` (no history). Else
+        every job whose `updated` is at or after `since`, deleted ones
         included (their `deleted` says so), with its activity (`job_activity`). The client calls again with
         the cursor returned. No change is missed: this holds the store's write lock, so no transaction of this
         process is half done while it reads, and the cursor is a stamp taken under that lock, so every later
@@ -523,8 +525,9 @@ class Store(SharingReads, AlertReads, HistoryStore):
         """
         async with self._writing:
             cursor = self._next_stamp()
-            if since is None:
-                where, args = "j.deleted = 0", []
+            if since is None:  # the console's first read: the active jobs and those of the last week, no history
+                where = "j.deleted = 0 AND (j.status IN ('queued', 'running') OR j.ended >= ?)"
+                args = [cursor - RECENT_S]
             else:
                 where, args = "j.updated >= ?", [float(since)]
             rows = await self._db.fetchall(f"SELECT * FROM jobs j WHERE {where} ORDER BY j.id", args)
