@@ -68,10 +68,8 @@ class SharingWeights:
                     out.setdefault(key, quotas.InUse()).gpus += len(r.gpus)
         now = self.clock()
         if now - self._hours_at >= QUOTA_HOURS_EVERY_S:
-            jobs, runs = await self.store.used_since(now - period)  # the period's runs, not the whole history
-            by = [(g, await asyncio.to_thread(usage.usage_by, jobs, runs, g, now - period, now, now))  # off the loop
-                  for g in usage.GROUPINGS]  # fmt: skip
-            self._hours = {(grouping, name): u.gpu_hours for grouping, rows in by for name, u in rows.items()}
+            rows = await self.store.usage_rows(now - period)  # the period's runs in a few columns, not the history
+            self._hours = await asyncio.to_thread(usage.hours_of_rows, rows, now - period, now, now)  # off the loop
             self._hours_at = now
         for key, hours in self._hours.items():
             out.setdefault(key, quotas.InUse()).gpu_hours = hours
@@ -111,9 +109,9 @@ class SharingWeights:
         now = self.clock()
         declared = self.config.projects
         if now - self._used_at >= fair.every:
-            # the runs of the last 20 half-lives (older ones weigh under a millionth), not the whole history
-            jobs, runs = await self.store.used_since(now - 20 * fair.half_life)
-            self._used = await asyncio.to_thread(fairshare.usage, jobs, runs, now, fair.half_life, declared=declared)
+            # the runs of the decay's horizon, in a few columns (no records), summed off the event loop
+            rows = await self.store.usage_rows(now - fairshare.HORIZON * fair.half_life)
+            self._used = await asyncio.to_thread(fairshare.usage_of_rows, rows, now, fair.half_life, declared=declared)
             self._used_at = now
         accounts = {w: fairshare.account(*w, declared) for w in wanted}
         self._factors = fairshare.factors(
