@@ -14,6 +14,7 @@ from typing import Any
 
 from ftconsole.probes.results import parse_runtimes
 from ftconsole.scheduler.decide.usertext import clean
+from ftconsole.scheduler.errors import ConfigError, FtError, Problem
 
 
 def printable(value: Any) -> str:
@@ -59,6 +60,28 @@ def runtime_lines(facts: Mapping[str, Any] | None) -> list[str]:
     if not runtimes:
         return ["container runtimes: none found"]
     return [f"container runtime {r.describe()}" for r in runtimes]
+
+
+def problem_json(problem: Problem) -> dict[str, Any]:
+    """A problem of a file in JSON, as `config check --json` lists them."""
+    return {"file": problem.file, "line": problem.line, "key": problem.path, "message": problem.message}
+
+
+def error_document(exc: FtError, **extra: Any) -> dict[str, Any]:
+    """An error as `--json` prints it on stdout: {"error": {"title", "message", "exit_code"}}, with `problems` for
+    an invalid file, then `extra` (a usage error's `usage`)."""
+    body: dict[str, Any] = {"title": exc.title, "message": printable(exc.message), "exit_code": exc.exit_code}
+    if isinstance(exc, ConfigError):
+        body["problems"] = [problem_json(p) for p in exc.problems]
+    return {"error": body | extra}
+
+
+def error_text(exc: FtError) -> str:
+    """An error as stderr shows it: `ftconsole: <title>: <message>`, or an invalid file's problems a line each. A
+    message may quote what a job's user wrote (a run's error): no control character of it is written."""
+    if isinstance(exc, ConfigError):
+        return "\n".join([f"ftconsole: {exc.title}:", *(f"  {printable(p)}" for p in exc.problems)])
+    return f"ftconsole: {exc.title}: {printable(exc)}"
 
 
 def print_json(value: Any) -> None:

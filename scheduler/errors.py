@@ -3,6 +3,11 @@
 Each error carries a short user-facing ``title``; the CLI prints ``title: message`` to stderr and exits with
 ``exit_code``. Errors from asyncssh, aiosqlite and NVML are translated into these at the boundary
 (``raise Ours(...) from exc``), so callers never see a library's exception types.
+
+The exit codes are a contract with scripts (README.md, "Exit codes"): 1 a failure (FtError), 2 bad input
+(UsageError: a usage error, an invalid config or job spec, an object that does not exist), 3 no scheduler to
+talk to (NotRunning). A new error class takes one of these; a new code is added here and in the docs, never
+reused for another meaning.
 """
 
 from __future__ import annotations
@@ -154,9 +159,11 @@ class AlreadyRunning(FtError):
 
 
 class NotRunning(FtError):
-    """No scheduler answers on the API socket: the CLI has nothing to talk to."""
+    """No scheduler answers on the API socket: the CLI has nothing to talk to. Its own exit code, so that a
+    script can tell "start the scheduler" from a command that failed."""
 
     title = "not running"
+    exit_code = 3
 
 
 class PermissionDenied(FtError):

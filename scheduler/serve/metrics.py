@@ -301,13 +301,23 @@ class SnapshotCollector(Collector):
                 "failures (work redone after a failure, jobs standing still before their next attempt).",
                 value=ratio,
             )
-        hours = GaugeMetricFamily(
-            "ftconsole_goodput_gpu_hours", "GPU-hours of the last 7 days: useful, redone, standing still.",
+        seconds = GaugeMetricFamily(
+            "ftconsole_goodput_gpu_seconds", "GPU-seconds of the last 7 days: useful, redone, standing still.",
             labels=["kind"],
         )  # fmt: skip
+        # the same in hours: Prometheus wants base units (promtool flags it); kept one release so that dashboards
+        # can move to the seconds, then removed
+        hours = GaugeMetricFamily(
+            "ftconsole_goodput_gpu_hours",
+            "Deprecated, to be removed in the next release: ftconsole_goodput_gpu_seconds / 3600. GPU-hours of the "
+            "last 7 days: useful, redone, standing still.",
+            labels=["kind"],
+        )
         for kind, value in (("useful", c.goodput.useful), ("rework", c.goodput.rework),
                             ("downtime", c.goodput.downtime)):  # fmt: skip
+            seconds.add_metric([kind], value)
             hours.add_metric([kind], value / 3600)
+        yield seconds
         yield hours
         yield GaugeMetricFamily(
             "ftconsole_scheduler_looping", "1 while the control loop runs (ticks and places jobs).", value=s.looping

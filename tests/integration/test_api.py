@@ -259,7 +259,7 @@ async def test_not_running(sock_dir: Path) -> None:
     stale_socket(sock_dir / "api.sock")
     with pytest.raises(NotRunning) as err:
         await ApiClient.connect(sock_dir / "api.sock")
-    assert (err.value.title, err.value.exit_code) == ("not running", 1)
+    assert (err.value.title, err.value.exit_code) == ("not running", 3)
 
 
 # Connects as another user with the plain socket module and prints what happened, as one JSON line.

@@ -127,7 +127,7 @@ def test_cli_without_a_scheduler_refuses_job_commands_unless_local(setup) -> Non
     cli, tmp_path, sock_dir = setup
     job = spec(tmp_path, "later", "command: 'true'\n")
     for wait in ([], ["--wait"]):
-        refused = cli("submit", job, *wait, check=1)
+        refused = cli("submit", job, *wait, check=3)
         assert refused.stderr.startswith("ftconsole: not running: no scheduler is serving ")
         assert f"(nothing answers on {sock_dir / 'ft.sock'})" in refused.stderr
         assert "`ftconsole serve`" in refused.stderr and "--local" in refused.stderr
@@ -139,7 +139,7 @@ def test_cli_without_a_scheduler_refuses_job_commands_unless_local(setup) -> Non
     job_id = json.loads(submitted.stdout)["id"]
     assert [(j["id"], j["status"]) for j in cli.json("jobs")] == [(job_id, "queued")]
     for command in (["stop", str(job_id)], ["priority", str(job_id), "urgent"], ["clone", str(job_id)]):
-        assert "no scheduler is serving" in cli(*command, check=1).stderr
+        assert "no scheduler is serving" in cli(*command, check=3).stderr
     assert cli("stop", str(job_id), "--local").stdout.strip() == f"job {job_id} later: stop requested, stopped"
     assert cli("logs", str(job_id), check=2).stderr.endswith("has not started: no logs yet\n")
     assert "give one or the other" in cli("logs", str(job_id), "--json", "--follow", check=2).stderr
@@ -154,7 +154,7 @@ def test_cli_submit_local_wait_runs_a_scheduler_until_the_job_ends(setup) -> Non
     assert f"job {job_id} succeeded" in done.stderr
     assert not (sock_dir / "ft.sock").exists()  # the one-off scheduler is gone with the command
     assert cli("logs", str(job_id)).stdout == "ran here\n"
-    assert "no scheduler is serving" in cli("submit", spec(tmp_path, "after", "command: 'true'\n"), check=1).stderr
+    assert "no scheduler is serving" in cli("submit", spec(tmp_path, "after", "command: 'true'\n"), check=3).stderr
 
 
 def test_cli_scale_an_elastic_job(setup) -> None:

@@ -147,7 +147,7 @@ def test_installed_ftconsole_runs_from_outside_the_source_tree(
     state = Path(env["HOME"]) / ".local" / "state" / "ftconsole"
     for wait in ([], ["--wait"]):
         refused = cli("submit", str(job), *wait)
-        assert refused.returncode == 1 and refused.stdout == ""
+        assert refused.returncode == 3 and refused.stdout == ""
         assert f"no scheduler is serving {state} (nothing answers on {state / 'ftconsole.sock'})" in refused.stderr
         assert "`ftconsole serve`" in refused.stderr and "--local" in refused.stderr
     listed = cli("jobs", "--json")

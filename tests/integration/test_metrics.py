@@ -7,7 +7,9 @@ import asyncio
 import contextlib
 import gzip
 import logging
+import shutil
 import socket
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -20,6 +22,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from ftconsole.probes.health import NodeHealth, NodeState
+from ftconsole.scheduler.decide.goodput import Goodput
 from ftconsole.scheduler.errors import StoreError
 from ftconsole.scheduler.jobops import Scheduler
 from ftconsole.scheduler.rules import Caller
@@ -276,3 +279,22 @@ async def test_store_counts_cannot_write(tmp_path: Path) -> None:
                 await db.execute("DELETE FROM jobs")
         finally:
             await counts.close()
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed (Debian: prometheus)")
+async def test_promtool_accepts_the_goodput_gpu_seconds(endpoint: tuple[metrics.MetricsServer, Source]) -> None:
+    """Prometheus' own linter on a real scrape: the goodput in GPU-seconds passes it. The deprecated
+    ftconsole_goodput_gpu_hours (kept one release for dashboards) is what it flags, so only the new name is
+    checked."""
+    server, source = endpoint
+    source.snapshot = metrics.Snapshot(counts=metrics.Counts(goodput=Goodput(useful=7200.0, rework=360.0)))
+    status, _, body = await fetch(f"http://127.0.0.1:{server.port}/metrics")
+    assert status == 200
+    got = parse(body)
+    assert got[("ftconsole_goodput_gpu_seconds", frozenset({("kind", "useful")}))] == 7200.0
+    assert got[("ftconsole_goodput_gpu_hours", frozenset({("kind", "useful")}))] == 2.0
+    promtool = [str(shutil.which("promtool")), "check", "metrics"]
+    done = await asyncio.to_thread(subprocess.run, promtool, input=body, capture_output=True, timeout=WAIT)
+    found = (done.stdout + done.stderr).decode()
+    assert done.returncode in (0, 3), found  # 3: lint problems found, listed; anything else: promtool failed
+    assert "ftconsole_goodput_gpu_seconds" not in found, found
