@@ -365,6 +365,7 @@ class Executor(Sweeping):
                     steps=plan.steps[run.rank],
                     workdir=rank.workdir,
                     grace=self.settings.stop_grace,
+                    output_limit=job.spec.output_cap(self.settings.output_limit),
                     token=attempt.token,
                     user=self.run_user(job),
                     python=self._python,

@@ -31,6 +31,15 @@ LOG_CHUNK = 1 << 20
 DEBUG_EVERY_S = 5.0
 
 
+DROPPED_LINE = b"== ftconsole: earlier output dropped"  # the node's own line (supervisor_output.py) starts so
+
+
+def dropped_marker(data: bytes) -> bytes:
+    """What goes before `data`, read from further on than asked for since the job's output_limit dropped the
+    output between: nothing when it starts with the node's line that says so, else a line of ours."""
+    return b"" if data.startswith(DROPPED_LINE) else DROPPED_LINE + b" (output_limit) ==\n"
+
+
 class RankReads:
     """Part of `Scheduler` (jobops.py): the operations that read what a job's ranks say on their nodes."""
 
@@ -71,7 +80,7 @@ class RankReads:
         tried = False
         try:
             while True:
-                data = b""
+                start, data = offset, b""
                 if pushed is not None:
                     with contextlib.suppress(TimeoutError):
                         chunk = await pushed.next(LOG_POLL_S)
@@ -80,11 +89,15 @@ class RankReads:
                         elif chunk[0] <= offset:
                             data = chunk[1][offset - chunk[0] :]
                         else:
-                            data = await self._log_read(node, path, offset, user)  # a gap: read it
+                            start, data = await self._log_read(node, path, offset, user)  # a gap: read it
                 else:
-                    data = await self._log_read(node, path, offset, user)
-                offset += len(data)
-                text = decoder.decode(data)
+                    start, data = await self._log_read(node, path, offset, user)
+                shown = data
+                if start > offset:  # its output_limit dropped what came next: a new start, said once
+                    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+                    shown = dropped_marker(data) + data
+                offset = start + len(data)
+                text = decoder.decode(shown)
                 if text:
                     yield text
                 if data and (pushed is not None or len(data) == LOG_CHUNK):
@@ -92,7 +105,8 @@ class RankReads:
                 if not follow:
                     return
                 if not await self._running(job.id, run):
-                    rest = await self._log_read(node, path, offset, user)
+                    start, rest = await self._log_read(node, path, offset, user)
+                    rest = rest if start <= offset else dropped_marker(rest) + rest
                     text = decoder.decode(rest, final=True)
                     if text:
                         yield text
@@ -136,11 +150,12 @@ class RankReads:
             raise NotFound(f"rank {run.rank} ran on {run.node}, which is no longer in the cluster config")
         return node
 
-    async def _log_read(self, node: Node, path: str, offset: int, user: str | None) -> bytes:
-        """A chunk of a run's output.log, read on its node as the run's user (never with more rights)."""
+    async def _log_read(self, node: Node, path: str, offset: int, user: str | None) -> tuple[int, bytes]:
+        """A chunk of a run's output.log, read on its node as the run's user (never with more rights): (where it
+        starts, its bytes). It starts past `offset` where the job's output_limit dropped the output there."""
         got = await read_file(self.loop.executor.transport, node, path, offset=offset, limit=LOG_CHUNK, user=user,
                               python=self._python)  # fmt: skip
-        return b"" if got is None else got[1]
+        return (offset, b"") if got is None else got
 
     async def launch_files(
         self, caller: Caller, job_id: int | str, *, rank: int = 0, attempt: int | None = None

@@ -1,5 +1,5 @@
-"""What callers may ask for, beyond who owns a job: which specs and priorities are admitted, the urgent cap,
-which jobs a user may see, and how far a job may be extended (docs/jobs.md, "Who may do what").
+"""What callers may ask for, beyond who owns a job: which specs, priorities and output limits are admitted, the
+urgent cap, which jobs a user may see, and how far a job may be extended (docs/jobs.md, "Who may do what").
 
 The engine asks these before it writes; the urgent cap is asked inside the transaction that writes the job,
 so two submits at once cannot both pass it.
@@ -21,6 +21,7 @@ from ftconsole.scheduler.spec import dataprep
 from ftconsole.scheduler.spec.config import format_duration
 from ftconsole.scheduler.spec.containers import run_root_problem
 from ftconsole.scheduler.spec.jobspec import Access, JobSpec
+from ftconsole.scheduler.spec.values import format_size
 
 if TYPE_CHECKING:  # only annotations: the API's clients import Caller from here without the scheduler's machinery
     from ftconsole.scheduler.nodeops import ClusterService
@@ -77,10 +78,23 @@ class Rules:
                 f"job {spec.name}: debug.hold_nodes is refused here: this cluster lets no failed job keep its GPUs "
                 "(debug.max_hold is 0); leave it out, the run folders are kept all the same"
             )
+        self._output_limit_allowed(caller, spec)
         dataprep.check_admissible(spec, self.config.data_prep, run_root=self.settings.run_root, user=caller.user)
         over = run_root_problem(spec.mounts or (), self.settings.run_root)
         if over is not None:
             raise UsageError(f"job {spec.name}: {over}")
+
+    def _output_limit_allowed(self, caller: Caller, spec: JobSpec) -> None:
+        """A job's `output_limit` may be lower than the cluster's `scheduler.output_limit`; higher, or off where the
+        cluster has one, only for an admin (as Slurm lets users lower their limits, not raise them)."""
+        cluster, asked = self.settings.output_limit, spec.output_limit
+        if asked is None or cluster == 0 or 0 < asked <= cluster or self.is_admin(caller):
+            return
+        said = "off" if asked == 0 else format_size(asked)
+        raise PermissionDenied(
+            f"job {spec.name}: output_limit {said} is over this cluster's scheduler.output_limit "
+            f"({format_size(cluster)}): ask for at most that (or leave it out), or ask an admin"
+        )
 
     def _hang_window_seen(self, spec: JobSpec) -> None:
         """A hang window the job asks for under 3 probe intervals would never flag anything: the GPU utilisation is

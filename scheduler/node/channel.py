@@ -37,6 +37,7 @@ import time
 
 from ftconsole.scheduler.node.supervisor_files import STATUS, _expand, _read_status  # bundled
 from ftconsole.scheduler.node.supervisor_liveness import _observe  # bundled
+from ftconsole.scheduler.node.supervisor_output import _output_chunk  # bundled
 
 WATCH_S = 0.1  # how often the watched runs' status files are looked at
 LIVENESS_S = 1.0  # how often the supervisors of the watched starting or running runs are looked for
@@ -205,27 +206,29 @@ def _follow(params, number, follows):
 
 
 def _grown(follows):
-    """The "log" events of the followed files that grew (one chunk each)."""
+    """The "log" events of the followed files that grew (one chunk each). Offsets count what a job's
+    output_limit dropped (supervisor_output.py): a follower whose next byte was dropped gets the file's header and
+    what was kept, from a later offset than it asked for. A file being cut is looked at again."""
     events = []
     for number, seen in follows.items():
         try:
-            if os.stat(seen["path"]).st_size <= seen["offset"]:
+            st = os.stat(seen["path"])
+            sig = (st.st_ino, st.st_size, st.st_mtime_ns)
+            if sig == seen.get("sig"):
                 continue
-            with open(seen["path"], "rb") as fh:
-                fh.seek(seen["offset"])
-                data = fh.read(FOLLOW_CHUNK)
+            got = _output_chunk(seen["path"], seen["offset"], FOLLOW_CHUNK, wait=0)
         except OSError:  # not there yet, or gone: looked at again
             continue
+        if got is None:
+            continue
+        start, data, end = got
+        if start + len(data) >= end:
+            seen["sig"] = sig  # read to its end: looked at again once it changes
         if data:
             events.append(
-                {
-                    "event": "log",
-                    "follow": number,
-                    "offset": seen["offset"],
-                    "data": base64.b64encode(data).decode("ascii"),
-                }
+                {"event": "log", "follow": number, "offset": start, "data": base64.b64encode(data).decode("ascii")}
             )
-            seen["offset"] += len(data)
+            seen["offset"] = start + len(data)
     return events
 
 

@@ -3,14 +3,15 @@
 Sent like the probe agent, to `python3 -` over SSH with one prepended line that sets PARAMS (a JSON
 document in a Python string literal). PARAMS["action"] is one of:
 
-start   {run_dir, token?, argv, env, workdir, files, grace, steps?}
+start   {run_dir, token?, argv, env, workdir, files, grace, steps?, output_limit?}
         Claim the run folder for `token` (the attempt's token: see "Identity" below), write the files
         (hostfile...), argv.json and env.json (the main command), and steps.json when steps are given, then
         detach a supervisor (double fork, new session, stdio on /dev/null) that runs the steps one after
         another, each in its own process group, with stdout and stderr in output.log, and keeps status.json up
         to date. Without steps, the run is one step: argv with env. Idempotent: a run folder that already has
         a status.json is never started again; its status is returned instead. A folder claimed by another
-        token is refused ({"started": false, "refused": why}): never adopted, never started.
+        token is refused ({"started": false, "refused": why}): never adopted, never started. With
+        output_limit (bytes), output.log is kept under it, its oldest output dropped (supervisor_output.py).
 prepare {run_dir, argv, env, files, steps?}
         Write the run folder (files, argv.json, env.json, steps.json) without starting anything: the ranks of
         an MPI job that mpirun starts itself, so a debug shell on them still finds the hostfile and env. A file
@@ -34,7 +35,8 @@ channel {}
         actions) until stdin closes, and push what changes in the runs of the last status read (channel.py).
 read    {path, offset?, limit, tail?}
         Up to `limit` bytes of a file (a run's output.log) from `offset`, or with `tail` from where its last
-        `tail` lines start: {"exists", "offset", "data" (base64)}.
+        `tail` lines start: {"exists", "offset", "data" (base64), "end"}, offsets counting the output dropped
+        by its output_limit (supervisor_output.py: a read from a dropped offset starts at the file's header).
 processes {groups, sample, stacks, py_spy?}
         What the processes of each given process group (a rank's step) and their descendants are doing: state,
         wait channel, system call, CPU time moving, threads, and with `stacks` each Python process's stack by
@@ -115,8 +117,8 @@ account the action runs as.
 Modules: this file holds the actions and `main`; what they share lives beside it, node side too (stdlib only,
 Python 3.8): supervisor_files (run folder files, writes, the claim), supervisor_liveness (process identity,
 "Liveness"), supervisor_scan (output.log and /proc I/O counters), supervisor_retention ("Retention") and
-supervisor_steps (the detached supervisor that runs the steps) and supervisor_container (a step's
-container). Their imports of each other end in "# bundled":
+supervisor_steps (the detached supervisor that runs the steps), supervisor_container (a step's
+container) and supervisor_output (output.log's cap). Their imports of each other end in "# bundled":
 `scheduler/ssh/runs.py` `supervisor_source()` sends them as one script, each module's source in dependency order
 and this file last, without those lines (`scheduler/node/bundle.py`).
 """
@@ -150,10 +152,11 @@ from ftconsole.scheduler.node.supervisor_files import (  # bundled
     _write_json,
 )
 from ftconsole.scheduler.node.supervisor_liveness import _group, _observe, _process_groups  # bundled
+from ftconsole.scheduler.node.supervisor_output import _output_chunk  # bundled
 from ftconsole.scheduler.node.supervisor_retention import MAX_PRUNED as MAX_PRUNED  # bundled
 from ftconsole.scheduler.node.supervisor_retention import prune  # bundled
 from ftconsole.scheduler.node.supervisor_scan import SCAN_BYTES as SCAN_BYTES  # bundled
-from ftconsole.scheduler.node.supervisor_scan import _scan, _tail_start, _with_io, _with_output  # bundled
+from ftconsole.scheduler.node.supervisor_scan import _scan, _with_io, _with_output  # bundled
 from ftconsole.scheduler.node.supervisor_steps import _supervise  # bundled
 
 PROTOCOL = 2
@@ -457,17 +460,14 @@ def _kill(status_path, status, seen):
 
 
 def read(params):
-    path = _expand(params["path"])
-    if not os.path.exists(path):
+    path, offset, limit = _expand(params["path"]), int(params.get("offset") or 0), int(params["limit"])
+    try:
+        got = _output_chunk(path, offset, limit, params.get("tail"))
+    except FileNotFoundError:
         return {"exists": False, "offset": 0, "data": ""}
-    with open(path, "rb") as fh:
-        end = fh.seek(0, os.SEEK_END)
-        offset = int(params.get("offset") or 0)
-        if params.get("tail") is not None:
-            offset = _tail_start(fh, end, int(params["tail"]))
-        fh.seek(min(offset, end))
-        data = fh.read(int(params["limit"]))
-    return {"exists": True, "offset": offset, "data": base64.b64encode(data).decode("ascii")}
+    if got is None:
+        return {"error": "%s is being cut to its output_limit: try again in a moment" % path}
+    return {"exists": True, "offset": got[0], "data": base64.b64encode(got[1]).decode("ascii"), "end": got[2]}
 
 
 def files(params):

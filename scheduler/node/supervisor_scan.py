@@ -1,10 +1,10 @@
 """What the run supervisor reads from output.log and /proc: node side, standard library only, Python 3.8.
 
 output.log's mtime and size (the progress heartbeat), the scan of its new lines for a job's patterns (bounded
-in bytes and CPU), the last line a failing step wrote, where its last lines start (action `read` with `tail`),
-and the /proc/<pid>/io counters of a running step's process group (the hang detector's sign of life). Bundled
-into the supervisor script (`scheduler/node/bundle.py`): it imports only the standard library and the other bundled
-modules (lines marked "# bundled", dropped from the bundle).
+in bytes and CPU), the last line a failing step wrote, and the /proc/<pid>/io counters of a running step's
+process group (the hang detector's sign of life). Bundled into the supervisor script (`scheduler/node/bundle.py`):
+it imports only the standard library and the other bundled modules (lines marked "# bundled", dropped from the
+bundle).
 """
 
 import glob
@@ -14,6 +14,7 @@ from typing import Any, Dict  # noqa: F401  (used in type comments: this file ru
 
 from ftconsole.scheduler.node.proc import _stat  # bundled
 from ftconsole.scheduler.node.supervisor_container import container_pids  # bundled
+from ftconsole.scheduler.node.supervisor_output import _output_chunk  # bundled
 
 IO_FIELDS = ("rchar", "wchar", "read_bytes", "write_bytes")
 HYBRID_CIDS = "ft-*-p*.cid"  # in a run folder: the containers container.py started for MPI processes
@@ -46,17 +47,13 @@ def _scan(run_dir, ask):
     import re
 
     path = os.path.join(run_dir, "output.log")
-    try:
-        with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            start = ask.get("from") or 0
-            if start > size:
-                start = 0  # the log was replaced: from its start
-            start = max(start, size - SCAN_BYTES)
-            fh.seek(start)
-            data = fh.read(size - start)
+    try:  # in offsets of the whole output, what its output_limit dropped counted (supervisor_output.py)
+        got = _output_chunk(path, ask.get("from") or 0, SCAN_BYTES, wait=1.0, last=SCAN_BYTES)
     except OSError as exc:
         return {"error": "cannot read output.log: %s" % exc.strerror}
+    if got is None:  # being cut: scanned from there next time
+        return {"to": ask.get("from") or 0, "matches": {}}
+    start, data, _ = got
     end = data.rfind(b"\n") + 1
     out = {"to": start + end, "matches": {}}  # type: Dict[str, Any]
     lines = data[:end].decode("utf-8", "replace").splitlines()
@@ -123,34 +120,9 @@ def _last_line(path, since, limit=4096):
     try:
         with open(path, "rb") as fh:
             end = fh.seek(0, os.SEEK_END)
-            fh.seek(max(since, end - limit))
+            fh.seek(max(since if since <= end else 0, end - limit))  # past the end: the log was cut since
             text = fh.read().decode("utf-8", "replace")
     except OSError:
         return None
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     return lines[-1][:500] if lines else None
-
-
-def _tail_start(fh, end, lines):
-    """Where the last `lines` lines of the file start (a last line without a newline counts as one)."""
-    if lines <= 0:
-        return end
-    pos, seen, block = end, 0, 65536
-    fh.seek(max(0, end - 1))
-    if fh.read(1) == b"\n":
-        end -= 1  # the final newline ends the last line, it does not start a new one
-        pos = end
-    while pos > 0:
-        start = max(0, pos - block)
-        fh.seek(start)
-        chunk = fh.read(pos - start)
-        at = len(chunk)
-        while True:
-            at = chunk.rfind(b"\n", 0, at)
-            if at < 0:
-                break
-            seen += 1
-            if seen == lines:
-                return start + at + 1
-        pos = start
-    return 0

@@ -1,10 +1,11 @@
 """The detached run supervisor: node side, standard library only, Python 3.8.
 
 `_supervise` runs in the grandchild that action `start` detaches: it runs the steps one after another, each in
-its own process group with its output in output.log, handles the stop (SIGTERM, the grace period, SIGKILL) and
-keeps status.json up to date (see "Steps" and "status.json" in supervisor.py). Bundled into the supervisor
-script (`scheduler/node/bundle.py`): it imports only the standard library and the other bundled modules (lines
-marked "# bundled", dropped from the bundle).
+its own process group with its output in output.log (kept under the job's output_limit by a thread of
+supervisor_output.py), handles the stop (SIGTERM, the grace period, SIGKILL) and keeps status.json up to date
+(see "Steps" and "status.json" in supervisor.py). Bundled into the supervisor script (`scheduler/node/bundle.py`):
+it imports only the standard library and the other bundled modules (lines marked "# bundled", dropped from the
+bundle).
 """
 
 import contextlib
@@ -27,6 +28,7 @@ from ftconsole.scheduler.node.supervisor_container import (  # bundled
     image_pulled,
 )
 from ftconsole.scheduler.node.supervisor_files import STATUS, _expand, _read_json, _tilde, _write_json  # bundled
+from ftconsole.scheduler.node.supervisor_output import output_watch  # bundled
 from ftconsole.scheduler.node.supervisor_scan import _last_line  # bundled
 
 
@@ -179,6 +181,8 @@ def _supervise(run_dir, params):
     log_path = os.path.join(run_dir, "output.log")
     log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     log = os.fdopen(log_fd, "ab", buffering=0)  # open for the whole run
+    # O_APPEND: after a cut (the job's output_limit, supervisor_output.py) the ranks' writes go to the new end
+    watch = output_watch(log_fd, params.get("output_limit") or 0)
     if notice:
         log.write(notice.encode())
     outcome = (None, "stopped before the command started")  # type: Tuple[Optional[int], Optional[str]]
@@ -202,6 +206,8 @@ def _supervise(run_dir, params):
         if step["kind"] not in ("data", "pull", "before") or code != 0:
             outcome = (code, error)
         failed = code != 0
+    if watch is not None:
+        watch.stop()
     log.close()
     code, error = outcome
     status.update(ended=time.time())

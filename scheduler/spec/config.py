@@ -40,6 +40,7 @@ from ftconsole.scheduler.spec.thresholds import WARN_FAIL, warn_fail_problem
 from ftconsole.scheduler.spec.thresholds import PartialThresholds as PartialThresholds
 from ftconsole.scheduler.spec.thresholds import Thresholds as Thresholds
 from ftconsole.scheduler.spec.values import Duration as Duration
+from ftconsole.scheduler.spec.values import OutputLimit as OutputLimit
 from ftconsole.scheduler.spec.values import PositiveDuration as PositiveDuration
 from ftconsole.scheduler.spec.values import RetentionDuration as RetentionDuration
 from ftconsole.scheduler.spec.values import check_address as check_address
@@ -142,6 +143,9 @@ class SchedulerSettings(_Strict):
     # how many queued jobs each placement pass considers, in queue order, past those a quota, an array's limit or a
     # dependency holds back (Slurm's default_queue_depth); the others wait for a later pass (docs/configuration.md)
     queue_depth: int = Field(500, ge=1, le=100_000)
+    # the most each rank's output.log keeps on its node (its oldest output is dropped past it), for jobs that do not
+    # set their own output_limit; a job may ask for less, only an admin's for more; 0 or off: no limit (docs/jobs.md)
+    output_limit: OutputLimit = 1 << 30
 
 
 class DebugSettings(_Strict):

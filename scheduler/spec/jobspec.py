@@ -37,7 +37,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo, mod
 from ftconsole.scheduler.errors import ConfigError, JobSpecError, Problem
 from ftconsole.scheduler.spec import arrayspec, yamlfile
 from ftconsole.scheduler.spec.command import check_command
-from ftconsole.scheduler.spec.config import PositiveDuration
+from ftconsole.scheduler.spec.config import OutputLimit, PositiveDuration
 from ftconsole.scheduler.spec.containers import Image, Mounts
 from ftconsole.scheduler.spec.dataprep import DataPrep
 from ftconsole.scheduler.spec.detectspec import (
@@ -348,6 +348,9 @@ class JobSpec(_Strict):
     priority: Priority = Priority.NORMAL
     project: Name = "default"
     max_runtime: PositiveDuration | None = None
+    # the most each rank's output.log keeps on its node, its oldest output dropped past it (default: the cluster's
+    # scheduler.output_limit; over it: admins only); 0 or off: no limit
+    output_limit: OutputLimit | None = None
     # the hang window (seed 001): default HANG_WINDOW_S, or MA_HANG_DETECT_TIME (minutes) in env; `off`: none
     hang_detect: Annotated[float, BeforeValidator(hang_detect_value)] | None = None
     hang_action: HangAction = HangAction.ALERT  # what a suspected hang leads to
@@ -417,6 +420,10 @@ class JobSpec(_Strict):
         except ValueError:  # refused at submit since; a job stored before keeps the default
             minutes = None
         return HANG_WINDOW_S if minutes is None else minutes * 60
+
+    def output_cap(self, cluster: int) -> int:
+        """The most each rank's output.log keeps, in bytes (0: no limit): `output_limit`, else the cluster's."""
+        return cluster if self.output_limit is None else self.output_limit
 
     @property
     def gpu_request(self) -> list[GpuRequest]:

@@ -1,5 +1,6 @@
 """The value types of the cluster config and the job spec: durations (`30s`, `5m`, `12h`, `off` for a retention),
-host addresses SSH can reach, and the unit a number is written in (`Unit`, which the problems of a value name).
+sizes (`64KiB`, `2GiB`, `off` for a cap), host addresses SSH can reach, and the unit a number is written in
+(`Unit`, which the problems of a value name).
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BeforeValidator
+
+from ftconsole.scheduler.node.supervisor_output import MIN_OUTPUT_LIMIT
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
@@ -79,6 +82,66 @@ def _retention(value: Any) -> float:
 
 
 RetentionDuration = Annotated[float, BeforeValidator(_retention), SECONDS]
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|[KMGT]?B|bytes?)?\s*$", re.IGNORECASE)
+_SIZE_POWERS = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4}
+
+
+def parse_size(value: Any) -> int:
+    """'64KiB', '512M', '2GiB', '1.5G' (powers of 1024: K, Ki, KiB...), '2GB' (powers of 1000: KB, MB, GB, TB), or
+    a bare number of bytes -> bytes."""
+    hint = f"expected a size such as 64KiB, 512MiB or 2GiB, got {value!r}"
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError(hint)
+    if isinstance(value, int) and abs(value) > 1 << 62:
+        raise ValueError(f"{value!r} is not a size this cluster can hold")
+    if isinstance(value, int | float):
+        number, unit = float(value), ""
+    else:
+        match = _SIZE.match(value)
+        if not match:
+            raise ValueError(hint)
+        number, unit = float(match.group(1)), (match.group(2) or "").upper()
+    if unit.startswith("BYTE") or unit == "B":
+        unit = ""
+    decimal = unit.endswith("B") and not unit.endswith("IB")
+    base = 1000 if decimal else 1024
+    size = number * base ** _SIZE_POWERS[unit[:1]]
+    if size < 0:
+        raise ValueError("a size cannot be negative")
+    if size != size or size > 1 << 62:
+        raise ValueError(f"{value!r} is not a size this cluster can hold")
+    return int(size)
+
+
+def format_size(size: int) -> str:
+    """`size` bytes the way the docs write it: 64 KiB, 1.5 GiB, 100 bytes."""
+    for unit, factor in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= factor:
+            return f"{round(size / factor, 2):g} {unit}"
+    return f"{size} bytes"
+
+
+def _cap_size(value: Any) -> int:
+    """A size, or 0 / `off` (YAML may read `off` as false): no cap."""
+    if value is False or value is None or (isinstance(value, str) and value.strip().lower() in ("off", "none")):
+        return 0
+    return parse_size(value)
+
+
+def _output_limit(size: int) -> int:
+    if 0 < size < MIN_OUTPUT_LIMIT:
+        raise ValueError(f"must be at least {format_size(MIN_OUTPUT_LIMIT)}, or off (no limit)")
+    return size
+
+
+SIZE_HINT = "a size such as 64KiB, 512MiB, 2GiB"
+BYTES = Unit(" bytes", hint=SIZE_HINT)
+# a size, or 0 or off for none (a cap that caps nothing)
+CapSize = Annotated[int, BeforeValidator(_cap_size), BYTES]
+# the most a rank's output.log holds on its node (scheduler/node/supervisor_output.py); 0 or off: no limit
+OutputLimit = Annotated[CapSize, AfterValidator(_output_limit)]
 
 
 # A host name, an IPv4 address or an IPv6 address (bracketed or not, with an optional %zone). Anything else (a

@@ -217,6 +217,7 @@ async def start_run(
     files: dict[str, bytes] | None = None,
     steps: Sequence[Step] | None = None,
     grace: float = 30.0,
+    output_limit: int = 0,
     token: str | None = None,
     user: str | None = None,
     python: str = "python3",
@@ -226,7 +227,7 @@ async def start_run(
 
     `argv`/`env` are the main command (argv.json, env.json); with `steps`, the run is those steps in turn.
     With `token` the folder is claimed for it first: a folder claimed by another token is refused (state
-    `refused`, `error` says why), never adopted.
+    `refused`, `error` says why), never adopted. `output_limit`: the most output.log keeps, in bytes (0: no limit).
     """
     params: dict[str, Any] = {
         "action": "start",
@@ -237,6 +238,7 @@ async def start_run(
         "workdir": workdir,
         "files": {name: data.decode("utf-8") for name, data in (files or {}).items()},
         "grace": grace,
+        "output_limit": output_limit,
     }
     if steps is not None:
         params["steps"] = [s.to_json() for s in steps]
