@@ -1,9 +1,12 @@
 """The `ftconsole` command line.
 
-Every listing takes `--json`. Errors go to stderr as `ftconsole: <title>: <message>`; bad input or config
-exits 2, other failures 1. `probe` exits 1 when a probed node is not healthy, so it works as a check in
-scripts and monitoring. `probe`, `nodes`, `drain` and `resume` go through the scheduler when one serves, and
-act on the store from this process when none does.
+Every listing takes `--json`. Errors go to stderr as `ftconsole: <title>: <message>`; with `--json` the same
+error is also printed on stdout as one JSON document, `{"error": {"title", "message", "exit_code"}}` (and
+`problems` for an invalid config or job spec, `usage` for a usage error), so that a script reading stdout
+always gets JSON. Exit codes: 0 ok, 1 a failure, 2 bad input (usage, an invalid config or job spec, an object
+that does not exist), 3 no scheduler running (scheduler/errors.py). `probe` exits 1 when a probed node is not
+healthy, so it works as a check in scripts and monitoring. `probe`, `nodes`, `drain` and `resume` go through
+the scheduler when one serves, and act on the store from this process when none does.
 """
 
 from __future__ import annotations
@@ -17,11 +20,21 @@ import sys
 from collections.abc import Sequence
 from importlib import metadata, resources
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import ftconsole
-from ftconsole import check_cli, debug_cli, jobs_cli, reservation_cli, shell_cli, state_cli, usage_cli
-from ftconsole.format import age, gpu_summary, print_json, print_table, printable, runtime_lines
+from ftconsole import check_cli, completion, debug_cli, jobs_cli, reservation_cli, shell_cli, state_cli, usage_cli
+from ftconsole.format import (
+    age,
+    error_document,
+    error_text,
+    gpu_summary,
+    print_json,
+    print_table,
+    printable,
+    problem_json,
+    runtime_lines,
+)
 from ftconsole.jobs_cli import find_config, loaded_config
 from ftconsole.probes.health import NodeState
 from ftconsole.scheduler.errors import ConfigError, FtError, Problem, StoreError, UsageError
@@ -97,6 +110,48 @@ def cmd_config_systemd(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_config_reload(args: argparse.Namespace) -> int:
+    """The running scheduler applies the config file as it is now (admins only): what changed, or every reason
+    why nothing did (exit 2). The scheduler is found at the socket the file names, read as far as it reads: an
+    invalid file is still sent there, for the scheduler's own answer."""
+    from ftconsole.scheduler.errors import NotRunning
+    from ftconsole.scheduler.serve.client import connect
+    from ftconsole.scheduler.serve.reload import reload_lines
+    from ftconsole.scheduler.spec.config import config_problems
+
+    path = find_config(args.config)
+    invalid: ConfigError | None = None
+    try:
+        loaded = load_config(path)
+    except ConfigError as exc:  # the keys that read (state_dir, api.socket) still say where the scheduler is
+        invalid = exc
+        data, marks, _ = yamlfile.load_all(path)
+        _, best, _ = config_problems(data, marks, str(path))
+        loaded = LoadedConfig(cluster=best, file=path.resolve())
+
+    async def go() -> dict[str, Any]:
+        client = await connect(loaded)
+        if client is None:
+            if invalid is not None:
+                raise invalid
+            raise NotRunning(
+                f"no scheduler answers on {loaded.socket_path}: the config is read when `ftconsole serve` starts. "
+                "If api.socket or state_dir changed in the file, the scheduler still answers at the old socket, and "
+                "those changes need a restart (`systemctl restart ftconsole`)"
+            )
+        try:
+            return dict(await client.call("reload"))
+        finally:
+            await client.close()
+
+    doc = asyncio.run(go())
+    if args.json:
+        print_json(doc)
+    else:
+        print("\n".join(reload_lines(doc)), file=sys.stdout if doc["applied"] else sys.stderr)
+    return 0 if doc["applied"] else 2
+
+
 def _lab_layout(path: Path, problems: list[Problem]) -> list[Problem] | None:
     """The problem to give when `path` is a lab layout, which a cluster config's keys cannot read."""
     unknown = [p.path for p in problems if p.message.startswith("unknown key")]
@@ -108,10 +163,6 @@ def _lab_layout(path: Path, problems: list[Problem]) -> list[Problem] | None:
         "for a real cluster start from `ftconsole config example`"
     )
     return [Problem(str(path), None, "", message)]
-
-
-def problem_json(problem: Problem) -> dict[str, Any]:
-    return {"file": problem.file, "line": problem.line, "key": problem.path, "message": problem.message}
 
 
 def cmd_config_check(args: argparse.Namespace) -> int:
@@ -372,15 +423,32 @@ def run_console(loaded: LoadedConfig, *, readonly: bool, theme: str | None = Non
 # -- parser --------------------------------------------------------------------------------------------------
 
 
+class BadUsage(UsageError):
+    """A usage error argparse found (an unknown command or option, a missing argument), raised to main()."""
+
+    def __init__(self, message: str, prog: str, usage: str) -> None:
+        super().__init__(message)
+        self.prog = prog
+        self.usage = usage
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose errors are raised (BadUsage) instead of printed with an exit, so that main()
+    reports them as every other error: argparse's text on stderr, and with --json a JSON document on stdout."""
+
+    def error(self, message: str) -> NoReturn:
+        raise BadUsage(message, self.prog, self.format_usage())
+
+
 def build_parser() -> argparse.ArgumentParser:
     config_help = f"cluster config (default: $FTCONSOLE_CONFIG, else the first of {', '.join(DEFAULT_CONFIG_PATHS)})"
     # --config is accepted before or after the command; the subcommand's copy must not reset it to None.
-    common = argparse.ArgumentParser(add_help=False)
+    common = Parser(add_help=False)
     common.add_argument("--config", "-c", metavar="FILE", default=argparse.SUPPRESS, help=config_help)
-    listing = argparse.ArgumentParser(add_help=False)
+    listing = Parser(add_help=False)
     listing.add_argument("--json", action="store_true", help="print JSON for scripts")
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog=PROG,
         description="Fault-tolerant job scheduler and on-call console for SSH-only GPU clusters. "
         "Without a command, opens the console.",
@@ -408,6 +476,12 @@ def build_parser() -> argparse.ArgumentParser:
         "systemd", parents=[common], help="print a systemd unit that runs `ftconsole serve` (run it as its user)"
     )
     systemd.set_defaults(func=cmd_config_systemd)
+    reload = config_sub.add_parser(
+        "reload",
+        parents=[common, listing],
+        help="apply the changed config file to the running scheduler, without a restart (admins; as SIGHUP does)",
+    )
+    reload.set_defaults(func=cmd_config_reload)
 
     probe = sub.add_parser("probe", parents=[common, listing], help="run the node checks now and print results")
     probe.add_argument("nodeset", nargs="?", help="node set expression, e.g. gpu[01-04] (default: all)")
@@ -435,6 +509,7 @@ def build_parser() -> argparse.ArgumentParser:
     usage_cli.add_parser(sub, [common, listing])
     reservation_cli.add_parser(sub, [common, listing])
     state_cli.add_parser(sub, [common, listing])
+    completion.add_parser(sub, parser)
 
     lab_parser = sub.add_parser("lab", help="the local lab cluster (SSH servers on 127.0.0.1)")
     lab_sub = lab_parser.add_subparsers(dest="lab_command", metavar="SUBCOMMAND", required=True)
@@ -443,7 +518,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--dir", help="lab folder (default: $FTCONSOLE_LAB_DIR or ~/.local/state/ftconsole/lab)")
         if name == "up":
             p.add_argument("--nodes", type=int, help="number of nodes (default: the layout's)")
-            p.add_argument("--layout", help="lab layout file (default: config/lab.yaml)")
+            p.add_argument("--layout", metavar="FILE", help="lab layout file (default: config/lab.yaml)")
             p.add_argument("--shared-home", action=argparse.BooleanOptionalAction, help=SHARED_HOME_HELP)
         p.set_defaults(func=cmd_lab)
     # the same arguments as `python -m ftconsole.lab fault` (ftconsole/lab/command.py: add_fault_arguments)
@@ -472,25 +547,37 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if getattr(args, "nodes", None) is not None and isinstance(args.nodes, int) and args.nodes < 1:
-        parser.error("--nodes must be at least 1")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    as_json = "--json" in (argv[: argv.index("--")] if "--" in argv else argv)  # until the arguments are parsed
     try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        as_json = bool(getattr(args, "json", False))
+        if getattr(args, "nodes", None) is not None and isinstance(args.nodes, int) and args.nodes < 1:
+            parser.error("--nodes must be at least 1")
         return int(args.func(args))
-    except ConfigError as exc:
-        print(f"{PROG}: {exc.title}:", file=sys.stderr)
-        for problem in exc.problems:
-            print(f"  {printable(problem)}", file=sys.stderr)
-        return exc.exit_code
-    except FtError as exc:  # its message may quote what a job's user wrote (a run's error): no control character
-        print(f"{PROG}: {exc.title}: {printable(exc)}", file=sys.stderr)
-        return exc.exit_code
+    except FtError as exc:
+        return report_error(exc, as_json=as_json)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+
+
+def report_error(exc: FtError, *, as_json: bool) -> int:
+    """The error on stderr as text (a usage error as argparse prints it), and with --json on stdout as one
+    document too; its exit code."""
+    if isinstance(exc, BadUsage):
+        document = error_document(exc, usage=exc.usage.strip())
+        text = f"{exc.usage.rstrip()}\n{exc.prog}: error: {printable(exc)}"
+    else:
+        document, text = error_document(exc), error_text(exc)
+    if as_json:
+        print_json(document)
+        sys.stdout.flush()
+    print(text, file=sys.stderr)
+    return exc.exit_code
 
 
 if __name__ == "__main__":

@@ -287,6 +287,15 @@ class ClusterService:
             await pool.close()
             await store.close()
 
+    def reconfigured(self, loaded: LoadedConfig) -> ClusterService:
+        """This service under a changed config (`ftconsole config reload`): the same store and SSH connections,
+        the same GPU samples and probe sweeps under way, and the same lock on the nodes' health, so that a fold
+        of this service and one of the new never interleave."""
+        other = ClusterService(loaded, self.store, self.transport, clock=self.clock)
+        other._util, other._util_seeded, other._sweeps = self._util, self._util_seeded, self._sweeps
+        other._folding = self._folding
+        return other
+
     # -- selecting nodes ---------------------------------------------------------------------------------
 
     @property

@@ -4,7 +4,7 @@
 store and the SSH pool, serves `Operations` on the API socket, and runs the loop until stopped. With the store on
 PostgreSQL, several may share it: one leads and runs the loop, the others stand by (`scheduler.serve.leadership`).
 Jobs keep running on their nodes while it is down: their supervisors are detached, and the next start reads them
-back.
+back. A changed config file is applied without a restart (`reload` op, SIGHUP: `scheduler.serve.reload`).
 
 `Operations` maps API ops to `Scheduler` methods and turns their results into JSON. The CLI uses the same
 mapping in-process (`client.LocalClient`) when no scheduler runs, so a reply never depends on the path taken.
@@ -18,13 +18,13 @@ import logging
 import math
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from ftconsole.scheduler import debugenv, failpoints
 from ftconsole.scheduler.decide import placement
 from ftconsole.scheduler.decide.clusterview import cluster_view
 from ftconsole.scheduler.decide.jobs import Job, JobStatus
-from ftconsole.scheduler.errors import NotLeader, UsageError
+from ftconsole.scheduler.errors import NotLeader, PermissionDenied, UsageError
 from ftconsole.scheduler.jobops import Scheduler
 from ftconsole.scheduler.nodeops import ClusterService
 from ftconsole.scheduler.redaction import redact_json
@@ -32,8 +32,9 @@ from ftconsole.scheduler.rules import Caller
 from ftconsole.scheduler.serve import alertmanager, metrics, notify
 from ftconsole.scheduler.serve.api import WRITE_OPS, ApiServer
 from ftconsole.scheduler.serve.lock import StateLock
+from ftconsole.scheduler.serve.reload import Reloader
 from ftconsole.scheduler.spec.config import LoadedConfig, parse_duration
-from ftconsole.scheduler.store.db import ALERT_STATES
+from ftconsole.scheduler.store.db import ALERT_STATES, Store
 from ftconsole.scheduler.store.records import JobActivity
 
 log = logging.getLogger("ftconsole.daemon")
@@ -52,6 +53,7 @@ class Operations:
         self.scheduler = scheduler
         # several schedulers on one PostgreSQL store: this one's side of the lease (`serve.leadership.Leadership`)
         self.leadership: Any = None
+        self.reloader: Reloader | None = None  # `serve`'s: the config in use and the way to change it
         self._ops: dict[str, Callable[[Caller, dict[str, Any]], Awaitable[Any]]] = {
             "whoami": self._whoami,
             "status": self._status,
@@ -85,6 +87,7 @@ class Operations:
             "reservations": self._reservations,
             "reserve": self._reserve,
             "unreserve": self._unreserve,
+            "reload": self._reload,
         }
 
     async def __call__(self, caller: Caller, op: str, args: dict[str, Any]) -> Any:
@@ -120,8 +123,8 @@ class Operations:
         return {"user": caller.user, "uid": caller.uid, "pid": caller.pid, "admin": self.scheduler.is_admin(caller)}
 
     async def _status(self, caller: Caller, args: dict[str, Any]) -> Any:
-        jobs = await self.scheduler.store.jobs()
-        counts = {s.value: sum(1 for j in jobs if j.status is s) for s in JobStatus}
+        found = await self.scheduler.store.status_counts()  # counted by the store: no job is read
+        counts = {s.value: found.get(s.value, 0) for s in JobStatus}
         return {"pid": os.getpid(), "looping": self.scheduler.looping, "jobs": counts, **self._leadership()}
 
     def _leadership(self) -> dict[str, Any]:
@@ -172,6 +175,15 @@ class Operations:
 
     async def _unreserve(self, caller: Caller, args: dict[str, Any]) -> Any:
         return await self.scheduler.unreserve(caller, str(args["name"]))
+
+    async def _reload(self, caller: Caller, args: dict[str, Any]) -> Any:
+        """Apply the config file as it is now (admins only): what changed, or why nothing did (`serve.reload`)."""
+        if not self.scheduler.is_admin(caller):
+            admins = ", ".join(["root", *self.scheduler.config.admins])
+            raise PermissionDenied(f"{caller.user} may not reload the config: that is for admins ({admins})")
+        if self.reloader is None:
+            raise UsageError("no scheduler runs here to reload its config: the config is read when one starts")
+        return (await self.reloader.reload(caller.user)).to_json()
 
     async def _usage(self, caller: Caller, args: dict[str, Any]) -> Any:
         since = _time(args, "since")
@@ -400,6 +412,37 @@ def decision_json(decision: placement.Decision) -> dict[str, Any]:
     }
 
 
+class _Answering:
+    """The scheduler that answers the API now, as the metrics endpoint reads it at each scrape: a reload puts a new
+    one in place while the endpoint stays up."""
+
+    def __init__(self, ops: Operations) -> None:
+        self._ops = ops
+
+    @property
+    def store(self) -> Store:
+        return self._ops.scheduler.store
+
+    @property
+    def service(self) -> ClusterService:
+        return self._ops.scheduler.service
+
+    @property
+    def looping(self) -> bool:
+        return self._ops.scheduler.looping
+
+
+async def _outward(stack: contextlib.AsyncExitStack, loaded: LoadedConfig, store: Store, leadership: Any) -> None:
+    """New alerts to the notify targets and the Alertmanager sync, in tasks of their own (they never hold up the
+    loop), for as long as `stack` is open; with several head nodes, only while this one leads."""
+    dispatcher = await stack.enter_async_context(notify.running(loaded.cluster.notify, store))
+    if dispatcher is not None and leadership is not None:
+        dispatcher.may_send = leadership.leading
+    sync = await stack.enter_async_context(alertmanager.running(loaded.cluster, store))
+    if sync is not None and leadership is not None:
+        sync.may_send = leadership.leading
+
+
 async def serve(
     loaded: LoadedConfig,
     stop: asyncio.Event,
@@ -413,7 +456,7 @@ async def serve(
 
     `service`: an open ClusterService to share (the console's); by default one is opened and closed here.
     `answering`: told the operations that answer its API (a console in this process calls the same: on a
-    standby, they refuse a change naming the leader).
+    standby, they refuse a change naming the leader; `ops.reloader` applies a changed config file).
     """
     with StateLock(loaded.state_dir):
         async with contextlib.AsyncExitStack() as stack:
@@ -421,6 +464,7 @@ async def serve(
                 service = await stack.enter_async_context(ClusterService.open(loaded))
             scheduler = Scheduler(service)
             ops = Operations(scheduler)
+            reloader = ops.reloader = Reloader(loaded, service, ops, Scheduler)
             if answering is not None:
                 answering(ops)
             await stack.enter_async_context(ApiServer(loaded.socket_path, ops, group=loaded.cluster.api.group))
@@ -442,20 +486,27 @@ async def serve(
                     ready(scheduler)
 
             async def lead(scheduler: Scheduler, stop: asyncio.Event, leadership: Any = None) -> None:
-                """The loop with what follows the leader: notifications, the Alertmanager sync, metrics."""
+                """The loop with what follows the leader: notifications, the Alertmanager sync, metrics; a reload
+                in between restarts the loop (and the notifications where their keys changed), not the rest."""
+                store = reloader.service.store
                 async with contextlib.AsyncExitStack() as term:
-                    assert service is not None
-                    # new alerts to the notify targets, in a task of its own (never holds up the loop)
-                    dispatcher = await term.enter_async_context(notify.running(loaded.cluster.notify, service.store))
-                    if dispatcher is not None and leadership is not None:
-                        dispatcher.may_send = leadership.leading
-                    sync = await term.enter_async_context(alertmanager.running(loaded.cluster, service.store))
-                    if sync is not None and leadership is not None:
-                        sync.may_send = leadership.leading
                     # Prometheus metrics on metrics.listen, read from the store at each scrape (off without it)
-                    await term.enter_async_context(metrics.serving(loaded.cluster.metrics, scheduler))
+                    current = cast(Scheduler, _Answering(ops))  # what the endpoint reads of it, of the current one
+                    await term.enter_async_context(metrics.serving(reloader.loaded.cluster.metrics, current))
+                    outward = contextlib.AsyncExitStack()
+                    term.push_async_callback(lambda: outward.aclose())  # the last one opened
+
+                    async def restart_outward(now: LoadedConfig) -> None:
+                        nonlocal outward
+                        await outward.aclose()
+                        outward = contextlib.AsyncExitStack()
+                        await _outward(outward, now, store, leadership)
+
+                    await restart_outward(reloader.loaded)
                     mark_ready()
-                    await scheduler.run(stop, probe=probe)
+                    await reloader.run(
+                        scheduler, stop, probe=probe, leadership=leadership, restart_outward=restart_outward
+                    )
 
             if loaded.cluster.state is None:  # SQLite: one scheduler per state_dir, its lock says so
                 await lead(scheduler, stop)
@@ -467,16 +518,31 @@ async def serve(
 
 
 async def serve_until_signalled(loaded: LoadedConfig) -> None:
-    """`ftconsole serve`: SIGTERM or SIGINT stops it cleanly (jobs keep running on their nodes)."""
+    """`ftconsole serve`: SIGTERM or SIGINT stops it cleanly (jobs keep running on their nodes); SIGHUP applies the
+    config file as it is now (`systemctl reload`), as `ftconsole config reload` does, and logs what changed."""
     import signal
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    answering: list[Operations] = []
+    reloads: set[asyncio.Task[Any]] = set()
+
+    def hang_up() -> None:
+        reloader = answering[0].reloader if answering else None
+        if reloader is None:
+            log.warning("SIGHUP: not serving yet; the config file is read as it starts")
+            return
+        log.info("SIGHUP: reloading the config from %s", reloader.loaded.file)
+        task = asyncio.ensure_future(reloader.reload("SIGHUP"))  # it logs what changed, or every problem
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, hang_up)
     try:
-        await serve(loaded, stop)
+        await serve(loaded, stop, answering=answering.append)
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             with contextlib.suppress(Exception):
                 loop.remove_signal_handler(sig)

@@ -484,8 +484,15 @@ class Store(SharingReads, AlertReads, HistoryStore):
 
     async def job_activity(self, job_ids: Collection[int] | None = None) -> dict[int, JobActivity]:
         """What the job listing shows beyond the job row, for the given jobs (default: all), in two queries:
-        the current attempt's nodes in rank order and its latest output, and the count of unresolved alerts."""
-        return await self._activity(*_ids_filter("j.id", job_ids))
+        the current attempt's nodes in rank order and its latest output, and the count of unresolved alerts; two
+        queries per 500 jobs (never every job's for a long list: the store may hold a year of them)."""
+        if job_ids is None:
+            return await self._activity("1 = 1", [])
+        ids = sorted(job_ids)
+        out: dict[int, JobActivity] = {}
+        for start in range(0, len(ids), 500):
+            out.update(await self._activity(*_ids_filter("j.id", ids[start : start + 500])))
+        return out
 
     async def _activity(self, where: str, args: Sequence[Any]) -> dict[int, JobActivity]:
         """`where`: a condition on the jobs table as `j` ("1 = 1" for all)."""
@@ -554,7 +561,10 @@ class Store(SharingReads, AlertReads, HistoryStore):
 
 
 def _ids_filter(column: str, ids: Collection[int] | None) -> tuple[str, list[Any]]:
-    """A WHERE condition for these ids; for none given, or very many, every row (the caller picks)."""
+    """A WHERE condition for these ids; for none given, or very many, every row (the caller picks); for an empty
+    list, no row (`IN ()` is no SQL PostgreSQL reads)."""
     if ids is None or len(ids) > 500:
         return "1 = 1", []
+    if not ids:
+        return "1 = 0", []
     return f"{column} IN ({','.join('?' * len(ids))})", list(ids)
