@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import secrets
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from ftconsole.scheduler import debugenv
@@ -297,7 +297,8 @@ class Placer(SharingWeights):
             self._after = (version, any(j.spec.after is not None for j in queued))
         if not self._after[1]:
             return queued, [], []
-        statuses = await self.statuses()
+        statuses = await self.statuses({i for j in queued if j.spec.after for ids in j.spec.after.as_map().values()
+                                        for i in ids})  # fmt: skip
         ready, waiting, never = [], [], []
         for job in queued:
             after = job.spec.after
@@ -310,15 +311,16 @@ class Placer(SharingWeights):
                 ready.append(job)
         return ready, waiting, never
 
-    async def statuses(self) -> dict[int, JobStatus | None]:
-        """Every job's status, deleted ones too: what dependencies are judged by; an array's id stands for all its
-        tasks (`dependencies.array_status`)."""
-        jobs = await self.store.jobs(deleted=True)
-        out: dict[int, JobStatus | None] = {j.id: j.status for j in jobs}
+    async def statuses(self, named: Collection[int]) -> dict[int, JobStatus | None]:
+        """The status of each job `named` (deleted ones too; absent: no such job, or pruned): what dependencies
+        are judged by; an array's id stands for all its tasks (`dependencies.array_status`). Read as few columns
+        of those jobs only, not of the whole history."""
+        rows = await self.store.job_statuses(sorted(named))
+        out: dict[int, JobStatus | None] = {i: JobStatus(status) for i, status, _ in rows}
         tasks: dict[int, list[JobStatus]] = {}
-        for j in jobs:
-            if j.array_id is not None:
-                tasks.setdefault(j.array_id, []).append(j.status)
+        for _, status, array_id in rows:
+            if array_id is not None:
+                tasks.setdefault(array_id, []).append(JobStatus(status))
         out |= {array: dependencies.array_status(statuses) for array, statuses in tasks.items()}
         return out
 

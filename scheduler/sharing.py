@@ -77,9 +77,10 @@ class Sharing:
         if kept is not None and now - kept[0] < GOODPUT_EVERY_S:
             return dict(kept[1])
         since = now - GOODPUT_WINDOW_S
-        runs = await self.store.runs()
-        attempts = await self.store.attempts(None)
-        marks = goodput.checkpoint_times(await self.store.checkpoint_signals(owed=False))
+        # the runs that could count in the window (a failed attempt's downtime may run into it), not the history
+        _, runs = await self.store.used_since(since - GOODPUT_WINDOW_S)
+        attempts, signals = await self.store.attempts_of(sorted({r.job for r in runs}))
+        marks = goodput.checkpoint_times(signals)
         per = await asyncio.to_thread(goodput.per_job, attempts, runs, marks, since, now, now)
         found = goodput.total(per)
         doc = {**found.to_json(), "text": found.describe(), "since": since, "until": now}
@@ -205,7 +206,7 @@ class Sharing:
         if spec.after is None:
             return None
         hidden = await self.hidden_jobs(caller)
-        statuses = await self.loop.placer.statuses()
+        statuses = await self.loop.placer.statuses({i for ids in spec.after.as_map().values() for i in ids})
         for kind, ids in spec.after.as_map().items():
             for job_id in ids:
                 if statuses.get(job_id) is None or job_id in hidden:

@@ -217,7 +217,11 @@ class StoreCounts:
         wanted = {r.job for r in runs}
         attempts = [
             Attempt(job=j, number=n, spec_name=None, gpus_per_node=0, master_port=0, created=0.0, result=result)
-            for j, n, result in await self._rows("SELECT job, number, result FROM attempts")
+            for j, n, result in await self._rows(
+                "SELECT job, number, result FROM attempts WHERE job IN (SELECT job FROM runs WHERE started IS NOT NULL "
+                "AND (ended IS NULL OR ended >= ?))",  # those of the window's runs, not every attempt kept
+                (since - GOODPUT_WINDOW_S,),
+            )
             if j in wanted
         ]
         marks: dict[tuple[int, int], float] = {}

@@ -222,6 +222,16 @@ class HistoryStore:
         rows.sort(key=lambda r: r["id"])
         return [self._job_from_row(r) for r in rows]
 
+    async def job_statuses(self, ids: Sequence[int]) -> list[tuple[int, str, int | None]]:
+        """(id, status, array id) of these jobs and of the tasks of the arrays they name (deleted ones too)."""
+        out: list[tuple[int, str, int | None]] = []
+        for start in range(0, len(ids), 500):
+            chunk = list(ids[start : start + 500])
+            inside = f"({_marks(chunk)})"
+            sql = f"SELECT id, status, array_id FROM jobs WHERE id IN {inside} OR array_id IN {inside}"
+            out += [(int(r[0]), str(r[1]), r[2]) for r in await self._db.fetchall(sql, chunk + chunk)]
+        return out
+
     async def status_counts(self) -> dict[str, int]:
         """How many jobs (not deleted) are in each status."""
         rows = await self._db.fetchall("SELECT status, COUNT(*) FROM jobs WHERE deleted = 0 GROUP BY status")
