@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 from ftconsole.scheduler.decide import dependencies, goodput, quotas, usage
@@ -69,6 +69,9 @@ class Sharing:
     def _check(self, caller: Caller, job: Job, verb: str, *, write: bool) -> None:
         raise NotImplementedError  # Scheduler's
 
+    def may_see(self, caller: Caller, job: Job) -> bool:
+        raise NotImplementedError  # Scheduler's
+
     async def cluster_goodput(self) -> dict[str, Any]:
         """The cluster's goodput over the last `GOODPUT_WINDOW_S` (decide/goodput.py), summed again at most every
         `GOODPUT_EVERY_S` (it reads every run and attempt)."""
@@ -86,6 +89,23 @@ class Sharing:
         doc = {**found.to_json(), "text": found.describe(), "since": since, "until": now}
         self._goodput_kept = (now, doc)
         return dict(doc)
+
+    async def targets_of(self, caller: Caller, refs: Iterable[int | str], verb: str) -> list[Job]:
+        """`targets` of each of `refs`, in order; the plain ids of jobs that are no array's read 500 to a query
+        (a stop of a thousand queued jobs is two reads, not a thousand)."""
+        refs = list(refs)
+        plain = sorted({int(str(r).strip()) for r in refs if str(r).strip().isdigit()})
+        found = {j.id: j for j in await self.store.jobs_by_id(plain)} if len(plain) > 1 else {}
+        out: list[Job] = []
+        for ref in refs:
+            text = str(ref).strip()
+            job = found.get(int(text)) if text.isdigit() else None
+            if job is None or job.array_id == job.id or job.deleted or not self.may_see(caller, job):
+                out += await self.targets(caller, ref, verb)  # one at a time: an array, or what it refuses
+                continue
+            self._check(caller, job, verb, write=True)
+            out.append(job)
+        return out
 
     async def targets(self, caller: Caller, ref: int | str, verb: str) -> list[Job]:
         """The jobs a stop, delete or priority change names: `12` the whole array when job 12 is an array's

@@ -30,7 +30,7 @@ class Stopping:
     def _poke(self) -> None:
         raise NotImplementedError  # Scheduler's
 
-    async def targets(self, caller: Caller, ref: int | str, verb: str) -> list[Job]:
+    async def targets_of(self, caller: Caller, refs: Iterable[int | str], verb: str) -> list[Job]:
         raise NotImplementedError  # Scheduler's (sharing.py)
 
     async def _job(self, caller: Caller, job_id: int | str, verb: str, *, write: bool) -> Job:
@@ -40,7 +40,7 @@ class Stopping:
         raise NotImplementedError  # Scheduler's
 
     async def stop(self, caller: Caller, job_ids: Iterable[int | str]) -> list[Job]:
-        jobs = [job for j in job_ids for job in await self.targets(caller, j, "stop")]
+        jobs = await self.targets_of(caller, job_ids, "stop")
         return await self._stop_all(caller, jobs, StopReason.STOPPED)
 
     async def _stop_all(
@@ -118,7 +118,7 @@ class Stopping:
 
     async def delete(self, caller: Caller, job_ids: Iterable[int | str]) -> list[Job]:
         """Hide jobs from every listing; a queued or running one is stopped first (its record and events stay)."""
-        jobs = [job for j in job_ids for job in await self.targets(caller, j, "delete")]
+        jobs = await self.targets_of(caller, job_ids, "delete")
         return await self._stop_all(caller, jobs, StopReason.STOPPED, delete=True)
 
     async def release(self, caller: Caller, job_ids: Iterable[int | str]) -> list[Job]:
