@@ -64,13 +64,13 @@ def admission_problems(spec: JobSpec, loaded: LoadedConfig, file: str, marks: ya
     caller = _caller()
     # the scheduler's own admission; it reads the config only: no store, no transport, no placer
     rules = Rules(ClusterService(loaded, cast(Any, None), cast(Any, None)), placer=cast(Any, None))
-    try:
-        rules.admissible(caller, spec, spec.priority.value)
-    except FtError as exc:  # it stops at the first refusal: the others are found once that one is fixed
-        return [problem(_key_named(exc.message, marks), exc.message)]
-    out = []
+    refusals = rules.refusals(caller, spec, spec.priority.value)  # every one, not only the first
+    out = [problem(_key_named(exc.message, marks), exc.message) for exc in refusals]
     config = loaded.cluster
-    gpus = spec.nodes * max(c.gpus_per_node for c in candidates(spec, config))
+    try:
+        gpus = spec.nodes * max(c.gpus_per_node for c in candidates(spec, config))
+    except FtError:  # a spec the config does not have: said above
+        return out
     count = 1 if spec.array is None else len(arrayspec.parse(spec.array).indexes)
 
     def limits_of(key: quotas.Key) -> quotas.Limits | None:

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ftconsole.scheduler.decide import placement
 from ftconsole.scheduler.decide.jobs import Job, JobStatus
 from ftconsole.scheduler.decide.requests import job_request, urgent_scope
-from ftconsole.scheduler.errors import PermissionDenied, UsageError
+from ftconsole.scheduler.errors import FtError, PermissionDenied, UsageError
 from ftconsole.scheduler.spec import dataprep
 from ftconsole.scheduler.spec.config import format_duration
 from ftconsole.scheduler.spec.containers import run_root_problem
@@ -52,13 +52,43 @@ class Rules:
     def admissible(self, caller: Caller, spec: JobSpec, priority: str) -> None:
         """Refuse what can never be scheduled as asked: unknown specs or nodes, very-urgent for non-admins, a
         project that is not declared or not the caller's. (The urgent cap: `within_cap`, in the write's
-        transaction.)"""
-        job_request(spec, self.config, job_id=spec.name, now=0)  # UsageError for specs not in the config
+        transaction.) The first of `refusals`."""
+        found = self.refusals(caller, spec, priority)
+        if found:
+            raise found[0]
+
+    def refusals(self, caller: Caller, spec: JobSpec, priority: str) -> list[FtError]:
+        """Every reason `admissible` has to refuse the job, in its order (`ftconsole check` shows them all)."""
+        out: list[FtError] = []
+
+        def check(step: Callable[[], object]) -> None:
+            try:
+                step()
+            except FtError as exc:
+                out.append(exc)
+
+        check(lambda: job_request(spec, self.config, job_id=spec.name, now=0))  # UsageError: a spec not in config
+        check(lambda: self._nodes_known(spec))
+        check(lambda: self._priority_allowed(caller, priority))
+        check(lambda: self._project_allowed(caller, spec))
+        check(lambda: self._hang_window_seen(spec))
+        check(lambda: self._debug_allowed(spec))
+        check(lambda: self._output_limit_allowed(caller, spec))
+        check(lambda: dataprep.check_admissible(spec, self.config.data_prep, run_root=self.settings.run_root,
+                                                user=caller.user))  # fmt: skip
+        check(lambda: self._mounts_allowed(spec))
+        return out
+
+    def _nodes_known(self, spec: JobSpec) -> None:
         unknown = [n for n in spec.node_list() if n not in self._nodes]
         if unknown:
             raise UsageError(f"job {spec.name}: node_names not in the cluster config: {', '.join(unknown)}")
+
+    def _priority_allowed(self, caller: Caller, priority: str) -> None:
         if priority == "very-urgent" and not self.is_admin(caller):
             raise PermissionDenied(f"priority very-urgent is for admins only ({', '.join(self.config.admins)})")
+
+    def _project_allowed(self, caller: Caller, spec: JobSpec) -> None:
         projects = self.config.projects
         if projects and spec.project not in projects:
             raise UsageError(f"project {spec.project!r} is not declared in the cluster config (projects: "
@@ -66,7 +96,8 @@ class Rules:
         members = projects[spec.project].members if projects else None
         if members is not None and caller.user not in members and not self.is_admin(caller):
             raise PermissionDenied(f"{caller.user} is not a member of project {spec.project} ({', '.join(members)})")
-        self._hang_window_seen(spec)
+
+    def _debug_allowed(self, spec: JobSpec) -> None:
         debug = self.config.debug
         if spec.debug.retention is not None and spec.debug.retention > debug.max_retention:
             raise UsageError(
@@ -78,8 +109,8 @@ class Rules:
                 f"job {spec.name}: debug.hold_nodes is refused here: this cluster lets no failed job keep its GPUs "
                 "(debug.max_hold is 0); leave it out, the run folders are kept all the same"
             )
-        self._output_limit_allowed(caller, spec)
-        dataprep.check_admissible(spec, self.config.data_prep, run_root=self.settings.run_root, user=caller.user)
+
+    def _mounts_allowed(self, spec: JobSpec) -> None:
         over = run_root_problem(spec.mounts or (), self.settings.run_root)
         if over is not None:
             raise UsageError(f"job {spec.name}: {over}")

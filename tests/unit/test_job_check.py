@@ -160,3 +160,19 @@ def test_nodes_refuses_an_unknown_state(config: Path, capsys: pytest.CaptureFixt
     assert main(["--config", str(config), "nodes", "--state", "bogus"]) == 2
     err = capsys.readouterr().err
     assert "unknown state in bogus" in err and "healthy" in err and "isolated" in err
+
+
+def test_check_names_every_refusal_of_the_scheduler_at_once(
+    tmp_path: Path, config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not only the first: an undefined spec, an undeclared project and an unknown node, in one run."""
+    text = (
+        GOOD.replace("spec: h100", "spec: h200").replace("project: vision", "project: speech") + "node_names: gpu09\n"
+    )
+    path = job(tmp_path, text)
+    assert main(["--config", str(config), "check", str(path), "--json"]) == 2
+    said = [p["message"] for p in json.loads(capsys.readouterr().out)["problems"]]
+    assert any("spec 'h200' is not defined" in m for m in said), said
+    assert any("project 'speech' is not declared" in m for m in said), said
+    assert any("node_names not in the cluster config: gpu09" in m for m in said), said
+    nothing_written(tmp_path)
