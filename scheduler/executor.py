@@ -258,8 +258,6 @@ class Executor(Sweeping):
         if job.stop_reason is not None:  # stopped before it started: start nothing, find what is there
             await asyncio.gather(*(self._find(job, run) for run in launch.runs))
             return
-        if any(r.node in self._unswept for r in launch.runs):
-            return  # not before the node's sweep: a run the store does not know (a restored store) may hold its GPUs
         try:
             if not await self._preflight(job, attempt, launch.runs):
                 return
