@@ -251,16 +251,24 @@ class Store(SharingReads, AlertReads, HistoryStore):
             return kept[2]
         # the same read under way, begun after the last write to its tables: its answer is as fresh as a new one
         # (64 nodes' sweeps asking at once read once)
-        under_way = self._under_way.get(key)
-        if under_way is not None and self._unwritten(tables, since=under_way[0]):
-            return await asyncio.shield(under_way[1])
+        while (under_way := self._under_way.get(key)) is not None and self._unwritten(tables, since=under_way[0]):
+            try:
+                return await asyncio.shield(under_way[1])
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if not under_way[1].cancelled() or (task is not None and task.cancelling()):
+                    raise  # this caller was cancelled
+                # the read's own caller was (a client that went away): the first of those waiting reads again
         answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._under_way[key] = (generation, answer)
         try:
             value = await read()
-        except BaseException as exc:
+        except Exception as exc:
             answer.set_exception(exc)
             answer.exception()  # retrieved: those waiting for it get it; nobody else need
+            raise
+        except BaseException:
+            answer.cancel()  # cancelled: those waiting read for themselves
             raise
         else:
             answer.set_result(value)

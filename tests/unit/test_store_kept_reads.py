@@ -198,3 +198,32 @@ async def test_kept_reads_of_a_table_written_are_dropped_not_left_to_pile_up(sto
         async with store.jobs_tx("submit") as tx:
             await tx.add_job(make_job())
         assert list(store._kept) == [("quota_limits",)]
+
+
+async def test_callers_of_one_read_under_way_share_it_and_a_cancelled_reader_cancels_nobody_else(
+    store_at: StoreAt,
+) -> None:
+    """Many asking the same at once read once (64 nodes' sweeps); when the caller whose read it is goes away
+    (an API client that disconnects), the others still get an answer, not its cancellation."""
+    async with await Store.open(store_at()) as store:
+        async with store.jobs_tx("job") as tx:
+            await tx.add_job(make_job())
+        reads = 0
+        release = asyncio.Event()
+
+        async def slow() -> list[str]:
+            nonlocal reads
+            reads += 1
+            await release.wait()
+            return ["ann"]
+
+        first = asyncio.ensure_future(store._kept_read(("k",), frozenset({"jobs"}), slow))
+        await asyncio.sleep(0)
+        others = [asyncio.ensure_future(store._kept_read(("k",), frozenset({"jobs"}), slow)) for _ in range(3)]
+        await asyncio.sleep(0)
+        assert reads == 1  # the others wait for the read under way
+        first.cancel()
+        await asyncio.sleep(0.01)
+        release.set()
+        assert await asyncio.wait_for(asyncio.gather(*others), 10) == [["ann"]] * 3
+        assert first.cancelled() and reads == 2  # the first waiter read again; the rest shared that
