@@ -34,10 +34,12 @@ DEBUG_EVERY_S = 5.0
 DROPPED_LINE = b"== ftconsole: earlier output dropped"  # the node's own line (supervisor_output.py) starts so
 
 
-def dropped_marker(data: bytes) -> bytes:
+def dropped_marker(data: bytes, *, mid_line: bool = False) -> bytes:
     """What goes before `data`, read from further on than asked for since the job's output_limit dropped the
-    output between: nothing when it starts with the node's line that says so, else a line of ours."""
-    return b"" if data.startswith(DROPPED_LINE) else DROPPED_LINE + b" (output_limit) ==\n"
+    output between: nothing when it starts with the node's line that says so, else a line of ours; after a newline
+    where what was shown last ended mid-line (its rest was dropped), so that the line saying so stands alone."""
+    said = b"" if data.startswith(DROPPED_LINE) else DROPPED_LINE + b" (output_limit) ==\n"
+    return b"\n" + said if mid_line else said
 
 
 class RankReads:
@@ -78,6 +80,7 @@ class RankReads:
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         pushed: Followed | None = None  # once read to its end, the node pushes what is written (node channels)
         tried = False
+        mid_line = False  # what was shown last ended mid-line
         try:
             while True:
                 start, data = offset, b""
@@ -95,10 +98,11 @@ class RankReads:
                 shown = data
                 if start > offset:  # its output_limit dropped what came next: a new start, said once
                     decoder = codecs.getincrementaldecoder("utf-8")("replace")
-                    shown = dropped_marker(data) + data
+                    shown = dropped_marker(data, mid_line=mid_line) + data
                 offset = start + len(data)
                 text = decoder.decode(shown)
                 if text:
+                    mid_line = not text.endswith("\n")
                     yield text
                 if data and (pushed is not None or len(data) == LOG_CHUNK):
                     continue
@@ -106,7 +110,7 @@ class RankReads:
                     return
                 if not await self._running(job.id, run):
                     start, rest = await self._log_read(node, path, offset, user)
-                    rest = rest if start <= offset else dropped_marker(rest) + rest
+                    rest = rest if start <= offset else dropped_marker(rest, mid_line=mid_line) + rest
                     text = decoder.decode(rest, final=True)
                     if text:
                         yield text

@@ -42,14 +42,20 @@ def line(number: int) -> str:
 
 def numbers(text: str) -> tuple[list[int], int]:
     """The numbers of the numbered lines of `text`, and how many lines said output was dropped. Fails on any other
-    line (a part of a line, garbage), on a line twice or out of order, and on lines missing where no line says
-    that output was dropped there."""
+    line (garbage, a part of a line but for the start of one whose rest a cut dropped, right before the line that
+    says so), on a line twice or out of order, and on lines missing where no line says that output was dropped
+    there."""
     found: list[int] = []
     dropped, said = 0, False
-    for row in text.splitlines():
+    rows = text.splitlines()
+    for at, row in enumerate(rows):
         if row.startswith("== ftconsole: earlier output dropped"):
             dropped, said = dropped + 1, True
             continue
+        cut_short = at + 1 < len(rows) and rows[at + 1].startswith("== ftconsole: earlier output dropped")
+        if cut_short and not LINE.match(row):
+            assert row and line(0).startswith(re.sub(r"\d", "0", row)), f"garbage: {row!r}"
+            continue  # a line shown as far as it was written when a cut dropped the rest
         match = LINE.match(row)
         assert match is not None, f"not a line the job wrote: {row[:200]!r}"
         number = int(match.group(1))

@@ -345,14 +345,17 @@ def test_the_channel_follows_a_file_across_its_cuts(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("data", "marker"),
+    ("data", "mid_line", "marker"),
     [
-        (out.output_header(GiB, 5) + b"x\n", b""),  # the node's own line says it
-        (b"x\n", DROPPED_LINE + b" (output_limit) ==\n"),  # it does not: ours
+        (out.output_header(GiB, 5) + b"x\n", False, b""),  # the node's own line says it
+        (b"x\n", False, DROPPED_LINE + b" (output_limit) ==\n"),  # it does not: ours
+        # what was shown last ended mid-line (a cut dropped its rest): it ends, and the line saying so stands alone
+        (out.output_header(GiB, 5) + b"x\n", True, b"\n"),
+        (b"x\n", True, b"\n" + DROPPED_LINE + b" (output_limit) ==\n"),
     ],
 )
-def test_logs_say_once_where_output_was_dropped(data: bytes, marker: bytes) -> None:
-    assert dropped_marker(data) == marker
+def test_logs_say_once_where_output_was_dropped(data: bytes, mid_line: bool, marker: bytes) -> None:
+    assert dropped_marker(data, mid_line=mid_line) == marker
 
 
 # -- the supervisor: a real run ----------------------------------------------------------------------------------
