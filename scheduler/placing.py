@@ -29,6 +29,7 @@ from ftconsole.scheduler.decide import (
 )
 from ftconsole.scheduler.decide.jobplan import plan_attempt
 from ftconsole.scheduler.decide.jobs import Attempt, Condition, Job, JobStatus, Run
+from ftconsole.scheduler.decide.ledger import Ledger
 from ftconsole.scheduler.decide.requests import job_request, node_slot, urgent_scope
 from ftconsole.scheduler.decide.steps import user_root
 from ftconsole.scheduler.errors import FtError, SSHError, StoreError, UsageError
@@ -71,6 +72,7 @@ class Placer(SharingWeights):
         self._factors: dict[tuple[str, str], fairshare.Factor] = {}  # of the last pass's queued jobs' accounts
         self._hours: dict[quotas.Key, float] = {}  # quotas: GPU-hours of the last period, per project and user
         self._hours_at = float("-inf")
+        self._ledger: Ledger | None = None  # what ended runs used, as the store keeps it (decide/ledger.py)
         self._set_quotas: dict[quotas.Key, tuple[dict[str, Any], str, float]] = {}  # an admin's (`ftconsole quota`)
         self.preempter = Preempter(self.store, self.config, clock=clock, poke=poke)
         self._kept_off: dict[int, str] = {}  # job id -> which reserved nodes it keeps off, as its last pass saw

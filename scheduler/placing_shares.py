@@ -5,12 +5,12 @@ limits of each project and user, what each uses now) and the fair-share factor o
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ftconsole.scheduler.decide import fairshare, placement, quotas, usage
+from ftconsole.scheduler.decide import fairshare, placement, quotas
 from ftconsole.scheduler.decide.jobs import JobStatus
+from ftconsole.scheduler.decide.ledger import Ledger, slot_length
 from ftconsole.scheduler.spec.config import ClusterConfig, QuotaSettings, SchedulerSettings
 from ftconsole.scheduler.store.db import Store
 
@@ -31,6 +31,7 @@ class SharingWeights:
     _hours_at: float
     _set_quotas: dict[quotas.Key, tuple[dict[str, Any], str, float]]
     _use: tuple[tuple[int, float], dict[quotas.Key, quotas.InUse]] | None
+    _ledger: Ledger | None
 
     async def quotas_on(self) -> bool:
         """Whether any quota applies: the config's `quotas`, or limits an admin set (`ftconsole quota`); reads
@@ -68,8 +69,8 @@ class SharingWeights:
                     out.setdefault(key, quotas.InUse()).gpus += len(r.gpus)
         now = self.clock()
         if now - self._hours_at >= QUOTA_HOURS_EVERY_S:
-            rows = await self.store.usage_rows(now - period)  # the period's runs in a few columns, not the history
-            self._hours = await asyncio.to_thread(usage.hours_of_rows, rows, now - period, now, now)  # off the loop
+            ledger = await self._fold(now)  # the period's ended runs as the ledger keeps them, not the history
+            self._hours = ledger.hours(await self.store.running_usage(), now - period, now)
             self._hours_at = now
         for key, hours in self._hours.items():
             out.setdefault(key, quotas.InUse()).gpu_hours = hours
@@ -109,15 +110,28 @@ class SharingWeights:
         now = self.clock()
         declared = self.config.projects
         if now - self._used_at >= fair.every:
-            # the runs of the decay's horizon, in a few columns (no records), summed off the event loop
-            rows = await self.store.usage_rows(now - fairshare.HORIZON * fair.half_life)
-            self._used = await asyncio.to_thread(fairshare.usage_of_rows, rows, now, fair.half_life, declared=declared)
+            ledger = await self._fold(now)  # the ended runs' decayed usage as the ledger keeps it, not the history
+            self._used = ledger.usage(await self.store.running_usage(), now, declared=declared)
             self._used_at = now
         accounts = {w: fairshare.account(*w, declared) for w in wanted}
         self._factors = fairshare.factors(
             self._used, accounts.values(), fair.shares, fair.default_share, by_user=not declared
         )
         return {w: self._factors[a] for w, a in accounts.items()}
+
+    async def _fold(self, now: float) -> Ledger:
+        """The usage ledger with the runs ended since folded in (decide/ledger.py), for fair share's half-life and
+        the quota period of the config as it is now (either changed: built again, once)."""
+        fair = self.settings.fairshare
+        period = self.config.quotas.period if self.config.quotas is not None else QuotaSettings().period
+        self._ledger = await self.store.fold_usage(
+            now,
+            half_life=fair.half_life if fair is not None else None,
+            slot=slot_length(period),
+            since=now - period,
+            kept=self._ledger,
+        )
+        return self._ledger
 
     def _fair(self, project: str, user: str) -> tuple[tuple[str, str], fairshare.Factor | None]:
         """The (project, user) fair share counts a job under, and its factor of the last pass (None: none)."""

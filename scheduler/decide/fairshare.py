@@ -26,7 +26,6 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from ftconsole.scheduler.decide.jobs import Job, Run
 
@@ -65,22 +64,6 @@ def usage(
         used = len(r.gpus) * decayed_seconds(max(r.started, horizon), min(r.ended or now, now), now, half_life)
         if used > 0:
             key = account(job.project, job.owner, declared)
-            out[key] = out.get(key, 0.0) + used
-    return out
-
-
-def usage_of_rows(
-    rows: Iterable[Any], now: float, half_life: float, *, declared: Collection[str]
-) -> dict[tuple[str, str], float]:
-    """`usage` from the store's light rows (owner, project, gpus, started, ended: `Store.usage_rows`)."""
-    out: dict[tuple[str, str], float] = {}
-    horizon = now - HORIZON * half_life
-    for r in rows:
-        if r.ended is not None and r.ended < horizon:
-            continue
-        used = r.gpus * decayed_seconds(max(r.started, horizon), min(r.ended or now, now), now, half_life)
-        if used > 0:
-            key = account(r.project, r.owner, declared)
             out[key] = out.get(key, 0.0) + used
     return out
 

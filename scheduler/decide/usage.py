@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from ftconsole.scheduler.decide.jobs import Job, Run
 
@@ -69,15 +68,3 @@ def usage_by(
         counts[key] = counts.get(key, 0) + 1
     order = sorted(seconds, key=lambda k: (-seconds[k], k))
     return {k: Usage(seconds[k], counts[k]) for k in order}
-
-
-def hours_of_rows(rows: Iterable[Any], since: float, until: float, now: float) -> dict[tuple[str, str], float]:
-    """(user | project, name) -> GPU-hours in [since, until), from the store's light rows (owner, project, gpus,
-    started, ended: `Store.usage_rows`): the quotas' GPU-hours."""
-    out: dict[tuple[str, str], float] = {}
-    for r in rows:
-        seconds = r.gpus * overlap(r.started, r.ended if r.ended is not None else now, since, until)
-        if seconds > 0:
-            for key in (("user", r.owner), ("project", r.project)):
-                out[key] = out.get(key, 0.0) + seconds / 3600.0
-    return out

@@ -35,6 +35,7 @@ from ftconsole.scheduler.store.jobtx import CheckpointSignal, JobTx, _auto_resol
 from ftconsole.scheduler.store.jobtx import (
     Conflict as Conflict,  # raised by the store's conditional writes: part of its API
 )
+from ftconsole.scheduler.store.ledger import LedgerStore
 from ftconsole.scheduler.store.records import (
     _UPSERT_NODE,
     AutoResolve,
@@ -65,7 +66,7 @@ _RUNS = frozenset({"runs", "attempts"})
 _CHECKPOINTS = frozenset({"checkpoint_signals"})
 
 
-class Store(SharingReads, AlertReads, HistoryStore):
+class Store(SharingReads, AlertReads, HistoryStore, LedgerStore):
     def __init__(self, db: Engine, path: Path | str) -> None:
         self._db = db
         self.path = path  # the SQLite file, or the PostgreSQL URL (`where` names it in messages)

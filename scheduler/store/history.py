@@ -40,17 +40,6 @@ class DaySum:
     saved: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
-class UsedRow:
-    """What one run used, as usage sums read it: its job's owner and project, its GPU count, its span."""
-
-    owner: str
-    project: str
-    gpus: int
-    started: float
-    ended: float | None
-
-
 @dataclass(frozen=True)
 class Pruning:
     """A batch of ended jobs to prune, with everything their day sums are made of."""
@@ -190,21 +179,6 @@ class HistoryStore:
             rows = await self._db.fetchall(f"SELECT * FROM jobs WHERE id IN ({_marks(chunk)})", chunk)
             jobs.update({j.id: j for j in map(self._job_from_row, rows)})
         return jobs, runs
-
-    async def usage_rows(self, since: float) -> list[UsedRow]:
-        """What each run that held GPUs at `since` or later used, in a few columns (no record is built): fair
-        share's decayed usage and the quotas' GPU-hours read this every minute, over windows of many jobs."""
-        select = (
-            "SELECT r.job, r.attempt, r.rank, j.owner, j.project, r.gpus, r.started, r.ended FROM runs r "
-            "JOIN jobs j ON j.id = r.job WHERE r.started IS NOT NULL AND "
-        )
-        found: dict[tuple[int, int, int], UsedRow] = {}
-        for where in ("r.ended >= ?", "r.ended IS NULL"):  # two indexed reads: an OR of them scans every run
-            for row in await self._db.fetchall(select + where, (since,) if "?" in where else ()):
-                gpus = str(row[5]).strip()
-                count = 0 if gpus in ("[]", "") else gpus.count(",") + 1  # a JSON list of indexes
-                found[(row[0], row[1], row[2])] = UsedRow(row[3], row[4], count, float(row[6]), row[7])
-        return list(found.values())
 
     async def jobs_since(self, since: float, statuses: Sequence[JobStatus] | None = None) -> list[Job]:
         """The jobs (not deleted) active now or ended at `since` or later, by id, of `statuses` (None: any): a

@@ -185,7 +185,14 @@ class JobTx:
         await self._touch(job_id)
 
     async def update_run(self, run: Run, **fields: Any) -> None:
+        """Write these columns of a run. Its `started` and `ended` are written once (a later value is ignored):
+        the usage ledger folds a run in once it has ended (store/ledger.py), and one that ended before it started
+        (an intent cancelled) is folded again once it starts."""
         sql, args = _set_clause("runs", _RUN_COLUMNS, fields)
+        for column in ("started", "ended"):
+            sql = sql.replace(f" {column} = ?", f" {column} = COALESCE({column}, ?)")
+        if "started" in fields:
+            sql += ", folded = CASE WHEN started IS NULL THEN 0 ELSE folded END"
         await self._db.execute(
             sql + " WHERE job = ? AND attempt = ? AND rank = ?", (*args, run.job, run.attempt, run.rank)
         )

@@ -280,6 +280,33 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX events_time ON events (time);
     CREATE INDEX runs_ended ON runs (ended);
     """,
+    # 17: the usage ledger (decide/ledger.py): fair share's decayed usage and the quotas' GPU-seconds per slot, each
+    #     ended run folded in once (`runs.folded`), so that neither reads the history again
+    """
+    ALTER TABLE runs ADD COLUMN folded INTEGER NOT NULL DEFAULT 0;
+    CREATE INDEX runs_unfolded ON runs (job) WHERE folded = 0 AND ended IS NOT NULL;
+    CREATE TABLE ledger (
+        one         INTEGER PRIMARY KEY CHECK (one = 1),
+        folds       INTEGER NOT NULL,       -- how many folds wrote it
+        valued_at   REAL NOT NULL,          -- when the decayed usage is valued
+        half_life   REAL,                   -- fair share's, when it was written (NULL: off)
+        slot        REAL NOT NULL,          -- the slots' length, seconds
+        since       REAL NOT NULL           -- slots that end before this were dropped
+    );
+    CREATE TABLE ledger_decayed (
+        owner       TEXT NOT NULL,
+        project     TEXT NOT NULL,
+        gpu_seconds REAL NOT NULL,          -- decayed, valued at ledger.valued_at
+        PRIMARY KEY (owner, project)
+    );
+    CREATE TABLE ledger_slots (
+        kind        TEXT NOT NULL,          -- user | project
+        name        TEXT NOT NULL,
+        slot_start  REAL NOT NULL,
+        gpu_seconds REAL NOT NULL,
+        PRIMARY KEY (kind, name, slot_start)
+    );
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -289,6 +316,7 @@ SCHEMA_VERSION = len(MIGRATIONS)
 RELEASE_OF_SCHEMA: dict[int, str] = {
     **dict.fromkeys(range(1, 16), "0.1.0"),  # 1 to 15: everything up to the first release
     16: "0.2.0",  # history retention
+    17: "0.2.0",  # the usage ledger
 }
 
 
