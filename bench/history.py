@@ -1,12 +1,14 @@
 """Benchmark: a year of history. What the scheduler's reads and its tick cost with a store that keeps a busy
-cluster's year of ended jobs, against the same on an empty store, side by side in one run.
+cluster's year of ended jobs, against the same on a store that holds only its last 30 days (what every default
+read looks at) and on an empty one, side by side in one run.
 
-    .venv/bin/python bench/history.py [--jobs 1000000] [--nodes 64] [--repeat 5]
+    .venv/bin/python bench/history.py [--jobs 1000000] [--nodes 64] [--repeat 5] [--cache DIR]
 
-For each store (empty, then FULL: `--jobs` ended jobs spread over the last 360 days, each with its attempt, two
-ranks' runs and three events, 50 users in 10 projects, as `history.jobs: 365d` keeps them), starts the real
-scheduler as its own process (`ftconsole serve`, SQLite, tick 0.5 s) on `--nodes` nodes that refuse connections,
-with 20 jobs queued, and measures:
+For each store (empty; MONTH: the last 30 days of a year of `--jobs` ended jobs, at the same rate; YEAR: all of
+them, spread over the last 360 days; each job with its attempt, two ranks' runs and three events, 50 users in 10
+projects, as `history.jobs: 365d` keeps them), starts the real scheduler as its own process (`ftconsole serve`,
+SQLite, tick 0.5 s, fair share and quotas on) on `--nodes` nodes that refuse connections, with 20 jobs queued,
+and measures:
 
 - START S: from the process's start until its socket answers `status` (a restart: the store opened, recovery);
 - TICK MS/S: its CPU per second of wall time over 10 s once started (its ticks, with fair share and quotas on);
@@ -14,7 +16,9 @@ with 20 jobs queued, and measures:
 - USAGE S: `usage --since 30d --by user`, median; EVENTS S: `events` (the last 100); SHOW S: `show` of a job.
 
 The rows are made with SQL in bulk (the store's own schema, migrated by the program), not through the API:
-a million submits would take hours and measure the submit path, not the history.
+a million submits would take hours and measure the submit path, not the history. The usage ledger is then
+built as a scheduler that ran all along would have it (a restart, not an upgrade). `--cache DIR` keeps the
+filled stores there and copies them for the next run.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import asyncio
 import json
 import os
 import random
+import shutil
 import signal
 import sqlite3
 import statistics
@@ -39,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 import yaml  # noqa: E402
 
 from ftconsole.format import print_table  # noqa: E402
+from ftconsole.scheduler.decide.ledger import slot_length  # noqa: E402
 from ftconsole.scheduler.serve.api import ApiClient  # noqa: E402
 from ftconsole.scheduler.spec.jobspec import JobSpec  # noqa: E402
 from ftconsole.scheduler.store.db import Store  # noqa: E402
@@ -64,8 +70,8 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
-def fill(path: Path, count: int, now: float) -> None:
-    """`count` ended jobs over the last 360 days, with their attempts, runs and events, in bulk."""
+def fill(path: Path, count: int, now: float, days: float) -> None:
+    """`count` ended jobs over the last `days` days, with their attempts, runs and events, in bulk."""
     asyncio.run(_make(path))
     rng = random.Random(1)
     spec = json.dumps(SPEC)
@@ -75,7 +81,7 @@ def fill(path: Path, count: int, now: float) -> None:
     for start in range(0, count, batch):
         jobs, attempts, runs, events = [], [], [], []
         for i in range(start + 1, min(count, start + batch) + 1):
-            ended = now - rng.uniform(0.05, 360) * DAY
+            ended = now - rng.uniform(0.05, days) * DAY
             began = ended - rng.uniform(600, 12 * 3600)
             user = f"user{rng.randrange(50):02d}"
             project = f"project{rng.randrange(10)}"
@@ -108,11 +114,18 @@ def fill(path: Path, count: int, now: float) -> None:
     db.execute("ANALYZE")
     db.commit()
     db.close()
+    asyncio.run(_ledger(path, now))
 
 
 async def _make(path: Path) -> None:
     async with await Store.open(path):
         pass
+
+
+async def _ledger(path: Path, now: float) -> None:
+    """The usage ledger as the scheduler keeps it (for the config below: a 7-day half-life, a 30-day period)."""
+    async with await Store.open(path) as store:
+        await store.fold_usage(now, half_life=7 * DAY, slot=slot_length(30 * DAY), since=now - 30 * DAY, kept=None)
 
 
 async def timed(call) -> float:  # type: ignore[no-untyped-def]
@@ -158,15 +171,22 @@ async def measure(sock: Path, pid: int, t_start: float, repeat: int, now: float)
     ]
 
 
-def one(root: Path, count: int, nodes: int, repeat: int) -> list[str]:
+def one(root: Path, label: str, count: int, days: float, nodes: int, repeat: int, cache: Path | None) -> list[str]:
     now = time.time()
     state = root / "state"
     state.mkdir(mode=0o700)
     if count:
-        t0 = time.perf_counter()
-        fill(state / "state.db", count, now)
-        print(f"made {count:,} ended jobs in {time.perf_counter() - t0:.0f} s "
-              f"({(state / 'state.db').stat().st_size / 2**20:.0f} MiB)", file=sys.stderr)  # fmt: skip
+        kept = cache / f"{label}-{count}.db" if cache is not None else None
+        if kept is not None and kept.exists() and now - kept.stat().st_mtime < DAY:
+            shutil.copyfile(kept, state / "state.db")
+            asyncio.run(_ledger(state / "state.db", now))
+        else:
+            t0 = time.perf_counter()
+            fill(state / "state.db", count, now, days)
+            print(f"made {count:,} ended jobs in {time.perf_counter() - t0:.0f} s "
+                  f"({(state / 'state.db').stat().st_size / 2**20:.0f} MiB)", file=sys.stderr)  # fmt: skip
+            if kept is not None:
+                shutil.copyfile(state / "state.db", kept)
     config = {
         "state_dir": str(state),
         "nodes": [{"name": f"gpu{i:04d}", "host": f"127.0.{i >> 8}.{i & 255}", "port": 1} for i in range(nodes)],
@@ -180,7 +200,7 @@ def one(root: Path, count: int, nodes: int, repeat: int) -> list[str]:
         server = subprocess.Popen([str(ROOT / ".venv/bin/ftconsole"), "--config", str(root / "cluster.yaml"), "serve"],
                                   stdout=subprocess.DEVNULL, stderr=log)  # fmt: skip
     try:
-        return [f"{count:,}", *asyncio.run(measure(root / "ft.sock", server.pid, t_start, repeat, now))]
+        return [label, f"{count:,}", *asyncio.run(measure(root / "ft.sock", server.pid, t_start, repeat, now))]
     finally:
         server.send_signal(signal.SIGINT)
         try:
@@ -194,12 +214,16 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1_000_000)
     parser.add_argument("--nodes", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--cache", type=Path, help="keep the filled stores here and reuse them (a day at most)")
     args = parser.parse_args()
+    if args.cache is not None:
+        args.cache.mkdir(parents=True, exist_ok=True)
     rows = []
-    for count in (0, args.jobs):
+    month = round(args.jobs * 30 / 360)
+    for label, count, days in (("empty", 0, 0.0), ("month", month, 30.0), ("year", args.jobs, 360.0)):
         with tempfile.TemporaryDirectory(prefix="fth-", dir=os.environ.get("TMPDIR", "/tmp")) as tmp:
-            rows.append(one(Path(tmp), count, args.nodes, args.repeat))
-    print_table(["ENDED JOBS", "START S", "TICK MS/S", "JOBS S", "USAGE S", "EVENTS S", "SHOW S"], rows)
+            rows.append(one(Path(tmp), label, count, days, args.nodes, args.repeat, args.cache))
+    print_table(["STORE", "ENDED JOBS", "START S", "TICK MS/S", "JOBS S", "USAGE S", "EVENTS S", "SHOW S"], rows)
 
 
 if __name__ == "__main__":

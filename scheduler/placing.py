@@ -239,6 +239,7 @@ class Placer(SharingWeights):
         queue order that no quota or array limit holds back; with the held ones and the rest (decide/queuedepth)."""
         if self._accounts is None or self._accounts[0] != version:
             self._accounts = (version, list({(j.project, j.owner) for j in queued}))
+        await self.refresh_usage()
         fair = await self.fair_factors(self._accounts[1])
         values = {account: f.value for account, f in fair.items()}
         if self._order is None or self._order[0] != (*version, values):

@@ -10,7 +10,7 @@ from typing import Any
 
 from ftconsole.scheduler.decide import fairshare, placement, quotas
 from ftconsole.scheduler.decide.jobs import JobStatus
-from ftconsole.scheduler.decide.ledger import Ledger, slot_length
+from ftconsole.scheduler.decide.ledger import MIN_SLOT_S, Ledger, slot_length
 from ftconsole.scheduler.spec.config import ClusterConfig, QuotaSettings, SchedulerSettings
 from ftconsole.scheduler.store.db import Store
 
@@ -69,8 +69,8 @@ class SharingWeights:
                     out.setdefault(key, quotas.InUse()).gpus += len(r.gpus)
         now = self.clock()
         if now - self._hours_at >= QUOTA_HOURS_EVERY_S:
-            ledger = await self._fold(now)  # the period's ended runs as the ledger keeps them, not the history
-            self._hours = ledger.hours(await self.store.running_usage(), now - period, now)
+            ledger = await self._ledger_now()  # the period's ended runs as the ledger keeps them, not the history
+            self._hours = ledger.hours(await self.store.unsettled_usage(), now - period, now)
             self._hours_at = now
         for key, hours in self._hours.items():
             out.setdefault(key, quotas.InUse()).gpu_hours = hours
@@ -110,8 +110,8 @@ class SharingWeights:
         now = self.clock()
         declared = self.config.projects
         if now - self._used_at >= fair.every:
-            ledger = await self._fold(now)  # the ended runs' decayed usage as the ledger keeps it, not the history
-            self._used = ledger.usage(await self.store.running_usage(), now, declared=declared)
+            ledger = await self._ledger_now()  # the ended runs' decayed usage as the ledger keeps it, not the history
+            self._used = ledger.usage(await self.store.unsettled_usage(), now, declared=declared)
             self._used_at = now
         accounts = {w: fairshare.account(*w, declared) for w in wanted}
         self._factors = fairshare.factors(
@@ -119,10 +119,14 @@ class SharingWeights:
         )
         return {w: self._factors[a] for w, a in accounts.items()}
 
-    async def _fold(self, now: float) -> Ledger:
-        """The usage ledger with the runs ended since folded in (decide/ledger.py), for fair share's half-life and
-        the quota period of the config as it is now (either changed: built again, once)."""
+    async def refresh_usage(self) -> None:
+        """Fold the runs ended since the last time into the usage ledger (decide/ledger.py) when fair share or
+        the quotas' hours are due again: a write, so the placement pass's alone (never a standby's, never inside
+        another transaction). The config's half-life or quota period changed: built again, once."""
+        now = self.clock()
         fair = self.settings.fairshare
+        if now - self._hours_at < QUOTA_HOURS_EVERY_S and (fair is None or now - self._used_at < fair.every):
+            return
         period = self.config.quotas.period if self.config.quotas is not None else QuotaSettings().period
         self._ledger = await self.store.fold_usage(
             now,
@@ -131,7 +135,16 @@ class SharingWeights:
             since=now - period,
             kept=self._ledger,
         )
-        return self._ledger
+
+    async def _ledger_now(self) -> Ledger:
+        """The ledger of the last fold; where this scheduler folded none yet (a standby, the first pass), as the
+        store has it (read only). The runs it lacks (`Store.unsettled_usage`) are added fresh by its readers."""
+        if self._ledger is None:
+            self._ledger = await self.store.read_ledger()
+        if self._ledger is not None:
+            return self._ledger
+        fair = self.settings.fairshare
+        return Ledger(at=self.clock(), half_life=fair.half_life if fair is not None else None, slot=MIN_SLOT_S, since=0)
 
     def _fair(self, project: str, user: str) -> tuple[tuple[str, str], fairshare.Factor | None]:
         """The (project, user) fair share counts a job under, and its factor of the last pass (None: none)."""

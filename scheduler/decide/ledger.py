@@ -13,7 +13,8 @@ folds in each run once, when it has ended:
   part of the slot at its far end in proportion: off by at most what that slot's runs used beyond the window's
   start, a 720th of the period at most.
 
-Runs still going are not folded: their part is added fresh each time (`usage`, `hours`).
+Runs still going, and those ended since the last fold, are not in it: their part is added fresh each time
+(`usage`, `hours`). Only the placement pass folds (a write); a standby reads the ledger as it is.
 """
 
 from __future__ import annotations
@@ -94,25 +95,26 @@ class Ledger:
             else:
                 del self.slots[key]
 
-    def usage(self, running: Iterable[Any], now: float, *, declared: Collection[str]) -> dict[tuple[str, str], float]:
+    def usage(self, others: Iterable[Any], now: float, *, declared: Collection[str]) -> dict[tuple[str, str], float]:
         """Fair share's decayed usage at `now` per account (fairshare.account; `declared`: the config's projects):
-        the folded runs' and that of `running` (light rows of the runs not ended)."""
+        the folded runs' and that of `others` (light rows of the runs not folded in: running, or ended since)."""
         out: dict[tuple[str, str], float] = {}
         if self.half_life is None:
             return out
         for (owner, project), used in self.decay(now).items():
             key = fairshare.account(project, owner, declared)
             out[key] = out.get(key, 0.0) + used
-        for r in running:
-            used = r.gpus * fairshare.decayed_seconds(r.started, now, now, self.half_life)
+        for r in others:
+            end = now if r.ended is None else min(r.ended, now)
+            used = r.gpus * fairshare.decayed_seconds(r.started, end, now, self.half_life)
             if used > 0:
                 key = fairshare.account(r.project, r.owner, declared)
                 out[key] = out.get(key, 0.0) + used
         return out
 
-    def hours(self, running: Iterable[Any], since: float, now: float) -> dict[Key, float]:
+    def hours(self, others: Iterable[Any], since: float, now: float) -> dict[Key, float]:
         """The quotas' GPU-hours of [since, now) per key: the folded runs' slots (the one at `since` in proportion)
-        and the part of `running` (light rows of the runs not ended) in the window."""
+        and the part in the window of `others` (light rows of the runs not folded in: running, or ended since)."""
         out: dict[Key, float] = {}
         for key, kept in self.slots.items():
             seconds = 0.0
@@ -123,8 +125,8 @@ class Ledger:
                     seconds += used * (start + self.slot - since) / self.slot
             if seconds > 0:
                 out[key] = seconds / 3600.0
-        for r in running:
-            seconds = r.gpus * overlap(r.started, now, since, now)
+        for r in others:
+            seconds = r.gpus * overlap(r.started, now if r.ended is None else r.ended, since, now)
             if seconds > 0:
                 for key in (("user", r.owner), ("project", r.project)):
                     out[key] = out.get(key, 0.0) + seconds / 3600.0

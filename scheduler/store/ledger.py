@@ -44,10 +44,20 @@ class LedgerStore:
     def _transaction(self, what: str) -> contextlib.AbstractAsyncContextManager[None]:
         raise NotImplementedError  # Store's
 
-    async def running_usage(self) -> list[LightRun]:
-        """The runs started and not ended, as the ledger reads them (they are added fresh each time)."""
+    async def unsettled_usage(self) -> list[LightRun]:
+        """The runs the ledger lacks, added fresh by its readers: those started and not ended, and those ended
+        and not folded in yet (two indexed reads)."""
         rows = await self._db.fetchall(_LIGHT + "r.ended IS NULL AND r.started IS NOT NULL")
+        rows += await self._db.fetchall(_LIGHT + "r.folded = 0 AND r.ended IS NOT NULL AND r.started IS NOT NULL")
         return [_light(r) for r in rows]
+
+    async def read_ledger(self) -> Ledger | None:
+        """The ledger as the store has it (None: none yet), read only: a standby's, or a first pass's."""
+        meta = await self._db.fetchone("SELECT folds, valued_at, half_life, slot, since FROM ledger")
+        if meta is None:
+            return None
+        half_life = None if meta[2] is None else float(meta[2])
+        return await self._ledger_read(int(meta[0]), float(meta[1]), half_life, float(meta[3]), float(meta[4]))
 
     async def fold_usage(
         self, now: float, *, half_life: float | None, slot: float, since: float, kept: Ledger | None

@@ -146,7 +146,7 @@ def test_a_store_folds_each_ended_run_once_and_goes_on_from_its_ledger_after_a_r
             running = await _job(store, "u0", now - DAY, None)
             ledger = await store.fold_usage(now, half_life=HALF, slot=SLOT, since=now - PERIOD, kept=None)
             first = await _folds(store)
-            live = await store.running_usage()
+            live = await store.unsettled_usage()
             assert [(r.owner, r.gpus, r.started) for r in live] == [("u0", 2, now - DAY)]
             close(ledger.usage(live, now, declared={"vision"}), _by_account(decayed([*spans, *_as_running(live)], now)))
             # nothing ended since: what it had, nothing written
@@ -158,7 +158,7 @@ def test_a_store_folds_each_ended_run_once_and_goes_on_from_its_ledger_after_a_r
             for at in (now + 180, now + 240):
                 ledger = await store.fold_usage(at, half_life=HALF, slot=SLOT, since=at - PERIOD, kept=ledger)
             assert await _folds(store) == first + 1
-            assert await store.running_usage() == []
+            assert await store.unsettled_usage() == []
             close(ledger.usage([], now + 240, declared={"vision"}), _by_account(decayed(spans, now + 240)))
             close(ledger.hours([], now + 240 - PERIOD, now + 240), hours(spans, now + 240 - PERIOD, now + 240))
         # a restart: the ledger is read back, not built again from the runs
