@@ -26,8 +26,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from ftconsole.scheduler.decide.jobs import Attempt, Job, Run
-from ftconsole.scheduler.decide.usage import GROUPINGS, overlap
+from ftconsole.scheduler.decide.jobs import Attempt, Run
+from ftconsole.scheduler.decide.usage import GROUPINGS, Owned, overlap
 
 # attempt results that end an attempt as a failure: the job went on with a new one, or ended `error`
 FAILED_RESULTS = frozenset({"requeued", "restarted", "shrunk", "preempted", "error"})
@@ -148,7 +148,7 @@ def checkpoint_times(signals: Iterable[Signalled]) -> dict[tuple[int, int], floa
 
 
 def goodput_by(
-    jobs: Mapping[int, Job],
+    jobs: Mapping[int, Owned],
     attempts: Iterable[Attempt],
     runs: Iterable[Run],
     checkpoints: Mapping[tuple[int, int], float],

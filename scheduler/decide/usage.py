@@ -10,10 +10,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
-from ftconsole.scheduler.decide.jobs import Job, Run
+from ftconsole.scheduler.decide.jobs import Run
 
 GROUPINGS = ("user", "project")
+
+
+class Owned(Protocol):
+    """Whose a job is (a `Job`, or the store's lighter record of it)."""
+
+    @property
+    def owner(self) -> str: ...
+    @property
+    def project(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -52,7 +62,7 @@ def job_gpu_seconds(runs: Iterable[Run], since: float, until: float, now: float)
 
 
 def usage_by(
-    jobs: Mapping[int, Job], runs: Iterable[Run], grouping: str, since: float, until: float, now: float
+    jobs: Mapping[int, Owned], runs: Iterable[Run], grouping: str, since: float, until: float, now: float
 ) -> dict[str, Usage]:
     """User or project (`grouping`) -> its usage in the window, most used first."""
     if grouping not in GROUPINGS:
