@@ -558,8 +558,8 @@ class Store(SharingReads, AlertReads, HistoryStore, LedgerStore):
         """Each node's faults (`is_fault` events) at `since` or later, oldest first: its recent fault history."""
         sql = (
             "SELECT id, time, kind, node, job, message, data FROM events "
-            "WHERE kind IN ('isolated', 'state-changed') AND time >= ? AND node IS NOT NULL ORDER BY id"
-        )  # the partial index events_faults
+            "WHERE kind IN ('isolated', 'state-changed') AND time >= ? AND node IS NOT NULL ORDER BY time, id"
+        )  # the partial index events_faults (in the index's order: by id, SQLite would scan every event)
         out: dict[str, list[StoredEvent]] = {}
         for r in await self._db.fetchall(sql, (since,)):
             data = json.loads(r[6])

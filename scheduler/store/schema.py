@@ -281,10 +281,12 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX runs_ended ON runs (ended);
     """,
     # 17: the usage ledger (decide/ledger.py): fair share's decayed usage and the quotas' GPU-seconds per slot, each
-    #     ended run folded in once (`runs.folded`), so that neither reads the history again
+    #     ended run folded in once (`runs.folded`), so that neither reads the history again; the deleted jobs by
+    #     status, so that `status` counts the jobs without reading them
     """
     ALTER TABLE runs ADD COLUMN folded INTEGER NOT NULL DEFAULT 0;
-    CREATE INDEX runs_unfolded ON runs (job) WHERE folded = 0 AND ended IS NOT NULL;
+    CREATE INDEX runs_unfolded ON runs (folded) WHERE folded = 0;  -- running, or ended and not folded in yet
+    CREATE INDEX jobs_deleted ON jobs (status) WHERE deleted = 1;  -- `status` counts from indexes alone
     CREATE TABLE ledger (
         one         INTEGER PRIMARY KEY CHECK (one = 1),
         folds       INTEGER NOT NULL,       -- how many folds wrote it
