@@ -55,8 +55,7 @@ class Stopping:
             now = self.clock()
             try:
                 async with self.store.jobs_tx("stop queued jobs") as tx:
-                    for job in batch:
-                        await self._stop_queued(tx, caller, job, reason, now, delete=delete)
+                    await self._stop_queued(tx, caller, batch, reason, now, delete=delete)
             except Conflict:  # one of them was placed meanwhile: each on its own, as it is now
                 continue
             done.update({job.id: job for job in batch})
@@ -69,10 +68,12 @@ class Stopping:
         ]
 
     async def _stop_queued(
-        self, tx: JobTx, caller: Caller, job: Job, reason: StopReason, now: float, *, delete: bool
+        self, tx: JobTx, caller: Caller, jobs: Sequence[Job], reason: StopReason, now: float, *, delete: bool
     ) -> None:
-        await tx.update_job(
-            job.id,
+        """Stop these queued jobs, in a few statements whatever their number; `Conflict` if one is no longer
+        queued (none is stopped then)."""
+        await tx.update_jobs(
+            [job.id for job in jobs],
             expect=[JobStatus.QUEUED],
             status=JobStatus.STOPPED,
             ended=now,
@@ -82,16 +83,17 @@ class Stopping:
             message=f"stopped by {caller.user} before it started",
             **({"deleted": True} if delete else {}),
         )
-        await tx.event(now, Condition.STOPPED, f"stopped by {caller.user} while queued", job=job.id)
+        events = [(now, Condition.STOPPED.value, f"stopped by {caller.user} while queued", job.id) for job in jobs]
         if delete:
-            await tx.event(now, "Deleted", f"deleted by {caller.user}", job=job.id)
+            events += [(now, "Deleted", f"deleted by {caller.user}", job.id) for job in jobs]
+        await tx.events(events)
 
     async def _stop(self, caller: Caller, job: Job, reason: StopReason, *, delete: bool = False) -> Job:
         now = self.clock()
         try:
             async with self.store.jobs_tx("stop a job") as tx:
                 if job.status is JobStatus.QUEUED:
-                    await self._stop_queued(tx, caller, job, reason, now, delete=delete)  # its Deleted event too
+                    await self._stop_queued(tx, caller, [job], reason, now, delete=delete)  # its Deleted event too
                 elif job.status is JobStatus.RUNNING and job.stop_reason is None:
                     grace = format_duration(self.settings.stop_grace)
                     await request_stop(
