@@ -25,6 +25,8 @@ from ftconsole.probes.health import NodeEvent, NodeHealth, is_fault
 from ftconsole.scheduler.decide.jobs import Attempt, Job, JobStatus, Run
 from ftconsole.scheduler.errors import StoreError
 from ftconsole.scheduler.spec.jobspec import JobSpec
+from ftconsole.scheduler.store.activejobs import ACTIVE as ACTIVE_STATUSES
+from ftconsole.scheduler.store.activejobs import ActiveJobs
 from ftconsole.scheduler.store.alertreads import OPEN_ALERT_STATES as OPEN_ALERT_STATES  # part of its API
 from ftconsole.scheduler.store.alertreads import AlertReads
 from ftconsole.scheduler.store.engine import ANY_TABLE, Engine, Row, connect, is_postgres
@@ -66,7 +68,7 @@ _RUNS = frozenset({"runs", "attempts"})
 _CHECKPOINTS = frozenset({"checkpoint_signals"})
 
 
-class Store(SharingReads, AlertReads, HistoryStore, LedgerStore):
+class Store(SharingReads, AlertReads, HistoryStore, LedgerStore, ActiveJobs):
     def __init__(self, db: Engine, path: Path | str) -> None:
         self._db = db
         self.path = path  # the SQLite file, or the PostgreSQL URL (`where` names it in messages)
@@ -86,6 +88,7 @@ class Store(SharingReads, AlertReads, HistoryStore, LedgerStore):
         self._kept: dict[tuple[Any, ...], tuple[int, frozenset[str], Any]] = {}
         self._kept_of: dict[str, set[tuple[Any, ...]]] = {}  # table -> the keys of the kept reads of it
         self._under_way: dict[tuple[Any, ...], tuple[int, asyncio.Future[Any]]] = {}  # key -> reads begun, not done
+        self._init_active()
         db.on_write = self._wrote
 
     @classmethod
@@ -294,7 +297,9 @@ class Store(SharingReads, AlertReads, HistoryStore, LedgerStore):
         Every job it changes (its row, its attempts, runs or alerts) gets `updated` = this transaction's stamp.
         """
         async with self._transaction(what):
-            yield JobTx(self._db, self._next_stamp())
+            stamp = self._next_stamp()
+            with self._open_stamp(stamp):
+                yield JobTx(self._db, stamp)
 
     def _next_stamp(self) -> float:
         """A `jobs.updated` stamp: the wall clock, but always above every stamp handed out before (the clock
@@ -360,6 +365,8 @@ class Store(SharingReads, AlertReads, HistoryStore, LedgerStore):
     ) -> list[Job]:
         """Jobs by id; `ended_since`: only those that ended at or after that time."""
         wanted = None if statuses is None else tuple(statuses)
+        if wanted is not None and ended_since is None and set(wanted) <= ACTIVE_STATUSES:
+            return list(await self.active_jobs(frozenset(wanted), deleted=deleted))
         key = ("jobs", wanted, deleted, ended_since)
         return list(await self._kept_read(key, _JOBS, lambda: self._jobs(wanted, deleted, ended_since)))
 

@@ -1,0 +1,105 @@
+"""The store's active jobs read incrementally (store/activejobs.py), on both engines: after any mix of submits,
+status changes, deletions, transactions rolled back, a read in the middle of an open transaction and another
+process's writes, what it answers is what a whole read of the table answers."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from ftconsole.scheduler.decide.jobs import Job, JobStatus
+from ftconsole.scheduler.spec.jobspec import parse_jobspec
+from ftconsole.scheduler.store.db import Store
+from tests.unit.conftest import StoreAt
+
+SPEC = parse_jobspec("name: t\ncommand: x\ngpus_per_node: 1\n")
+ACTIVE = [JobStatus.QUEUED, JobStatus.RUNNING]
+
+
+def _job() -> Job:
+    return Job(0, "t", "ann", 1000, SPEC, JobStatus.QUEUED, "normal", "default", "none", 0.0)
+
+
+async def _whole(store: Store, *, deleted: bool = True) -> list[tuple[int, str, bool]]:
+    """What the table holds, read as it is."""
+    rows = await store._db.fetchall(
+        "SELECT id, status, deleted FROM jobs WHERE status IN ('queued', 'running') AND deleted <= ? ORDER BY id",
+        (1 if deleted else 0,),
+    )
+    return [(int(r[0]), str(r[1]), bool(r[2])) for r in rows]
+
+
+async def _seen(store: Store, *, deleted: bool = True) -> list[tuple[int, str, bool]]:
+    return [(j.id, j.status.value, j.deleted) for j in await store.jobs(statuses=ACTIVE, deleted=deleted)]
+
+
+class Boom(Exception):
+    pass
+
+
+def test_the_active_jobs_read_by_their_changes_are_those_the_table_holds(store_at: StoreAt) -> None:
+    rng = random.Random(11)
+
+    async def main() -> None:
+        async with await Store.open(store_at()) as store:
+            ids: list[int] = []
+            for step in range(120):
+                what = rng.random()
+                if what < 0.3 or not ids:
+                    async with store.jobs_tx("submit") as tx:
+                        for _ in range(rng.randint(1, 5)):
+                            ids.append(await tx.add_job(_job()))
+                elif what < 0.55:
+                    async with store.jobs_tx("start or end") as tx:
+                        job_id = rng.choice(ids)
+                        status = rng.choice([JobStatus.RUNNING, JobStatus.SUCCEEDED, JobStatus.QUEUED])
+                        await tx.update_job(job_id, status=status)
+                elif what < 0.65:
+                    async with store.jobs_tx("delete") as tx:
+                        await tx.update_job(rng.choice(ids), deleted=True)
+                elif what < 0.75:
+                    with pytest.raises(Boom):  # rolled back: nothing of it stays
+                        async with store.jobs_tx("rolled back") as tx:
+                            await tx.update_job(rng.choice(ids), status=JobStatus.STOPPED)
+                            await tx.add_job(_job())
+                            raise Boom
+                elif what < 0.85:
+                    async with store.jobs_tx("stop many") as tx:
+                        queued = [i for i, s, _ in await _whole(store) if s == "queued"][:10]
+                        await tx.update_jobs(queued, expect=[JobStatus.QUEUED], status=JobStatus.STOPPED)
+                else:  # a read while a transaction is open, half written
+                    async with store.jobs_tx("half written") as tx:
+                        await tx.update_job(rng.choice(ids), status=JobStatus.RUNNING)
+                        await store.jobs(statuses=ACTIVE, deleted=True)
+                        ids.append(await tx.add_job(_job()))
+                        await tx.update_job(rng.choice(ids), status=JobStatus.ERROR)
+                if rng.random() < 0.6:
+                    assert await _seen(store) == await _whole(store), f"step {step}"
+                    assert await _seen(store, deleted=False) == await _whole(store, deleted=False), f"step {step}"
+                    queued = [j.id for j in await store.jobs(statuses=[JobStatus.QUEUED])]
+                    assert queued == [i for i, s, _ in await _whole(store, deleted=False) if s == "queued"], step
+            # the view is read by its changes, not whole, once it has been read (a whole read is of every row)
+            whole_at = store._active_whole_at
+            async with store.jobs_tx("one more") as tx:
+                ids.append(await tx.add_job(_job()))
+            assert await _seen(store) == await _whole(store) and store._active_whole_at == whole_at
+
+    asyncio.run(main())
+
+
+def test_another_process_writes_are_read_whole_at_the_next_refresh(store_at: StoreAt) -> None:
+    async def main() -> None:
+        where = store_at()
+        async with await Store.open(where) as ours, await Store.open(where) as theirs:
+            async with ours.jobs_tx("submit") as tx:
+                first = await tx.add_job(_job())
+            assert [j.id for j in await ours.jobs(statuses=ACTIVE)] == [first]
+            async with theirs.jobs_tx("another process") as tx:  # stamped by its own clock
+                await tx.update_job(first, status=JobStatus.SUCCEEDED)
+                second = await tx.add_job(_job())
+            await ours.refresh()
+            assert [j.id for j in await ours.jobs(statuses=ACTIVE)] == [second]
+
+    asyncio.run(main())
