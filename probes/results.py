@@ -75,10 +75,18 @@ class GPUInfo:
     nvlink_down: int | None = None
     healthy: bool | None = None
     processes: tuple[int, ...] = ()
+    pcie_width: int | None = None  # the PCIe link's lanes now, and the most the GPU and its slot can have
+    pcie_width_max: int | None = None
+    pcie_gen: int | None = None  # its generation now (lower while the GPU idles), and the most it can have
+    pcie_gen_max: int | None = None
+    slowdown: tuple[str, ...] | None = None  # hardware slowdowns in force: hw_slowdown, sw_thermal, hw_thermal, ...
+    retired_pages: int | None = None  # memory pages retired for ECC errors (GPUs before A100)
+    nvlink_errors: int | None = None  # NVLink replays, recoveries and CRC errors since the driver loaded
 
     def to_json(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}
         d["processes"] = list(self.processes)
+        d["slowdown"] = None if self.slowdown is None else list(self.slowdown)
         return d
 
 
@@ -181,6 +189,13 @@ def _bool(v: Any) -> bool | None:
     return v if isinstance(v, bool) else None
 
 
+def _names(v: Any) -> tuple[str, ...] | None:
+    """A list of short names (a GPU's slowdowns); None: not read."""
+    if not isinstance(v, list):
+        return None
+    return tuple(n for n in v if isinstance(n, str) and len(n) <= 40)
+
+
 def _value(v: Any) -> float | str | None:
     if isinstance(v, bool):
         return str(v).lower()
@@ -267,6 +282,13 @@ def parse_document(doc: dict[str, Any]) -> ProbeReport:
                 nvlink_down=_int(g.get("nvlink_down")),
                 healthy=_bool(g.get("healthy")),
                 processes=tuple(p for p in procs if isinstance(p, int) and not isinstance(p, bool)),
+                pcie_width=_int(g.get("pcie_width")),
+                pcie_width_max=_int(g.get("pcie_width_max")),
+                pcie_gen=_int(g.get("pcie_gen")),
+                pcie_gen_max=_int(g.get("pcie_gen_max")),
+                slowdown=_names(g.get("slowdown")),
+                retired_pages=_int(g.get("retired_pages")),
+                nvlink_errors=_int(g.get("nvlink_errors")),
             )
         )
     checks = []

@@ -388,11 +388,19 @@ def gpu_faults(gpu):
 
 
 def gpu_pending(gpu):
+    """What makes a GPU suspect, short of failed: memory retirement waiting for a reset, a PCIe link narrower than
+    the GPU's (a bad riser or slot: the link's generation drops at idle by design, its width does not), the
+    hardware slowing the GPU down (thermal or power brake: every rank of a job waits for the slowest)."""
     pending = []
     if gpu["retired_pages_pending"]:
         pending.append("retired pages pending")
     if gpu["remapped_rows_pending"]:
         pending.append("remapped rows pending")
+    width, widest = gpu["pcie_width"], gpu["pcie_width_max"]
+    if width is not None and widest is not None and 0 < width < widest:
+        pending.append("PCIe link x%d of x%d" % (width, widest))
+    if gpu["slowdown"]:
+        pending.append("slowed down by the hardware (%s)" % ", ".join(gpu["slowdown"]))
     return pending
 
 

@@ -36,7 +36,31 @@ GPU_FIELDS = (
     ("nvlink_down", as_int),
     ("healthy", as_bool),
     ("processes", as_pids),
+    ("pcie_width", as_int),
+    ("pcie_width_max", as_int),
+    ("pcie_gen", as_int),
+    ("pcie_gen_max", as_int),
+    ("slowdown", None),  # the hardware slowdowns in force (SLOWDOWNS' names)
+    ("retired_pages", as_int),
+    ("nvlink_errors", as_int),
 )
+
+# NVML's clock event (throttle) reasons that say the hardware slows the GPU down, by bit: not the idle clocks, an
+# application's clock setting or the software power cap, which are normal
+SLOWDOWNS = (
+    (0x8, "hw_slowdown"),  # nvmlClocksThrottleReasonHwSlowdown: thermal or power brake, the board's own
+    (0x20, "sw_thermal"),  # nvmlClocksThrottleReasonSwThermalSlowdown
+    (0x40, "hw_thermal"),  # nvmlClocksThrottleReasonHwThermalSlowdown
+    (0x80, "hw_power_brake"),  # nvmlClocksThrottleReasonHwPowerBrakeSlowdown
+)
+SLOWDOWN_NAMES = tuple(name for _, name in SLOWDOWNS)
+
+
+def as_slowdowns(value):
+    """The known slowdown names of a list (a simulated file's, or NVML's read), in their order; None: unread."""
+    if not isinstance(value, (list, tuple)):
+        return None
+    return [name for name in SLOWDOWN_NAMES if name in value]
 
 
 def normalize_gpu(raw, position):
@@ -46,7 +70,7 @@ def normalize_gpu(raw, position):
     index = as_int(raw.get("index"))
     gpu = {"index": position if index is None else index}
     for key, convert in GPU_FIELDS:
-        gpu[key] = convert(raw.get(key))
+        gpu[key] = (convert or as_slowdowns)(raw.get(key))
     return gpu
 
 
@@ -138,7 +162,47 @@ def read_nvml_gpu(nv, index):
         "nvlink_down": nvml_nvlink_down(nv, handle),
         "healthy": False if tuple_flag(remapped, 3) else None,
         "processes": nvml_pids(nv, handle),
+        "pcie_width": nvml_value(nv, "nvmlDeviceGetCurrPcieLinkWidth", handle),
+        "pcie_width_max": nvml_value(nv, "nvmlDeviceGetMaxPcieLinkWidth", handle),
+        "pcie_gen": nvml_value(nv, "nvmlDeviceGetCurrPcieLinkGeneration", handle),
+        "pcie_gen_max": nvml_value(nv, "nvmlDeviceGetMaxPcieLinkGeneration", handle),
+        "slowdown": nvml_slowdowns(nv, handle),
+        "retired_pages": nvml_retired_pages(nv, handle),
+        "nvlink_errors": nvml_nvlink_errors(nv, handle),
     }
+
+
+def nvml_slowdowns(nv, handle):
+    """The hardware slowdowns in force (SLOWDOWNS), from the clock event reasons (their older name too)."""
+    reasons = as_int(nvml_value(nv, "nvmlDeviceGetCurrentClocksEventReasons", handle))
+    if reasons is None:
+        reasons = as_int(nvml_value(nv, "nvmlDeviceGetCurrentClocksThrottleReasons", handle))
+    if reasons is None:
+        return None
+    return [name for bit, name in SLOWDOWNS if reasons & bit]
+
+
+def nvml_retired_pages(nv, handle):
+    """Pages of memory retired for ECC errors (single-bit many times, or double-bit); None where the GPU remaps
+    rows instead (A100 and later) or does not say."""
+    counts = []
+    for cause in (0, 1):  # NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS, ..._DOUBLE_BIT_ECC_ERROR
+        pages = nvml_value(nv, "nvmlDeviceGetRetiredPages", handle, cause)
+        if isinstance(pages, (list, tuple)):
+            counts.append(len(pages))
+    return sum(counts) if counts else None
+
+
+def nvml_nvlink_errors(nv, handle):
+    """The NVLink errors counted since the driver loaded (replays, recoveries, CRC errors of flits and data), over
+    the links that answer; None where none does."""
+    total, answered = 0, False
+    for link in range(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18)):
+        for counter in range(4):  # NVML_NVLINK_ERROR_DL_REPLAY, _DL_RECOVERY, _DL_CRC_FLIT, _DL_CRC_DATA
+            value = as_int(nvml_value(nv, "nvmlDeviceGetNvLinkErrorCounter", handle, link, counter))
+            if value is not None:
+                total, answered = total + value, True
+    return total if answered else None
 
 
 def mib_attr(memory, name):

@@ -408,6 +408,98 @@ def test_gpu_sources_share_one_path(
         assert text in message(report, name)
 
 
+# --- deeper GPU health: PCIe link, hardware slowdowns, retired pages, NVLink errors ---------------------------
+
+# NVML of two GPUs as a driver of today answers: GPU 0 as the H200 the device check read (recorded below), but
+# idle at PCIe gen 1 (a link's generation drops at idle by design); GPU 1 in a slot that gives it 8 lanes of 16,
+# slowed down by its own thermal protection, with pages retired and NVLink errors counted
+DEEPER_PYNVML = (
+    FAKE_PYNVML
+    + """
+def nvmlDeviceGetCurrPcieLinkWidth(h): return 16 if h == 0 else 8
+def nvmlDeviceGetMaxPcieLinkWidth(h): return 16
+def nvmlDeviceGetCurrPcieLinkGeneration(h): return 1 if h == 0 else 5
+def nvmlDeviceGetMaxPcieLinkGeneration(h): return 5
+def nvmlDeviceGetCurrentClocksEventReasons(h): return 0x1 if h == 0 else 0x41  # idle; idle and HW thermal
+
+def nvmlDeviceGetRetiredPages(h, cause):
+    if h == 0:
+        raise NVMLError("Not Supported")  # row remapping instead (A100 and later)
+    return [0x1000, 0x2000] if cause == 1 else [0x3000]
+
+def nvmlDeviceGetNvLinkErrorCounter(h, link, counter):
+    if h == 0 or link >= 2:
+        raise NVMLError("Not Supported")
+    return 7 if counter == 0 else 0
+"""
+)
+GOLDEN_PROBES = Path(__file__).resolve().parent / "golden" / "probes"
+
+
+def test_nvml_tells_a_narrow_pcie_link_and_a_hardware_slowdown_apart_from_an_idle_gpu(tmp_path: Path) -> None:
+    (tmp_path / "pynvml.py").write_text(DEEPER_PYNVML)
+    report, raw = run_agent({"checks": GPU_CHECKS}, env=agent_env(PYTHONPATH=str(tmp_path), PATH="/nonexistent"))
+    idle, slowed = report.gpus
+    assert (idle.pcie_width, idle.pcie_width_max, idle.pcie_gen, idle.pcie_gen_max) == (16, 16, 1, 5)
+    assert (idle.slowdown, idle.retired_pages, idle.nvlink_errors) == ((), None, None)
+    assert (slowed.pcie_width, slowed.slowdown, slowed.retired_pages, slowed.nvlink_errors) == (
+        8,
+        ("hw_thermal",),
+        3,
+        14,
+    )
+    assert raw["gpus"][1]["slowdown"] == ["hw_thermal"]
+    assert statuses(report)["gpu-health"] == CheckStatus.WARN  # suspect: the node is degraded, not failed
+    assert message(report, "gpu-health") == "GPU 1: PCIe link x8 of x16, slowed down by the hardware (hw_thermal)"
+
+
+def test_a_driver_that_knows_only_the_older_throttle_reasons_is_read_the_same(tmp_path: Path) -> None:
+    older = DEEPER_PYNVML.replace(
+        "def nvmlDeviceGetCurrentClocksEventReasons", "def nvmlDeviceGetCurrentClocksThrottleReasons"
+    )
+    (tmp_path / "pynvml.py").write_text(older)
+    report, _ = run_agent({"checks": GPU_CHECKS}, env=agent_env(PYTHONPATH=str(tmp_path), PATH="/nonexistent"))
+    assert [g.slowdown for g in report.gpus] == [(), ("hw_thermal",)]
+
+
+def test_what_a_real_h200_answered_reads_as_a_healthy_gpu_with_every_deeper_reading() -> None:
+    """Recorded on a lent NVIDIA H200 (driver 580.159.04, nvidia-ml-py): the agent as the scheduler sends it,
+    run there with python3. NVML answers the PCIe link (gen 5, x16 of x16) and the clock event reasons (idle
+    only); it has no retired pages on a GPU that remaps rows, and no NVLink on a single GPU."""
+    report = parse_report((GOLDEN_PROBES / "h200-nvml.json").read_text())
+    (gpu,) = report.gpus
+    assert (gpu.name, gpu.pcie_width, gpu.pcie_width_max, gpu.pcie_gen, gpu.pcie_gen_max) == (
+        "NVIDIA H200",
+        16,
+        16,
+        5,
+        5,
+    )
+    assert (gpu.slowdown, gpu.retired_pages, gpu.nvlink_errors, gpu.remapped_rows_pending) == ((), None, None, False)
+    assert statuses(report)["gpu-health"] == CheckStatus.PASS
+
+
+@pytest.mark.parametrize(
+    ("changes", "status", "said"),
+    [
+        ({}, CheckStatus.PASS, "1 GPUs healthy"),
+        ({"pcie_width": 4, "pcie_width_max": 16}, CheckStatus.WARN, "GPU 0: PCIe link x4 of x16"),
+        ({"pcie_gen": 1, "pcie_gen_max": 5}, CheckStatus.PASS, "1 GPUs healthy"),  # idle: by design
+        ({"slowdown": ["hw_power_brake", "nonsense"]}, CheckStatus.WARN, "(hw_power_brake)"),
+        ({"slowdown": "hw_slowdown"}, CheckStatus.PASS, "1 GPUs healthy"),  # not a list: not read
+    ],
+)
+def test_a_simulated_gpu_carries_the_deeper_readings_too(
+    tmp_path: Path, changes: dict[str, Any], status: CheckStatus, said: str
+) -> None:
+    sim = tmp_path / "gpus.json"
+    gpu = {"index": 0, "name": "NVIDIA H100 80GB HBM3", "temperature": 40, "healthy": True, **changes}
+    sim.write_text(json.dumps({"driver_version": "550.54.15", "gpus": [gpu]}))
+    report, _ = run_agent({"checks": GPU_CHECKS}, env=agent_env(FTCONSOLE_SIM_GPUS=str(sim)))
+    assert statuses(report)["gpu-health"] == status
+    assert said in message(report, "gpu-health")
+
+
 # --- disks --------------------------------------------------------------------------------------------------
 
 
