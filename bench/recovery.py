@@ -3,7 +3,7 @@ a node's death to its job running again elsewhere (`--what node-death`).
 
     .venv/bin/python bench/recovery.py [--nodes 8,64] [--jobs 1,200] [--ticks 20]
     .venv/bin/python bench/recovery.py --what node-death [--nodes 8,64] [--repeats 5] [--layout own-home,shared-home]
-                                       [--modes channel|command|command,channel]
+                                       [--modes channel|command|command,channel] [--fault kill|hang]
 
 Re-adoption (`--what adoption`, the default):
 
@@ -40,8 +40,11 @@ lab probe sweep loads the 2 shared CPUs, and `ssh.python`). Each of `--repeats` 
 pytorch-mode job (`sleep 3600`, one GPU per node, `fault_tolerance: {retries: 3}`), waits until its attempt is
 started, kills the node of one rank (`lab_fault(..., Fault.kill())`, as `ftconsole lab fault NODE --kill`:
 SSH refused, the node's processes SIGKILLed; ranks 1 and 0 in turn), and waits until a new attempt is started
-with every rank `running`. Then the job is stopped; the dead node stays dead (isolated), so a round needs two
-healthy nodes besides the dead ones (repeats <= N - 2). The times come from the store (`show`, and the runs'
+with every rank `running`. With `--fault hang` the node freezes instead (`Fault.hang()`, `lab fault --hang`: its
+SSH server and processes stopped, connections open and silent: nothing tells the scheduler but the silence), and
+once the job runs again elsewhere it is healed, so that it answers and its stopped rank is fenced. Then the job
+is stopped; the dead node stays dead (isolated), so a round needs two healthy nodes besides the dead ones
+(repeats <= N - 2). The times come from the store (`show`, and the runs'
 `stop_sent` read from state.db), all on this machine's clock:
 
     DETECT    kill -> the dead rank written `lost` (its run's `ended`): bounded by `scheduler.node_timeout`
@@ -124,6 +127,7 @@ LAYOUTS = ("own-home", "shared-home")  # --layout: the lab layout's shared_home 
 STOPPED_TIMEOUT_S = 60.0
 LEFTOVER_TIMEOUT_S = 10.0  # after the job's stop, until none of its processes is left
 DEATH_TIMEOUT_S = 120.0  # from the kill until the job runs again
+FAULT = "kill"  # --fault: what befalls the node (kill: it dies; hang: it freezes)
 POLL_S = 0.5
 
 # the lab layout's `cluster:` section: BUILTIN_LAYOUT's probe thresholds (so lab nodes probe healthy)
@@ -468,7 +472,7 @@ def shut_down(lab_dir: Path, serves: Sequence[Serve]) -> None:
 # (part, step, start, end): durations between the timestamps `death_times` collects, in order
 PARTS = ["DETECT", "DECIDE", "RELAUNCH", "TOTAL"]
 STEPS = [
-    ("DETECT", "kill -> rank lost", "killed", "lost"),
+    ("DETECT", "kill (freeze) -> rank lost", "killed", "lost"),
     ("DECIDE", "lost -> Stopping (other ranks)", "lost", "stopping"),
     ("DECIDE", "Stopping -> stop confirmed", "stopping", "stop_sent"),
     ("DECIDE", "stop confirmed -> rank ended (node)", "stop_sent", "other_ended"),
@@ -604,7 +608,7 @@ def round_problems(shown: dict[str, Any], before: int, victim: str, dead: set[st
         if not stopped_by_us(r):
             out.append(f"rank {r['rank']} of attempt {new['number']} on {r['node']} ended {describe_run(r)}")
     for e in shown["events"]:
-        if e["kind"] == "Fenced":
+        if e["kind"] == "Fenced" and not (FAULT == "hang" and e.get("node") == victim):  # a frozen node's: meant
             out.append(f"Fenced event on {e.get('node')}: {e.get('message')}")
     if shown["status"] != "stopped":
         out.append(f"job {shown['status']} after its stop: {shown.get('message')}")
@@ -635,10 +639,12 @@ async def one_death(
     victim = ranks[(round_ + 1) % len(ranks)]["node"]  # rank 1, then rank 0, ...
     await asyncio.sleep(1.0)  # a tick or so of steady state
     killed = time.time()
-    report = await asyncio.to_thread(lab_fault, lab_dir, victim, Fault.kill())
+    report = await asyncio.to_thread(lab_fault, lab_dir, victim, Fault.hang() if FAULT == "hang" else Fault.kill())
     kill_s = time.time() - killed
     dead.add(victim)
     shown = await wait_attempt_running(api, job, attempt["number"], DEATH_TIMEOUT_S)
+    if FAULT == "hang":  # it answers again: its stopped rank is fenced, and it stays isolated
+        await asyncio.to_thread(lab_fault, lab_dir, victim, Fault.heal())
     times = death_times(shown, attempt["number"], victim, killed, db)
     new_nodes = ",".join(r["node"] for r in shown["attempts"][-1]["runs"])
     total = times["running"] - killed
@@ -674,7 +680,8 @@ def log_problems(log: Path, dead: set[str]) -> list[str]:
     for line in lines:
         if not (" WARNING " in line or " ERROR " in line or "Traceback" in line):
             continue
-        if SUSPECT.search(line) or named is None or not named.search(line):
+        frozen_fenced = FAULT == "hang" and "fenced:" in line and named is not None and named.search(line)
+        if (SUSPECT.search(line) and not frozen_fenced) or named is None or not named.search(line):
             out.append(line)
     return out
 
@@ -773,10 +780,15 @@ def main() -> None:
         "--layout",
         help=f"lab layouts, comma-separated, of {', '.join(LAYOUTS)} (--what node-death; default: both)",
     )
+    parser.add_argument("--fault", choices=["kill", "hang"], help="node-death: the node dies (kill) or freezes (hang)")
     args = parser.parse_args()
     if args.what == "node-death":
+        global FAULT
+        FAULT = args.fault or "kill"
         node_death(args)
         return
+    if args.fault is not None:
+        parser.error("--fault goes with --what node-death")
     if args.layout is not None:
         parser.error("--layout goes with --what node-death")
     if args.modes is not None:

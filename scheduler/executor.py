@@ -519,7 +519,7 @@ class Executor(Sweeping):
     def _quiet(self, read: Read, users: dict[str, str | None]) -> bool:
         """The node's read may be left out this tick: its channels watch these runs and nothing changed (see
         `Channels.quiet`; the read is made at least every `read_every`). A channel's heartbeat that is late starts
-        the node's silence clock at when it was due, and the node is read."""
+        the node's silence clock at when the node was last heard, and the node is read."""
         if self.channels is None:
             return False
         groups: dict[str | None, set[str]] = defaultdict(set)
@@ -529,9 +529,9 @@ class Executor(Sweeping):
         if heard is not None:
             self.tracker.heard(read.node, at=heard)
             return True
-        due = self.channels.overdue(read.node)
-        if due is not None:
-            self.tracker.awaited(read.node, due)
+        heard = self.channels.overdue(read.node)
+        if heard is not None:
+            self.tracker.awaited(read.node, heard)
         return False
 
     @property

@@ -41,10 +41,12 @@ from ftconsole.scheduler.node.supervisor_output import _output_chunk  # bundled
 
 WATCH_S = 0.1  # how often the watched runs' status files are looked at
 LIVENESS_S = 1.0  # how often the supervisors of the watched starting or running runs are looked for
-HEARTBEAT_S = 5.0  # "alive": each line costs the scheduler about 0.6 ms of CPU (docs/benchmarks.md)
+# "alive": each line costs the scheduler about 0.6 ms of CPU (docs/benchmarks.md). The scheduler counts a frozen
+# node's silence from its last line, so a stall shorter than node_timeout less this costs nothing (7 s of 10)
+HEARTBEAT_S = 3.0
 # how often the watched running runs' output.log is looked at: one line for all that moved. As often as the
 # heartbeat, whose place it takes: a node whose ranks print costs the scheduler no more lines than a quiet one
-OUTPUT_S = 5.0
+OUTPUT_S = HEARTBEAT_S
 MAX_REQUEST = 64 * 1024 * 1024  # a request line longer than this ends the channel (the scheduler's are far less)
 MAX_WATCHED = 10000
 MAX_FOLLOWED = 64

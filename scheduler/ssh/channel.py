@@ -16,7 +16,8 @@ was last heard (any line: an answer, an event, its heartbeat every `HEARTBEAT_S`
 read may be left out this tick: each user's runs are watched by a live channel, nothing changed since the last
 read, that read is recent, and the heartbeat is on time; the executor then reads the node only every so often,
 as a safety net. A heartbeat that is late (`overdue`) is a node that may be frozen: it is read again, and its
-silence counts from when the heartbeat was due.
+silence counts from when it was last heard (a node frozen for good is given up `node_timeout` after it froze, at
+most; one frozen for less than `node_timeout` less a heartbeat costs nothing).
 """
 
 from __future__ import annotations
@@ -396,15 +397,16 @@ class Channels:
         return min(heard) if heard else None
 
     def overdue(self, node: str) -> float | None:
-        """When a heartbeat of `node` was due and has not come (the earliest, over its live channels with no
-        request under way): the node may be frozen, or its connection stalled. None: each is on time."""
+        """When `node` was last heard, where a heartbeat of it was due and has not come (the earliest, over its
+        live channels with no request under way): the node may be frozen, or its connection stalled. None: each
+        is on time."""
         now = self.clock()
-        due = [
-            c.heard + HEARTBEAT_S
+        heard = [
+            c.heard
             for (name, _, _), c in self._open.items()
             if name == node and c.closed is None and not c.busy and now - c.heard > HEARTBEAT_S + HEARTBEAT_LATE_S
         ]
-        return min(due) if due else None
+        return min(heard) if heard else None
 
     def _watcher(self, node: str, user: str | None) -> NodeChannel | None:
         for sudo in (False, True):

@@ -151,7 +151,7 @@ async def test_a_node_frozen_for_5s_costs_nothing_and_one_frozen_for_good_is_giv
 ) -> None:
     """Two nodes with a job each, node_timeout 10 s: node01 freezes for 5.5 s (every process of it stopped, its
     channel's heartbeat too) and goes on; node02 freezes for good. node02's rank is lost once it was silent for
-    node_timeout, counted from when its heartbeat was due; node01's job never noticed."""
+    node_timeout, counted from when it was last heard; node01's job never noticed."""
     cluster: SshdCluster = sshd_cluster(2)
     settings = {"tick": "0.3s", "stop_grace": "2s", "node_timeout": "10s"}
     loaded = write_config(cluster, tmp_path, sock_dir, scheduler=settings, probes={"interval": "1h"})
