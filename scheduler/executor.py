@@ -98,6 +98,7 @@ class Executor(Sweeping):
         # how often a quiet node with channels is read all the same (the watchdog's samples: `Watchdog.read_every`)
         self.read_every: Callable[[Sequence[Run]], float] = lambda runs: QUIET_READ_S
         self._unswept: set[str] = set(self.nodes)  # nodes to sweep for runs that are no longer current
+        self._given_up: set[str] = set()  # nodes whose runs were written lost, until they answer again
         self._swept_at: dict[str, float] = {}  # node -> the last try
         self._pruned_at: dict[str, float] = {}  # node -> when its old run folders were last pruned
         # the environment pre-check before an attempt's first start (`Recoverer.preflight`, set by the loop)
@@ -170,17 +171,29 @@ class Executor(Sweeping):
         swept once they answer."""
         for name in nodes:
             self._unswept.add(name)
+            self._given_up.add(name)
             self.tracker.forget(name)
 
     async def wait(self) -> None:
-        """Wait for the work under way, at most `ACT_WAIT_S`."""
-        if not self._tasks:
+        """Wait for the work under way, at most `ACT_WAIT_S`; not for the work on a node already late (given up,
+        or silent for longer than that): its answer, if it comes, wakes the loop. (A frozen node's read held each
+        tick for its whole wait: the stop of its job's other ranks came a tick after the node was given up.)"""
+        waited = [task for key, task in self._tasks.items() if not self._late(key)]
+        if not waited:
             return
         self._in_tick = True
         try:
-            await asyncio.wait(list(self._tasks.values()), timeout=ACT_WAIT_S)
+            await asyncio.wait(waited, timeout=ACT_WAIT_S)
         finally:
             self._in_tick = False
+
+    def _late(self, key: Hashable) -> bool:
+        """Whether `key` is work on one node that is already late: given up and not answered since, or silent
+        for longer than a tick waits."""
+        if not (isinstance(key, tuple) and len(key) == 2 and key[0] in ("node", "knock", "sweep")):
+            return False
+        since = self.tracker.waiting.get(key[1])
+        return key[1] in self._given_up or (since is not None and self.clock() - since > ACT_WAIT_S)
 
     def observations(self) -> dict[str, list[tuple[Run, RunStatus]]]:
         """What the reads said since the last call, per node (each read is handed out once)."""

@@ -36,6 +36,7 @@ class Sweeping:
     settings: SchedulerSettings
     clock: Callable[[], float]
     _unswept: set[str]
+    _given_up: set[str]
     _pruned_at: dict[str, float]
     _poke: Callable[[], None]
 
@@ -113,6 +114,7 @@ class Sweeping:
                 return
         self._was_pruned(node, prune, pruned)
         self._unswept.discard(node.name)
+        self._given_up.discard(node.name)  # it answered: its work is waited for again
         self._poke()  # a start that waited for this sweep goes now
 
     async def _fence(self, node: Node, found: Sequence[NodeRun], user: str | None) -> bool:
