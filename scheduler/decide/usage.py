@@ -36,7 +36,8 @@ class Usage:
         return self.gpu_seconds / 3600.0
 
     def to_json(self) -> dict[str, float | int]:
-        return {"gpu_hours": round(self.gpu_hours, 4), "gpu_seconds": round(self.gpu_seconds, 1), "jobs": self.jobs}
+        seconds = round(self.gpu_seconds, 1)  # the hours from the seconds shown, so that the two agree
+        return {"gpu_hours": round(seconds / 3600.0, 4), "gpu_seconds": seconds, "jobs": self.jobs}
 
 
 def overlap(start: float, end: float, since: float, until: float) -> float:
