@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import yaml  # noqa: E402
+from deepqueue import cpu_s  # noqa: E402  (bench/ is the script's folder: on the path)
 
 from ftconsole.format import print_table  # noqa: E402
 from ftconsole.scheduler.decide.ledger import slot_length  # noqa: E402
@@ -52,7 +53,6 @@ from ftconsole.scheduler.store.db import Store  # noqa: E402
 DAY = 86400.0
 TICK_S = 0.5
 WINDOW_S = 10.0
-TICKS = os.sysconf("SC_CLK_TCK")
 SPEC = JobSpec.from_json(
     {
         "name": "train",
@@ -63,11 +63,6 @@ SPEC = JobSpec.from_json(
         "max_runtime": "12h",
     }
 ).to_json()
-
-
-def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
 
 
 def fill(path: Path, count: int, now: float, days: float) -> None:
