@@ -73,6 +73,7 @@ class Placer(SharingWeights):
         self._hours: dict[quotas.Key, float] = {}  # quotas: GPU-hours of the last period, per project and user
         self._hours_at = float("-inf")
         self._ledger: Ledger | None = None  # what ended runs used, as the store keeps it (decide/ledger.py)
+        self._folded_at = float("-inf")  # when the pass last folded the runs ended since into it
         self._set_quotas: dict[quotas.Key, tuple[dict[str, Any], str, float]] = {}  # an admin's (`ftconsole quota`)
         self.preempter = Preempter(self.store, self.config, clock=clock, poke=poke)
         self._kept_off: dict[int, str] = {}  # job id -> which reserved nodes it keeps off, as its last pass saw

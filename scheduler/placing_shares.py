@@ -32,6 +32,7 @@ class SharingWeights:
     _set_quotas: dict[quotas.Key, tuple[dict[str, Any], str, float]]
     _use: tuple[tuple[int, float], dict[quotas.Key, quotas.InUse]] | None
     _ledger: Ledger | None
+    _folded_at: float
 
     async def quotas_on(self) -> bool:
         """Whether any quota applies: the config's `quotas`, or limits an admin set (`ftconsole quota`); reads
@@ -125,8 +126,10 @@ class SharingWeights:
         another transaction). The config's half-life or quota period changed: built again, once."""
         now = self.clock()
         fair = self.settings.fairshare
-        if now - self._hours_at < QUOTA_HOURS_EVERY_S and (fair is None or now - self._used_at < fair.every):
-            return
+        every = min(fair.every, QUOTA_HOURS_EVERY_S) if fair is not None else QUOTA_HOURS_EVERY_S
+        if now - self._folded_at < every or (fair is None and not await self.quotas_on()):
+            return  # not due, or nobody reads it: the runs ended meanwhile are folded in when it is
+        self._folded_at = now
         period = self.config.quotas.period if self.config.quotas is not None else QuotaSettings().period
         self._ledger = await self.store.fold_usage(
             now,
