@@ -140,6 +140,25 @@ def pid_alive(pid: int) -> bool:
     return stat[stat.rfind(b")") + 2 :].split()[:1] not in ([b"Z"], [b"X"])
 
 
+def lab_processes(root: Path | str) -> dict[int, list[bytes]]:
+    """The processes still alive that were started through a node of the test cluster at `root` (its sshd's
+    SetEnv marks them with FTCONSOLE_LAB_ROOT): pid -> argv."""
+    mark = f"FTCONSOLE_LAB_ROOT={root}".encode()
+    found: dict[int, list[bytes]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or not pid_alive(int(entry.name)):
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as f:
+                if mark not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                found[int(entry.name)] = f.read().split(b"\0")
+        except OSError:
+            continue
+    return found
+
+
 def _descendants(roots: set[int], table: dict[int, tuple[int, str]]) -> set[int]:
     children: dict[int, list[int]] = {}
     for pid, (ppid, _state) in table.items():

@@ -9,7 +9,6 @@ the one it does not know is killed, and the GPU it held goes to a new job, which
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
 import time
@@ -26,7 +25,7 @@ from ftconsole.scheduler.store.backup import check_file
 from tests.cli_runner import Cli
 from tests.integration.test_crash_sshd import kill, serve
 from tests.integration.test_scheduler_sshd import write_config
-from tests.sshd_cluster import SshdCluster, pid_alive
+from tests.sshd_cluster import SshdCluster, lab_processes, pid_alive
 
 pytestmark = pytest.mark.sshd
 WAIT = 60.0
@@ -102,21 +101,7 @@ async def log_of(sock: Path, job_id: int) -> str:
 
 def sleepers(cluster: SshdCluster) -> set[int]:
     """The jobs' processes on the lab's nodes now: `sleep 3600` started through a node's sshd."""
-    mark = f"FTCONSOLE_LAB_ROOT={cluster.root}".encode()
-    found = set()
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or not pid_alive(int(entry.name)):
-            continue
-        try:
-            with open(f"/proc/{entry.name}/environ", "rb") as f:
-                if mark not in f.read().split(b"\0"):
-                    continue
-            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
-                if f.read().split(b"\0")[:2] == [b"sleep", b"3600"]:
-                    found.add(int(entry.name))
-        except OSError:
-            continue
-    return found
+    return {pid for pid, argv in lab_processes(cluster.root).items() if argv[:2] == [b"sleep", b"3600"]}
 
 
 def starts(cluster: SshdCluster, job_id: int) -> list[int]:

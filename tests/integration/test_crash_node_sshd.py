@@ -43,7 +43,7 @@ from ftconsole.scheduler.errors import NotRunning
 from ftconsole.scheduler.serve.api import ApiClient
 from ftconsole.scheduler.spec.jobspec import JobSpec
 from ftconsole.scheduler.store.db import STORE_FILE, Store
-from tests.sshd_cluster import SshdCluster, pid_alive
+from tests.sshd_cluster import SshdCluster, lab_processes, pid_alive
 
 pytestmark = pytest.mark.sshd
 WAIT = 60.0
@@ -199,21 +199,7 @@ def starts(cluster: SshdCluster, job_id: int) -> dict[tuple[int, int], list[tupl
 
 def node_processes(cluster: SshdCluster) -> list[str]:
     """Processes started through any node of the cluster (sshd's SetEnv marks them) that still run."""
-    mark = f"FTCONSOLE_LAB_ROOT={cluster.root}".encode()
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or not pid_alive(int(entry.name)):
-            continue
-        try:
-            with open(f"/proc/{entry.name}/environ", "rb") as f:
-                if mark not in f.read().split(b"\0"):
-                    continue
-            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
-                argv = f.read().replace(b"\0", b" ").decode(errors="replace")
-            found.append(f"{entry.name}: {argv}")
-        except OSError:
-            continue
-    return found
+    return [f"{pid}: {b' '.join(argv).decode(errors='replace')}" for pid, argv in lab_processes(cluster.root).items()]
 
 
 def nodes_json(config: Path) -> dict[str, dict[str, Any]]:
