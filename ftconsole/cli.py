@@ -557,12 +557,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error("--nodes must be at least 1")
         return int(args.func(args))
     except FtError as exc:
-        return report_error(exc, as_json=as_json)
+        try:
+            return report_error(exc, as_json=as_json)
+        except BrokenPipeError:  # `... --json | head`: the reader went before the error was printed whole
+            return _reader_gone(exc.exit_code)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
+        return _reader_gone(1)
+
+
+def _reader_gone(code: int) -> int:
+    """stdout's reader closed it (`| head`): nothing more is written there, and no traceback at exit."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return code
 
 
 def report_error(exc: FtError, *, as_json: bool) -> int:

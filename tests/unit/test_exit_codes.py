@@ -125,3 +125,24 @@ def test_config_check_json_keeps_its_own_document(ft: Any) -> None:
     document = json.loads(done.stdout)
     assert document["ok"] is False and "error" not in document
     assert ("broken.yaml", 1, "nodes") in [(p["file"], p["line"], p["key"]) for p in document["problems"]]
+
+
+@pytest.mark.parametrize("args", [["bogus", "--json"], ["completion", "bash"]])
+def test_a_reader_that_went_away_costs_no_traceback(args: list[str], tmp_path: Path) -> None:
+    """`ftconsole ... | head`: stdout closed before anything is written, an error under --json or plain output;
+    the exit code is kept (2: bad input, 1: the output was lost) and stderr has no traceback."""
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first byte
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "ftconsole.cli", *args],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=TIMEOUT,
+            env={**os.environ, "HOME": str(tmp_path)},
+        )
+    finally:
+        os.close(write)
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == (2 if args[0] == "bogus" else 1), done.stderr
