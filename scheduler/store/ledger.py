@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ftconsole.scheduler.decide.fairshare import HORIZON
 from ftconsole.scheduler.decide.ledger import Key, Ledger
 from ftconsole.scheduler.store.engine import Engine
 
@@ -103,7 +104,7 @@ class LedgerStore:
         """A ledger made again from the ended runs of its windows (the decay's horizon, the quota period)."""
         start = since
         if half_life is not None:
-            start = min(start, now - 10 * half_life)  # fairshare.HORIZON: older usage counts less than a thousandth
+            start = min(start, now - HORIZON * half_life)  # older usage counts less than a thousandth
         rows = await self._db.fetchall(_LIGHT + "r.ended >= ? AND r.started IS NOT NULL", (start,))
         ledger = Ledger(at=now, half_life=half_life, slot=slot, since=since, folds=folds)
         await asyncio.to_thread(ledger.fold, [_light(r) for r in rows], now, since)  # off the loop: many rows
