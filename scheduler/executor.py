@@ -31,12 +31,12 @@ from ftconsole.scheduler.decide.launcher import RankLaunch
 from ftconsole.scheduler.decide.reconcile import Actions, Launch, Read, Stop
 from ftconsole.scheduler.decide.runrecord import recorded
 from ftconsole.scheduler.decide.steps import user_root
-from ftconsole.scheduler.errors import Fenced, FtError, SSHError, UnreachableError
+from ftconsole.scheduler.errors import CommandTimeout, Fenced, FtError, SSHError, UnreachableError
 from ftconsole.scheduler.failpoints import afailpoint
 from ftconsole.scheduler.nodeops import ClusterService
 from ftconsole.scheduler.spec.config import Node
 from ftconsole.scheduler.spec.containers import pick_runtime, why_not
-from ftconsole.scheduler.ssh.channel import Channels
+from ftconsole.scheduler.ssh.channel import PING_S, Channels
 from ftconsole.scheduler.ssh.runs import (
     CannotSwitch,
     NoAccount,
@@ -178,7 +178,7 @@ class Executor(Sweeping):
         """Wait for the work under way, at most `ACT_WAIT_S`; not for the work on a node already late (given up,
         or silent for longer than that): its answer, if it comes, wakes the loop. (A frozen node's read held each
         tick for its whole wait: the stop of its job's other ranks came a tick after the node was given up.)"""
-        waited = [task for key, task in self._tasks.items() if not self._late(key)]
+        waited = [task for key, task in self._tasks.items() if not self._late(key) and not _pinging(key)]
         if not waited:
             return
         self._in_tick = True
@@ -543,9 +543,26 @@ class Executor(Sweeping):
             self.tracker.heard(read.node, at=heard)
             return True
         heard = self.channels.overdue(read.node)
-        if heard is not None:
-            self.tracker.awaited(read.node, heard)
+        if heard is not None and read.node in self.nodes:
+            self._spawn(("ping", read.node), self._late_heartbeat(self.nodes[read.node], heard))
         return False
+
+    async def _late_heartbeat(self, node: Node, heard: float) -> None:
+        """A heartbeat of a channel of `node` is late: the node may be frozen, or that channel alone is stuck
+        (its process is its user's, who may SIGSTOP it: their claim, never the node's silence). The node's sshd
+        is asked on the connection: where it answers, the late channels are closed (the read goes by command or
+        a new channel); where it does not, the node's silence counts from when it was last heard."""
+        assert self.channels is not None
+        alive = await self.channels.alive(node)
+        if alive:
+            for user in self.channels.drop_late(node.name):
+                log.info("%s: the channel of %s missed its heartbeat while the node answers: closed", node.name,
+                         user or "the SSH account")  # fmt: skip
+            return
+        self.tracker.awaited(node.name, heard)
+        if alive is False and node.name in self.tracker.waiting:  # why, until a command or a knock says more
+            why = f"its connection did not answer a keepalive within {PING_S:g}s"
+            self.tracker.silence.setdefault(node.name, CommandTimeout(node.name, why))
 
     @property
     def _python(self) -> str:
@@ -557,6 +574,12 @@ class Executor(Sweeping):
 
 class ImageError(Exception):
     """A node of an attempt cannot run the job's image (its runtime changed since placement)."""
+
+
+def _pinging(key: Hashable) -> bool:
+    """Whether `key` is a keepalive to a node whose heartbeat is late: a tick never waits for it (it answers on
+    its own time, at most `PING_S`, and wakes the loop)."""
+    return isinstance(key, tuple) and key[:1] == ("ping",)
 
 
 def _rank(run: Run) -> int:

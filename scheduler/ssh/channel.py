@@ -30,7 +30,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence, Set
+from collections.abc import Awaitable, Callable, Mapping, Sequence, Set
 from typing import Any
 
 import asyncssh
@@ -50,6 +50,9 @@ STDERR_KEPT = 4096  # the last bytes of a channel's stderr, said when it ends
 CLOSED_BY_US = "closed by the scheduler"
 IDLE_S = 60.0  # a channel that watches no run and was asked nothing this long is closed (`close_idle`)
 HEARTBEAT_LATE_S = 2.0  # a heartbeat this much after it was due is late: the node may be frozen
+STALL_S = HEARTBEAT_S + HEARTBEAT_LATE_S  # a channel silent this long under a request: is it the node, or it?
+PING_S = 2.0  # at most this long for a node's sshd to answer a keepalive on the connection (`Channels.alive`)
+STALLED = "it said nothing while its node answers (its process stopped?)"
 
 Key = tuple[str, str | None, bool]  # (node, user, through sudo)
 
@@ -136,9 +139,17 @@ class NodeChannel:
     async def hello(self, timeout: float) -> dict[str, Any]:
         return await asyncio.wait_for(asyncio.shield(self._hello), timeout)
 
-    async def ask(self, params: dict[str, Any], timeout: float, *, follow: Followed | None = None) -> dict[str, Any]:
+    async def ask(
+        self,
+        params: dict[str, Any],
+        timeout: float,
+        *,
+        follow: Followed | None = None,
+        stalled: Callable[[], Awaitable[bool]] | None = None,
+    ) -> dict[str, Any]:
         """The channel's answer to `params`; ChannelClosed when it ends first, CommandTimeout after `timeout`.
-        With `follow`, a follow request whose chunks go to it (numbered by this request)."""
+        With `follow`, a follow request whose chunks go to it (numbered by this request). With `stalled`, see
+        `_answer`."""
         if self.closed is not None:
             raise ChannelClosed(self.closed)
         number = next(self._ids)
@@ -153,7 +164,9 @@ class NodeChannel:
             self._reads.add(number)
         try:
             await self.write(json.dumps({"id": number, "params": params}).encode() + b"\n")
-            return await asyncio.wait_for(asyncio.shield(future), timeout)
+            if stalled is None:
+                return await asyncio.wait_for(asyncio.shield(future), timeout)
+            return await self._answer(future, timeout, stalled)
         except TimeoutError as exc:
             raise CommandTimeout(self.node.name, f"{params.get('action')} timed out after {timeout:g}s") from exc
         except (asyncssh.Error, OSError, BrokenPipeError) as exc:
@@ -162,6 +175,38 @@ class NodeChannel:
         finally:
             self._pending.pop(number, None)
             self._reads.discard(number)
+
+    async def _answer(
+        self, future: asyncio.Future[dict[str, Any]], timeout: float, stalled: Callable[[], Awaitable[bool]]
+    ) -> dict[str, Any]:
+        """`future`'s answer within `timeout`. Once the channel has said nothing for `STALL_S` (or half of
+        `timeout`) since the request, `stalled()` says whether the node itself still answers: if it does, the
+        channel alone is stuck (its process stopped: by its user perhaps, whose process it is), so it is closed
+        and the request is asked by command; a stuck channel is its user's claim, never the node's silence. If
+        the node does not answer either, the wait goes on to `timeout` (the node may be frozen)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        quiet_for = min(STALL_S, timeout / 2)
+        sent = self.clock()
+        while not future.done():
+            left = deadline - loop.time()
+            if left <= 0:
+                raise TimeoutError
+            quiet = self.clock() - max(sent, self.heard)
+            if quiet < quiet_for:  # asked again when the channel says nothing for quiet_for, or answered
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(future), min(left, quiet_for - quiet))
+                continue
+            try:
+                answers = await asyncio.wait_for(stalled(), left)  # never past the request's own deadline
+            except TimeoutError:
+                if future.done():
+                    break
+                raise
+            if answers and not future.done():
+                self._end(STALLED)
+            sent = self.clock()  # the node is silent too: ask it again after another quiet spell
+        return future.result()
 
     @property
     def busy(self) -> bool:
@@ -408,6 +453,28 @@ class Channels:
         ]
         return min(heard) if heard else None
 
+    async def alive(self, node: Node) -> bool | None:
+        """Whether the node's sshd answers a keepalive on the connection within `PING_S` (`SSHPool.ping`): the
+        scheduler's own evidence that the node runs, which no job's user can stop (unless jobs run as the very
+        account the scheduler connects with: `scheduler.run_as: account`). None: no connection to ask on."""
+        return await self.pool.ping(node, PING_S)
+
+    async def _answers(self, node: Node) -> bool:
+        return await self.alive(node) is True
+
+    def drop_late(self, node: str) -> list[str | None]:
+        """Close the channels of `node` whose heartbeat is late (`overdue`), where the node itself answered: stuck,
+        not the node. The users whose channel it was; their next request opens another."""
+        now = self.clock()
+        late = [
+            key
+            for key, c in self._open.items()
+            if key[0] == node and c.closed is None and not c.busy and now - c.heard > HEARTBEAT_S + HEARTBEAT_LATE_S
+        ]
+        for key in late:
+            self._open.pop(key)._end(STALLED)
+        return [user for _, user, _ in late]
+
     def _watcher(self, node: str, user: str | None) -> NodeChannel | None:
         for sudo in (False, True):
             channel = self._open.get((node, user, sudo))
@@ -430,9 +497,10 @@ class Channels:
         if channel is None:
             return None
         try:
-            return await channel.ask(params, timeout)
+            return await channel.ask(params, timeout, stalled=lambda: self._answers(node))
         except ChannelClosed as exc:
-            log.info("%s: node channel ended (%s): asking by command", node.name, exc)
+            whose = params.get("user") or "the SSH account"
+            log.info("%s: node channel of %s ended (%s): asking by command", node.name, whose, exc)
             return None
         except CommandTimeout:
             channel.close()  # it may be wedged: the next request opens another (the node may only be slow)

@@ -86,9 +86,11 @@ class NodeSilence:
 
     def awaited(self, name: str, since: float) -> None:
         """An answer of node `name` is awaited since `since` (a command about its runs was sent, or its channel's
-        heartbeat was due): its silence clock starts then, if it has not, and the loop wakes at its end."""
-        if name in self.waiting:
+        heartbeat was due): its silence clock starts then, unless it started earlier, and the loop wakes at its
+        end."""
+        if name in self.waiting and self.waiting[name] <= since:
             return
+        self._cancel_deadline(name)
         self.waiting[name] = since
         wait = max(0.0, since + self.node_timeout - self.clock())
         self._deadlines[name] = asyncio.get_running_loop().call_later(wait + TIMEOUT_WAKE_MARGIN_S, self._poke)

@@ -352,6 +352,23 @@ class SSHPool:
             return "stalled: sshd answers, the commands do not (overloaded, or its processes frozen)"
         return f"hung: {host}:{port} takes TCP connections, SSH does not answer"
 
+    async def ping(self, node: Node, timeout: float) -> bool | None:
+        """Whether the node's sshd answers on the connection already open, within `timeout`: a keepalive request,
+        the one OpenSSH's ServerAliveInterval sends, which sshd answers itself (no process started, none of a job's
+        user involved). None: no connection is open to ask on."""
+        state = self._conns.get(node.name)
+        conn = state.conn if state is not None else None
+        request = getattr(conn, "_make_global_request", None)  # asyncssh's own keepalive call; not public
+        if conn is None or conn.is_closed() or request is None:
+            return None
+        try:
+            await asyncio.wait_for(request(b"keepalive@openssh.com"), timeout)
+        except TimeoutError:
+            return False
+        except (asyncssh.Error, OSError):
+            return None
+        return True
+
     def _connect_options(self, node: Node) -> dict[str, object]:
         options = self._base_options()
         if node.port is not None:

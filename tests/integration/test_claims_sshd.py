@@ -6,6 +6,7 @@ real afterwards: the nodes' states, the job's attempts, its events, the usage th
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import secrets
@@ -295,3 +296,46 @@ async def test_root_never_connects_to_a_socket_that_is_not_the_job_users(
         listener.close()
         shutil.rmtree(private, ignore_errors=True)
     assert "not a socket of the job's user" in (rank.get("collectives_error") or ""), rank
+
+
+async def test_a_user_who_stops_their_node_channel_takes_no_node_out_and_ends_no_job(
+    sshd_cluster: Any, tmp_path: Path, sock_dir: Path, shared_run_root: str, account: tuple[str, int]
+) -> None:
+    """The scheduler's channel for a user's runs on a node is a process of that user: they may SIGSTOP it. Its
+    heartbeat then stops, as a frozen node's does; that used to start the node's silence clock and read the node
+    through the stopped channel until `node_timeout` gave the node up, ending root's job beside theirs. The
+    node's own SSH connection still answers, so the stopped channel is dropped and the node is read again."""
+    name, uid = account
+    cluster: SshdCluster = sshd_cluster(1, gpus=2)
+    loaded = write_config(cluster, tmp_path, sock_dir, shared_run_root, scheduler={"node_timeout": "4s"})
+    async with running(loaded) as (scheduler, client):
+        mine = await client.call("submit", spec=job("mine", "sleep 300", gpus_per_node=1))
+        theirs = await as_uid(uid, loaded.socket_path, "submit", spec=job("theirs", "sleep 300", gpus_per_node=1))
+        theirs = theirs["result"]
+        for submitted in (mine, theirs):
+            await until(
+                client, submitted["id"], lambda j: j["attempts"] and j["attempts"][0]["runs"][0]["pid"], "a pid"
+            )
+        channels = scheduler.loop.executor.channels
+        assert channels is not None
+
+        async def users_channel() -> int | None:
+            pids = [c.pid for (_, user, _), c in channels.live().items() if user == name]
+            return pids[0] if pids else None
+
+        stopped = await poll(users_channel, bool, f"a channel of {name} on node01")
+        assert stopped is not None
+        subprocess.run(["runuser", "-u", name, "--", "kill", "-STOP", str(stopped)], check=True)
+        try:
+            fresh = await poll(users_channel, lambda pid: pid not in (None, stopped), "another channel of the user")
+            await asyncio.sleep(loaded.cluster.scheduler.node_timeout + 2)  # what it cost, once the node was late
+            nodes = await client.call("nodes")
+            shown = [await client.call("show", job=j["id"]) for j in (mine, theirs)]
+            events = await client.call("events")
+        finally:
+            subprocess.run(["kill", "-KILL", str(stopped)], check=False)
+    assert fresh and fresh != stopped
+    assert in_service(nodes) == {"node01": "healthy"}, nodes
+    for one in shown:
+        assert one["status"] == "running" and len(one["attempts"]) == 1, one
+    assert not [e for e in events if e["kind"] in ("Restarting", "Stopping", "Failed")], events

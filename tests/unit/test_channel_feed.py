@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import pytest
 
+from ftconsole.scheduler.errors import CommandTimeout
 from ftconsole.scheduler.spec.config import Node
 from ftconsole.scheduler.ssh import channel as channel_module
 from ftconsole.scheduler.ssh.channel import ChannelClosed, NodeChannel
@@ -78,3 +80,83 @@ async def test_its_stderr_is_kept_bounded_and_said_when_it_breaks(caplog) -> Non
     with caplog.at_level("INFO", logger="ftconsole.scheduler"):
         channel._end("its process exited")
     assert "Traceback: the end" in caplog.text
+
+
+class _Chan:
+    """An SSH channel that takes every request and answers none (the node side is fed by the test)."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def close(self) -> None:
+        pass
+
+
+def _silent_channel(monkeypatch: pytest.MonkeyPatch) -> NodeChannel:
+    monkeypatch.setattr(channel_module, "STALL_S", 0.2)
+    channel, _ = _channel()
+    channel.attach(_Chan())  # type: ignore[arg-type]
+    channel.feed(_line({"event": "hello", "supervisor": 1, "pid": 1, "user": "u"}))
+    return channel
+
+
+async def test_a_channel_silent_under_a_request_while_its_node_answers_is_closed_and_asked_by_command(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its process stopped (by its user: it is theirs): the request does not wait out its timeout, which would
+    count as the node's silence; the channel ends and the caller asks by command."""
+    channel = _silent_channel(monkeypatch)
+    asked: list[float] = []
+
+    async def node_answers() -> bool:
+        asked.append(time.monotonic())
+        return True
+
+    started = time.monotonic()
+    with pytest.raises(ChannelClosed):
+        await channel.ask({"action": "status"}, 30.0, stalled=node_answers)
+    assert len(asked) == 1 and asked[0] - started >= 0.2
+    assert channel.closed == channel_module.STALLED
+
+
+async def test_a_channel_silent_while_its_node_is_silent_too_waits_out_its_timeout_and_no_more(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The node may be frozen: the request times out as before (the node's silence counts), asking the node
+    again after each quiet spell; a keepalive that hangs does not carry the wait past the request's timeout."""
+    channel = _silent_channel(monkeypatch)
+    asked: list[float] = []
+
+    async def node_silent() -> bool:
+        asked.append(time.monotonic())
+        return False
+
+    started = time.monotonic()
+    with pytest.raises(CommandTimeout):
+        await channel.ask({"action": "status"}, 1.0, stalled=node_silent)
+    assert len(asked) >= 2 and channel.closed is None
+
+    async def keepalive_hangs() -> bool:
+        await asyncio.sleep(60)
+        return True
+
+    started = time.monotonic()
+    with pytest.raises(CommandTimeout):
+        await channel.ask({"action": "status"}, 1.0, stalled=keepalive_hangs)
+    assert time.monotonic() - started < 5.0 and channel.closed is None
+
+
+async def test_an_answer_in_time_never_asks_the_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    channel = _silent_channel(monkeypatch)
+
+    async def never() -> bool:
+        raise AssertionError("the node was asked though the channel answered")
+
+    asking = asyncio.ensure_future(channel.ask({"action": "status"}, 5.0, stalled=never))
+    await asyncio.sleep(0.05)
+    number = json.loads(channel.chan.written[-1])["id"]  # type: ignore[union-attr]
+    channel.feed(_line({"id": number, "doc": {"runs": []}}))
+    assert await asking == {"runs": []}
