@@ -456,7 +456,7 @@ class Channels:
     async def alive(self, node: Node) -> bool | None:
         """Whether the node's sshd answers a keepalive on the connection within `PING_S` (`SSHPool.ping`): the
         scheduler's own evidence that the node runs, which no job's user can stop (unless jobs run as the very
-        account the scheduler connects with: `scheduler.run_as: account`). None: no connection to ask on."""
+        account the scheduler connects with: `scheduler.run_as: ssh_user`). None: no connection to ask on."""
         return await self.pool.ping(node, PING_S)
 
     async def _answers(self, node: Node) -> bool:
