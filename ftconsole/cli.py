@@ -25,20 +25,16 @@ from typing import Any, NoReturn
 import ftconsole
 from ftconsole import check_cli, completion, debug_cli, jobs_cli, reservation_cli, shell_cli, state_cli, usage_cli
 from ftconsole.format import (
-    age,
     error_document,
     error_text,
-    gpu_summary,
     print_json,
     print_table,
     printable,
     problem_json,
-    runtime_lines,
 )
 from ftconsole.jobs_cli import find_config, loaded_config
-from ftconsole.probes.health import NodeState
+from ftconsole.nodes_cli import cmd_drain, cmd_nodes, cmd_probe, cmd_resume
 from ftconsole.scheduler.errors import ConfigError, FtError, Problem, StoreError, UsageError
-from ftconsole.scheduler.serve.client import open_client
 from ftconsole.scheduler.spec import yamlfile
 from ftconsole.scheduler.spec.config import (
     DEFAULT_CONFIG_PATHS,
@@ -249,106 +245,6 @@ def _hang_line(interval: float) -> str:
     )
 
 
-def cmd_probe(args: argparse.Namespace) -> int:
-    loaded = loaded_config(args)
-    checks = [c.strip() for c in args.checks.split(",")] if args.checks else None
-
-    async def go() -> list[dict[str, Any]]:
-        async with open_client(loaded) as client:  # the scheduler's probe when one serves
-            return list(await client.call("probe", nodeset=args.nodeset, checks=checks))
-
-    results = asyncio.run(go())
-    if args.json:
-        print_json(results)
-    else:
-        rows = []
-        for r in results:
-            if r["error"]:
-                detail = f"{r['error']['kind']}: {r['error']['message']}"
-            else:
-                bad = [c for c in r["checks"] if c["status"] in ("fail", "warn")]
-                detail = "; ".join(f"{c['name']} {c['status']}: {c['message']}" for c in bad) or "all checks pass"
-            rows.append(
-                [r["name"], r["state"], gpu_summary(r["gpus"]), f"{(r['duration_s'] or 0) * 1000:.0f}ms", detail]
-            )
-        print_table(["NODE", "STATE", "GPUS", "AGENT", "DETAIL"], rows)
-    return 0 if all(r["state"] == "healthy" for r in results) else 1
-
-
-def cmd_nodes(args: argparse.Namespace) -> int:
-    states = [state.value for state in NodeState]
-    if any(state not in states for state in args.state or ()):  # refused, as `jobs --status` refuses a status
-        raise UsageError(f"unknown state in {', '.join(args.state)} (one of {', '.join(states)})")
-    loaded = loaded_config(args)
-
-    async def go() -> list[dict[str, Any]]:
-        async with open_client(loaded) as client:  # the scheduler's view when one serves
-            return list(await client.call("nodes", nodeset=args.nodeset))
-
-    views = asyncio.run(go())
-    if args.state:
-        views = [v for v in views if v["state"] in args.state]
-    if args.json:
-        print_json(views)
-        return 0
-    rows = [
-        [
-            v["name"],
-            f"{v['state']} (flaky)" if v.get("flaky") else v["state"],
-            v["pool"],
-            gpu_summary(v["gpus"]),
-            age(v["last_probe_age_s"]),
-            "; ".join(v["reasons"]) or "-",
-        ]
-        for v in views
-    ]
-    print_table(["NODE", "STATE", "POOL", "GPUS", "PROBED", "REASONS"], rows)
-    if args.nodeset:  # named nodes: what the table has no room for, a block per node
-        for v in views:
-            lines = runtime_lines(v.get("facts"))
-            if lines:
-                print(f"\n{v['name']}:")
-                print("\n".join(f"  {line}" for line in lines))
-    return 0
-
-
-def cmd_drain(args: argparse.Namespace) -> int:
-    return _admin(args, "drain", nodeset=args.node, reason=args.reason or "")
-
-
-def cmd_resume(args: argparse.Namespace) -> int:
-    return _admin(args, "resume", nodeset=args.node)
-
-
-def _admin(args: argparse.Namespace, op: str, **call: Any) -> int:
-    """drain and resume, through the scheduler's API (in-process when none runs): admins only."""
-    loaded = loaded_config(args)
-
-    async def go() -> list[dict[str, Any]]:
-        async with open_client(loaded) as client:
-            return list(await client.call(op, **call))
-
-    views = asyncio.run(go())
-    if args.json:
-        print_json(
-            [{"name": v["name"], "state": v["state"], "reasons": v["reasons"], "flaky": v.get("flaky", False),
-              "faults_in_window": v.get("faults_in_window", 0)} for v in views]
-        )  # fmt: skip
-    else:
-        for v in views:
-            print(printable(f"{v['name']}: {v['state']}" + (f" ({v['admin_reason']})" if v["admin_reason"] else "")))
-    if op == "resume":
-        for v in views:
-            if v.get("flaky"):
-                window = format_duration(float(v.get("faults_window_s") or 0))
-                print(
-                    f"{PROG}: warning: {v['name']} is flaky ({v['faults_in_window']} faults within {window}): it takes "
-                    f"work again; `{PROG} events --node {v['name']}` lists its faults",
-                    file=sys.stderr,
-                )
-    return 0
-
-
 SHARED_HOME_HELP = "every node's HOME is <lab>/home, as with an NFS /home (default: the layout's shared_home)"
 
 
@@ -500,6 +396,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     resume = sub.add_parser("resume", parents=[common, listing], help="put drained or isolated nodes back")
     resume.add_argument("node", help="node name or node set expression")
+    resume.add_argument(
+        "--test", action="store_true",
+        help="run the node tests (node_tests in the config) first: resume only those that pass; exit 1 if any fails",
+    )  # fmt: skip
     resume.set_defaults(func=cmd_resume)
 
     jobs_cli.add_parsers(sub, common, listing)

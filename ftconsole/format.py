@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -49,6 +50,19 @@ def gpu_summary(gpus: Sequence[dict[str, Any]]) -> str:
     name = names.pop() if len(names) == 1 else "mixed"
     short = name.replace("NVIDIA ", "")
     return f"{len(gpus)}x {short}"
+
+
+def test_line(test: Mapping[str, Any]) -> str:
+    """One node test's result (a `tested` event's data): `gpu (dcgmi diag -r 1): pass: ... (12.3s)`, and when."""
+    name = str(test.get("test") or "?")
+    level = test.get("level")
+    if name == "gpu" and isinstance(level, int):
+        name = f"gpu (level {level})" if test.get("tool") == "simulated" else f"gpu (dcgmi diag -r {level})"
+    took = test.get("took_s")
+    took_text = f" ({took:.1f}s)" if isinstance(took, int | float) else ""
+    when = test.get("time")
+    ago = f", {age(time.time() - when)} ago" if isinstance(when, int | float) else ""
+    return f"{name}: {test.get('result')}: {test.get('summary') or ''}{took_text}{ago}"
 
 
 def runtime_lines(facts: Mapping[str, Any] | None) -> list[str]:

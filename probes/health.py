@@ -150,16 +150,18 @@ def observe(
     recover_after: int = 2,
     resume_isolated_after: int | None = None,
     flaky: bool = False,
+    tests_first: bool = False,
 ) -> tuple[NodeHealth, list[NodeEvent]]:
     """Fold one observation into a node's health; return the new health and the events it caused.
 
     `resume_isolated_after` N: an isolated node whose last N probes in a row passed every check (and whose health
     reads healthy) is resumed; None: only an operator resumes it. `flaky`: the node has too many recent faults; an
-    isolated flaky node is held for an operator (`needs_operator`), however many probes it passes.
+    isolated flaky node is held for an operator (`needs_operator`), however many probes it passes. `tests_first`:
+    such a node is not resumed here but left `due_for_tests` (the node tests decide: `resume_tested`).
     """
     target, _ = classify(obs)
     health, events = _fold(h, obs, recover_after)
-    return _isolation(health, obs, target, events, resume_isolated_after, flaky), events
+    return _isolation(health, obs, target, events, resume_isolated_after, flaky, tests_first), events
 
 
 def _fold(h: NodeHealth, obs: Observation, recover_after: int) -> tuple[NodeHealth, list[NodeEvent]]:
@@ -214,8 +216,10 @@ def _isolation(
     events: list[NodeEvent],
     resume_after: int | None,
     flaky: bool,
+    tests_first: bool = False,
 ) -> NodeHealth:
-    """An isolated node's streak of passing probes, and its resume by the scheduler once the streak is long enough."""
+    """An isolated node's streak of passing probes, and its resume by the scheduler once the streak is long enough
+    (with `tests_first`, once its node tests pass as well: `due_for_tests`)."""
     if h.admin is not NodeState.ISOLATED:
         return h
     held = h.needs_operator or flaky
@@ -223,12 +227,37 @@ def _isolation(
         return replace(h, isolated_passes=0, needs_operator=held)
     passes = h.isolated_passes + (0 if obs.partial else 1)
     h = replace(h, isolated_passes=passes, needs_operator=held)
-    if resume_after is None or held or passes < resume_after or h.health is not NodeState.HEALTHY:
+    if resume_after is None or held or passes < resume_after or h.health is not NodeState.HEALTHY or tests_first:
         return h
     was = f"isolated by {h.admin_by}: {h.admin_reason}" if h.admin_reason else f"isolated by {h.admin_by}"
     message = f"resumed by scheduler: passed the checks {passes} times in a row since it was isolated ({was})"
     events.append(NodeEvent(obs.time, h.node, "resumed", message, {"by": "scheduler", "passes": passes}))
     return _no_admin(h)
+
+
+def due_for_tests(h: NodeHealth, resume_after: int | None) -> bool:
+    """An isolated node that its probes would resume (`resume_after` passes in a row, healthy, not held for an
+    operator): the node tests decide whether it takes work again."""
+    return (
+        h.admin is NodeState.ISOLATED and resume_after is not None and not h.needs_operator
+        and h.isolated_passes >= resume_after and h.health is NodeState.HEALTHY
+    )  # fmt: skip
+
+
+def resume_tested(h: NodeHealth, passed: bool, line: str, now: float) -> tuple[NodeHealth, list[NodeEvent]]:
+    """The node tests of an isolated node that was `due_for_tests`: a pass resumes it (by the scheduler); a failure
+    keeps it isolated, with the failing tests as its reason, and its streak of passing probes starts again."""
+    if h.admin is not NodeState.ISOLATED:
+        return h, []  # an operator resumed or drained it meanwhile: theirs to decide
+    if not passed:
+        return replace(h, isolated_passes=0, admin_reason=f"node tests failed: {line}", admin_by="scheduler"), []
+    was = f"isolated by {h.admin_by}: {h.admin_reason}" if h.admin_reason else f"isolated by {h.admin_by}"
+    message = (
+        f"resumed by scheduler: passed the checks {h.isolated_passes} times in a row and the node tests ({line}) "
+        f"since it was isolated ({was})"
+    )
+    data = {"by": "scheduler", "passes": h.isolated_passes, "tested": True}
+    return _no_admin(h), [NodeEvent(now, h.node, "resumed", message, data)]
 
 
 def _no_admin(h: NodeHealth) -> NodeHealth:

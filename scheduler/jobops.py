@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ftconsole.scheduler import debugenv
+from ftconsole.scheduler import debugenv, nodegate
 from ftconsole.scheduler.decide import elastic, goodput, placement, reservations
 from ftconsole.scheduler.decide.jobs import (
     TERMINAL,
@@ -418,12 +418,19 @@ class Scheduler(RankReads, Reserving, Stopping):
         healths = await self.service.drain(nodeset, reason=reason, by=caller.user)
         return await self.service.nodes([h.node for h in healths])
 
-    async def resume(self, caller: Caller, nodeset: str) -> list[NodeView]:
-        """Put drained or isolated nodes back (admins only)."""
+    async def resume(self, caller: Caller, nodeset: str, *, test: bool = False) -> list[NodeView]:
+        """Put drained or isolated nodes back (admins only); with `test`, only those that pass their node tests
+        (each view then carries its report, `tests`)."""
         self._admin_only(caller, "resume")
-        healths = await self.service.resume(nodeset, by=caller.user)
+        if not test:
+            healths = await self.service.resume(nodeset, by=caller.user)
+            self._poke()
+            return await self.service.nodes([h.node for h in healths])
+        tested = await nodegate.operator_resume(self.service, nodeset, by=caller.user)
         self._poke()
-        return await self.service.nodes([h.node for h in healths])
+        views = await self.service.nodes([h.node for h, _ in tested])
+        shown = [tuple({**r.to_json(), "time": report.time} for r in report.results) for _, report in tested]
+        return [dataclasses.replace(v, tests=t) for v, t in zip(views, shown, strict=True)]
 
     def _admin_only(self, caller: Caller, verb: str) -> None:
         if not self.is_admin(caller):

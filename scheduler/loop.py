@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ftconsole.scheduler import evidence
+from ftconsole.scheduler import evidence, nodegate
 from ftconsole.scheduler.decide.jobplan import PULL_STEP
 from ftconsole.scheduler.decide.jobs import (
     FINAL_CONDITION,
@@ -156,11 +156,13 @@ class Loop:
         await self.watchdog.close()
         await self.executor.close()
         await self.recoverer.close()
+        await self.service.tester.close()
 
     async def _probe_loop(self, stop: asyncio.Event, first: asyncio.Future[None]) -> None:
         while not stop.is_set():
             try:
                 await self.service.probe()
+                await nodegate.start_due(self.service)  # isolated nodes that passed their probes: tested next
             except FtError as exc:
                 log.warning("probe: %s", exc)
             except Exception:

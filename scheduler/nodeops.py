@@ -29,6 +29,7 @@ from ftconsole.probes.health import (
 from ftconsole.probes.results import AGENT_PROTOCOL, ALL_CHECKS, ProbeReport, parse_document
 from ftconsole.scheduler import debugenv
 from ftconsole.scheduler.errors import FtError, NotFound, UsageError
+from ftconsole.scheduler.nodetests import Tester
 from ftconsole.scheduler.spec.config import LoadedConfig, Node, ProbeSettings, format_duration
 from ftconsole.scheduler.spec.nodesets import MAX_NODESET, expand_nodeset, nodeset_size
 from ftconsole.scheduler.ssh.probing import ProbeFailure, sweep
@@ -104,6 +105,8 @@ class NodeView:
     faults_window: float = 0.0  # probes.flaky_window, in seconds
     # (GPU index, job id, until) for each GPU a failed job holds for debugging (debug.hold_nodes)
     held_for_debug: tuple[tuple[int, int, float], ...] = ()
+    # its last node test of each kind (a `tested` event's data, with its time), where asked for (nodegate.py)
+    tests: tuple[Mapping[str, Any], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         out = {**_node_json(self.node), **_health_json(self.health, self.now)}
@@ -118,6 +121,7 @@ class NodeView:
         out["faults_in_window"] = self.faults_in_window
         out["faults_window_s"] = self.faults_window
         out["flaky"] = self.flaky
+        out["tests"] = [dict(t) for t in self.tests]
         return out
 
 
@@ -247,6 +251,7 @@ async def _join(task: asyncio.Task[list[ProbeOutcome]]) -> list[ProbeOutcome]:
         raise
 
 
+TESTS_SHOWN = 64  # nodes whose last node tests a listing that names nodes shows
 GPU_SAMPLES_KEPT = 512  # per GPU: at the default probe interval (60 s), 8.5 hours of utilisation
 
 
@@ -273,6 +278,7 @@ class ClusterService:
         # one change at a time reads and writes the nodes' health: a sweep's fold, or an admin state set (an
         # isolation written while a fold was between its read and its write was lost, the node read unreachable)
         self._folding = asyncio.Lock()
+        self.tester = Tester(transport, clock)  # the node tests under way (nodegate.py)
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -293,7 +299,7 @@ class ClusterService:
         of this service and one of the new never interleave."""
         other = ClusterService(loaded, self.store, self.transport, clock=self.clock)
         other._util, other._util_seeded, other._sweeps = self._util, self._util_seeded, self._sweeps
-        other._folding = self._folding
+        other._folding, other.tester = self._folding, self.tester
         return other
 
     # -- selecting nodes ---------------------------------------------------------------------------------
@@ -431,6 +437,7 @@ class ClusterService:
                 recover_after=settings.recover_after,
                 resume_isolated_after=settings.isolation_recover_after,
                 flaky=faults_in_window((e.time for e in past), now, settings.flaky_window) >= settings.flaky_faults,
+                tests_first=self.config.node_tests.any and self.config.node_tests.before_resume,
             )
             changes.append((health, events))
             failure = result if isinstance(result, ProbeFailure) else None
@@ -500,6 +507,7 @@ class ClusterService:
             faults = await self.store.node_faults()
             history = await self.store.fault_events(since=now - window)
             recent = {name: faults_in_window((e.time for e in evs), now, window) for name, evs in history.items()}
+        tests = await self._last_tests(nodes) if extras and nodeset is not None else {}
         return [
             NodeView(
                 node=n,
@@ -512,9 +520,20 @@ class ClusterService:
                 faults_in_window=recent.get(n.name, 0),
                 flaky=recent.get(n.name, 0) >= threshold,
                 faults_window=window,
+                tests=tests.get(n.name, ()),
             )
             for n in nodes
         ]
+
+    async def _last_tests(self, nodes: Sequence[Node]) -> dict[str, tuple[Mapping[str, Any], ...]]:
+        """The last node test of each kind of each node named (at most TESTS_SHOWN nodes: a request names them)."""
+        out: dict[str, tuple[Mapping[str, Any], ...]] = {}
+        for node in nodes[:TESTS_SHOWN]:
+            last: dict[str, Mapping[str, Any]] = {}
+            for event in await self.store.events(node=node.name, kind="tested", limit=16):
+                last[str(event.data.get("test"))] = {**event.data, "time": event.time}  # oldest first: newest wins
+            out[node.name] = tuple(last.values())
+        return out
 
     async def events(self, *, node: str | None = None, limit: int = 100) -> list[StoredEvent]:
         if node is not None:

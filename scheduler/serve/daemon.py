@@ -291,7 +291,8 @@ class Operations:
         return [v.to_json() for v in views]
 
     async def _resume(self, caller: Caller, args: dict[str, Any]) -> Any:
-        return [v.to_json() for v in await self.scheduler.resume(caller, str(args["nodeset"]))]
+        views = await self.scheduler.resume(caller, str(args["nodeset"]), test=bool(args.get("test")))
+        return [v.to_json() for v in views]
 
     async def _cluster(self, caller: Caller, args: dict[str, Any]) -> Any:
         s = self.scheduler

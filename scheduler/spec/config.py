@@ -20,6 +20,7 @@ from ftconsole.scheduler.errors import ConfigError, Problem
 from ftconsole.scheduler.spec import yamlfile
 from ftconsole.scheduler.spec.containers import ContainerSettings, PoolContainers
 from ftconsole.scheduler.spec.nodesets import expand_nodeset
+from ftconsole.scheduler.spec.nodetestspec import NodeTests as NodeTests
 
 # the outward channels (metrics, notify, alertmanager) live in spec/outward.py; callers import them from here
 from ftconsole.scheduler.spec.outward import AlertmanagerSettings as AlertmanagerSettings
@@ -292,6 +293,7 @@ class ClusterConfig(_Strict):
     history: HistorySettings = HistorySettings()  # how long ended jobs and old events are kept in the store
     data_prep: DataPrepSettings = DataPrepSettings()  # node-local storage for jobs' data sets (seed 003)
     containers: ContainerSettings = ContainerSettings()  # the runtime jobs with `image` run in (issue 17)
+    node_tests: NodeTests = NodeTests()  # what a node passes under load before it returns to service (issue 42)
 
     def cross_problems(self, groups: Sequence[tuple[int, NodeGroup]] | None = None) -> list[tuple[Loc, str]]:
         """Problems that span several keys, as (key path, message); pydantic checks each key alone. `groups`: the

@@ -324,11 +324,16 @@ class Store(SharingReads, AlertReads, HistoryStore, LedgerStore, ActiveJobs):
 
     # -- events ------------------------------------------------------------------------------------------
 
-    async def events(self, *, node: str | None = None, job: str | None = None, limit: int = 100) -> list[StoredEvent]:
+    async def events(
+        self, *, node: str | None = None, job: str | None = None, kind: str | None = None, limit: int = 100
+    ) -> list[StoredEvent]:
         where, args = [], []
         if node is not None:
             where.append("node = ?")
             args.append(node)
+        if kind is not None:
+            where.append("kind = ?")
+            args.append(kind)
         if job is not None:
             where.append("job = ?")
             args.append(job)

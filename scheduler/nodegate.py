@@ -1,0 +1,88 @@
+"""The gate in front of service (issue 42): an isolated node takes work again only once it passed its node tests
+(scheduler/nodetests.py), when `node_tests` names any. Two ways through it:
+
+- the scheduler's own: the loop's probe pass (`start_due`) starts the tests of each isolated node that its probes
+  would resume (`probes.isolation_recover_after` passes in a row, not held for an operator); the report resumes
+  the node or keeps it isolated with the failing line (`decide`);
+- an operator's `ftconsole resume --test NODES` (`operator_resume`): the nodes that pass are resumed, by them; the
+  others stay as they were, drained or isolated.
+
+Every test is a `tested` event of its node, whoever asked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from ftconsole.probes.health import NodeEvent, NodeHealth, due_for_tests, resume_tested, set_admin
+from ftconsole.scheduler.errors import UsageError
+from ftconsole.scheduler.nodeops import ClusterService, isolation_alerts
+from ftconsole.scheduler.nodetests import NodeTestReport
+
+PARALLEL = 64  # nodes an operator's `resume --test` tests at once
+
+
+def gated(service: ClusterService) -> bool:
+    """Whether the scheduler's resume of an isolated node waits for its node tests."""
+    tests = service.config.node_tests
+    return tests.any and tests.before_resume and service.config.probes.isolation_recover_after is not None
+
+
+async def start_due(service: ClusterService) -> list[str]:
+    """Start the tests of the isolated nodes due for them (not already being tested); their names."""
+    if not gated(service):
+        return []
+    healths = await service.store.all_node_health()
+    after = service.config.probes.isolation_recover_after
+    tester = service.tester
+    due = [
+        n for n in service.all_nodes
+        if n.name not in tester.testing and due_for_tests(healths.get(n.name) or NodeHealth(n.name), after)
+    ]  # fmt: skip
+    for node in due:
+        tester.start(node, service.config, lambda report: decide(service, report))
+    return [n.name for n in due]
+
+
+async def decide(service: ClusterService, report: NodeTestReport) -> None:
+    """A node's tests, started by the scheduler, are done: it is resumed on a pass, else kept isolated."""
+    async with service._folding:
+        health = (await service.store.all_node_health()).get(report.node) or NodeHealth(report.node)
+        changed, events = resume_tested(health, report.passed, report.failing() or report.line(), report.time)
+        await _save(service, [(changed, [*report.events("scheduler"), *events])])
+
+
+async def operator_resume(service: ClusterService, nodeset: str, *, by: str) -> list[tuple[NodeHealth, NodeTestReport]]:
+    """`ftconsole resume --test`: test the nodes (at most PARALLEL at once), resume those that pass, by `by`; the
+    others stay drained or isolated. Each node's health after, with its report."""
+    if not service.config.node_tests.any:
+        raise UsageError(
+            "resume --test: no node tests are configured: name one under node_tests in the cluster config "
+            "(for instance node_tests: {gpu: {level: 1}}), or resume without --test"
+        )
+    nodes = service.select(nodeset)
+    slots = asyncio.Semaphore(PARALLEL)
+
+    async def one(node_name: str) -> NodeTestReport:
+        async with slots:
+            return await service.tester.test(service.select(node_name)[0], service.config)
+
+    reports = await asyncio.gather(*(one(n.name) for n in nodes))
+    async with service._folding:
+        current = await service.store.all_node_health()
+        changes: list[tuple[NodeHealth, list[NodeEvent]]] = []
+        for report in reports:
+            health = current.get(report.node) or NodeHealth(report.node)
+            events = report.events(by)
+            if report.passed:
+                health, resumed = set_admin(health, None, "", f"{by} after the node tests passed", service.clock())
+                events += resumed
+            changes.append((health, events))
+        await _save(service, changes)
+    return [(health, report) for (health, _), report in zip(changes, reports, strict=True)]
+
+
+async def _save(service: ClusterService, changes: Sequence[tuple[NodeHealth, Sequence[NodeEvent]]]) -> None:
+    alerts, resolved = isolation_alerts([e for _, events in changes for e in events])
+    await service.store.save_nodes(changes, alerts=alerts, resolve=resolved)
