@@ -42,7 +42,10 @@ started, kills the node of one rank (`lab_fault(..., Fault.kill())`, as `ftconso
 SSH refused, the node's processes SIGKILLed; ranks 1 and 0 in turn), and waits until a new attempt is started
 with every rank `running`. With `--fault hang` the node freezes instead (`Fault.hang()`, `lab fault --hang`: its
 SSH server and processes stopped, connections open and silent: nothing tells the scheduler but the silence), and
-once the job runs again elsewhere it is healed, so that it answers and its stopped rank is fenced. Then the job
+once the job runs again elsewhere it is healed, so that it answers and its stopped rank is fenced. With `--fault
+pause` the node freezes the same way for PAUSE_S (5 s) and is healed: that must cost nothing (no stop, no new
+attempt, the node in service, no warning in the log); the table counts what it cost. `--fault hang,pause` runs
+both, one lab each, side by side. Then the job
 is stopped; the dead node stays dead (isolated), so a round needs two healthy nodes besides the dead ones
 (repeats <= N - 2). The times come from the store (`show`, and the runs'
 `stop_sent` read from state.db), all on this machine's clock:
@@ -129,6 +132,8 @@ LEFTOVER_TIMEOUT_S = 10.0  # after the job's stop, until none of its processes i
 DEATH_TIMEOUT_S = 120.0  # from the kill until the job runs again
 FAULT = "kill"  # --fault: what befalls the node (kill: it dies; hang: it freezes)
 POLL_S = 0.5
+PAUSE_S = 5.0  # --fault pause: how long the node freezes (less than node_timeout less a heartbeat: free)
+PAUSE_WATCH_S = 15.0  # then watched this long (past node_timeout) for anything it cost
 
 # the lab layout's `cluster:` section: BUILTIN_LAYOUT's probe thresholds (so lab nodes probe healthy)
 CLUSTER = {
@@ -665,6 +670,46 @@ async def one_death(
     return times, problems
 
 
+async def one_pause(api: ApiClient, lab_dir: Path, label: str, round_: int) -> tuple[dict[str, float], list[str]]:
+    """Submit the job, freeze the node of one of its ranks for PAUSE_S once it runs, heal it, watch PAUSE_WATCH_S
+    more; what it cost (as `times`: new attempts, stops, the node out of service) and what went wrong."""
+    job = (await api.call("submit", spec=DEATH_SPEC))["id"]
+    shown = await wait_attempt_running(api, job, 0, RUNNING_TIMEOUT_S)
+    attempt = shown["attempts"][-1]
+    victim = sorted(attempt["runs"], key=lambda r: r["rank"])[(round_ + 1) % len(attempt["runs"])]["node"]
+    await asyncio.sleep(1.0)
+    frozen = time.time()
+    await asyncio.to_thread(lab_fault, lab_dir, victim, Fault.hang())
+    await asyncio.sleep(max(0.0, frozen + PAUSE_S - time.time()))
+    await asyncio.to_thread(lab_fault, lab_dir, victim, Fault.heal())
+    healed = time.time()
+    out_of_service = 0.0
+    while time.time() < healed + PAUSE_WATCH_S:
+        (node,) = await api.call("nodes", nodeset=victim)
+        out_of_service += POLL_S if node["state"] not in ("healthy", "degraded") else 0.0
+        await asyncio.sleep(POLL_S)
+    shown = await api.call("show", job=job)
+    kinds = [e["kind"] for e in shown["events"]]
+    cost = {
+        "frozen_s": healed - frozen,
+        "attempts": float(len(shown["attempts"]) - 1),
+        "stops": float(kinds.count("Stopping") + kinds.count("Restarting")),
+        "out_of_service_s": out_of_service,
+    }
+    print(f"  {label}, round {round_ + 1}: job {job}, {victim} frozen {cost['frozen_s']:.2f}s: {cost}", file=sys.stderr)
+    problems = [f"{k} {v:g}" for k, v in cost.items() if k != "frozen_s" and v]
+    if shown["status"] != "running":
+        problems.append(f"job {shown['status']}: {shown.get('message')}")
+    await api.call("stop", jobs=[job])
+    await wait_status(api, job, ["stopped", "error", "succeeded", "expired"], STOPPED_TIMEOUT_S)
+    left = await wait_no_leftovers(lab_dir, LEFTOVER_TIMEOUT_S)
+    if left:
+        problems.append(f"{len(left)} `sleep 3600` of the lab alive {LEFTOVER_TIMEOUT_S:g}s after the stop: {left}")
+    if problems:
+        print(f"  {label}, round {round_ + 1}: PROBLEMS:\n" + "\n".join(f"    {p}" for p in problems), file=sys.stderr)
+    return cost, problems
+
+
 SUSPECT = re.compile(r"(?i:fenc|stray|foreign)|Traceback| ERROR ")
 
 
@@ -712,7 +757,10 @@ async def death_cluster(
             db = loaded.state_dir / STORE_FILE
             for i in range(repeats):
                 try:
-                    times, problems = await one_death(api, lab_dir, db, label, i, dead)
+                    if FAULT == "pause":
+                        times, problems = await one_pause(api, lab_dir, label, i)
+                    else:
+                        times, problems = await one_death(api, lab_dir, db, label, i, dead)
                 except RoundFailed as exc:
                     print(f"  {label}, round {i + 1}: {exc}", file=sys.stderr)
                     if exc.shown is not None:
@@ -737,6 +785,23 @@ def med_max(xs: Sequence[float]) -> str:
 
 
 DeathResult = tuple[list[dict[str, float]], int, list[str]]  # samples, rounds with a problem, serve log warnings
+
+
+def pause_table(results: dict[tuple[str, int], DeathResult]) -> None:
+    rows = []
+    for (layout, nodes), (samples, bad_rounds, warnings) in results.items():
+        checks = "ok" if not bad_rounds else f"{bad_rounds} of {len(samples)} rounds cost something"
+        if warnings:
+            checks += f", {len(warnings)} log warnings"
+        rows.append(
+            [
+                layout, nodes, len(samples), med_max([t["frozen_s"] for t in samples]),
+                int(sum(t["attempts"] for t in samples)), int(sum(t["stops"] for t in samples)),
+                med_max([t["out_of_service_s"] for t in samples]), checks,
+            ]
+        )  # fmt: skip
+    print_table(["LAYOUT", "NODES", "REPEATS", "FROZEN S", "NEW ATTEMPTS", "STOPS", "OUT OF SERVICE S", "CHECKS"], rows)
+    print(f"\n(the node frozen {PAUSE_S:g} s, then watched {PAUSE_WATCH_S:g} s more; median / max over the repeats)")
 
 
 def death_tables(results: dict[tuple[str, int], DeathResult]) -> None:
@@ -780,12 +845,21 @@ def main() -> None:
         "--layout",
         help=f"lab layouts, comma-separated, of {', '.join(LAYOUTS)} (--what node-death; default: both)",
     )
-    parser.add_argument("--fault", choices=["kill", "hang"], help="node-death: the node dies (kill) or freezes (hang)")
+    parser.add_argument(
+        "--fault",
+        help="node-death: the node dies (kill), freezes (hang) or freezes for 5 s (pause); comma-separated: each",
+    )
     args = parser.parse_args()
     if args.what == "node-death":
         global FAULT
-        FAULT = args.fault or "kill"
-        node_death(args)
+        faults = [f.strip() for f in (args.fault or "kill").split(",") if f.strip()]
+        if not faults or any(f not in ("kill", "hang", "pause") for f in faults):
+            parser.error(f"--fault: {args.fault!r}: kill, hang, pause, or several of them")
+        for fault in faults:
+            FAULT = fault
+            if len(faults) > 1:
+                print(f"\n--fault {fault}")
+            node_death(args)
         return
     if args.fault is not None:
         parser.error("--fault goes with --what node-death")
@@ -846,7 +920,10 @@ def node_death(args: argparse.Namespace) -> None:
                     shutil.rmtree(root, ignore_errors=True)
     command = " ".join([".venv/bin/python", "bench/recovery.py", *sys.argv[1:]])
     print(f"{command}\n{os.cpu_count()} CPUs, Python {sys.version.split()[0]}; scheduler defaults; seconds\n")
-    death_tables(results)
+    if FAULT == "pause":
+        pause_table(results)
+    else:
+        death_tables(results)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@
   would resume (`probes.isolation_recover_after` passes in a row, not held for an operator); the report resumes
   the node or keeps it isolated with the failing line (`decide`);
 - an operator's `ftconsole resume --test NODES` (`operator_resume`): the nodes that pass are resumed, by them; the
-  others stay as they were, drained or isolated.
+  others stay as they were, drained or isolated. Only nodes out of service are tested (drained or isolated), and
+  none that a job still holds: the test's load would meet the job (and the job the test's).
 
 Every test is a `tested` event of its node, whoever asked.
 """
@@ -13,9 +14,10 @@ Every test is a `tested` event of its node, whoever asked.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 
 from ftconsole.probes.health import NodeEvent, NodeHealth, due_for_tests, resume_tested, set_admin
+from ftconsole.scheduler import debugenv
 from ftconsole.scheduler.errors import UsageError
 from ftconsole.scheduler.nodeops import ClusterService, isolation_alerts
 from ftconsole.scheduler.nodetests import NodeTestReport
@@ -40,6 +42,8 @@ async def start_due(service: ClusterService) -> list[str]:
         n for n in service.all_nodes
         if n.name not in tester.testing and due_for_tests(healths.get(n.name) or NodeHealth(n.name), after)
     ]  # fmt: skip
+    held = await busy(service, {n.name for n in due})
+    due = [n for n in due if n.name not in held]  # tested once no job holds it: the test's load would meet it
     for node in due:
         tester.start(node, service.config, lambda report: decide(service, report))
     return [n.name for n in due]
@@ -62,6 +66,18 @@ async def operator_resume(service: ClusterService, nodeset: str, *, by: str) -> 
             "(for instance node_tests: {gpu: {level: 1}}), or resume without --test"
         )
     nodes = service.select(nodeset)
+    healths = await service.store.all_node_health()
+    refused = {
+        n.name: "in service: drain it first, so that no job meets the test's load"
+        for n in nodes if (healths.get(n.name) or NodeHealth(n.name)).admin is None
+    }  # fmt: skip
+    refused.update(
+        {n: f"{why} (wait until it ends)" for n, why in (await busy(service, {x.name for x in nodes})).items()}
+    )
+    if refused:
+        listed = "; ".join(f"{name}: {why}" for name, why in sorted(refused.items())[:10])
+        more = f"; and {len(refused) - 10} more" if len(refused) > 10 else ""
+        raise UsageError(f"resume --test: not tested, nothing changed: {listed}{more}")
     slots = asyncio.Semaphore(PARALLEL)
 
     async def one(node_name: str) -> NodeTestReport:
@@ -81,6 +97,18 @@ async def operator_resume(service: ClusterService, nodeset: str, *, by: str) -> 
             changes.append((health, events))
         await _save(service, changes)
     return [(health, report) for (health, _), report in zip(changes, reports, strict=True)]
+
+
+async def busy(service: ClusterService, names: Set[str]) -> dict[str, str]:
+    """The nodes of `names` that a job still holds (a run's GPUs, or a failed job's kept for debugging): why."""
+    out: dict[str, str] = {}
+    for run in await service.store.runs(held=True):
+        if run.node in names:
+            out.setdefault(run.node, f"job {run.job} still holds GPUs there")
+    for hold in await debugenv.holds(service.store, service.config.debug, service.clock()):
+        if hold.run.node in names:
+            out.setdefault(hold.run.node, f"failed job {hold.job.id} is kept there for debugging")
+    return out
 
 
 async def _save(service: ClusterService, changes: Sequence[tuple[NodeHealth, Sequence[NodeEvent]]]) -> None:

@@ -103,6 +103,8 @@ async def test_resume_test_resumes_only_the_nodes_that_pass(sshd_cluster: Any, t
     assert "node01 did not pass the node tests: not resumed" in shown.stderr
     states = {n["name"]: n["state"] for n in cli.json("nodes")}
     assert states == {"node01": "drained", "node02": "healthy"}, states
+    in_service = cli("resume", "node02", "--test", check=2)  # a test's load would meet the jobs placed there
+    assert "node02: in service: drain it first" in in_service.stderr, in_service.stderr
     (node01,) = cli.json("nodes", "node01")
     assert [t["result"] for t in node01["tests"]] == ["fail"]
     assert "tested: gpu (level 1): fail: " in cli("nodes", "node01").stdout
