@@ -14,15 +14,17 @@ Every test is a `tested` event of its node, whoever asked.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Sequence, Set
 
-from ftconsole.probes.health import NodeEvent, NodeHealth, due_for_tests, resume_tested, set_admin
+from ftconsole.probes.health import NodeEvent, NodeHealth, NodeState, due_for_tests, resume_tested, set_admin
 from ftconsole.scheduler import debugenv
 from ftconsole.scheduler.errors import UsageError
 from ftconsole.scheduler.nodeops import ClusterService, isolation_alerts
 from ftconsole.scheduler.nodetests import NodeTestReport
 
 PARALLEL = 64  # nodes an operator's `resume --test` tests at once
+BURN_IN_SHARE = 20  # burn-in tests at most one node in this many at once (and at least one)
 
 
 def gated(service: ClusterService) -> bool:
@@ -97,6 +99,48 @@ async def operator_resume(service: ClusterService, nodeset: str, *, by: str) -> 
             changes.append((health, events))
         await _save(service, changes)
     return [(health, report) for (health, _), report in zip(changes, reports, strict=True)]
+
+
+async def burn_in(service: ClusterService, queued: bool) -> list[str]:
+    """`probes.burn_in_interval`: test the idle nodes in service not tested for that long, at most BURN_IN_SHARE
+    of the nodes at once, and only while nothing is `queued` (no job waits for them). Called at the end of a
+    placement pass, so no placement decided before it lands on a node it starts: the next pass reads the node's
+    GPUs as held by the test (`Tester.holds`). Their names."""
+    every = service.config.probes.burn_in_interval
+    tester = service.tester
+    if every is None or not service.config.node_tests.any or queued:
+        return []
+    now = service.clock()
+    last = tester.last
+    if last is None:  # once: when each node was last tested, as the store keeps it
+        last = tester.last = {}
+        for node in service.all_nodes:  # each by the events' node index (the events have no index by kind)
+            for event in await service.store.events(node=node.name, kind="tested", limit=1):
+                last[node.name] = event.time
+    room = max(1, len(service.all_nodes) // BURN_IN_SHARE) - len(tester.testing)
+    stale = [
+        n for n in service.all_nodes if n.name not in tester.testing and now - last.get(n.name, -math.inf) >= every
+    ]  # fmt: skip
+    if room <= 0 or not stale:
+        return []
+    healths = await service.store.all_node_health()
+    ready = [n for n in stale if (healths.get(n.name) or NodeHealth(n.name)).state is NodeState.HEALTHY]
+    held = await busy(service, {n.name for n in ready})
+    chosen = sorted((n for n in ready if n.name not in held), key=lambda n: last.get(n.name, 0.0))[:room]
+    for node in chosen:
+        tester.start(node, service.config, lambda report: burned(service, report))
+    return [n.name for n in chosen]
+
+
+async def burned(service: ClusterService, report: NodeTestReport) -> None:
+    """A burn-in's tests are done: a failure isolates the node (the scheduler's own evidence), with the failing
+    line; a pass, a skip or an error (no verdict) leaves it in service. Each test is an event either way."""
+    async with service._folding:
+        await _save(service, [((await service.store.all_node_health()).get(report.node) or NodeHealth(report.node),
+                                report.events("scheduler (burn-in)"))])  # fmt: skip
+    if any(r.result == "fail" for r in report.results):
+        failing = "; ".join(r.line() for r in report.results if r.result == "fail")
+        await service.isolate([report.node], reason=f"burn-in: node tests failed: {failing}", by="scheduler")
 
 
 async def busy(service: ClusterService, names: Set[str]) -> dict[str, str]:

@@ -196,11 +196,18 @@ class Tester:
         self.clock = clock
         self._running: dict[str, asyncio.Task[NodeTestReport]] = {}
         self._handing: set[asyncio.Future[None]] = set()  # reports being handed over (kept from the collector)
+        self._until: dict[str, float] = {}  # node -> when its test under way ends at the latest (placement)
+        self.last: dict[str, float] | None = None  # node -> when it was last tested (None: not read yet)
 
     @property
     def testing(self) -> frozenset[str]:
         """The nodes being tested now."""
         return frozenset(self._running)
+
+    def holds(self) -> dict[str, float]:
+        """The nodes being tested now, with when their tests end at the latest: placement counts their GPUs as
+        held until then (a job placed there would meet the test's load)."""
+        return {name: self._until[name] for name in self._running}
 
     def start(self, node: Node, config: ClusterConfig, done: Callable[[NodeTestReport], Awaitable[None]]) -> None:
         """Test `node` in the background unless it is being tested; its report goes to `done`."""
@@ -216,8 +223,15 @@ class Tester:
     def _task(self, node: Node, config: ClusterConfig) -> asyncio.Task[NodeTestReport]:
         task = asyncio.create_task(run_tests(self.transport, config, node, self.clock))
         self._running[node.name] = task
-        task.add_done_callback(lambda t: self._running.pop(node.name, None))
+        self._until[node.name] = self.clock() + deadline(config.node_tests)
+        task.add_done_callback(lambda t: self._ended(node.name))
         return task
+
+    def _ended(self, name: str) -> None:
+        self._running.pop(name, None)
+        self._until.pop(name, None)
+        if self.last is not None:
+            self.last[name] = self.clock()
 
     def _hand_over(self, task: asyncio.Task[NodeTestReport], done: Callable[[NodeTestReport], Awaitable[None]]) -> None:
         if task.cancelled():

@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any
 
-from ftconsole.scheduler import debugenv
+from ftconsole.scheduler import debugenv, nodegate
 from ftconsole.scheduler.decide import (
     arrays,
     dependencies,
@@ -201,6 +201,7 @@ class Placer(SharingWeights):
         )  # before the read: what is derived from it is kept with it
         queued = await self.store.jobs(statuses=[JobStatus.QUEUED])
         if not queued:
+            await nodegate.burn_in(self.service, queued=False)  # idle nodes, when nothing waits for them
             return
         now = self.clock()
         version += (len(queued),)
@@ -379,10 +380,12 @@ class Placer(SharingWeights):
                     project=urgent_scope(self.config, hold.job.owner, hold.job.project),
                 )
             )
-        state = placement.ClusterState(
-            nodes=tuple(node_slot(v.to_json(), self.config.runtime_for(v.node.pool)) for v in views),
-            allocations=tuple(allocations),
-        )
+        slots = tuple(node_slot(v.to_json(), self.config.runtime_for(v.node.pool)) for v in views)
+        sizes = {slot.name: slot.gpus_total for slot in slots}
+        for name, until in self.service.tester.holds().items():  # a node under test: its GPUs are the test's
+            gpus = tuple(range(sizes.get(name, 0)))
+            allocations.append(placement.Allocation(job_id=f"node test of {name}", node=name, gpus=gpus, ends_at=until))
+        state = placement.ClusterState(nodes=slots, allocations=tuple(allocations))
         requests, by_id, unplaceable = [], {}, []
         fair = await self.fair_factors([(j.project, j.owner) for j in queued] + list(also))
         kept = await self.store.reservations()

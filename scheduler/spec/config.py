@@ -91,6 +91,8 @@ class ProbeSettings(_Strict):
     # a node with at least flaky_faults faults within flaky_window is flaky: an alert, a mark, no auto-resume
     flaky_faults: int = Field(3, ge=1, le=1000)
     flaky_window: PositiveDuration = 24 * 3600.0
+    # an idle node in service runs its node tests (node_tests) this often, when nothing is queued; None: never
+    burn_in_interval: PositiveDuration | None = None
 
 
 class PoolSettings(_Strict):
@@ -321,8 +323,13 @@ class ClusterConfig(_Strict):
                 out.append((("admins",), f"invalid user name {admin!r}"))
         return (
             out + self._threshold_problems() + self._project_problems() + self._run_as_problems()
-            + self._history_problems()
+            + self._history_problems() + self._node_test_problems()
         )  # fmt: skip
+
+    def _node_test_problems(self) -> list[tuple[Loc, str]]:
+        if self.probes.burn_in_interval is not None and not self.node_tests.any:
+            return [(("probes", "burn_in_interval"), "burn-in runs the node tests: name one under node_tests")]
+        return []
 
     def _history_problems(self) -> list[tuple[Loc, str]]:
         """history.jobs keeps the jobs that the quotas' GPU-hours and the kept debugging environments still need."""

@@ -145,3 +145,42 @@ async def test_the_scheduler_keeps_a_node_that_fails_under_load_out_of_service(
         assert shown["attempts"][0]["runs"][0]["started"] >= resumed[0].time  # never on the node before
         results = [e.data["result"] for e in await svc.events(node="node01") if e.kind == "tested"]
         assert results[0] == "fail" and results[-1] == "pass" and "fail" not in results[results.index("pass") :]
+
+
+async def test_burn_in_tests_idle_nodes_isolates_the_one_that_fails_and_holds_a_node_while_it_runs(
+    sshd_cluster: Any, tmp_path: Path, sock_dir: Path
+) -> None:
+    """`probes.burn_in_interval`: idle nodes in service are tested while nothing is queued. node02's GPU fails under
+    load: it is isolated. node01 passes; a job submitted while node01 is under test starts once the test ended,
+    never beside it."""
+    cluster: SshdCluster = sshd_cluster(2, gpus=2)
+    loaded = scheduler_config(
+        cluster, tmp_path, sock_dir, probes={"interval": "1s", "burn_in_interval": "2s"}, node_tests=GPU_TEST
+    )
+    faulty(cluster, "node02", True)
+    cluster.set_gpus("node01", {**gpu_data(2), "diag_seconds": 3})  # its test takes 3 s
+    async with running(loaded) as (scheduler, client):
+        svc = scheduler.service
+
+        async def node02() -> dict[str, Any]:
+            return dict((await client.call("nodes", nodeset="node02"))[0])
+
+        isolated = await poll(node02, lambda n: n["state"] == "isolated", "node02 isolated by its burn-in")
+        assert isolated["admin_by"] == "scheduler", isolated
+        reason = isolated["admin_reason"]
+        assert reason.startswith("burn-in: node tests failed: gpu (level 1): fail: ") and FAULT in reason, reason
+
+        async def under_test() -> frozenset[str]:
+            return svc.tester.testing
+
+        await poll(under_test, lambda names: "node01" in names, "node01 under its burn-in test")
+        before = len(await node_tests_of(svc, "node01", 0))
+        submitted = await client.call("submit", spec=job("after", "true", gpus_per_node=2))
+        shown = await until(client, submitted["id"], lambda j: j["status"] == "succeeded", "the job to run")
+        started = shown["attempts"][0]["runs"][0]["started"]
+        assert shown["attempts"][0]["runs"][0]["node"] == "node01"
+        tests = await node_tests_of(svc, "node01", before + 1)  # the one under way at the submit has ended
+        assert all(e.data["result"] == "pass" for e in tests), [e.data for e in tests]
+        for e in tests:  # no test was under way when the job started on the node
+            assert not (e.time - e.data["took_s"] < started < e.time), (started, e.time, e.data["took_s"])
+        assert any(e.time <= started for e in tests)  # it waited for the one under way at its submit

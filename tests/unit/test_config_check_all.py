@@ -236,3 +236,16 @@ def test_the_config_help_names_every_place_searched() -> None:
     text = build_parser().format_help()
     flat = " ".join(text.split())
     assert all(place in flat for place in DEFAULT_CONFIG_PATHS), flat
+
+
+def test_burn_in_without_a_node_test_is_refused_where_it_is_set(tmp_path: Path) -> None:
+    path = tmp_path / "cluster.yaml"
+    path.write_text("nodes: [{name: a}]\nprobes:\n  burn_in_interval: 1d\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    (problem,) = caught.value.problems
+    assert (problem.line, problem.path) == (3, "probes.burn_in_interval"), problem
+    assert "name one under node_tests" in problem.message
+    path.write_text("nodes: [{name: a}]\nprobes:\n  burn_in_interval: 1d\nnode_tests:\n  gpu: {level: 2}\n")
+    tests = load_config(path).cluster.node_tests
+    assert tests.gpu is not None and tests.gpu.deadline == 600.0
