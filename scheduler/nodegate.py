@@ -53,6 +53,7 @@ async def start_due(service: ClusterService) -> list[str]:
 
 async def decide(service: ClusterService, report: NodeTestReport) -> None:
     """A node's tests, started by the scheduler, are done: it is resumed on a pass, else kept isolated."""
+    service.tester.count(report, "resume")
     async with service._folding:
         health = (await service.store.all_node_health()).get(report.node) or NodeHealth(report.node)
         changed, events = resume_tested(health, report.passed, report.failing() or report.line(), report.time)
@@ -87,6 +88,8 @@ async def operator_resume(service: ClusterService, nodeset: str, *, by: str) -> 
             return await service.tester.test(service.select(node_name)[0], service.config)
 
     reports = await asyncio.gather(*(one(n.name) for n in nodes))
+    for report in reports:
+        service.tester.count(report, "operator")
     async with service._folding:
         current = await service.store.all_node_health()
         changes: list[tuple[NodeHealth, list[NodeEvent]]] = []
@@ -135,6 +138,7 @@ async def burn_in(service: ClusterService, queued: bool) -> list[str]:
 async def burned(service: ClusterService, report: NodeTestReport) -> None:
     """A burn-in's tests are done: a failure isolates the node (the scheduler's own evidence), with the failing
     line; a pass, a skip or an error (no verdict) leaves it in service. Each test is an event either way."""
+    service.tester.count(report, "burn-in")
     async with service._folding:
         await _save(service, [((await service.store.all_node_health()).get(report.node) or NodeHealth(report.node),
                                 report.events("scheduler (burn-in)"))])  # fmt: skip

@@ -20,6 +20,7 @@ are then all there is, as before; one that broke (`error`: a timeout, DCGM's hos
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import math
@@ -198,6 +199,11 @@ class Tester:
         self._handing: set[asyncio.Future[None]] = set()  # reports being handed over (kept from the collector)
         self._until: dict[str, float] = {}  # node -> when its test under way ends at the latest (placement)
         self.last: dict[str, float] | None = None  # node -> when it was last tested (None: not read yet)
+        self.counts: collections.Counter[tuple[str, str, str]] = collections.Counter()  # (test, result, trigger)
+
+    def count(self, report: NodeTestReport, trigger: str) -> None:
+        """Count a report's results (`ftconsole_node_tests_total`); trigger: resume, operator or burn-in."""
+        self.counts.update((r.test, r.result, trigger) for r in report.results)
 
     @property
     def testing(self) -> frozenset[str]:

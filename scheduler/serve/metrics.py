@@ -110,6 +110,8 @@ class Snapshot:
     counts: Counts = Counts()
     looping: bool = False
     collect_seconds: float = 0.0
+    # (test, result, trigger) -> node tests run by this scheduler since it started (nodetests.Tester.counts)
+    node_tests: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
 
 
 def node_samples(views: Sequence[NodeView]) -> tuple[tuple[NodeSample, ...], tuple[GpuSample, ...]]:
@@ -246,7 +248,8 @@ async def gather(service: ClusterService, counts: StoreCounts, *, looping: bool)
     started = time.monotonic()
     nodes, gpus = node_samples(await service.nodes(extras=False))
     stored = await counts.counts()
-    return Snapshot(nodes, gpus, stored, looping, time.monotonic() - started)
+    tests = dict(service.tester.counts)
+    return Snapshot(nodes, gpus, stored, looping, time.monotonic() - started, node_tests=tests)
 
 
 # ================================================================ rendering (pure)
@@ -291,6 +294,15 @@ class SnapshotCollector(Collector):
         for kind in ("jobs", "events", "alerts"):
             pruned.add_metric([kind], c.pruned.get(kind, 0))
         yield pruned
+        tests = CounterMetricFamily(
+            "ftconsole_node_tests",
+            "Node tests run by this scheduler since it started, by test, result (pass, warn, skip, fail, error) and "
+            "trigger (resume: before the scheduler resumes an isolated node; operator: resume --test; burn-in).",
+            labels=["test", "result", "trigger"],
+        )
+        for (test, result, trigger), n in sorted(self.snapshot.node_tests.items()):
+            tests.add_metric([test, result, trigger], n)
+        yield tests
         alerts = GaugeMetricFamily(
             "ftconsole_alerts", "Unresolved alerts by kind, severity and state.", labels=["kind", "severity", "state"]
         )

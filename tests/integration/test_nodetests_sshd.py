@@ -184,3 +184,5 @@ async def test_burn_in_tests_idle_nodes_isolates_the_one_that_fails_and_holds_a_
         for e in tests:  # no test was under way when the job started on the node
             assert not (e.time - e.data["took_s"] < started < e.time), (started, e.time, e.data["took_s"])
         assert any(e.time <= started for e in tests)  # it waited for the one under way at its submit
+        counted = svc.tester.counts  # ftconsole_node_tests_total
+        assert counted[("gpu", "fail", "burn-in")] >= 1 and counted[("gpu", "pass", "burn-in")] >= len(tests)

@@ -309,3 +309,10 @@ async def test_goodput_covers_the_last_7_days_of_runs(tmp_path: Path) -> None:
     assert value(got, "ftconsole_goodput_ratio") == pytest.approx(4 / (4 + 4 + 4 / 6))
     assert value(got, "ftconsole_goodput_gpu_hours", kind="downtime") == pytest.approx(4 / 6)
     assert value(samples(metrics.render(metrics.Snapshot())[0]), "ftconsole_goodput_ratio") is None  # no GPU time
+
+
+def test_node_tests_are_counted_by_test_result_and_trigger() -> None:
+    tests = {("gpu", "fail", "burn-in"): 2, ("gpu", "pass", "resume"): 5}
+    got = samples(metrics.render(metrics.Snapshot(node_tests=tests))[0])
+    assert value(got, "ftconsole_node_tests_total", test="gpu", result="fail", trigger="burn-in") == 2.0
+    assert value(got, "ftconsole_node_tests_total", test="gpu", result="pass", trigger="resume") == 5.0
