@@ -261,13 +261,81 @@ def read_smi_gpus(deadline):
     rows = [smi_row(cells) for cells in csv.reader(output.splitlines(), skipinitialspace=True) if cells]
     pids = smi_pids_by_uuid(smi, deadline)
     gpus = [smi_gpu(row, pids) for row in rows]
+    deeper = smi_deeper(smi, deadline)
+    for gpu in gpus:
+        gpu.update(deeper.get(gpu["index"], {}))
     driver = smi_text(rows[0].get("driver_version")) if rows else None
     return GpuReading("nvidia-smi", gpus, driver)
 
 
-def smi_row(cells):
+# The deeper readings (as NVML's, in read_nvml_gpu), asked apart: a driver that lacks a field refuses the whole
+# query ("is not a valid field to query"), so the basic one above never depends on them. clocks_throttle_reasons
+# is the older name of clocks_event_reasons, which drivers of today take too (580 lists both).
+SMI_DEEPER = (
+    "index",
+    "pcie.link.width.current",
+    "pcie.link.width.max",
+    "pcie.link.gen.current",
+    "pcie.link.gen.max",
+    "clocks_throttle_reasons.hw_slowdown",
+    "clocks_throttle_reasons.sw_thermal_slowdown",
+    "clocks_throttle_reasons.hw_thermal_slowdown",
+    "clocks_throttle_reasons.hw_power_brake_slowdown",
+    "retired_pages.single_bit_ecc.count",
+    "retired_pages.double_bit.count",
+    "remapped_rows.pending",
+)
+SMI_PCIE = SMI_DEEPER[:5]  # asked alone where a driver refuses the rest (the PCIe link is the oldest of them)
+
+
+def smi_deeper(smi, deadline):
+    """{GPU index: the deeper readings} through nvidia-smi; {} where the driver answers neither query."""
+    for fields in (SMI_DEEPER, SMI_PCIE):
+        query = ["--query-gpu=" + ",".join(fields), "--format=csv,noheader,nounits"]
+        try:
+            output = run_command([smi, *query], deadline)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        out = {}
+        for cells in csv.reader(output.splitlines(), skipinitialspace=True):
+            row = smi_row(cells, fields)
+            index = smi_number(row.get("index"))
+            if isinstance(index, int):
+                out[index] = smi_deeper_gpu(row)
+        return out
+    return {}
+
+
+def smi_deeper_gpu(row):
+    slowdown = [smi_active(row.get("clocks_throttle_reasons." + name)) for name in SMI_SLOWDOWNS]
+    retired = [smi_number(row.get("retired_pages.%s.count" % kind)) for kind in ("single_bit_ecc", "double_bit")]
+    counted = [n for n in retired if isinstance(n, int)]
+    gpu = {
+        "pcie_width": smi_number(row.get("pcie.link.width.current")),
+        "pcie_width_max": smi_number(row.get("pcie.link.width.max")),
+        "pcie_gen": smi_number(row.get("pcie.link.gen.current")),
+        "pcie_gen_max": smi_number(row.get("pcie.link.gen.max")),
+        "slowdown": None if None in slowdown else [SLOWDOWN_NAMES[i] for i, on in enumerate(slowdown) if on],
+        "retired_pages": sum(counted) if counted else None,
+    }
+    if "remapped_rows.pending" in row:
+        gpu["remapped_rows_pending"] = smi_yes_no(row.get("remapped_rows.pending"))
+    return gpu
+
+
+# nvidia-smi's names of SLOWDOWNS, in their order
+SMI_SLOWDOWNS = ("hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
+
+
+def smi_active(cell):
+    """A clock event reason's cell: True (Active), False (Not Active), None (not read)."""
+    text = (smi_text(cell) or "").lower()
+    return {"active": True, "not active": False}.get(text)
+
+
+def smi_row(cells, fields=SMI_FIELDS):
     """{field: cell} of one CSV row; fields missing at the end of a short row are left out."""
-    return dict((field, cells[i]) for i, field in enumerate(SMI_FIELDS) if i < len(cells))
+    return dict((field, cells[i]) for i, field in enumerate(fields) if i < len(cells))
 
 
 def smi_text(cell):

@@ -321,7 +321,7 @@ NO_NVML = 'def nvmlInit():\n    raise RuntimeError("NVML Shared Library Not Foun
 
 FAKE_SMI = """#!/bin/sh
 case "$1" in
-  --query-gpu=*)
+  --query-gpu=index,name,*)
     echo '0, NVIDIA H100 80GB HBM3, GPU-aaa, 81559, 1024, 97, 61, 0, No, 550.54.15'
     echo '1, NVIDIA H100 80GB HBM3, GPU-bbb, 81559, [N/A], [Not Supported], 90, [N/A], Yes, 550.54.15' ;;
   --query-compute-apps=*)
@@ -477,6 +477,100 @@ def test_what_a_real_h200_answered_reads_as_a_healthy_gpu_with_every_deeper_read
     )
     assert (gpu.slowdown, gpu.retired_pages, gpu.nvlink_errors, gpu.remapped_rows_pending) == ((), None, None, False)
     assert statuses(report)["gpu-health"] == CheckStatus.PASS
+
+
+# nvidia-smi as the H200 answered (golden/probes/h200-smi.json: each field's value): any --query-gpu, its fields
+# in the order asked; a field the recorded driver did not answer, or one `{unknown}` names, is refused as a real
+# nvidia-smi refuses it (the whole query, exit 2)
+RECORDED_SMI = """#!{python}
+import json, sys
+fields = json.load(open({recorded!r}))
+fields.update({changes!r})
+unknown = {unknown!r}
+for arg in sys.argv[1:]:
+    if arg.startswith("--query-gpu="):
+        asked = arg.split("=", 1)[1].split(",")
+        for name in asked:
+            if name not in fields or name in unknown:
+                print('Field "%s" is not a valid field to query.' % name)
+                print()
+                sys.exit(2)
+        print(", ".join(fields[name] for name in asked))
+"""
+
+
+def recorded_smi(tmp_path: Path, changes: dict[str, str] | None = None, unknown: tuple[str, ...] = ()) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    recorded = str(GOLDEN_PROBES / "h200-smi.json")
+    smi.write_text(
+        RECORDED_SMI.format(python=sys.executable, recorded=recorded, changes=changes or {}, unknown=unknown)
+    )
+    smi.chmod(0o755)
+    (tmp_path / "pynvml.py").write_text(NO_NVML)  # no NVML: nvidia-smi is what there is
+    return bin_dir
+
+
+def test_nvidia_smi_gives_the_deeper_readings_as_the_h200_answered_them(tmp_path: Path) -> None:
+    env = agent_env(PYTHONPATH=str(tmp_path), PATH=str(recorded_smi(tmp_path)))
+    report, _ = run_agent({"checks": GPU_CHECKS}, env=env)
+    assert report.facts.gpu_source == "nvidia-smi"
+    (gpu,) = report.gpus
+    assert (gpu.name, gpu.pcie_width, gpu.pcie_width_max, gpu.pcie_gen, gpu.pcie_gen_max) == (
+        "NVIDIA H200",
+        16,
+        16,
+        5,
+        5,
+    )
+    assert (gpu.slowdown, gpu.retired_pages, gpu.remapped_rows_pending) == ((), None, False)
+    assert statuses(report)["gpu-health"] == CheckStatus.PASS
+
+
+def test_the_agent_on_a_real_h200_through_nvidia_smi_reads_what_nvml_reads() -> None:
+    """Recorded on a lent NVIDIA H200 (driver 580.159.04): the agent as the scheduler sends it, with NVML made
+    unavailable, so through the real nvidia-smi. The same deeper readings as golden/probes/h200-nvml.json."""
+    report = parse_report((GOLDEN_PROBES / "h200-smi-agent.json").read_text())
+    nvml = parse_report((GOLDEN_PROBES / "h200-nvml.json").read_text())
+    assert report.facts.gpu_source == "nvidia-smi"
+    fields = ("name", "pcie_width", "pcie_width_max", "pcie_gen", "pcie_gen_max", "slowdown", "remapped_rows_pending")
+    (smi,), (gpu,) = report.gpus, nvml.gpus
+    assert [getattr(smi, f) for f in fields] == [getattr(gpu, f) for f in fields]
+    assert statuses(report)["gpu-health"] == CheckStatus.PASS
+
+
+def test_nvidia_smi_tells_a_narrow_link_and_a_slowdown_and_counts_retired_pages(tmp_path: Path) -> None:
+    changes = {
+        "pcie.link.width.current": "8",
+        "clocks_throttle_reasons.hw_power_brake_slowdown": "Active",
+        "retired_pages.single_bit_ecc.count": "2",
+        "retired_pages.double_bit.count": "1",
+    }
+    env = agent_env(PYTHONPATH=str(tmp_path), PATH=str(recorded_smi(tmp_path, changes)))
+    report, _ = run_agent({"checks": GPU_CHECKS}, env=env)
+    (gpu,) = report.gpus
+    assert (gpu.pcie_width, gpu.slowdown, gpu.retired_pages) == (8, ("hw_power_brake",), 3)
+    assert statuses(report)["gpu-health"] == CheckStatus.WARN
+    assert message(report, "gpu-health") == "GPU 0: PCIe link x8 of x16, slowed down by the hardware (hw_power_brake)"
+
+
+def test_an_older_nvidia_smi_that_refuses_the_newer_fields_still_gives_the_gpus_and_their_link(tmp_path: Path) -> None:
+    """A driver that knows no `remapped_rows.pending` refuses the whole deeper query: the GPUs are still read,
+    and their PCIe link, asked alone."""
+    env = agent_env(PYTHONPATH=str(tmp_path), PATH=str(recorded_smi(tmp_path, unknown=("remapped_rows.pending",))))
+    report, _ = run_agent({"checks": GPU_CHECKS}, env=env)
+    (gpu,) = report.gpus
+    assert (gpu.name, gpu.memory_total_mib, gpu.pcie_width, gpu.pcie_gen_max) == ("NVIDIA H200", 143771, 16, 5)
+    assert (gpu.slowdown, gpu.retired_pages) == (None, None)  # not read: not "none"
+    assert statuses(report)["gpu-health"] == CheckStatus.PASS
+    unknown = ("remapped_rows.pending", "pcie.link.gen.max")
+    (tmp_path / "bin" / "nvidia-smi").unlink()
+    (tmp_path / "bin").rmdir()
+    env = agent_env(PYTHONPATH=str(tmp_path), PATH=str(recorded_smi(tmp_path, unknown=unknown)))
+    report, _ = run_agent({"checks": GPU_CHECKS}, env=env)
+    (gpu,) = report.gpus
+    assert (gpu.name, gpu.pcie_width) == ("NVIDIA H200", None)  # neither deeper query answered: the GPU still is
 
 
 @pytest.mark.parametrize(
