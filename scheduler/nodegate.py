@@ -22,27 +22,29 @@ from ftconsole.scheduler import debugenv
 from ftconsole.scheduler.errors import UsageError
 from ftconsole.scheduler.nodeops import ClusterService, isolation_alerts
 from ftconsole.scheduler.nodetests import NodeTestReport
+from ftconsole.scheduler.spec.config import Node
 
 PARALLEL = 64  # nodes an operator's `resume --test` tests at once
 BURN_IN_SHARE = 20  # burn-in tests at most one node in this many at once (and at least one)
 
 
-def gated(service: ClusterService) -> bool:
-    """Whether the scheduler's resume of an isolated node waits for its node tests."""
-    tests = service.config.node_tests
+def gated(service: ClusterService, node: Node) -> bool:
+    """Whether the scheduler's resume of this isolated node waits for its node tests (its pool's, or the cluster's)."""
+    tests = service.config.node_tests_for(node.pool)
     return tests.any and tests.before_resume and service.config.probes.isolation_recover_after is not None
 
 
 async def start_due(service: ClusterService) -> list[str]:
     """Start the tests of the isolated nodes due for them (not already being tested); their names."""
-    if not gated(service):
+    if not any(gated(service, n) for n in service.all_nodes):
         return []
     healths = await service.store.all_node_health()
     after = service.config.probes.isolation_recover_after
     tester = service.tester
     due = [
         n for n in service.all_nodes
-        if n.name not in tester.testing and due_for_tests(healths.get(n.name) or NodeHealth(n.name), after)
+        if n.name not in tester.testing and gated(service, n)
+        and due_for_tests(healths.get(n.name) or NodeHealth(n.name), after)
     ]  # fmt: skip
     held = await busy(service, {n.name for n in due})
     due = [n for n in due if n.name not in held]  # tested once no job holds it: the test's load would meet it
@@ -63,12 +65,14 @@ async def decide(service: ClusterService, report: NodeTestReport) -> None:
 async def operator_resume(service: ClusterService, nodeset: str, *, by: str) -> list[tuple[NodeHealth, NodeTestReport]]:
     """`ftconsole resume --test`: test the nodes (at most PARALLEL at once), resume those that pass, by `by`; the
     others stay drained or isolated. Each node's health after, with its report."""
-    if not service.config.node_tests.any:
-        raise UsageError(
-            "resume --test: no node tests are configured: name one under node_tests in the cluster config "
-            "(for instance node_tests: {gpu: {level: 1}}), or resume without --test"
-        )
     nodes = service.select(nodeset)
+    untested = [n.name for n in nodes if not service.config.node_tests_for(n.pool).any]
+    if untested:
+        raise UsageError(
+            f"resume --test: no node tests are configured for {', '.join(untested[:10])}: name one under node_tests "
+            "in the cluster config (for instance node_tests: {gpu: {level: 1}}), or under its pool's, or resume "
+            "without --test"
+        )
     healths = await service.store.all_node_health()
     refused = {
         n.name: "in service: drain it first, so that no job meets the test's load"
@@ -111,7 +115,7 @@ async def burn_in(service: ClusterService, queued: bool) -> list[str]:
     GPUs as held by the test (`Tester.holds`). Their names."""
     every = service.config.probes.burn_in_interval
     tester = service.tester
-    if every is None or not service.config.node_tests.any or queued:
+    if every is None or queued:
         return []
     now = service.clock()
     last = tester.last
@@ -127,7 +131,11 @@ async def burn_in(service: ClusterService, queued: bool) -> list[str]:
     if room <= 0 or not stale:
         return []
     healths = await service.store.all_node_health()
-    ready = [n for n in stale if (healths.get(n.name) or NodeHealth(n.name)).state is NodeState.HEALTHY]
+    ready = [
+        n for n in stale
+        if (healths.get(n.name) or NodeHealth(n.name)).state is NodeState.HEALTHY
+        and service.config.node_tests_for(n.pool).any
+    ]  # fmt: skip
     held = await busy(service, {n.name for n in ready})
     chosen = sorted((n for n in ready if n.name not in held), key=lambda n: last.get(n.name, 0.0))[:room]
     for node in chosen:

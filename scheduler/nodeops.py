@@ -30,7 +30,7 @@ from ftconsole.probes.results import AGENT_PROTOCOL, ALL_CHECKS, ProbeReport, pa
 from ftconsole.scheduler import debugenv
 from ftconsole.scheduler.errors import FtError, NotFound, UsageError
 from ftconsole.scheduler.nodetests import Tester
-from ftconsole.scheduler.spec.config import LoadedConfig, Node, ProbeSettings, format_duration
+from ftconsole.scheduler.spec.config import LoadedConfig, Node, NodeTests, ProbeSettings, format_duration
 from ftconsole.scheduler.spec.nodesets import MAX_NODESET, expand_nodeset, nodeset_size
 from ftconsole.scheduler.ssh.probing import ProbeFailure, sweep
 from ftconsole.scheduler.ssh.transport import SSHPool, Transport
@@ -46,6 +46,11 @@ NODESET_FLOOR = 1024
 # A probe on demand by someone who is not an admin (issue 26): a node probed less than this ago answers with that
 # probe's result, and a node a sweep is probing now with that sweep's; only the rest are probed, in one sweep.
 PROBE_REUSE_S = 30.0
+
+
+def _tests_first(tests: NodeTests) -> bool:
+    """Whether the scheduler's resume of an isolated node waits for these node tests (nodegate.py)."""
+    return tests.any and tests.before_resume
 
 
 def _node_json(node: Node) -> dict[str, Any]:
@@ -437,7 +442,7 @@ class ClusterService:
                 recover_after=settings.recover_after,
                 resume_isolated_after=settings.isolation_recover_after,
                 flaky=faults_in_window((e.time for e in past), now, settings.flaky_window) >= settings.flaky_faults,
-                tests_first=self.config.node_tests.any and self.config.node_tests.before_resume,
+                tests_first=_tests_first(self.config.node_tests_for(node.pool)),
             )
             changes.append((health, events))
             failure = result if isinstance(result, ProbeFailure) else None

@@ -130,7 +130,7 @@ async def run_tests(
 ) -> NodeTestReport:
     """Run the configured tests on `node` and read their results; a node that cannot run them gets an `error`
     result for each, naming why (never an exception)."""
-    tests = config.node_tests
+    tests = config.node_tests_for(node.pool)
     wanted = list(node_params(tests)["tests"])
     try:
         done = await nodecache.run(
@@ -229,7 +229,7 @@ class Tester:
     def _task(self, node: Node, config: ClusterConfig) -> asyncio.Task[NodeTestReport]:
         task = asyncio.create_task(run_tests(self.transport, config, node, self.clock))
         self._running[node.name] = task
-        self._until[node.name] = self.clock() + deadline(config.node_tests)
+        self._until[node.name] = self.clock() + deadline(config.node_tests_for(node.pool))
         task.add_done_callback(lambda t: self._ended(node.name))
         return task
 

@@ -100,6 +100,7 @@ class PoolSettings(_Strict):
     schedule_degraded: bool = False
     thresholds: PartialThresholds = PartialThresholds()
     containers: PoolContainers | None = None  # its own container runtime (else the cluster's containers.runtime)
+    node_tests: NodeTests | None = None  # its own node tests, in place of the cluster's node_tests (issue 42)
 
 
 class NodeSpecSettings(_Strict):
@@ -327,7 +328,8 @@ class ClusterConfig(_Strict):
         )  # fmt: skip
 
     def _node_test_problems(self) -> list[tuple[Loc, str]]:
-        if self.probes.burn_in_interval is not None and not self.node_tests.any:
+        tested = self.node_tests.any or any(p.node_tests is not None and p.node_tests.any for p in self.pools.values())
+        if self.probes.burn_in_interval is not None and not tested:
             return [(("probes", "burn_in_interval"), "burn-in runs the node tests: name one under node_tests")]
         return []
 
@@ -430,6 +432,12 @@ class ClusterConfig(_Strict):
         settings = self.pools.get(pool)
         own = settings.containers if settings is not None else None
         return own.runtime if own is not None else self.containers.runtime
+
+    def node_tests_for(self, pool: str) -> NodeTests:
+        """The node tests of a pool's nodes: the pool's own (as a whole), else `node_tests`."""
+        settings = self.pools.get(pool)
+        own = settings.node_tests if settings is not None else None
+        return own if own is not None else self.node_tests
 
     def thresholds_for(self, pool: str) -> Thresholds:
         base = self.probes.thresholds

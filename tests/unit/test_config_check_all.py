@@ -249,3 +249,22 @@ def test_burn_in_without_a_node_test_is_refused_where_it_is_set(tmp_path: Path) 
     path.write_text("nodes: [{name: a}]\nprobes:\n  burn_in_interval: 1d\nnode_tests:\n  gpu: {level: 2}\n")
     tests = load_config(path).cluster.node_tests
     assert tests.gpu is not None and tests.gpu.deadline == 600.0
+
+
+def test_a_pool_has_its_own_node_tests_in_place_of_the_clusters(tmp_path: Path) -> None:
+    path = tmp_path / "cluster.yaml"
+    path.write_text(
+        "pools:\n  h100: {node_tests: {gpu: {level: 3}}}\n  cpu: {}\n"
+        "nodes: [{name: a, pool: h100}, {name: b, pool: cpu}]\n"
+        "node_tests: {gpu: {level: 1}, before_resume: false}\n"
+        "probes: {burn_in_interval: 1d}\n"
+    )
+    cluster = load_config(path).cluster
+    h100, cpu = cluster.node_tests_for("h100"), cluster.node_tests_for("cpu")
+    assert h100.gpu is not None and (h100.gpu.level, h100.gpu.deadline, h100.before_resume) == (3, 3600.0, True)
+    assert cpu.gpu is not None and (cpu.gpu.level, cpu.before_resume) == (1, False)
+    path.write_text(
+        "pools:\n  h100: {node_tests: {gpu: {level: 3}}}\n  cpu: {}\nnodes: [{name: a, pool: h100}]\n"
+        "probes: {burn_in_interval: 1d}\n"
+    )
+    assert load_config(path).cluster.node_tests_for("cpu").any is False  # burn-in: a pool's tests are enough
