@@ -58,11 +58,11 @@ def test_line(test: Mapping[str, Any]) -> str:
     level = test.get("level")
     if name == "gpu" and isinstance(level, int):
         name = f"gpu (level {level})" if test.get("tool") == "simulated" else f"gpu (dcgmi diag -r {level})"
-    took = test.get("took_s")
-    took_text = f" ({took:.1f}s)" if isinstance(took, int | float) else ""
-    when = test.get("time")
-    ago = f", {age(time.time() - when)} ago" if isinstance(when, int | float) else ""
-    return f"{name}: {test.get('result')}: {test.get('summary') or ''}{took_text}{ago}"
+    took, when = test.get("took_s"), test.get("time")
+    notes = [f"{took:.1f}s"] if isinstance(took, int | float) else []
+    notes += [f"{age(time.time() - when)} ago"] if isinstance(when, int | float) else []
+    noted = f" ({', '.join(notes)})" if notes else ""
+    return f"{name}: {test.get('result')}: {test.get('summary') or ''}{noted}"
 
 
 def runtime_lines(facts: Mapping[str, Any] | None) -> list[str]:

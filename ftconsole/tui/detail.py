@@ -25,7 +25,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Label, Log, Static, TabbedContent, TabPane
 
 from ftconsole.debug_cli import evidence_text
-from ftconsole.format import age, runtime_lines
+from ftconsole.format import age, runtime_lines, test_line
 from ftconsole.probes.health import is_fault
 from ftconsole.scheduler.decide.arrays import summary
 from ftconsole.scheduler.errors import FtError
@@ -404,6 +404,7 @@ class NodeScreen(DetailScreen):
             f"{(facts.get('mem_total_mib') or 0) // 1024} GiB  driver {facts.get('driver_version') or '?'}"
         )
         lines.extend(runtime_lines(v.get("facts")))
+        lines.extend(f"tested: {test_line(t)}" for t in v.get("tests") or [])  # its last node test of each kind
         last = v.get("last_probe")
         lines.append(f"last probe {age(self.clock() - last) + ' ago' if last else 'never'}")
         self.query_one("#facts", Static).update(Text("\n".join(lines)))
