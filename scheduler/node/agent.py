@@ -58,6 +58,7 @@ from ftconsole.scheduler.node.agent_common import (  # bundled
     as_list,
     as_number,
     host_path,
+    merged_params,
     read_text,
     safe,
 )
@@ -127,13 +128,7 @@ def fmt(number):
 
 def load_params(argv):
     """PARAMS (prepended by the console) or argv[1] (a JSON string), merged over the defaults."""
-    given = globals().get("PARAMS")
-    if given is None and len(argv) > 1:
-        given = json.loads(argv[1])
-    if not isinstance(given, dict):
-        given = {}
-    params = dict(DEFAULT_PARAMS)
-    params.update((k, v) for k, v in given.items() if v is not None and k != "thresholds")
+    params, given = merged_params(argv, globals().get("PARAMS"), DEFAULT_PARAMS, apart=("thresholds",))
     thresholds = dict(DEFAULT_THRESHOLDS)
     if isinstance(given.get("thresholds"), dict):
         thresholds.update((k, v) for k, v in given["thresholds"].items() if v is not None)

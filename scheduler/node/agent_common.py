@@ -6,6 +6,7 @@ standard library only; no ``from __future__`` (a prepended PARAMS line would bre
 """
 
 import contextlib
+import json
 import math
 import os
 import signal
@@ -100,6 +101,20 @@ def run_bounded(argv, seconds):
             child.communicate(timeout=1.0)  # reaps it; a process that left the session may still hold a pipe
         raise exc
     return child.returncode, out, err
+
+
+def merged_params(argv, prepended, defaults, apart=()):
+    """A node script's parameters: those the scheduler prepended (`PARAMS`, passed as `prepended`), else argv[1]
+    (a JSON string), else none; each given with a value over `defaults`, but the keys `apart` (the script merges
+    those itself). Also the whole given dict, for those keys."""
+    given = prepended
+    if given is None and len(argv) > 1:
+        given = json.loads(argv[1])
+    if not isinstance(given, dict):
+        given = {}
+    params = dict(defaults)
+    params.update((k, v) for k, v in given.items() if v is not None and k not in apart)
+    return params, given
 
 
 def first_line(*texts):

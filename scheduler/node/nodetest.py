@@ -58,7 +58,7 @@ import sys
 import time
 import unicodedata
 
-from ftconsole.scheduler.node.agent_common import as_number, first_line  # bundled
+from ftconsole.scheduler.node.agent_common import as_number, first_line, merged_params  # bundled
 
 NODETEST_PROTOCOL = 1
 NODETEST_NAMES = ("gpu",)
@@ -471,14 +471,7 @@ def run_nodetests(params, environ=None):
 
 def load_nodetest_params(argv):
     """PARAMS (prepended by the scheduler) or argv[1] (a JSON string), merged over the defaults."""
-    given = globals().get("PARAMS")
-    if given is None and len(argv) > 1:
-        given = json.loads(argv[1])
-    if not isinstance(given, dict):
-        given = {}
-    params = dict(DEFAULT_NODETEST_PARAMS)
-    params.update((k, v) for k, v in given.items() if v is not None)
-    return params
+    return merged_params(argv, globals().get("PARAMS"), DEFAULT_NODETEST_PARAMS)[0]
 
 
 def main(argv):

@@ -8,11 +8,9 @@ node's /proc, /sys/class/infiniband and /etc/os-release from a fake tree (`sysro
 from __future__ import annotations
 
 import ast
-import glob
 import json
 import os
 import resource
-import shutil
 import subprocess
 import sys
 from dataclasses import fields
@@ -25,6 +23,7 @@ from ftconsole.probes.results import ALL_CHECKS, CheckStatus, GPUInfo, NodeFacts
 from ftconsole.scheduler.node import agent
 from ftconsole.scheduler.spec.config import Thresholds
 from ftconsole.scheduler.ssh.probing import agent_source
+from tests.pythons import python38
 
 AGENT_PATH = Path(agent.__file__)
 AGENT_SOURCE = agent_source()  # agent.py and its agent_*.py modules, one script, as the console sends it
@@ -865,24 +864,6 @@ def test_agent_imports_only_the_standard_library_and_pynvml() -> None:
     outside = imported_modules(AGENT_SOURCE) - set(sys.stdlib_module_names) - {"pynvml"}
     assert outside == set()
     assert "__future__" not in imported_modules(AGENT_SOURCE), "a prepended PARAMS line would break it"
-
-
-def python38() -> str | None:
-    """A working Python 3.8 interpreter on this machine, if any."""
-    candidates = [shutil.which("python3.8"), *glob.glob(os.path.expanduser("~/.pyenv/versions/3.8*/bin/python3.8"))]
-    for candidate in filter(None, candidates):
-        try:
-            done = subprocess.run(
-                [candidate, "-c", "import sys; print(sys.version_info[:2])"],
-                capture_output=True,
-                text=True,
-                timeout=RUN_TIMEOUT_S,
-            )
-        except OSError:
-            continue
-        if done.returncode == 0 and done.stdout.strip() == "(3, 8)":
-            return candidate
-    return None
 
 
 def test_agent_runs_on_python38(tmp_path: Path) -> None:

@@ -27,8 +27,9 @@ class RuntimesClient(FixedClient):
         return await super().call(op, **args)
 
 
-async def test_the_node_detail_has_a_line_per_runtime(tmp_path: Path) -> None:
-    console = ConsoleApp(fixed_config(tmp_path), client=RuntimesClient(), clock=lambda: NOW, refresh_s=3600)
+async def node_facts(tmp_path: Path, client: FixedClient, awaited: str) -> str:
+    """The facts of the first node's screen, opened as a user would (`:` NAME, Enter), once they say `awaited`."""
+    console = ConsoleApp(fixed_config(tmp_path), client=client, clock=lambda: NOW, refresh_s=3600)
     async with console.run_test(size=(160, 40)) as pilot:
         await console.refresh_data("jobs", "nodes", "alerts", "events", "cluster")
         await pilot.pause()
@@ -40,11 +41,16 @@ async def test_the_node_detail_has_a_line_per_runtime(tmp_path: Path) -> None:
         text = ""
         for _ in range(50):  # the screen reads the node in a worker
             text = str(console.screen.query_one("#facts", Static).content)
-            if "container runtime" in text:
+            if awaited in text:
                 break
             await pilot.pause(0.1)
-        assert "container runtime podman 4.3.1, GPUs: CDI" in text.splitlines()
-        assert f"container runtime docker 28.2.2: daemon not reachable: {NO_DAEMON}" in text.splitlines()
+        return text
+
+
+async def test_the_node_detail_has_a_line_per_runtime(tmp_path: Path) -> None:
+    text = await node_facts(tmp_path, RuntimesClient(), "container runtime")
+    assert "container runtime podman 4.3.1, GPUs: CDI" in text.splitlines()
+    assert f"container runtime docker 28.2.2: daemon not reachable: {NO_DAEMON}" in text.splitlines()
 
 
 TESTS = [
@@ -63,21 +69,6 @@ class TestedClient(FixedClient):
 
 async def test_the_node_detail_shows_its_last_node_test(tmp_path: Path, monkeypatch: Any) -> None:
     monkeypatch.setattr("ftconsole.format.time.time", lambda: NOW)
-    console = ConsoleApp(fixed_config(tmp_path), client=TestedClient(), clock=lambda: NOW, refresh_s=3600)
-    async with console.run_test(size=(160, 40)) as pilot:
-        await console.refresh_data("jobs", "nodes", "alerts", "events", "cluster")
-        await pilot.pause()
-        await pilot.press("colon", *NODES[0]["name"])
-        await pilot.pause(0.5)
-        await pilot.press("enter")
-        await pilot.pause(0.5)
-        text = ""
-        for _ in range(50):  # the screen reads the node in a worker
-            text = str(console.screen.query_one("#facts", Static).content)
-            if "tested:" in text:
-                break
-            await pilot.pause(0.1)
-        line = (
-            "tested: gpu (dcgmi diag -r 2): fail: dcgmi diag -r 2: 1 failure: GPU 3: Memory: 4 errors (95.2s, 1.0h ago)"
-        )
-        assert line in text.splitlines(), text
+    text = await node_facts(tmp_path, TestedClient(), "tested:")
+    line = "tested: gpu (dcgmi diag -r 2): fail: dcgmi diag -r 2: 1 failure: GPU 3: Memory: 4 errors (95.2s, 1.0h ago)"
+    assert line in text.splitlines(), text

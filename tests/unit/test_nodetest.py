@@ -6,10 +6,8 @@ PATH."""
 from __future__ import annotations
 
 import ast
-import glob
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -21,6 +19,7 @@ import pytest
 from ftconsole.scheduler.node import nodetest
 from ftconsole.scheduler.node.bundle import FOLDER, modules, python_stdin_script, script
 from ftconsole.scheduler.node.nodetest import dcgmi_verdict, parse_dcgmi_diag
+from tests.pythons import python38
 
 GOLDEN = Path(__file__).parent / "golden" / "dcgm"
 RUN_TIMEOUT_S = 60  # the bound on every run of the script; each test's own expectations are far below it
@@ -398,24 +397,6 @@ def test_a_plain_script_takes_its_params_from_argv(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     result = only(json.loads(done.stdout))
     assert (result["level"], result["result"], result["failures"]) == (2, "fail", ["GPU 0: Memory: bad"])
-
-
-def python38() -> str | None:
-    """A working Python 3.8 interpreter on this machine, if any."""
-    candidates = [shutil.which("python3.8"), *glob.glob(os.path.expanduser("~/.pyenv/versions/3.8*/bin/python3.8"))]
-    for candidate in filter(None, candidates):
-        try:
-            done = subprocess.run(
-                [candidate, "-c", "import sys; print(sys.version_info[:2])"],
-                capture_output=True,
-                text=True,
-                timeout=RUN_TIMEOUT_S,
-            )
-        except OSError:
-            continue
-        if done.returncode == 0 and done.stdout.strip() == "(3, 8)":
-            return candidate
-    return None
 
 
 def test_the_script_runs_on_python38(tmp_path: Path) -> None:
