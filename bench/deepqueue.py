@@ -2,6 +2,7 @@
 place yet (arrays of thousands of tasks on a full or unreachable cluster).
 
     .venv/bin/python bench/deepqueue.py [--arrays 8] [--tasks 10000] [--nodes 64] [--stop 1000] [--profile FILE]
+                                        [--window-profile FILE]
 
 Starts the real scheduler as its own process (`ftconsole serve`: state_dir lock, SQLite store, the control loop
 ticking every 0.5 s, the Unix socket), on `--nodes` nodes that refuse connections (loopback addresses, port 1:
@@ -15,7 +16,8 @@ array), then measures, while the loop keeps ticking:
 - TICK MS/S: the scheduler's CPU per second of wall time over 10 s with the queue full (its placement passes);
 - RSS MB: the scheduler's resident memory then.
 
-`--profile FILE` runs the scheduler under py-spy (if installed) and writes its flame graph there.
+`--profile FILE` runs the scheduler under py-spy (if installed) and writes its stacks there (raw, for a flame
+graph); `--window-profile FILE` attaches py-spy for the TICK window alone: what the idle ticks cost.
 """
 
 from __future__ import annotations
@@ -63,7 +65,9 @@ async def timed(call) -> float:  # type: ignore[no-untyped-def]
     return time.perf_counter() - t0
 
 
-async def measure(sock: Path, pid: int, arrays: int, tasks: int, stop_n: int) -> list[object]:
+async def measure(
+    sock: Path, pid: int, arrays: int, tasks: int, stop_n: int, window_profile: str | None = None
+) -> list[object]:
     async with await ApiClient.connect(sock) as api:
         t0 = time.perf_counter()
         first_ids = []
@@ -75,9 +79,17 @@ async def measure(sock: Path, pid: int, arrays: int, tasks: int, stop_n: int) ->
         await asyncio.sleep(3 * TICK_S)  # a few passes over the full queue
         reads = [await timed(asyncio.wait_for(api.call("jobs", status=["running"]), 600)) for _ in range(5)]
         shows = [await timed(asyncio.wait_for(api.call("show", job=first_ids[-1] + 5), 600)) for _ in range(5)]
+        spy = None
+        if window_profile:  # the steady state alone: py-spy attached for the window
+            spy = await asyncio.create_subprocess_exec(
+                str(ROOT / ".venv/bin/py-spy"), "record", "--pid", str(pid), "--duration", str(int(WINDOW_S)),
+                "--format", "raw", "-o", window_profile, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
         c0, w0 = cpu_s(pid), time.perf_counter()
         await asyncio.sleep(WINDOW_S)
         tick = (cpu_s(pid) - c0) * 1000 / (time.perf_counter() - w0)
+        if spy is not None:
+            await asyncio.wait_for(spy.wait(), 60)
         rss = rss_mb(pid)
         victims = [str(first_ids[0] + 100 + i) for i in range(stop_n)]
         stop_s = await timed(asyncio.wait_for(api.call("stop", jobs=victims), 600))
@@ -99,6 +111,9 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=64)
     parser.add_argument("--stop", type=int, default=1000)
     parser.add_argument("--profile", help="write a py-spy flame graph of the scheduler here")
+    parser.add_argument(
+        "--window-profile", help="write py-spy's raw stacks of the scheduler's steady state (the TICK window) here"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="ftq-", dir="/tmp") as tmp:
         root = Path(tmp)
@@ -129,7 +144,7 @@ def main() -> None:
             pid = server.pid
             if args.profile:  # py-spy's child: the scheduler
                 pid = int(subprocess.check_output(["pgrep", "-P", str(server.pid)]).split()[0])
-            row = asyncio.run(measure(sock, pid, args.arrays, args.tasks, args.stop))
+            row = asyncio.run(measure(sock, pid, args.arrays, args.tasks, args.stop, args.window_profile))
         finally:
             server.send_signal(signal.SIGINT)
             try:
