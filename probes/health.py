@@ -231,7 +231,8 @@ def _isolation(
         return h
     was = f"isolated by {h.admin_by}: {h.admin_reason}" if h.admin_reason else f"isolated by {h.admin_by}"
     message = f"resumed by scheduler: passed the checks {passes} times in a row since it was isolated ({was})"
-    events.append(NodeEvent(obs.time, h.node, "resumed", message, {"by": "scheduler", "passes": passes}))
+    data = {"by": "scheduler", "passes": passes, "out_s": _out_s(h, obs.time)}
+    events.append(NodeEvent(obs.time, h.node, "resumed", message, data))
     return _no_admin(h)
 
 
@@ -256,8 +257,30 @@ def resume_tested(h: NodeHealth, passed: bool, line: str, now: float) -> tuple[N
         f"resumed by scheduler: passed the checks {h.isolated_passes} times in a row and the node tests ({line}) "
         f"since it was isolated ({was})"
     )
-    data = {"by": "scheduler", "passes": h.isolated_passes, "tested": True}
+    data = {"by": "scheduler", "passes": h.isolated_passes, "tested": True, "out_s": _out_s(h, now)}
     return _no_admin(h), [NodeEvent(now, h.node, "resumed", message, data)]
+
+
+@dataclass
+class Returns:
+    """Nodes put back in service (a `resumed` event), and how long they had been out, by who put them back:
+    `scheduler` or `operator` (`ftconsole_node_returns_total`, `ftconsole_node_out_of_service_seconds_total`)."""
+
+    count: dict[str, int] = field(default_factory=lambda: {"scheduler": 0, "operator": 0})
+    out_s: dict[str, float] = field(default_factory=lambda: {"scheduler": 0.0, "operator": 0.0})
+
+    def add(self, events: Iterable[NodeEvent]) -> None:
+        for event in events:
+            if event.kind == "resumed":
+                who = "scheduler" if str(event.data.get("by", "")).startswith("scheduler") else "operator"
+                out = event.data.get("out_s")
+                self.count[who] += 1
+                self.out_s[who] += float(out) if isinstance(out, int | float) else 0.0
+
+
+def _out_s(h: NodeHealth, now: float) -> float | None:
+    """How long a node being resumed was out of service (drained or isolated), in seconds; None: unknown."""
+    return round(max(0.0, now - h.admin_since), 1) if h.admin_since is not None else None
 
 
 def _no_admin(h: NodeHealth) -> NodeHealth:
@@ -297,7 +320,8 @@ def set_admin(
     if state is None:
         if h.admin is None:
             return h, []
-        event = NodeEvent(now, h.node, "resumed", f"resumed by {by} (was {h.admin.value}: {h.admin_reason})")
+        data: dict[str, object] = {"by": by, "out_s": _out_s(h, now)}
+        event = NodeEvent(now, h.node, "resumed", f"resumed by {by} (was {h.admin.value}: {h.admin_reason})", data)
         return _no_admin(h), [event]
     if state is NodeState.ISOLATED and h.admin is NodeState.DRAINED:
         message = f"isolated by {by}: {reason} (it stays drained: {h.admin_reason})"

@@ -170,3 +170,4 @@ async def busy(service: ClusterService, names: Set[str]) -> dict[str, str]:
 async def _save(service: ClusterService, changes: Sequence[tuple[NodeHealth, Sequence[NodeEvent]]]) -> None:
     alerts, resolved = isolation_alerts([e for _, events in changes for e in events])
     await service.store.save_nodes(changes, alerts=alerts, resolve=resolved)
+    service.returns.add(e for _, events in changes for e in events)

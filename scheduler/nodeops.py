@@ -19,6 +19,7 @@ from ftconsole.probes.health import (
     NodeHealth,
     NodeState,
     Observation,
+    Returns,
     faults_in_window,
     is_fault,
     merge_partial,
@@ -284,6 +285,7 @@ class ClusterService:
         # isolation written while a fold was between its read and its write was lost, the node read unreachable)
         self._folding = asyncio.Lock()
         self.tester = Tester(transport, clock)  # the node tests under way (nodegate.py)
+        self.returns = Returns()  # nodes put back in service, by whom, and how long they were out
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -305,6 +307,7 @@ class ClusterService:
         other = ClusterService(loaded, self.store, self.transport, clock=self.clock)
         other._util, other._util_seeded, other._sweeps = self._util, self._util_seeded, self._sweeps
         other._folding, other.tester = self._folding, self.tester
+        other.returns = self.returns
         return other
 
     # -- selecting nodes ---------------------------------------------------------------------------------
@@ -465,6 +468,7 @@ class ClusterService:
                 )
             )
         await self.store.save_nodes(changes, stored, alerts=raised, resolve=resolved)
+        self.returns.add(e for _, events in changes for e in events)
         return outcomes
 
     def _keep_util(self, node: str, when: float, report: Mapping[str, Any]) -> None:
@@ -585,4 +589,5 @@ class ClusterService:
                 if flaky is not None:
                     alerts.append(flaky)
         await self.store.save_nodes(changes, alerts=alerts, resolve=resolved)
+        self.returns.add(e for _, events in changes for e in events)
         return [h for h, _ in changes]

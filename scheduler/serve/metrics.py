@@ -112,6 +112,9 @@ class Snapshot:
     collect_seconds: float = 0.0
     # (test, result, trigger) -> node tests run by this scheduler since it started (nodetests.Tester.counts)
     node_tests: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
+    # by whom (scheduler, operator): nodes put back in service, and the seconds they had been out, since it started
+    returns: Mapping[str, int] = field(default_factory=dict)
+    out_of_service_s: Mapping[str, float] = field(default_factory=dict)
 
 
 def node_samples(views: Sequence[NodeView]) -> tuple[tuple[NodeSample, ...], tuple[GpuSample, ...]]:
@@ -249,7 +252,9 @@ async def gather(service: ClusterService, counts: StoreCounts, *, looping: bool)
     nodes, gpus = node_samples(await service.nodes(extras=False))
     stored = await counts.counts()
     tests = dict(service.tester.counts)
-    return Snapshot(nodes, gpus, stored, looping, time.monotonic() - started, node_tests=tests)
+    returns, out = dict(service.returns.count), dict(service.returns.out_s)
+    took = time.monotonic() - started
+    return Snapshot(nodes, gpus, stored, looping, took, node_tests=tests, returns=returns, out_of_service_s=out)
 
 
 # ================================================================ rendering (pure)
@@ -303,6 +308,23 @@ class SnapshotCollector(Collector):
         for (test, result, trigger), n in sorted(self.snapshot.node_tests.items()):
             tests.add_metric([test, result, trigger], n)
         yield tests
+        returns = CounterMetricFamily(
+            "ftconsole_node_returns",
+            "Drained or isolated nodes put back in service since this scheduler started, by who did (scheduler, "
+            "operator).",
+            labels=["by"],
+        )
+        out = CounterMetricFamily(
+            "ftconsole_node_out_of_service_seconds",
+            "The seconds those nodes had been out of service, summed: over ftconsole_node_returns_total, the mean "
+            "time to return to service.",
+            labels=["by"],
+        )
+        for who in ("scheduler", "operator"):
+            returns.add_metric([who], self.snapshot.returns.get(who, 0))
+            out.add_metric([who], self.snapshot.out_of_service_s.get(who, 0.0))
+        yield returns
+        yield out
         alerts = GaugeMetricFamily(
             "ftconsole_alerts", "Unresolved alerts by kind, severity and state.", labels=["kind", "severity", "state"]
         )

@@ -87,6 +87,7 @@ async def test_an_isolated_node_that_fails_under_load_stays_isolated_until_it_pa
         resumed = [e for e in await svc.events(node="node01") if e.kind == "resumed"]
         assert len(resumed) == 1 and "and the node tests (gpu (level 1): pass: " in resumed[0].message
         assert not [e for e in await svc.events(node="node02") if e.kind == "tested"]  # never isolated: never tested
+        assert svc.returns.count["scheduler"] == 1 and svc.returns.out_s["scheduler"] > 0  # how long it was out
         assert [a.kind for a in await svc.store.alerts()] == []  # node_isolated resolved by the resume
 
 

@@ -8,6 +8,7 @@ from ftconsole.probes.health import (
     NodeHealth,
     NodeState,
     Observation,
+    Returns,
     classify,
     merge_partial,
     observe,
@@ -102,6 +103,22 @@ def test_admin_overlay_keeps_health_underneath() -> None:
     h, events = set_admin(h, None, "", "bob", 7)
     assert h.state is U and "resumed by bob" in events[0].message
     assert set_admin(h, None, "", "bob", 8) == (h, [])
+
+
+def test_a_resume_says_how_long_the_node_was_out_and_returns_count_it_by_who() -> None:
+    h, _ = observe(NodeHealth("n1"), obs_for(H))
+    h, _ = set_admin(h, NodeState.ISOLATED, "Xid 79", "scheduler", 100)
+    back, events = set_admin(h, None, "", "alice", 3700)
+    assert events[0].data == {"by": "alice", "out_s": 3600.0}
+    returns = Returns()
+    returns.add(events)
+    isolated, _ = set_admin(back, NodeState.ISOLATED, "Xid 48", "scheduler", 4000)
+    passed = isolated
+    for t in (4010, 4020):  # resumed by the scheduler after 2 passing probes
+        passed, more = observe(passed, obs_for(H, t), resume_isolated_after=2)
+    returns.add(more)
+    assert more[-1].kind == "resumed" and more[-1].data["out_s"] == 20.0
+    assert (returns.count, returns.out_s) == ({"scheduler": 1, "operator": 1}, {"scheduler": 20.0, "operator": 3600.0})
 
 
 def test_schedulable() -> None:

@@ -316,3 +316,11 @@ def test_node_tests_are_counted_by_test_result_and_trigger() -> None:
     got = samples(metrics.render(metrics.Snapshot(node_tests=tests))[0])
     assert value(got, "ftconsole_node_tests_total", test="gpu", result="fail", trigger="burn-in") == 2.0
     assert value(got, "ftconsole_node_tests_total", test="gpu", result="pass", trigger="resume") == 5.0
+
+
+def test_returns_to_service_are_counted_with_how_long_the_nodes_were_out() -> None:
+    snapshot = metrics.Snapshot(returns={"scheduler": 3, "operator": 1}, out_of_service_s={"scheduler": 900.0})
+    got = samples(metrics.render(snapshot)[0])
+    assert value(got, "ftconsole_node_returns_total", by="scheduler") == 3.0
+    assert value(got, "ftconsole_node_out_of_service_seconds_total", by="scheduler") == 900.0
+    assert value(got, "ftconsole_node_out_of_service_seconds_total", by="operator") == 0.0
