@@ -83,7 +83,7 @@ def test_the_resume_is_an_event_naming_the_streak_and_the_isolation() -> None:
         "resumed by scheduler: passed the checks 3 times in a row since it was isolated "
         "(isolated by scheduler: job 7 attempt 1: rank 0 lost)"
     )
-    assert resumed.data == {"by": "scheduler", "passes": 3} and resumed.time == 12.0
+    assert resumed.data == {"by": "scheduler", "passes": 3, "out_s": 11.0} and resumed.time == 12.0
     assert h.state is H and h.schedulable() and (h.admin_reason, h.admin_by, h.admin_since) == ("", "", None)
 
 
