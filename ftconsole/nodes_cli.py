@@ -68,7 +68,7 @@ def cmd_nodes(args: argparse.Namespace) -> int:
             v["pool"],
             gpu_summary(v["gpus"]),
             age(v["last_probe_age_s"]),
-            "; ".join(v["reasons"]) or "-",
+            "; ".join((["node tests running"] if v.get("testing") else []) + v["reasons"]) or "-",
         ]
         for v in views
     ]

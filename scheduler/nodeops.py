@@ -113,6 +113,7 @@ class NodeView:
     held_for_debug: tuple[tuple[int, int, float], ...] = ()
     # its last node test of each kind (a `tested` event's data, with its time), where asked for (nodegate.py)
     tests: tuple[Mapping[str, Any], ...] = ()
+    testing: bool = False  # its node tests are running now (placement counts its GPUs as the test's)
 
     def to_json(self) -> dict[str, Any]:
         out = {**_node_json(self.node), **_health_json(self.health, self.now)}
@@ -128,6 +129,7 @@ class NodeView:
         out["faults_window_s"] = self.faults_window
         out["flaky"] = self.flaky
         out["tests"] = [dict(t) for t in self.tests]
+        out["testing"] = self.testing
         return out
 
 
@@ -517,6 +519,7 @@ class ClusterService:
             history = await self.store.fault_events(since=now - window)
             recent = {name: faults_in_window((e.time for e in evs), now, window) for name, evs in history.items()}
         tests = await self._last_tests(nodes) if extras and nodeset is not None else {}
+        testing = self.tester.testing
         return [
             NodeView(
                 node=n,
@@ -530,6 +533,7 @@ class ClusterService:
                 flaky=recent.get(n.name, 0) >= threshold,
                 faults_window=window,
                 tests=tests.get(n.name, ()),
+                testing=n.name in testing,
             )
             for n in nodes
         ]

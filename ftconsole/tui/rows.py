@@ -369,7 +369,7 @@ def node_cells(node: Mapping[str, Any], now: float, history: Sequence[float | No
         sparkline(history),
         styled(str(faults), "warn") if faults else "0",
         age(now - float(last)) if last is not None else "never",
-        "; ".join(node.get("reasons") or []),
+        "; ".join((["node tests running"] if node.get("testing") else []) + list(node.get("reasons") or [])),
     )
 
 

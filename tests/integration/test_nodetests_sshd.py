@@ -171,10 +171,10 @@ async def test_burn_in_tests_idle_nodes_isolates_the_one_that_fails_and_holds_a_
         reason = isolated["admin_reason"]
         assert reason.startswith("burn-in: node tests failed: gpu (level 1): fail: ") and FAULT in reason, reason
 
-        async def under_test() -> frozenset[str]:
-            return svc.tester.testing
+        async def node01() -> dict[str, Any]:
+            return dict((await client.call("nodes", nodeset="node01"))[0])
 
-        await poll(under_test, lambda names: "node01" in names, "node01 under its burn-in test")
+        await poll(node01, lambda n: n["testing"], "node01 under its burn-in test, as `nodes` says")
         before = len(await node_tests_of(svc, "node01", 0))
         submitted = await client.call("submit", spec=job("after", "true", gpus_per_node=2))
         shown = await until(client, submitted["id"], lambda j: j["status"] == "succeeded", "the job to run")
