@@ -43,7 +43,6 @@ installed ftconsole package.
 """
 
 import collections
-import json
 import os
 import platform
 import resource
@@ -59,6 +58,7 @@ from ftconsole.scheduler.node.agent_common import (  # bundled
     as_number,
     host_path,
     merged_params,
+    print_one_line,
     read_text,
     safe,
 )
@@ -543,14 +543,7 @@ def probe(params):
 
 
 def main(argv):
-    try:
-        params = load_params(argv)
-    except ValueError as exc:
-        sys.stderr.write("agent: argv[1] is not a JSON object: %s\n" % exc)
-        return 2
-    sys.stdout.write(json.dumps(probe(params), separators=(",", ":")) + "\n")
-    sys.stdout.flush()
-    return 0
+    return print_one_line("agent", load_params, probe, argv)
 
 
 if __name__ == "__main__":

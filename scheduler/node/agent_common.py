@@ -11,6 +11,7 @@ import math
 import os
 import signal
 import subprocess
+import sys
 import time
 
 MIB = 1024 * 1024
@@ -115,6 +116,19 @@ def merged_params(argv, prepended, defaults, apart=()):
     params = dict(defaults)
     params.update((k, v) for k, v in given.items() if v is not None and k not in apart)
     return params, given
+
+
+def print_one_line(name, load, make, argv):
+    """A node script's main: its parameters (`load(argv)`), then `make(params)` printed as one compact JSON line;
+    0, or 2 when argv[1] is not JSON."""
+    try:
+        params = load(argv)
+    except ValueError as exc:
+        sys.stderr.write("%s: argv[1] is not a JSON object: %s\n" % (name, exc))
+        return 2
+    sys.stdout.write(json.dumps(make(params), separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+    return 0
 
 
 def first_line(*texts):

@@ -58,7 +58,7 @@ import sys
 import time
 import unicodedata
 
-from ftconsole.scheduler.node.agent_common import as_number, first_line, merged_params  # bundled
+from ftconsole.scheduler.node.agent_common import as_number, first_line, merged_params, print_one_line  # bundled
 
 NODETEST_PROTOCOL = 1
 NODETEST_NAMES = ("gpu",)
@@ -475,15 +475,11 @@ def load_nodetest_params(argv):
 
 
 def main(argv):
-    try:
-        params = load_nodetest_params(argv)
-    except ValueError as exc:
-        sys.stderr.write("nodetest: argv[1] is not a JSON object: %s\n" % exc)
-        return 2
-    document = {"nodetest": NODETEST_PROTOCOL, "results": run_nodetests(params)}
-    sys.stdout.write(json.dumps(document, separators=(",", ":")) + "\n")
-    sys.stdout.flush()
-    return 0
+    return print_one_line("nodetest", load_nodetest_params, nodetest_document, argv)
+
+
+def nodetest_document(params):
+    return {"nodetest": NODETEST_PROTOCOL, "results": run_nodetests(params)}
 
 
 if __name__ == "__main__":

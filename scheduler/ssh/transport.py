@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import getpass
 import logging
 import os
@@ -35,6 +34,7 @@ import asyncssh
 from ftconsole.scheduler.errors import AuthError, CommandTimeout, FtError, HostKeyError, SSHError, UnreachableError
 from ftconsole.scheduler.spec.config import LoadedConfig, Node, SSHSettings
 from ftconsole.scheduler.ssh.ciphers import ciphers
+from ftconsole.scheduler.ssh.hostkeys import HostKeyClient, KnownHosts, Verdict
 
 log = logging.getLogger("ftconsole.ssh")
 
@@ -80,74 +80,6 @@ def remote_command(argv: Sequence[str]) -> str:
     if not argv:
         raise ValueError("empty argv")
     return shlex.join(str(a) for a in argv)
-
-
-# -- host keys -----------------------------------------------------------------------------------------------
-
-
-class KnownHosts:
-    """known_hosts, loaded once and reloaded when the file changes; appends first-seen keys in accept-new."""
-
-    def __init__(self, path: Path, policy: str) -> None:
-        self.path = path
-        self.policy = policy
-        self._mtime: float | None = None
-        self._hosts: asyncssh.SSHKnownHosts = asyncssh.import_known_hosts("")
-
-    def current(self) -> asyncssh.SSHKnownHosts:
-        try:
-            mtime = self.path.stat().st_mtime
-        except FileNotFoundError:
-            self._mtime, self._hosts = None, asyncssh.import_known_hosts("")
-            return self._hosts
-        if mtime != self._mtime:
-            self._hosts = asyncssh.read_known_hosts(str(self.path))
-            self._mtime = mtime
-        return self._hosts
-
-    def has_keys_for(self, host: str, addr: str, port: int | None) -> bool:
-        host_keys, ca_keys, *_ = self.current().match(host, addr, None if port == 22 else port)
-        return bool(host_keys or ca_keys)
-
-    def record(self, host: str, port: int | None, key: asyncssh.SSHKey) -> None:
-        pattern = host if port in (None, 22) else f"[{host}]:{port}"
-        alg, b64 = key.export_public_key("openssh").decode().split()[:2]
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            fh.write(f"{pattern} {alg} {b64}\n")
-        self._mtime = None
-
-
-@dataclass
-class _Verdict:
-    """What our host key check decided for one connection attempt."""
-
-    changed: bool = False
-    unknown: bool = False
-    recorded: bool = False
-    tcp: bool = False  # the TCP connection was made (the node's kernel answered)
-
-
-class _Client(asyncssh.SSHClient):
-    def __init__(self, known: KnownHosts, verdict: _Verdict) -> None:
-        self._known = known
-        self._verdict = verdict
-
-    def connection_made(self, conn: asyncssh.SSHClientConnection) -> None:
-        self._verdict.tcp = True  # asyncssh calls this once TCP is up, before the SSH handshake
-
-    def validate_host_public_key(self, host: str, addr: str, port: int, key: asyncssh.SSHKey) -> bool:
-        # asyncssh calls this only for a key that is not among the trusted keys of this host.
-        if self._known.has_keys_for(host, addr, port):
-            self._verdict.changed = True
-            return False
-        if self._known.policy == "accept-new":
-            self._known.record(host, port, key)
-            self._verdict.recorded = True
-            return True
-        self._verdict.unknown = True
-        return False
 
 
 # -- the pool ------------------------------------------------------------------------------------------------
@@ -459,13 +391,13 @@ class SSHPool:
         jump: str | None,
     ) -> asyncssh.SSHClientConnection:
         """One SSH connection (to the node, or to a hop of its ProxyJump when `jump` names it), its host key
-        checked by `_Client` against our known_hosts. `tunnel=None` stops asyncssh from opening a ProxyJump
+        checked by `HostKeyClient` against our known_hosts. `tunnel=None` stops asyncssh from opening a ProxyJump
         of its own."""
-        verdict = _Verdict()
+        verdict = Verdict()
         try:
             conn, _ = await asyncio.wait_for(
                 asyncssh.create_connection(
-                    lambda: _Client(self.known, verdict),
+                    lambda: HostKeyClient(self.known, verdict),
                     host,
                     known_hosts=self.known.current(),
                     tunnel=tunnel,
@@ -491,7 +423,7 @@ class SSHPool:
             raise SSHError(node.name, f"cannot connect: {_via(jump)}{exc}") from exc
 
     def _host_key_error(
-        self, node: Node, jump: str | None, verdict: _Verdict, exc: asyncssh.HostKeyNotVerifiable
+        self, node: Node, jump: str | None, verdict: Verdict, exc: asyncssh.HostKeyNotVerifiable
     ) -> HostKeyError:
         path = self.known.path
         if jump is None:
