@@ -108,8 +108,7 @@ async def test_submit_with_errors_in_place_then_stop(tmp_path: Path) -> None:
             assert "nodes: zero" in shown and "^ nodes" in shown  # the problem under its line
             assert dialog.ready is None
 
-            for _ in str(bad):
-                await pilot.press("backspace")
+            await pilot.press("ctrl+u")  # the whole path, as a user clears a shell's line
             await type_path(pilot, good)
             await wait_for(pilot, lambda: dialog.ready is not None, "the prediction")
             assert "would start now on lab0" in str(dialog.query_one("#result").render())
