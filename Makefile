@@ -3,7 +3,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 PYTHON ?= python3
 
-.PHONY: venv test test-stress test-peers check demo lab-down bench snapshots clean
+.PHONY: venv bytecode test test-stress test-peers check demo lab-down bench snapshots clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -13,13 +13,20 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
+# The package's byte code, written before a suite runs: the suite starts ftconsole in hundreds of processes (serve,
+# the command line), and where PYTHONDONTWRITEBYTECODE is set (as in CI's containers) each one compiled every module
+# again: a third of a second each (the CLI tests: 84 s -> 64 s). compileall does not follow the links in ftconsole/,
+# so their folders are named.
+bytecode: venv
+	$(PY) -m compileall -q ftconsole scheduler probes >/dev/null
+
 # The suite runs in a random order (pytest-randomly), a new one each time: its seed is printed before and after the
 # run, and `make test SEED=N` runs that order again.
 ifndef SEED
 SEED := $(shell $(PYTHON) -c 'import random; print(random.randrange(1 << 31))')
 endif
 
-test: venv
+test: venv bytecode
 	@echo "test order: seed $(SEED) (make test SEED=$(SEED) runs it again)"
 	$(PY) -m pytest -q -p randomly --randomly-seed=$(SEED)
 
@@ -28,7 +35,7 @@ test: venv
 RUNS ?= 3
 LOAD ?= $(shell nproc)
 
-test-stress: venv
+test-stress: venv bytecode
 	$(PY) tests/stress.py --runs $(RUNS) --load $(LOAD) --seed $(SEED)
 
 # The real-launcher suite (tests/peers): each launch mode against its real launcher on two sshd test
@@ -46,7 +53,7 @@ $(PEERS_VENV)/.installed: tests/peers/requirements.txt
 	$(PEERS_VENV)/bin/python -m pip install -q --no-build-isolation --no-deps deepspeed==0.19.8
 	touch $@
 
-test-peers: venv $(PEERS_VENV)/.installed
+test-peers: venv bytecode $(PEERS_VENV)/.installed
 	@for c in $(PEERS_LAUNCHERS); do command -v $$c >/dev/null || \
 	    { echo "test-peers: $$c missing; apt-get install openmpi-bin mpich pdsh" >&2; exit 1; }; done
 	$(PY) -m pytest -q --timeout=600 tests/peers

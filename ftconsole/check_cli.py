@@ -19,22 +19,25 @@ import pwd
 import re
 import sys
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from ftconsole.format import print_json
 from ftconsole.jobs_cli import find_config
-from ftconsole.scheduler.decide import quotas
-from ftconsole.scheduler.decide.requests import candidates
 from ftconsole.scheduler.errors import ConfigError, FtError, JobSpecError, Problem
-from ftconsole.scheduler.spec import arrayspec, yamlfile
+from ftconsole.scheduler.spec import yamlfile
 from ftconsole.scheduler.spec.config import LoadedConfig, load_config, sort_problems
-from ftconsole.scheduler.spec.jobspec import JobSpec, parse_jobspec
+
+# the job spec's models and the scheduler's admission are imported by `check` when it runs: every other command
+# builds this one's parser, and starts sooner without them
+if TYPE_CHECKING:
+    from ftconsole.scheduler.decide import quotas
+    from ftconsole.scheduler.spec.jobspec import JobSpec
 
 STDIN_NAME = "<stdin>"
 
 
 def _caller() -> Any:
-    from ftconsole.scheduler.rules import Caller
+    from ftconsole.scheduler.caller import Caller
 
     try:
         user = pwd.getpwuid(os.getuid()).pw_name
@@ -55,8 +58,11 @@ def _key_named(message: str, marks: yamlfile.Marks) -> tuple[Any, ...]:
 
 def admission_problems(spec: JobSpec, loaded: LoadedConfig, file: str, marks: yamlfile.Marks) -> list[Problem]:
     """What the scheduler would refuse of `spec` at submit, by its config alone; none of it writes."""
+    from ftconsole.scheduler.decide import quotas
+    from ftconsole.scheduler.decide.requests import candidates
     from ftconsole.scheduler.nodeops import ClusterService
     from ftconsole.scheduler.rules import Rules
+    from ftconsole.scheduler.spec import arrayspec
 
     def problem(loc: tuple[Any, ...], message: str) -> Problem:
         return Problem(file, yamlfile.line_of(marks, loc) if loc else None, yamlfile.dotted(loc), message)
@@ -105,6 +111,8 @@ def _config(args: argparse.Namespace) -> tuple[LoadedConfig | None, list[Problem
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    from ftconsole.scheduler.spec.jobspec import parse_jobspec
+
     file = STDIN_NAME if args.job == "-" else args.job
     problems: list[Problem] = []
     spec: JobSpec | None = None

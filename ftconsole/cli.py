@@ -18,7 +18,7 @@ import pwd
 import shlex
 import sys
 from collections.abc import Sequence
-from importlib import metadata, resources
+from importlib import resources
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -59,10 +59,18 @@ LAB_NODE_KEYS = frozenset({"gpus", "gpu_model", "memory_mib"})
 
 def version() -> str:
     """The installed distribution's version, else (run from a source tree) the package's own."""
-    try:
-        return metadata.version("ftconsole")
-    except metadata.PackageNotFoundError:
-        return ftconsole.__version__
+    return str(ftconsole.__version__)
+
+
+class VersionAction(argparse.Action):
+    """`--version`, reading the version only when asked (argparse's own wants it when the parser is built)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, help: str | None = None) -> None:
+        super().__init__(option_strings, dest=dest, default=argparse.SUPPRESS, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> NoReturn:
+        sys.stdout.write(f"{PROG} {version()}\n")
+        parser.exit()
 
 
 def data_file(name: str) -> str:
@@ -350,7 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Without a command, opens the console.",
     )
     parser.add_argument("--config", "-c", metavar="FILE", help=config_help)
-    parser.add_argument("--version", action="version", version=f"{PROG} {version()}")
+    parser.add_argument("--version", action=VersionAction, help="show the version and exit")
     parser.add_argument("--readonly", action="store_true", help="console: hide every action that changes anything")
     parser.add_argument(
         "--theme",

@@ -12,9 +12,9 @@ from ftconsole.format import age, gpu_summary, print_json, print_table, printabl
 from ftconsole.jobs_cli import loaded_config
 from ftconsole.probes.health import NodeState
 from ftconsole.scheduler.errors import UsageError
-from ftconsole.scheduler.nodetests import PASSING
 from ftconsole.scheduler.serve.client import open_client
 from ftconsole.scheduler.spec.config import format_duration
+from ftconsole.scheduler.spec.nodetestspec import PASSING
 
 PROG = "ftconsole"
 

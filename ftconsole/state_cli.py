@@ -32,8 +32,6 @@ from ftconsole.scheduler.store.backup import (
     pg_restore_command,
     restore_file,
 )
-from ftconsole.scheduler.store.copy import copy_store
-from ftconsole.scheduler.store.engine import is_postgres
 from ftconsole.scheduler.store.files import STORE_FILE
 
 # what the CLI's help and its warning say of a password in --to
@@ -44,6 +42,9 @@ IN_PS = (
 
 
 def cmd_state(args: argparse.Namespace) -> int:
+    from ftconsole.scheduler.store.copy import copy_store  # the store's engines: only this command needs them here
+    from ftconsole.scheduler.store.engine import is_postgres
+
     if not is_postgres(args.to):
         raise UsageError(f"--to {redact(args.to)!r}: a postgresql:// URL (postgresql://USER@HOST:PORT/DATABASE)")
     if redact(args.to) != args.to:

@@ -33,14 +33,13 @@ from ftconsole.scheduler.decide.usertext import clean
 from ftconsole.scheduler.errors import SSHError
 from ftconsole.scheduler.node.bundle import script
 from ftconsole.scheduler.spec.config import ClusterConfig, Node
-from ftconsole.scheduler.spec.nodetestspec import NodeTests
+from ftconsole.scheduler.spec.nodetestspec import PASSING, NodeTests
 from ftconsole.scheduler.ssh import nodecache
 from ftconsole.scheduler.ssh.transport import Transport
 
 log = logging.getLogger("ftconsole.scheduler")
 
 RESULTS = ("pass", "warn", "skip", "fail", "error")
-PASSING = frozenset({"pass", "warn", "skip"})  # a node may take work back after these
 MARGIN_S = 30.0  # the SSH command's deadline over the tests' own: Python's start, the answer's way back
 MAX_LINES = 32  # failures and warnings kept of one result
 MAX_TEXT = 300  # characters kept of one line

@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ftconsole.scheduler.caller import Caller
 from ftconsole.scheduler.decide import placement
 from ftconsole.scheduler.decide.jobs import Job, JobStatus
 from ftconsole.scheduler.decide.requests import job_request, urgent_scope
@@ -26,16 +26,6 @@ from ftconsole.scheduler.spec.values import format_size
 if TYPE_CHECKING:  # only annotations: the API's clients import Caller from here without the scheduler's machinery
     from ftconsole.scheduler.nodeops import ClusterService
     from ftconsole.scheduler.placing import Placer
-
-
-@dataclass(frozen=True)
-class Caller:
-    """Who is on the other end of a connection, as the kernel reports it."""
-
-    uid: int
-    gid: int
-    pid: int
-    user: str  # the passwd name, or str(uid) when the uid has none
 
 
 class Rules:

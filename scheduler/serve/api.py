@@ -46,8 +46,8 @@ from types import TracebackType
 from typing import Any
 
 from ftconsole.scheduler import errors
+from ftconsole.scheduler.caller import Caller
 from ftconsole.scheduler.errors import AlreadyRunning, ConfigError, FtError, NotRunning, Problem, UsageError
-from ftconsole.scheduler.rules import Caller
 
 # ops that change something (the CLI refuses them when no scheduler runs to act on them, unless --local)
 # (ack, resolve, drain and resume take effect at once, scheduler or not)

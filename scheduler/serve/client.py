@@ -16,8 +16,8 @@ import pwd
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ftconsole.scheduler.caller import Caller
 from ftconsole.scheduler.errors import FtError, NotRunning, UsageError
-from ftconsole.scheduler.rules import Caller
 from ftconsole.scheduler.serve.api import ApiClient
 from ftconsole.scheduler.spec.config import LoadedConfig
 

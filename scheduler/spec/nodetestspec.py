@@ -10,6 +10,8 @@ from pydantic import Field
 from ftconsole.scheduler.spec.specbase import Strict as _Strict
 from ftconsole.scheduler.spec.values import PositiveDuration
 
+PASSING = frozenset({"pass", "warn", "skip"})  # a node may take work back after these results
+
 # how long each level of DCGM's diagnostics takes on a node of 8 GPUs, about (NVIDIA's DCGM user guide): the
 # default timeout of a level is a few times that
 GPU_LEVEL_TIMEOUT_S = {1: 120.0, 2: 600.0, 3: 3600.0, 4: 3 * 3600.0}

@@ -30,3 +30,26 @@ def test_core_imports_without_textual() -> None:
     assert done.stdout.strip() == ""
     assert "ftconsole.scheduler.nodeops" in names and "ftconsole.probes.health" in names
     assert "ftconsole.scheduler.decide.placement" in names and "ftconsole.scheduler.serve.daemon" in names
+
+
+# what a command that talks to a running scheduler does without (the job spec's models, SSH, the store's engines,
+# the scheduler's rules): importing them took `ftconsole jobs --json` from 0.47 s to 0.88 s (docs/benchmarks.md)
+NOT_FOR_EVERY_COMMAND = (
+    "asyncssh",
+    "aiosqlite",
+    "asyncpg",
+    "textual",
+    "ftconsole.scheduler.spec.jobspec",
+    "ftconsole.scheduler.rules",
+    "ftconsole.scheduler.store.db",
+    "ftconsole.scheduler.ssh.transport",
+)
+
+
+def test_the_command_line_starts_without_the_scheduler() -> None:
+    code = "import sys, ftconsole.cli\nprint('\\n'.join(sorted(sys.modules)))\n"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    loaded = set(done.stdout.split())
+    assert "ftconsole.scheduler.spec.config" in loaded and "ftconsole.scheduler.serve.client" in loaded
+    assert [m for m in NOT_FOR_EVERY_COMMAND if m in loaded] == []
