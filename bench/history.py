@@ -16,9 +16,9 @@ and measures:
 - USAGE S: `usage --since 30d --by user`, median; EVENTS S: `events` (the last 100); SHOW S: `show` of a job.
 
 The rows are made with SQL in bulk (the store's own schema, migrated by the program), not through the API:
-a million submits would take hours and measure the submit path, not the history. The usage ledger is then
-built as a scheduler that ran all along would have it (a restart, not an upgrade). `--cache DIR` keeps the
-filled stores there and copies them for the next run.
+a million submits would take hours and measure the submit path, not the history. The usage ledger and the ended
+jobs' day sums are then built as a scheduler that ran all along would have them (a restart, not an upgrade).
+`--cache DIR` keeps the filled stores there and copies them for the next run.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from deepqueue import cpu_s  # noqa: E402  (bench/ is the script's folder: on th
 
 from ftconsole.format import print_table  # noqa: E402
 from ftconsole.scheduler.decide.ledger import slot_length  # noqa: E402
+from ftconsole.scheduler.retention import ROLL_AFTER_S, day_sums  # noqa: E402
 from ftconsole.scheduler.serve.api import ApiClient  # noqa: E402
 from ftconsole.scheduler.spec.jobspec import JobSpec  # noqa: E402
 from ftconsole.scheduler.store.db import Store  # noqa: E402
@@ -117,9 +118,12 @@ async def _make(path: Path) -> None:
 
 
 async def _ledger(path: Path, now: float) -> None:
-    """The usage ledger as the scheduler keeps it (for the config below: a 7-day half-life, a 30-day period)."""
+    """The usage ledger as the scheduler keeps it (for the config below: a 7-day half-life, a 30-day period), and
+    the ended jobs' day sums (scheduler/retention.py's roll, in larger batches and without its pauses)."""
     async with await Store.open(path) as store:
         await store.fold_usage(now, half_life=7 * DAY, slot=slot_length(30 * DAY), since=now - 30 * DAY, kept=None)
+        while (rolling := await store.rollable_jobs(now - ROLL_AFTER_S, 5000)).jobs:
+            await store.roll_jobs(rolling, day_sums(rolling, now))
 
 
 async def timed(call) -> float:  # type: ignore[no-untyped-def]

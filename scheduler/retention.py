@@ -1,13 +1,16 @@
 """History retention (`history:` in the config), like Slurm's PurgeJobAfter and PurgeEventAfter: what ended long
 ago leaves the store, so that a year of running does not make every read slower.
 
-While `serve` leads, every `EVERY_S` (the first time `FIRST_S` after it starts), the pruner removes:
+While `serve` leads, every `ROLL_EVERY_S` (the first time `FIRST_S` after it starts), what each job that ended
+more than `ROLL_AFTER_S` ago used is added to the per-day sums of its user and project (`history_days`:
+GPU-seconds, jobs and goodput per UTC day) and the job is marked rolled: `usage` reads a window's whole days from
+these sums and sums only its edges and the jobs not rolled yet from their runs, so that a month's report costs its
+days, not its jobs (as `sreport` reads Slurm's rollup tables). Every `EVERY_S`, the pruner then removes:
 
-- ended jobs older than `history.jobs` (by their end), with their attempts, runs, checkpoint signals, evidence,
+- rolled jobs that ended more than `history.jobs` ago, with their attempts, runs, checkpoint signals, evidence,
   events and alerts; not a job with an alert still open or acknowledged, nor a task of an array with a task
-  still active or ended since (an array goes whole). Before a job goes, what it used is added to the per-day
-  sums of its user and project (`history_days`: GPU-seconds and goodput per UTC day), which `usage` adds to what
-  it counts from the jobs still kept: a report over any span still adds up, to the day;
+  still active or ended since (an array goes whole). Their day sums stay: a report over any span still adds up,
+  to the day;
 - events of no job (a node's) older than `history.events`, and resolved alerts of no job resolved before then.
 
 It works `BATCH` rows to a transaction and lets the event loop go between them (the sums are made in a worker
@@ -19,6 +22,7 @@ thread), so requests and ticks go on while a year's backlog is pruned; each remo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import defaultdict
 from collections.abc import Callable
@@ -29,17 +33,22 @@ from ftconsole.scheduler.errors import StoreError
 from ftconsole.scheduler.spec.config import HistorySettings
 from ftconsole.scheduler.store.db import Store
 from ftconsole.scheduler.store.history import DAY_S, DaySum, Pruning
+from ftconsole.scheduler.store.jobtx import Conflict
 
 log = logging.getLogger("ftconsole.scheduler")
 
 FIRST_S = 60.0  # after the scheduler starts: recovery and the first placement go first
-EVERY_S = 600.0
+EVERY_S = 600.0  # between prunings
+ROLL_EVERY_S = 60.0  # between rolls of the ended jobs into the day sums
+# a job is rolled this long after it ended: what its runs' last reads may still change has settled by then, and
+# `usage` sums the jobs ended since from their runs
+ROLL_AFTER_S = 3600.0
 BATCH = 200  # jobs (or events, alerts) to a transaction
 PAUSE_S = 0.05  # between transactions: requests and ticks go first
 
 
 def day_sums(pruning: Pruning, now: float) -> list[DaySum]:
-    """What the jobs of `pruning` used, per UTC day and (user, project): GPU-seconds, the jobs that used GPUs
+    """What the jobs of `pruning` used, per UTC day and (user, project): GPU-seconds, the jobs that first used GPUs
     that day, and goodput (decide/goodput.py). Pure."""
     runs: dict[int, list[Run]] = defaultdict(list)
     for r in pruning.runs:
@@ -58,12 +67,15 @@ def day_sums(pruning: Pruning, now: float) -> list[DaySum]:
         first = min(r.started or 0.0 for r in mine)
         last = max(r.ended if r.ended is not None else (job.ended or now) for r in mine)
         day = first - first % DAY_S
+        counted = False  # the job counts once, on the first day it used GPUs
         while day < last:
             used = sum(usage.run_gpu_seconds(r, day, day + DAY_S, job.ended or now) for r in mine)
             good = goodput.job_goodput(attempts[job.id], mine, marks[job.id], day, day + DAY_S, job.ended or now)
             if used > 0 or good.useful + good.lost > 0:
                 into = sums.setdefault((day, job.owner, job.project), [0.0] * 6)
-                for i, value in enumerate((used, 1 if used > 0 else 0, good.useful, good.rework, good.downtime,
+                first_use = used > 0 and not counted
+                counted = counted or first_use
+                for i, value in enumerate((used, 1 if first_use else 0, good.useful, good.rework, good.downtime,
                                            good.saved)):  # fmt: skip
                     into[i] += value
             day += DAY_S
@@ -80,29 +92,49 @@ class Pruner:
         self.clock = clock
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Prune every `EVERY_S` until `stop`; a failure is logged and tried again next time."""
-        wait = FIRST_S
+        """Roll every `ROLL_EVERY_S` and prune every `EVERY_S` until `stop`; a failure is logged and tried again
+        next time."""
+        wait, pruned_at = FIRST_S, None
         while not stop.is_set():
             try:
                 await asyncio.wait_for(stop.wait(), timeout=wait)
                 return
             except TimeoutError:
                 pass
-            wait = EVERY_S
+            wait = ROLL_EVERY_S
             try:
-                await self.prune()
+                if pruned_at is None or self.clock() - pruned_at >= EVERY_S:
+                    pruned_at = self.clock()
+                    await self.prune()
+                else:
+                    await self.roll()
             except StoreError as exc:
-                log.warning("history retention: %s; trying again in %.0f s", exc, EVERY_S)
+                log.warning("history retention: %s; trying again in %.0f s", exc, ROLL_EVERY_S)
+
+    async def roll(self) -> int:
+        """Add the jobs that ended more than `ROLL_AFTER_S` ago to the day sums, `BATCH` to a transaction (after
+        an upgrade, the whole history once); how many."""
+        done = 0
+        now = self.clock()
+        while (rolling := await self.store.rollable_jobs(now - ROLL_AFTER_S, BATCH)).jobs:
+            days = await asyncio.to_thread(day_sums, rolling, now)
+            with contextlib.suppress(Conflict):  # another scheduler on the store rolled some: read again
+                done += await self.store.roll_jobs(rolling, days)
+            await asyncio.sleep(PAUSE_S)
+        if done:
+            log.info("usage: %d ended job(s) added to the day sums", done)
+        return done
 
     async def prune(self) -> dict[str, int]:
-        """One round: everything past its age, `BATCH` to a transaction; how many of each kind went."""
+        """One round: the jobs ended lately rolled (`roll`), then everything past its age, `BATCH` to a
+        transaction; how many of each kind went."""
         done = {"jobs": 0, "events": 0, "alerts": 0}
+        await self.roll()
         now = self.clock()
         if self.settings.jobs:
             before = now - self.settings.jobs
             while (pruning := await self.store.prunable_jobs(before, BATCH)).jobs:
-                days = await asyncio.to_thread(day_sums, pruning, now)
-                gone = await self.store.prune_jobs(pruning, days, now)
+                gone = await self.store.prune_jobs(pruning, now)
                 done["jobs"] += gone
                 if not gone:
                     break

@@ -14,8 +14,9 @@ import json
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
-from ftconsole.scheduler.decide import dependencies, goodput, quotas, usage
+from ftconsole.scheduler.decide import dependencies, goodput, quotas, report, usage
 from ftconsole.scheduler.decide.jobs import Job
+from ftconsole.scheduler.decide.usage import Usage
 from ftconsole.scheduler.errors import NotFound, PermissionDenied, UsageError
 from ftconsole.scheduler.loop import Loop
 from ftconsole.scheduler.rules import Caller
@@ -24,7 +25,6 @@ from ftconsole.scheduler.spec.config import ClusterConfig, QuotaSettings
 from ftconsole.scheduler.spec.jobspec import JobSpec
 from ftconsole.scheduler.spec.sharingspec import DEFAULT_QUEUED_JOBS
 from ftconsole.scheduler.store.db import Store
-from ftconsole.scheduler.store.history import DAY_S
 
 GOODPUT_WINDOW_S = 7 * 86400.0  # `cluster` and the console give the cluster's goodput over this much of the past
 GOODPUT_EVERY_S = 60.0  # summed again this often
@@ -74,18 +74,13 @@ class Sharing:
 
     async def cluster_goodput(self) -> dict[str, Any]:
         """The cluster's goodput over the last `GOODPUT_WINDOW_S` (decide/goodput.py), summed again at most every
-        `GOODPUT_EVERY_S` (it reads every run and attempt)."""
+        `GOODPUT_EVERY_S`."""
         now = self.clock()
         kept = self._goodput_kept
         if kept is not None and now - kept[0] < GOODPUT_EVERY_S:
             return dict(kept[1])
         since = now - GOODPUT_WINDOW_S
-        # the runs that could count in the window (a failed attempt's downtime may run into it), not the history
-        _, runs = await self.store.used_since(since - GOODPUT_WINDOW_S)
-        attempts, signals = await self.store.attempts_of(sorted({r.job for r in runs}))
-        marks = goodput.checkpoint_times(signals)
-        per = await asyncio.to_thread(goodput.per_job, attempts, runs, marks, since, now, now)
-        found = goodput.total(per)
+        _, _, found = await self.window(since, now, now, "project")  # its whole days from the day sums
         doc = {**found.to_json(), "text": found.describe(), "since": since, "until": now}
         self._goodput_kept = (now, doc)
         return dict(doc)
@@ -126,26 +121,43 @@ class Sharing:
         until = now if until is None else until
         if since >= until:
             raise UsageError("since must be before until")
-        jobs, runs = await self.store.used_since(since)  # the window's runs and jobs, not the whole history
-        attempts, signals = await self.store.attempts_of(sorted(jobs))
-        marks = goodput.checkpoint_times(signals)
-        try:  # every run: off the loop
-            rows = await asyncio.to_thread(usage.usage_by, jobs, runs, by, since, until, now)
-            good, all_good = await asyncio.to_thread(goodput.goodput_by, jobs, attempts, runs, marks, by, since, until,
-                                                     now)  # fmt: skip
+        try:
+            rows, good, all_good = await self.window(since, until, now, by)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-        for day in await self.store.history_days(since - since % DAY_S, until):  # the pruned jobs' (history:)
+        total = usage.Usage(sum(u.gpu_seconds for u in rows.values()), sum(u.jobs for u in rows.values()))
+        order = sorted(rows, key=lambda k: (-rows[k].gpu_seconds, k))  # most used first
+        shown = {k: {**rows[k].to_json(), **good.get(k, goodput.Goodput()).to_json()} for k in order}
+        return {"since": since, "until": until, "by": by, "rows": shown, "total": {**total.to_json(),
+                **all_good.to_json()}, "quotas": await self._quota_json(by)}  # fmt: skip
+
+    async def window(
+        self, since: float, until: float, now: float, by: str
+    ) -> tuple[dict[str, Usage], dict[str, goodput.Goodput], goodput.Goodput]:
+        """Usage and goodput per user or project (`by`) in [since, until), and the whole goodput: the window's
+        whole UTC days from the day sums of the jobs rolled into them (scheduler/retention.py), the rest from
+        runs: the jobs not rolled yet over the whole window, the rolled ones over the parts of days at its edges
+        (decide/report.py). A month costs its days and its last hour's jobs, not its 80,000 jobs."""
+        days = report.whole_days(since, until)
+        edges = [(since, until)] if days is None else [(since, days[0]), (days[1], until)]
+        owners, runs = await self.store.unrolled_runs(since, until)
+        parts = [report.Part(owners, runs, since, until)]
+        span = await self.store.rolled_span()
+        for start, end in edges:
+            if start < end:
+                owners, runs = await self.store.rolled_runs(start, end, span)
+                parts.append(report.Part(owners, runs, start, end, rolled=True))
+        attempts, signals = await self.store.attempts_of(sorted({r.job for p in parts for r in p.runs}))
+        marks = goodput.checkpoint_times(signals)
+        rows, good, total = await asyncio.to_thread(report.window_sums, parts, attempts, marks, by, now, days)
+        for day in await self.store.history_days(*days) if days is not None else []:
             key = day.owner if by == "user" else day.project
             was = rows.get(key, usage.Usage())
             rows[key] = usage.Usage(was.gpu_seconds + day.gpu_seconds, was.jobs + day.jobs)
             kept = goodput.Goodput(day.useful, day.rework, day.downtime, day.saved)
             good[key] = good.get(key, goodput.Goodput()) + kept
-            all_good = all_good + kept
-        total = usage.Usage(sum(u.gpu_seconds for u in rows.values()), sum(u.jobs for u in rows.values()))
-        shown = {k: {**u.to_json(), **good.get(k, goodput.Goodput()).to_json()} for k, u in rows.items()}
-        return {"since": since, "until": until, "by": by, "rows": shown, "total": {**total.to_json(),
-                **all_good.to_json()}, "quotas": await self._quota_json(by)}  # fmt: skip
+            total = total + kept
+        return rows, good, total
 
     async def _quota_json(self, by: str) -> dict[str, Any]:
         """Per project or user (`by`) with limits: its limits and what it uses now ({} without quotas)."""

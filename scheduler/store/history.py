@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 from ftconsole.scheduler.decide.jobs import Attempt, Job, JobStatus, Run
 from ftconsole.scheduler.decide.reconcile import PREEMPTED, REQUEUED, RESTARTED, SHRUNK
 from ftconsole.scheduler.store.engine import Engine
-from ftconsole.scheduler.store.jobtx import CheckpointSignal
+from ftconsole.scheduler.store.jobtx import CheckpointSignal, Conflict
 from ftconsole.scheduler.store.records import _attempt_from_row, _run_from_row
 
 ENDED = tuple(s.value for s in JobStatus if not s.active)
@@ -28,7 +28,8 @@ DAY_S = 86400.0
 
 @dataclass(frozen=True)
 class DaySum:
-    """What pruned jobs of one (user, project) used on one UTC day."""
+    """What the rolled jobs (ended, and summed per day) of one (user, project) used on one UTC day; `jobs`: those
+    that first used GPUs that day, so that a job is counted once however many days it ran."""
 
     day: float
     owner: str
@@ -87,16 +88,28 @@ class HistoryStore:
         raise NotImplementedError  # Store's
 
     async def prunable_jobs(self, before: float, limit: int) -> Pruning:
-        """Up to `limit` jobs that ended before `before`, oldest first, with their attempts, runs and checkpoint
-        signals. Not one whose alert is still open or acknowledged (an on-call person still looks at it), nor a
-        task of an array with a task still active or ended since (an array goes whole)."""
+        """Up to `limit` jobs that ended before `before` and are in the day sums (rolled), oldest first, with their
+        attempts, runs and checkpoint signals. Not one whose alert is still open or acknowledged (an on-call person
+        still looks at it), nor a task of an array with a task still active or ended since (an array goes whole)."""
         sql = (
-            f"SELECT j.* FROM jobs j WHERE j.status IN ({_marks(ENDED)}) AND j.ended < ? "
+            f"SELECT j.* FROM jobs j WHERE j.status IN ({_marks(ENDED)}) AND j.ended < ? AND j.rolled = 1 "
             "AND NOT EXISTS (SELECT 1 FROM alerts a WHERE a.job = j.id AND a.state != 'resolved') "
             "AND (j.array_id IS NULL OR NOT EXISTS (SELECT 1 FROM jobs t WHERE t.array_id = j.array_id "
             "AND (t.ended IS NULL OR t.ended >= ?))) ORDER BY j.ended, j.id LIMIT ?"
         )
-        jobs = [self._job_from_row(r) for r in await self._db.fetchall(sql, (*ENDED, before, before, limit))]
+        return await self._with_parts(await self._db.fetchall(sql, (*ENDED, before, before, limit)))
+
+    async def rollable_jobs(self, before: float, limit: int) -> Pruning:
+        """Up to `limit` jobs that ended before `before` and are not in the day sums yet, oldest first, with their
+        attempts, runs and checkpoint signals (what their day sums are made of)."""
+        sql = (
+            f"SELECT * FROM jobs WHERE rolled = 0 AND status IN ({_marks(ENDED)}) AND ended < ? "
+            "ORDER BY ended, id LIMIT ?"
+        )
+        return await self._with_parts(await self._db.fetchall(sql, (*ENDED, before, limit)))
+
+    async def _with_parts(self, rows: Sequence[Any]) -> Pruning:
+        jobs = [self._job_from_row(r) for r in rows]
         if not jobs:
             return Pruning([], [], [], [])
         ids = [j.id for j in jobs]
@@ -115,9 +128,48 @@ class HistoryStore:
             [CheckpointSignal(**dict(r)) for r in signals],
         )
 
-    async def prune_jobs(self, pruning: Pruning, days: Sequence[DaySum], now: float) -> int:
-        """Remove these jobs with everything of theirs (attempts, runs, checkpoint signals, evidence, events,
-        alerts) and add their day sums, in one transaction; the number of jobs removed."""
+    async def roll_jobs(self, pruning: Pruning, days: Sequence[DaySum]) -> int:
+        """Add these ended jobs' day sums (`days`, made of them) and mark them rolled, in one transaction: `usage`
+        reads them from their days from now on. Keeps the longest span of a rolled job (`rolled_span` in meta: how
+        far back from a window's edge a job that ran across it may have started). The number of jobs rolled."""
+        ids = [j.id for j in pruning.jobs]
+        if not ids:
+            return 0
+        span = max((j.ended or 0.0) - (j.started if j.started is not None else (j.ended or 0.0)) for j in pruning.jobs)
+        async with self._transaction("roll ended jobs' usage into day sums"):
+            rolled = await self._db.execute(
+                f"UPDATE jobs SET rolled = 1 WHERE rolled = 0 AND id IN ({_marks(ids)})", ids
+            )
+            if rolled != len(ids):  # rolled meanwhile (another scheduler on the store): add nothing twice
+                raise Conflict(f"{len(ids) - rolled} of {len(ids)} jobs were rolled meanwhile")
+            await self._add_days(days)
+            await self._db.execute(
+                "INSERT INTO meta (key, value) VALUES ('rolled_span', ?) ON CONFLICT (key) DO UPDATE SET value = "
+                "excluded.value WHERE CAST(meta.value AS DOUBLE PRECISION) < CAST(excluded.value AS DOUBLE PRECISION)",
+                (repr(span),),
+            )
+        return rolled
+
+    async def _add_days(self, days: Sequence[DaySum]) -> None:
+        await self._db.executemany(
+            "INSERT INTO history_days (day, owner, project, gpu_seconds, jobs, useful, rework, downtime, saved) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (day, owner, project) DO UPDATE SET "
+            "gpu_seconds = history_days.gpu_seconds + excluded.gpu_seconds, "
+            "jobs = history_days.jobs + excluded.jobs, useful = history_days.useful + excluded.useful, "
+            "rework = history_days.rework + excluded.rework, "
+            "downtime = history_days.downtime + excluded.downtime, saved = history_days.saved + excluded.saved",
+            [(d.day, d.owner, d.project, d.gpu_seconds, d.jobs, d.useful, d.rework, d.downtime, d.saved)
+             for d in days],
+        )  # fmt: skip
+
+    async def rolled_span(self) -> float:
+        """The longest span, from start to end, of a job rolled into the day sums (0 before the first)."""
+        row = await self._db.fetchone("SELECT value FROM meta WHERE key = 'rolled_span'")
+        return float(row[0]) if row is not None else 0.0
+
+    async def prune_jobs(self, pruning: Pruning, now: float) -> int:
+        """Remove these jobs (rolled: their day sums stay) with everything of theirs (attempts, runs, checkpoint
+        signals, evidence, events, alerts), in one transaction; the number of jobs removed."""
         ids = [j.id for j in pruning.jobs]
         if not ids:
             return 0
@@ -131,16 +183,6 @@ class HistoryStore:
                 await self._db.execute(f"DELETE FROM {table} WHERE job IN {inside}", ids)
             await self._db.execute(f"DELETE FROM events WHERE job IN {inside}", [str(i) for i in ids])
             gone = await self._db.execute(f"DELETE FROM jobs WHERE id IN {inside}", ids)
-            await self._db.executemany(
-                "INSERT INTO history_days (day, owner, project, gpu_seconds, jobs, useful, rework, downtime, saved) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (day, owner, project) DO UPDATE SET "
-                "gpu_seconds = history_days.gpu_seconds + excluded.gpu_seconds, "
-                "jobs = history_days.jobs + excluded.jobs, useful = history_days.useful + excluded.useful, "
-                "rework = history_days.rework + excluded.rework, "
-                "downtime = history_days.downtime + excluded.downtime, saved = history_days.saved + excluded.saved",
-                [(d.day, d.owner, d.project, d.gpu_seconds, d.jobs, d.useful, d.rework, d.downtime, d.saved)
-                 for d in days],
-            )  # fmt: skip
             await self._count({"jobs": gone, **restarts}, now)
         return gone
 
@@ -178,32 +220,41 @@ class HistoryStore:
         """What was pruned so far, by kind (jobs, events, alerts, restarts:<result>)."""
         return {str(r[0]): int(r[1]) for r in await self._db.fetchall("SELECT what, count FROM pruned")}
 
-    async def used_since(self, since: float) -> tuple[dict[int, JobOwner], list[Run]]:
-        """The runs that held GPUs at `since` or later (running, or ended since), and every run of an active job
-        (one queued again stands still in goodput's count), with their jobs' owners and projects (deleted ones
-        too): what usage over a window from `since` reads, without the whole history (an index on `ended`). The
-        runs carry only what the sums read (their span, their GPUs), built without the generic record code: a
-        month at a busy cluster's rate is some 170,000 runs."""
+    async def unrolled_runs(self, since: float, until: float) -> tuple[dict[int, JobOwner], list[Run]]:
+        """Every run of the jobs not in the day sums yet that may have used GPUs in [since, until) (active ones,
+        and those that ended at `since` or later), with their jobs' owners and projects: what `usage` sums from
+        the runs themselves. Two indexed reads (`jobs_status`, `jobs_unrolled`): an OR of them would scan the jobs."""
+        return await self._usage_runs([
+            (f"j.rolled = 0 AND j.status IN ({_marks(ACTIVE)})", list(ACTIVE)),
+            (f"j.rolled = 0 AND j.status IN ({_marks(ENDED)}) AND j.ended >= ? "
+             "AND (j.started IS NULL OR j.started < ?)", [*ENDED, since, until]),
+        ])  # fmt: skip
+
+    async def rolled_runs(self, since: float, until: float, span: float) -> tuple[dict[int, JobOwner], list[Run]]:
+        """Every run of the jobs in the day sums that ran in [since, until): ended in [since, until + span) and
+        started before `until` (`span`: the longest job rolled, so that none that ran across the window is
+        missed), with their jobs' owners and projects. For the part of a window that is not whole days."""
+        return await self._usage_runs([(
+            f"j.rolled = 1 AND j.status IN ({_marks(ENDED)}) AND j.ended >= ? AND j.ended < ? AND j.started < ?",
+            [*ENDED, since, until + span, until],
+        )])  # fmt: skip
+
+    async def _usage_runs(self, reads: Sequence[tuple[str, Sequence[Any]]]) -> tuple[dict[int, JobOwner], list[Run]]:
         select = (
             "SELECT r.job, r.attempt, r.rank, r.gpus, r.started, r.ended, j.owner, j.project FROM runs r "
             "JOIN jobs j ON j.id = r.job WHERE "
         )
-        found: dict[tuple[int, int, int], Run] = {}
+        found: list[Run] = []
         owners: dict[int, JobOwner] = {}
-        for where, args in (  # three indexed reads, not one scan of every run (an OR defeats the indexes)
-            ("r.ended >= ?", (since,)),
-            ("r.ended IS NULL", ()),
-            ("r.job IN (SELECT id FROM jobs WHERE status IN (?, ?))", ACTIVE),
-        ):
+        for where, args in reads:
             for job, attempt, rank, gpus, started, ended, owner, project in await self._db.fetchall(
                 select + where, args
             ):
-                found[(job, attempt, rank)] = Run(
-                    job, attempt, rank, "", _gpus(gpus), "", True, started=started, ended=ended
-                )
+                found.append(Run(job, attempt, rank, "", _gpus(gpus), "", True, started=started, ended=ended))
                 if job not in owners:
                     owners[job] = JobOwner(owner, project)
-        return owners, [found[key] for key in sorted(found)]
+        found.sort(key=lambda r: (r.job, r.attempt, r.rank))
+        return owners, found
 
     async def jobs_since(self, since: float, statuses: Sequence[JobStatus] | None = None) -> list[Job]:
         """The jobs (not deleted) active now or ended at `since` or later, by id, of `statuses` (None: any): a

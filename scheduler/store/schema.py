@@ -309,6 +309,12 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (kind, name, slot_start)
     );
     """,
+    # 18: usage rolled up per day as jobs end (`rolled`, into history_days, which pruning no longer adds to), so that
+    #     `usage` over a month reads its days, not its jobs; the jobs not rolled yet found by their end
+    """
+    ALTER TABLE jobs ADD COLUMN rolled INTEGER NOT NULL DEFAULT 0;
+    CREATE INDEX jobs_unrolled ON jobs (status, ended) WHERE rolled = 0;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -319,6 +325,7 @@ RELEASE_OF_SCHEMA: dict[int, str] = {
     **dict.fromkeys(range(1, 16), "0.1.0"),  # 1 to 15: everything up to the first release
     16: "0.2.0",  # history retention
     17: "0.2.0",  # the usage ledger
+    18: "0.2.0",  # usage rolled up per day
 }
 
 

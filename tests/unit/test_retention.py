@@ -51,11 +51,13 @@ async def _job(store: Store, owner: str, ended: float | None, *, hours: float = 
     return job_id
 
 
-async def _usage(store: Store) -> dict[str, Any]:
+async def _usage(
+    store: Store, since: float = 0, until: float | None = NOW, by: str = "user", now: float = NOW
+) -> dict[str, Any]:
     """`ftconsole usage --by user` over everything up to NOW, as the scheduler answers it."""
     service = SimpleNamespace(store=store, transport=None, config=ClusterConfig(), all_nodes=[])
-    scheduler = Scheduler(service, clock=lambda: NOW)  # type: ignore[arg-type]
-    return await scheduler.usage(Caller(uid=0, gid=0, pid=1, user="root"), since=0, until=NOW, by="user")
+    scheduler = Scheduler(service, clock=lambda: now)  # type: ignore[arg-type]
+    return await scheduler.usage(Caller(uid=0, gid=0, pid=1, user="root"), since=since, until=until, by=by)
 
 
 def test_ended_jobs_past_the_age_go_with_all_of_theirs_and_their_usage_stays_per_day(
@@ -85,8 +87,10 @@ def test_ended_jobs_past_the_age_go_with_all_of_theirs_and_their_usage_stays_per
             after = await _usage(store)
             assert after["rows"]["ann"]["gpu_seconds"] == before["rows"]["ann"]["gpu_seconds"]
             assert after["total"]["gpu_seconds"] == before["total"]["gpu_seconds"]
-            days = await store.history_days(0, NOW)
+            # the pruned job's days (every ended job is rolled: the kept ones' too)
+            days = [d for d in await store.history_days(0, NOW - 300 * DAY_S) if d.owner == "ann"]
             assert len(days) == 2 and sum(d.gpu_seconds for d in days) == 2 * 2 * 30 * 3600  # 2 attempts
+            assert [d.jobs for d in days] == [1, 0]  # counted once, on its first day
             # counters never go down: the pruned attempt's restart is counted apart
             assert (await store.pruned_counts())["restarts:requeued"] == 1
             assert (await store.pruned_counts())["jobs"] == 1
@@ -143,4 +147,45 @@ def test_day_sums_split_a_run_at_midnight() -> None:
     run = Run(1, 1, 0, "gpu01", (0, 1), "~/r", True, started=DAY_S - 3600, ended=DAY_S + 3600)
     attempt = Attempt(1, 1, None, 2, 29500, 0.0, started=DAY_S - 3600, ended=DAY_S + 3600, result="succeeded")
     sums = day_sums(Pruning([job], [attempt], [run], []), now=NOW)
-    assert [(d.day, d.gpu_seconds, d.jobs) for d in sums] == [(0.0, 7200.0, 1), (DAY_S, 7200.0, 1)]
+    assert [(d.day, d.gpu_seconds, d.jobs) for d in sums] == [(0.0, 7200.0, 1), (DAY_S, 7200.0, 0)]
+
+
+def test_usage_reads_the_same_before_and_after_the_jobs_are_rolled_into_day_sums(store_at: StoreAt) -> None:
+    """Whole days from the day sums, the edges and the jobs not rolled from their runs: every window, cut
+    mid-day or on midnights, a day or less, to now, reads the same GPU-seconds, jobs and goodput either way."""
+    windows = [
+        (0, None),  # everything, to now
+        (NOW - 20 * DAY_S + 5 * 3600, NOW - 2 * DAY_S + 7 * 3600),  # cut mid-day at both ends
+        (NOW - 20 * DAY_S, NOW - 2 * DAY_S),  # midnights
+        (NOW - 11 * DAY_S + 3600, NOW - 10 * DAY_S - 3600),  # less than a day, inside one
+        (NOW - 15 * DAY_S + 12 * 3600, NOW - 14 * DAY_S + 2 * 3600),  # across one midnight, no whole day
+        (NOW - 3 * DAY_S - 1800, None),  # to now, with the running job
+        (NOW - 12 * DAY_S - 3600, NOW - 11 * DAY_S + 3600),  # a job ran across it, ending after it
+    ]
+
+    async def main() -> None:
+        async with await Store.open(store_at()) as store:
+            for days_ago, hours, owner, requeued in [
+                (15, 30.0, "ann", True),  # across two midnights, its first attempt requeued
+                (14, 2.0, "bob", False),
+                (10.5, 50.0, "ann", False),  # across two midnights
+                (10, 0.5, "bob", True),
+                (2.9, 4.0, "cid", False),
+                (1.8, 10.0, "dan", False),  # from a whole day of a window into its last edge: counted once
+                (0.01, 1.0, "cid", False),  # ended lately: never rolled in this test
+            ]:
+                await _job(store, owner, NOW - days_ago * DAY_S, hours=hours, requeued=requeued)
+            await _job(store, "bob", None, hours=40)  # still running, since before 3 days ago
+            before = {(w, by): await _usage(store, *w, by=by) for w in windows for by in ("user", "project")}
+            rolled = await Pruner(store, HistorySettings(), clock=lambda: NOW).roll()
+            assert rolled == 6  # the ended jobs, but the one that ended within the hour
+            assert await Pruner(store, HistorySettings(), clock=lambda: NOW).roll() == 0  # once
+            assert await store.rolled_span() == 50 * 3600
+            for (window, by), was in before.items():
+                now = await _usage(store, *window, by=by)
+                assert now["rows"] == was["rows"] and now["total"] == was["total"], (window, by)
+            assert before[(windows[0], "user")]["total"]["jobs"] == 8
+            assert before[(windows[1], "user")]["rows"]["ann"]["jobs"] == 2
+            assert before[(windows[1], "user")]["rows"]["dan"]["jobs"] == 1
+
+    asyncio.run(main())
