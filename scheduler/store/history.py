@@ -100,12 +100,11 @@ class HistoryStore:
         return await self._with_parts(await self._db.fetchall(sql, (*ENDED, before, before, limit)))
 
     async def rollable_jobs(self, before: float, limit: int) -> Pruning:
-        """Up to `limit` jobs that ended before `before` and are not in the day sums yet, oldest first, with their
-        attempts, runs and checkpoint signals (what their day sums are made of)."""
-        sql = (
-            f"SELECT * FROM jobs WHERE rolled = 0 AND status IN ({_marks(ENDED)}) AND ended < ? "
-            "ORDER BY ended, id LIMIT ?"
-        )
+        """Up to `limit` jobs that ended before `before` and are not in the day sums yet, with their attempts, runs
+        and checkpoint signals (what their day sums are made of). In no order: a batch reads its rows from the
+        index of the jobs not rolled and stops there (an order would sort every job not rolled, each batch: a
+        million after an upgrade)."""
+        sql = f"SELECT * FROM jobs WHERE rolled = 0 AND status IN ({_marks(ENDED)}) AND ended < ? LIMIT ?"
         return await self._with_parts(await self._db.fetchall(sql, (*ENDED, before, limit)))
 
     async def _with_parts(self, rows: Sequence[Any]) -> Pruning:
