@@ -33,7 +33,7 @@ from ftconsole.format import (
     problem_json,
 )
 from ftconsole.jobs_cli import find_config, loaded_config
-from ftconsole.nodes_cli import cmd_drain, cmd_nodes, cmd_probe, cmd_resume
+from ftconsole.nodes_cli import cmd_drain, cmd_nodes, cmd_probe, cmd_repair, cmd_resume
 from ftconsole.scheduler.errors import ConfigError, FtError, Problem, StoreError, UsageError
 from ftconsole.scheduler.spec import yamlfile
 from ftconsole.scheduler.spec.config import (
@@ -409,6 +409,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the node tests (node_tests in the config) first: resume only those that pass; exit 1 if any fails",
     )  # fmt: skip
     resume.set_defaults(func=cmd_resume)
+
+    repair = sub.add_parser("repair", parents=[common, listing], help="reset, reboot, test and resume out-of-service "
+                            "nodes (repair in the config)")  # fmt: skip
+    repair.add_argument("node", help="node name or node set expression (drained or isolated nodes)")
+    repair.add_argument("--wait", action="store_true", help="until each repair ends; exit 1 unless all are back")
+    repair.set_defaults(func=cmd_repair)
 
     jobs_cli.add_parsers(sub, common, listing)
     check_cli.add_parser(sub, [common, listing])

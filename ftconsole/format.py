@@ -112,3 +112,11 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     cells = [[str(h) for h in headers]] + [["" if c is None else printable(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells)
+
+
+def node_doing(view: Mapping[str, Any]) -> list[str]:
+    """What is being done to a node now (its `nodes --json` view), said before its reasons: the step of its repair,
+    its node tests."""
+    climb = view.get("repair")
+    repairing = [f"repair: {climb['step']} (by {climb['by']})"] if isinstance(climb, Mapping) else []
+    return repairing + (["node tests running"] if view.get("testing") else [])

@@ -1,5 +1,5 @@
-"""`ftconsole probe`, `nodes`, `drain` and `resume`: the nodes' commands of the CLI, through the scheduler's API
-(in-process when no scheduler serves)."""
+"""`ftconsole probe`, `nodes`, `drain`, `resume` and `repair`: the nodes' commands of the CLI, through the
+scheduler's API (in-process when no scheduler serves; `repair` only through a running one)."""
 
 from __future__ import annotations
 
@@ -8,15 +8,25 @@ import asyncio
 import sys
 from typing import Any
 
-from ftconsole.format import age, gpu_summary, print_json, print_table, printable, runtime_lines, test_line
+from ftconsole.format import (
+    age,
+    gpu_summary,
+    node_doing,
+    print_json,
+    print_table,
+    printable,
+    runtime_lines,
+    test_line,
+)
 from ftconsole.jobs_cli import loaded_config
 from ftconsole.probes.health import NodeState
-from ftconsole.scheduler.errors import UsageError
+from ftconsole.scheduler.errors import NotRunning, UsageError
 from ftconsole.scheduler.serve.client import open_client
 from ftconsole.scheduler.spec.config import format_duration
 from ftconsole.scheduler.spec.nodetestspec import PASSING
 
 PROG = "ftconsole"
+WAIT_POLL_S = 1.0  # repair --wait looks again this often
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
@@ -68,7 +78,7 @@ def cmd_nodes(args: argparse.Namespace) -> int:
             v["pool"],
             gpu_summary(v["gpus"]),
             age(v["last_probe_age_s"]),
-            "; ".join((["node tests running"] if v.get("testing") else []) + v["reasons"]) or "-",
+            "; ".join(node_doing(v) + v["reasons"]) or "-",
         ]
         for v in views
     ]
@@ -90,6 +100,39 @@ def cmd_resume(args: argparse.Namespace) -> int:
     if args.test:
         return _admin(args, "resume", nodeset=args.node, test=True)
     return _admin(args, "resume", nodeset=args.node)
+
+
+def cmd_repair(args: argparse.Namespace) -> int:
+    """Start the repair ladder on drained or isolated nodes; it climbs in the running scheduler. `--wait`: until
+    each climb ends, then exit 1 unless every node is back in service."""
+    loaded = loaded_config(args)
+
+    async def go() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        async with open_client(loaded) as client:
+            if client.embedded:  # the climb goes on after this command: only a running scheduler can carry it
+                raise NotRunning("repair needs the scheduler running (ftconsole serve): a repair takes minutes")
+            started = list(await client.call("repair", nodeset=args.node))
+            names = ",".join(v["name"] for v in started)
+            ended = started
+            while args.wait and any(v.get("repair") for v in ended):
+                await asyncio.sleep(WAIT_POLL_S)
+                ended = list(await client.call("nodes", nodeset=names))
+            return started, ended
+
+    started, ended = asyncio.run(go())
+    if args.json:
+        print_json([{"name": v["name"], "state": v["state"], "repair": v.get("repair")} for v in ended])
+    else:
+        for v in started:
+            step = (v.get("repair") or {}).get("step", "ended")
+            print(printable(f"{v['name']}: repair started ({step})"))
+        for v in ended if args.wait else []:
+            print(printable(f"{v['name']}: {v['state']}" + (f" ({v['admin_reason']})" if v["admin_reason"] else "")))
+    if args.wait and any(v["state"] in ("isolated", "drained") for v in ended):
+        out = [v["name"] for v in ended if v["state"] in ("isolated", "drained")]
+        print(f"{PROG}: {', '.join(out)} not back in service: `{PROG} events --node NODE` says why", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _admin(args: argparse.Namespace, op: str, **call: Any) -> int:

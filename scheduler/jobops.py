@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ftconsole.scheduler import debugenv, nodegate
+from ftconsole.scheduler import debugenv, nodegate, repair
 from ftconsole.scheduler.decide import elastic, goodput, placement, reservations
 from ftconsole.scheduler.decide.jobs import (
     TERMINAL,
@@ -431,6 +431,13 @@ class Scheduler(RankReads, Reserving, Stopping):
         views = await self.service.nodes([h.node for h, _ in tested])
         shown = [tuple({**r.to_json(), "time": report.time} for r in report.results) for _, report in tested]
         return [dataclasses.replace(v, tests=t) for v, t in zip(views, shown, strict=True)]
+
+    async def repair(self, caller: Caller, nodeset: str) -> list[NodeView]:
+        """Start the repair ladder on drained or isolated nodes (admins only): repair.py. The views of the nodes,
+        each with the step its repair is on."""
+        self._admin_only(caller, "repair")
+        climbs = await repair.repair(self.service, nodeset, by=caller.user)
+        return await self.service.nodes([c.node for c in climbs])
 
     def _admin_only(self, caller: Caller, verb: str) -> None:
         if not self.is_admin(caller):

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ftconsole.scheduler import evidence, nodegate
+from ftconsole.scheduler import evidence, nodegate, repair
 from ftconsole.scheduler.decide.jobplan import PULL_STEP
 from ftconsole.scheduler.decide.jobs import (
     FINAL_CONDITION,
@@ -157,12 +157,14 @@ class Loop:
         await self.executor.close()
         await self.recoverer.close()
         await self.service.tester.close()
+        await self.service.repairs.close()
 
     async def _probe_loop(self, stop: asyncio.Event, first: asyncio.Future[None]) -> None:
         while not stop.is_set():
             try:
                 await self.service.probe()
                 await nodegate.start_due(self.service)  # isolated nodes that passed their probes: tested next
+                await repair.start_auto(self.service)  # isolated nodes the scheduler may repair (repair.auto)
             except FtError as exc:
                 log.warning("probe: %s", exc)
             except Exception:

@@ -43,7 +43,7 @@ async def start_due(service: ClusterService) -> list[str]:
     tester = service.tester
     due = [
         n for n in service.all_nodes
-        if n.name not in tester.testing and gated(service, n)
+        if n.name not in tester.testing and n.name not in service.repairs.climbs and gated(service, n)
         and due_for_tests(healths.get(n.name) or NodeHealth(n.name), after)
     ]  # fmt: skip
     held = await busy(service, {n.name for n in due})

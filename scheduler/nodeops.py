@@ -29,6 +29,7 @@ from ftconsole.probes.health import (
 )
 from ftconsole.probes.results import AGENT_PROTOCOL, ALL_CHECKS, ProbeReport, parse_document
 from ftconsole.scheduler import debugenv
+from ftconsole.scheduler.climbs import Climb, Repairs
 from ftconsole.scheduler.errors import FtError, NotFound, UsageError
 from ftconsole.scheduler.nodetests import Tester
 from ftconsole.scheduler.spec.config import LoadedConfig, Node, NodeTests, ProbeSettings, format_duration
@@ -114,6 +115,7 @@ class NodeView:
     # its last node test of each kind (a `tested` event's data, with its time), where asked for (nodegate.py)
     tests: tuple[Mapping[str, Any], ...] = ()
     testing: bool = False  # its node tests are running now (placement counts its GPUs as the test's)
+    repair: Climb | None = None  # its repair under way (repair.py)
 
     def to_json(self) -> dict[str, Any]:
         out = {**_node_json(self.node), **_health_json(self.health, self.now)}
@@ -124,12 +126,9 @@ class NodeView:
         out["last_error"] = self.probe.error if self.probe else None
         out["held"] = [{"gpu": gpu, "job": job} for gpu, job in self.held]
         out["held_for_debug"] = [{"gpu": gpu, "job": job, "until": until} for gpu, job, until in self.held_for_debug]
-        out["faults"] = self.faults
-        out["faults_in_window"] = self.faults_in_window
-        out["faults_window_s"] = self.faults_window
-        out["flaky"] = self.flaky
-        out["tests"] = [dict(t) for t in self.tests]
-        out["testing"] = self.testing
+        out.update(faults=self.faults, faults_in_window=self.faults_in_window, faults_window_s=self.faults_window,
+                   flaky=self.flaky, tests=[dict(t) for t in self.tests], testing=self.testing)  # fmt: skip
+        out["repair"] = self.repair.to_json() if self.repair is not None else None
         return out
 
 
@@ -288,6 +287,7 @@ class ClusterService:
         self._folding = asyncio.Lock()
         self.tester = Tester(transport, clock)  # the node tests under way (nodegate.py)
         self.returns = Returns()  # nodes put back in service, by whom, and how long they were out
+        self.repairs = Repairs()  # the repairs under way (repair.py)
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -297,7 +297,8 @@ class ClusterService:
         store = await Store.open(store_location(loaded))
         pool = SSHPool.from_config(loaded)
         try:
-            yield cls(loaded, store, pool)
+            yield (service := cls(loaded, store, pool))
+            await service.repairs.close()  # a repair under way ends with the service (its node stays out)
         finally:
             await pool.close()
             await store.close()
@@ -309,7 +310,7 @@ class ClusterService:
         other = ClusterService(loaded, self.store, self.transport, clock=self.clock)
         other._util, other._util_seeded, other._sweeps = self._util, self._util_seeded, self._sweeps
         other._folding, other.tester = self._folding, self.tester
-        other.returns = self.returns
+        other.returns, other.repairs = self.returns, self.repairs
         return other
 
     # -- selecting nodes ---------------------------------------------------------------------------------
@@ -519,7 +520,7 @@ class ClusterService:
             history = await self.store.fault_events(since=now - window)
             recent = {name: faults_in_window((e.time for e in evs), now, window) for name, evs in history.items()}
         tests = await self._last_tests(nodes) if extras and nodeset is not None else {}
-        testing = self.tester.testing
+        testing, climbs = self.tester.testing, self.repairs.climbs
         return [
             NodeView(
                 node=n,
@@ -534,6 +535,7 @@ class ClusterService:
                 faults_window=window,
                 tests=tests.get(n.name, ()),
                 testing=n.name in testing,
+                repair=climbs.get(n.name),
             )
             for n in nodes
         ]

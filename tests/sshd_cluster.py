@@ -45,6 +45,7 @@ import signal
 import socket
 import subprocess
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -680,11 +681,25 @@ class SshdCluster:
         _keygen(n.host_key, f"{n.name}@ftconsole-test-rekeyed")
         self.restart(n)
 
+    def reboot(self, node: str | SshdNode) -> str:
+        """The node "reboots": every process started through it dies (as `down`), it gets a new boot id (in its
+        simulated-GPU file, which the probe reads it from), and its sshd starts again. The new boot id."""
+        n = self.node(node)
+        self.down(n)
+        data = json.loads(n.gpus_file.read_text())
+        data["boot_id"] = str(uuid.uuid4())
+        _write_atomic(n.gpus_file, json.dumps(data, indent=1) + "\n")
+        self.up(n)
+        return str(data["boot_id"])
+
     def set_gpus(self, node: str | SshdNode, data: Mapping[str, Any]) -> None:
         """Atomically replace the node's simulated-GPU file (a reader never sees a half-written file). A GPU
         without a `pci_bus_id` gets the node's (`pci_bus_id`): the driver's Xid lines name a GPU by it."""
         n = self.node(node)
         gpus = [dict(g, pci_bus_id=g.get("pci_bus_id") or pci_bus_id(n, i)) for i, g in enumerate(data["gpus"])]
+        with contextlib.suppress(OSError, ValueError):  # the boot id of the node's last reboot stays
+            booted = json.loads(n.gpus_file.read_text()).get("boot_id")
+            data = {**({"boot_id": booted} if booted else {}), **data}
         _write_atomic(n.gpus_file, json.dumps({**data, "gpus": gpus}, indent=1) + "\n")
 
     # -- use -----------------------------------------------------------------------------------------------

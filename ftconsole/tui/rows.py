@@ -20,7 +20,7 @@ from typing import Any
 
 from rich.text import Text
 
-from ftconsole.format import age, node_count
+from ftconsole.format import age, node_count, node_doing
 
 Cell = str | Text
 Row = tuple[Cell, ...]
@@ -369,7 +369,7 @@ def node_cells(node: Mapping[str, Any], now: float, history: Sequence[float | No
         sparkline(history),
         styled(str(faults), "warn") if faults else "0",
         age(now - float(last)) if last is not None else "never",
-        "; ".join((["node tests running"] if node.get("testing") else []) + list(node.get("reasons") or [])),
+        "; ".join(node_doing(node) + list(node.get("reasons") or [])),
     )
 
 

@@ -529,6 +529,8 @@ def probe(params):
     reading = read_gpus(params, deadline)
     facts["driver_version"] = reading.driver_version
     facts["gpu_source"] = reading.source
+    if reading.boot_id:  # a simulated node (the lab) that shares the kernel of its neighbours has its own
+        facts["boot_id"] = reading.boot_id
     cache = runtimes_cache(params.get("node")) if params["sysroot"] == "/" else None  # not for a test's tree
     max_age = as_number(params.get("runtimes_max_age")) or 0.0
     facts["runtimes"] = safe(read_runtimes, str(params["sysroot"]), deadline, max_age, cache) or []

@@ -75,11 +75,12 @@ def normalize_gpu(raw, position):
 
 
 class GpuReading(object):
-    def __init__(self, source, gpus=(), driver_version=None, error=None):
+    def __init__(self, source, gpus=(), driver_version=None, error=None, boot_id=None):
         self.source = source
         self.gpus = [normalize_gpu(raw, i) for i, raw in enumerate(gpus)]
         self.driver_version = as_str(driver_version)
         self.error = error
+        self.boot_id = as_str(boot_id)  # a simulated node's own boot id (its "reboot" changes it), else None
 
 
 def read_gpus(params, deadline):
@@ -102,7 +103,7 @@ def read_sim_gpus(path):
         return GpuReading("sim", error="cannot read simulated GPU file %s: %s" % (path, exc))
     if not isinstance(doc, dict) or not isinstance(doc.get("gpus"), list):
         return GpuReading("sim", error='simulated GPU file %s has no "gpus" list' % path)
-    return GpuReading("sim", doc["gpus"], doc.get("driver_version"))
+    return GpuReading("sim", doc["gpus"], doc.get("driver_version"), boot_id=doc.get("boot_id"))
 
 
 def nvml_value(nv, function, *args):

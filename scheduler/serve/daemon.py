@@ -41,7 +41,7 @@ log = logging.getLogger("ftconsole.daemon")
 
 # what a standby refuses (several schedulers on one PostgreSQL store: only the leader changes anything, and only
 # the leader acts on the nodes: `debug` runs py-spy on them as the SSH account)
-LEADER_OPS = WRITE_OPS | {"ack", "resolve", "probe", "drain", "resume", "debug"}
+LEADER_OPS = WRITE_OPS | {"ack", "resolve", "probe", "drain", "resume", "repair", "debug"}
 # The most rows one `events` or `alerts` request returns (issue 26): a larger `limit` is refused, not read.
 MAX_LIMIT = 10_000
 
@@ -81,6 +81,7 @@ class Operations:
             "probe": self._probe,
             "drain": self._drain,
             "resume": self._resume,
+            "repair": self._repair,
             "cluster": self._cluster,
             "usage": self._usage,
             "quota": self._quota,
@@ -293,6 +294,9 @@ class Operations:
     async def _resume(self, caller: Caller, args: dict[str, Any]) -> Any:
         views = await self.scheduler.resume(caller, str(args["nodeset"]), test=bool(args.get("test")))
         return [v.to_json() for v in views]
+
+    async def _repair(self, caller: Caller, args: dict[str, Any]) -> Any:
+        return [v.to_json() for v in await self.scheduler.repair(caller, str(args["nodeset"]))]
 
     async def _cluster(self, caller: Caller, args: dict[str, Any]) -> Any:
         s = self.scheduler

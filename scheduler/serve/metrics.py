@@ -112,6 +112,8 @@ class Snapshot:
     collect_seconds: float = 0.0
     # (test, result, trigger) -> node tests run by this scheduler since it started (nodetests.Tester.counts)
     node_tests: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
+    # (step, result) -> steps of the repair ladder this scheduler climbed since it started (climbs.Repairs.counts)
+    repairs: Mapping[tuple[str, str], int] = field(default_factory=dict)
     # by whom (scheduler, operator): nodes put back in service, and the seconds they had been out, since it started
     returns: Mapping[str, int] = field(default_factory=dict)
     out_of_service_s: Mapping[str, float] = field(default_factory=dict)
@@ -254,7 +256,8 @@ async def gather(service: ClusterService, counts: StoreCounts, *, looping: bool)
     tests = dict(service.tester.counts)
     returns, out = dict(service.returns.count), dict(service.returns.out_s)
     took = time.monotonic() - started
-    return Snapshot(nodes, gpus, stored, looping, took, node_tests=tests, returns=returns, out_of_service_s=out)
+    return Snapshot(nodes, gpus, stored, looping, took, node_tests=tests, returns=returns, out_of_service_s=out,
+                    repairs=dict(service.repairs.counts))  # fmt: skip
 
 
 # ================================================================ rendering (pure)
@@ -308,6 +311,15 @@ class SnapshotCollector(Collector):
         for (test, result, trigger), n in sorted(self.snapshot.node_tests.items()):
             tests.add_metric([test, result, trigger], n)
         yield tests
+        repairs = CounterMetricFamily(
+            "ftconsole_node_repairs",
+            "Steps of the repair ladder climbed by this scheduler since it started, by step (gpu-reset, reboot, tests, "
+            "resume; waiting, boot where one failed) and result (done, pass, fail).",
+            labels=["step", "result"],
+        )
+        for (step, result), n in sorted(self.snapshot.repairs.items()):
+            repairs.add_metric([step, result], n)
+        yield repairs
         returns = CounterMetricFamily(
             "ftconsole_node_returns",
             "Drained or isolated nodes put back in service since this scheduler started, by who did (scheduler, "

@@ -27,6 +27,7 @@ from ftconsole.scheduler.spec.outward import AlertmanagerSettings as Alertmanage
 from ftconsole.scheduler.spec.outward import MetricsSettings as MetricsSettings
 from ftconsole.scheduler.spec.outward import NotifySettings as NotifySettings
 from ftconsole.scheduler.spec.outward import parse_listen as parse_listen
+from ftconsole.scheduler.spec.repairspec import RepairSettings as RepairSettings
 
 # what teams sharing the cluster set (fair share, quotas) lives in spec/sharingspec.py; callers import it from here
 from ftconsole.scheduler.spec.sharingspec import FairShare as FairShare
@@ -297,6 +298,7 @@ class ClusterConfig(_Strict):
     data_prep: DataPrepSettings = DataPrepSettings()  # node-local storage for jobs' data sets (seed 003)
     containers: ContainerSettings = ContainerSettings()  # the runtime jobs with `image` run in (issue 17)
     node_tests: NodeTests = NodeTests()  # what a node passes under load before it returns to service (issue 42)
+    repair: RepairSettings = RepairSettings()  # how an isolated node is brought back: reset, reboot, test
 
     def cross_problems(self, groups: Sequence[tuple[int, NodeGroup]] | None = None) -> list[tuple[Loc, str]]:
         """Problems that span several keys, as (key path, message); pydantic checks each key alone. `groups`: the

@@ -21,6 +21,7 @@ from __future__ import annotations
 import grp
 import os
 import pwd
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -132,6 +133,10 @@ def host_problems(loaded: LoadedConfig) -> tuple[list[tuple[Loc, str]], list[str
         why = _readable_problem(config_file, "the ssh config")
         if why is not None:
             out.append((("ssh", "config_file"), why))
+    reboot = cluster.repair.reboot
+    if isinstance(reboot, list) and shutil.which(reboot[0]) is None:
+        out.append((("repair", "reboot"), f"{reboot[0]!r} is not a program on this host's PATH: the head node runs "
+                    "the reboot command (give its full path, or install it)"))  # fmt: skip
     known, known_notes = _known_hosts(loaded)
     return out + known, notes + known_notes
 

@@ -53,6 +53,8 @@ nodes:
   - name: a
     pool: gpu
   - pool: gpu
+repair:
+  reboot: [/no/such/ipmitool, "{{node}}-bmc"]
 """
 
 # (line, key, words the problem has): every problem of BROKEN
@@ -75,6 +77,7 @@ EXPECTED = [
     (30, "nodes[2].pool", "pool 'nosuch' is not defined under pools"),
     (31, "nodes[3].name", "node a is already defined in nodes[2]"),
     (33, "nodes[4].name", "missing: this key is required"),
+    (35, "repair.reboot", "'/no/such/ipmitool' is not a program on this host's PATH"),
 ]
 
 

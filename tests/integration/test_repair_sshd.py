@@ -1,0 +1,115 @@
+"""The repair ladder (issue 42) on real sshd nodes: an isolated node is reset, rebooted, tested and resumed with no
+operator; one that still fails under load stays isolated, and the scheduler does not climb for it again within
+`max_per_day`; an operator's `repair` brings it back once it is fixed. The reboot is a head-node command (as an
+IPMI tool would be) that asks the test to "reboot" the node: every process started through it killed, a new boot
+id, its sshd started again (`SshdCluster.reboot`). What is checked is what is real afterwards: the node's state,
+its boot id as the probe reads it, the reboots asked for, the node's events."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ftconsole.scheduler import repair
+from ftconsole.scheduler.errors import UsageError
+from ftconsole.scheduler.nodeops import ClusterService
+from tests.cli_runner import Cli
+from tests.integration.test_nodetests_sshd import FAULT, GPU_TEST, config, faulty
+from tests.integration.test_scheduler_sshd import poll
+from tests.sshd_cluster import SshdCluster
+
+pytestmark = pytest.mark.sshd
+
+# a head-node command that appends the node's name to a file: the test reboots what is named there
+ASK = "import sys; open(sys.argv[1], 'a').write(sys.argv[2] + chr(10))"
+
+
+@contextlib.asynccontextmanager
+async def rebooter(cluster: SshdCluster, asked: Path) -> Any:
+    """Reboots each node named in `asked` once its name is written there (as a BMC would power-cycle it); the
+    boot ids given, in order."""
+    booted: list[str] = []
+
+    async def watch() -> None:
+        done = 0
+        while True:
+            names = asked.read_text().split() if asked.exists() else []
+            for name in names[done:]:
+                booted.append(await asyncio.to_thread(cluster.reboot, name))
+            done = len(names)
+            await asyncio.sleep(0.2)
+
+    task = asyncio.create_task(watch())
+    try:
+        yield booted
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def climbed(svc: ClusterService, node: str) -> None:
+    """Until the node's repair has ended."""
+
+    async def on() -> bool:
+        return node in svc.repairs.climbs
+
+    await poll(on, lambda climbing: not climbing, f"the repair of {node} to end")
+
+
+async def test_an_isolated_node_is_rebooted_tested_and_resumed_or_stays_out_while_it_fails(
+    sshd_cluster: Any, tmp_path: Path
+) -> None:
+    cluster: SshdCluster = sshd_cluster(2, gpus=2)
+    asked = tmp_path / "reboots"
+    path, loaded = config(
+        cluster, tmp_path, node_tests=GPU_TEST,
+        repair={"auto": True, "max_per_day": 1, "reboot": [sys.executable, "-c", ASK, str(asked), "{node}"],
+                "boot_timeout": "60s"},
+    )  # fmt: skip
+    faulty(cluster, "node01", True)  # GPU 1 passes at rest and fails under load
+    async with ClusterService.open(loaded) as svc, rebooter(cluster, asked) as booted:
+        await svc.probe()
+        (before,) = await svc.nodes("node01")
+        old_boot = before.probe.report["facts"]["boot_id"] if before.probe and before.probe.report else None
+        await svc.isolate(["node01"], reason="job 4: GPU 1: Xid 79 (fallen off the bus)", by="scheduler")
+        assert await repair.start_auto(svc) == ["node01"]
+        (view,) = [v.to_json() for v in await svc.nodes("node01")]
+        assert view["repair"]["by"] == "scheduler (repair)" and view["repair"]["why"] == "isolated by scheduler"
+        await climbed(svc, "node01")
+
+        # the reset (no nvidia-smi on these nodes) failed, the reboot came, the tests failed: still isolated
+        assert asked.read_text().split() == ["node01"] and len(booted) == 1
+        (view,) = [v.to_json() for v in await svc.nodes("node01")]
+        assert view["state"] == "isolated" and view["repair"] is None
+        assert view["facts"]["boot_id"] == booted[0] != old_boot  # the probe read the new boot
+        steps = [(e.data.get("step"), e.data.get("result")) for e in await svc.events(node="node01")
+                 if e.kind == "repair"]  # fmt: skip
+        assert steps == [("start", None), ("gpu-reset", "fail"), ("tests", "fail")], steps
+        failed = [e.message for e in await svc.events(node="node01") if e.kind == "repair"][-1]
+        assert failed.startswith("repair failed at tests: node tests: ") and FAULT in failed, failed
+        assert svc.repairs.counts == {("gpu-reset", "fail"): 1, ("reboot", "done"): 1, ("tests", "fail"): 1}
+        assert await repair.start_auto(svc) == []  # max_per_day: not again by itself today
+        with pytest.raises(UsageError, match="node02: in service: drain or isolate it first"):
+            await repair.repair(svc, "node[01-02]", by="ann")
+
+        faulty(cluster, "node01", False)  # the GPU is replaced; an operator repairs the node
+        (climb,) = await repair.repair(svc, "node01", by="ann")
+        assert climb.by == "ann"
+        await climbed(svc, "node01")
+        (view,) = [v.to_json() for v in await svc.nodes("node01")]
+        assert view["state"] == "healthy" and len(booted) == 2 and view["facts"]["boot_id"] == booted[1]
+        resumed = [e for e in await svc.events(node="node01") if e.kind == "resumed"]
+        assert len(resumed) == 1 and "resumed by ann after a repair (rebooted, tested)" in resumed[0].message
+        assert svc.repairs.counts[("resume", "done")] == 1 and svc.returns.count["operator"] == 1
+        assert [a.kind for a in await svc.store.alerts()] == []  # node_isolated resolved by the resume
+
+    cli = Cli(path)  # no scheduler runs: a repair, which takes minutes, needs one
+    cli("drain", "node02", "--reason", "fan")
+    refused = cli("repair", "node02", check=3)
+    assert "repair needs the scheduler running (ftconsole serve)" in refused.stderr, refused.stderr
