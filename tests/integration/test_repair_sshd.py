@@ -20,7 +20,7 @@ from ftconsole.scheduler.errors import UsageError
 from ftconsole.scheduler.nodeops import ClusterService
 from tests.cli_runner import Cli
 from tests.integration.test_nodetests_sshd import FAULT, GPU_TEST, config, faulty
-from tests.integration.test_scheduler_sshd import poll
+from tests.integration.test_scheduler_sshd import poll, running, write_config
 from tests.sshd_cluster import SshdCluster
 
 pytestmark = pytest.mark.sshd
@@ -113,3 +113,30 @@ async def test_an_isolated_node_is_rebooted_tested_and_resumed_or_stays_out_whil
     cli("drain", "node02", "--reason", "fan")
     refused = cli("repair", "node02", check=3)
     assert "repair needs the scheduler running (ftconsole serve)" in refused.stderr, refused.stderr
+
+
+async def test_repair_wait_follows_a_drained_node_through_the_running_scheduler(
+    sshd_cluster: Any, tmp_path: Path, sock_dir: Path
+) -> None:
+    """`ftconsole repair NODE --wait` as an operator types it, against `serve`: a drained node with no node tests
+    configured is rebooted, must then probe healthy, and is resumed by the operator; the repair shows in `nodes`
+    while it climbs."""
+    cluster: SshdCluster = sshd_cluster(1, gpus=2)
+    asked = tmp_path / "reboots"
+    loaded = write_config(cluster, tmp_path, sock_dir, repair={"reboot": [sys.executable, "-c", ASK, str(asked),
+                                                               "{node}"], "boot_timeout": "60s"})  # fmt: skip
+    cli = Cli(loaded.file)
+    async with running(loaded) as (scheduler, client), rebooter(cluster, asked) as booted:
+        await client.call("drain", nodeset="node01", reason="new power supply")
+        done = await asyncio.to_thread(cli, "repair", "node01", "--wait")
+        assert done.stdout.splitlines() == ["node01: repair started (waiting)", "node01: healthy"], done.stdout
+        assert len(booted) == 1
+        (view,) = await client.call("nodes", nodeset="node01")
+        assert view["state"] == "healthy" and view["facts"]["boot_id"] == booted[0] and view["repair"] is None
+        events = await client.call("events", node="node01")
+        said = [e["message"] for e in events if e["kind"] in ("repair", "resumed")]
+        assert any(m.startswith("repair started by root (drained by root)") for m in said), said
+        assert any("after a repair (rebooted, tested)" in m for m in said), said
+        assert scheduler.service.repairs.counts[("tests", "pass")] == 1
+        again = await asyncio.to_thread(cli, "repair", "node01", check=2)  # in service now
+        assert "node01: in service: drain or isolate it first" in again.stderr, again.stderr
