@@ -443,6 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--kill", action="store_true", help="the node dies: SSH refused, its processes killed")
     what.add_argument("--hang", action="store_true", help="the node freezes: SSH silent, its processes stopped")
     what.add_argument("--gpu-ecc", type=int, metavar="GPU", help="GPU index GPU reports an uncorrectable ECC error")
+    what.add_argument("--reboot", action="store_true", help="the node reboots: processes killed, a new boot id")
     what.add_argument("--heal", action="store_true", help="undo all of these: SSH answers, processes go on, ECC clear")
     fault.set_defaults(func=cmd_lab)
 

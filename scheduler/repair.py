@@ -229,7 +229,7 @@ async def _failing(service: ClusterService, node: Node, by: str) -> str | None:
 
 
 async def _resume(service: ClusterService, node: Node, by: str, done: Sequence[str]) -> None:
-    what = ", ".join([*done, "tested"])
+    what = ", ".join([*done, "tested" if service.config.node_tests_for(node.pool).any else "probed healthy"])
     async with service._folding:
         health = await _health(service, node)
         health, events = set_admin(health, None, "", f"{by} after a repair ({what})", service.clock())

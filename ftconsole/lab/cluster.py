@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import time
+import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -256,6 +257,8 @@ class LabCluster:
             if fault.kind is FaultKind.GPU_ECC:
                 assert fault.gpu is not None
                 return self._gpu_ecc(node, fault, fault.gpu)
+            if fault.kind is FaultKind.REBOOT:
+                return await self._reboot(node, fault)
             return await self._heal(node, fault)
 
     def _fault_node(self, name: str) -> LabNode:
@@ -333,6 +336,27 @@ class LabCluster:
             "its next probe reads the node unhealthy"
         )
         return self._report(node, fault, message)
+
+    async def _reboot(self, node: LabNode, fault: Fault) -> FaultReport:
+        """As a reboot: the node dies (its processes too), comes back with a new boot id and no ECC errors (the
+        volatile counts a reboot clears), and its SSH server answers again."""
+        killed = (await self._kill(node, fault)).processes
+        try:
+            data = node.gpus()
+            node.write_gpus({**without_ecc_errors(data), "boot_id": str(uuid.uuid4())})
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise LabError(f"{node.name}: cannot read {node.gpus_path}: {exc}") from exc
+        assert self._authorized is not None
+        try:
+            await node.start(self._authorized, node.port)
+        except OSError as exc:
+            why = exc.strerror or exc
+            raise LabError(f"{node.name}: cannot listen on {node.host}:{node.port} again: {why}") from exc
+        message = (
+            f"{node.name} rebooted: {plural(len(killed), 'process')} killed, a new boot id, SSH server on "
+            f"{node.host}:{node.port} back up"
+        )
+        return self._report(node, fault, message, list(killed))
 
     async def _heal(self, node: LabNode, fault: Fault) -> FaultReport:
         done = []

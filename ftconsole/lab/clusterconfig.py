@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -43,6 +44,10 @@ def render_cluster_config(
         "nodes": [{"name": spec.name, "host": LAB_HOST, "port": port, "pool": spec.pool} for spec, port in nodes],
         "pools": {group.pool: {} for group in layout.nodes},
         "admins": [user],
+        # `ftconsole repair NODE` reboots a lab node through the lab, as an IPMI tool would power-cycle a real one
+        "repair": {
+            "reboot": [sys.executable, "-m", "ftconsole.lab", "fault", "--dir", str(paths.root), "{node}", "--reboot"]
+        },
     }
     return deep_merge(base, layout.cluster)
 

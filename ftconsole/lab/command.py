@@ -41,12 +41,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def add_fault_arguments(parser: argparse.ArgumentParser) -> None:
-    """NODE and exactly one of --kill, --hang, --gpu-ecc GPU, --heal (`ftconsole lab fault` has the same)."""
+    """NODE and exactly one of --kill, --hang, --gpu-ecc GPU, --reboot, --heal (`ftconsole lab fault` too)."""
     parser.add_argument("node", metavar="NODE", help="the lab node, e.g. lab03")
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--kill", action="store_true", help="the node dies: SSH refused, its processes killed")
     what.add_argument("--hang", action="store_true", help="the node freezes: SSH silent, its processes stopped")
     what.add_argument("--gpu-ecc", type=int, metavar="GPU", help="GPU index GPU reports an uncorrectable ECC error")
+    what.add_argument("--reboot", action="store_true", help="the node reboots: processes killed, a new boot id")
     what.add_argument("--heal", action="store_true", help="undo all of these: SSH answers, processes go on, ECC clear")
 
 
@@ -57,6 +58,8 @@ def fault_from_args(args: argparse.Namespace) -> Fault:
         return Fault.hang()
     if args.gpu_ecc is not None:
         return Fault.gpu_ecc(args.gpu_ecc)
+    if args.reboot:
+        return Fault.reboot()
     return Fault.heal()
 
 

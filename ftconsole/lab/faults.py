@@ -3,6 +3,8 @@
     kill      the node dies: its SSH server stops (connections dropped, new ones refused), its processes killed
     hang      the node freezes: its SSH server and its processes are stopped (connections stay open, silent)
     gpu-ecc   one GPU reports one more uncorrectable ECC error in gpus.json, from now on
+    reboot    the node reboots: its SSH server stops, its processes are killed, it gets a new boot id (in
+              gpus.json, which its probe reads) and its SSH server starts again; ECC errors are cleared
     heal      all of it undone: the server answers again, stopped processes continue, ECC errors are cleared
 
 `LabCluster.fault` does them in the lab's process; `lab_fault` asks the background lab (``lab.sock``) to.
@@ -22,6 +24,7 @@ class FaultKind(enum.Enum):
     KILL = "kill"
     HANG = "hang"
     GPU_ECC = "gpu-ecc"
+    REBOOT = "reboot"
     HEAL = "heal"
 
 
@@ -57,6 +60,10 @@ class Fault:
     @classmethod
     def gpu_ecc(cls, gpu: int) -> Fault:
         return cls(FaultKind.GPU_ECC, gpu)
+
+    @classmethod
+    def reboot(cls) -> Fault:
+        return cls(FaultKind.REBOOT)
 
     @classmethod
     def heal(cls) -> Fault:

@@ -265,6 +265,20 @@ async def test_gpu_ecc_makes_the_next_probe_unhealthy_and_heal_clears_it(backgro
     assert (well["state"], well["reasons"]) == ("healthy", [])
 
 
+async def test_reboot_kills_the_nodes_processes_and_comes_back_with_a_new_boot_id(background_lab: LabInfo) -> None:
+    info = background_lab
+    before = await probe(info, "lab02")
+    sleeper = await start_sleeper(info, "lab02")
+    fault_cli(info.lab_dir, "lab02", "--gpu-ecc", "1")
+    report = fault_cli(info.lab_dir, "lab02", "--reboot")
+    assert report["fault"] == "reboot" and report["state"] == "up" and sleeper in report["processes"], report
+    assert "lab02 rebooted: " in report["message"] and report["ecc_uncorrectable"] == [0, 0, 0, 0]
+    assert await wait_until(lambda: not pid_alive(sleeper)), "a process of the node outlived its reboot"
+    after = await probe(info, "lab02")  # it answers at once, with another boot id, and the scheduler says so
+    assert after["facts"]["boot_id"] and after["facts"]["boot_id"] != before["facts"]["boot_id"]
+    assert (await ssh_run(info, "lab02", "echo back")) == "back\n"
+
+
 async def test_bad_input_is_refused_with_what_is_wrong(background_lab: LabInfo, tmp_path: Path) -> None:
     lab_dir = background_lab.lab_dir
     unknown = ftconsole(lab_dir, "lab", "fault", "lab09", "--kill")  # one as a process, the rest in this one
@@ -275,7 +289,7 @@ async def test_bad_input_is_refused_with_what_is_wrong(background_lab: LabInfo, 
         (("lab02", "--gpu-ecc", "-1"), 2, "GPU index -1 is negative"),
         (("lab02", "--gpu-ecc", "two"), 2, "invalid int value: 'two'"),
         (("lab02", "--kill", "--hang"), 2, "argument --hang: not allowed with argument --kill"),
-        (("lab02",), 2, "one of the arguments --kill --hang --gpu-ecc --heal is required"),
+        (("lab02",), 2, "one of the arguments --kill --hang --gpu-ecc --reboot --heal is required"),
     ]
     for args, code, message in cases:
         status, out, err = cli_main("lab", "fault", "--dir", str(lab_dir), *args)

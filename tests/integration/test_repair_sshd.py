@@ -136,7 +136,7 @@ async def test_repair_wait_follows_a_drained_node_through_the_running_scheduler(
         events = await client.call("events", node="node01")
         said = [e["message"] for e in events if e["kind"] in ("repair", "resumed")]
         assert any(m.startswith("repair started by root (drained by root)") for m in said), said
-        assert any("after a repair (rebooted, tested)" in m for m in said), said
+        assert any("after a repair (rebooted, probed healthy)" in m for m in said), said
         assert scheduler.service.repairs.counts[("tests", "pass")] == 1
         again = await asyncio.to_thread(cli, "repair", "node01", check=2)  # in service now
         assert "node01: in service: drain or isolate it first" in again.stderr, again.stderr
