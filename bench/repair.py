@@ -4,9 +4,10 @@
 
 A lab of `--nodes` nodes of 4 GPUs and `ftconsole serve` (its own state_dir; `probes.interval` as given, the
 other settings the scheduler's defaults; the GPU node test at level 1, which the lab's simulated GPUs pass). Each
-round submits a one-node job (`sleep 3600`, `fault_tolerance: {retries: 3}`), waits until it runs, and kills its
-node (`ftconsole lab fault NODE --kill`: SSH refused, its processes SIGKILLed). The scheduler finds the rank
-lost, isolates the node and runs the job elsewhere. Then, in the same run, side by side:
+round submits a one-node job (`sleep 3600`, `fault_tolerance: {retries: 3}`) to the nodes no round killed yet (a
+node killed twice is flaky, and waits for an operator by design), waits until it runs, and kills its node
+(`ftconsole lab fault NODE --kill`: SSH refused, its processes SIGKILLed). The scheduler finds the rank lost,
+isolates the node and runs the job elsewhere. Then, in the same run, side by side:
 
 - `repair`: `repair.auto: true`, `repair.reboot` the lab's reboot (`lab fault NODE --reboot`, as an IPMI power
   cycle): the scheduler waits until no job holds the node, reboots it, waits for its new boot id, runs the node
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import statistics
 import sys
 import tempfile
@@ -66,8 +68,12 @@ async def event_time(api: ApiClient, node: str, kind: str, after: float, text: s
     return None
 
 
-async def one_round(api: ApiClient, lab_dir: Path, repair: bool, manual_wait: float) -> dict[str, float]:
-    job = (await api.call("submit", spec=JOB))["id"]
+async def one_round(
+    api: ApiClient, lab_dir: Path, repair: bool, manual_wait: float, fresh: list[str]
+) -> dict[str, float]:
+    """One round on the nodes not killed yet (`fresh`): a node killed twice within probes.flaky_window is flaky,
+    and a flaky node waits for an operator, by design."""
+    job = (await api.call("submit", spec={**JOB, "node_names": ",".join(fresh)}))["id"]
 
     async def running() -> dict[str, Any] | None:
         shown = await api.call("show", job=job)
@@ -76,6 +82,8 @@ async def one_round(api: ApiClient, lab_dir: Path, repair: bool, manual_wait: fl
 
     shown = await until("the job to run", running)
     node = shown["attempts"][-1]["runs"][0]["node"]
+    fresh.remove(node)
+    print(f"  {'repair' if repair else 'none'}: job {job} runs on {node}: killing it", file=sys.stderr)
     killed = time.time()
     await asyncio.to_thread(lab_fault, lab_dir, node, Fault.kill())
     isolated = await until(f"{node} isolated", lambda: event_time(api, node, "isolated", killed))
@@ -111,7 +119,8 @@ async def one_lab(root: Path, nodes: int, repeats: int, repair: bool, interval: 
     try:
         api = await connect(load_config(path))
         try:
-            return [await one_round(api, lab_dir, repair, wait) for _ in range(repeats)]
+            fresh = [n.name for n in info.nodes]
+            return [await one_round(api, lab_dir, repair, wait, fresh) for _ in range(repeats)]
         finally:
             await api.close()
     finally:
@@ -125,13 +134,20 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--probe-interval", default="5s")
     parser.add_argument("--wait", type=float, default=60.0, help="without repair: when the operator acts (s)")
+    parser.add_argument("--keep", type=Path, help="keep each lab's serve.log in this folder")
     args = parser.parse_args()
     if args.repeats > args.nodes - 1:
         raise SystemExit("each round needs a node for the job to run on again: --repeats below --nodes")
     rows = []
     for repair in (True, False):
         with tempfile.TemporaryDirectory(prefix="ftr-", dir="/tmp") as tmp:
-            samples = asyncio.run(one_lab(Path(tmp), args.nodes, args.repeats, repair, args.probe_interval, args.wait))
+            try:
+                samples = asyncio.run(one_lab(Path(tmp), args.nodes, args.repeats, repair, args.probe_interval,
+                                              args.wait))  # fmt: skip
+            finally:
+                if args.keep is not None:
+                    args.keep.mkdir(parents=True, exist_ok=True)
+                    shutil.copy(Path(tmp) / "serve.log", args.keep / f"serve-{'repair' if repair else 'none'}.log")
 
         def med(key: str, samples: list[dict] = samples) -> str:
             values = [s[key] for s in samples if key in s]

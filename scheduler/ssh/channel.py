@@ -241,6 +241,7 @@ class NodeChannel:
         for future in [self._hello, *self._pending.values()]:
             if not future.done():
                 future.set_exception(ChannelClosed(why))
+                future.exception()  # told to whoever awaits it; no one may (a waiter that gave up): not logged
         self._pending.clear()
         for followed in self._follows.values():
             followed.put(None)
