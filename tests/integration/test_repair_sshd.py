@@ -118,17 +118,28 @@ async def test_an_isolated_node_is_rebooted_tested_and_resumed_or_stays_out_whil
 async def test_repair_wait_follows_a_drained_node_through_the_running_scheduler(
     sshd_cluster: Any, tmp_path: Path, sock_dir: Path
 ) -> None:
-    """`ftconsole repair NODE --wait` as an operator types it, against `serve`: a drained node with no node tests
-    configured is rebooted, must then probe healthy, and is resumed by the operator; the repair shows in `nodes`
-    while it climbs."""
+    """`ftconsole repair NODE --wait` as an operator types it, against `serve`: a drained node waits until its job
+    is gone (no reboot meanwhile, the step shown in `nodes`), then, with no node tests configured, is rebooted,
+    must probe healthy, and is resumed by the operator."""
     cluster: SshdCluster = sshd_cluster(1, gpus=2)
     asked = tmp_path / "reboots"
     loaded = write_config(cluster, tmp_path, sock_dir, repair={"reboot": [sys.executable, "-c", ASK, str(asked),
                                                                "{node}"], "boot_timeout": "60s"})  # fmt: skip
     cli = Cli(loaded.file)
     async with running(loaded) as (scheduler, client), rebooter(cluster, asked) as booted:
+        held = (await client.call("submit", spec={"name": "held", "command": "sleep 600", "gpus_per_node": 1}))["id"]
+        await poll(lambda: client.call("show", job=held), lambda j: j["status"] == "running", "the job to run")
         await client.call("drain", nodeset="node01", reason="new power supply")
-        done = await asyncio.to_thread(cli, "repair", "node01", "--wait")
+        repairing = asyncio.create_task(asyncio.to_thread(cli, "repair", "node01", "--wait"))
+
+        async def step() -> Any:
+            return (await client.call("nodes", nodeset="node01"))[0]["repair"]
+
+        assert (await poll(step, lambda climb: climb is not None, "the repair"))["step"] == "waiting"
+        await asyncio.sleep(1.5)  # its job holds it: no reboot
+        assert (await step())["step"] == "waiting" and not asked.exists() and not repairing.done()
+        await client.call("stop", jobs=[held])
+        done = await repairing
         assert done.stdout.splitlines() == ["node01: repair started (waiting)", "node01: healthy"], done.stdout
         assert len(booted) == 1
         (view,) = await client.call("nodes", nodeset="node01")
