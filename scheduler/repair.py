@@ -111,13 +111,13 @@ async def _climb(service: ClusterService, node: Node) -> None:
     try:
         await _event(service, node, f"repair started by {climb.by} ({climb.why})", {"step": "start", "by": climb.by})
         while await nodegate.busy(service, {node.name}):
-            if not await _out_of_service(service, node):
-                return  # put back meanwhile (an operator's resume): nothing to repair
+            await _still_out(service, node, step)  # put back meanwhile (an operator's resume): nothing to repair
             await asyncio.sleep(POLL_S)
         health = await _health(service, node)
         gpus = sorted({int(g) for g in GPU_NAMED.findall(" ".join(health.all_reasons()))})
         if settings.gpu_reset and gpus:
             step = "gpu-reset"
+            await _still_out(service, node, step)
             repairs.step(node.name, step, service.clock())
             try:
                 await _reset(service, node, gpus)
@@ -136,6 +136,7 @@ async def _climb(service: ClusterService, node: Node) -> None:
                     raise Failed("tests", f"after the GPU reset: {failing}")
         if settings.reboot is not None:
             step = "reboot"
+            await _still_out(service, node, step)
             repairs.step(node.name, step, service.clock())
             was = health.boot_id
             await _reboot(service, node)
@@ -159,7 +160,10 @@ async def _climb(service: ClusterService, node: Node) -> None:
 async def _reset(service: ClusterService, node: Node, gpus: Sequence[int]) -> None:
     for index in gpus:
         argv = ["sh", "-c", AS_ROOT, "sh", "nvidia-smi", "-r", "-i", str(index)]
-        result = await service.transport.run(node, argv, timeout=COMMAND_TIMEOUT_S)
+        try:
+            result = await service.transport.run(node, argv, timeout=COMMAND_TIMEOUT_S)
+        except FtError as exc:  # the node does not answer: a reboot may bring it back
+            raise Failed("gpu-reset", str(exc)) from None
         if not result.ok:
             raise Failed("gpu-reset", f"nvidia-smi -r -i {index}: {result.describe_failure()}")
 
@@ -240,7 +244,8 @@ async def _resume(service: ClusterService, node: Node, by: str, done: Sequence[s
 
 async def _failed(service: ClusterService, node: Node, step: str, why: str, *, going_on: bool = False) -> None:
     service.repairs.counts[step, "fail"] += 1
-    then = "the next step follows" if going_on else "it stays out of service"
+    out = await _out_of_service(service, node)
+    then = "the next step follows" if going_on else "it stays out of service" if out else "it is in service"
     await _event(service, node, f"repair failed at {step}: {why}; {then}", {"step": step, "result": "fail"})
     log.warning("%s: repair failed at %s: %s; %s", node.name, step, why, then)
 
@@ -257,3 +262,10 @@ async def _health(service: ClusterService, node: Node) -> NodeHealth:
 
 async def _out_of_service(service: ClusterService, node: Node) -> bool:
     return (await _health(service, node)).admin is not None
+
+
+async def _still_out(service: ClusterService, node: Node, step: str) -> None:
+    """Before a step that would meet a job (a reset, a reboot): the node must still be out of service; someone
+    who put it back meanwhile ends the repair there."""
+    if not await _out_of_service(service, node):
+        raise Failed(step, "the node was put back in service meanwhile: nothing more is done to it")

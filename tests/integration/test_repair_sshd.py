@@ -129,6 +129,16 @@ async def test_repair_wait_follows_a_drained_node_through_the_running_scheduler(
     async with running(loaded) as (scheduler, client), rebooter(cluster, asked) as booted:
         held = (await client.call("submit", spec={"name": "held", "command": "sleep 600", "gpus_per_node": 1}))["id"]
         await poll(lambda: client.call("show", job=held), lambda j: j["status"] == "running", "the job to run")
+
+        async def repair_events() -> list[str]:
+            return [e["message"] for e in await client.call("events", node="node01") if e["kind"] == "repair"]
+
+        await client.call("drain", nodeset="node01", reason="fan")  # repaired, then put back by hand meanwhile
+        await client.call("repair", nodeset="node01")
+        await client.call("resume", nodeset="node01")
+        (ended,) = (await poll(repair_events, lambda said: len(said) == 2, "the repair to end"))[1:]
+        assert ended == ("repair failed at waiting: the node was put back in service meanwhile: nothing more is "
+                         "done to it; it is in service"), ended  # fmt: skip
         await client.call("drain", nodeset="node01", reason="new power supply")
         repairing = asyncio.create_task(asyncio.to_thread(cli, "repair", "node01", "--wait"))
 
