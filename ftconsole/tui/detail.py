@@ -25,7 +25,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Label, Log, Static, TabbedContent, TabPane
 
 from ftconsole.debug_cli import evidence_text
-from ftconsole.format import age, runtime_lines, test_line
+from ftconsole.format import age, node_doing, runtime_lines, test_line
 from ftconsole.probes.health import is_fault
 from ftconsole.scheduler.decide.arrays import summary
 from ftconsole.scheduler.errors import FtError
@@ -393,7 +393,7 @@ class NodeScreen(DetailScreen):
 
     def show(self, v: dict[str, Any]) -> None:
         facts = v.get("facts") or {}
-        lines = ["; ".join(v.get("reasons") or []) or "no problem reported"]
+        lines = ["; ".join(node_doing(v) + list(v.get("reasons") or [])) or "no problem reported"]
         if v.get("admin"):
             lines.append(f"{v['admin']} by {v.get('admin_by') or '?'}: {v.get('admin_reason') or ''}")
         if v.get("isolated_passes"):

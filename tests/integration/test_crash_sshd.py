@@ -54,7 +54,7 @@ JOBS: dict[str, tuple[dict[str, Any], str, int]] = {
                              "checkpoint_resume": {"max_resumes": 0, "grace_period": "1s"}}},
         "error", 2,
     ),
-    "expires": ({"command": f"sh -c '{START}; exec sleep 300'", "max_runtime": "3s"}, "expired", 1),
+    "expires": ({"command": f"sh -c '{START}; exec sleep 300'", "max_runtime": "2s"}, "expired", 1),
     # killed (137) in its first attempt, restarted in place once (the recovery path): its rank starts twice
     "restarts": (
         {"command": f"sh -c '{START}; if [ $FT_ATTEMPT = 1 ]; then exit 137; fi; sleep 1'",

@@ -495,7 +495,7 @@ def check_place(
         assert queued.node_names is None or name in queued.node_names
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(clusters(), queues(), st.sampled_from([None, 1, {"p": 0}]), st.sampled_from([frozenset(), frozenset(POOLS)]))
 def test_placement_properties(
     state: ClusterState, queue: list[JobRequest], cap: int | dict[str, int] | None, allow_degraded: frozenset[str]
@@ -539,7 +539,7 @@ def head_id(decisions: Sequence[Decision]) -> str | None:
     return next((d.job_id for d in decisions if isinstance(d, Wait) and d.cause is WaitCause.CAPACITY), None)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(clusters(), queues())
 def test_backfill_never_delays_the_head(state: ClusterState, queue: list[JobRequest]) -> None:
     """With every placement of the pass running, the head's earliest start is the one the pass promised."""
