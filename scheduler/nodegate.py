@@ -59,7 +59,7 @@ async def decide(service: ClusterService, report: NodeTestReport) -> None:
     async with service._folding:
         health = (await service.store.all_node_health()).get(report.node) or NodeHealth(report.node)
         changed, events = resume_tested(health, report.passed, report.failing() or report.line(), report.time)
-        await _save(service, [(changed, [*report.events("scheduler"), *events])])
+        await save_changes(service, [(changed, [*report.events("scheduler"), *events])])
 
 
 async def operator_resume(service: ClusterService, nodeset: str, *, by: str) -> list[tuple[NodeHealth, NodeTestReport]]:
@@ -104,7 +104,7 @@ async def operator_resume(service: ClusterService, nodeset: str, *, by: str) -> 
                 health, resumed = set_admin(health, None, "", f"{by} after the node tests passed", service.clock())
                 events += resumed
             changes.append((health, events))
-        await _save(service, changes)
+        await save_changes(service, changes)
     return [(health, report) for (health, _), report in zip(changes, reports, strict=True)]
 
 
@@ -148,8 +148,8 @@ async def burned(service: ClusterService, report: NodeTestReport) -> None:
     line; a pass, a skip or an error (no verdict) leaves it in service. Each test is an event either way."""
     service.tester.count(report, "burn-in")
     async with service._folding:
-        await _save(service, [((await service.store.all_node_health()).get(report.node) or NodeHealth(report.node),
-                                report.events("scheduler (burn-in)"))])  # fmt: skip
+        health = (await service.store.all_node_health()).get(report.node) or NodeHealth(report.node)
+        await save_changes(service, [(health, report.events("scheduler (burn-in)"))])
     if any(r.result == "fail" for r in report.results):
         failing = "; ".join(r.line() for r in report.results if r.result == "fail")
         await service.isolate([report.node], reason=f"burn-in: node tests failed: {failing}", by="scheduler")
@@ -167,7 +167,8 @@ async def busy(service: ClusterService, names: Set[str]) -> dict[str, str]:
     return out
 
 
-async def _save(service: ClusterService, changes: Sequence[tuple[NodeHealth, Sequence[NodeEvent]]]) -> None:
+async def save_changes(service: ClusterService, changes: Sequence[tuple[NodeHealth, Sequence[NodeEvent]]]) -> None:
+    """Nodes' health with their events, and the isolation alerts they open or resolve; resumes counted."""
     alerts, resolved = isolation_alerts([e for _, events in changes for e in events])
     await service.store.save_nodes(changes, alerts=alerts, resolve=resolved)
     service.returns.add(e for _, events in changes for e in events)

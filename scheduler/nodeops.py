@@ -295,11 +295,11 @@ class ClusterService:
         # private; looser modes tightened
         secure_state(loaded.state_dir, group=loaded.cluster.api.group, sqlite=loaded.cluster.state is None)
         store = await Store.open(store_location(loaded))
-        pool = SSHPool.from_config(loaded)
+        service = cls(loaded, store, pool := SSHPool.from_config(loaded))
         try:
-            yield (service := cls(loaded, store, pool))
-            await service.repairs.close()  # a repair under way ends with the service (its node stays out)
+            yield service
         finally:
+            await service.repairs.close()  # a repair under way ends with the service (its node stays out)
             await pool.close()
             await store.close()
 

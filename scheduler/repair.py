@@ -221,7 +221,7 @@ async def _failing(service: ClusterService, node: Node, by: str) -> str | None:
         report = await service.tester.test(node, service.config)
         service.tester.count(report, "repair")
         async with service._folding:
-            await nodegate._save(service, [(await _health(service, node), report.events(by))])
+            await nodegate.save_changes(service, [(await _health(service, node), report.events(by))])
         failing = None if report.passed else f"node tests: {report.failing() or report.line()}"
     else:
         (outcome,) = await service.probe(node.name)
@@ -237,7 +237,7 @@ async def _resume(service: ClusterService, node: Node, by: str, done: Sequence[s
     async with service._folding:
         health = await _health(service, node)
         health, events = set_admin(health, None, "", f"{by} after a repair ({what})", service.clock())
-        await nodegate._save(service, [(health, events)])
+        await nodegate.save_changes(service, [(health, events)])
     service.repairs.counts["resume", "done"] += 1
     log.warning("%s: repaired (%s) and back in service", node.name, what)
 
@@ -253,7 +253,8 @@ async def _failed(service: ClusterService, node: Node, step: str, why: str, *, g
 async def _event(service: ClusterService, node: Node, message: str, data: dict[str, Any]) -> None:
     async with service._folding:
         health = await _health(service, node)
-        await nodegate._save(service, [(health, [NodeEvent(service.clock(), node.name, "repair", message, data)])])
+        event = NodeEvent(service.clock(), node.name, "repair", message, data)
+        await nodegate.save_changes(service, [(health, [event])])
 
 
 async def _health(service: ClusterService, node: Node) -> NodeHealth:

@@ -346,17 +346,21 @@ class LabCluster:
             node.write_gpus({**without_ecc_errors(data), "boot_id": str(uuid.uuid4())})
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise LabError(f"{node.name}: cannot read {node.gpus_path}: {exc}") from exc
+        await self._listen_again(node)
+        message = (
+            f"{node.name} rebooted: {plural(len(killed), 'process')} killed, a new boot id, SSH server on "
+            f"{node.host}:{node.port} back up"
+        )
+        return self._report(node, fault, message, list(killed))
+
+    async def _listen_again(self, node: LabNode) -> None:
+        """The node's SSH server on its own port again, with its host key."""
         assert self._authorized is not None
         try:
             await node.start(self._authorized, node.port)
         except OSError as exc:
             why = exc.strerror or exc
             raise LabError(f"{node.name}: cannot listen on {node.host}:{node.port} again: {why}") from exc
-        message = (
-            f"{node.name} rebooted: {plural(len(killed), 'process')} killed, a new boot id, SSH server on "
-            f"{node.host}:{node.port} back up"
-        )
-        return self._report(node, fault, message, list(killed))
 
     async def _heal(self, node: LabNode, fault: Fault) -> FaultReport:
         done = []
@@ -369,12 +373,7 @@ class LabCluster:
             await node.thaw()
             done.append(f"SSH server on {node.host}:{node.port} answering again")
         elif node.state is NodeState.DOWN:
-            assert self._authorized is not None
-            try:
-                await node.start(self._authorized, node.port)
-            except OSError as exc:
-                why = exc.strerror or exc
-                raise LabError(f"{node.name}: cannot listen on {node.host}:{node.port} again: {why}") from exc
+            await self._listen_again(node)
             done.append(f"SSH server on {node.host}:{node.port} back up")
         if continued:
             done.append(f"{plural(len(continued), 'process')} continued")

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from ftconsole.scheduler import repair
-from ftconsole.scheduler.errors import UsageError
+from ftconsole.scheduler.caller import Caller
+from ftconsole.scheduler.errors import PermissionDenied, UsageError
 from ftconsole.scheduler.nodeops import ClusterService
 from tests.cli_runner import Cli
 from tests.integration.test_nodetests_sshd import FAULT, GPU_TEST, config, faulty
@@ -159,5 +160,7 @@ async def test_repair_wait_follows_a_drained_node_through_the_running_scheduler(
         assert any(m.startswith("repair started by root (drained by root)") for m in said), said
         assert any("after a repair (rebooted, probed healthy)" in m for m in said), said
         assert scheduler.service.repairs.counts[("tests", "pass")] == 1
+        with pytest.raises(PermissionDenied, match="mallory may not repair nodes"):  # admins only
+            await scheduler.repair(Caller(uid=4242, gid=4242, pid=1, user="mallory"), "node01")
         again = await asyncio.to_thread(cli, "repair", "node01", check=2)  # in service now
         assert "node01: in service: drain or isolate it first" in again.stderr, again.stderr
