@@ -38,11 +38,13 @@ from ftconsole.scheduler.decide.reconcile import (
 )
 from ftconsole.scheduler.decide.reconcile import dumps as reconcile_dumps
 from ftconsole.scheduler.errors import FtError
+from ftconsole.scheduler.fabric import Baselines, FabricReport, check
 from ftconsole.scheduler.failpoints import afailpoint
 from ftconsole.scheduler.nodeops import ClusterService
 from ftconsole.scheduler.placing import Placer
 from ftconsole.scheduler.spec.config import format_duration
 from ftconsole.scheduler.spec.faultspec import Strategy
+from ftconsole.scheduler.spec.nodetestspec import FabricTest
 from ftconsole.scheduler.store.jobtx import Conflict
 
 log = logging.getLogger("ftconsole.scheduler")
@@ -64,6 +66,7 @@ class Recoverer:
         self._poke = poke
         self._probes: dict[tuple[str, ...], asyncio.Task[None]] = {}
         self._checked: set[tuple[int, int]] = set()  # (job, attempt) whose pre-flight passed
+        self.baselines = Baselines(self.store.kept, self.store.keep)  # the fabric's learnt rates, per pool
 
     async def after_failure(
         self, job: Job, runs: Sequence[Run], changes: Sequence[tuple[Run, dict[str, Any]]], finish: Finish
@@ -107,8 +110,9 @@ class Recoverer:
     async def preflight(self, job: Job, attempt: Attempt, fail: Callable[[Job, str], Awaitable[None]]) -> bool:
         """Seed 000's environment pre-check, for a job with `retries`: right before an attempt's first start,
         probe exactly its nodes and log each pre-flight item (`item NAME: pass|fail VALUE THRESHOLD`). True:
-        go on. A failing node (an item fails, or the node reads unhealthy or unreachable) is isolated and the
-        job queued again at the front (scenarios 1 and 2), or, with its retries used up, fails."""
+        go on. A failing node (an item fails, or the node reads unhealthy or unreachable; with
+        `preflight.bandwidth`, its fabric is slow) is isolated and the job queued again at the front (scenarios 1
+        and 2), or, with its retries used up, fails."""
         if not job.spec.fault_tolerance.retries or (job.id, attempt.number) in self._checked:
             return True
         mine = [r for r in await self.store.runs(job=job.id) if r.attempt == attempt.number]
@@ -139,6 +143,8 @@ class Recoverer:
                             failing.setdefault(name, []).append(text)
                     if name not in failing and o.health.state.value in FAULTY:
                         failing[name] = [f"{o.health.state.value}: {'; '.join(o.health.reasons)}"]
+        if not failing and job.spec.preflight.bandwidth and len(nodes) >= 2:
+            failing.update(await self._bandwidth(job, nodes))
         if not failing:
             self._checked.add((job.id, attempt.number))
             return True
@@ -152,6 +158,26 @@ class Recoverer:
             return False
         await self._requeue(job, mine, [], Requeue(tuple(sorted(failing)), cause, resubmits + 1, ft.retries), now)
         return False
+
+    async def _bandwidth(self, job: Job, names: Sequence[str]) -> dict[str, list[str]]:
+        """The fabric between the job's nodes (`preflight.bandwidth`): an item per node, as the probe's; the slow
+        nodes with their line. A node that could not take part is no evidence: its item says `error`, and the
+        job goes on."""
+        nodes = self.service.select(list(names))
+        pool = nodes[0].pool
+        settings = self.service.config.node_tests_for(pool).fabric or FabricTest()
+        report = await check(self.service.transport, self.service.config.ssh.python, nodes, settings, pool,
+                             self.baselines)  # fmt: skip
+        now = self.clock()
+        failing: dict[str, list[str]] = {}
+        with contextlib.suppress(Conflict):
+            async with self.store.jobs_tx(f"record the bandwidth check of job {job.id}") as tx:
+                for name, result in sorted(report.results.items()):
+                    text = f"item fabric: {result.result} {_fabric_item(report, name)} ({result.summary})"
+                    await tx.event(now, "Preflight", text, job=job.id, node=name)
+                    if result.result == "fail":
+                        failing[name] = [text]
+        return failing
 
     def _probe(self, nodes: tuple[str, ...]) -> None:
         """Probe the nodes now (once at a time): the decision waits for their word on the hardware."""
@@ -416,3 +442,13 @@ def _shown(value: float | str | None, unit: str) -> str:
 
 def _data(job: Job, nodes: Sequence[str], strategy: str) -> dict[str, Any]:
     return {"attempt": job.attempt, "nodes": list(nodes), "strategy": strategy}
+
+
+def _fabric_item(report: FabricReport, node: str) -> str:
+    """`VALUE THRESHOLD` of a node's fabric item: its fastest stream on the way it failed (out, unless only its
+    way in was slow), so that VALUE < THRESHOLD exactly when it failed; and the threshold."""
+    way_in = report.results[node].summary.startswith("slow on its way in")
+    rates = [s.gbps for s in report.streams if (s.dst if way_in else s.src) == node and s.gbps is not None]
+    value = max(rates) if rates else None
+    shown = "-" if value is None else f"{value:.3g} Gbit/s"
+    return f"{shown} {'-' if report.threshold is None else f'{report.threshold:.3g} Gbit/s'}"

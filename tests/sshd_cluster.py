@@ -55,6 +55,7 @@ import pytest
 import yaml
 
 from ftconsole.lab import deep_merge
+from tests.netns import Fabric
 
 SSHD = "/usr/sbin/sshd"
 SSHD_MISSING = "OpenSSH sshd not installed (/usr/sbin/sshd); apt-get install openssh-server"
@@ -66,6 +67,7 @@ START_TIMEOUT = 10.0  # sshd up and answering with its banner
 STOP_TIMEOUT = 5.0  # a terminated process gone, a port closed
 KEYGEN_TIMEOUT = 30.0
 RUN_TIMEOUT = 30.0
+NETNS_PORT = 2222  # each node's sshd port in its own network namespace
 # the two layouts of the nodes' homes a test may run in: each node with its own, or one shared by every node
 HOME_LAYOUTS = ("own-home", "shared-home")
 
@@ -356,7 +358,9 @@ class SshdCluster:
     `shared_home`, every node's HOME is the same folder (`homes` lists each home once).
     """
 
-    def __init__(self, root: Path, count: int, gpus: Sequence[int] | int = 8, *, shared_home: bool = False) -> None:
+    def __init__(
+        self, root: Path, count: int, gpus: Sequence[int] | int = 8, *, shared_home: bool = False, netns: bool = False
+    ) -> None:
         if not sshd_available():
             raise SshdClusterError(SSHD_MISSING)
         if not 1 <= count <= 200:
@@ -373,7 +377,12 @@ class SshdCluster:
         self.shared_home = self.root / "home" if shared_home else None
         self.nodes: list[SshdNode] = []
         self._closed = False
+        # with netns, each node in a network namespace of its own behind a bridge (tests/netns.py): its link can
+        # be shaped (`fabric.shape`)
+        self.fabric: Fabric | None = None
         try:
+            if netns:
+                self.fabric = Fabric()
             self._setup(per_node)
             for node in self.nodes:
                 self._spawn(node)
@@ -399,8 +408,11 @@ class SshdCluster:
         self.authorized_keys.write_text(pub + "\n")
         for i, gpu_count in enumerate(per_node, start=1):
             name = f"node{i:02d}"
-            address = f"127.0.0.{10 + i}"
-            node = SshdNode(name=name, address=address, port=_free_port(address), dir=self.root / "nodes" / name,
+            address = f"127.0.0.{10 + i}" if self.fabric is None else self.fabric.address(i)
+            if self.fabric is not None:
+                self.fabric.add(name, i)
+            port = _free_port(address) if self.fabric is None else NETNS_PORT  # a namespace's ports are its own
+            node = SshdNode(name=name, address=address, port=port, dir=self.root / "nodes" / name,
                             shared_home=self.shared_home)  # fmt: skip
             node.dir.mkdir(parents=True, exist_ok=True)
             node.cache_dir.mkdir(parents=True, exist_ok=True)
@@ -499,8 +511,9 @@ class SshdCluster:
         self._reap(node)
         node.pid_file.unlink(missing_ok=True)
         with open(node.stderr_log, "ab") as err:
+            inside = self.fabric.exec(node.name) if self.fabric is not None else []
             node.proc = subprocess.Popen(
-                [SSHD, "-D", "-f", str(node.sshd_config), "-E", str(node.log)],
+                [*inside, SSHD, "-D", "-f", str(node.sshd_config), "-E", str(node.log)],
                 stdin=subprocess.DEVNULL,
                 stdout=err,
                 stderr=err,
@@ -807,6 +820,8 @@ class SshdCluster:
                 self._kill_node_processes(node)
             except SshdClusterError as exc:
                 errors.append(str(exc))
+        if self.fabric is not None:
+            self.fabric.close()
         if errors:
             raise SshdClusterError("; ".join(errors))
 
@@ -855,8 +870,10 @@ def sshd_cluster_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[C
         pytest.skip(SSHD_MISSING)
     made: list[SshdCluster] = []
 
-    def make(count: int = 4, gpus: Sequence[int] | int = 8, *, shared_home: bool = False) -> SshdCluster:
-        cluster = SshdCluster(tmp_path_factory.mktemp("sshd"), count, gpus, shared_home=shared_home)
+    def make(
+        count: int = 4, gpus: Sequence[int] | int = 8, *, shared_home: bool = False, netns: bool = False
+    ) -> SshdCluster:
+        cluster = SshdCluster(tmp_path_factory.mktemp("sshd"), count, gpus, shared_home=shared_home, netns=netns)
         made.append(cluster)
         return cluster
 

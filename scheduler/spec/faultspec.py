@@ -55,6 +55,14 @@ class Elastic(Strict):
     grow: bool = True
 
 
+class Preflight(Strict):
+    """Checks right before an attempt's first start, on the nodes placed for it (with `fault_tolerance.retries`,
+    the probe's items always run): `bandwidth` adds the fabric between them (the pool's `node_tests.fabric`). A
+    node that fails is isolated and swapped for a spare with a resubmit."""
+
+    bandwidth: bool = False
+
+
 class FaultTolerance(Strict):
     """`retries`: pre-check and resubmit (0 = neither); fault restart (`max_restarts`, `restart_exit_codes`)
     or `checkpoint_resume`, not both; `elastic` resizing."""
@@ -141,7 +149,20 @@ def fault_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
             out.append((("fault_tolerance", key), f"{key} ({why}) needs max_restarts or retries: nothing restarts"))
     if given(ft, "elastic"):
         out.extend(_elastic_problems(data, mapping(ft["elastic"])))
+    if mapping(data.get("preflight")).get("bandwidth") is True:
+        out.extend(_bandwidth_problems(data, ft))
     return out
+
+
+def _bandwidth_problems(data: Mapping[str, Any], ft: Mapping[str, Any]) -> list[tuple[Loc, str]]:
+    loc: Loc = ("preflight", "bandwidth")
+    nodes = as_int(data.get("nodes", 1))
+    if data.get("mode", "single") == "single" or (nodes is not None and nodes < 2):
+        return [(loc, "the bandwidth check measures the fabric between a job's nodes: it needs nodes: 2 or more")]
+    if not as_int(ft.get("retries")):
+        return [(loc, "a node that fails the bandwidth check is swapped for a spare with a resubmit: set "
+                      "fault_tolerance.retries (1 to 3)")]  # fmt: skip
+    return []
 
 
 def _strategy_problems(ft: Mapping[str, Any], listed: list[str]) -> list[tuple[Loc, str]]:

@@ -50,7 +50,7 @@ from ftconsole.scheduler.spec.detectspec import (
     hang_minutes,
     progress_off,
 )
-from ftconsole.scheduler.spec.faultspec import FaultTolerance
+from ftconsole.scheduler.spec.faultspec import FaultTolerance, Preflight
 from ftconsole.scheduler.spec.jobchecks import CROSS_CHECKS as CROSS_CHECKS
 from ftconsole.scheduler.spec.jobchecks import SUBMIT_CHECKS as SUBMIT_CHECKS
 from ftconsole.scheduler.spec.jobchecks import cross_problems as cross_problems
@@ -362,6 +362,7 @@ class JobSpec(_Strict):
     hooks: Hooks = Hooks()
     launcher: Launcher | None = None
     fault_tolerance: FaultTolerance = FaultTolerance()
+    preflight: Preflight = Preflight()  # more checks right before a start: `bandwidth`, the fabric between its nodes
     data_prep: DataPrep | None = None  # data sets copied to node-local storage first (seed 003)
     debug: Debug = Debug()  # what stays after a failure, for `ftconsole shell`
     image: Image | None = None  # the container image each rank runs in (issue 17)

@@ -29,11 +29,27 @@ class GpuTest(_Strict):
         return self.timeout if self.timeout is not None else GPU_LEVEL_TIMEOUT_S[self.level]
 
 
+class FabricTest(_Strict):
+    """The fabric between nodes: timed TCP streams from each node to its neighbours in a ring (at the address a
+    launcher's MASTER_ADDR uses), each measured by its receiver. A node fails when every stream it sends (or, its
+    senders being fine, every stream it receives) is below the baseline: `min_gbps` where the operator sets one,
+    else `below` times the rate the scheduler learnt from the pool's earlier tests (the median of this test's
+    streams on the first)."""
+
+    seconds: PositiveDuration = Field(2.0, le=60.0)  # how long each stream sends
+    port: int = Field(29510, ge=1024, le=65535)  # the TCP port each node listens on, for the test's time
+    min_gbps: float | None = Field(None, gt=0)  # the baseline, in Gbit/s; None: learnt
+    below: float = Field(0.5, gt=0, lt=1)  # a learnt baseline's share under which a stream is slow
+
+
 class NodeTests(_Strict):
     """What `node_tests` names. With a test named, an isolated node that `probes.isolation_recover_after` would
     resume must pass the tests first (`before_resume`), and `ftconsole resume --test` runs them."""
 
     gpu: GpuTest | None = None  # None: no GPU test
+    # the fabric: the settings of the bandwidth check of jobs that ask for it (`preflight: {bandwidth: true}`);
+    # absent: the defaults
+    fabric: FabricTest | None = None
     # the scheduler's resume of an isolated node (after isolation_recover_after passing probes) waits for a pass
     before_resume: bool = True
 

@@ -161,6 +161,18 @@ class HistoryStore:
              for d in days],
         )  # fmt: skip
 
+    async def kept(self, key: str) -> str | None:
+        """A value the scheduler keeps across restarts in meta (a learnt fabric baseline: `fabric.<pool>`)."""
+        row = await self._db.fetchone("SELECT value FROM meta WHERE key = ?", (key,))
+        return str(row[0]) if row is not None else None
+
+    async def keep(self, key: str, value: str) -> None:
+        async with self._transaction(f"keep {key}"):
+            await self._db.execute(
+                "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (key, value),
+            )
+
     async def rolled_span(self) -> float:
         """The longest span, from start to end, of a job rolled into the day sums (0 before the first)."""
         row = await self._db.fetchone("SELECT value FROM meta WHERE key = 'rolled_span'")
