@@ -42,6 +42,7 @@ async def test_a_node_with_a_slow_link_is_swapped_out_of_a_job_that_asks_for_the
         assert len(slow) == 1 and slow[0].startswith("item fabric: fail 0.0") and slow[0].endswith(" 0.5 Gbit/s")
         assert {node for node, text in items if text.startswith("item fabric: pass")} == {"node02", "node03"}
         (why,) = restarting(shown)
-        assert why.startswith("attempt 1 failed: pre-flight failed: node01 item fabric: fail") and "isolated node01" in why
+        assert why.startswith("attempt 1 failed: pre-flight failed: node01 item fabric: fail")
+        assert "isolated node01" in why
         (node01,) = await client.call("nodes", nodeset="node01")
         assert node01["state"] == "isolated" and "slow on its way out" in node01["admin_reason"]

@@ -30,7 +30,8 @@ MAY_IMPORT = {
 }
 BASE = {"ftconsole.scheduler.errors", "ftconsole.scheduler.failpoints"}
 FOLDERS = ("node", "spec", "decide", "ssh", "store", "serve")
-PROGRAMS = ("supervisor", "agent", "container_exec", "sshcheck", "datacopy", "nodetest", "fabric")  # what a node is sent
+# what a node is sent
+PROGRAMS = ("supervisor", "agent", "container_exec", "sshcheck", "datacopy", "nodetest", "fabric")
 # sent as a file of a run, not as a program: torch's trace hook, which runs in a job's own Python processes and
 # imports torch there only once the job has (torch_hook.py)
 FILES = {"torch_hook": {"torch"}}
