@@ -8,10 +8,12 @@ each stream it received, measured from its first byte to its end. The streams ca
 process of the node's users that connects to the port is not counted, so it can make no node look slow.
 
 Which node is slow: a node whose every stream sent is slow (its way out), or whose every stream received is slow
-while not all of their senders are slow on their way out (its way in). With two nodes and one slow direction, the
-sender is the one blamed. A stream is slow below `min_gbps` when the operator sets it, else below `below` times
-the baseline learnt from the pool's earlier tests (the median of this test's streams on the first). A node that
-could not take part (its port taken, its SSH down) gets an `error`: a test that did not measure is no evidence.
+while not all of their senders are slow on their way out (its way in). With two nodes, the two directions are
+measured one after the other; with one slow direction the sender is blamed, with both the slower sender where it
+is at most half as fast as the other, else both. A stream is slow below `min_gbps` when the operator sets it,
+else below `below` times the baseline learnt from the pool's earlier tests (the median of this test's streams on
+the first). A node that could not take part (its port taken, its SSH down) gets an `error`: a test that did not
+measure is no evidence.
 """
 
 from __future__ import annotations
@@ -30,14 +32,13 @@ from ftconsole.scheduler.errors import SSHError
 from ftconsole.scheduler.node.bundle import script
 from ftconsole.scheduler.nodetests import TestResult
 from ftconsole.scheduler.spec.config import Node
-from ftconsole.scheduler.spec.nodetestspec import FabricTest
+from ftconsole.scheduler.spec.nodetestspec import FABRIC_SSH_MARGIN_S, FabricTest
 from ftconsole.scheduler.ssh import nodecache
 from ftconsole.scheduler.ssh.transport import Transport
 
-START_S = 15.0  # the nodes' SSH sessions start this far apart at most: a sender retries its connection meanwhile
-STREAM_MARGIN_S = 5.0  # a stream's end and its receiver's confirmation, over its `seconds`
-SSH_MARGIN_S = 10.0  # the SSH command's deadline over the node's own
 LEARNT = 20  # the last medians kept of a pool's passing tests: its learnt baseline is their median
+# two nodes both slow on their way out: the slower is blamed alone when its rate is at most this share of the other's
+AMBIGUOUS = 0.5
 
 
 @dataclass(frozen=True)
@@ -71,10 +72,6 @@ class FabricReport:
 def shifts(count: int) -> list[int]:
     """The ring distances each node sends to: one neighbour with two nodes, two from three nodes on."""
     return [1] if count == 2 else [1, 2]
-
-
-def node_timeout(settings: FabricTest, count: int) -> float:
-    return START_S + len(shifts(count)) * (settings.seconds + STREAM_MARGIN_S)
 
 
 def streams_of(names: Sequence[str], docs: Mapping[str, dict[str, Any] | str]) -> tuple[list[Stream], dict[str, str]]:
@@ -126,6 +123,10 @@ def judge(names: Sequence[str], streams: Sequence[Stream], broken: Mapping[str, 
         return threshold is not None and s.gbps is not None and s.gbps < threshold
 
     way_out = {n for n in names if out_of[n] and all(slow(s) for s in out_of[n])}
+    if len(names) == 2 and len(way_out) == 2:  # both ways slow: the slower sender, where it stands out
+        (a, b) = sorted(names, key=lambda n: min(s.gbps or 0.0 for s in out_of[n]))
+        if min(s.gbps or 0.0 for s in out_of[a]) <= AMBIGUOUS * min(s.gbps or 0.0 for s in out_of[b]):
+            way_out = {a}
     way_in = {n for n in names if into[n] and all(slow(s) for s in into[n]) and not {s.src for s in into[n]} <= way_out}
     results: dict[str, TestResult] = {}
     for name in names:
@@ -191,15 +192,16 @@ async def measure(transport: Transport, python: str, nodes: Sequence[Node], sett
     """Run the streams between `nodes` (two or more) and read them; the report's results are not judged yet."""
     names = [n.name for n in nodes]
     token = secrets.token_hex(16)
-    timeout = node_timeout(settings, len(nodes))
+    timeout = settings.node_timeout(len(nodes))
     hosts = [n.host for n in nodes]
 
     async def one(index: int, node: Node) -> dict[str, Any] | str:
         params = {"index": index, "hosts": hosts, "port": settings.port, "shifts": shifts(len(nodes)),
-                  "seconds": settings.seconds, "timeout": timeout, "token": token}  # fmt: skip
+                  "seconds": settings.seconds, "timeout": timeout, "token": token,
+                  "after": len(nodes) == 2 and index == 1}  # fmt: skip
         try:
             done = await nodecache.run(transport, node, [python, "-"], name="fabric", source=script("fabric"),
-                                       params=params, timeout=timeout + SSH_MARGIN_S)  # fmt: skip
+                                       params=params, timeout=timeout + FABRIC_SSH_MARGIN_S)  # fmt: skip
         except SSHError as exc:
             return f"cannot run on {node.name}: {exc}"
         for line in reversed(done.stdout.splitlines()):

@@ -14,17 +14,22 @@ Every test is a `tested` event of its node, whoever asked.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 from collections.abc import Sequence, Set
 
 from ftconsole.probes.health import NodeEvent, NodeHealth, NodeState, due_for_tests, resume_tested, set_admin
 from ftconsole.scheduler import debugenv
 from ftconsole.scheduler.errors import UsageError
-from ftconsole.scheduler.nodeops import ClusterService, isolation_alerts
-from ftconsole.scheduler.nodetests import NodeTestReport
-from ftconsole.scheduler.spec.config import Node
+from ftconsole.scheduler.fabric import check
+from ftconsole.scheduler.nodealerts import isolation_alerts
+from ftconsole.scheduler.nodeops import ClusterService
+from ftconsole.scheduler.nodetests import NodeTestReport, TestResult
+from ftconsole.scheduler.spec.config import ClusterConfig, Node
+from ftconsole.scheduler.spec.nodetestspec import FabricTest
 
 PARALLEL = 64  # nodes an operator's `resume --test` tests at once
+FABRIC_PARTNERS = 2  # idle nodes a node's fabric test streams with
 BURN_IN_SHARE = 20  # burn-in tests at most one node in this many at once (and at least one)
 
 
@@ -126,7 +131,8 @@ async def burn_in(service: ClusterService, queued: bool) -> list[str]:
                 last[node.name] = event.time
     room = max(1, len(service.all_nodes) // BURN_IN_SHARE) - len(tester.testing)
     stale = [
-        n for n in service.all_nodes if n.name not in tester.testing and now - last.get(n.name, -math.inf) >= every
+        n for n in service.all_nodes
+        if n.name not in tester.testing and n.name not in tester.lent and now - last.get(n.name, -math.inf) >= every
     ]  # fmt: skip
     if room <= 0 or not stale:
         return []
@@ -153,6 +159,35 @@ async def burned(service: ClusterService, report: NodeTestReport) -> None:
     if any(r.result == "fail" for r in report.results):
         failing = "; ".join(r.line() for r in report.results if r.result == "fail")
         await service.isolate([report.node], reason=f"burn-in: node tests failed: {failing}", by="scheduler")
+
+
+async def fabric_test(service: ClusterService, node: Node, config: ClusterConfig) -> TestResult:
+    """A node's fabric test: the node and up to FABRIC_PARTNERS idle nodes of its pool in service (healthy, no job
+    and no debugging hold on them, not under test nor lent to another), borrowed for the test's time: placement
+    holds them too. Only the node's own result counts; with no partner free, it is a skip."""
+    settings = config.node_tests_for(node.pool).fabric or FabricTest()
+    tester = service.tester
+    healths = await service.store.all_node_health()
+    candidates = [
+        n for n in service.all_nodes
+        if n.pool == node.pool and n.name != node.name and n.name not in tester.testing
+        and n.name not in service.repairs.climbs
+        and (healths.get(n.name) or NodeHealth(n.name)).state is NodeState.HEALTHY
+    ]  # fmt: skip
+    held = await busy(service, {n.name for n in candidates})
+    partners = [n for n in candidates if n.name not in held and n.name not in tester.lent][:FABRIC_PARTNERS]
+    if not partners:
+        why = f"no idle node of pool {node.pool} in service to test the fabric with"
+        return TestResult("fabric", "skip", why, tool="tcp")
+    names = [p.name for p in partners]
+    tester.borrow(names, service.clock() + settings.deadline)  # no await since the choice: no one else took them
+    try:
+        report = await check(service.transport, config.ssh.python, [node, *partners], settings, node.pool,
+                             service.baselines)  # fmt: skip
+    finally:
+        tester.give_back(names)
+    result = report.results[node.name]
+    return dataclasses.replace(result, summary=f"{result.summary} (with {', '.join(names)})"[:300])
 
 
 async def busy(service: ClusterService, names: Set[str]) -> dict[str, str]:

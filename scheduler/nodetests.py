@@ -120,8 +120,9 @@ def node_params(tests: NodeTests) -> dict[str, Any]:
 
 
 def deadline(tests: NodeTests) -> float:
-    """How long the whole command may take: the tests one after the other, and a margin."""
-    return (tests.gpu.deadline if tests.gpu is not None else 0.0) + MARGIN_S
+    """How long a node's tests may take: the GPU test's command with its margin, then the fabric test."""
+    gpu = tests.gpu.deadline + MARGIN_S if tests.gpu is not None else 0.0
+    return gpu + (tests.fabric.deadline if tests.fabric is not None else 0.0)
 
 
 async def run_tests(
@@ -131,10 +132,12 @@ async def run_tests(
     result for each, naming why (never an exception)."""
     tests = config.node_tests_for(node.pool)
     wanted = list(node_params(tests)["tests"])
+    if not wanted:  # the fabric alone: nothing to run on the node by itself
+        return NodeTestReport(node.name, (), clock())
     try:
         done = await nodecache.run(
             transport, node, [config.ssh.python, "-"], name="nodetest", source=script("nodetest"),
-            params=node_params(tests), timeout=deadline(tests),
+            params=node_params(tests), timeout=tests.gpu.deadline + MARGIN_S if tests.gpu else MARGIN_S,
         )  # fmt: skip
     except SSHError as exc:
         return _broken(node.name, wanted, f"cannot run on {node.name}: {exc}", clock())
@@ -187,9 +190,14 @@ def _lines(value: Any) -> tuple[str, ...]:
     return tuple(_text(v) for v in value[:MAX_LINES]) if isinstance(value, list) else ()
 
 
+# a node's fabric test: the node with partners it chooses (nodegate.fabric_test), set by the node service
+FabricHook = Callable[[Node, ClusterConfig], Awaitable[TestResult]]
+
+
 class Tester:
     """The node tests under way in this process: one at a time per node. `start` runs them in the background and
-    hands the report over (the gate of the scheduler's resume); `test` awaits them (`resume --test`)."""
+    hands the report over (the gate of the scheduler's resume); `test` awaits them (`resume --test`). A fabric
+    test borrows idle nodes as partners (`borrow`): placement holds them too until it ends."""
 
     def __init__(self, transport: Transport, clock: Callable[[], float]) -> None:
         self.transport = transport
@@ -199,6 +207,8 @@ class Tester:
         self._until: dict[str, float] = {}  # node -> when its test under way ends at the latest (placement)
         self.last: dict[str, float] | None = None  # node -> when it was last tested (None: not read yet)
         self.counts: collections.Counter[tuple[str, str, str]] = collections.Counter()  # (test, result, trigger)
+        self.fabric: FabricHook | None = None  # None: none here (a Tester without the node service's nodes)
+        self._lent: dict[str, float] = {}  # partner node -> when the fabric test that borrowed it ends at the latest
 
     def count(self, report: NodeTestReport, trigger: str) -> None:
         """Count a report's results (`ftconsole_node_tests_total`); trigger: resume, operator or burn-in."""
@@ -210,9 +220,21 @@ class Tester:
         return frozenset(self._running)
 
     def holds(self) -> dict[str, float]:
-        """The nodes being tested now, with when their tests end at the latest: placement counts their GPUs as
-        held until then (a job placed there would meet the test's load)."""
-        return {name: self._until[name] for name in self._running}
+        """The nodes being tested now, and the partners of their fabric tests, with when their tests end at the
+        latest: placement counts their GPUs as held until then (a job placed there would meet the test's load)."""
+        return {**self._lent, **{name: self._until[name] for name in self._running}}
+
+    @property
+    def lent(self) -> frozenset[str]:
+        """The nodes a fabric test uses as partners now."""
+        return frozenset(self._lent)
+
+    def borrow(self, names: Sequence[str], until: float) -> None:
+        self._lent.update(dict.fromkeys(names, until))
+
+    def give_back(self, names: Sequence[str]) -> None:
+        for name in names:
+            self._lent.pop(name, None)
 
     def start(self, node: Node, config: ClusterConfig, done: Callable[[NodeTestReport], Awaitable[None]]) -> None:
         """Test `node` in the background unless it is being tested; its report goes to `done`."""
@@ -225,8 +247,19 @@ class Tester:
         task = self._running.get(node.name) or self._task(node, config)
         return await asyncio.shield(task)
 
+    async def _tests(self, node: Node, config: ClusterConfig) -> NodeTestReport:
+        """The node's own tests, then its fabric test (with partners) where one is named."""
+        report = await run_tests(self.transport, config, node, self.clock)
+        if config.node_tests_for(node.pool).fabric is None:
+            return report
+        if self.fabric is None:
+            result = TestResult("fabric", "skip", "no partner nodes to test the fabric with here")
+        else:
+            result = await self.fabric(node, config)
+        return NodeTestReport(node.name, (*report.results, result), self.clock())
+
     def _task(self, node: Node, config: ClusterConfig) -> asyncio.Task[NodeTestReport]:
-        task = asyncio.create_task(run_tests(self.transport, config, node, self.clock))
+        task = asyncio.create_task(self._tests(node, config))
         self._running[node.name] = task
         self._until[node.name] = self.clock() + deadline(config.node_tests_for(node.pool))
         task.add_done_callback(lambda t: self._ended(node.name))

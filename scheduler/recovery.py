@@ -38,7 +38,7 @@ from ftconsole.scheduler.decide.reconcile import (
 )
 from ftconsole.scheduler.decide.reconcile import dumps as reconcile_dumps
 from ftconsole.scheduler.errors import FtError
-from ftconsole.scheduler.fabric import Baselines, FabricReport, check
+from ftconsole.scheduler.fabric import FabricReport, check
 from ftconsole.scheduler.failpoints import afailpoint
 from ftconsole.scheduler.nodeops import ClusterService
 from ftconsole.scheduler.placing import Placer
@@ -66,7 +66,6 @@ class Recoverer:
         self._poke = poke
         self._probes: dict[tuple[str, ...], asyncio.Task[None]] = {}
         self._checked: set[tuple[int, int]] = set()  # (job, attempt) whose pre-flight passed
-        self.baselines = Baselines(self.store.kept, self.store.keep)  # the fabric's learnt rates, per pool
 
     async def after_failure(
         self, job: Job, runs: Sequence[Run], changes: Sequence[tuple[Run, dict[str, Any]]], finish: Finish
@@ -167,7 +166,7 @@ class Recoverer:
         pool = nodes[0].pool
         settings = self.service.config.node_tests_for(pool).fabric or FabricTest()
         report = await check(self.service.transport, self.service.config.ssh.python, nodes, settings, pool,
-                             self.baselines)  # fmt: skip
+                             self.service.baselines)  # fmt: skip
         now = self.clock()
         failing: dict[str, list[str]] = {}
         with contextlib.suppress(Conflict):

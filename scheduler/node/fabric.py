@@ -14,6 +14,10 @@ The scheduler runs this file on every node of the set at once, over SSH, as ``py
     timeout  seconds the whole test may take on this node (default 60)
     token    a secret of this test, sent first on each stream: a connection without it is not counted (another
              process of the node that connects to the port proves nothing about the fabric)
+    after    true: send only once the streams to this node were received (default false). With two nodes the
+             second waits for the first's stream, so that the two directions are measured one after the other:
+             at once, a node's stream out would slow its acknowledgements of the stream in, and a node with a slow
+             way out would make its partner look slow too
 
 Each node listens on (its address, port), sends one stream per shift for `seconds`, each after the one before has
 been read whole by its receiver, and measures each stream it receives from its first byte to its end. It prints::
@@ -40,7 +44,7 @@ from ftconsole.scheduler.node.agent_common import as_number, merged_params, prin
 
 FABRIC_PROTOCOL = 1
 DEFAULT_FABRIC_PARAMS = {"index": 0, "hosts": [], "port": 29510, "shifts": [1], "seconds": 2.0, "timeout": 60.0,
-                         "token": ""}  # fmt: skip
+                         "token": "", "after": False}  # fmt: skip
 FABRIC_CHUNK = 1 << 20  # bytes per send and per receive
 FABRIC_HEADER_MAX = 512  # bytes of a stream's first line: {"token": ..., "from": i, "shift": s}
 FABRIC_CONNECT_RETRY_S = 0.05
@@ -199,6 +203,11 @@ def run_fabric(params):
                                                          lock), daemon=True)  # fmt: skip
     receiver.start()
     try:
+        while params.get("after") is True and receiver.is_alive() and deadline.remaining() > 0:
+            with lock:
+                if len(doc["received"]) >= len(shifts):
+                    break
+            time.sleep(FABRIC_CONNECT_RETRY_S)
         for shift in shifts:
             to = (index + shift) % n
             header = {"token": token, "from": index, "shift": shift}

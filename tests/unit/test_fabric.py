@@ -61,6 +61,13 @@ def test_with_two_nodes_and_one_slow_direction_the_sender_is_blamed() -> None:
     assert verdicts(results) == {"a": "fail", "b": "pass"}
 
 
+def test_with_two_nodes_both_ways_slow_the_slower_sender_is_blamed_where_it_stands_out() -> None:
+    results = judge(["a", "b"], streams({("a", "b"): 0.05, ("b", "a"): 0.16}), {}, 0.5, "", 1.0)
+    assert verdicts(results) == {"a": "fail", "b": "pass"}
+    results = judge(["a", "b"], streams({("a", "b"): 0.1, ("b", "a"): 0.12}), {}, 0.5, "", 1.0)
+    assert verdicts(results) == {"a": "fail", "b": "fail"}  # no telling which link is bad: both
+
+
 def test_a_node_that_could_not_take_part_is_an_error_never_a_failure() -> None:
     docs: dict[str, Any] = {
         "a": {"fabric": 1, "index": 0, "received": [], "sent": [], "error": "cannot listen on port 29510: in use"},
@@ -174,7 +181,7 @@ def test_two_nodes_measure_each_other_and_a_stranger_on_the_port_is_not_counted(
     thread.start()
     try:
         assert stranger_done.wait(10)
-        second = _start(1, hosts, port)
+        second = _start(1, hosts, port, {"after": True})  # sends once it has read the first's stream
         docs = [_doc(first), _doc(second)]
     finally:
         first.kill()

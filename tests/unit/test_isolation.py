@@ -19,7 +19,8 @@ from ftconsole.probes.health import (
     set_admin,
 )
 from ftconsole.probes.results import CheckResult, CheckStatus, NodeFacts, ProbeReport
-from ftconsole.scheduler.nodeops import NodeView, flaky_alert
+from ftconsole.scheduler.nodealerts import flaky_alert
+from ftconsole.scheduler.nodeops import NodeView
 from ftconsole.scheduler.spec.config import Node, ProbeSettings
 from ftconsole.scheduler.store.db import Store
 from ftconsole.scheduler.store.records import StoredEvent

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ftconsole.probes.health import NodeEvent, NodeHealth, NodeState, set_admin
-from ftconsole.scheduler.nodeops import isolation_alerts, node_alerts
+from ftconsole.scheduler.nodealerts import isolation_alerts, node_alerts
 from ftconsole.scheduler.ssh.probing import ProbeFailure
 
 H, D, U, X, K = NodeState.HEALTHY, NodeState.DEGRADED, NodeState.UNHEALTHY, NodeState.UNREACHABLE, NodeState.UNKNOWN
