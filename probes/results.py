@@ -82,6 +82,7 @@ class GPUInfo:
     slowdown: tuple[str, ...] | None = None  # hardware slowdowns in force: hw_slowdown, sw_thermal, hw_thermal, ...
     retired_pages: int | None = None  # memory pages retired for ECC errors (GPUs before A100)
     nvlink_errors: int | None = None  # NVLink replays, recoveries and CRC errors since the driver loaded
+    nvlink_error_rate: float | None = None  # of those, per second since the node's last probe (None: no earlier one)
 
     def to_json(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -289,6 +290,7 @@ def parse_document(doc: dict[str, Any]) -> ProbeReport:
                 slowdown=_names(g.get("slowdown")),
                 retired_pages=_int(g.get("retired_pages")),
                 nvlink_errors=_int(g.get("nvlink_errors")),
+                nvlink_error_rate=_num(g.get("nvlink_error_rate")),
             )
         )
     checks = []

@@ -206,7 +206,8 @@ class ClusterService:
         self._folding = asyncio.Lock()
         self.tester = Tester(transport, clock)  # the node tests under way (nodegate.py)
         self.tester.fabric = self._fabric_test
-        self.baselines = Baselines(store.kept, store.keep)  # the fabric's learnt rates per pool (fabric.py)
+        # the fabric's learnt rates per pool (fabric.py), read from the store when first needed
+        self.baselines = Baselines(lambda key: self.store.kept(key), lambda key, value: self.store.keep(key, value))
         self.returns = Returns()  # nodes put back in service, by whom, and how long they were out
         self.repairs = Repairs()  # the repairs under way (repair.py)
 

@@ -62,7 +62,7 @@ from ftconsole.scheduler.node.agent_common import (  # bundled
     read_text,
     safe,
 )
-from ftconsole.scheduler.node.agent_gpus import read_gpus  # bundled
+from ftconsole.scheduler.node.agent_gpus import NVLINK_KEPT, nvlink_rates, read_gpus  # bundled
 from ftconsole.scheduler.node.agent_runtimes import RUNTIMES_CACHE, read_runtimes  # bundled
 from ftconsole.scheduler.node.proc import BOOT_ID, boot_id  # bundled
 
@@ -99,6 +99,7 @@ DEFAULT_THRESHOLDS = {
     "gpu_temp_fail_c": 95.0,
     "mem_available_warn_pct": 5.0,
     "load_warn_per_cpu": 2.0,
+    "nvlink_error_rate_warn": 100.0,
 }
 
 DEFAULT_PARAMS: dict = {
@@ -435,6 +436,17 @@ def check_nvlink(ctx, name):
     if down:
         detail = ", ".join("GPU %s (%d down)" % (g["index"], g["nvlink_down"]) for g in down)
         return result(name, WARN, "NVLink links down: " + detail, links, 0, "links")
+    warn_at = ctx.thresholds["nvlink_error_rate_warn"]
+    rated = [g for g in reporting if g.get("nvlink_error_rate") is not None]
+    worst = max(rated, key=lambda g: g["nvlink_error_rate"]) if rated else None
+    if worst is not None and worst["nvlink_error_rate"] >= warn_at:
+        rate = worst["nvlink_error_rate"]
+        text = "GPU %s: %s NVLink errors/s since the last probe, warn at >= %s/s" % (
+            worst["index"],
+            fmt(rate),
+            fmt(warn_at),
+        )
+        return result(name, WARN, text, rate, warn_at, "errors/s")
     return result(name, PASS, "all NVLink links up on %s" % gpu_names(reporting), 0, 0, "links")
 
 
@@ -531,6 +543,9 @@ def probe(params):
     facts["gpu_source"] = reading.source
     if reading.boot_id:  # a simulated node (the lab) that shares the kernel of its neighbours has its own
         facts["boot_id"] = reading.boot_id
+    node = params.get("node") if isinstance(params.get("node"), str) else ""
+    kept = os.path.expanduser(NVLINK_KEPT) if params["sysroot"] == "/" else None  # not for a test's tree
+    nvlink_rates(reading.gpus, kept, node, facts.get("boot_id"), time.time())
     cache = runtimes_cache(params.get("node")) if params["sysroot"] == "/" else None  # not for a test's tree
     max_age = as_number(params.get("runtimes_max_age")) or 0.0
     facts["runtimes"] = safe(read_runtimes, str(params["sysroot"]), deadline, max_age, cache) or []

@@ -389,3 +389,54 @@ def smi_pids_by_uuid(smi, deadline):
         if len(cells) >= 2 and smi_number(cells[1]) is not None:
             pids[cells[0].strip()].append(smi_number(cells[1]))
     return dict(pids)
+
+
+# -- NVLink errors as a rate ---------------------------------------------------------------------------------
+
+NVLINK_KEPT = "~/.ftconsole/probe/nvlink.json"  # the last probe's NVLink error totals, per node (homes are shared)
+NVLINK_MIN_GAP_S = 1.0  # a reading closer than this to the kept one gives no rate and does not replace it
+
+
+def nvlink_rates(gpus, path, node, boot, now):
+    """Each GPU's NVLink errors per second since the last probe of this node (by GPU uuid), as
+    ``nvlink_error_rate`` in its dict (None: no earlier reading of this boot, or too close to it); the totals
+    are kept at `path` for the next probe. The counters count from the driver's load, so a new boot, or a total
+    lower than the kept one, starts again."""
+    totals = dict((g["uuid"], g["nvlink_errors"]) for g in gpus if g.get("uuid") and g.get("nvlink_errors") is not None)
+    for gpu in gpus:
+        gpu["nvlink_error_rate"] = None
+    if not path or not totals:
+        return
+    kept = {}
+    try:
+        with open(path) as fh:
+            kept = json.load(fh)
+    except (OSError, ValueError):
+        pass
+    mine = kept.get(node) if isinstance(kept, dict) else None
+    if isinstance(mine, dict) and mine.get("boot") == boot and isinstance(mine.get("at"), (int, float)):
+        gap = now - mine["at"]
+        if 0 <= gap < NVLINK_MIN_GAP_S:
+            return
+        before = mine["totals"] if isinstance(mine.get("totals"), dict) else {}
+        for gpu in gpus:
+            was, now_total = before.get(gpu.get("uuid")), gpu.get("nvlink_errors")
+            if gap > 0 and isinstance(was, int) and now_total is not None and now_total >= was:
+                gpu["nvlink_error_rate"] = round((now_total - was) / gap, 3)
+    kept = kept if isinstance(kept, dict) else {}
+    kept[node] = {"boot": boot, "at": now, "totals": totals}
+    _keep_json(path, kept)
+
+
+def _keep_json(path, doc):
+    """Write `doc` at `path` whole (0600, in a 0700 folder); a home that cannot be written keeps nothing."""
+    folder = os.path.dirname(path)
+    try:
+        os.makedirs(folder, 0o700, exist_ok=True)
+        tmp = "%s.%d.tmp" % (path, os.getpid())
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(doc, fh)
+        os.replace(tmp, path)
+    except OSError:
+        return

@@ -22,6 +22,7 @@ Count = Annotated[int, Field(ge=0)]
 Celsius = Annotated[float, CELSIUS]
 Percent = Annotated[float, Field(ge=0, le=100), PERCENT]
 PerCpu = Annotated[float, Field(ge=0)]
+PerSecond = Annotated[float, Field(gt=0)]
 
 
 def warn_fail_problem(values: dict[str, Any], fail: str) -> str | None:
@@ -63,6 +64,8 @@ class Thresholds(_Strict):
     gpu_temp_fail_c: Celsius = 95.0
     mem_available_warn_pct: Percent = 5.0
     load_warn_per_cpu: PerCpu = 2.0
+    # NVLink errors (replays, recoveries, CRC) per second on a GPU since the last probe: DCGM's limit for CRC errors
+    nvlink_error_rate_warn: PerSecond = 100.0
 
 
 class PartialThresholds(_Strict):
@@ -80,3 +83,4 @@ class PartialThresholds(_Strict):
     gpu_temp_fail_c: Celsius | None = None
     mem_available_warn_pct: Percent | None = None
     load_warn_per_cpu: PerCpu | None = None
+    nvlink_error_rate_warn: PerSecond | None = None

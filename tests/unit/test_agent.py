@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -877,3 +878,36 @@ def test_agent_runs_on_python38(tmp_path: Path) -> None:
     assert [c.name for c in report.checks] == list(ALL_CHECKS)
     assert not any(c.message.startswith("check crashed") for c in report.checks)
     assert statuses(report)["gpu-temperature"] == CheckStatus.WARN
+
+
+def test_nvlink_errors_are_a_rate_since_the_node_s_last_probe(tmp_path: Path) -> None:
+    """The counters count from the driver's load: the agent keeps each probe's totals (per node, under the
+    account's home) and warns on the rate since the last one, from nvlink_error_rate_warn on."""
+    home = tmp_path / "home"
+    kept = home / ".ftconsole" / "probe" / "nvlink.json"
+    env = agent_env(HOME=str(home))
+
+    def probe(errors: int, boot: str = "b1", back: float = 10.0) -> ProbeReport:
+        if kept.exists():  # the last probe was `back` seconds ago
+            doc = json.loads(kept.read_text())
+            doc["node01"]["at"] -= back
+            kept.write_text(json.dumps(doc))
+        data = sim(gpu(0, uuid="GPU-a", nvlink_down=0, nvlink_errors=7), gpu(1, uuid="GPU-b", nvlink_down=0,
+                   nvlink_errors=errors))  # fmt: skip
+        data["boot_id"] = boot
+        env["FTCONSOLE_SIM_GPUS"] = str(write_sim(tmp_path, data))
+        report, _ = run_agent({"checks": ["nvlink"], "node": "node01"}, env=env)
+        return report
+
+    first = probe(100)
+    assert statuses(first) == {"nvlink": CheckStatus.PASS} and first.gpus[1].nvlink_error_rate is None
+    calm = probe(150)  # 50 errors in 10 s
+    assert statuses(calm) == {"nvlink": CheckStatus.PASS}
+    assert 50 / 30 < calm.gpus[1].nvlink_error_rate <= 5.0 and calm.gpus[0].nvlink_error_rate == 0  # 10 s and more
+    storm = probe(150 + 20_000)  # 2,000 a second (the probe's own time on top of the 10 s: a little less)
+    assert statuses(storm) == {"nvlink": CheckStatus.WARN}
+    shown = message(storm, "nvlink")
+    assert re.fullmatch(r"GPU 1: 1\d{3}(\.\d+)? NVLink errors/s since the last probe, warn at >= 100/s", shown), shown
+    rebooted = probe(3, boot="b2")  # counting again from the driver's load: no rate
+    assert statuses(rebooted) == {"nvlink": CheckStatus.PASS} and rebooted.gpus[1].nvlink_error_rate is None
+    assert oct(kept.stat().st_mode & 0o777) == "0o600"
