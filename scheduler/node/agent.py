@@ -520,14 +520,15 @@ def run_checks(ctx, names):
 # ---------------------------------------------------------------------------------------------------------
 
 
-def runtimes_cache(node):
-    """Where the kept reading of the container runtimes of `node` lies: one file per node, as nodes that share a
-    home (NFS) each have runtimes of their own; a name that is not plain keeps none."""
+def runtimes_cache(node, kept=RUNTIMES_CACHE):
+    """Where the kept reading of the container runtimes of `node` lies (or another file kept per node, `kept`):
+    one file per node, as nodes that share a home (NFS) each have runtimes of their own; a name that is not plain
+    keeps none."""
     if node is None:
-        return os.path.expanduser(RUNTIMES_CACHE)
+        return os.path.expanduser(kept)
     if not isinstance(node, str) or not node or node.startswith(".") or any(c in node for c in "/\\\0"):
         return None
-    base, ext = os.path.splitext(os.path.expanduser(RUNTIMES_CACHE))
+    base, ext = os.path.splitext(os.path.expanduser(kept))
     return "%s-%s%s" % (base, node, ext)
 
 
@@ -543,9 +544,8 @@ def probe(params):
     facts["gpu_source"] = reading.source
     if reading.boot_id:  # a simulated node (the lab) that shares the kernel of its neighbours has its own
         facts["boot_id"] = reading.boot_id
-    node = params.get("node") if isinstance(params.get("node"), str) else ""
-    kept = os.path.expanduser(NVLINK_KEPT) if params["sysroot"] == "/" else None  # not for a test's tree
-    nvlink_rates(reading.gpus, kept, node, facts.get("boot_id"), time.time())
+    kept = runtimes_cache(params.get("node"), NVLINK_KEPT) if params["sysroot"] == "/" else None
+    nvlink_rates(reading.gpus, kept, facts.get("boot_id"), time.time())
     cache = runtimes_cache(params.get("node")) if params["sysroot"] == "/" else None  # not for a test's tree
     max_age = as_number(params.get("runtimes_max_age")) or 0.0
     facts["runtimes"] = safe(read_runtimes, str(params["sysroot"]), deadline, max_age, cache) or []

@@ -393,11 +393,11 @@ def smi_pids_by_uuid(smi, deadline):
 
 # -- NVLink errors as a rate ---------------------------------------------------------------------------------
 
-NVLINK_KEPT = "~/.ftconsole/probe/nvlink.json"  # the last probe's NVLink error totals, per node (homes are shared)
+NVLINK_KEPT = "~/.ftconsole/probe/nvlink.json"  # the last probe's NVLink error totals (nvlink-NODE.json, per node)
 NVLINK_MIN_GAP_S = 1.0  # a reading closer than this to the kept one gives no rate and does not replace it
 
 
-def nvlink_rates(gpus, path, node, boot, now):
+def nvlink_rates(gpus, path, boot, now):
     """Each GPU's NVLink errors per second since the last probe of this node (by GPU uuid), as
     ``nvlink_error_rate`` in its dict (None: no earlier reading of this boot, or too close to it); the totals
     are kept at `path` for the next probe. The counters count from the driver's load, so a new boot, or a total
@@ -407,13 +407,12 @@ def nvlink_rates(gpus, path, node, boot, now):
         gpu["nvlink_error_rate"] = None
     if not path or not totals:
         return
-    kept = {}
+    mine = None
     try:
         with open(path) as fh:
-            kept = json.load(fh)
+            mine = json.load(fh)
     except (OSError, ValueError):
         pass
-    mine = kept.get(node) if isinstance(kept, dict) else None
     if isinstance(mine, dict) and mine.get("boot") == boot and isinstance(mine.get("at"), (int, float)):
         gap = now - mine["at"]
         if 0 <= gap < NVLINK_MIN_GAP_S:
@@ -423,9 +422,7 @@ def nvlink_rates(gpus, path, node, boot, now):
             was, now_total = before.get(gpu.get("uuid")), gpu.get("nvlink_errors")
             if gap > 0 and isinstance(was, int) and now_total is not None and now_total >= was:
                 gpu["nvlink_error_rate"] = round((now_total - was) / gap, 3)
-    kept = kept if isinstance(kept, dict) else {}
-    kept[node] = {"boot": boot, "at": now, "totals": totals}
-    _keep_json(path, kept)
+    _keep_json(path, {"boot": boot, "at": now, "totals": totals})
 
 
 def _keep_json(path, doc):

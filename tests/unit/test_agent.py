@@ -884,13 +884,13 @@ def test_nvlink_errors_are_a_rate_since_the_node_s_last_probe(tmp_path: Path) ->
     """The counters count from the driver's load: the agent keeps each probe's totals (per node, under the
     account's home) and warns on the rate since the last one, from nvlink_error_rate_warn on."""
     home = tmp_path / "home"
-    kept = home / ".ftconsole" / "probe" / "nvlink.json"
+    kept = home / ".ftconsole" / "probe" / "nvlink-node01.json"  # one file per node: nodes may share the home
     env = agent_env(HOME=str(home))
 
     def probe(errors: int, boot: str = "b1", back: float = 10.0) -> ProbeReport:
         if kept.exists():  # the last probe was `back` seconds ago
             doc = json.loads(kept.read_text())
-            doc["node01"]["at"] -= back
+            doc["at"] -= back
             kept.write_text(json.dumps(doc))
         data = sim(gpu(0, uuid="GPU-a", nvlink_down=0, nvlink_errors=7), gpu(1, uuid="GPU-b", nvlink_down=0,
                    nvlink_errors=errors))  # fmt: skip
