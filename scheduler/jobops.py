@@ -252,8 +252,8 @@ class Scheduler(RankReads, Reserving, Stopping):
         if job.array_id is None:
             return None
         return [
-            {"index": t.array_index, "id": t.id, "ref": t.ref, "status": t.status.value, "deleted": t.deleted}
-            for t in await self.store.array_tasks(job.array_id)
+            {"index": index, "id": id_, "ref": f"{job.array_id}[{index}]", "status": status, "deleted": deleted}
+            for id_, index, status, deleted in await self.store.array_members(job.array_id)
         ]
 
     async def clone(self, caller: Caller, job_id: int | str) -> Job:

@@ -411,8 +411,8 @@ class Recoverer:
         the pool is short of healthy capacity (seed 000)."""
         now = self.clock()
         limit = self.service.config.scheduler.queue_timeout
-        for job in await self.store.jobs(statuses=[JobStatus.QUEUED]):
-            if not job.requeued or not job.attempt:
+        for job in await self.store.requeued_jobs():
+            if not job.attempt:
                 continue
             last = await self.store.attempt(job.id, job.attempt)
             if last is None or last.result != REQUEUED or last.ended is None or now - last.ended < limit:

@@ -41,6 +41,7 @@ class ActiveJobs:
         self._active: dict[int, Job] = {}
         self._active_list: list[Job] = []
         self._active_views: dict[tuple[frozenset[JobStatus], bool], list[Job]] = {}  # of _active_list, by status
+        self._requeued_view: tuple[list[Job], list[Job]] | None = None  # (of which _active_list, its requeued jobs)
         self._active_cursor: float | None = None  # read the jobs stamped at or after this next; None: read all
         self._active_at = -1  # the generation when it was last read
         self._active_whole_at = -1  # ... and when it was last read whole
@@ -65,6 +66,15 @@ class ActiveJobs:
             if jobs is self._active_list:
                 self._active_views[key] = view
         return view
+
+    async def requeued_jobs(self) -> list[Job]:
+        """The queued jobs queued again after a fault (`scheduler.queue_timeout` watches them), kept as the other
+        views are: a tick asks for them, and most of a deep queue never was requeued."""
+        jobs = await self._all_active()
+        kept = self._requeued_view
+        if kept is None or kept[0] is not jobs:
+            kept = self._requeued_view = (jobs, [j for j in jobs if j.status is JobStatus.QUEUED and j.requeued])
+        return kept[1]
 
     async def _all_active(self) -> list[Job]:
         written = self._wrote_at.get
