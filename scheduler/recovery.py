@@ -14,11 +14,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from enum import Enum
 from typing import Any
 
 from ftconsole.probes.results import PREFLIGHT_CHECKS, CheckStatus
+from ftconsole.scheduler import debugenv
 from ftconsole.scheduler.decide.jobs import Attempt, Condition, Finish, Job, JobStatus, Run, StopReason
 from ftconsole.scheduler.decide.reconcile import (
     FAULTY,
@@ -142,26 +143,30 @@ class Recoverer:
                             failing.setdefault(name, []).append(text)
                     if name not in failing and o.health.state.value in FAULTY:
                         failing[name] = [f"{o.health.state.value}: {'; '.join(o.health.reasons)}"]
+        shared: set[str] = set()  # slow nodes another job uses too: slow for this job, no evidence of a fault
         if not failing and job.spec.preflight.bandwidth and len(nodes) >= 2:
-            failing.update(await self._bandwidth(job, nodes))
+            failing, shared = await self._bandwidth(job, nodes)
         if not failing:
             self._checked.add((job.id, attempt.number))
             return True
         cause = "pre-flight failed: " + "; ".join(f"{n} {', '.join(why)}" for n, why in sorted(failing.items()))
         ft = job.spec.fault_tolerance
         resubmits = sum(a.result == REQUEUED for a in await self.store.attempts(job.id))
+        faulty = tuple(sorted(set(failing) - shared))
         if resubmits >= ft.retries:
-            await self.service.isolate(sorted(failing), reason=f"job {job.id} attempt {attempt.number}: {cause}",
-                                       by="scheduler")  # fmt: skip
+            if faulty:
+                await self.service.isolate(list(faulty), reason=f"job {job.id} attempt {attempt.number}: {cause}",
+                                           by="scheduler")  # fmt: skip
             await fail(job, f"error,exiting: {cause} (resubmitted {resubmits} of {ft.retries} times)")
             return False
-        await self._requeue(job, mine, [], Requeue(tuple(sorted(failing)), cause, resubmits + 1, ft.retries), now)
+        await self._requeue(job, mine, [], Requeue(faulty, cause, resubmits + 1, ft.retries), now, without=shared)
         return False
 
-    async def _bandwidth(self, job: Job, names: Sequence[str]) -> dict[str, list[str]]:
+    async def _bandwidth(self, job: Job, names: Sequence[str]) -> tuple[dict[str, list[str]], set[str]]:
         """The fabric between the job's nodes (`preflight.bandwidth`): an item per node, as the probe's; the slow
-        nodes with their line. A node that could not take part is no evidence: its item says `error`, and the
-        job goes on."""
+        nodes with their line, and those of them another job (or a failed job kept for debugging) uses too: its
+        traffic may be why, so such a node is left out of this job, not isolated. A node that could not take part
+        is no evidence: its item says `error`, and the job goes on."""
         nodes = self.service.select(list(names))
         pool = nodes[0].pool
         settings = self.service.config.node_tests_for(pool).fabric or FabricTest()
@@ -176,7 +181,10 @@ class Recoverer:
                     await tx.event(now, "Preflight", text, job=job.id, node=name)
                     if result.result == "fail":
                         failing[name] = [text]
-        return failing
+        others = {r.node for r in await self.store.runs(held=True) if r.job != job.id and r.node in failing}
+        holds = await debugenv.holds(self.store, self.service.config.debug, now)
+        others |= {h.run.node for h in holds if h.run.job != job.id and h.run.node in failing}
+        return failing, others
 
     def _probe(self, nodes: tuple[str, ...]) -> None:
         """Probe the nodes now (once at a time): the decision waits for their word on the hardware."""
@@ -195,13 +203,23 @@ class Recoverer:
         self._probes[nodes] = asyncio.create_task(probe())
 
     async def _requeue(
-        self, job: Job, runs: Sequence[Run], changes: Sequence[tuple[Run, dict[str, Any]]], d: Requeue, now: float
+        self,
+        job: Job,
+        runs: Sequence[Run],
+        changes: Sequence[tuple[Run, dict[str, Any]]],
+        d: Requeue,
+        now: float,
+        without: Collection[str] = (),
     ) -> None:
+        """Isolate `d.faulty` and queue the job again at the front; `without`: nodes it is not placed on again
+        (slow for it, but no evidence of a fault: not isolated)."""
         where = ", ".join(d.faulty)
         if d.faulty:
             reason = f"job {job.id} attempt {job.attempt}: {d.cause}"
             await self.service.isolate(list(d.faulty), reason=reason, by="scheduler")
         isolated = f"isolated {where}; " if d.faulty else ""
+        if without:
+            isolated += f"not on {', '.join(sorted(without))} again (another job uses it: its traffic may be why); "
         text = (
             f"attempt {job.attempt} failed: {d.cause}; {isolated}queued again at the front "
             f"(resubmit {d.number} of {d.limit})"
@@ -213,6 +231,9 @@ class Recoverer:
                 # runs never sent (a pre-flight failed) are cancelled: nothing of them runs
                 await tx.requeue(job.id, job.attempt, runs, now, result=REQUEUED, cause=d.cause,
                                  message=f"queued again: {d.cause} (resubmit {d.number} of {d.limit})")  # fmt: skip
+                if without:
+                    excluded = tuple(sorted({*job.excluded, *without}))
+                    await tx.update_job(job.id, expect=[JobStatus.QUEUED], excluded=excluded)
                 await tx.event(now, Condition.RESTARTING, text, job=job.id, data=_data(job, d.faulty, "recover"))
         except Conflict:
             return

@@ -14,7 +14,7 @@ import pytest
 
 from tests import netns
 from tests.integration.test_recovery_sshd import attempts_of, restarting, until_nodes
-from tests.integration.test_scheduler_sshd import finished, job, running, write_config
+from tests.integration.test_scheduler_sshd import finished, job, running, until, write_config
 from tests.sshd_cluster import SshdCluster
 
 pytestmark = [pytest.mark.sshd, pytest.mark.skipif(not netns.available(), reason=netns.MISSING)]
@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.sshd, pytest.mark.skipif(not netns.available(), reason
 async def test_a_node_with_a_slow_link_is_swapped_out_of_a_job_and_kept_out_until_its_link_is_mended(
     sshd_cluster: Any, tmp_path: Path, sock_dir: Path
 ) -> None:
-    cluster: SshdCluster = sshd_cluster(3, gpus=1, netns=True)
+    cluster: SshdCluster = sshd_cluster(3, gpus=2, netns=True)
     assert cluster.fabric is not None
     cluster.fabric.shape("node01", mbit=50)
     # the lab's streams run at several Gbit/s on a busy machine; 50 Mbit/s is far under 0.5 Gbit/s either way
@@ -33,10 +33,26 @@ async def test_a_node_with_a_slow_link_is_swapped_out_of_a_job_and_kept_out_unti
         await until_nodes(client, lambda ns: all(n["state"] == "healthy" for n in ns), "the first probe sweep")
         spec = job("wide", "sh -c 'echo rank $RANK ok'", mode="pytorch", nodes=2, preflight={"bandwidth": True},
                    fault_tolerance={"retries": 1})  # fmt: skip
+
+        # node01 shared with another job: slow for this one, which goes elsewhere; no evidence of a fault
+        other = await client.call("submit", spec=job("other", "sleep 600", node_names="node01"))
+        await until(client, other["id"], lambda j: j["status"] == "running", "the other job running")
+        shown = await finished(client, (await client.call("submit", spec=spec))["id"])
+        assert shown["status"] == "succeeded", shown["message"]
+        assert attempts_of(shown) == [(1, "requeued", ["node01", "node02"]), (2, "succeeded", ["node02", "node03"])]
+        assert shown["excluded"] == ["node01"]
+        (why,) = restarting(shown)
+        assert "not on node01 again (another job uses it: its traffic may be why)" in why and "isolated" not in why
+        assert (await client.call("nodes", nodeset="node01"))[0]["state"] == "healthy"
+        await client.call("stop", jobs=[other["id"]])
+        await finished(client, other["id"])
+
+        # node01 its own: isolated and swapped
         shown = await finished(client, (await client.call("submit", spec=spec))["id"])
         assert shown["status"] == "succeeded", shown["message"]
         assert attempts_of(shown) == [(1, "requeued", ["node01", "node02"]), (2, "succeeded", ["node02", "node03"])]
         assert [r["state"] for r in shown["attempts"][0]["runs"]] == ["cancelled", "cancelled"]  # never started
+        assert shown["excluded"] == []
         items = {(e["node"], e["message"].split(" (")[0]) for e in await client.call("events", job=shown["id"])
                  if e["kind"] == "Preflight" and e["message"].startswith("item fabric")}  # fmt: skip
         slow = [text for node, text in items if node == "node01"]
