@@ -28,7 +28,7 @@ async def test_a_node_with_a_slow_link_is_swapped_out_of_a_job_and_kept_out_unti
     cluster.fabric.shape("node01", mbit=50)
     # the lab's streams run at several Gbit/s on a busy machine; 50 Mbit/s is far under 0.5 Gbit/s either way
     loaded = write_config(cluster, tmp_path, sock_dir, probes={"interval": "1h"},
-                          node_tests={"fabric": {"seconds": "1s", "min_gbps": 0.5}})  # fmt: skip
+                          node_tests={"fabric": {"seconds": "0.5s", "min_gbps": 0.5}})  # fmt: skip
     async with running(loaded) as (_, client):
         await until_nodes(client, lambda ns: all(n["state"] == "healthy" for n in ns), "the first probe sweep")
         spec = job("wide", "sh -c 'echo rank $RANK ok'", mode="pytorch", nodes=2, preflight={"bandwidth": True},
