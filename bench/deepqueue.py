@@ -13,7 +13,8 @@ array), then measures, while the loop keeps ticking:
 - READ S: `jobs --status running` (median of 5), the read an operator's console makes every few seconds;
 - SHOW S: `show` of one queued task (median of 5);
 - STOP S: one `stop` of `--stop` queued tasks;
-- TICK MS/S: the scheduler's CPU per second of wall time over 10 s with the queue full (its placement passes);
+- TICK MS/S: the scheduler's CPU per second of wall time over 10 s with the queue full (its placement passes),
+  once every task's wait note is written (the passes right after the submits write them all);
 - RSS MB: the scheduler's resident memory then.
 
 `--profile FILE` runs the scheduler under py-spy (if installed) and writes its stacks there (raw, for a flame
@@ -79,6 +80,15 @@ async def measure(
         await asyncio.sleep(3 * TICK_S)  # a few passes over the full queue
         reads = [await timed(asyncio.wait_for(api.call("jobs", status=["running"]), 600)) for _ in range(5)]
         shows = [await timed(asyncio.wait_for(api.call("show", job=first_ids[-1] + 5), 600)) for _ in range(5)]
+        # the steady state: once the last task says why it waits, every task's wait note is written (the first
+        # passes after the submits write them, a cost of the submits, not of the idle ticks)
+        last = first_ids[-1] + tasks - 1
+        deadline = time.monotonic() + 300
+        while not str((await api.call("show", job=last))["message"] or "").startswith("waiting"):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"job {last} never said why it waits")
+            await asyncio.sleep(TICK_S)
+        await asyncio.sleep(2 * TICK_S)
         spy = None
         if window_profile:  # the steady state alone: py-spy attached for the window
             spy = await asyncio.create_subprocess_exec(
