@@ -80,6 +80,9 @@ class Placer(SharingWeights):
         # the queue in its order, kept while the jobs and the fair-share values stay the same (a deep queue is
         # sorted once, not every pass); and what each project and user uses, likewise
         self._order: tuple[tuple[Any, ...], list[list[Job]]] | None = None
+        # (the queue order, how many jobs were beyond the depth, their note) when each of them said so: the same
+        # order and count are the same jobs, none of them to note again
+        self._beyond_noted: tuple[list[list[Job]], int, str] | None = None
         self._use: tuple[tuple[int, float], dict[quotas.Key, quotas.InUse]] | None = None
         self._accounts: tuple[tuple[int, ...], list[tuple[str, str]]] | None = None  # the queue's (project, user)s
         self._after: tuple[tuple[int, ...] | None, bool] | None = None  # whether any queued job has an `after:`
@@ -211,7 +214,7 @@ class Placer(SharingWeights):
         notes = waiting + [(job, why) for job, why in unplaceable if why]
         notes += [(job, f"waiting: {why}") for job, why in taken.held]
         later = queuedepth.beyond(self.settings.queue_depth)
-        notes += [(job, later) for job in taken.beyond if job.message != later]
+        notes += self._beyond_notes(taken.beyond, later)
         for job, why in unplaceable:
             if not why:  # not a config change: the job itself cannot be planned
                 await self._fail(job, job.message)
@@ -235,6 +238,17 @@ class Placer(SharingWeights):
                 log.exception("job %s: cannot be started", job.id)
                 await self._fail(job, f"ftconsole cannot start it: {type(exc).__name__}: {exc}")
         await self.notes(notes)
+
+    def _beyond_notes(self, beyond: Sequence[Job], later: str) -> list[tuple[Job, str]]:
+        """The jobs past the queue depth whose note is not `later` yet: none to look for while the queue's order
+        and the count past the depth are those of a pass that found none (a walk over 100,000 jobs a pass)."""
+        ordered = self._order[1] if self._order is not None else None
+        kept = self._beyond_noted
+        if ordered is not None and kept is not None and kept[0] is ordered and kept[1:] == (len(beyond), later):
+            return []
+        pending = [(job, later) for job in beyond if job.message != later]
+        self._beyond_noted = (ordered, len(beyond), later) if ordered is not None and not pending else None
+        return pending
 
     async def take(self, queued: Sequence[Job], version: tuple[int, ...]) -> queuedepth.Walk:
         """The queued jobs (whose dependencies are met) this pass plans: the first `scheduler.queue_depth` in

@@ -3,6 +3,8 @@ and an array's waiting tasks weighed once."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from ftconsole.scheduler.decide import arrays, queuedepth, quotas
 from ftconsole.scheduler.decide.jobs import Job, JobStatus
 from ftconsole.scheduler.spec.jobspec import parse_jobspec
@@ -68,3 +70,23 @@ def test_a_job_that_waits_for_something_else_is_taken_without_counting() -> None
     walk = queuedepth.walk(ordered, 2, gpus=lambda j: 2, counts=lambda j: j.id not in (1, 2))
     assert [j.id for j in walk.taken] == [1, 2, 3, 4] and [j.id for j in walk.beyond] == [5]
     assert queuedepth.beyond(500).startswith("waiting: behind the first 500 jobs of the queue")
+
+
+def test_a_pass_looks_at_the_jobs_past_the_depth_only_while_some_note_is_not_written() -> None:
+    """Placer._beyond_notes: the jobs past the depth whose note is not the one past the depth; none looked for
+    again while the queue's order (the same list: no job written since) and the count past the depth are those
+    of a pass that found every note written. A new order of the same length is looked at again."""
+    from tests.unit.test_quotas import placer  # a Placer of a config alone
+
+    found = placer({})
+    later = queuedepth.beyond(2)
+    ordered = queuedepth.order([job(i) for i in range(1, 6)], {})
+    found._order = ((), ordered)
+    beyond = [j for run in ordered for j in run][2:]
+    assert [j.id for j, note in found._beyond_notes(beyond, later)] == [3, 4, 5]
+    noted = [dataclasses.replace(j, message=later) for j in beyond]
+    assert found._beyond_notes(noted, later) == []  # every note written: quiet from now on
+    assert found._beyond_notes(beyond, later) == []  # the same order and count: not looked at
+    again = queuedepth.order([job(i) for i in range(1, 6)], {})  # a job written since: a new order
+    found._order = ((), again)
+    assert [j.id for j, _ in found._beyond_notes(beyond, later)] == [3, 4, 5]
