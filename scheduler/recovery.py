@@ -173,6 +173,7 @@ class Recoverer:
         report = await check(self.service.transport, self.service.config.ssh.python, nodes, settings, pool,
                              self.service.baselines)  # fmt: skip
         now = self.clock()
+        self.service.tester.counts.update(("fabric", r.result, "preflight") for r in report.results.values())
         failing: dict[str, list[str]] = {}
         with contextlib.suppress(Conflict):
             async with self.store.jobs_tx(f"record the bandwidth check of job {job.id}") as tx:

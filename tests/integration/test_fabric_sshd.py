@@ -29,7 +29,7 @@ async def test_a_node_with_a_slow_link_is_swapped_out_of_a_job_and_kept_out_unti
     # the lab's streams run at several Gbit/s on a busy machine; 50 Mbit/s is far under 0.5 Gbit/s either way
     loaded = write_config(cluster, tmp_path, sock_dir, probes={"interval": "1h"},
                           node_tests={"fabric": {"seconds": "0.5s", "min_gbps": 0.5}})  # fmt: skip
-    async with running(loaded) as (_, client):
+    async with running(loaded) as (scheduler, client):
         await until_nodes(client, lambda ns: all(n["state"] == "healthy" for n in ns), "the first probe sweep")
         spec = job("wide", "sh -c 'echo rank $RANK ok'", mode="pytorch", nodes=2, preflight={"bandwidth": True},
                    fault_tolerance={"retries": 1})  # fmt: skip
@@ -63,6 +63,8 @@ async def test_a_node_with_a_slow_link_is_swapped_out_of_a_job_and_kept_out_unti
         assert "isolated node01" in why
         (node01,) = await client.call("nodes", nodeset="node01")
         assert node01["state"] == "isolated" and "slow on its way out" in node01["admin_reason"]
+        counts = scheduler.service.tester.counts  # ftconsole_node_tests_total: slow links caught before a job met them
+        assert counts[("fabric", "fail", "preflight")] == 2 and counts[("fabric", "pass", "preflight")] == 6
 
         # node_tests.fabric is a node test too: node01 streams with the two idle nodes, only its result counts
         (view,) = await client.call("resume", nodeset="node01", test=True)
