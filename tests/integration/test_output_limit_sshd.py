@@ -69,7 +69,7 @@ def numbers(text: str) -> tuple[list[int], int]:
 async def test_a_chatty_rank_keeps_under_its_output_limit_and_logs_show_the_tail(
     sshd_cluster: Any, tmp_path: Path, sock_dir: Path
 ) -> None:
-    cluster: SshdCluster = sshd_cluster(1, gpus=1)
+    cluster: SshdCluster = sshd_cluster(1, gpus=1, shared_home=True)  # what the cap protects: a home the nodes share
     loaded = write_config(cluster, tmp_path, sock_dir)
     writer = tmp_path / "writer.py"
     writer.write_text(WRITER)

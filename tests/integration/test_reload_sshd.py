@@ -78,7 +78,7 @@ def log_lines(log: Path, text: str) -> list[str]:
 async def test_a_reload_adds_a_node_and_removes_a_drained_one_while_a_job_runs(
     sshd_cluster: Any, tmp_path: Path, sock_dir: Path
 ) -> None:
-    cluster: SshdCluster = sshd_cluster(3, gpus=1)
+    cluster: SshdCluster = sshd_cluster(3, gpus=1, shared_home=True)  # the new node meets the others' run folders
     config = write(tmp_path / "cluster.yaml", config_data(cluster, tmp_path, sock_dir, ["node01", "node02"]))
     sock, log, cli = sock_dir / "ft.sock", tmp_path / "serve.log", Cli(config)
     proc = serve(config, tmp_path)

@@ -66,7 +66,7 @@ async def climbed(svc: ClusterService, node: str) -> None:
 async def test_an_isolated_node_is_rebooted_tested_and_resumed_or_stays_out_while_it_fails(
     sshd_cluster: Any, tmp_path: Path
 ) -> None:
-    cluster: SshdCluster = sshd_cluster(2, gpus=2)
+    cluster: SshdCluster = sshd_cluster(2, gpus=2, shared_home=True)  # one home for both nodes, as on most clusters
     asked = tmp_path / "reboots"
     path, loaded = config(
         cluster, tmp_path, node_tests=GPU_TEST,
