@@ -185,7 +185,7 @@ async def test_random_kills_while_jobs_are_submitted_run_and_end(
     cluster: SshdCluster = sshd_cluster(2, gpus=2, shared_home=layout == "shared-home")
     config = write_config(cluster, tmp_path, url)
     ids = await preload(tmp_path, list(JOBS), url)
-    for _ in range(6):
+    for _ in range(5):
         proc = serve(config, tmp_path)
         try:
             await asyncio.sleep(rng.uniform(0.3, 2.5))
