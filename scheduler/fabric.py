@@ -60,10 +60,6 @@ class FabricReport:
     results: Mapping[str, TestResult] = field(default_factory=dict)
 
     @property
-    def slow(self) -> list[str]:
-        return sorted(n for n, r in self.results.items() if r.result == "fail")
-
-    @property
     def median(self) -> float | None:
         measured = [s.gbps for s in self.streams if s.gbps is not None]
         return statistics.median(measured) if measured else None

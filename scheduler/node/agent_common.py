@@ -131,6 +131,22 @@ def print_one_line(name, load, make, argv):
     return 0
 
 
+def keep_json(path, doc):
+    """Write `doc` at `path` whole, for the next runs (0600, in a 0700 folder, by rename: a reader never sees half
+    of it); a home that cannot be written keeps nothing."""
+    folder = os.path.dirname(path)
+    tmp = "%s.%d.tmp" % (path, os.getpid())
+    try:
+        os.makedirs(folder, 0o700, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(doc, fh)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
 def first_line(*texts):
     """The first non-empty line of the first text that has one, or "no output"."""
     for text in texts:

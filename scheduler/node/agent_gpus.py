@@ -20,6 +20,7 @@ from ftconsole.scheduler.node.agent_common import (  # bundled
     as_number,
     as_pids,
     as_str,
+    keep_json,
     run_command,
 )
 
@@ -422,18 +423,4 @@ def nvlink_rates(gpus, path, boot, now):
             was, now_total = before.get(gpu.get("uuid")), gpu.get("nvlink_errors")
             if gap > 0 and isinstance(was, int) and now_total is not None and now_total >= was:
                 gpu["nvlink_error_rate"] = round((now_total - was) / gap, 3)
-    _keep_json(path, {"boot": boot, "at": now, "totals": totals})
-
-
-def _keep_json(path, doc):
-    """Write `doc` at `path` whole (0600, in a 0700 folder); a home that cannot be written keeps nothing."""
-    folder = os.path.dirname(path)
-    try:
-        os.makedirs(folder, 0o700, exist_ok=True)
-        tmp = "%s.%d.tmp" % (path, os.getpid())
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            json.dump(doc, fh)
-        os.replace(tmp, path)
-    except OSError:
-        return
+    keep_json(path, {"boot": boot, "at": now, "totals": totals})

@@ -9,14 +9,12 @@ probe's deadline) is kept apart from deciding (``runtime_entry``, ``gpus_via``: 
 out), so the decisions are tested from tables. Python 3.8, standard library only.
 """
 
-import contextlib
 import glob
 import json
 import os
 import re
 import shutil
 import subprocess
-import tempfile
 import time
 
 from ftconsole.scheduler.node.agent_common import (  # bundled
@@ -24,6 +22,7 @@ from ftconsole.scheduler.node.agent_common import (  # bundled
     as_list,
     first_line,
     host_path,
+    keep_json,
     read_text,
     run_bounded,
 )
@@ -217,21 +216,8 @@ def kept_reading(path, key, max_age, now):
 
 def keep_reading(path, key, entries, now):
     """Keep a reading for the next probes (0600, written whole); a home that cannot be written keeps none."""
-    if not path:
-        return
-    folder = os.path.dirname(path)
-    try:
-        os.makedirs(folder, 0o700, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".runtimes.")
-    except OSError:
-        return
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump({"key": key, "at": now, "entries": entries}, fh)
-        os.replace(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+    if path:
+        keep_json(path, {"key": key, "at": now, "entries": entries})
 
 
 def read_runtimes(sysroot, deadline, max_age=0.0, cache=None):
