@@ -60,6 +60,7 @@ from ftconsole.scheduler.errors import UsageError  # noqa: E402
 from ftconsole.scheduler.serve.daemon import brief_node  # noqa: E402
 from ftconsole.scheduler.spec.config import load_config  # noqa: E402
 from ftconsole.tui.app import ConsoleApp  # noqa: E402
+from ftconsole.tui.mapview import ClusterMap  # noqa: E402
 
 T0 = 1_750_000_000.0  # the simulated wall clock starts here
 SIZE = (200, 50)
@@ -220,6 +221,7 @@ class SyntheticCluster:
             "nodes": nodes,
             "gpus_per_node": gpus,
             "specs": [],
+            "preemptible": job_id % 7 == 0,  # no draw from rng: the data stays what earlier runs measured
             "output": f"/shared/{project}/runs/{job_id}",
             "submitted": submitted,
             "started": None,
@@ -454,6 +456,11 @@ class SyntheticCluster:
             reply = self.events[-int(args.get("limit") or 100) :]
         elif op == "cluster":
             reply = self._cluster()
+        elif op == "reservations":  # one maintenance window over the first rack, under way
+            rack = sorted(self.nodes)[:32]
+            reply = [{"name": "maint-r00", "nodes": rack, "start": T0 - 600, "end": T0 + 7200, "user": None,
+                      "project": None, "maintenance": True, "reason": "firmware", "by": "ops", "created": T0 - 900,
+                      "state": "active"}]  # fmt: skip
         else:
             raise UsageError(f"the synthetic cluster does not serve {op!r}")
         data = _json(reply)
@@ -536,12 +543,15 @@ class Timed:
         self.last = time.thread_time() - started
 
 
-async def updates(app: ConsoleApp, pilot: Any, source: SyntheticCluster, count: int) -> dict[str, list[float]]:
-    """`count` simulated seconds on the visible view; CPU seconds of this (the only) thread per part."""
+async def updates(
+    app: ConsoleApp, pilot: Any, source: SyntheticCluster, count: int, keys: tuple[str, ...] = ()
+) -> dict[str, list[float]]:
+    """`count` simulated seconds on the visible view; CPU seconds of this (the only) thread per part. With `keys`,
+    after each update's frame one key (in turn) is pressed, and its handling and next frame are timed."""
     view = app.view
     timed = Timed(view.update_view)
     view.update_view = timed  # type: ignore[method-assign]
-    parts = ("refresh", "read", "apply", "render", "total", "gc", "wall", "bytes")
+    parts = ("refresh", "read", "apply", "render", "total", "gc", "wall", "bytes", "key")
     out: dict[str, list[float]] = {p: [] for p in parts}
     try:
         for _ in range(count):
@@ -563,6 +573,10 @@ async def updates(app: ConsoleApp, pilot: Any, source: SyntheticCluster, count: 
             out["gc"].append(GC.total - collecting)
             out["wall"].append(wall)
             out["bytes"].append(source.bytes - sent)
+            if keys:
+                cpu = time.thread_time()
+                await pilot.press(keys[len(out["key"]) % len(keys)])  # handled, then a frame
+                out["key"].append(time.thread_time() - cpu)
     finally:
         del view.update_view
     return out
@@ -619,7 +633,26 @@ async def run(args: argparse.Namespace, profiler: cProfile.Profile | None) -> di
         results["nodes_view"] = await updates(app, pilot, source, args.updates)
         if profiler:
             profiler.disable()
-        results["rss_nodes"], results["rss_peak"] = rss_mib()
+        results["rss_nodes"] = rss_mib()[0]
+
+        app.query_one("#views", ContentSwitcher).current = "map"  # what `6` does, without its worker
+        app.view.table.focus()
+        server = source.server_s
+        wall, cpu = time.perf_counter(), time.thread_time()
+        await app.refresh_data()
+        await pilot.pause()
+        results["map_first_wall"] = time.perf_counter() - wall - (source.server_s - server)
+        results["map_first_cpu"] = time.thread_time() - cpu - (source.server_s - server)
+        cluster_map = app.view.table
+        assert isinstance(cluster_map, ClusterMap) and cluster_map.layout_ is not None
+        results["map_fit"] = (len(cluster_map.layout_.lines), cluster_map.size.height, cluster_map.layout_.dense)
+        assert len(cluster_map.layout_.where) == len(source.nodes), "the map lost nodes"
+        if profiler:
+            profiler.enable()
+        results["map_view"] = await updates(app, pilot, source, args.updates, keys=("right", "down", "left", "up"))
+        if profiler:
+            profiler.disable()
+        results["rss_map"], results["rss_peak"] = rss_mib()
 
     with tempfile.TemporaryDirectory(prefix="ftb-", dir="/tmp") as tmp:
         config = {
@@ -672,6 +705,7 @@ def main() -> int:
                 f"{r['nodes_first_cpu']:.2f}",
                 f"{r['nodes_first_gc']:.2f}",
             ],
+            ["map view, first switch", f"{r['map_first_wall']:.2f}", f"{r['map_first_cpu']:.2f}", ""],
         ],
     )
     print()
@@ -685,9 +719,9 @@ def main() -> int:
         "wall": "refresh_data, wall clock",
     }
     rows = []
-    for view, key in (("jobs", "jobs_view"), ("nodes", "nodes_view")):
+    for view, key in (("jobs", "jobs_view"), ("nodes", "nodes_view"), ("map", "map_view")):
         t = r[key]
-        for part, label in labels.items():
+        for part, label in {**labels, **({"key": "key press to its frame"} if t["key"] else {})}.items():
             median, p99 = median_p99(t[part])
             share = f"{statistics.fmean(t[part]) * 100:.1f}%" if part in ("total", "gc") else ""
             rows.append([view, label, f"{median * 1000:.1f}", f"{p99 * 1000:.1f}", share])
@@ -698,11 +732,16 @@ def main() -> int:
         ["before the app (data source built)", f"{r['rss_before']:.0f}"],
         ["after the jobs view's first frame", f"{r['rss_jobs']:.0f}"],
         ["after the nodes view", f"{r['rss_nodes']:.0f}"],
+        ["after the map view", f"{r['rss_map']:.0f}"],
         ["peak", f"{r['rss_peak']:.0f}"],
     ]
     if "traced_peak" in r:
         memory.append(["tracemalloc peak up to the first frame", f"{r['traced_peak']:.0f}"])
     print_table(["MEMORY", "RSS MIB"], memory)
+    lines, height, dense = r["map_fit"]
+    fits = "fits" if lines <= height else "does NOT fit"
+    cells = "half blocks, two GPUs a cell" if dense else "a cell per GPU"
+    print(f"the map: {lines} lines ({cells}) in {height} lines of a {SIZE[0]}x{SIZE[1]} terminal: it {fits}")
     print(
         f"objects the cyclic GC tracks after the first frame: {r['tracked']:,}, of which {r['source_objects']:,} "
         "before the app (the imported modules and the data source, which lives in the scheduler in real life)"

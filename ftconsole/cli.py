@@ -49,6 +49,7 @@ from ftconsole.scheduler.store.files import STORE_FILE, read_cluster_id
 from ftconsole.scheduler.store.schema import SCHEMA_VERSION
 
 PROG = "ftconsole"
+CONSOLE_VIEWS = ("jobs", "nodes", "alerts", "events", "cluster", "map")  # the console's views (tui.app.VIEWS)
 
 
 # The keys of a lab layout (config/lab.yaml, ftconsole/lab) that a cluster config does not have: a config check
@@ -309,17 +310,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
         from ftconsole.lab.demo import queue_demo_jobs
 
         print(asyncio.run(queue_demo_jobs(loaded)).summary(), file=sys.stderr)
-    return run_console(loaded, readonly=False, theme=args.theme)
+    return run_console(loaded, readonly=False, theme=args.theme, view=args.view or "map")
 
 
 def cmd_console(args: argparse.Namespace) -> int:
-    return run_console(loaded_config(args), readonly=args.readonly, theme=args.theme)
+    return run_console(loaded_config(args), readonly=args.readonly, theme=args.theme, view=args.view or "jobs")
 
 
-def run_console(loaded: LoadedConfig, *, readonly: bool, theme: str | None = None) -> int:
+def run_console(loaded: LoadedConfig, *, readonly: bool, theme: str | None = None, view: str = "jobs") -> int:
     from ftconsole.tui.app import ConsoleApp
 
-    app = ConsoleApp(loaded, readonly=readonly, theme=theme or os.environ.get("FTCONSOLE_THEME") or None)
+    theme = theme or os.environ.get("FTCONSOLE_THEME") or None
+    app = ConsoleApp(loaded, readonly=readonly, theme=theme, view=view)
     app.run()
     return app.return_code or 0
 
@@ -365,6 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="console: light or dark (default: $FTCONSOLE_THEME, else dark), or a Textual theme name; "
         "NO_COLOR=1 turns colour off",
     )
+    parser.add_argument("--view", choices=CONSOLE_VIEWS, help="console: the view it opens on (default: jobs)")
     parser.set_defaults(func=cmd_console)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -456,6 +459,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do not queue the demo jobs (ftconsole/lab/demo_jobs/; by default they are queued unless a job of "
         "yours named demo-* is still queued or running)",
+    )
+    demo.add_argument(
+        "--view", choices=CONSOLE_VIEWS, default=argparse.SUPPRESS, help="the view the console opens on (default: map)"
     )
     demo.set_defaults(func=cmd_demo)
     return parser

@@ -59,7 +59,7 @@ def _job(id_: int, name: str, status: str, **over: Any) -> dict[str, Any]:
         "output": None, "submitted": NOW - 7200, "started": None, "ended": None, "runtime_s": None,
         "max_runtime_s": 86400, "attempt": 0, "stop_requested": None, "stop_reason": None, "stop_by": None,
         "message": "", "exit_code": None, "cloned_from": None, "deleted": False, "last_output": None,
-        "open_alerts": 0, "node_names": [], "updated": NOW - 60, "elastic": None,
+        "open_alerts": 0, "node_names": [], "updated": NOW - 60, "elastic": None, "preemptible": False,
     }  # fmt: skip
     return base | over
 
@@ -68,7 +68,7 @@ JOBS = [
     _job(101, "llama-70b-pretrain", "running", started=NOW - 5400, attempt=1, last_output=NOW - 3,
          node_names=["gpu01", "gpu02"]),
     _job(104, "eval-sweep", "running", started=NOW - 2 * 3600, attempt=2, last_output=NOW - 1500, nodes=1,
-         gpus_per_node=2, node_names=["gpu03"], open_alerts=1, owner="bo"),
+         gpus_per_node=2, node_names=["gpu03"], open_alerts=1, owner="bo", preemptible=True),
     _job(105, "rlhf-ppo", "queued", priority="urgent", submitted=NOW - 600, message="waits for 4 free nodes"),
     _job(106, "tokenizer", "queued", nodes=1, gpus_per_node=1, mode="single", submitted=NOW - 300),
     _job(103, "vit-finetune", "error", started=NOW - 4000, ended=NOW - 900, attempt=1, exit_code=1,
@@ -95,6 +95,10 @@ EVENTS = [
         ]
     )
 ]
+RESERVATIONS = [
+    {"name": "maint-gpu03", "nodes": ["gpu03"], "start": NOW - 600, "end": NOW + 3600, "user": None, "project": None,
+     "maintenance": True, "reason": "fan swap", "by": "ops", "created": NOW - 900, "state": "active"},
+]  # fmt: skip
 CLUSTER = {
     "nodes": [
         {"name": n["name"], "state": n["state"], "pool": "h100", "os": n["facts"]["os"], "kernel": n["facts"]["kernel"],
@@ -124,7 +128,7 @@ class FixedClient:
                           "conditions": [], "events": []}  # fmt: skip
         if op == "nodes" and args.get("nodeset"):
             return [n for n in NODES if n["name"] == args["nodeset"]]
-        answers = {"nodes": NODES, "alerts": ALERTS, "events": EVENTS, "cluster": CLUSTER}
+        answers = {"nodes": NODES, "alerts": ALERTS, "events": EVENTS, "cluster": CLUSTER, "reservations": RESERVATIONS}
         if op not in answers:
             raise UsageError(f"fixed data: {op} is not answered here")
         return answers[op]

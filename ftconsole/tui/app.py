@@ -5,11 +5,11 @@ on the config's state_dir, it attaches to its socket. Otherwise it runs the sche
 loop, the probes and the API socket, so the CLI works while it is open) and calls its operations in-process.
 Both paths give the same features. A client can also be handed in (tests, or a read of the store alone).
 
-Views (number keys): 1 Jobs, 2 Nodes, 3 Alerts, 4 Events, 5 Cluster; in Jobs, an array of jobs is one row, and
-`t` shows or hides a row per task. Every action is an `action_*` method bound in `BINDINGS`; `check_action` hides
-the ones that do not apply to the view, and every action that changes something under `--readonly`. Data is
-read once a second by a worker, for the visible view, and applied by diff (`KeyedTable`), so the cursor and
-scroll never jump and the UI never waits on SSH.
+Views (number keys): 1 Jobs, 2 Nodes, 3 Alerts, 4 Events, 5 Cluster, 6 Map (every GPU as a cell, `mapview.py`); in
+Jobs, an array of jobs is one row, and `t` shows or hides a row per task. Every action is an `action_*` method
+bound in `BINDINGS`; `check_action` hides the ones that do not apply to the view, and every action that changes
+something under `--readonly`. Data is read once a second by a worker, for the visible view, and applied by diff
+(`KeyedTable`), so the cursor and scroll never jump and the UI never waits on SSH.
 """
 
 from __future__ import annotations
@@ -38,10 +38,12 @@ from ftconsole.tui import rows as R
 from ftconsole.tui.actions import Actions
 from ftconsole.tui.detail import JobScreen, NodeScreen
 from ftconsole.tui.feed import Feed
+from ftconsole.tui.mapview import ClusterMap, MapView
 from ftconsole.tui.views import AlertsView, ClusterView, EventsView, JobsView, NodesView, View
 
 REFRESH_S = 1.0
-VIEWS = (("jobs", "1"), ("nodes", "2"), ("alerts", "3"), ("events", "4"), ("cluster", "5"))
+VIEWS = (("jobs", "1"), ("nodes", "2"), ("alerts", "3"), ("events", "4"), ("cluster", "5"), ("map", "6"))
+VIEW_NAMES = tuple(name for name, _ in VIEWS)
 
 # what each action changes (hidden under --readonly) and which kind of row it works on
 WRITES = frozenset(
@@ -152,8 +154,12 @@ class ConsoleApp(Actions):
         clock: Callable[[], float] = time.time,
         refresh_s: float = REFRESH_S,
         theme: str | None = None,
+        view: str = "jobs",
     ) -> None:
         super().__init__()
+        if view not in VIEW_NAMES:
+            raise ValueError(f"no view {view!r}: the views are {', '.join(VIEW_NAMES)}")
+        self.first_view = view
         if theme is not None:  # "light", "dark" or any Textual theme name; also from the palette (ctrl+p)
             self.theme = {"light": "textual-light", "dark": "textual-dark"}.get(theme, theme)
         self.loaded = loaded
@@ -172,12 +178,13 @@ class ConsoleApp(Actions):
 
     def compose(self) -> ComposeResult:
         yield Header()
-        with ContentSwitcher(initial="jobs", id="views"):
+        with ContentSwitcher(initial=self.first_view, id="views"):
             yield JobsView(id="jobs")
             yield NodesView(id="nodes")
             yield AlertsView(id="alerts")
             yield EventsView(id="events")
             yield ClusterView(id="cluster")
+            yield MapView(id="map")
         yield Input(placeholder="/ filters the view (a regular expression; enter applies, esc cancels)", id="filter")
         yield Footer()
 
@@ -390,6 +397,11 @@ class ConsoleApp(Actions):
                 self.open_job(int(alert["job"]), alert=alert)  # at the evidence: the alert's event on top
             elif alert and alert.get("node"):
                 self.open_node(str(alert["node"]))
+
+    @on(ClusterMap.Selected)
+    def map_selected(self, event: ClusterMap.Selected) -> None:
+        if self.screen is self.screen_stack[0]:
+            self.open_node(event.node)
 
     def open_job(self, job_id: int, *, alert: dict[str, Any] | None = None) -> JobScreen | None:
         if self.client is None:

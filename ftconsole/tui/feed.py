@@ -20,7 +20,7 @@ from ftconsole.scheduler.serve.client import Client
 
 UTIL_HISTORY = 12  # probes of GPU utilisation kept per node for the sparkline
 STALE_AFTER_S = 15.0  # nodes data older than this (the scheduler is not answering) reads `unknown`
-SOURCES = ("jobs", "nodes", "alerts", "events", "cluster")
+SOURCES = ("jobs", "nodes", "alerts", "events", "cluster", "reservations")
 
 
 @dataclass
@@ -37,6 +37,7 @@ class Feed:
     alerts: dict[int, dict[str, Any]] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
     cluster: dict[str, Any] | None = None
+    reservations: list[dict[str, Any]] = field(default_factory=list)
     util: dict[str, deque[float | None]] = field(default_factory=dict)
     sources: dict[str, Source] = field(default_factory=lambda: {s: Source() for s in SOURCES})
     events_limit: int = 500
@@ -110,6 +111,12 @@ class Feed:
         cluster = await client.call("cluster")
         changed = cluster != self.cluster
         self.cluster = cluster
+        return changed
+
+    async def _read_reservations(self, client: Client) -> bool:
+        reservations = await client.call("reservations")
+        changed = reservations != self.reservations
+        self.reservations = reservations
         return changed
 
     # -- derived -------------------------------------------------------------------------------------------

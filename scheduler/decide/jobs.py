@@ -148,6 +148,7 @@ class Job:
             "elastic": _elastic_json(self.spec),
             "gpus_per_node": self.spec.gpus_per_node,
             "specs": [r.spec for r in self.spec.gpu_request if r.spec],
+            "preemptible": self.spec.preemptible,
             "output": self.spec.output,
             "submitted": self.submitted,
             "started": self.started,

@@ -2,7 +2,8 @@
 
 The lab runs as its own background process (`ftconsole lab up`); the console runs the scheduler embedded.
 The test switches views, filters, opens a node's debug shell (the app suspends, the system `ssh -t` runs on the
-terminal, the app comes back when it exits) and quits, checking what is on the screen at each step.
+terminal, the app comes back when it exits), moves over the cluster map and opens a node from it, and quits,
+checking what is on the screen at each step.
 """
 
 from __future__ import annotations
@@ -94,6 +95,15 @@ def test_console_in_a_real_terminal(tmp_path: Path, lab_config: Path) -> None:
         assert "lab01" in tmux.screen() and "1 of 2" not in tmux.screen()
         tmux.keys("1")
         tmux.wait("Jobs", "0 jobs")
+
+        tmux.keys("6")  # the map: a small cluster's nodes by name, a cell per GPU
+        screen = tmux.wait("Map", "2 nodes ·", "lab01 ", "lab02 ", "lab02  ·  healthy")  # a100 comes first
+        tmux.keys("Right")  # the cursor to the next node: the line under the map follows it
+        tmux.wait("lab01  ·  healthy")
+        tmux.keys("Enter")  # its screen
+        tmux.wait("Checks", "History")
+        tmux.keys("Escape")
+        tmux.wait("Map", "lab01  ·  healthy")
         tmux.keys("q")
         deadline = time.monotonic() + 20
         while "console" in tmux("list-sessions") and time.monotonic() < deadline:

@@ -1,0 +1,195 @@
+"""The cluster map (key 6): what each GPU's cell says, how nodes group and fit a screen, and the view in the app,
+headless, on the fixed 5-node cluster and on 1,000 nodes of 8 GPUs at 200x50."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ftconsole.tui import maps as M
+from ftconsole.tui.app import VIEW_NAMES, ConsoleApp
+from ftconsole.tui.mapview import ClusterMap
+from tests.console_data import NOW, FixedClient, fixed_config
+
+GPU = "NVIDIA H100 80GB HBM3"
+
+
+def node(name: str, state: str = "healthy", *, utils: list[float | None] | None = None,
+         held: dict[int, int] | None = None, reasons: list[str] | None = None, debug: list[int] | None = None,
+         pool: str = "h100", model: str = GPU) -> dict[str, Any]:  # fmt: skip
+    utils = [0.0] * 8 if utils is None else utils
+    return {
+        "name": name, "pool": pool, "state": state, "reasons": reasons or [],
+        "gpus": [{"index": i, "name": model, "utilization": u} for i, u in enumerate(utils)],
+        "held": [{"gpu": g, "job": j} for g, j in (held or {}).items()],
+        "held_for_debug": [{"gpu": g, "job": 9, "until": NOW + 60} for g in debug or []],
+    }  # fmt: skip
+
+
+def symbols(cells: tuple[M.Gpu, ...]) -> str:
+    return "".join(c.symbol for c in cells)
+
+
+@pytest.mark.parametrize(
+    ("n", "expected"),
+    [
+        (node("a"), "········"),
+        (node("a", utils=[100, 55, 5, None, 0, 0, 0, 0], held={0: 1, 1: 1, 2: 1, 3: 1}), "█▅○█····"),
+        (node("a", held={0: 7, 1: 7}, utils=[90] * 8), "▪▪······"),  # job 7 is preemptible
+        (node("a", "unreachable", utils=[]), "????????"),  # no GPU data: as many cells as its group's nodes
+        (node("a", "unknown"), "????????"),
+        (node("a", "unhealthy", reasons=["gpu5: 2 uncorrectable ECC errors"]), "✗✗✗✗✗✗✗✗"),
+        (node("a", "isolated", held={0: 1}), "⊘⊘⊘⊘⊘⊘⊘⊘"),
+        (node("a", "degraded", reasons=["gpu3 temperature 88C > 85C"], held={3: 1}, utils=[50] * 8), "···!····"),
+        (node("a", "drained", held={1: 1}, utils=[80] * 8), "─▇──────"),  # draining: its job still runs
+        (node("r"), "□□□□□□□□"),  # node r is in an active reservation
+        (node("a", debug=[2, 3]), "··◆◆····"),
+    ],
+)
+def test_each_gpu_shows_the_first_that_holds_of_what_it_is_doing(n: dict[str, Any], expected: str) -> None:
+    assert symbols(M.gpu_cells(n, 8, preemptible={7}, reserved={"r"})) == expected
+
+
+def test_a_failed_gpu_that_a_check_names_stands_out_and_cells_are_shared() -> None:
+    cells = M.gpu_cells(node("a", "unhealthy", reasons=["gpu5: 2 uncorrectable ECC errors"]), 8)
+    assert [c.emphasis for c in cells] == [False] * 5 + [True] + [False] * 2
+    assert cells[0] is M.gpu_cells(node("b", "unhealthy"), 8)[0]  # a few dozen objects for any size of cluster
+
+
+def test_nodes_group_by_pool_and_make_up_in_natural_order_and_a_dead_node_keeps_its_place() -> None:
+    nodes = [
+        node("n10"),
+        node("n2"),
+        node("n1", "unreachable", utils=[]),
+        node("a1", pool="a100", model="A100", utils=[0] * 4),
+    ]
+    groups = M.groups(nodes)
+    assert [(g.pool, g.model, g.gpus, g.nodes) for g in groups] == [
+        ("a100", "A100", 4, ("a1",)),
+        ("h100", "H100 80GB HBM3", 8, ("n1", "n2", "n10")),
+    ]
+
+
+def test_the_roomiest_layout_that_fits() -> None:
+    small = M.groups([node(f"gpu{i:02d}") for i in range(1, 6)])
+    named = M.fit(small, 120, 20, color=True)
+    assert named.label == 5 and not named.dense and len(named.lines) == 2  # a header and one line of 5 named nodes
+
+    big = M.groups([node(f"gpu{i:04d}", pool=("train", "infer")[i % 2]) for i in range(1000)])
+    dense = M.fit(big, 198, 44, color=True)  # the map's room in a 200x50 terminal
+    assert dense.dense and len(dense.lines) <= 44 and len(dense.where) == 1000
+    plain = M.fit(big, 198, 44, color=False)  # no colour to tell half blocks apart: a cell per GPU, scrolled
+    assert not plain.dense and not plain.label and len(plain.lines) > 44 and len(plain.where) == 1000
+    for name, (line, col) in dense.where.items():  # each node where the layout says, inside the width
+        assert name in dense.lines[line] and col + dense.span(8) - 1 <= 198  # type: ignore[operator]
+
+
+def test_summary_and_the_node_line() -> None:
+    n = node("gpu07", "degraded", reasons=["gpu3 temperature 88C > 85C"], held={0: 12, 1: 12}, utils=[90] * 8)
+    cells = M.gpu_cells(n, 8)
+    assert M.summary(M.counts(cells)) == "2 busy · 5 idle · 1 warning"
+    line = M.node_line(n, cells, {12: {"name": "llm-sft"}}, {})
+    assert "gpu07" in line and "degraded" in line and "jobs 12 llm-sft" in line and "gpu3 temperature" in line
+
+
+def test_the_console_and_the_cli_name_the_same_views(tmp_path: Path) -> None:
+    from ftconsole.cli import CONSOLE_VIEWS
+
+    assert CONSOLE_VIEWS == VIEW_NAMES
+    with pytest.raises(ValueError, match="no view 'maps'"):
+        ConsoleApp(fixed_config(tmp_path), client=FixedClient(), view="maps")
+
+
+def map_text(cluster_map: ClusterMap) -> list[str]:
+    return ["".join(s.text for s in cluster_map.render_line(y)).rstrip() for y in range(cluster_map.size.height)]
+
+
+async def test_the_map_view_on_the_fixed_cluster(tmp_path: Path) -> None:
+    """NO_COLOR is set for the suite: the symbols alone say what each GPU does."""
+    console = ConsoleApp(fixed_config(tmp_path), client=FixedClient(), clock=lambda: NOW, refresh_s=3600)
+    async with console.run_test(size=(120, 24)) as pilot:
+        await console.refresh_data("jobs", "nodes", "alerts", "events", "cluster", "reservations")
+        await pilot.press("6")
+        await pilot.pause()
+        cluster_map = console.view.table
+        assert isinstance(cluster_map, ClusterMap) and console.no_color
+        lines = map_text(cluster_map)
+        assert lines[0].startswith("h100 · 8x H100 80GB HBM3  5 nodes · 16 busy · 1 preemptible · 6 reserved")
+        # job 104 is preemptible on gpu03's GPU 0; its GPU 3 is hot; the node is reserved (fan swap)
+        assert lines[1] == "gpu01 ████████  gpu02 ████████  gpu03 ▪□□!□□□□  gpu04 ????????  gpu05 ────────"
+        status = str(console.query_one(".map-status").render())
+        assert status.startswith("gpu01  ·  healthy") and "jobs 101 llama-70b-pretrain" in status
+
+        await pilot.press("right", "right")
+        await pilot.pause()
+        assert cluster_map.selected_key() == "gpu03"
+        status = str(console.query_one(".map-status").render())
+        assert "reserved: maint-gpu03" in status and "gpu3: temperature 88C" in status
+        assert console._targets("node") == ["gpu03"]  # drain, resume and probe act on the node under the cursor
+
+        await pilot.press("space")  # marks gpu03, the cursor moves down (a single line: stays)
+        await pilot.press("right", "space")
+        assert console._targets("node") == ["gpu03", "gpu04"]
+        await pilot.press("escape")
+
+        await pilot.press("slash", *"unreach", "enter")  # the filter dims the nodes it does not match
+        await pilot.pause()
+        assert "/unreach/ 1 of 5" in str(console.view.query_one(".view-title").render())
+        assert cluster_map.matches == {"gpu04"}
+        await pilot.press("escape")
+        await pilot.pause()
+        assert cluster_map.matches is None
+
+        await pilot.press("enter")  # the node under the cursor opens
+        await pilot.pause()
+        assert type(console.screen).__name__ == "NodeScreen" and console.screen.node == "gpu04"  # type: ignore[attr-defined]
+
+
+class BigClient(FixedClient):
+    """1,000 nodes of 8 GPUs in two pools, with something of everything."""
+
+    def __init__(self) -> None:
+        states = ("healthy",) * 90 + ("degraded", "unhealthy", "unreachable", "drained", "isolated") * 2
+        self.nodes = [
+            node(f"node{i:04d}", states[i % 100], pool=("train", "infer")[i % 4 == 0],
+                 held={g: i for g in range(i % 9)},
+                 utils=[float((i * 7 + g * 13) % 101) for g in range(8)] if states[i % 100] != "unreachable" else [],
+                 reasons=["gpu2 temperature 88C > 85C"] if states[i % 100] in ("degraded", "unhealthy") else [])
+            for i in range(1000)
+        ]  # fmt: skip
+
+    async def call(self, op: str, **args: Any) -> Any:
+        if op == "nodes":
+            return [n for n in self.nodes if n["name"] == args["nodeset"]] if args.get("nodeset") else self.nodes
+        if op == "jobs_changed":
+            return {"cursor": NOW, "jobs": []}
+        return await super().call(op, **args)
+
+
+async def test_1000_nodes_of_8_gpus_fit_a_200x50_terminal_in_colour(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    console = ConsoleApp(fixed_config(tmp_path), client=BigClient(), clock=lambda: NOW, refresh_s=3600, view="map")
+    async with console.run_test(size=(200, 50)) as pilot:
+        await console.refresh_data()
+        await pilot.pause()
+        cluster_map = console.view.table
+        assert isinstance(cluster_map, ClusterMap) and cluster_map.layout_ is not None
+        assert cluster_map.layout_.dense and len(cluster_map.layout_.where) == 1000
+        assert len(cluster_map.layout_.lines) <= cluster_map.size.height  # all of it, no scrolling
+        title = str(console.view.query_one(".view-title").render())
+        assert "1000 nodes · 8000 GPUs:" in title and "failed" in title and "isolated" in title
+
+        await pilot.press("end")
+        assert cluster_map.selected_key() == "node0999"  # the last of the last group (train)
+        await pilot.press("home", "down")
+        first, below = cluster_map.layout_.where["node0000"], cluster_map.layout_.where[cluster_map.selected_key()]  # type: ignore[index]
+        assert below[0] == first[0] + 1 and abs(below[1] - first[1]) <= cluster_map.layout_.span(8)
+
+        line, col = cluster_map.layout_.where["node0500"]  # a click on a node's cells puts the cursor there
+        assert cluster_map.node_at(col + 1, line - round(cluster_map.scroll_y)) == "node0500"
+        await pilot.click(ClusterMap, offset=(col + 1 + 1, line))  # +1: the map's left padding
+        assert cluster_map.selected_key() == "node0500"
