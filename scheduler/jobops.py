@@ -112,6 +112,10 @@ class Scheduler(RankReads, Reserving, Stopping):
         self._check(caller, job, verb, write=write)
         return job
 
+    async def visible(self, caller: Caller, job_id: int | str) -> Job:
+        """A job the caller may see (NotFound otherwise, as for one that is not)."""
+        return await self._job(caller, job_id, "see", write=False)
+
     # ============================================================ operations
 
     async def submit(self, caller: Caller, spec: JobSpec | dict[str, Any], *, cloned_from: int | None = None) -> Job:

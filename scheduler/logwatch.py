@@ -32,6 +32,7 @@ from ftconsole.scheduler.store.db import Store
 log = logging.getLogger("ftconsole.scheduler")
 
 SCAN_EVERY_S = 10.0  # how often one run's log is scanned
+PROGRESS_KEPT = 256  # the latest epochs seen per run, with when
 STRAGGLER_ALERT, SLOW_ALERT, RANK_ERROR_ALERT = "job_straggler", "job_slow", "job_rank_error"
 Key = tuple[int, int, int]  # (job, attempt, rank)
 Attempt = tuple[int, int]  # (job, attempt)
@@ -66,6 +67,8 @@ class LogWatch:
         self._where: dict[Attempt, dict[int, tuple[int, str]]] = {}  # log rank -> (our rank, node) it came from
         self._apart_since: dict[Attempt, float] = {}
         self._ratios: dict[Key, deque[float]] = {}  # e2e / hardware time of each iteration, oldest first
+        # (time seen, epoch) each time a run's log showed a new epoch, for the console's curves (PROGRESS_KEPT)
+        self._progress: dict[Key, deque[tuple[float, int]]] = {}
         self._error: dict[Key, tuple[float, str]] = {}  # the first error line a rank logged, and when it was seen
         self._raised: set[tuple[str, int, int]] = set()  # (alert kind, job, attempt) raised and not cleared
         self._told: set[Key] = set()  # runs whose scan failed (a bad or slow pattern): said once
@@ -113,11 +116,14 @@ class LogWatch:
         matches = scan.get("matches") or {}
         for m in matches.get("progress") or []:
             try:
-                rank = int(m.get("rank") or run.rank)
-                self._epochs.setdefault((run.job, run.attempt), {})[rank] = int(m["epoch"])
+                rank, epoch = int(m.get("rank") or run.rank), int(m["epoch"])
+                self._epochs.setdefault((run.job, run.attempt), {})[rank] = epoch
                 self._where.setdefault((run.job, run.attempt), {})[rank] = (run.rank, run.node)
             except (KeyError, TypeError, ValueError):
                 continue
+            seen = self._progress.setdefault(key, deque(maxlen=PROGRESS_KEPT))
+            if not seen or seen[-1][1] != epoch:
+                seen.append((now, epoch))
         errors = matches.get("errors") or []
         if errors and key not in self._error:
             self._error[key] = (now, str(errors[0].get("line", "")))
@@ -128,6 +134,18 @@ class LogWatch:
                 continue
             if hw > 0:
                 self._ratios.setdefault(key, deque(maxlen=64)).append(e2e / hw)
+
+    def progress(self, job: int, attempt: int) -> dict[int, dict[str, list[Any]]]:
+        """Each rank's epochs as its log showed them (when seen, the epoch) and its latest iteration times over
+        the hardware's (`performance:`), for the running attempt."""
+        out: dict[int, dict[str, list[Any]]] = {}
+        for (j, a, rank), seen in self._progress.items():
+            if (j, a) == (job, attempt):
+                out.setdefault(rank, {})["epochs"] = [[round(t, 3), e] for t, e in seen]
+        for (j, a, rank), ratios in self._ratios.items():
+            if (j, a) == (job, attempt):
+                out.setdefault(rank, {})["ratios"] = [round(r, 3) for r in ratios]
+        return out
 
     async def check(self, jobs: Mapping[int, Job], current: Mapping[int, Sequence[Run]], now: float) -> None:
         """`current`: each job's launching runs of its current attempt."""
@@ -227,7 +245,8 @@ class LogWatch:
             await tx.resolve_job_alerts(job.id, kind, now=now, why=why)
 
     def _forget(self, live: set[Attempt]) -> None:
-        for table in (self._offset, self._scanned_at, self._scanned_output, self._ratios, self._error):
+        tables = (self._offset, self._scanned_at, self._scanned_output, self._ratios, self._error, self._progress)
+        for table in tables:
             for key in [k for k in table if (k[0], k[1]) not in live]:
                 del table[key]
         for at in [a for a in self._epochs if a not in live]:

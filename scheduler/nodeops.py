@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +33,7 @@ from ftconsole.scheduler.errors import FtError, NotFound, UsageError
 from ftconsole.scheduler.fabric import Baselines
 from ftconsole.scheduler.nodealerts import flaky_alert, isolation_alerts, node_alerts
 from ftconsole.scheduler.nodetests import Tester, TestResult
+from ftconsole.scheduler.samples import GpuSamples
 from ftconsole.scheduler.spec.config import ClusterConfig, LoadedConfig, Node, NodeTests
 from ftconsole.scheduler.spec.nodesets import MAX_NODESET, expand_nodeset, nodeset_size
 from ftconsole.scheduler.ssh.probing import ProbeFailure, sweep
@@ -178,7 +178,6 @@ async def _join(task: asyncio.Task[list[ProbeOutcome]]) -> list[ProbeOutcome]:
 
 
 TESTS_SHOWN = 64  # nodes whose last node tests a listing that names nodes shows
-GPU_SAMPLES_KEPT = 512  # per GPU: at the default probe interval (60 s), 8.5 hours of utilisation
 
 
 class ClusterService:
@@ -196,8 +195,8 @@ class ClusterService:
         self.transport = transport
         self.clock = clock
         self._nodes = {n.name: n for n in self.config.node_list()}
-        # "node:index" -> (time, utilisation %) of each probe that read it, for the hang detector
-        self._util: dict[str, deque[tuple[float, float]]] = {}
+        # each GPU's utilisation, temperature and memory as the probes read them (the hang detector, the console)
+        self._util = GpuSamples()
         self._util_seeded = False
         # node -> (the checks it runs, None for all; the sweep) for each node a sweep is probing now
         self._sweeps: dict[str, tuple[frozenset[str] | None, asyncio.Task[list[ProbeOutcome]]]] = {}
@@ -403,25 +402,18 @@ class ClusterService:
         return outcomes
 
     def _keep_util(self, node: str, when: float, report: Mapping[str, Any]) -> None:
-        for gpu in report.get("gpus") or []:
-            util = gpu.get("utilization")
-            if isinstance(util, int | float) and isinstance(gpu.get("index"), int):
-                samples = self._util.setdefault(f"{node}:{gpu['index']}", deque(maxlen=GPU_SAMPLES_KEPT))
-                samples.append((when, float(util)))
+        self._util.add(node, when, report)
 
-    async def gpu_samples(self) -> Mapping[str, Sequence[tuple[float, float]]]:
-        """Each GPU's utilisation as the probes read it ("node:index" -> (time, %), oldest first): the
-        probes of this process, after those the store keeps from before it started."""
+    async def gpu_samples(self) -> GpuSamples:
+        """Each GPU's samples as the probes read them (as a mapping, "node:index" -> (time, utilisation %),
+        oldest first): those the store keeps from before this process started, then this process's."""
         if not self._util_seeded:
             self._util_seeded = True
-            newer = dict(self._util)
-            self._util = {}
+            newer, self._util = self._util, GpuSamples()
             for p in await self.store.probe_history():
                 if p.report is not None:
                     self._keep_util(p.node, p.time, p.report)
-            for key, samples in newer.items():
-                kept = self._util.setdefault(key, deque(maxlen=GPU_SAMPLES_KEPT))
-                kept.extend(s for s in samples if not kept or s[0] > kept[-1][0])
+            self._util.merge(newer)
         return self._util
 
     # -- listing -----------------------------------------------------------------------------------------

@@ -128,6 +128,8 @@ class FixedClient:
                           "conditions": [], "events": []}  # fmt: skip
         if op == "nodes" and args.get("nodeset"):
             return [n for n in NODES if n["name"] == args["nodeset"]]
+        if op == "samples":
+            return node_samples(args["node"]) if args.get("node") else job_samples(int(args["job"]))
         answers = {"nodes": NODES, "alerts": ALERTS, "events": EVENTS, "cluster": CLUSTER, "reservations": RESERVATIONS}
         if op not in answers:
             raise UsageError(f"fixed data: {op} is not answered here")
@@ -136,6 +138,35 @@ class FixedClient:
     async def stream(self, op: str, **args: Any) -> AsyncIterator[Any]:
         raise UsageError("fixed data: no streams")
         yield
+
+
+def _series(index: int, utils: list[int | None]) -> dict[str, Any]:
+    """An hour of one GPU's samples, a probe a minute: utilisation climbing to its current value, warming up."""
+    times = [NOW - 3600 + 60 * k for k in range(61)]
+    top = utils[index] if index < len(utils) else None
+    util = [None if top is None else round(top * min(1.0, k / 30)) for k in range(61)]
+    return {"index": index, "time": times, "utilization": util,
+            "temperature": [None if u is None else 35 + u // 3 for u in util],
+            "memory_used_mib": [None if u is None else 800 * u for u in util]}  # fmt: skip
+
+
+def node_samples(name: str) -> dict[str, Any]:
+    node = next(n for n in NODES if n["name"] == name)
+    utils = [g["utilization"] for g in node["gpus"]]
+    return {"node": name, "since": NOW - 3600, "gpus": [_series(i, utils) for i in range(len(utils))]}
+
+
+def job_samples(job_id: int) -> dict[str, Any]:
+    job = next(j for j in JOBS if j["id"] == job_id)
+    ranks = []
+    for rank, name in enumerate(job["node_names"]):
+        node = next(n for n in NODES if n["name"] == name)
+        gpus = [h["gpu"] for h in node["held"] if h["job"] == job_id]
+        utils = [g["utilization"] for g in node["gpus"]]
+        epochs = [[NOW - 3600 + 300 * k, 10 + k] for k in range(12)]
+        ranks.append({"rank": rank, "node": name, "gpus": gpus, "series": [_series(g, utils) for g in gpus],
+                      "epochs": epochs, "ratios": [1.1, 1.2, 1.1, 1.3]})  # fmt: skip
+    return {"job": job_id, "attempt": job["attempt"], "since": NOW - 3600, "ranks": ranks}
 
 
 def fixed_config(tmp_path: Path) -> LoadedConfig:

@@ -1,11 +1,12 @@
 """The detail screens: one job, one node. `esc` goes back to the view they were opened from.
 
-Job: its facts, spec, attempts with the node, GPUs, state and exit of every rank, the conditions timeline,
-each rank's command, hostfile and env as its run folder holds them, and a live log tail per rank (`[` and `]`
-switch rank). Opened from an alert, it shows the alert's evidence on top (the event with the detector's
-figures) and starts on the rank that stands out, so `s` and `l` go there. Node: every check with value and
-threshold, its GPUs and who holds them, and its history of faults (marked) and drains, with how many faults
-fell within probes.flaky_window and whether that makes it flaky. Both re-read their data every few seconds.
+Job: its facts, spec, attempts with the node, GPUs, state and exit of every rank, their curves over the last
+hour (GPU utilisation and memory, epochs: `curves.py`), the conditions timeline, each rank's command, hostfile and
+env as its run folder holds them, and a live log tail per rank (`[` and `]` switch rank). Opened from an alert, it
+shows the alert's evidence on top (the event with the detector's figures) and starts on the rank that stands out,
+so `s` and `l` go there. Node: every check with value and threshold, its GPUs and who holds them, their curves over
+the last hour, and its history of faults (marked) and drains, with how many faults fell within
+probes.flaky_window and whether that makes it flaky. Both re-read their data every few seconds.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from ftconsole.scheduler.errors import FtError
 from ftconsole.scheduler.serve.client import Client
 from ftconsole.scheduler.spec.config import format_duration
 from ftconsole.tui import rows as R
+from ftconsole.tui.curves import job_curves, node_curves
 
 DETAIL_REFRESH_S = 2.0
 DEBUG_HINT = "D gathers what every rank is doing now (states, stacks) and names the rank that stands out"
@@ -129,6 +131,7 @@ class JobScreen(DetailScreen):
         self.focus_attempt: int | None = None  # the evidence's attempt while its rank is the one shown
         self._focused = False
         self._streaming: tuple[int, int] | None = None  # (attempt, rank) of the log tail shown
+        self.samples: dict[str, Any] | None = None  # its ranks over time (API `samples`), while Curves is shown
 
     def compose(self) -> ComposeResult:
         yield Static("", id="head")
@@ -142,6 +145,8 @@ class JobScreen(DetailScreen):
                 yield Static("", id="spec")
             with TabPane("Attempts", id="attempts"), Vertical():
                 yield DataTable(id="runs", cursor_type="row")
+            with TabPane("Curves", id="curves"), VerticalScroll():
+                yield Static("", id="curves-text")
             with TabPane("Launch", id="launch"), VerticalScroll():
                 yield Static("", id="launch-text")
             with TabPane("Logs", id="logs"), Vertical():
@@ -160,7 +165,10 @@ class JobScreen(DetailScreen):
         super().on_mount()
 
     async def fetch(self) -> dict[str, Any]:
-        return dict(await self.client.call("show", job=self.job_id))
+        job = dict(await self.client.call("show", job=self.job_id))
+        if self.query_one(TabbedContent).active == "curves":  # read only while shown
+            self.samples = await _samples(self.client, job=self.job_id)
+        return job
 
     def head(self) -> Text:
         job = self.data
@@ -224,8 +232,11 @@ class JobScreen(DetailScreen):
                     )
                 )
         fill(self.query_one("#runs", DataTable), runs)
-        if self.query_one(TabbedContent).active == "logs":
+        active = self.query_one(TabbedContent).active
+        if active == "logs":
             self._ensure_log()
+        elif active == "curves":
+            self.query_one("#curves-text", Static).update(job_curves(self.samples, job, now))
 
     def _show_evidence(self, job: dict[str, Any]) -> None:
         """The alert's evidence on top; the first time, its rank becomes the screen's (for `s`, `l`)."""
@@ -292,6 +303,8 @@ class JobScreen(DetailScreen):
     def tab(self, event: TabbedContent.TabActivated) -> None:
         if event.pane.id == "logs":
             self._ensure_log()
+        elif event.pane.id == "curves":
+            self.reload()  # its samples now, not at the next refresh
         elif event.pane.id == "launch":
             self.show_launch(self.rank)
 
@@ -354,6 +367,7 @@ class NodeScreen(DetailScreen):
         super().__init__(client, clock)
         self.node = name
         self.history: list[dict[str, Any]] = []
+        self.samples: dict[str, Any] | None = None  # its GPUs over time (API `samples`)
 
     def compose(self) -> ComposeResult:
         yield Static("", id="head")
@@ -363,6 +377,8 @@ class NodeScreen(DetailScreen):
             yield DataTable(id="checks", cursor_type="row")
             yield Label("GPUs", classes="section")
             yield DataTable(id="gpus", cursor_type="row")
+            yield Label("GPUs over the last hour", classes="section")
+            yield Static("", id="curves-text")
             yield Label("History: faults, drains and recoveries", classes="section")
             yield DataTable(id="history", cursor_type="row")
         yield Footer()
@@ -377,6 +393,7 @@ class NodeScreen(DetailScreen):
         views = await self.client.call("nodes", nodeset=self.node)  # in full: checks, facts, every GPU field
         node = views[0]
         self.history = await self.client.call("events", node=self.node, limit=200)
+        self.samples = await _samples(self.client, node=self.node)
         return dict(node)
 
     def head(self) -> Text:
@@ -445,6 +462,15 @@ class NodeScreen(DetailScreen):
             self.query_one("#history", DataTable),
             [(_when(e["time"]), _history_kind(e), e["message"]) for e in reversed(self.history)],
         )
+        self.query_one("#curves-text", Static).update(node_curves(self.samples, v.get("gpus") or [], self.clock()))
+
+
+async def _samples(client: Client, **which: Any) -> dict[str, Any] | None:
+    """A node's or a job's samples; None from a scheduler that has none to give (older, or a refusal)."""
+    try:
+        return dict(await client.call("samples", **which))
+    except FtError:
+        return None
 
 
 def _fault_lines(v: dict[str, Any]) -> list[str]:

@@ -44,6 +44,7 @@ log = logging.getLogger("ftconsole.daemon")
 LEADER_OPS = WRITE_OPS | {"ack", "resolve", "probe", "drain", "resume", "repair", "debug"}
 # The most rows one `events` or `alerts` request returns (issue 26): a larger `limit` is refused, not read.
 MAX_LIMIT = 10_000
+SAMPLES_SPAN_S = 3600.0  # what `samples` answers unless asked for another span
 
 
 class Operations:
@@ -89,6 +90,7 @@ class Operations:
             "reserve": self._reserve,
             "unreserve": self._unreserve,
             "reload": self._reload,
+            "samples": self._samples,
         }
 
     async def __call__(self, caller: Caller, op: str, args: dict[str, Any]) -> Any:
@@ -311,6 +313,31 @@ class Operations:
                 if gpu.get("job") in hidden:
                     gpu.update(job=None, private=True)
         return {**view, "goodput": await s.cluster_goodput(), **self._leadership()}  # sums only: no job is named
+
+    async def _samples(self, caller: Caller, args: dict[str, Any]) -> Any:
+        """A node's GPUs, or a job's ranks (its current attempt), over time since `since` (default: the last
+        hour): what the probes read of each GPU (`samples.py`) and, for a job, each rank's epochs and iteration
+        times as its log showed them. The console's curves."""
+        s = self.scheduler
+        since = _time(args, "since")
+        since = self.now - SAMPLES_SPAN_S if since is None else since
+        samples = await s.service.gpu_samples()
+        if args.get("node") is not None:
+            nodes = s.service.select(str(args["node"]))
+            if len(nodes) != 1:
+                raise UsageError(f"samples: name one node, not {args['node']!r}")
+            return {"node": nodes[0].name, "since": since, "gpus": samples.node_json(nodes[0].name, since)}
+        if args.get("job") is None:
+            raise UsageError("samples needs node (a node's name) or job (a job id)")
+        job = await s.visible(caller, args["job"])
+        progress = s.loop.watchdog.logs.progress(job.id, job.attempt)
+        runs = [r for r in await s.store.runs(job=job.id) if r.attempt == job.attempt]
+        ranks = [
+            {"rank": r.rank, "node": r.node, "gpus": list(r.gpus), "series": samples.node_json(r.node, since, r.gpus),
+             "epochs": [], "ratios": [], **progress.get(r.rank, {})}
+            for r in sorted(runs, key=lambda r: r.rank)
+        ]  # fmt: skip
+        return {"job": job.id, "attempt": job.attempt, "since": since, "ranks": ranks}
 
     async def _hidden(self, caller: Caller) -> frozenset[int]:
         """The jobs this caller may not see (`Scheduler.may_see`): left out of listings, events and alerts; the
