@@ -456,6 +456,13 @@ class SyntheticCluster:
             reply = self.events[-int(args.get("limit") or 100) :]
         elif op == "cluster":
             reply = self._cluster()
+        elif op == "job_util":  # the running jobs' GPUs, the mean at each of the last probes (one here)
+            reply = {}
+            for name, held in self.holders.items():
+                for gpu, job in held.items():
+                    util = self.nodes[name]["gpus"][gpu]["utilization"]
+                    reply.setdefault(str(job), []).append(util)
+            reply = {job: [round(sum(u) / len(u), 1)] for job, u in reply.items()}
         elif op == "reservations":  # one maintenance window over the first rack, under way
             rack = sorted(self.nodes)[:32]
             reply = [{"name": "maint-r00", "nodes": rack, "start": T0 - 600, "end": T0 + 7200, "user": None,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 KEPT = 512  # probes kept per node
@@ -91,6 +91,14 @@ class NodeSamples:
                 out.append((self.times[slot], float(u)))
         return out
 
+    def recent_util(self, index: int, count: int) -> list[float | None]:
+        """One GPU's utilisation at the node's last `count` probes (fewer where fewer are kept), oldest first."""
+        out: list[float | None] = []
+        for k in range(max(0, self.count - count), self.count):
+            u = self.util[((self.start + k) % self.capacity) * self.gpus + index]
+            out.append(None if u == _NONE else float(u))
+        return out
+
     def series(self, index: int, since: float | None = None) -> dict[str, list[Any]]:
         """One GPU's samples from `since` as lists of the same length: time, utilisation %, temperature C,
         memory used MiB (None where a probe did not read it)."""
@@ -118,6 +126,7 @@ class GpuSamples(Mapping[str, Sequence[tuple[float, float]]]):
     def __init__(self, capacity: int = KEPT) -> None:
         self.capacity = capacity
         self.nodes: dict[str, NodeSamples] = {}
+        self.generation = 0  # moves on with every sample kept: what was computed from them may be reused till then
 
     def add(self, node: str, when: float, report: Mapping[str, Any]) -> None:
         """A probe's report (`gpus`), kept unless older than the node's last sample (a late or seeded one)."""
@@ -131,6 +140,7 @@ class GpuSamples(Mapping[str, Sequence[tuple[float, float]]]):
         last = kept.last
         if last is None or when > last:
             kept.add(when, gpus)
+            self.generation += 1
 
     def merge(self, newer: GpuSamples) -> None:
         """`newer`'s samples after each node's last here (what this process read while the store's were loaded)."""
@@ -140,6 +150,7 @@ class GpuSamples(Mapping[str, Sequence[tuple[float, float]]]):
                 self.nodes[node] = theirs
             else:
                 mine.extend(theirs)
+        self.generation += 1
 
     def __getitem__(self, key: str) -> list[tuple[float, float]]:
         node, _, index = key.rpartition(":")
@@ -161,6 +172,32 @@ class GpuSamples(Mapping[str, Sequence[tuple[float, float]]]):
             return []
         wanted = range(kept.gpus) if gpus is None else [g for g in gpus if 0 <= g < kept.gpus]
         return [{"index": i, **kept.series(i, since)} for i in wanted]
+
+    def jobs_util(self, runs: Iterable[tuple[int, str, Sequence[int]]], count: int) -> dict[int, list[float | None]]:
+        """Each job's GPU utilisation at its nodes' last `count` probes, the mean of its GPUs at each (a node's
+        k-th latest probe with another node's k-th latest: they are a sweep apart at most), oldest first.
+        `runs`: (job, node, GPUs) of each running rank."""
+        sums: dict[int, list[float]] = {}
+        counts: dict[int, list[int]] = {}
+        for job, node, gpus in runs:
+            kept = self.nodes.get(node)
+            if kept is None:
+                continue
+            total, seen = sums.setdefault(job, [0.0] * count), counts.setdefault(job, [0] * count)
+            for g in gpus:
+                if 0 <= g < kept.gpus:
+                    values = kept.recent_util(g, count)
+                    shift = count - len(values)  # a node with fewer probes kept: its values at the end
+                    for k, v in enumerate(values):
+                        if v is not None:
+                            total[shift + k] += v
+                            seen[shift + k] += 1
+        out: dict[int, list[float | None]] = {}
+        for job, total in sums.items():
+            seen = counts[job]
+            if any(seen):
+                out[job] = [round(t / n, 1) if n else None for t, n in zip(total, seen, strict=True)]
+        return out
 
     def nbytes(self) -> int:
         """The memory the samples' arrays hold."""

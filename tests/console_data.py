@@ -128,6 +128,8 @@ class FixedClient:
                           "conditions": [], "events": []}  # fmt: skip
         if op == "nodes" and args.get("nodeset"):
             return [n for n in NODES if n["name"] == args["nodeset"]]
+        if op == "job_util":  # running jobs: their GPUs at the last 12 probes
+            return {"101": [80, 85, 90, 97, 97, 96, 98, 97, 99, 97, 96, 97], "104": [None, 40, 35, 20, 12, 6, 6, 6]}
         if op == "samples":
             return node_samples(args["node"]) if args.get("node") else job_samples(int(args["job"]))
         answers = {"nodes": NODES, "alerts": ALERTS, "events": EVENTS, "cluster": CLUSTER, "reservations": RESERVATIONS}

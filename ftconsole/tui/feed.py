@@ -20,7 +20,9 @@ from ftconsole.scheduler.serve.client import Client
 
 UTIL_HISTORY = 12  # probes of GPU utilisation kept per node for the sparkline
 STALE_AFTER_S = 15.0  # nodes data older than this (the scheduler is not answering) reads `unknown`
-SOURCES = ("jobs", "nodes", "alerts", "events", "cluster", "reservations")
+SOURCES = ("jobs", "nodes", "alerts", "events", "cluster", "reservations", "job_util")
+# sources read less often than every refresh: the running jobs' utilisation moves once a probe at most
+READ_EVERY_S = {"job_util": 5.0}
 
 
 @dataclass
@@ -38,6 +40,7 @@ class Feed:
     events: list[dict[str, Any]] = field(default_factory=list)
     cluster: dict[str, Any] | None = None
     reservations: list[dict[str, Any]] = field(default_factory=list)
+    job_util: dict[int, tuple[float | None, ...]] = field(default_factory=dict)  # running job -> its GPUs' %
     util: dict[str, deque[float | None]] = field(default_factory=dict)
     sources: dict[str, Source] = field(default_factory=lambda: {s: Source() for s in SOURCES})
     events_limit: int = 500
@@ -49,6 +52,9 @@ class Feed:
         changed: set[str] = set()
         for name in wanted:
             source = self.sources[name]
+            every = READ_EVERY_S.get(name)
+            if every is not None and source.fetched is not None and self.clock() - source.fetched < every:
+                continue
             try:
                 if await getattr(self, f"_read_{name}")(client):
                     changed.add(name)
@@ -117,6 +123,18 @@ class Feed:
         reservations = await client.call("reservations")
         changed = reservations != self.reservations
         self.reservations = reservations
+        return changed
+
+    async def _read_job_util(self, client: Client) -> bool:
+        try:
+            reply = await client.call("job_util")
+        except FtError as exc:  # a scheduler from before the op: no sparkline, and no error in the title
+            if "unknown op" not in str(exc):
+                raise
+            reply = {}
+        util = {int(job): tuple(values) for job, values in reply.items()}
+        changed = util != self.job_util
+        self.job_util = util
         return changed
 
     # -- derived -------------------------------------------------------------------------------------------

@@ -111,6 +111,7 @@ JOB_COLUMNS = (
     Column("attempt", "TRY"),
     Column("runtime", "RUNTIME/MAX", 13),
     Column("output", "OUTPUT", 7),
+    Column("util", "GPU%", 8),  # a running job's GPUs' mean utilisation at its nodes' last probes
     Column("alerts", "ALERTS"),  # "!1 hung?": the count, and what the detectors found
     Column("where", "NODES"),
     Column("message", "MESSAGE"),
@@ -165,8 +166,11 @@ def job_clock(job: Mapping[str, Any], now: float) -> tuple[str, ...]:
     return ()
 
 
-def job_cells(job: Mapping[str, Any], now: float, marked: bool = False, found: Sequence[str] = ()) -> Row:
-    """`found`: the marks of the job's detector alerts (`job_alert_marks`), shown after the alert count."""
+def job_cells(
+    job: Mapping[str, Any], now: float, marked: bool = False, found: Sequence[str] = (), util: Sequence[Any] = ()
+) -> Row:
+    """`found`: the marks of the job's detector alerts (`job_alert_marks`), shown after the alert count; `util`:
+    its GPUs' utilisation at the last probes (API `job_util`), a sparkline while it runs."""
     state = job_state(job, now)
     runtime: str = "-"
     started, ended = job.get("started"), job.get("ended")
@@ -195,6 +199,7 @@ def job_cells(job: Mapping[str, Any], now: float, marked: bool = False, found: S
         str(job.get("attempt") or 0),
         runtime,
         output,
+        sparkline(util, 8) if job["status"] == "running" else "",
         alerts_cell(int(job.get("open_alerts") or 0), found),
         compress_names(where),
         str(job.get("message") or ""),
@@ -270,7 +275,7 @@ def array_cells(
         styled(prio, "strong" if prio != "normal" else None),
         str(first["mode"]),
         f"{node_count(first)}x{first['gpus_per_node']}",
-        *("-", "-", "-"),  # attempt, runtime, output: each task's own
+        *("-", "-", "-", ""),  # attempt, runtime, output, GPU%: each task's own
         alerts_cell(alerts, [m for m in JOB_ALERT_MARKS.values() if m in marks]),
         compress_names(sorted(where)),
         str((queued or first).get("message") or ""),
@@ -333,15 +338,9 @@ def mean_util(node: Mapping[str, Any]) -> float | None:
 
 
 def sparkline(values: Iterable[float | None], width: int = 12) -> str:
-    """Percentages as block characters, newest last; gaps (no reading) as a space."""
+    """Percentages as block characters, newest last: 0 % the lowest bar, a gap (no reading) a space."""
     tail = list(values)[-width:]
-    out = []
-    for v in tail:
-        if v is None:
-            out.append(" ")
-        else:
-            out.append(SPARK[min(len(SPARK) - 1, max(0, round(v / 100 * (len(SPARK) - 1))))])
-    return "".join(out)
+    return "".join(" " if v is None else SPARK[1 + min(7, max(0, int(v * 8 / 100.0001)))] for v in tail)
 
 
 def node_cells(node: Mapping[str, Any], now: float, history: Sequence[float | None] = (), marked: bool = False) -> Row:
@@ -534,51 +533,6 @@ def event_cells(event: Mapping[str, Any], now: float) -> Row:
     kind = str(event["kind"])
     bad = any(w in kind.lower() for w in ("fail", "error", "unhealthy", "unreachable", "isolat"))
     return (when, styled(kind, "bad" if bad else None), subject, str(event["message"]))
-
-
-# -- cluster resources (seed 003) ------------------------------------------------------------------------------
-
-CLUSTER_NODE_COLUMNS = (
-    Column("node", "NODE"),
-    Column("state", "STATE", 11),
-    Column("os", "OS"),
-    Column("kernel", "KERNEL"),
-    Column("cpus", "CPUS"),
-    Column("mem", "MEMORY"),
-    Column("driver", "DRIVER"),
-    Column("model", "GPU"),
-    Column("used", "USED/TOTAL"),
-    Column("holders", "JOBS ON GPUS"),
-    Column("images", "IMAGES"),
-)
-
-
-def cluster_node_cells(node: Mapping[str, Any]) -> Row:
-    mem = node.get("mem_total_mib")
-    avail = node.get("mem_available_mib")
-    memory = "?" if mem is None else f"{(avail or 0) // 1024}/{mem // 1024} GiB free"
-    holders = " ".join(_holder(g) for g in node.get("gpus") or [])
-    state = str(node["state"])
-    return (
-        str(node["name"]),
-        styled(state, NODE_STATE_STYLE.get(state)),
-        str(node.get("os") or "?"),
-        str(node.get("kernel") or "?"),
-        str(node.get("cpus") or "?"),
-        memory,
-        str(node.get("driver_version") or "?"),
-        str(node.get("gpu_model") or "-").replace("NVIDIA ", ""),
-        f"{node.get('gpus_used', 0)}/{node.get('gpus_total', 0)}",
-        holders,
-        str(node.get("image_runtime") or "-"),
-    )
-
-
-def _holder(gpu: Mapping[str, Any]) -> str:
-    """`0:12`, `1:-`, or `0:12(debug)` for a GPU a failed job holds for debugging."""
-    job = gpu.get("job")
-    debug = "(debug)" if gpu.get("held_for_debug_until") is not None else ""
-    return f"{gpu['index']}:{job if job is not None else '-'}{debug}"
 
 
 # -- filtering -------------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from textual.widgets.data_table import ColumnKey
 
 from ftconsole.format import age
 from ftconsole.tui import rows as R
+from ftconsole.tui.clusterrows import CLUSTER_NODE_COLUMNS, cluster_node_cells
 from ftconsole.tui.feed import Feed
 from ftconsole.tui.table import KeyedTable
 
@@ -108,20 +109,20 @@ class View(Vertical):
         return [key] if key is not None else []
 
 
-# a job row as last built: job dict, marked, clock, detector marks, cells, order key
-_Cached = tuple[Mapping[str, Any], bool, tuple[str, ...], tuple[str, ...], R.Row, tuple[Any, ...]]
+# a job row as last built: job dict, marked, clock, detector marks, cells, order key, its GPUs' utilisation
+_Cached = tuple[Mapping[str, Any], bool, tuple[str, ...], tuple[str, ...], R.Row, tuple[Any, ...], tuple[Any, ...]]
 
 
 class JobsView(View):
     title = "Jobs"
     columns = R.JOB_COLUMNS
-    sources = ("jobs",)
+    sources = ("jobs", "job_util")
     kind = "job"
 
     def __init__(self, *, id: str) -> None:
         super().__init__(id=id)
         # id -> (the job dict the cells came from, marked, what the clock shows of it, what the detectors found
-        # (its alerts), cells, order key): reused while all four hold still
+        # (its alerts), cells, order key, its GPUs' utilisation): reused while all five hold still
         self._cache: dict[int, _Cached] = {}
         self._layout: tuple[dict[str, tuple[Any, ...]], dict[str, list[str]]] = ({}, {})
         self._order: list[str] = []
@@ -151,9 +152,18 @@ class JobsView(View):
             marked = key in self.marked
             clock = R.job_clock(job, now)
             marks = found.get(job_id, ())
+            util = feed.job_util.get(job_id, ())
             hit = cache.get(job_id)
-            if hit is None or hit[0] is not job or hit[1] != marked or hit[2] != clock or hit[3] != marks:
-                hit = (job, marked, clock, marks, R.job_cells(job, now, marked, marks), R.job_order(job, now))
+            if (
+                hit is None
+                or hit[0] is not job
+                or hit[1] != marked
+                or hit[2] != clock
+                or hit[3] != marks
+                or hit[6] != util
+            ):
+                cells = R.job_cells(job, now, marked, marks, util)
+                hit = (job, marked, clock, marks, cells, R.job_order(job, now), util)
             fresh[job_id] = hit
             rows[key] = hit[4]
             if array_id is None:
@@ -248,7 +258,7 @@ class ClusterView(View):
     """Seed 003's resource view: each node's make-up and load, idle or tight per spec, demand per GPU model."""
 
     title = "Cluster"
-    columns = R.CLUSTER_NODE_COLUMNS
+    columns = CLUSTER_NODE_COLUMNS
     sources = ("cluster",)
     kind = "node"
 
@@ -265,7 +275,7 @@ class ClusterView(View):
         cluster = feed.cluster or {"nodes": []}
         nodes = cluster.get("nodes") or []
         self.query_one("#cluster-specs", Static).update(_specs_text(cluster))
-        rows = {n["name"]: R.cluster_node_cells(n) for n in nodes}
+        rows = {n["name"]: cluster_node_cells(n) for n in nodes}
         return rows, [n["name"] for n in sorted(nodes, key=R.node_order)]
 
     def summary(self, feed: Feed, now: float) -> Text:

@@ -45,6 +45,7 @@ LEADER_OPS = WRITE_OPS | {"ack", "resolve", "probe", "drain", "resume", "repair"
 # The most rows one `events` or `alerts` request returns (issue 26): a larger `limit` is refused, not read.
 MAX_LIMIT = 10_000
 SAMPLES_SPAN_S = 3600.0  # what `samples` answers unless asked for another span
+JOB_UTIL_PROBES = 12  # the probes `job_util` draws each running job's GPUs over
 
 
 class Operations:
@@ -91,7 +92,9 @@ class Operations:
             "unreserve": self._unreserve,
             "reload": self._reload,
             "samples": self._samples,
+            "job_util": self._job_util,
         }
+        self._util_kept: tuple[Any, dict[int, list[float | None]]] = (None, {})
 
     async def __call__(self, caller: Caller, op: str, args: dict[str, Any]) -> Any:
         handler = self._ops.get(op)
@@ -338,6 +341,19 @@ class Operations:
             for r in sorted(runs, key=lambda r: r.rank)
         ]  # fmt: skip
         return {"job": job.id, "attempt": job.attempt, "since": since, "ranks": ranks}
+
+    async def _job_util(self, caller: Caller, args: dict[str, Any]) -> Any:
+        """Each running job's GPU utilisation at its nodes' last JOB_UTIL_PROBES probes (`jobs_util`), by job id
+        (as text: JSON's keys), oldest first; the jobs the caller may not see left out. The Jobs view's sparkline."""
+        s = self.scheduler
+        samples = await s.service.gpu_samples()
+        runs = tuple((r.job, r.node, r.gpus) for r in await s.store.runs(held=True) if r.state == "running")
+        key, util = self._util_kept
+        if key != (samples.generation, runs):  # computed again only when a probe or a run moved
+            util = samples.jobs_util(runs, JOB_UTIL_PROBES)
+            self._util_kept = ((samples.generation, runs), util)
+        hidden = await self._hidden(caller)
+        return {str(job): values for job, values in util.items() if job not in hidden}
 
     async def _hidden(self, caller: Caller) -> frozenset[int]:
         """The jobs this caller may not see (`Scheduler.may_see`): left out of listings, events and alerts; the

@@ -52,6 +52,8 @@ async def test_samples_of_a_node_and_of_a_running_job(sshd_cluster: Any, tmp_pat
         assert [g["index"] for g in rank["series"]] == rank["gpus"]  # the rank's GPU only, not the node's other
         epochs = [e for _, e in rank["epochs"]]
         assert epochs == [1, 2, 3]
+        util = await client.call("job_util")  # the Jobs view's sparkline: its GPU at the node's last probes
+        assert set(util) == {str(submitted["id"])} and util[str(submitted["id"])][-1] == 85
 
         # another user may not see a private job (access: none, the default): its samples are as a job's that is not
         refused = await as_nobody(loaded.socket_path, "samples", job=submitted["id"])

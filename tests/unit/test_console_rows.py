@@ -67,6 +67,11 @@ def test_job_cells() -> None:
     assert plain(R.job_cells(job(), NOW, marked=True))[0] == R.MARK
     alerted = dict(zip([c.key for c in R.JOB_COLUMNS], plain(R.job_cells(job(open_alerts=2), NOW)), strict=True))
     assert alerted["alerts"] == "!2"
+    util = [None, 0, 50, 100]  # its GPUs at the last probes: a sparkline while it runs
+    busy = dict(zip([c.key for c in R.JOB_COLUMNS], plain(R.job_cells(job(), NOW, util=util)), strict=True))
+    assert busy["util"] == " ▁▄█"  # 0 % is the lowest bar, no reading a gap
+    queued = R.job_cells(job(status="queued"), NOW, util=util)
+    assert dict(zip([c.key for c in R.JOB_COLUMNS], plain(queued), strict=True))["util"] == ""
 
 
 @pytest.mark.parametrize(
@@ -126,7 +131,7 @@ def test_nodes_worst_first_and_cells() -> None:
     assert cells["used"] == "3/4"
     assert cells["jobs"] == "3,12"
     assert cells["util"] == "50%"
-    assert cells["spark"] == " ▄█ "
+    assert cells["spark"] == "▁▄█ "  # 0 % the lowest bar, no reading a gap
     assert cells["faults"] == "2"
     assert cells["probed"] == "30s"
     assert cells["reasons"] == "gpu2: 91C"

@@ -14,7 +14,7 @@ from ftconsole.scheduler.decide.jobs import Job, JobStatus
 from ftconsole.scheduler.spec.config import ClusterConfig, DebugSettings, SchedulerSettings
 from ftconsole.scheduler.spec.jobspec import JobSpec
 from ftconsole.scheduler.ssh.shell import gone_message
-from ftconsole.tui import rows
+from ftconsole.tui import clusterrows, rows
 
 H = 3600.0
 ENDED = 1_000_000.0
@@ -129,7 +129,7 @@ def test_the_console_marks_gpus_held_for_debugging() -> None:
     cells = rows.node_cells(node, ENDED)
     assert "2/2" in cells and "7:debug,8" in cells
     cluster_node = {"name": "n1", "state": "healthy", "gpus": [{"index": 0, "job": 7, "held_for_debug_until": ENDED}]}
-    assert rows.cluster_node_cells(cluster_node)[-2] == "0:7(debug)"
+    assert clusterrows.cluster_node_cells(cluster_node)[-2] == "0:7(debug)"
 
 
 def test_config_check_says_what_hang_detection_can_see() -> None:

@@ -76,6 +76,18 @@ def test_samples_seeded_from_the_store_then_this_process_s_merge_in_time_order()
     assert seeded["n2:0"] == [(5.0, 50.0)]
 
 
+def test_each_running_job_s_utilisation_is_the_mean_of_its_gpus_at_each_of_the_last_probes() -> None:
+    samples = GpuSamples()
+    for t in range(5):
+        samples.add("n1", float(t), report(10.0 * t, 50.0, None))
+    samples.add("n2", 4.0, report(90.0))  # one probe kept so far
+    util = samples.jobs_util([(7, "n1", (0, 1)), (7, "n2", (0,)), (8, "n1", (2,)), (9, "gone", (0,))], 3)
+    assert util == {7: [35.0, 40.0, 60.0]}  # n2 at the last only; job 8's GPU never read; job 9's node has none
+    before = samples.generation
+    samples.add("n1", 4.0, report(1.0, 1.0, 1.0))  # not newer: not kept, nothing to compute again
+    assert samples.generation == before
+
+
 def test_a_thousand_nodes_of_8_gpus_hold_about_28_mb() -> None:
     samples = GpuSamples()
     for n in range(1000):
