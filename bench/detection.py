@@ -155,10 +155,11 @@ def spread(xs: Sequence[float]) -> str:
 
 def hold_gpus(lab_dir: Path, util: float) -> int:
     """Every simulated GPU of the lab reads `util` % from now on: each node's gpus.json (which the probe agent
-    reads at each probe) rewritten atomically. Returns the number of GPUs."""
+    reads at each probe) rewritten atomically, without the lab's moving load. Returns the number of GPUs."""
     count = 0
     for path in sorted((LabPaths.of(lab_dir).root / "nodes").glob("*/gpus.json")):
         data = json.loads(path.read_text())
+        data.pop("load", None)
         for gpu in data["gpus"]:
             gpu["utilization"] = util
             count += 1

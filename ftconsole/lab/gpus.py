@@ -18,7 +18,8 @@ def pci_bus_id(node: str, index: int) -> str:
 
 
 def render_gpus(spec: NodeSpec, driver_version: str = DEFAULT_DRIVER_VERSION) -> dict[str, Any]:
-    """The node's gpus.json (DESIGN.md "Simulated GPUs"): idle, cool, healthy GPUs plus the node's faults."""
+    """The node's gpus.json (DESIGN.md "Simulated GPUs"): idle, cool, healthy GPUs plus the node's faults, under
+    the load of the node's jobs."""
     gpus = [
         {
             "index": i,
@@ -42,7 +43,9 @@ def render_gpus(spec: NodeSpec, driver_version: str = DEFAULT_DRIVER_VERSION) ->
             gpu["temperature"] = fault.celsius
         elif kind == "unhealthy":
             gpu["healthy"] = False
-    return {"driver_version": driver_version, "gpus": gpus}
+    # "load": a GPU a job of the node holds reads a moving utilisation (the agent's _sim_load), so the console's
+    # map and curves move in the demo as on a busy cluster
+    return {"driver_version": driver_version, "load": "jobs", "gpus": gpus}
 
 
 def with_ecc_error(data: Mapping[str, Any], index: int) -> dict[str, Any]:

@@ -8,9 +8,11 @@ dicts, so the checks have one code path for every source. Python 3.8, standard l
 import collections
 import csv
 import json
+import math
 import os
 import shutil
 import subprocess
+import time
 
 from ftconsole.scheduler.node.agent_common import (  # bundled
     MIB,
@@ -88,14 +90,14 @@ def read_gpus(params, deadline):
     """Simulated file if its env var is set, else NVML, else nvidia-smi, else no GPUs."""
     sim_path = os.environ.get(str(params["sim_gpus_env"]))
     if sim_path:
-        return read_sim_gpus(sim_path)
+        return read_sim_gpus(sim_path, str(params["sim_gpus_env"]))
     try:
         return read_nvml_gpus() or read_smi_gpus(deadline) or GpuReading("none")
     except Exception as exc:
         return GpuReading("none", error="reading GPUs failed: %s: %s" % (type(exc).__name__, exc))
 
 
-def read_sim_gpus(path):
+def read_sim_gpus(path, variable="FTCONSOLE_SIM_GPUS"):
     """The simulated-GPU file (DESIGN.md, "Simulated GPUs"), read afresh at every run."""
     try:
         with open(path, encoding="utf-8") as f:
@@ -104,7 +106,40 @@ def read_sim_gpus(path):
         return GpuReading("sim", error="cannot read simulated GPU file %s: %s" % (path, exc))
     if not isinstance(doc, dict) or not isinstance(doc.get("gpus"), list):
         return GpuReading("sim", error='simulated GPU file %s has no "gpus" list' % path)
-    return GpuReading("sim", doc["gpus"], doc.get("driver_version"), boot_id=doc.get("boot_id"))
+    gpus = doc["gpus"]
+    if doc.get("load") == "jobs":
+        gpus = _sim_load((variable + "=" + path).encode(), gpus, time.time())
+    return GpuReading("sim", gpus, doc.get("driver_version"), boot_id=doc.get("boot_id"))
+
+
+def _sim_load(mark, gpus, now):
+    """The lab's GPUs under its jobs (a simulated file with ``"load": "jobs"``): a GPU that a process of this
+    simulated node holds (started under its SSH server, which sets the file's variable; its CUDA_VISIBLE_DEVICES
+    names the GPU) reads a utilisation that moves with the time and 60 % of its memory in use; the others as
+    the file says. `mark`: the variable's item (``FTCONSOLE_SIM_GPUS=<file>``). Only the processes the agent may
+    read count (its own user's, or all as root)."""
+    held = set()  # type: set
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open("/proc/%s/environ" % pid, "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if mark not in env:
+            continue
+        for item in env:
+            if item.startswith(b"CUDA_VISIBLE_DEVICES="):
+                held.update(int(p) for p in item.split(b"=", 1)[1].split(b",") if p.strip().isdigit())
+    out = []
+    for g in gpus:
+        if isinstance(g, dict) and g.get("index") in held:
+            total = g["memory_total_mib"] if isinstance(g.get("memory_total_mib"), int) else 0
+            wave = math.sin(now / 90.0 + 1.7 * g["index"])  # a minute and a half a swing, each GPU its own
+            g = dict(g, utilization=round(72 + 24 * wave), memory_used_mib=int(total * 0.6))
+        out.append(g)
+    return out
 
 
 def nvml_value(nv, function, *args):

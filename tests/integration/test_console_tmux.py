@@ -66,7 +66,7 @@ def test_console_in_a_real_terminal(tmp_path: Path, lab_config: Path) -> None:
     env = {**os.environ, "TERM": "xterm-256color"}
     env.pop("NO_COLOR", None)
     started = subprocess.run(
-        ["tmux", "-S", str(tmux.socket), "new-session", "-d", "-s", "console", "-x", "150", "-y", "40", command],
+        ["tmux", "-S", str(tmux.socket), "new-session", "-d", "-s", "console", "-x", "180", "-y", "40", command],
         env=env, capture_output=True, text=True, timeout=10,
     )  # fmt: skip
     assert started.returncode == 0, started.stderr

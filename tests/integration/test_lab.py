@@ -139,7 +139,7 @@ async def test_gpus_json_follows_the_layout_and_may_be_edited_while_running(tmp_
     async with LabCluster(tmp_path / "lab") as cluster:  # the default layout: 8 nodes
         assert [n.name for n in cluster.nodes] == [f"lab0{i}" for i in range(1, 9)]
         h100 = cluster.node("lab01").gpus()
-        assert h100["driver_version"] == "550.54.15"
+        assert h100["driver_version"] == "550.54.15" and h100["load"] == "jobs"  # its jobs' GPUs read busy
         assert [g["name"] for g in h100["gpus"]] == ["NVIDIA H100 80GB HBM3"] * 8
         faulty = cluster.node("lab07").gpus()["gpus"]
         assert len(faulty) == 4 and faulty[0]["name"] == "NVIDIA A100-SXM4-40GB"

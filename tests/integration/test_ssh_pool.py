@@ -178,7 +178,7 @@ async def test_command_timeout(server, tmp_path: Path) -> None:
     (tmp_path / "known_hosts").write_text(known_hosts_line(srv.port, srv.host_key))
     async with make_pool(tmp_path, key) as pool:
         with pytest.raises(CommandTimeout, match=r"timed out after 0\.5s"):
-            await pool.run(node(srv.port), ["sleep", "5"], timeout=0.5)
+            await pool.run(node(srv.port), ["sleep", "2"], timeout=0.5)  # the server waits for it at teardown
 
 
 async def test_refused_port_is_unreachable_and_backs_off(tmp_path: Path) -> None:
