@@ -18,6 +18,10 @@ def _isolated_environment(tmp_path_factory: pytest.TempPathFactory, monkeypatch:
     monkeypatch.setenv("FTCONSOLE_LAB_DIR", str(tmp_path_factory.mktemp("lab-default")))
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
     monkeypatch.setenv("NO_COLOR", "1")
+    # pytest-xdist's workers set COLUMNS=80 and LINES=24, which Rich and Textual take for the terminal's size: a
+    # console started in a real terminal (tmux) would draw 80 columns whatever its window
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.delenv("LINES", raising=False)
     yield
 
 

@@ -101,7 +101,7 @@ def test_console_in_a_real_terminal(tmp_path: Path, lab_config: Path) -> None:
         tmux.keys("Right")  # the cursor to the next node: the line under the map follows it
         tmux.wait("lab01  ·  healthy")
         tmux.keys("Enter")  # its screen
-        tmux.wait("Checks", "History")
+        tmux.wait("Checks", "gpu-check", "pool h100")
         tmux.keys("Escape")
         tmux.wait("Map", "lab01  ·  healthy")
         tmux.keys("q")

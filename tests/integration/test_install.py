@@ -76,9 +76,10 @@ def venv(built: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 @pytest.fixture
-def operator(venv: Path, tmp_path: Path) -> tuple[Path, dict[str, str]]:
-    """A working folder outside the source tree, and the environment of a user whose home is a fresh one."""
-    home, work = tmp_path / "home", tmp_path / "work"
+def operator(venv: Path, tmp_path: Path, sock_dir: Path) -> tuple[Path, dict[str, str]]:
+    """A working folder outside the source tree, and the environment of a user whose home is a fresh one (short:
+    the default API socket is under it)."""
+    home, work = sock_dir / "home", tmp_path / "work"
     home.mkdir()
     work.mkdir()
     env = {"HOME": str(home), "PATH": f"{venv / 'bin'}:/usr/bin:/bin", "LANG": "C.UTF-8", "TERM": "dumb"}

@@ -217,11 +217,11 @@ def test_config_example_prints_the_shipped_file(capsys: pytest.CaptureFixture[st
     assert capsys.readouterr().out == TEXT
 
 
-def test_config_example_piped_into_config_check_passes(tmp_path: Path) -> None:
+def test_config_example_piped_into_config_check_passes(sock_dir: Path) -> None:
     cli = [sys.executable, "-m", "ftconsole.cli"]
-    env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
-    (tmp_path / ".ssh").mkdir()
-    (tmp_path / ".ssh" / "known_hosts").touch()  # filled with ssh-keyscan, as the example says; strict needs it
+    env = {"HOME": str(sock_dir), "PATH": "/usr/bin:/bin"}  # short: the default API socket is under it
+    (sock_dir / ".ssh").mkdir()
+    (sock_dir / ".ssh" / "known_hosts").touch()  # filled with ssh-keyscan, as the example says; strict needs it
     example = subprocess.run([*cli, "config", "example"], capture_output=True, env=env, timeout=60, check=True)
     check = subprocess.run(
         [*cli, "--config", "-", "config", "check"], input=example.stdout, capture_output=True, env=env, timeout=60

@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_ftconsole_runs_beside_other_top_level_scheduler_and_probes_packages(tmp_path: Path) -> None:
+def test_ftconsole_runs_beside_other_top_level_scheduler_and_probes_packages(tmp_path: Path, sock_dir: Path) -> None:
     for name in ("scheduler", "probes"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "__init__.py").write_text(f"WHO = 'the other {name} package'\n")
@@ -30,9 +30,9 @@ def test_ftconsole_runs_beside_other_top_level_scheduler_and_probes_packages(tmp
     assert done.stdout.strip() == "the other scheduler package | the other probes package | ftconsole.scheduler.jobops"
     example = ROOT / "config" / "cluster.example.yaml"
     cli = [sys.executable, "-m", "ftconsole.cli", "--config", str(example), "config", "check", "--json"]
-    (tmp_path / ".ssh").mkdir()
-    (tmp_path / ".ssh" / "known_hosts").touch()  # the example's, with host_key_policy strict: config check wants it
-    env["HOME"] = str(tmp_path)
+    (sock_dir / ".ssh").mkdir()
+    (sock_dir / ".ssh" / "known_hosts").touch()  # the example's, with host_key_policy strict: config check wants it
+    env["HOME"] = str(sock_dir)  # short: the default API socket is under it
     done = subprocess.run(cli, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert '"ok": true' in done.stdout
