@@ -94,7 +94,7 @@ def node_curves(doc: Mapping[str, Any] | None, gpus: Sequence[Mapping[str, Any]]
         total = totals.get(i)
         lines.append(Text(f"GPU {i}", style="bold"))
         lines.append(curve("util", g, "utilization", now, top=100, unit="%", role="ok"))
-        lines.append(curve("temp", g, "temperature", now, unit="C", role="warn"))
+        lines.append(curve("temp", g, "temperature", now, top=100, unit="C", role="warn"))  # against 100 C
         lines.append(curve("mem", g, "memory_used_mib", now, top=float(total) if total else None, unit=" MiB"))
     return Text("\n").join(lines)
 
