@@ -20,11 +20,13 @@ with a fake clock. Times are CPU time of the console's thread (the only one), so
 does not count; the wall time of `refresh_data` is printed too. It prints:
 
 - first frame: from entering `run_test` until the Jobs view holds every job and a frame was rendered; the
-  same for the first switch to the Nodes view;
+  same for the first switch to the Nodes view and to the Map view (every GPU a cell; whether it fits the screen
+  is printed at the end);
 - per update, for the Jobs view and the Nodes view, median and p99 over `--updates` simulated seconds:
   read (the reply's decode and the feed), apply (the view's `update_view`: rows and table diff),
   `refresh_data` (both), render (the next frame: `pilot.pause()`), one update (all of it), and how much of
-  it the cyclic GC took; at one update a second, the mean of one update is the share of a core it needs;
+  it the cyclic GC took; at one update a second, the mean of one update is the share of a core it needs; for
+  the Map view also an arrow key pressed after each update, to its frame;
 - memory: RSS before the app (imports and the data source), after the first frame, after the Nodes view,
   the peak; with `--tracemalloc`, the peak of traced allocations up to the first frame (slows that phase).
 
