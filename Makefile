@@ -3,7 +3,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 PYTHON ?= python3
 
-.PHONY: venv bytecode test test-stress test-peers check demo lab-down bench snapshots clean
+.PHONY: venv bytecode test test-stress test-peers check demo lab-down bench screenshots snapshots clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -83,6 +83,9 @@ bench: venv
 	$(PY) bench/submit.py
 	$(PY) bench/console.py
 	$(PY) bench/recovery.py
+
+screenshots: venv  # the console's pictures in the README and docs/console.md (docs/images/console-*.svg)
+	$(PY) tests/screenshots.py
 
 snapshots: venv  # after a deliberate change to the console's look; review the SVGs before committing
 	$(PY) -m pytest -q tests/unit/test_console_snapshots.py --snapshot-update

@@ -191,3 +191,28 @@ def record_notices(app: Any) -> Any:
 
     app.notify = said
     return app
+
+
+def _many_node(i: int, state: str) -> dict[str, Any]:
+    utils = [float((i * 7 + g * 13) % 101) for g in range(8)] if state != "unreachable" else []
+    return {
+        "name": f"node{i:04d}", "pool": ("train", "infer")[i % 4 == 0], "state": state,
+        "reasons": ["gpu2 temperature 88C > 85C"] if state in ("degraded", "unhealthy") else [],
+        "gpus": [{"index": g, "name": GPU, "utilization": u} for g, u in enumerate(utils)],
+        "held": [{"gpu": g, "job": i} for g in range(i % 9)], "held_for_debug": [],
+    }  # fmt: skip
+
+
+class ManyNodesClient(FixedClient):
+    """`count` nodes of 8 GPUs in two pools, with something of every state (the map at scale)."""
+
+    def __init__(self, count: int) -> None:
+        states = ("healthy",) * 90 + ("degraded", "unhealthy", "unreachable", "drained", "isolated") * 2
+        self.nodes = [_many_node(i, states[i % 100]) for i in range(count)]
+
+    async def call(self, op: str, **args: Any) -> Any:
+        if op == "nodes":
+            return [n for n in self.nodes if n["name"] == args["nodeset"]] if args.get("nodeset") else self.nodes
+        if op == "jobs_changed":
+            return {"cursor": NOW, "jobs": []}
+        return await super().call(op, **args)

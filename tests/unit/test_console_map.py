@@ -11,7 +11,7 @@ import pytest
 from ftconsole.tui import maps as M
 from ftconsole.tui.app import VIEW_NAMES, ConsoleApp
 from ftconsole.tui.mapview import ClusterMap
-from tests.console_data import NOW, FixedClient, fixed_config
+from tests.console_data import NOW, FixedClient, ManyNodesClient, fixed_config
 
 GPU = "NVIDIA H100 80GB HBM3"
 
@@ -147,32 +147,12 @@ async def test_the_map_view_on_the_fixed_cluster(tmp_path: Path) -> None:
         assert type(console.screen).__name__ == "NodeScreen" and console.screen.node == "gpu04"  # type: ignore[attr-defined]
 
 
-class BigClient(FixedClient):
-    """1,000 nodes of 8 GPUs in two pools, with something of everything."""
-
-    def __init__(self) -> None:
-        states = ("healthy",) * 90 + ("degraded", "unhealthy", "unreachable", "drained", "isolated") * 2
-        self.nodes = [
-            node(f"node{i:04d}", states[i % 100], pool=("train", "infer")[i % 4 == 0],
-                 held={g: i for g in range(i % 9)},
-                 utils=[float((i * 7 + g * 13) % 101) for g in range(8)] if states[i % 100] != "unreachable" else [],
-                 reasons=["gpu2 temperature 88C > 85C"] if states[i % 100] in ("degraded", "unhealthy") else [])
-            for i in range(1000)
-        ]  # fmt: skip
-
-    async def call(self, op: str, **args: Any) -> Any:
-        if op == "nodes":
-            return [n for n in self.nodes if n["name"] == args["nodeset"]] if args.get("nodeset") else self.nodes
-        if op == "jobs_changed":
-            return {"cursor": NOW, "jobs": []}
-        return await super().call(op, **args)
-
-
 async def test_1000_nodes_of_8_gpus_fit_a_200x50_terminal_in_colour(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("NO_COLOR", raising=False)
-    console = ConsoleApp(fixed_config(tmp_path), client=BigClient(), clock=lambda: NOW, refresh_s=3600, view="map")
+    client = ManyNodesClient(1000)
+    console = ConsoleApp(fixed_config(tmp_path), client=client, clock=lambda: NOW, refresh_s=3600, view="map")
     async with console.run_test(size=(200, 50)) as pilot:
         await console.refresh_data()
         await pilot.pause()
