@@ -111,3 +111,41 @@ def test_console_in_a_real_terminal(tmp_path: Path, lab_config: Path) -> None:
         assert "console" not in tmux("list-sessions"), tmux.screen()
     finally:
         tmux("kill-server")
+
+
+def test_the_map_of_1000_nodes_in_a_real_terminal(tmp_path: Path) -> None:
+    """The bench's size in a real 200x50 terminal: 1,000 nodes of 8 GPUs (fixed data, the app itself) on one screen,
+    both pools' headers in sight, and the cursor sent to the last node with `end`."""
+    root = Path(__file__).resolve().parents[2]
+    script = tmp_path / "map.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(root)!r})\n"
+        "from pathlib import Path\n"
+        "from ftconsole.tui.app import ConsoleApp\n"
+        "from tests.console_data import NOW, ManyNodesClient, fixed_config\n"
+        f"app = ConsoleApp(fixed_config(Path({str(tmp_path)!r})), client=ManyNodesClient(1000), clock=lambda: NOW,\n"
+        "                 refresh_s=3600, view='map')\n"
+        "app.run()\n"
+    )
+    tmux = Tmux(tmp_path / "tmux.sock")
+    env = {**os.environ, "TERM": "xterm-256color"}
+    env.pop("NO_COLOR", None)
+    command = f"'{sys.executable}' '{script}'"
+    started = subprocess.run(
+        ["tmux", "-S", str(tmux.socket), "new-session", "-d", "-s", "console", "-x", "200", "-y", "50", command],
+        env=env, capture_output=True, text=True, timeout=10,
+    )  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    try:
+        screen = tmux.wait("1000 nodes · 8000 GPUs", "infer · 8x H100", "train · 8x H100", "node0000  ·")
+        assert "▀" in screen  # half blocks: two GPUs a cell
+        tmux.keys("End")
+        tmux.wait("node0999  ·", "infer · 8x H100", "train · 8x H100")  # the last node; the map did not scroll
+        tmux.keys("q")
+        deadline = time.monotonic() + 20
+        while "console" in tmux("list-sessions") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "console" not in tmux("list-sessions"), tmux.screen()
+    finally:
+        tmux("kill-server")
