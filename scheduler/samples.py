@@ -33,14 +33,18 @@ class NodeSamples:
         self.temp = array("B", bytes(capacity * gpus))
         self.mem = array("f", bytes(4 * capacity * gpus))
 
-    def add(self, when: float, gpus: Sequence[Mapping[str, Any]]) -> None:
+    def _append(self, when: float) -> int:
+        """The slot of a new sample at `when`: the next one, over the oldest once the ring is full."""
         slot = (self.start + self.count) % self.capacity
         if self.count == self.capacity:
             self.start = (self.start + 1) % self.capacity
         else:
             self.count += 1
         self.times[slot] = when
-        base = slot * self.gpus
+        return slot
+
+    def add(self, when: float, gpus: Sequence[Mapping[str, Any]]) -> None:
+        base = self._append(when) * self.gpus
         for i in range(self.gpus):
             self.util[base + i] = self.temp[base + i] = _NONE
             self.mem[base + i] = math.nan
@@ -61,13 +65,7 @@ class NodeSamples:
             last = self.last
             if last is not None and when <= last:
                 continue
-            mine = (self.start + self.count) % self.capacity
-            if self.count == self.capacity:
-                self.start = (self.start + 1) % self.capacity
-            else:
-                self.count += 1
-            self.times[mine] = when
-            a, b = mine * self.gpus, slot * other.gpus
+            a, b = self._append(when) * self.gpus, slot * other.gpus
             self.util[a : a + self.gpus] = other.util[b : b + other.gpus]
             self.temp[a : a + self.gpus] = other.temp[b : b + other.gpus]
             self.mem[a : a + self.gpus] = other.mem[b : b + other.gpus]

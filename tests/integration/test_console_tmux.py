@@ -47,6 +47,24 @@ class Tmux:
     def keys(self, *keys: str) -> None:
         self("send-keys", "-t", "console", *keys)
 
+    def start(self, command: str, width: int, height: int) -> None:
+        """`command` in a window of `width` x `height`, in colour (NO_COLOR dropped), as session "console"."""
+        env = {**os.environ, "TERM": "xterm-256color"}
+        env.pop("NO_COLOR", None)
+        started = subprocess.run(
+            ["tmux", "-S", str(self.socket), "new-session", "-d", "-s", "console", "-x", str(width), "-y", str(height),
+             command], env=env, capture_output=True, text=True, timeout=10,
+        )  # fmt: skip
+        assert started.returncode == 0, started.stderr
+
+    def quit(self) -> None:
+        """`q`, then the session must end within 20 s."""
+        self.keys("q")
+        deadline = time.monotonic() + 20
+        while "console" in self("list-sessions") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "console" not in self("list-sessions"), self.screen()
+
 
 @pytest.fixture
 def lab_config(tmp_path: Path) -> Iterator[Path]:
@@ -62,14 +80,7 @@ def lab_config(tmp_path: Path) -> Iterator[Path]:
 
 def test_console_in_a_real_terminal(tmp_path: Path, lab_config: Path) -> None:
     tmux = Tmux(tmp_path / "tmux.sock")
-    command = " ".join([*(f"'{a}'" for a in FTCONSOLE), "--config", str(lab_config)])
-    env = {**os.environ, "TERM": "xterm-256color"}
-    env.pop("NO_COLOR", None)
-    started = subprocess.run(
-        ["tmux", "-S", str(tmux.socket), "new-session", "-d", "-s", "console", "-x", "180", "-y", "40", command],
-        env=env, capture_output=True, text=True, timeout=10,
-    )  # fmt: skip
-    assert started.returncode == 0, started.stderr
+    tmux.start(" ".join([*(f"'{a}'" for a in FTCONSOLE), "--config", str(lab_config)]), 180, 40)
     try:
         screen = tmux.wait("Jobs", "scheduler embedded", "q Quit")
         tmux.keys("2")
@@ -104,11 +115,7 @@ def test_console_in_a_real_terminal(tmp_path: Path, lab_config: Path) -> None:
         tmux.wait("Checks", "gpu-check", "pool h100")
         tmux.keys("Escape")
         tmux.wait("Map", "lab01  ·  healthy")
-        tmux.keys("q")
-        deadline = time.monotonic() + 20
-        while "console" in tmux("list-sessions") and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert "console" not in tmux("list-sessions"), tmux.screen()
+        tmux.quit()
     finally:
         tmux("kill-server")
 
@@ -129,23 +136,12 @@ def test_the_map_of_1000_nodes_in_a_real_terminal(tmp_path: Path) -> None:
         "app.run()\n"
     )
     tmux = Tmux(tmp_path / "tmux.sock")
-    env = {**os.environ, "TERM": "xterm-256color"}
-    env.pop("NO_COLOR", None)
-    command = f"'{sys.executable}' '{script}'"
-    started = subprocess.run(
-        ["tmux", "-S", str(tmux.socket), "new-session", "-d", "-s", "console", "-x", "200", "-y", "50", command],
-        env=env, capture_output=True, text=True, timeout=10,
-    )  # fmt: skip
-    assert started.returncode == 0, started.stderr
+    tmux.start(f"'{sys.executable}' '{script}'", 200, 50)
     try:
         screen = tmux.wait("1000 nodes · 8000 GPUs", "infer · 8x H100", "train · 8x H100", "node0000  ·")
         assert "▀" in screen  # half blocks: two GPUs a cell
         tmux.keys("End")
         tmux.wait("node0999  ·", "infer · 8x H100", "train · 8x H100")  # the last node; the map did not scroll
-        tmux.keys("q")
-        deadline = time.monotonic() + 20
-        while "console" in tmux("list-sessions") and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert "console" not in tmux("list-sessions"), tmux.screen()
+        tmux.quit()
     finally:
         tmux("kill-server")
