@@ -87,6 +87,7 @@ class ClusterMap(ScrollView, can_focus=True):
         self.color = True
         self.palette = "dark"
         self.layout_: M.Layout | None = None
+        self._height = 0  # the height the layout was fitted to
         self.cursor: str | None = None
         self._order: list[str] = []  # the nodes in reading order
         self._lines: list[Any] = []  # per line: what it shows (compared to decide what to redraw)
@@ -135,13 +136,14 @@ class ClusterMap(ScrollView, can_focus=True):
             self._move(self._order[0] if self._order else None, scroll=False)
 
     def on_resize(self, event: events.Resize) -> None:
-        if self.groups and (self.layout_ is None or self.layout_.width != self.size.width):
+        """A new width moves every node; a new height may allow a roomier layout (or need a denser one)."""
+        if self.groups and (self.layout_ is None or (self.layout_.width, self._height) != tuple(self.size)):
             self._relayout()
             self._update_lines()
 
     def _relayout(self) -> None:
         width = max(1, self.size.width or 80)
-        height = max(1, self.size.height or 24)
+        height = self._height = max(1, self.size.height or 24)
         self.layout_ = M.fit(self.groups, width, height, self.color)
         self._order = [n for g in self.groups for n in g.nodes]
         self._strips.clear()

@@ -173,3 +173,23 @@ async def test_1000_nodes_of_8_gpus_fit_a_200x50_terminal_in_colour(
         assert cluster_map.node_at(col + 1, line - round(cluster_map.scroll_y)) == "node0500"
         await pilot.click(ClusterMap, offset=(col + 1 + 1, line))  # +1: the map's left padding
         assert cluster_map.selected_key() == "node0500"
+
+
+async def test_a_taller_terminal_gives_the_map_a_roomier_layout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    client = ManyNodesClient(300)
+    console = ConsoleApp(fixed_config(tmp_path), client=client, clock=lambda: NOW, refresh_s=3600, view="map")
+    async with console.run_test(size=(150, 20)) as pilot:
+        await console.refresh_data()
+        await pilot.pause()
+        cluster_map = console.view.table
+        assert isinstance(cluster_map, ClusterMap) and cluster_map.layout_ is not None
+        assert cluster_map.layout_.dense  # 22 lines of a cell per GPU do not fit its 14
+        await pilot.resize_terminal(150, 40)
+        await pilot.pause()
+        assert not cluster_map.layout_.dense and len(cluster_map.layout_.lines) <= cluster_map.size.height
+        await pilot.resize_terminal(150, 20)
+        await pilot.pause()
+        assert cluster_map.layout_.dense
