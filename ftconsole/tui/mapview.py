@@ -372,6 +372,7 @@ class MapView(View):
         self._reserved: dict[str, str] = {}
         self._tally: Counter[str] = Counter()
         self._make_up: tuple[Any, ...] = ()
+        self._legend_palette: tuple[str, ...] = ()  # the colours the legend was drawn in
         self._groups: list[M.Group] = []
 
     @property
@@ -381,7 +382,7 @@ class MapView(View):
 
     def compose(self) -> ComposeResult:
         yield Static(self.title, classes="view-title")
-        yield Static(_legend(), classes="map-legend")
+        yield Static("", classes="map-legend")  # drawn at the first update, in the app's palette by then
         yield self.table
         yield Static("", classes="map-status")
 
@@ -414,6 +415,10 @@ class MapView(View):
         self.map.show(groups, cells, headers, marked=self.marked, matches=matches, color=not self.app.no_color,
                       palette="dark" if self.app.current_theme.dark else "light")  # fmt: skip
         self._status(self.map.cursor)
+        palette = tuple(R.style(role) for _, role, _ in M.KINDS.values())
+        if palette != self._legend_palette:  # the first update, or the theme changed (dark, light)
+            self._legend_palette = palette
+            self.query_one(".map-legend", Static).update(_legend())
         shown = len(matches) if matches is not None else len(nodes)
         self._title(feed, now, shown, len(nodes))
 
@@ -422,7 +427,7 @@ class MapView(View):
         return Text(f"{len(self._views)} nodes · {gpus} GPUs: {M.summary(self._tally) or 'none'}")
 
     def restyle(self) -> None:
-        self.query_one(".map-legend", Static).update(_legend())
+        self._legend_palette = ()  # drawn again at the next update
 
     def on_cluster_map_moved(self, message: ClusterMap.Moved) -> None:
         self._status(message.node)
