@@ -147,17 +147,27 @@ async def test_the_map_view_on_the_fixed_cluster(tmp_path: Path) -> None:
         assert type(console.screen).__name__ == "NodeScreen" and console.screen.node == "gpu04"  # type: ignore[attr-defined]
 
 
+def many_nodes_map(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, count: int) -> ConsoleApp:
+    """The console on the Map view of `count` nodes of 8 GPUs, in colour (half blocks need it)."""
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    client = ManyNodesClient(count)
+    return ConsoleApp(fixed_config(tmp_path), client=client, clock=lambda: NOW, refresh_s=3600, view="map")
+
+
+async def loaded_map(console: ConsoleApp, pilot: Any) -> ClusterMap:
+    await console.refresh_data()
+    await pilot.pause()
+    cluster_map = console.view.table
+    assert isinstance(cluster_map, ClusterMap) and cluster_map.layout_ is not None
+    return cluster_map
+
+
 async def test_1000_nodes_of_8_gpus_fit_a_200x50_terminal_in_colour(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv("NO_COLOR", raising=False)
-    client = ManyNodesClient(1000)
-    console = ConsoleApp(fixed_config(tmp_path), client=client, clock=lambda: NOW, refresh_s=3600, view="map")
+    console = many_nodes_map(tmp_path, monkeypatch, 1000)
     async with console.run_test(size=(200, 50)) as pilot:
-        await console.refresh_data()
-        await pilot.pause()
-        cluster_map = console.view.table
-        assert isinstance(cluster_map, ClusterMap) and cluster_map.layout_ is not None
+        cluster_map = await loaded_map(console, pilot)
         assert cluster_map.layout_.dense and len(cluster_map.layout_.where) == 1000
         assert len(cluster_map.layout_.lines) <= cluster_map.size.height  # all of it, no scrolling
         title = str(console.view.query_one(".view-title").render())
@@ -178,14 +188,9 @@ async def test_1000_nodes_of_8_gpus_fit_a_200x50_terminal_in_colour(
 async def test_a_taller_terminal_gives_the_map_a_roomier_layout(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv("NO_COLOR", raising=False)
-    client = ManyNodesClient(300)
-    console = ConsoleApp(fixed_config(tmp_path), client=client, clock=lambda: NOW, refresh_s=3600, view="map")
+    console = many_nodes_map(tmp_path, monkeypatch, 300)
     async with console.run_test(size=(150, 20)) as pilot:
-        await console.refresh_data()
-        await pilot.pause()
-        cluster_map = console.view.table
-        assert isinstance(cluster_map, ClusterMap) and cluster_map.layout_ is not None
+        cluster_map = await loaded_map(console, pilot)
         assert cluster_map.layout_.dense  # 22 lines of a cell per GPU do not fit its 14
         await pilot.resize_terminal(150, 40)
         await pilot.pause()
