@@ -31,9 +31,13 @@ def peers(sshd_cluster, tmp_path: Path, sock_dir: Path) -> Peers:
     return Peers(sshd_cluster(2, gpus=4), tmp_path, sock_dir)
 
 
-async def verdict_naming(client: ApiClient, job_id: int, rule: str, world: int = 4) -> dict[str, Any]:
+async def verdict_naming(
+    client: ApiClient, job_id: int, rule: str, world: int = 4, settled: str = ""
+) -> dict[str, Any]:
     """`debug` of the job until its verdict names a rank by `rule` with all `world` ranks (the launcher's workers,
-    not the launchers still in their rendezvous) looked at, or fail after VERDICT_WAIT_S with the last verdict."""
+    not the launchers still in their rendezvous) looked at and its reason holds `settled` (the others may still be
+    on their way into the collective the rank behind never reaches), or fail after VERDICT_WAIT_S with the last
+    verdict."""
     deadline = time.monotonic() + VERDICT_WAIT_S
     doc: dict[str, Any] = {}
     while time.monotonic() < deadline:
@@ -41,7 +45,13 @@ async def verdict_naming(client: ApiClient, job_id: int, rule: str, world: int =
         assert shown["status"] in ("queued", "running"), shown["message"]
         if shown["status"] == "running" and any(r["state"] == "running" for a in shown["attempts"] for r in a["runs"]):
             doc = await client.call("debug", job=job_id)
-            if doc["verdict"]["rank"] is not None and doc["verdict"]["rule"] == rule and len(doc["ranks"]) == world:
+            verdict = doc["verdict"]
+            if (
+                verdict["rank"] is not None
+                and verdict["rule"] == rule
+                and len(doc["ranks"]) == world
+                and settled in (verdict.get("reason") or "")
+            ):
                 return doc
         await asyncio.sleep(1.0)
     raise AssertionError(f"no rank named within {VERDICT_WAIT_S:g}s: {doc.get('verdict')}")
@@ -131,7 +141,8 @@ async def test_the_ranks_deepspeeds_runner_started_over_ssh_are_looked_at_and_th
     env = peers.env(peers.root / "results", PEER_HANG="load:3", DS_ACCELERATOR="cpu")
     async with running(peers.loaded) as (_, client):
         job = await client.call("submit", spec=peers.spec("hang-ds", "pytorch-deepspeed", f"deepspeed {HANG}", env))
-        doc = await verdict_naming(client, job["id"], "behind")
+        # ranks 0 and 1 (node01) may be read before they enter all_reduce #4: wait for the three of them in it
+        doc = await verdict_naming(client, job["id"], "behind", settled="ranks 0-2 are in all_reduce #")
         await client.call("stop", jobs=[job["id"]])
         await finished(client, job["id"])
     verdict, ranks = doc["verdict"], by_rank(doc)
