@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ftconsole import starts_cli
 from ftconsole.format import age, node_count, print_json, print_table, printable
 from ftconsole.scheduler.decide.arrays import summary
 from ftconsole.scheduler.decide.usertext import clean_json
@@ -244,6 +245,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     filters = {"status": args.status, "name": args.name, "owner": args.owner, "spec": args.spec, "output": args.output}
     if since is not None or until is not None:  # only then: a scheduler from before them refuses no argument
         filters |= {"since": since, "until": until}
+    if args.start:  # squeue --start: the queued jobs, each with when it is expected to start
+        return starts_cli.print_starts(args, *_with_client(args, "jobs", lambda c: starts_cli.read(c, filters)))
     jobs = _with_client(args, "jobs", lambda c: c.call("jobs", **filters))
     if args.json:
         print_json(jobs)
@@ -525,6 +528,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser, listing: argparse.Arg
         help=f"every job the store keeps (default: the active ones and those ended in the last {RECENT})",
     )
     p.add_argument("--expand", action="store_true", help="a row for each task of an array (12[7]), not one per array")
+    p.add_argument("--start", action="store_true", help="the queued jobs' expected starts (if jobs run to their limit)")
     p.set_defaults(func=cmd_jobs)
 
     p = sub.add_parser("show", parents=parents, help="a job with its attempts, runs and conditions")

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, cast
@@ -31,7 +30,9 @@ from ftconsole.scheduler.redaction import redact_json
 from ftconsole.scheduler.rules import Caller
 from ftconsole.scheduler.serve import alertmanager, metrics, notify
 from ftconsole.scheduler.serve.api import WRITE_OPS, ApiServer
+from ftconsole.scheduler.serve.args import time_arg as _time
 from ftconsole.scheduler.serve.lock import StateLock
+from ftconsole.scheduler.serve.pictures import PictureOps
 from ftconsole.scheduler.serve.reload import Reloader
 from ftconsole.scheduler.spec.config import LoadedConfig, parse_duration
 from ftconsole.scheduler.store.db import ALERT_STATES, Store
@@ -44,8 +45,6 @@ log = logging.getLogger("ftconsole.daemon")
 LEADER_OPS = WRITE_OPS | {"ack", "resolve", "probe", "drain", "resume", "repair", "debug"}
 # The most rows one `events` or `alerts` request returns (issue 26): a larger `limit` is refused, not read.
 MAX_LIMIT = 10_000
-SAMPLES_SPAN_S = 3600.0  # what `samples` answers unless asked for another span
-JOB_UTIL_PROBES = 12  # the probes `job_util` draws each running job's GPUs over
 
 
 class Operations:
@@ -56,6 +55,7 @@ class Operations:
         # several schedulers on one PostgreSQL store: this one's side of the lease (`serve.leadership.Leadership`)
         self.leadership: Any = None
         self.reloader: Reloader | None = None  # `serve`'s: the config in use and the way to change it
+        self.pictures = PictureOps(self)  # what the console draws
         self._ops: dict[str, Callable[[Caller, dict[str, Any]], Awaitable[Any]]] = {
             "whoami": self._whoami,
             "status": self._status,
@@ -91,10 +91,10 @@ class Operations:
             "reserve": self._reserve,
             "unreserve": self._unreserve,
             "reload": self._reload,
-            "samples": self._samples,
-            "job_util": self._job_util,
+            "samples": self.pictures.samples,
+            "job_util": self.pictures.job_util,
+            "forecast": self.pictures.forecast,
         }
-        self._util_kept: tuple[Any, dict[int, list[float | None]]] = (None, {})
 
     async def __call__(self, caller: Caller, op: str, args: dict[str, Any]) -> Any:
         handler = self._ops.get(op)
@@ -317,44 +317,6 @@ class Operations:
                     gpu.update(job=None, private=True)
         return {**view, "goodput": await s.cluster_goodput(), **self._leadership()}  # sums only: no job is named
 
-    async def _samples(self, caller: Caller, args: dict[str, Any]) -> Any:
-        """A node's GPUs, or a job's ranks (its current attempt), over time since `since` (default: the last
-        hour): what the probes read of each GPU (`samples.py`) and, for a job, each rank's epochs and iteration
-        times as its log showed them. The console's curves."""
-        s = self.scheduler
-        since = _time(args, "since")
-        since = self.now - SAMPLES_SPAN_S if since is None else since
-        samples = await s.service.gpu_samples()
-        if args.get("node") is not None:
-            nodes = s.service.select(str(args["node"]))
-            if len(nodes) != 1:
-                raise UsageError(f"samples: name one node, not {args['node']!r}")
-            return {"node": nodes[0].name, "since": since, "gpus": samples.node_json(nodes[0].name, since)}
-        if args.get("job") is None:
-            raise UsageError("samples needs node (a node's name) or job (a job id)")
-        job = await s.visible(caller, args["job"])
-        progress = s.loop.watchdog.logs.progress(job.id, job.attempt)
-        runs = [r for r in await s.store.runs(job=job.id) if r.attempt == job.attempt]
-        ranks = [
-            {"rank": r.rank, "node": r.node, "gpus": list(r.gpus), "series": samples.node_json(r.node, since, r.gpus),
-             "epochs": [], "ratios": [], **progress.get(r.rank, {})}
-            for r in sorted(runs, key=lambda r: r.rank)
-        ]  # fmt: skip
-        return {"job": job.id, "attempt": job.attempt, "since": since, "ranks": ranks}
-
-    async def _job_util(self, caller: Caller, args: dict[str, Any]) -> Any:
-        """Each running job's GPU utilisation at its nodes' last JOB_UTIL_PROBES probes (`jobs_util`), by job id
-        (as text: JSON's keys), oldest first; the jobs the caller may not see left out. The Jobs view's sparkline."""
-        s = self.scheduler
-        samples = await s.service.gpu_samples()
-        runs = tuple((r.job, r.node, r.gpus) for r in await s.store.runs(held=True) if r.state == "running")
-        key, util = self._util_kept
-        if key != (samples.generation, runs):  # computed again only when a probe or a run moved
-            util = samples.jobs_util(runs, JOB_UTIL_PROBES)
-            self._util_kept = ((samples.generation, runs), util)
-        hidden = await self._hidden(caller)
-        return {str(job): values for job, values in util.items() if job not in hidden}
-
     async def _hidden(self, caller: Caller) -> frozenset[int]:
         """The jobs this caller may not see (`Scheduler.may_see`): left out of listings, events and alerts; the
         GPUs they hold show as held by a private job."""
@@ -435,16 +397,6 @@ def _alert_ids(args: dict[str, Any]) -> list[Any]:
     if not isinstance(ids, list) or not ids:
         raise UsageError("give at least one alert id")
     return ids
-
-
-def _time(args: dict[str, Any], key: str) -> float | None:
-    """A time argument (seconds since the epoch), or None where not given."""
-    value = args.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise UsageError(f"{key}: seconds since the epoch, not {value!r}")
-    return float(value)
 
 
 def decision_json(decision: placement.Decision) -> dict[str, Any]:

@@ -97,7 +97,7 @@ CASES = [
     ("ftconsole ", commands_of()),
     ("ftconsole config ", commands_of("config")),  # check, example, systemd...
     ("ftconsole config check --j", ["--json"]),
-    ("ftconsole jobs --st", ["--status", "--state"]),
+    ("ftconsole jobs --st", ["--start", "--state", "--status"]),
     ("ftconsole -c cluster.yaml jobs --js", ["--json"]),
     ("ftconsole jobs --owner alice --exp", ["--expand"]),
     ("ftconsole priority 12 ", ["normal", "urgent", "very-urgent"]),

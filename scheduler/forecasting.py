@@ -1,0 +1,70 @@
+"""The queue's expected starts as the scheduler's passes would make them (decide/forecast.py), from the same
+inputs as a pass: the queue in its order, the dependencies, quotas and array limits, the queue depth, the
+reservations, the nodes as last probed and what holds their GPUs. `jobs --start` and the console's timeline.
+
+The walk forward runs in a worker thread, so requests go on being answered meanwhile; its answer is kept until
+the jobs change or `KEEP_S` pass, and two askers at once wait for one walk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from ftconsole.scheduler.decide import forecast as forecasting
+from ftconsole.scheduler.decide.jobs import JobStatus
+
+if TYPE_CHECKING:
+    from ftconsole.scheduler.jobops import Scheduler
+
+KEEP_S = 15.0
+
+
+class Forecaster:
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        self._lock = asyncio.Lock()
+        self._kept: tuple[int, float, dict[str, Any]] | None = None  # (jobs version, when, answer)
+
+    async def starts(self) -> dict[str, Any]:
+        """{"now", "until", "complete", "queued": [{"id", "start", "end", "nodes", "message"}] in queue order (the
+        planned ones first, then those that wait for something else with their reason), "running": [{"id",
+        "end"}]}: every job, private ones too (`PictureOps.forecast` leaves out what a caller may not see)."""
+        s = self.scheduler
+        async with self._lock:
+            version = s.store.version(("jobs",))
+            kept = self._kept
+            if kept is not None and kept[0] == version and s.clock() - kept[1] < KEEP_S:
+                return kept[2]
+            answer = await self._walk()
+            self._kept = (version, answer["now"], answer)
+            return answer
+
+    async def _walk(self) -> dict[str, Any]:
+        s = self.scheduler
+        placer = s.loop.placer
+        version = s.store.version(("jobs",))  # before the read, as a pass's: what it keeps of the queue is shared
+        queued = await s.store.jobs(statuses=[JobStatus.QUEUED])
+        running = await s.store.jobs(statuses=[JobStatus.RUNNING])
+        now = s.clock()
+        ready, waiting, never = await placer.by_dependencies(queued, (version, len(queued)))
+        taken = await placer.take(ready, (version, len(queued)))
+        state, requests, by_id, unplaceable = await placer.placement_inputs(taken.taken)
+        found = await asyncio.to_thread(
+            forecasting.forecast, state, requests, now,
+            urgent_cap=s.settings.urgent_cap, allow_degraded=placer.degraded_ok,
+        )  # fmt: skip
+        planned = [
+            {"id": by_id[e.job_id][0].id, **e.to_json(), "message": by_id[e.job_id][0].message} for e in found.jobs
+        ]
+        other = [*waiting, *never, *unplaceable, *taken.held, *((job, job.message) for job in taken.beyond)]
+        rest: list[dict[str, Any]] = [
+            {"id": job.id, "start": None, "end": None, "nodes": [], "message": why or job.message} for job, why in other
+        ]
+        return {
+            "now": now,
+            "until": found.until,
+            "complete": found.complete,
+            "queued": planned + rest,
+            "running": [{"id": job.id, "end": job.deadline} for job in running],
+        }

@@ -1,0 +1,79 @@
+"""The API ops the console's pictures read: a node's or a job's samples over time (its curves), each running
+job's recent GPU use (the Jobs view's sparkline), and the queue's expected starts (the timeline, `jobs --start`).
+What a caller may not see is left out, as in every listing."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ftconsole.scheduler.errors import UsageError
+from ftconsole.scheduler.forecasting import Forecaster
+from ftconsole.scheduler.redaction import redact_json
+from ftconsole.scheduler.rules import Caller
+from ftconsole.scheduler.serve.args import time_arg
+
+if TYPE_CHECKING:
+    from ftconsole.scheduler.serve.daemon import Operations
+
+SAMPLES_SPAN_S = 3600.0  # what `samples` answers unless asked for another span
+JOB_UTIL_PROBES = 12  # the probes `job_util` draws each running job's GPUs over
+
+
+class PictureOps:
+    def __init__(self, ops: Operations) -> None:
+        self.ops = ops
+        self.scheduler = ops.scheduler
+        self.forecaster = Forecaster(ops.scheduler)
+        self._util_kept: tuple[Any, dict[int, list[float | None]]] = (None, {})
+
+    async def samples(self, caller: Caller, args: dict[str, Any]) -> Any:
+        """A node's GPUs, or a job's ranks (its current attempt), over time since `since` (default: the last
+        hour): what the probes read of each GPU (`samples.py`) and, for a job, each rank's epochs and iteration
+        times as its log showed them. The console's curves."""
+        s = self.scheduler
+        since = time_arg(args, "since")
+        since = s.clock() - SAMPLES_SPAN_S if since is None else since
+        samples = await s.service.gpu_samples()
+        if args.get("node") is not None:
+            nodes = s.service.select(str(args["node"]))
+            if len(nodes) != 1:
+                raise UsageError(f"samples: name one node, not {args['node']!r}")
+            return {"node": nodes[0].name, "since": since, "gpus": samples.node_json(nodes[0].name, since)}
+        if args.get("job") is None:
+            raise UsageError("samples needs node (a node's name) or job (a job id)")
+        job = await s.visible(caller, args["job"])
+        progress = s.loop.watchdog.logs.progress(job.id, job.attempt)
+        runs = [r for r in await s.store.runs(job=job.id) if r.attempt == job.attempt]
+        ranks = [
+            {"rank": r.rank, "node": r.node, "gpus": list(r.gpus), "series": samples.node_json(r.node, since, r.gpus),
+             "epochs": [], "ratios": [], **progress.get(r.rank, {})}
+            for r in sorted(runs, key=lambda r: r.rank)
+        ]  # fmt: skip
+        return {"job": job.id, "attempt": job.attempt, "since": since, "ranks": ranks}
+
+    async def job_util(self, caller: Caller, args: dict[str, Any]) -> Any:
+        """Each running job's GPU utilisation at its nodes' last JOB_UTIL_PROBES probes (`jobs_util`), by job id
+        (as text: JSON's keys), oldest first; the jobs the caller may not see left out. The Jobs view's sparkline."""
+        s = self.scheduler
+        samples = await s.service.gpu_samples()
+        runs = tuple((r.job, r.node, r.gpus) for r in await s.store.runs(held=True) if r.state == "running")
+        key, util = self._util_kept
+        if key != (samples.generation, runs):  # computed again only when a probe or a run moved
+            util = samples.jobs_util(runs, JOB_UTIL_PROBES)
+            self._util_kept = ((samples.generation, runs), util)
+        hidden = await self.ops._hidden(caller)
+        return {str(job): values for job, values in util.items() if job not in hidden}
+
+    async def forecast(self, caller: Caller, args: dict[str, Any]) -> Any:
+        """When each queued job is expected to start and end, and on which nodes, and when each running job's
+        time limit ends it (`Forecaster.starts`); the jobs the caller may not see left out, and named in no
+        message."""
+        found = await self.forecaster.starts()
+        hidden = await self.ops._hidden(caller)
+        if not hidden:
+            return found
+        return {
+            **found,
+            "queued": [redact_json(e, hidden) for e in found["queued"] if e["id"] not in hidden],
+            "running": [e for e in found["running"] if e["id"] not in hidden],
+        }
