@@ -49,7 +49,8 @@ from ftconsole.scheduler.store.files import STORE_FILE, read_cluster_id
 from ftconsole.scheduler.store.schema import SCHEMA_VERSION
 
 PROG = "ftconsole"
-CONSOLE_VIEWS = ("jobs", "nodes", "alerts", "events", "cluster", "map")  # the console's views (tui.app.VIEWS)
+# the console's views (tui.app.VIEWS)
+CONSOLE_VIEWS = ("jobs", "nodes", "alerts", "events", "cluster", "map", "timeline")
 
 
 # The keys of a lab layout (config/lab.yaml, ftconsole/lab) that a cluster config does not have: a config check

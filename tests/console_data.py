@@ -99,6 +99,14 @@ RESERVATIONS = [
     {"name": "maint-gpu03", "nodes": ["gpu03"], "start": NOW - 600, "end": NOW + 3600, "user": None, "project": None,
      "maintenance": True, "reason": "fan swap", "by": "ops", "created": NOW - 900, "state": "active"},
 ]  # fmt: skip
+FORECAST = {  # as the scheduler would work it out for JOBS: 106 fits gpu03 now, 105 takes 101's nodes after it
+    "now": NOW, "until": NOW + 81000, "complete": True,
+    "queued": [
+        {"id": 105, "start": NOW + 81000, "end": NOW + 167400, "nodes": ["gpu01", "gpu02"], "message": ""},
+        {"id": 106, "start": NOW, "end": NOW + 86400, "nodes": ["gpu03"], "message": ""},
+    ],
+    "running": [{"id": 101, "end": NOW + 81000}, {"id": 104, "end": NOW + 79200}],
+}  # fmt: skip
 CLUSTER = {
     "nodes": [
         {"name": n["name"], "state": n["state"], "pool": "h100", "os": n["facts"]["os"], "kernel": n["facts"]["kernel"],
@@ -132,7 +140,8 @@ class FixedClient:
             return {"101": [80, 85, 90, 97, 97, 96, 98, 97, 99, 97, 96, 97], "104": [None, 40, 35, 20, 12, 6, 6, 6]}
         if op == "samples":
             return node_samples(args["node"]) if args.get("node") else job_samples(int(args["job"]))
-        answers = {"nodes": NODES, "alerts": ALERTS, "events": EVENTS, "cluster": CLUSTER, "reservations": RESERVATIONS}
+        answers = {"nodes": NODES, "alerts": ALERTS, "events": EVENTS, "cluster": CLUSTER, "reservations": RESERVATIONS,
+                   "forecast": FORECAST}  # fmt: skip
         if op not in answers:
             raise UsageError(f"fixed data: {op} is not answered here")
         return answers[op]

@@ -5,8 +5,9 @@ on the config's state_dir, it attaches to its socket. Otherwise it runs the sche
 loop, the probes and the API socket, so the CLI works while it is open) and calls its operations in-process.
 Both paths give the same features. A client can also be handed in (tests, or a read of the store alone).
 
-Views (number keys): 1 Jobs, 2 Nodes, 3 Alerts, 4 Events, 5 Cluster, 6 Map (every GPU as a cell, `mapview.py`); in
-Jobs, an array of jobs is one row, and `t` shows or hides a row per task. Every action is an `action_*` method
+Views (number keys): 1 Jobs, 2 Nodes, 3 Alerts, 4 Events, 5 Cluster, 6 Map (every GPU as a cell, `mapview.py`), 7
+Timeline (the queue over the hours to come, `timelineview.py`); in Jobs, an array of jobs is one row, and `t` shows
+or hides a row per task. Every action is an `action_*` method
 bound in `BINDINGS`; `check_action` hides the ones that do not apply to the view, and every action that changes
 something under `--readonly`. Data is read once a second by a worker, for the visible view, and applied by diff
 (`KeyedTable`), so the cursor and scroll never jump and the UI never waits on SSH.
@@ -40,10 +41,19 @@ from ftconsole.tui.actions import Actions
 from ftconsole.tui.detail import JobScreen, NodeScreen
 from ftconsole.tui.feed import Feed
 from ftconsole.tui.mapview import ClusterMap, MapView
+from ftconsole.tui.timelineview import TimelineChart, TimelineView
 from ftconsole.tui.views import AlertsView, ClusterView, EventsView, JobsView, NodesView, View
 
 REFRESH_S = 1.0
-VIEWS = (("jobs", "1"), ("nodes", "2"), ("alerts", "3"), ("events", "4"), ("cluster", "5"), ("map", "6"))
+VIEWS = (
+    ("jobs", "1"),
+    ("nodes", "2"),
+    ("alerts", "3"),
+    ("events", "4"),
+    ("cluster", "5"),
+    ("map", "6"),
+    ("timeline", "7"),
+)
 VIEW_NAMES = tuple(name for name, _ in VIEWS)
 
 # what each action changes (hidden under --readonly) and which kind of row it works on
@@ -187,6 +197,7 @@ class ConsoleApp(Actions):
             yield EventsView(id="events")
             yield ClusterView(id="cluster")
             yield MapView(id="map")
+            yield TimelineView(id="timeline")
         yield Input(placeholder="/ filters the view (a regular expression; enter applies, esc cancels)", id="filter")
         yield Footer()
 
@@ -420,6 +431,11 @@ class ConsoleApp(Actions):
     def map_selected(self, event: ClusterMap.Selected) -> None:
         if self.screen is self.screen_stack[0]:
             self.open_node(event.node)
+
+    @on(TimelineChart.Selected)
+    def timeline_selected(self, event: TimelineChart.Selected) -> None:
+        if self.screen is self.screen_stack[0] and (job := self._task_of(event.key, "the screen of")) is not None:
+            self.open_job(int(job))
 
     def open_job(self, job_id: int, *, alert: dict[str, Any] | None = None) -> JobScreen | None:
         if self.client is None:

@@ -20,9 +20,10 @@ from ftconsole.scheduler.serve.client import Client
 
 UTIL_HISTORY = 12  # probes of GPU utilisation kept per node for the sparkline
 STALE_AFTER_S = 15.0  # nodes data older than this (the scheduler is not answering) reads `unknown`
-SOURCES = ("jobs", "nodes", "alerts", "events", "cluster", "reservations", "job_util")
-# sources read less often than every refresh: the running jobs' utilisation moves once a probe at most
-READ_EVERY_S = {"job_util": 5.0}
+SOURCES = ("jobs", "nodes", "alerts", "events", "cluster", "reservations", "job_util", "forecast")
+# sources read less often than every refresh: the running jobs' utilisation moves once a probe at most, and the
+# expected starts are worked out again at most every 15 s (scheduler.forecasting.KEEP_S)
+READ_EVERY_S = {"job_util": 5.0, "forecast": 10.0}
 
 
 @dataclass
@@ -41,6 +42,7 @@ class Feed:
     cluster: dict[str, Any] | None = None
     reservations: list[dict[str, Any]] = field(default_factory=list)
     job_util: dict[int, tuple[float | None, ...]] = field(default_factory=dict)  # running job -> its GPUs' %
+    forecast: dict[str, Any] | None = None  # the queue's expected starts (the `forecast` op)
     util: dict[str, deque[float | None]] = field(default_factory=dict)
     sources: dict[str, Source] = field(default_factory=lambda: {s: Source() for s in SOURCES})
     events_limit: int = 500
@@ -135,6 +137,17 @@ class Feed:
         util = {int(job): tuple(values) for job, values in reply.items()}
         changed = util != self.job_util
         self.job_util = util
+        return changed
+
+    async def _read_forecast(self, client: Client) -> bool:
+        try:
+            reply = await client.call("forecast")
+        except FtError as exc:  # a scheduler from before the op: nothing foreseen, said in the view's title
+            if "unknown op" not in str(exc):
+                raise
+            raise FtError("this scheduler has no expected starts (it is older than this console)") from None
+        changed = reply != self.forecast
+        self.forecast = reply
         return changed
 
     # -- derived -------------------------------------------------------------------------------------------
