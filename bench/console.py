@@ -63,6 +63,7 @@ from ftconsole.scheduler.serve.daemon import brief_node  # noqa: E402
 from ftconsole.scheduler.spec.config import load_config  # noqa: E402
 from ftconsole.tui.app import ConsoleApp  # noqa: E402
 from ftconsole.tui.mapview import ClusterMap  # noqa: E402
+from ftconsole.tui.timelineview import TimelineChart  # noqa: E402
 
 T0 = 1_750_000_000.0  # the simulated wall clock starts here
 SIZE = (200, 50)
@@ -465,6 +466,8 @@ class SyntheticCluster:
                     util = self.nodes[name]["gpus"][gpu]["utilization"]
                     reply.setdefault(str(job), []).append(util)
             reply = {job: [round(sum(u) / len(u), 1)] for job, u in reply.items()}
+        elif op == "forecast":
+            reply = self._forecast()
         elif op == "reservations":  # one maintenance window over the first rack, under way
             rack = sorted(self.nodes)[:32]
             reply = [{"name": "maint-r00", "nodes": rack, "start": T0 - 600, "end": T0 + 7200, "user": None,
@@ -476,6 +479,32 @@ class SyntheticCluster:
         self.server_s += time.thread_time() - started
         self.bytes += len(data)
         return json.loads(data)  # the console's side, as `scheduler.api.ApiClient` decodes a reply
+
+    def _forecast(self) -> dict[str, Any]:
+        """Expected starts as the scheduler answers them: the first 500 queued jobs (the queue depth), in queue
+        order, ten more starting each 10 minutes; the others with no expected start, and why."""
+        levels = {"very-urgent": 0, "urgent": 1, "normal": 2}
+        queued = sorted((j for j in self.jobs.values() if j["status"] == "queued"),
+                        key=lambda j: (levels[j["priority"]], j["submitted"], j["id"]))  # fmt: skip
+        names = list(self.nodes)
+        entries = []
+        for i, job in enumerate(queued):
+            if i < 500:
+                start = self.now + (i // 10) * 600
+                limit = job["max_runtime_s"]
+                nodes = [names[(job["id"] * 7 + k) % len(names)] for k in range(job["nodes"])]
+                entries.append({"id": job["id"], "start": start, "end": start + limit if limit else None,
+                                "nodes": nodes, "message": ""})  # fmt: skip
+            else:
+                entries.append({"id": job["id"], "start": None, "end": None, "nodes": [],
+                                "message": "waiting: behind the first 500 jobs of the queue"})  # fmt: skip
+        running = [
+            {"id": j["id"], "end": j["started"] + j["max_runtime_s"] if j["max_runtime_s"] else None}
+            for j in self.jobs.values() if j["status"] == "running"
+        ]  # fmt: skip
+        pools = {name: node["pool"] for name, node in self.nodes.items()}
+        return {"now": self.now, "until": self.now + 86400, "complete": True, "queued": entries, "running": running,
+                "nodes": pools}  # fmt: skip
 
     def stream(self, op: str, **args: Any) -> AsyncIterator[Any]:
         raise UsageError(f"the synthetic cluster does not stream ({op})")
@@ -661,7 +690,25 @@ async def run(args: argparse.Namespace, profiler: cProfile.Profile | None) -> di
         results["map_view"] = await updates(app, pilot, source, args.updates, keys=("right", "down", "left", "up"))
         if profiler:
             profiler.disable()
-        results["rss_map"], results["rss_peak"] = rss_mib()
+        results["rss_map"] = rss_mib()[0]
+
+        app.query_one("#views", ContentSwitcher).current = "timeline"  # what `7` does, without its worker
+        app.view.table.focus()
+        server = source.server_s
+        wall, cpu = time.perf_counter(), time.thread_time()
+        await app.refresh_data()
+        await pilot.pause()
+        results["timeline_first_wall"] = time.perf_counter() - wall - (source.server_s - server)
+        results["timeline_first_cpu"] = time.thread_time() - cpu - (source.server_s - server)
+        chart = app.view.table
+        assert isinstance(chart, TimelineChart) and len(chart.keys) > 500, "the timeline lost jobs"
+        if profiler:
+            profiler.enable()
+        keys = ("down", "left_square_bracket", "up", "right_square_bracket")  # the cursor, and zoom out and in
+        results["timeline_view"] = await updates(app, pilot, source, args.updates, keys=keys)
+        if profiler:
+            profiler.disable()
+        results["rss_timeline"], results["rss_peak"] = rss_mib()
 
     with tempfile.TemporaryDirectory(prefix="ftb-", dir="/tmp") as tmp:
         config = {
@@ -715,6 +762,7 @@ def main() -> int:
                 f"{r['nodes_first_gc']:.2f}",
             ],
             ["map view, first switch", f"{r['map_first_wall']:.2f}", f"{r['map_first_cpu']:.2f}", ""],
+            ["timeline view, first switch", f"{r['timeline_first_wall']:.2f}", f"{r['timeline_first_cpu']:.2f}", ""],
         ],
     )
     print()
@@ -728,7 +776,8 @@ def main() -> int:
         "wall": "refresh_data, wall clock",
     }
     rows = []
-    for view, key in (("jobs", "jobs_view"), ("nodes", "nodes_view"), ("map", "map_view")):
+    for view, key in (("jobs", "jobs_view"), ("nodes", "nodes_view"), ("map", "map_view"),
+                      ("timeline", "timeline_view")):  # fmt: skip
         t = r[key]
         for part, label in {**labels, **({"key": "key press to its frame"} if t["key"] else {})}.items():
             median, p99 = median_p99(t[part])
@@ -742,6 +791,7 @@ def main() -> int:
         ["after the jobs view's first frame", f"{r['rss_jobs']:.0f}"],
         ["after the nodes view", f"{r['rss_nodes']:.0f}"],
         ["after the map view", f"{r['rss_map']:.0f}"],
+        ["after the timeline view", f"{r['rss_timeline']:.0f}"],
         ["peak", f"{r['rss_peak']:.0f}"],
     ]
     if "traced_peak" in r:

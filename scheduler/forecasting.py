@@ -29,7 +29,8 @@ class Forecaster:
     async def starts(self) -> dict[str, Any]:
         """{"now", "until", "complete", "queued": [{"id", "start", "end", "nodes", "message"}] in queue order (the
         planned ones first, then those that wait for something else with their reason), "running": [{"id",
-        "end"}]}: every job, private ones too (`PictureOps.forecast` leaves out what a caller may not see)."""
+        "end"}], "nodes": {node: its pool}}: every job, private ones too (`PictureOps.forecast` leaves out what a
+        caller may not see)."""
         s = self.scheduler
         async with self._lock:
             version = s.store.version(("jobs",))
@@ -67,4 +68,5 @@ class Forecaster:
             "complete": found.complete,
             "queued": planned + rest,
             "running": [{"id": job.id, "end": job.deadline} for job in running],
+            "nodes": {node.name: node.pool for node in s.service.all_nodes},  # what the timeline groups by
         }

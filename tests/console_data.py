@@ -106,6 +106,7 @@ FORECAST = {  # as the scheduler would work it out for JOBS: 106 fits gpu03 now,
         {"id": 106, "start": NOW, "end": NOW + 86400, "nodes": ["gpu03"], "message": ""},
     ],
     "running": [{"id": 101, "end": NOW + 81000}, {"id": 104, "end": NOW + 79200}],
+    "nodes": {f"gpu0{i}": "h100" for i in range(1, 6)},
 }  # fmt: skip
 CLUSTER = {
     "nodes": [

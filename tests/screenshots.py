@@ -49,6 +49,7 @@ SHOTS: dict[str, tuple[Any, tuple[int, int], str, Callable[[ConsoleApp, Any], Aw
     "map-300-nodes": (ManyNodesClient(300), (150, 36), "map", None),
     "map": (FixedClient(), (120, 14), "map", None),
     "jobs": (FixedClient(), (160, 16), "jobs", None),
+    "timeline": (FixedClient(), (160, 14), "timeline", None),
     "job-curves": (FixedClient(), (120, 24), "jobs", _job_curves),
     "node": (FixedClient(), (120, 50), "nodes", _node),
 }
@@ -59,7 +60,7 @@ async def shoot(name: str, folder: Path) -> Path:
     app = ConsoleApp(fixed_config(folder), client=client, clock=lambda: NOW, refresh_s=3600, view=view)
     async with app.run_test(size=size) as pilot:
         app.sub_title = "cluster.yaml"
-        await app.refresh_data("jobs", "nodes", "alerts", "events", "cluster", "reservations", "job_util")
+        await app.refresh_data("jobs", "nodes", "alerts", "events", "cluster", "reservations", "job_util", "forecast")
         await pilot.pause(0.3)
         if then is not None:
             await then(app, pilot)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,69 +95,116 @@ def _label(ref: Any, name: str, owner: str, shape: str, preemptible: bool) -> st
     return f"{ref!s:>8} {mark}{name[:16]:<16} {owner[:6]:<6} {shape}"
 
 
+class Rows:
+    """Builds the timeline's groups, keeping each job's row until its record, its expected times or the day
+    changes: an update over 10,000 jobs builds the rows of the few that changed."""
+
+    def __init__(self) -> None:
+        self._kept: dict[int, tuple[Any, Bar]] = {}
+
+    def groups(
+        self,
+        jobs: Mapping[int, Mapping[str, Any]],
+        forecast: Mapping[str, Any] | None,
+        reservations: Sequence[Mapping[str, Any]],
+        now: float,
+    ) -> list[Group]:
+        """The timeline's rows by pool (pools in name order; in each, reservations, then running jobs by their
+        end, then queued ones in queue order), and last the queued jobs with no expected start (an array's that
+        wait alike as one row). The pools are the forecast's (`nodes`: each node's pool)."""
+        forecast = forecast or {}
+        pool_of: Mapping[str, str] = forecast.get("nodes") or {}
+        by_pool: dict[str, list[Row]] = {pool: [] for pool in sorted(set(pool_of.values()))}
+        ends = {e["id"]: e["end"] for e in forecast.get("running", ())}
+        kept, self._kept = self._kept, {}
+        day = int(now // 3600)  # what a row says of a time depends on how far ahead it is: built again each hour
+        running = [j for j in jobs.values() if j.get("status") == "running"]
+        running.sort(key=lambda j: (ends.get(j["id"], _limit(j)) or math.inf, j["id"]))
+        for job in running:
+            end = ends.get(job["id"], _limit(job))
+            bar = self._bar(kept, job, (end, day), _running_bar, job, end, now)
+            names = job.get("node_names") or []
+            by_pool.setdefault(pool_of.get(names[0], "default") if names else "default", []).append(bar)
+        unknown: list[Bar] = []
+        tasks: dict[int, list[Mapping[str, Any]]] = {}
+        for entry in forecast.get("queued", ()):
+            queued = jobs.get(entry["id"])
+            if queued is None or queued.get("status") != "queued":
+                continue
+            job = queued
+            if entry["start"] is None:
+                array = job.get("array_id")
+                if array is not None:
+                    tasks.setdefault(int(array), []).append(job)
+                    if len(tasks[int(array)]) > 1:
+                        continue
+                why = entry.get("message") or job.get("message") or "not worked out"
+                unknown.append(self._bar(kept, job, why, _unknown_bar, job, why))
+                continue
+            key = (entry["start"], entry["end"], tuple(entry["nodes"]), day, entry["start"] > now + 1)
+            bar = self._bar(kept, job, key, _expected_bar, job, entry, now)
+            by_pool.setdefault(pool_of.get(entry["nodes"][0], "default") if entry["nodes"] else "default", []).append(
+                bar
+            )
+        for reservation in reservations:
+            if reservation.get("end", 0) <= now or reservation.get("state") == "ended":
+                continue
+            names = list(reservation.get("nodes") or ())
+            for pool in sorted({pool_of.get(n, "default") for n in names}):
+                here = [n for n in names if pool_of.get(n, "default") == pool]
+                band = Band(reservation["name"], _band_label(reservation, here), reservation["start"],
+                            reservation["end"], bool(reservation.get("maintenance")))  # fmt: skip
+                by_pool.setdefault(pool, []).insert(0, band)
+        counts = Counter(pool_of.values())
+        out = [Group(_pool_title(pool, rows, counts[pool]), tuple(rows)) for pool, rows in by_pool.items()]
+        if unknown:
+            rows = [_array_bar(bar, tasks) for bar in unknown]
+            out.append(Group(f"{NOT_FORESEEN}  {len(rows)} row{'s' * (len(rows) != 1)}", tuple(rows)))
+        return out
+
+    def _bar(
+        self, kept: dict[int, tuple[Any, Bar]], job: Mapping[str, Any], key: Any, build: Callable[..., Bar], *args: Any
+    ) -> Bar:
+        """The job's row as kept, where its record (the same object: the feed replaces a changed job's) and `key`
+        are those it was built of; else `build(*args)`."""
+        found = kept.get(job["id"])
+        bar = found[1] if found is not None and found[0][0] is job and found[0][1] == key else build(*args)
+        self._kept[job["id"]] = ((job, key), bar)
+        return bar
+
+
 def groups(
     jobs: Mapping[int, Mapping[str, Any]],
     forecast: Mapping[str, Any] | None,
     reservations: Sequence[Mapping[str, Any]],
-    nodes: Mapping[str, Mapping[str, Any]],
     now: float,
 ) -> list[Group]:
-    """The timeline's rows by pool (pools in name order; in each, reservations, then running jobs by their
-    end, then queued ones in queue order), and last the queued jobs with no expected start."""
-    pool_of = {name: str(n.get("pool") or "default") for name, n in nodes.items()}
-    by_pool: dict[str, list[Row]] = {pool: [] for pool in sorted(set(pool_of.values()))}
-    ends = {e["id"]: e["end"] for e in (forecast or {}).get("running", ())}
-    running = [j for j in jobs.values() if j.get("status") == "running"]
-    running.sort(key=lambda j: (ends.get(j["id"], _limit(j)) or math.inf, j["id"]))
-    for job in running:
-        names = job.get("node_names") or []
-        end = ends.get(job["id"], _limit(job))
-        until = f"its time limit ends it at {clock(end, now)}" if end is not None else "no time limit"
-        bar = Bar(str(job["id"]), _label(job.get("ref") or job["id"], job["name"], job["owner"], _shape(job),
-                                         bool(job.get("preemptible"))),
-                  "running", job.get("started") or now, end, bool(job.get("preemptible")),
-                  f"job {job.get('ref') or job['id']} {job['name']} ({job['owner']}): running on "
-                  f"{R.compress_names(names)}; {until}")  # fmt: skip
-        by_pool.setdefault(pool_of.get(names[0], "default") if names else "default", []).append(bar)
-    unknown: list[Row] = []
-    arrays: dict[int, list[Mapping[str, Any]]] = {}
-    for entry in (forecast or {}).get("queued", ()):
-        one = jobs.get(entry["id"])
-        if one is None or one.get("status") != "queued":
-            continue
-        job = one
-        ref = job.get("ref") or job["id"]
-        if entry["start"] is None:
-            if job.get("array_id") is not None:
-                arrays.setdefault(int(job["array_id"]), []).append(job)
-                if len(arrays[int(job["array_id"])]) > 1:
-                    continue
-            why = entry.get("message") or job.get("message") or "not worked out"
-            unknown.append(Bar(str(job["id"]), _label(ref, job["name"], job["owner"], _shape(job),
-                                                       bool(job.get("preemptible"))), "none",
-                               note=f"job {ref} {job['name']} ({job['owner']}): {NOT_FORESEEN}: {why}"))  # fmt: skip
-            continue
-        at = f"{clock(entry['start'], now)}" if entry["start"] > now + 1 else "now (the next pass)"
-        until = f" to {clock(entry['end'], now)}" if entry["end"] is not None else ", with no time limit"
-        bar = Bar(str(job["id"]), _label(ref, job["name"], job["owner"], _shape(job), bool(job.get("preemptible"))),
-                  "expected", entry["start"], entry["end"], bool(job.get("preemptible")),
-                  f"job {ref} {job['name']} ({job['owner']}): expected from {at}{until} on "
-                  f"{R.compress_names(entry['nodes'])}")  # fmt: skip
-        by_pool.setdefault(pool_of.get(entry["nodes"][0], "default") if entry["nodes"] else "default", []).append(bar)
-    unknown = [_array_row(row, arrays) for row in unknown]
-    for reservation in reservations:
-        if reservation.get("end", 0) <= now or reservation.get("state") == "ended":
-            continue
-        names = list(reservation.get("nodes") or ())
-        for pool in sorted({pool_of.get(n, "default") for n in names}):
-            kept = [n for n in names if pool_of.get(n, "default") == pool]
-            band = Band(reservation["name"], _band_label(reservation, kept), reservation["start"], reservation["end"],
-                        bool(reservation.get("maintenance")))  # fmt: skip
-            by_pool.setdefault(pool, []).insert(0, band)
-    out = [Group(_pool_title(pool, rows, nodes, pool_of), tuple(rows)) for pool, rows in by_pool.items()]
-    if unknown:
-        out.append(Group(f"{NOT_FORESEEN}  {len(unknown)} row{'s' * (len(unknown) != 1)}", tuple(unknown)))
-    return out
+    """`Rows.groups` with nothing kept from an earlier update."""
+    return Rows().groups(jobs, forecast, reservations, now)
+
+
+def _running_bar(job: Mapping[str, Any], end: float | None, now: float) -> Bar:
+    ref, preemptible = job.get("ref") or job["id"], bool(job.get("preemptible"))
+    until = f"its time limit ends it at {clock(end, now)}" if end is not None else "no time limit"
+    names = R.compress_names(job.get("node_names") or [])
+    note = f"job {ref} {job['name']} ({job['owner']}): running on {names}; {until}"
+    label = _label(ref, job["name"], job["owner"], _shape(job), preemptible)
+    return Bar(str(job["id"]), label, "running", job.get("started") or now, end, preemptible, note)
+
+
+def _expected_bar(job: Mapping[str, Any], entry: Mapping[str, Any], now: float) -> Bar:
+    ref, preemptible = job.get("ref") or job["id"], bool(job.get("preemptible"))
+    at = clock(entry["start"], now) if entry["start"] > now + 1 else "now (the next pass)"
+    until = f" to {clock(entry['end'], now)}" if entry["end"] is not None else ", with no time limit"
+    note = f"job {ref} {job['name']} ({job['owner']}): expected from {at}{until} on {R.compress_names(entry['nodes'])}"
+    label = _label(ref, job["name"], job["owner"], _shape(job), preemptible)
+    return Bar(str(job["id"]), label, "expected", entry["start"], entry["end"], preemptible, note)
+
+
+def _unknown_bar(job: Mapping[str, Any], why: str) -> Bar:
+    ref = job.get("ref") or job["id"]
+    label = _label(ref, job["name"], job["owner"], _shape(job), bool(job.get("preemptible")))
+    return Bar(str(job["id"]), label, "none", note=f"job {ref} {job['name']} ({job['owner']}): {NOT_FORESEEN}: {why}")
 
 
 def _limit(job: Mapping[str, Any]) -> float | None:
@@ -164,17 +212,15 @@ def _limit(job: Mapping[str, Any]) -> float | None:
     return None if started is None or not limit else float(started) + float(limit)
 
 
-def _array_row(row: Row, arrays: Mapping[int, Sequence[Mapping[str, Any]]]) -> Row:
-    """The first task of an array's tasks with no expected start stands for all of them: one row."""
-    if not isinstance(row, Bar):
-        return row
-    for array, tasks in arrays.items():
-        if len(tasks) > 1 and str(tasks[0]["id"]) == row.key:
-            first = tasks[0]
+def _array_bar(bar: Bar, tasks: Mapping[int, Sequence[Mapping[str, Any]]]) -> Bar:
+    """The first of an array's tasks with no expected start stands for all of them: one row."""
+    for array, alike in tasks.items():
+        if len(alike) > 1 and str(alike[0]["id"]) == bar.key:
+            first = alike[0]
             label = _label(f"{array}[…]", first["name"], first["owner"], _shape(first), bool(first.get("preemptible")))
-            note = row.note.replace(f"job {first.get('ref') or first['id']}", f"array {array} ({len(tasks)} tasks)")
+            note = bar.note.replace(f"job {first.get('ref') or first['id']}", f"array {array} ({len(alike)} tasks)")
             return Bar(R.array_key(array), label, "none", note=note)
-    return row
+    return bar
 
 
 def _band_label(reservation: Mapping[str, Any], names: Sequence[str]) -> str:
@@ -183,12 +229,10 @@ def _band_label(reservation: Mapping[str, Any], names: Sequence[str]) -> str:
     return f"{'⌂':>8} {reservation['name'][:12]:<12} {who[:6]:<6} {R.compress_names(names, 11)}"
 
 
-def _pool_title(pool: str, rows: Iterable[Row], nodes: Mapping[str, Any], pool_of: Mapping[str, str]) -> str:
-    count = sum(1 for name in nodes if pool_of[name] == pool)
+def _pool_title(pool: str, rows: Iterable[Row], count: int) -> str:
     bars = [r for r in rows if isinstance(r, Bar)]
     running = sum(1 for r in bars if r.kind == "running")
-    queued = len(bars) - running
-    return f"pool {pool}  {count} node{'s' * (count != 1)} · {running} running · {queued} expected"
+    return f"pool {pool}  {count} node{'s' * (count != 1)} · {running} running · {len(bars) - running} expected"
 
 
 def fit(rows: Iterable[Row], now: float, width: int) -> float:

@@ -254,7 +254,7 @@ class TimelineView(View):
     """The queue over time: a title with the counts, the legend, the times, the chart, the row under the cursor."""
 
     title = "Timeline"
-    sources = ("jobs", "forecast", "nodes", "reservations")
+    sources = ("jobs", "forecast", "reservations")
     kind = "job"
 
     DEFAULT_CSS = """
@@ -266,6 +266,7 @@ class TimelineView(View):
     def __init__(self, *, id: str) -> None:
         super().__init__(id=id)
         self.table = TimelineChart(id=f"{id}-chart")  # type: ignore[assignment]
+        self.rows = T.Rows()
         self._notes: dict[str, str] = {}
         self._counts = (0, 0, 0)
         self._legend_palette: tuple[str, ...] = ()
@@ -284,7 +285,7 @@ class TimelineView(View):
         yield Static("", classes="timeline-status")
 
     def update_view(self, feed: Feed, now: float) -> None:
-        groups = T.groups(feed.jobs, feed.forecast, feed.reservations, feed.nodes, now)
+        groups = self.rows.groups(feed.jobs, feed.forecast, feed.reservations, now)
         bars = [r for g in groups for r in g.rows if isinstance(r, T.Bar)]
         self._notes = {r.key: r.note for r in bars}
         self._counts = (

@@ -10,8 +10,9 @@ itself would do, not a second model of it that could disagree.
 A job without `max_runtime` never ends: a queued job that needs its GPUs has no expected start (`None`, as
 Slurm's N/A), and neither has a job that can never fit the usable nodes or stays past the urgent cap.
 
-Bounded: at most `passes` passes, over at most `horizon` seconds; ends less than `resolution` apart are taken in
-one pass, at the later of them (an expected start may be that much later than the exact one). Preemption is
+Bounded: at most `passes` passes, over at most `horizon` seconds. Ends close together are taken in one pass, at
+the last of them: those within `resolution` of the first, or within a twentieth of how far ahead it is (so a start
+expected in 10 hours may be up to 30 minutes later than the exact one, and one in a minute, a minute). Preemption is
 not foreseen: an urgent job that would preempt is shown starting when GPUs free up.
 """
 
@@ -23,7 +24,7 @@ from dataclasses import dataclass, replace
 from ftconsole.scheduler.decide.placement import Allocation, ClusterState, JobRequest, Place, plan
 
 HORIZON_S = 7 * 86400.0  # a week ahead at most
-PASSES = 64
+PASSES = 128
 RESOLUTION_S = 60.0
 
 
@@ -90,7 +91,9 @@ def forecast(
         if not waiting or not ends:
             complete = True
             break
-        following = max(end for end in ends if end <= ends[0] + resolution)
+        # ends close together are one pass: within `resolution`, or a twentieth of how far ahead they are
+        within = max(resolution, (ends[0] - now) / 20)
+        following = max(end for end in ends if end <= ends[0] + within)
         if following > now + horizon:
             complete = False
             break

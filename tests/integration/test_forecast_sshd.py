@@ -51,6 +51,7 @@ async def test_expected_starts_follow_the_time_limits(sshd_cluster: Any, tmp_pat
         assert head["end"] == pytest.approx(head["start"] + 600)
         assert after["start"] == pytest.approx(head["end"], abs=61) and after["end"] is None
         assert len(after["nodes"]) == 1 and found["complete"]
+        assert found["nodes"] == {"node01": "default", "node02": "default"}  # each node's pool
         # the job that was running is not used for a backfill of the endless one: it waits, as a pass decides
         shown = await client.call("show", job=endless["id"])
         assert shown["status"] == "queued"

@@ -25,7 +25,7 @@ def job(id_: int, status: str, **over: Any) -> dict[str, Any]:
     return base | over
 
 
-NODES = {"a1": {"pool": "a100"}, "a2": {"pool": "a100"}, "h1": {"pool": "h100"}}
+NODES = {"a1": "a100", "a2": "a100", "h1": "h100"}
 
 
 def rows_of(groups: list[T.Group]) -> dict[str, list[str]]:
@@ -55,7 +55,7 @@ def test_rows_by_pool_running_by_end_then_queued_in_queue_order_then_those_with_
                      "maintenance": True, "state": "planned"},
                     {"name": "old", "nodes": ["a1"], "start": NOW - 3 * H, "end": NOW - H, "user": "bo",
                      "state": "ended"}]  # fmt: skip
-    groups = T.groups(jobs, forecast, reservations, NODES, NOW)
+    groups = T.groups(jobs, forecast | {"nodes": NODES}, reservations, NOW)
     assert rows_of(groups) == {
         "pool a100": ["band:maint", "2", "1", "5"],
         "pool h100": ["band:maint", "3", "4"],
@@ -74,10 +74,28 @@ def test_an_array_s_tasks_with_no_expected_start_are_one_row() -> None:
                 "queued": [{"id": 10, "start": NOW, "end": NOW + H, "nodes": ["a1"], "message": ""}]
                 + [{"id": i, "start": None, "end": None, "nodes": [], "message": "waiting: behind the first 500 jobs"}
                    for i in range(11, 15)]}  # fmt: skip
-    groups = T.groups(jobs, forecast, [], NODES, NOW)
+    groups = T.groups(jobs, forecast | {"nodes": NODES}, [], NOW)
     assert rows_of(groups) == {"pool a100": ["10"], "pool h100": [], T.NOT_FORESEEN: ["array:10"]}
     (row,) = groups[-1].rows
     assert isinstance(row, T.Bar) and "array 10 (4 tasks)" in row.note and "10[…]" in row.label
+
+
+def test_rows_are_kept_until_their_job_or_expected_times_change() -> None:
+    rows = T.Rows()
+    jobs = {1: job(1, "running", node_names=["a1"], started=NOW, max_runtime_s=H), 2: job(2, "queued")}
+    forecast = {"nodes": NODES, "running": [{"id": 1, "end": NOW + H}],
+                "queued": [{"id": 2, "start": NOW + H, "end": None, "nodes": ["a1"], "message": ""}]}  # fmt: skip
+
+    def bars(found: list[T.Group]) -> dict[str, T.Row]:
+        return {r.key: r for g in found for r in g.rows if isinstance(r, T.Bar)}
+
+    first = bars(rows.groups(jobs, forecast, [], NOW))
+    again = bars(rows.groups(jobs, forecast, [], NOW + 1))
+    assert again["1"] is first["1"] and again["2"] is first["2"]
+    renamed = {**jobs, 1: {**jobs[1], "name": "renamed"}}  # the feed replaces a changed job's record
+    later = {**forecast, "queued": [{"id": 2, "start": NOW + 2 * H, "end": None, "nodes": ["a1"], "message": ""}]}
+    third = bars(rows.groups(renamed, later, [], NOW + 2))
+    assert "renamed" in third["1"].label and third["2"] is not first["2"] and third["2"].start == NOW + 2 * H
 
 
 def chart(row: T.Row, step: float = 600.0, width: int = 20) -> str:
