@@ -482,7 +482,7 @@ class SyntheticCluster:
 
     def _forecast(self) -> dict[str, Any]:
         """Expected starts as the scheduler answers them: the first 500 queued jobs (the queue depth), in queue
-        order, ten more starting each 10 minutes; the others with no expected start, and why."""
+        order, ten more starting each 10 minutes; the others counted past the depth."""
         levels = {"very-urgent": 0, "urgent": 1, "normal": 2}
         queued = sorted((j for j in self.jobs.values() if j["status"] == "queued"),
                         key=lambda j: (levels[j["priority"]], j["submitted"], j["id"]))  # fmt: skip
@@ -496,15 +496,15 @@ class SyntheticCluster:
                 entries.append({"id": job["id"], "start": start, "end": start + limit if limit else None,
                                 "nodes": nodes, "message": ""})  # fmt: skip
             else:
-                entries.append({"id": job["id"], "start": None, "end": None, "nodes": [],
-                                "message": "waiting: behind the first 500 jobs of the queue"})  # fmt: skip
+                break
         running = [
             {"id": j["id"], "end": j["started"] + j["max_runtime_s"] if j["max_runtime_s"] else None}
             for j in self.jobs.values() if j["status"] == "running"
         ]  # fmt: skip
         pools = {name: node["pool"] for name, node in self.nodes.items()}
+        beyond = {"count": max(0, len(queued) - 500), "message": "waiting: behind the first 500 jobs of the queue"}
         return {"now": self.now, "until": self.now + 86400, "complete": True, "queued": entries, "running": running,
-                "nodes": pools}  # fmt: skip
+                "nodes": pools, "beyond": beyond}  # fmt: skip
 
     def stream(self, op: str, **args: Any) -> AsyncIterator[Any]:
         raise UsageError(f"the synthetic cluster does not stream ({op})")

@@ -33,7 +33,12 @@ def print_starts(args: argparse.Namespace, jobs: list[dict[str, Any]], found: di
     by_id = {j["id"]: j for j in jobs}
     rows = []
     now = found["now"]
-    for e in found["queued"]:
+    listed = {e["id"] for e in found["queued"]}
+    beyond = found.get("beyond") or {"message": "not worked out"}
+    # the jobs past the queue depth last, as the queue has them: no pass looks at them, nor does the forecast
+    past = [{"id": j["id"], "start": None, "end": None, "nodes": [], "message": beyond["message"]}
+            for j in jobs if j["id"] not in listed]  # fmt: skip
+    for e in [*found["queued"], *past]:
         j = by_id.get(e["id"])
         if j is None:  # filtered out by the other options
             continue

@@ -12,6 +12,7 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 from ftconsole.scheduler.decide import forecast as forecasting
+from ftconsole.scheduler.decide import queuedepth
 from ftconsole.scheduler.decide.jobs import JobStatus
 
 if TYPE_CHECKING:
@@ -28,9 +29,10 @@ class Forecaster:
 
     async def starts(self) -> dict[str, Any]:
         """{"now", "until", "complete", "queued": [{"id", "start", "end", "nodes", "message"}] in queue order (the
-        planned ones first, then those that wait for something else with their reason), "running": [{"id",
-        "end"}], "nodes": {node: its pool}}: every job, private ones too (`PictureOps.forecast` leaves out what a
-        caller may not see)."""
+        planned ones first, then those that wait for something else with their reason), "beyond": {"count",
+        "message", "ids"} (the jobs past the queue depth), "running": [{"id", "end"}], "nodes": {node: its
+        pool}}: every job, private ones too (`PictureOps.forecast` leaves out what a caller may not see, and the
+        ids past the depth, which it counts)."""
         s = self.scheduler
         async with self._lock:
             version = s.store.version(("jobs",))
@@ -58,15 +60,19 @@ class Forecaster:
         planned = [
             {"id": by_id[e.job_id][0].id, **e.to_json(), "message": by_id[e.job_id][0].message} for e in found.jobs
         ]
-        other = [*waiting, *never, *unplaceable, *taken.held, *((job, job.message) for job in taken.beyond)]
+        other = [*waiting, *never, *unplaceable, *taken.held]
         rest: list[dict[str, Any]] = [
             {"id": job.id, "start": None, "end": None, "nodes": [], "message": why or job.message} for job, why in other
         ]
+        later = queuedepth.beyond(s.settings.queue_depth)
+        beyond = {"count": len(taken.beyond), "message": later, "ids": [job.id for job in taken.beyond]}
         return {
             "now": now,
             "until": found.until,
             "complete": found.complete,
             "queued": planned + rest,
+            # past the queue depth: no pass looks at them, so neither does the forecast; counted, not listed
+            "beyond": beyond,
             "running": [{"id": job.id, "end": job.deadline} for job in running],
             "nodes": {node.name: node.pool for node in s.service.all_nodes},  # what the timeline groups by
         }

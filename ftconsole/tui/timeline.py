@@ -61,6 +61,7 @@ Row = Bar | Band
 class Group:
     title: str
     rows: tuple[Row, ...]
+    note: str = ""  # a line after the rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +127,7 @@ class Rows:
             names = job.get("node_names") or []
             by_pool.setdefault(pool_of.get(names[0], "default") if names else "default", []).append(bar)
         unknown: list[Bar] = []
+        waiting = 0  # jobs with no expected start (an array's alike are one row)
         tasks: dict[int, list[Mapping[str, Any]]] = {}
         for entry in forecast.get("queued", ()):
             queued = jobs.get(entry["id"])
@@ -133,6 +135,7 @@ class Rows:
                 continue
             job = queued
             if entry["start"] is None:
+                waiting += 1
                 array = job.get("array_id")
                 if array is not None:
                     tasks.setdefault(int(array), []).append(job)
@@ -157,9 +160,13 @@ class Rows:
                 by_pool.setdefault(pool, []).insert(0, band)
         counts = Counter(pool_of.values())
         out = [Group(_pool_title(pool, rows, counts[pool]), tuple(rows)) for pool, rows in by_pool.items()]
-        if unknown:
+        beyond = forecast.get("beyond") or {}
+        past = int(beyond.get("count") or 0)
+        if unknown or past:
             rows = [_array_bar(bar, tasks) for bar in unknown]
-            out.append(Group(f"{NOT_FORESEEN}  {len(rows)} row{'s' * (len(rows) != 1)}", tuple(rows)))
+            note = f"and {past:,} more queued jobs: {beyond.get('message') or ''}" if past else ""
+            count = waiting + past
+            out.append(Group(f"{NOT_FORESEEN}  {count:,} job{'s' * (count != 1)}", tuple(rows), note))
         return out
 
     def _bar(

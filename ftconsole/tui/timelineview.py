@@ -117,8 +117,8 @@ class TimelineChart(ScrollView, can_focus=True):
         lines: list[T.Row | str] = []
         for group in self.groups:
             shown = [r for r in group.rows if matches is None or isinstance(r, T.Band) or r.key in matches]
-            if shown:
-                lines += [group.title, *shown]
+            if shown or group.note:
+                lines += [group.title, *shown, *(["  " + group.note] if group.note else [])]
         self.lines = lines
         self._where = {line.key: i for i, line in enumerate(lines) if isinstance(line, T.Bar)}
         self._order = list(self._where)
@@ -220,6 +220,7 @@ class TimelineChart(ScrollView, can_focus=True):
     def action_cursor_last(self) -> None:
         if self._order:
             self._move(self._order[-1])
+        self.scroll_end(animate=False, immediate=True)  # the lines after the last row too
 
     def action_page(self, direction: int) -> None:
         self._step(direction * max(1, self.size.height - 1))

@@ -70,10 +70,13 @@ class PictureOps:
         message."""
         found = await self.forecaster.starts()
         hidden = await self.ops._hidden(caller)
+        beyond = found["beyond"]
+        count = len([i for i in beyond["ids"] if i not in hidden]) if hidden else beyond["count"]
+        answer = {**found, "beyond": {"count": count, "message": beyond["message"]}}  # counted, not listed
         if not hidden:
-            return found
+            return answer
         return {
-            **found,
+            **answer,
             "queued": [redact_json(e, hidden) for e in found["queued"] if e["id"] not in hidden],
             "running": [e for e in found["running"] if e["id"] not in hidden],
         }

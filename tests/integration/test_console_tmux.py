@@ -2,8 +2,8 @@
 
 The lab runs as its own background process (`ftconsole lab up`); the console runs the scheduler embedded.
 The test switches views, filters, opens a node's debug shell (the app suspends, the system `ssh -t` runs on the
-terminal, the app comes back when it exits), moves over the cluster map and opens a node from it, and quits,
-checking what is on the screen at each step.
+terminal, the app comes back when it exits), moves over the cluster map and opens a node from it, reads the
+timeline of two jobs submitted from another terminal, and quits, checking what is on the screen at each step.
 """
 
 from __future__ import annotations
@@ -115,9 +115,36 @@ def test_console_in_a_real_terminal(tmp_path: Path, lab_config: Path) -> None:
         tmux.wait("Checks", "gpu-check", "pool h100")
         tmux.keys("Escape")
         tmux.wait("Map", "lab01  ·  healthy")
+
+        # the timeline: a job running on lab01 (the only node with 8 GPUs) until its hour is up, and one
+        # expected to start when it ends, both submitted from another terminal
+        ids = [submit(lab_config, tmp_path, name, limit) for name, limit in (("first-in-line", "1h"),
+                                                                               ("next-in-line", "30m"))]  # fmt: skip
+        try:
+            tmux.keys("7")
+            tmux.wait("Timeline", "1 running · 1 expected", "next-in-line", timeout=60)
+            tmux.wait("first-in-line (", "running on lab01; its time limit ends it at")
+            tmux.keys("Down")
+            tmux.wait("next-in-line (", "expected from", "on lab01")
+            tmux.keys("Enter")  # the job's screen
+            tmux.wait("next-in-line", "queued", "Overview")
+            tmux.keys("Escape")
+            tmux.wait("Timeline", "next-in-line (")
+        finally:
+            subprocess.run([*FTCONSOLE, "--config", str(lab_config), "stop", *ids], capture_output=True, timeout=60)
         tmux.quit()
     finally:
         tmux("kill-server")
+
+
+def submit(config: Path, folder: Path, name: str, limit: str) -> str:
+    """A job of 8 GPUs sleeping under `limit`, submitted with the CLI; its id."""
+    spec = folder / f"{name}.yaml"
+    spec.write_text(f"name: {name}\ncommand: sleep 600\ngpus_per_node: 8\nmax_runtime: {limit}\n")
+    done = subprocess.run([*FTCONSOLE, "--config", str(config), "submit", str(spec)], capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()[-1] if done.stdout.split() else ""
 
 
 def test_the_map_of_1000_nodes_in_a_real_terminal(tmp_path: Path) -> None:
@@ -142,6 +169,46 @@ def test_the_map_of_1000_nodes_in_a_real_terminal(tmp_path: Path) -> None:
         assert "▀" in screen  # half blocks: two GPUs a cell
         tmux.keys("End")
         tmux.wait("node0999  ·", "infer · 8x H100", "train · 8x H100")  # the last node; the map did not scroll
+        tmux.quit()
+    finally:
+        tmux("kill-server")
+
+
+def test_the_timeline_of_10000_jobs_in_a_real_terminal(tmp_path: Path) -> None:
+    """The console bench's cluster (1,000 nodes, 10,000 jobs, its synthetic forecast: 500 expected, the rest
+    past the queue depth) in a real 200x50 terminal: pools with their rows, the cursor sent to the last row (and
+    the count of the jobs past the queue depth after it), and a zoom out."""
+    root = Path(__file__).resolve().parents[2]
+    script = tmp_path / "timeline.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(root)!r})\n"
+        "from pathlib import Path\n"
+        "from bench.console import SyntheticCluster\n"
+        "from ftconsole.tui.app import ConsoleApp\n"
+        "from tests.console_data import fixed_config\n"
+        "source = SyntheticCluster(1000, 10000, 1)\n"
+        f"app = ConsoleApp(fixed_config(Path({str(tmp_path)!r})), client=source, clock=lambda: source.now,\n"
+        "                 refresh_s=3600, view='timeline')\n"
+        "app.run()\n"
+    )
+    tmux = Tmux(tmp_path / "tmux.sock")
+    tmux.start(f"'{sys.executable}' '{script}'", 200, 50)
+    try:
+        screen = tmux.wait("Timeline", " running · 500 expected · ", "pool infer", "┊", timeout=90)
+        assert "█" in screen and "▒" in screen
+        tmux.keys("End")  # the last row, and the line after it: the jobs past the queue depth, counted
+        tmux.wait("no expected start  ", "more queued jobs: waiting: behind the first 500 jobs")
+        title = next(line for line in tmux.screen().splitlines() if "Timeline" in line)
+        tmux.keys("[")  # zoom out: more time a column
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            now = next(line for line in tmux.screen().splitlines() if "Timeline" in line)
+            if now.split(" a column")[0] != title.split(" a column")[0]:
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError(f"the zoom did not change the time a column: {title}")
         tmux.quit()
     finally:
         tmux("kill-server")

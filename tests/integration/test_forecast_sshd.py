@@ -52,6 +52,7 @@ async def test_expected_starts_follow_the_time_limits(sshd_cluster: Any, tmp_pat
         assert after["start"] == pytest.approx(head["end"], abs=61) and after["end"] is None
         assert len(after["nodes"]) == 1 and found["complete"]
         assert found["nodes"] == {"node01": "default", "node02": "default"}  # each node's pool
+        assert found["beyond"]["count"] == 0 and "ids" not in found["beyond"]  # none past the queue depth
         # the job that was running is not used for a backfill of the endless one: it waits, as a pass decides
         shown = await client.call("show", job=endless["id"])
         assert shown["status"] == "queued"

@@ -78,6 +78,11 @@ def test_an_array_s_tasks_with_no_expected_start_are_one_row() -> None:
     assert rows_of(groups) == {"pool a100": ["10"], "pool h100": [], T.NOT_FORESEEN: ["array:10"]}
     (row,) = groups[-1].rows
     assert isinstance(row, T.Bar) and "array 10 (4 tasks)" in row.note and "10[…]" in row.label
+    # the jobs past the queue depth are counted by the scheduler, not listed: a line after the rows
+    beyond = {"count": 2500, "message": "waiting: behind the first 500 jobs of the queue"}
+    last = T.groups(jobs, forecast | {"nodes": NODES, "beyond": beyond}, [], NOW)[-1]
+    assert last.title == f"{T.NOT_FORESEEN}  2,504 jobs"
+    assert last.note == f"and 2,500 more queued jobs: {beyond['message']}"
 
 
 def test_rows_are_kept_until_their_job_or_expected_times_change() -> None:
