@@ -58,7 +58,8 @@ class Forecaster:
             urgent_cap=s.settings.urgent_cap, allow_degraded=placer.degraded_ok,
         )  # fmt: skip
         planned = [
-            {"id": by_id[e.job_id][0].id, **e.to_json(), "message": by_id[e.job_id][0].message} for e in found.jobs
+            {"id": by_id[e.job_id][0].id, **e.to_json(), "message": e.reason or by_id[e.job_id][0].message}
+            for e in found.jobs
         ]
         other = [*waiting, *never, *unplaceable, *taken.held]
         rest: list[dict[str, Any]] = [

@@ -30,12 +30,14 @@ RESOLUTION_S = 60.0
 
 @dataclass(frozen=True, slots=True)
 class Expected:
-    """A queued job's expected start, end (None: no max_runtime) and nodes; `start` None: not known."""
+    """A queued job's expected start, end (None: no max_runtime) and nodes; `start` None: not known, and
+    `reason` is why it still waited at the last pass (placement's words)."""
 
     job_id: str
     start: float | None
     end: float | None = None
     nodes: tuple[str, ...] = ()
+    reason: str = ""
 
     def to_json(self) -> dict[str, object]:
         return {"start": self.start, "end": self.end, "nodes": list(self.nodes)}
@@ -67,6 +69,7 @@ def forecast(
     # one past its time limit is being stopped: it ends now, after the first pass (the scheduler's own)
     allocations = [a if a.ends_at is None or a.ends_at > now else replace(a, ends_at=now) for a in state.allocations]
     found: dict[str, Expected] = {}
+    reasons: dict[str, str] = {}  # why each job still waited at the last pass
     order: list[str] = []
     when = now
     complete = False
@@ -79,6 +82,7 @@ def forecast(
             order = [d.job_id for d in decisions]
         for decision in decisions:
             if not isinstance(decision, Place):
+                reasons[decision.job_id] = decision.reason
                 continue
             job = requests[decision.job_id]
             end = None if job.max_runtime is None else when + job.max_runtime
@@ -99,5 +103,5 @@ def forecast(
             break
         allocations = [a for a in allocations if a.ends_at is None or a.ends_at > when]
         when = following
-    jobs = tuple(found.get(job_id) or Expected(job_id, None) for job_id in order)
+    jobs = tuple(found.get(job_id) or Expected(job_id, None, reason=reasons.get(job_id, "")) for job_id in order)
     return Forecast(jobs, when, complete)
