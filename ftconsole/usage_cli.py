@@ -64,6 +64,35 @@ def cmd_usage(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_shares(args: argparse.Namespace) -> int:
+    """Slurm's `sshare`, with the last day's and week's GPU-hours and goodput of each project and user."""
+    doc = _with_client(args, "shares", lambda c: c.call("shares"))
+    if args.json:
+        print_json(doc)
+        return 0
+    fair = doc["fairshare"]
+    if fair is None:
+        print("fair share: off (scheduler.fairshare)")
+    else:
+        level = "per user (no projects declared)" if fair["by_user"] else "per project, then per user within it"
+        print(f"fair share: {level}, usage halved every {age(fair['half_life_s'])}")
+        rows = [[a["project"], a["user"], f"{a['share']:.1%}", f"{a['usage']:.1%}", f"{a['gpu_hours']:.1f}",
+                 f"{a['factor']:.3f}"] for a in fair["accounts"]]  # fmt: skip
+        print_table(["PROJECT", "USER", "SHARE", "USAGE", "DECAYED GPU-H", "FAIRSHARE"], rows)
+    for by in ("project", "user"):
+        names = sorted(set(doc["day"][by]) | set(doc["week"][by]) | set(doc["quotas"][by]))
+        print(f"\nby {by}: the last day and week")
+        rows = []
+        for name in names:
+            day, week = doc["day"][by].get(name, {}), doc["week"][by].get(name, {})
+            quota = doc["quotas"][by].get(name)
+            limits = f"{_of(quota, 'gpus')} GPUs, {_of(quota, 'gpu_hours')} GPU-h" if quota else "-"
+            rows.append([name, f"{day.get('gpu_hours', 0):.1f}", f"{week.get('gpu_hours', 0):.1f}",
+                         _goodput(week)[0] if week else "-", limits])  # fmt: skip
+        print_table([by.upper(), "GPU-H 1D", "GPU-H 7D", "GOODPUT 7D", "QUOTA (IN USE/LIMIT)"], rows)
+    return 0
+
+
 def _goodput(row: dict[str, Any]) -> list[str]:
     """The share of the GPU time that did useful work, and the GPU-hours lost to failures ("-" from a scheduler
     that does not say)."""
@@ -122,6 +151,16 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     add_window_options(p, since_help=f"from this time (default: {DEFAULT_SINCE} ago); a date or a time ago")
     p.add_argument("--by", choices=["user", "project"], default="user", help="one row per user (default) or project")
     p.set_defaults(func=cmd_usage)
+
+    p = sub.add_parser(
+        "shares",
+        parents=parents,
+        help="how the cluster is shared: fair share, use over the last day and week, quotas (like sshare)",
+        description="Each project's and user's fair-share standing (the share it is due, the share of the decayed "
+        "usage it took, its factor: 1 for no usage, 0.5 for just its share), its GPU-hours and goodput over the "
+        "last day and week, and its quota with what it uses now.",
+    )
+    p.set_defaults(func=cmd_shares)
 
     p = sub.add_parser(
         "quota",

@@ -108,17 +108,26 @@ class SharingWeights:
         fair = self.settings.fairshare
         if fair is None:
             return {}
-        now = self.clock()
         declared = self.config.projects
-        if now - self._used_at >= fair.every:
-            ledger = await self._ledger_now()  # the ended runs' decayed usage as the ledger keeps it, not the history
-            self._used = ledger.usage(await self.store.unsettled_usage(), now, declared=declared)
-            self._used_at = now
+        await self.decayed_usage()
         accounts = {w: fairshare.account(*w, declared) for w in wanted}
         self._factors = fairshare.factors(
             self._used, accounts.values(), fair.shares, fair.default_share, by_user=not declared
         )
         return {w: self._factors[a] for w, a in accounts.items()}
+
+    async def decayed_usage(self) -> Mapping[tuple[str, str], float]:
+        """Each account's decayed GPU-seconds, as fair share weighs them (read again when `fairshare.every` has
+        passed); {} where fair share is off."""
+        fair = self.settings.fairshare
+        if fair is None:
+            return {}
+        now = self.clock()
+        if now - self._used_at >= fair.every:
+            ledger = await self._ledger_now()  # the ended runs' decayed usage as the ledger keeps it, not the history
+            self._used = ledger.usage(await self.store.unsettled_usage(), now, declared=self.config.projects)
+            self._used_at = now
+        return self._used
 
     async def refresh_usage(self) -> None:
         """Fold the runs ended since the last time into the usage ledger (decide/ledger.py) when fair share or

@@ -14,8 +14,8 @@ import json
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
-from ftconsole.scheduler.decide import dependencies, goodput, quotas, report, usage
-from ftconsole.scheduler.decide.jobs import Job
+from ftconsole.scheduler.decide import dependencies, fairshare, goodput, quotas, report, usage
+from ftconsole.scheduler.decide.jobs import Job, JobStatus
 from ftconsole.scheduler.decide.usage import Usage
 from ftconsole.scheduler.errors import NotFound, PermissionDenied, UsageError
 from ftconsole.scheduler.loop import Loop
@@ -130,6 +130,31 @@ class Sharing:
         shown = {k: {**rows[k].to_json(), **good.get(k, goodput.Goodput()).to_json()} for k in order}
         return {"since": since, "until": until, "by": by, "rows": shown, "total": {**total.to_json(),
                 **all_good.to_json()}, "quotas": await self._quota_json(by)}  # fmt: skip
+
+    async def shares(self) -> dict[str, Any]:
+        """How the cluster is shared (Slurm's `sshare`, with sreport's sums): each account's fair-share standing
+        (`fairshare.standing`; null where fair share is off), the GPU-hours and goodput of each project and user
+        over the last day and week, and the quotas with what each uses now. Sums only: no job is named."""
+        now = self.clock()
+        placer = self.loop.placer
+        fair = self.config.scheduler.fairshare
+        standing = None
+        if fair is not None:
+            declared = self.config.projects
+            used = await placer.decayed_usage()
+            queued = {fairshare.account(j.project, j.owner, declared)
+                      for j in await self.store.jobs(statuses=[JobStatus.QUEUED])}  # fmt: skip
+            rows = fairshare.standing(used, queued, fair.shares, fair.default_share, by_user=not declared)
+            standing = {"half_life_s": fair.half_life, "by_user": not declared, "accounts": [r.to_json() for r in rows]}
+        spans: dict[str, Any] = {}
+        for name, span in (("day", 86400.0), ("week", 7 * 86400.0)):
+            for by in ("project", "user"):
+                rows_, good, _ = await self.window(now - span, now, now, by)
+                spans.setdefault(name, {})[by] = {
+                    key: {**rows_[key].to_json(), **good.get(key, goodput.Goodput()).to_json()} for key in sorted(rows_)
+                }
+        quotas_ = {by: await self._quota_json(by) for by in ("project", "user")}
+        return {"now": now, "fairshare": standing, **spans, "quotas": quotas_}
 
     async def window(
         self, since: float, until: float, now: float, by: str

@@ -136,3 +136,52 @@ def _by_user(used: Mapping[tuple[str, str], float], wanted: set[tuple[str, str]]
         ratio = (mine.get(u, 0.0) / total) * len(users) if total > 0 else 0.0
         out[(p, u)] = Factor(2.0**-ratio, 0.0, ratio, by_user=True)
     return out
+
+
+@dataclass(frozen=True)
+class Standing:
+    """An account's place in fair share (Slurm's `sshare` row): the share of the cluster it is due, the share of
+    the decayed usage it took, its decayed GPU-seconds and its factor."""
+
+    project: str
+    user: str
+    share: float  # of the cluster: its project's share of the shares, split equally among the project's users
+    usage: float  # of all the decayed usage
+    seconds: float  # decayed GPU-seconds
+    factor: Factor
+
+    def to_json(self) -> dict[str, object]:
+        return {"project": self.project, "user": self.user, "share": round(self.share, 6),
+                "usage": round(self.usage, 6), "gpu_hours": round(self.seconds / 3600.0, 3),
+                "factor": round(self.factor.value, 6), "project_ratio": round(self.factor.project_ratio, 4),
+                "user_ratio": round(self.factor.user_ratio, 4),
+                "text": self.factor.describe(self.project, self.user)}  # fmt: skip
+
+
+def standing(
+    used: Mapping[tuple[str, str], float],
+    queued: Iterable[tuple[str, str]],
+    shares: Mapping[str, float],
+    default_share: float,
+    *,
+    by_user: bool = False,
+) -> list[Standing]:
+    """Every account that counts now (with decayed usage or a queued job), by project and user: the same
+    figures `factors` weighs."""
+    accounts = set(used) | set(queued)
+    found = factors(used, accounts, shares, default_share, by_user=by_user)
+    total = sum(used.values())
+    users: dict[str, set[str]] = {}
+    for p, u in accounts:
+        users.setdefault(DEFAULT_PROJECT if by_user else p, set()).add(u)
+    projects = set(shares) | {p for p, _ in accounts}
+    total_shares = sum(shares.get(p, default_share) for p in projects)
+    out = []
+    for p, u in sorted(accounts):
+        if by_user:
+            share = 1.0 / len(users[DEFAULT_PROJECT])
+        else:
+            share = (shares.get(p, default_share) / total_shares if total_shares > 0 else 1.0) / len(users[p])
+        seconds = used.get((p, u), 0.0)
+        out.append(Standing(p, u, share, seconds / total if total > 0 else 0.0, seconds, found[(p, u)]))
+    return out

@@ -94,6 +94,7 @@ class Operations:
             "samples": self.pictures.samples,
             "job_util": self.pictures.job_util,
             "forecast": self.pictures.forecast,
+            "shares": self.pictures.shares,
         }
 
     async def __call__(self, caller: Caller, op: str, args: dict[str, Any]) -> Any:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 SAMPLES_SPAN_S = 3600.0  # what `samples` answers unless asked for another span
 JOB_UTIL_PROBES = 12  # the probes `job_util` draws each running job's GPUs over
+SHARES_KEEP_S = 30.0  # `shares` reads a week of runs: its answer is kept this long
 
 
 class PictureOps:
@@ -25,6 +26,7 @@ class PictureOps:
         self.scheduler = ops.scheduler
         self.forecaster = Forecaster(ops.scheduler)
         self._util_kept: tuple[Any, dict[int, list[float | None]]] = (None, {})
+        self._shares_kept: tuple[float, dict[str, Any]] | None = None
 
     async def samples(self, caller: Caller, args: dict[str, Any]) -> Any:
         """A node's GPUs, or a job's ranks (its current attempt), over time since `since` (default: the last
@@ -63,6 +65,15 @@ class PictureOps:
             self._util_kept = ((samples.generation, runs), util)
         hidden = await self.ops._hidden(caller)
         return {str(job): values for job, values in util.items() if job not in hidden}
+
+    async def shares(self, caller: Caller, args: dict[str, Any]) -> Any:
+        """How the cluster is shared (`Scheduler.shares`), worked out again at most every SHARES_KEEP_S: each
+        project's and user's fair share, GPU-hours and goodput over the last day and week, quotas. Sums only."""
+        now = self.scheduler.clock()
+        kept = self._shares_kept
+        if kept is None or now - kept[0] >= SHARES_KEEP_S:
+            kept = self._shares_kept = (now, await self.scheduler.shares())
+        return kept[1]
 
     async def forecast(self, caller: Caller, args: dict[str, Any]) -> Any:
         """When each queued job is expected to start and end, and on which nodes, and when each running job's

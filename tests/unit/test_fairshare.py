@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from ftconsole.scheduler.decide import fairshare
 from ftconsole.scheduler.decide.fairshare import Factor, account, decayed_seconds, factors, usage
 from ftconsole.scheduler.decide.jobs import Job, JobStatus, Run
 from ftconsole.scheduler.decide.placement import queue_order
@@ -108,3 +109,27 @@ def test_the_queue_orders_a_level_by_fair_share_then_age() -> None:
     queue = [request("old-heavy", 1, 0.1), request("new-light", 2, 0.9), request("urgent", 3, 0.01, Priority.URGENT),
              request("same-a", 4, 0.5), request("same-b", 3, 0.5)]  # fmt: skip
     assert [j.id for j in queue_order(queue)] == ["urgent", "new-light", "same-b", "same-a", "old-heavy"]
+
+
+def test_standing_gives_each_account_its_due_its_use_and_its_factor() -> None:
+    used = {("vision", "ann"): 3 * 3600.0, ("vision", "bob"): 1 * 3600.0, ("nlp", "cy"): 0.0}
+    rows = {(r.project, r.user): r for r in fairshare.standing(used, [("nlp", "dee")], {"vision": 3.0}, 1.0)}
+    assert set(rows) == {("vision", "ann"), ("vision", "bob"), ("nlp", "cy"), ("nlp", "dee")}
+    # vision is due 3/4 of the cluster, split between its two users; nlp 1/4 between its two
+    assert rows[("vision", "ann")].share == pytest.approx(0.375) and rows[("nlp", "dee")].share == pytest.approx(0.125)
+    assert rows[("vision", "ann")].usage == pytest.approx(0.75) and rows[("vision", "ann")].seconds == 3 * 3600.0
+    assert rows[("nlp", "dee")].factor.value == 1.0  # nothing used
+    assert (
+        rows[("vision", "ann")].factor
+        == fairshare.factors(used, [("vision", "ann")], {"vision": 3.0}, 1.0)[("vision", "ann")]
+    )  # the factor the queue weighs
+    doc = rows[("vision", "ann")].to_json()
+    assert doc["gpu_hours"] == 3.0 and doc["text"].startswith("fair share ")
+
+
+def test_standing_per_user_splits_the_cluster_equally() -> None:
+    d = fairshare.DEFAULT_PROJECT
+    rows = fairshare.standing({(d, "ann"): 100.0}, [(d, "bob"), (d, "cy")], {}, 1.0, by_user=True)
+    assert [(r.user, round(r.share, 3), r.usage) for r in rows] == [("ann", 0.333, 1.0), ("bob", 0.333, 0.0),
+                                                                     ("cy", 0.333, 0.0)]  # fmt: skip
+    assert rows[0].factor.by_user and rows[1].factor.value == 1.0
