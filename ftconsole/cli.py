@@ -50,7 +50,7 @@ from ftconsole.scheduler.store.schema import SCHEMA_VERSION
 
 PROG = "ftconsole"
 # the console's views (tui.app.VIEWS)
-CONSOLE_VIEWS = ("jobs", "nodes", "alerts", "events", "cluster", "map", "timeline")
+CONSOLE_VIEWS = ("jobs", "nodes", "alerts", "events", "cluster", "map", "timeline", "shares")
 
 
 # The keys of a lab layout (config/lab.yaml, ftconsole/lab) that a cluster config does not have: a config check

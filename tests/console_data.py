@@ -108,6 +108,28 @@ FORECAST = {  # as the scheduler would work it out for JOBS: 106 fits gpu03 now,
     "running": [{"id": 101, "end": NOW + 81000}, {"id": 104, "end": NOW + 79200}],
     "nodes": {f"gpu0{i}": "h100" for i in range(1, 6)},
 }  # fmt: skip
+SHARES = {  # fair share on with projects llm (3 shares) and vision; ana used llm past its share, bo a little
+    "now": NOW,
+    "fairshare": {"half_life_s": 7 * 86400.0, "by_user": False, "accounts": [
+        {"project": "llm", "user": "ana", "share": 0.375, "usage": 0.82, "gpu_hours": 410.0, "factor": 0.22,
+         "project_ratio": 1.09, "user_ratio": 1.1, "text": "fair share 0.22: project llm used 1.1x its share"},
+        {"project": "llm", "user": "cy", "share": 0.375, "usage": 0.0, "gpu_hours": 0.0, "factor": 0.47,
+         "project_ratio": 1.09, "user_ratio": 0.0, "text": "fair share 0.47: project llm used 1.1x its share"},
+        {"project": "vision", "user": "bo", "share": 0.25, "usage": 0.18, "gpu_hours": 90.0, "factor": 0.61,
+         "project_ratio": 0.72, "user_ratio": 0.0, "text": "fair share 0.61: project vision used 0.7x its share"},
+    ]},
+    "day": {"project": {"llm": {"gpu_hours": 380.0, "jobs": 3, "goodput": 0.93},
+                        "vision": {"gpu_hours": 48.0, "jobs": 5, "goodput": 0.71}},
+            "user": {"ana": {"gpu_hours": 380.0, "jobs": 3, "goodput": 0.93},
+                     "bo": {"gpu_hours": 48.0, "jobs": 5, "goodput": 0.71}}},
+    "week": {"project": {"llm": {"gpu_hours": 2410.0, "jobs": 19, "goodput": 0.96},
+                         "vision": {"gpu_hours": 530.0, "jobs": 41, "goodput": 0.78}},
+             "user": {"ana": {"gpu_hours": 2410.0, "jobs": 19, "goodput": 0.96},
+                      "bo": {"gpu_hours": 530.0, "jobs": 41, "goodput": 0.78}}},
+    "quotas": {"project": {"vision": {"limits": {"gpus": 16, "gpu_hours": 600}, "in_use": {"gpus": 2,
+                                      "running_jobs": 1, "queued_jobs": 0, "gpu_hours": 530.0}, "period_s": 604800}},
+               "user": {}},
+}  # fmt: skip
 CLUSTER = {
     "nodes": [
         {"name": n["name"], "state": n["state"], "pool": "h100", "os": n["facts"]["os"], "kernel": n["facts"]["kernel"],
@@ -142,7 +164,7 @@ class FixedClient:
         if op == "samples":
             return node_samples(args["node"]) if args.get("node") else job_samples(int(args["job"]))
         answers = {"nodes": NODES, "alerts": ALERTS, "events": EVENTS, "cluster": CLUSTER, "reservations": RESERVATIONS,
-                   "forecast": FORECAST}  # fmt: skip
+                   "forecast": FORECAST, "shares": SHARES}  # fmt: skip
         if op not in answers:
             raise UsageError(f"fixed data: {op} is not answered here")
         return answers[op]

@@ -50,6 +50,7 @@ SHOTS: dict[str, tuple[Any, tuple[int, int], str, Callable[[ConsoleApp, Any], Aw
     "map": (FixedClient(), (120, 14), "map", None),
     "jobs": (FixedClient(), (160, 16), "jobs", None),
     "timeline": (FixedClient(), (160, 14), "timeline", None),
+    "shares": (FixedClient(), (150, 12), "shares", None),
     "job-curves": (FixedClient(), (120, 24), "jobs", _job_curves),
     "node": (FixedClient(), (120, 50), "nodes", _node),
 }
@@ -60,7 +61,8 @@ async def shoot(name: str, folder: Path) -> Path:
     app = ConsoleApp(fixed_config(folder), client=client, clock=lambda: NOW, refresh_s=3600, view=view)
     async with app.run_test(size=size) as pilot:
         app.sub_title = "cluster.yaml"
-        await app.refresh_data("jobs", "nodes", "alerts", "events", "cluster", "reservations", "job_util", "forecast")
+        await app.refresh_data("jobs", "nodes", "alerts", "events", "cluster", "reservations", "job_util", "forecast",
+                               "shares")  # fmt: skip
         await pilot.pause(0.3)
         if then is not None:
             await then(app, pilot)

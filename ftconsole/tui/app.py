@@ -6,8 +6,8 @@ loop, the probes and the API socket, so the CLI works while it is open) and call
 Both paths give the same features. A client can also be handed in (tests, or a read of the store alone).
 
 Views (number keys): 1 Jobs, 2 Nodes, 3 Alerts, 4 Events, 5 Cluster, 6 Map (every GPU as a cell, `mapview.py`), 7
-Timeline (the queue over the hours to come, `timelineview.py`); in Jobs, an array of jobs is one row, and `t` shows
-or hides a row per task. Every action is an `action_*` method
+Timeline (the queue over the hours to come, `timelineview.py`), 8 Shares (`shares.py`); in Jobs, an array of jobs is
+one row, and `t` shows or hides a row per task. Every action is an `action_*` method
 bound in `BINDINGS`; `check_action` hides the ones that do not apply to the view, and every action that changes
 something under `--readonly`. Data is read once a second by a worker, for the visible view, and applied by diff
 (`KeyedTable`), so the cursor and scroll never jump and the UI never waits on SSH.
@@ -41,6 +41,7 @@ from ftconsole.tui.actions import Actions
 from ftconsole.tui.detail import JobScreen, NodeScreen
 from ftconsole.tui.feed import Feed
 from ftconsole.tui.mapview import ClusterMap, MapView
+from ftconsole.tui.shares import SharesView
 from ftconsole.tui.timelineview import TimelineChart, TimelineView
 from ftconsole.tui.views import AlertsView, ClusterView, EventsView, JobsView, NodesView, View
 
@@ -53,6 +54,7 @@ VIEWS = (
     ("cluster", "5"),
     ("map", "6"),
     ("timeline", "7"),
+    ("shares", "8"),
 )
 VIEW_NAMES = tuple(name for name, _ in VIEWS)
 
@@ -198,6 +200,7 @@ class ConsoleApp(Actions):
             yield ClusterView(id="cluster")
             yield MapView(id="map")
             yield TimelineView(id="timeline")
+            yield SharesView(id="shares")
         yield Input(placeholder="/ filters the view (a regular expression; enter applies, esc cancels)", id="filter")
         yield Footer()
 

@@ -20,10 +20,10 @@ from ftconsole.scheduler.serve.client import Client
 
 UTIL_HISTORY = 12  # probes of GPU utilisation kept per node for the sparkline
 STALE_AFTER_S = 15.0  # nodes data older than this (the scheduler is not answering) reads `unknown`
-SOURCES = ("jobs", "nodes", "alerts", "events", "cluster", "reservations", "job_util", "forecast")
+SOURCES = ("jobs", "nodes", "alerts", "events", "cluster", "reservations", "job_util", "forecast", "shares")
 # sources read less often than every refresh: the running jobs' utilisation moves once a probe at most, and the
-# expected starts are worked out again at most every 15 s (scheduler.forecasting.KEEP_S)
-READ_EVERY_S = {"job_util": 5.0, "forecast": 10.0}
+# expected starts are worked out again at most every 15 s (scheduler.forecasting.KEEP_S), the shares every 30 s
+READ_EVERY_S = {"job_util": 5.0, "forecast": 10.0, "shares": 30.0}
 
 
 @dataclass
@@ -43,6 +43,7 @@ class Feed:
     reservations: list[dict[str, Any]] = field(default_factory=list)
     job_util: dict[int, tuple[float | None, ...]] = field(default_factory=dict)  # running job -> its GPUs' %
     forecast: dict[str, Any] | None = None  # the queue's expected starts (the `forecast` op)
+    shares: dict[str, Any] | None = None  # fair share, use and quotas per project and user (the `shares` op)
     util: dict[str, deque[float | None]] = field(default_factory=dict)
     sources: dict[str, Source] = field(default_factory=lambda: {s: Source() for s in SOURCES})
     events_limit: int = 500
@@ -140,14 +141,15 @@ class Feed:
         return changed
 
     async def _read_forecast(self, client: Client) -> bool:
-        try:
-            reply = await client.call("forecast")
-        except FtError as exc:  # a scheduler from before the op: nothing foreseen, said in the view's title
-            if "unknown op" not in str(exc):
-                raise
-            raise FtError("this scheduler has no expected starts (it is older than this console)") from None
+        reply = await _newer_op(client, "forecast", "expected starts")
         changed = reply != self.forecast
         self.forecast = reply
+        return changed
+
+    async def _read_shares(self, client: Client) -> bool:
+        reply = await _newer_op(client, "shares", "shares")
+        changed = reply != self.shares
+        self.shares = reply
         return changed
 
     # -- derived -------------------------------------------------------------------------------------------
@@ -159,3 +161,13 @@ class Feed:
             return list(self.nodes.values())
         why = f"no data from the scheduler for {age:.0f}s"
         return [{**n, "state": "unknown", "reasons": [why, *n.get("reasons", [])]} for n in self.nodes.values()]
+
+
+async def _newer_op(client: Client, op: str, what: str) -> Any:
+    """An op a scheduler older than this console does not know: said in the view's title, in words."""
+    try:
+        return await client.call(op)
+    except FtError as exc:
+        if "unknown op" not in str(exc):
+            raise
+        raise FtError(f"this scheduler has no {what} (it is older than this console)") from None

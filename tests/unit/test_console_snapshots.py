@@ -22,7 +22,7 @@ def app(tmp_path: Path, **kwargs: object) -> ConsoleApp:
 
 async def _loaded(pilot) -> None:  # type: ignore[no-untyped-def]
     pilot.app.sub_title = "cluster.yaml"  # not the test's temporary folder
-    await pilot.app.refresh_data("jobs", "nodes", "alerts", "events", "cluster", "reservations", "forecast")
+    await pilot.app.refresh_data("jobs", "nodes", "alerts", "events", "cluster", "reservations", "forecast", "shares")
     await pilot.pause()
 
 
@@ -32,7 +32,8 @@ def _fixed_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize(("key", "view"), [("1", "jobs"), ("2", "nodes"), ("3", "alerts"), ("4", "events"),
-                                           ("5", "cluster"), ("6", "map"), ("7", "timeline")])  # fmt: skip
+                                           ("5", "cluster"), ("6", "map"), ("7", "timeline"),
+                                           ("8", "shares")])  # fmt: skip
 def test_view(snap_compare, tmp_path: Path, key: str, view: str) -> None:  # type: ignore[no-untyped-def]
     assert snap_compare(app(tmp_path), press=[key, "_"], terminal_size=SIZE, run_before=_loaded)
 
