@@ -468,6 +468,8 @@ class SyntheticCluster:
             reply = {job: [round(sum(u) / len(u), 1)] for job, u in reply.items()}
         elif op == "forecast":
             reply = self._forecast()
+        elif op == "shares":
+            reply = self._shares()
         elif op == "reservations":  # one maintenance window over the first rack, under way
             rack = sorted(self.nodes)[:32]
             reply = [{"name": "maint-r00", "nodes": rack, "start": T0 - 600, "end": T0 + 7200, "user": None,
@@ -479,6 +481,32 @@ class SyntheticCluster:
         self.server_s += time.thread_time() - started
         self.bytes += len(data)
         return json.loads(data)  # the console's side, as `scheduler.api.ApiClient` decodes a reply
+
+    def _shares(self) -> dict[str, Any]:
+        """Fair share per project and user as the scheduler answers it: the running jobs' GPUs for usage (each
+        project due an equal share), the ended jobs' runtimes for the day's and week's GPU-hours."""
+        held: dict[tuple[str, str], float] = {}
+        hours: dict[str, dict[str, dict[str, float]]] = {"project": {}, "user": {}}
+        for job in self.jobs.values():
+            gpus = job["nodes"] * job["gpus_per_node"]
+            if job["status"] == "running":
+                key = (job["project"], job["owner"])
+                held[key] = held.get(key, 0.0) + gpus
+            if job["started"] is not None:
+                spent = gpus * ((job["ended"] or self.now) - job["started"]) / 3600.0
+                for by, name in (("project", job["project"]), ("user", job["owner"])):
+                    row = hours[by].setdefault(name, {"gpu_hours": 0.0, "jobs": 0, "goodput": 0.95})
+                    row["gpu_hours"] += spent
+                    row["jobs"] += 1
+        total = sum(held.values()) or 1.0
+        users = {p: sum(1 for q, _ in held if q == p) for p in PROJECTS}
+        accounts = [
+            {"project": p, "user": u, "share": 1 / len(PROJECTS) / users[p], "usage": g / total, "gpu_hours": g,
+             "factor": 2 ** -(g / total * len(PROJECTS)), "project_ratio": 1.0, "user_ratio": 1.0, "text": ""}
+            for (p, u), g in sorted(held.items())
+        ]  # fmt: skip
+        fair = {"half_life_s": 7 * 86400.0, "by_user": False, "accounts": accounts}
+        return {"now": self.now, "fairshare": fair, "day": hours, "week": hours, "quotas": {"project": {}, "user": {}}}
 
     def _forecast(self) -> dict[str, Any]:
         """Expected starts as the scheduler answers them: the first 500 queued jobs (the queue depth), in queue

@@ -23,7 +23,7 @@ SHARE_COLUMNS = (
     R.Column("who", "WHO", min_width=14),
     R.Column("due", "DUE"),
     R.Column("used", "USED"),
-    R.Column("bar", "USED AGAINST DUE", 22),
+    R.Column("bar", "USED AGAINST DUE", 26),
     R.Column("factor", "FAIR SHARE"),
     R.Column("day", "GPU-H 1D"),
     R.Column("week", "GPU-H 7D"),

@@ -130,6 +130,8 @@ def test_console_in_a_real_terminal(tmp_path: Path, lab_config: Path) -> None:
             tmux.wait("next-in-line", "queued", "Overview")
             tmux.keys("Escape")
             tmux.wait("Timeline", "next-in-line (")
+            tmux.keys("8")  # the shares: no fair share in the lab's config, so the sums, with the job that runs
+            tmux.wait("Shares", "fair share off (scheduler.fairshare)", "projects", "users", "  root")
         finally:
             subprocess.run([*FTCONSOLE, "--config", str(lab_config), "stop", *ids], capture_output=True, timeout=60)
         tmux.quit()
@@ -209,6 +211,35 @@ def test_the_timeline_of_10000_jobs_in_a_real_terminal(tmp_path: Path) -> None:
             time.sleep(0.2)
         else:
             raise AssertionError(f"the zoom did not change the time a column: {title}")
+        tmux.quit()
+    finally:
+        tmux("kill-server")
+
+
+def test_the_shares_of_10000_jobs_in_a_real_terminal(tmp_path: Path) -> None:
+    """The console bench's cluster (1,000 nodes, 10,000 jobs of 40 users in 6 projects, its synthetic shares) in
+    a real 200x50 terminal: every project and user, the bars of use against due."""
+    root = Path(__file__).resolve().parents[2]
+    script = tmp_path / "shares.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(root)!r})\n"
+        "from pathlib import Path\n"
+        "from bench.console import SyntheticCluster\n"
+        "from ftconsole.tui.app import ConsoleApp\n"
+        "from tests.console_data import fixed_config\n"
+        "source = SyntheticCluster(1000, 10000, 1)\n"
+        f"app = ConsoleApp(fixed_config(Path({str(tmp_path)!r})), client=source, clock=lambda: source.now,\n"
+        "                 refresh_s=3600, view='shares')\n"
+        "app.run()\n"
+    )
+    tmux = Tmux(tmp_path / "tmux.sock")
+    tmux.start(f"'{sys.executable}' '{script}'", 200, 50)
+    try:
+        screen = tmux.wait("Shares", "fair share per project, then user", "projects", "  llm", "  vision", timeout=90)
+        assert "│" in screen and "x " in screen  # the bars, with their ratios
+        tmux.keys("End")  # the last user
+        tmux.wait("users", "  user")
         tmux.quit()
     finally:
         tmux("kill-server")
