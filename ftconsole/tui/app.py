@@ -10,7 +10,7 @@ Timeline (the queue over the hours to come, `timelineview.py`), 8 Shares (`share
 one row, and `t` shows or hides a row per task. Every action is an `action_*` method
 bound in `BINDINGS`; `check_action` hides the ones that do not apply to the view, and every action that changes
 something under `--readonly`. Data is read once a second by a worker, for the visible view, and applied by diff
-(`KeyedTable`), so the cursor and scroll never jump and the UI never waits on SSH.
+(`LineTable`), so the cursor and scroll never jump and the UI never waits on SSH.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from ftconsole.tui import rows as R
 from ftconsole.tui.actions import Actions
 from ftconsole.tui.detail import JobScreen, NodeScreen
 from ftconsole.tui.feed import Feed
+from ftconsole.tui.linetable import LineTable
 from ftconsole.tui.mapview import ClusterMap, MapView
 from ftconsole.tui.shares import SharesView
 from ftconsole.tui.timelineview import TimelineChart, TimelineView
@@ -413,7 +414,8 @@ class ConsoleApp(Actions):
     # -- opening details -----------------------------------------------------------------------------------
 
     @on(DataTable.RowSelected)
-    def row_selected(self, event: DataTable.RowSelected) -> None:
+    @on(LineTable.RowSelected)
+    def row_selected(self, event: DataTable.RowSelected | LineTable.RowSelected) -> None:
         if self.screen is not self.screen_stack[0] or event.row_key.value is None:
             return
         key = str(event.row_key.value)

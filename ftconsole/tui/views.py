@@ -1,6 +1,6 @@
 """The numbered views: Jobs, Nodes, Alerts, Events, Cluster.
 
-A view is a title line (counts, the `/` filter, the age of its data) over a `KeyedTable`. `update_view` turns
+A view is a title line (counts, the `/` filter, the age of its data) over a `LineTable`. `update_view` turns
 the feed into rows (`rows.py`), filters them and hands them to the table, which redraws only what changed.
 Rows that cannot change with the clock (a queued or ended job) are built once and reused until their data
 changes, so a tick over 10,000 jobs costs what the running ones cost. An array of jobs is one row (`array:12`),
@@ -24,7 +24,7 @@ from ftconsole.format import age
 from ftconsole.tui import rows as R
 from ftconsole.tui.clusterrows import CLUSTER_NODE_COLUMNS, cluster_node_cells
 from ftconsole.tui.feed import Feed
-from ftconsole.tui.table import KeyedTable
+from ftconsole.tui.linetable import LineTable
 
 
 class View(Vertical):
@@ -43,7 +43,7 @@ class View(Vertical):
         super().__init__(id=id)
         self.pattern: re.Pattern[str] | None = None
         self.marked: set[str] = set()
-        self.table = KeyedTable(self.columns, id=f"{id}-table")
+        self.table = LineTable(self.columns, id=f"{id}-table")
         self.counts = ""
 
     def compose(self) -> ComposeResult:

@@ -1,53 +1,60 @@
-"""The diffing table: only what changed is touched; the cursor stays on its row and at its height."""
+"""The views' table (LineTable): rows applied by key; the cursor stays on its row and at its height; a line is
+drawn again only when its row, the cursor or a column's width changed; text is shown as it is."""
 
 from __future__ import annotations
 
 from rich.text import Text
 from textual.app import App, ComposeResult
 
+from ftconsole.tui.linetable import LineTable
 from ftconsole.tui.rows import Column
-from ftconsole.tui.table import KeyedTable
 
 COLUMNS = (Column("id", "ID"), Column("state", "STATE", 8), Column("note", "NOTE"))
 
 
 class TableApp(App[None]):
+    def __init__(self) -> None:
+        super().__init__()
+        self.chosen: list[str] = []
+
     def compose(self) -> ComposeResult:
-        yield KeyedTable(COLUMNS, id="t")
+        yield LineTable(COLUMNS, id="t")
+
+    def on_line_table_row_selected(self, event: LineTable.RowSelected) -> None:
+        self.chosen.append(event.row_key.value)
 
 
 def rows(n: int, state: str = "ok") -> dict[str, tuple[str | Text, ...]]:
     return {f"r{i:05}": (f"r{i:05}", Text(state, style="green"), "") for i in range(n)}
 
 
-async def test_apply_adds_updates_reorders_and_keeps_the_cursor() -> None:
+def line(table: LineTable, y: int) -> str:
+    return "".join(s.text for s in table.render_line(y))
+
+
+async def test_apply_updates_reorders_and_keeps_the_cursor() -> None:
     app = TableApp()
     async with app.run_test(size=(60, 20)) as pilot:
-        table = app.query_one(KeyedTable)
+        table = app.query_one(LineTable)
         data = rows(100)
         order = sorted(data)
         table.apply(data, order)
         await pilot.pause()
         assert table.row_count == 100 and table.keys == order
+        assert line(table, 0).split() == ["ID", "STATE", "NOTE"]  # the header, fixed at the top
         table.move_cursor(row=50)
+        await pilot.pause()
         table.scroll_to(y=45, animate=False, immediate=True)
         await pilot.pause()
         assert table.selected_key() == "r00050"
         offset = table.cursor_row - round(table.scroll_y)
 
-        # one cell changes: one update, no rebuild (the untouched rows keep their very objects)
-        untouched = table.get_row("r00001")
         data = dict(data)
         data["r00050"] = ("r00050", Text("bad", style="red"), "disk full")
         table.apply(data, order)
         await pilot.pause()
         assert table.to_rows()["r00050"] == ("r00050", "bad", "disk full")
-        assert table.get_row("r00001")[1] is untouched[1]
-
-        # a style alone changes: that counts as a change too
-        data["r00051"] = ("r00051", Text("ok", style="bold red"), "")
-        table.apply(data, order)
-        assert table.get_row("r00051")[1].style == "bold red"
+        assert "disk full" in line(table, 1 + 50 - round(table.scroll_y))
 
         # the row moves to the top: the cursor follows it and stays at the same height on screen
         order = ["r00050", *[k for k in order if k != "r00050"]]
@@ -71,41 +78,58 @@ async def test_apply_adds_updates_reorders_and_keeps_the_cursor() -> None:
         assert table.row_count == 99 and table.keys[-1] == "r99999"
 
 
-async def test_many_removals_keep_order_and_selection() -> None:
+async def test_a_line_is_drawn_again_only_when_its_row_changed() -> None:
     app = TableApp()
     async with app.run_test(size=(60, 20)) as pilot:
-        table = app.query_one(KeyedTable)
-        data = rows(500)
+        table = app.query_one(LineTable)
+        data = rows(30)
         table.apply(data, sorted(data))
-        table.move_cursor(row=table.get_row_index("r00499"))
-        kept = {k: v for k, v in data.items() if k >= "r00300" or k.endswith("7")}  # 270 removals at once
-        table.apply(kept, sorted(kept))
         await pilot.pause()
-        assert table.row_count == len(kept) and table.selected_key() == "r00499"
-        assert table.keys == sorted(kept)
-        assert [str(table.get_row_at(i)[0]) for i in range(table.row_count)] == sorted(kept)
+        first, fifth = table.render_line(2), table.render_line(6)
+        data = {**data, "r00005": ("r00005", Text("bad", style="red"), "x")}  # the row on line 6
+        table.apply(data, sorted(data))
+        await pilot.pause()
+        assert table.render_line(2) is first and table.render_line(6) is not fifth
+        assert line(table, 6).split()[:3] == ["r00005", "bad", "x"]
+
+
+async def test_keys_move_the_cursor_and_enter_selects() -> None:
+    app = TableApp()
+    async with app.run_test(size=(60, 10)) as pilot:
+        table = app.query_one(LineTable)
+        data = rows(40)
+        table.apply(data, sorted(data))
+        table.focus()
+        await pilot.pause()
+        await pilot.press("down", "down", "end", "up")
+        assert table.selected_key() == "r00038"
+        assert round(table.scroll_y) > 0  # scrolled to keep it in view, under the header
+        await pilot.press("home", "pagedown")
+        assert table.selected_key() == f"r{table.size.height - 2:05}"
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.chosen == [table.selected_key()]
 
 
 async def test_text_that_looks_like_markup_is_shown_as_it_is() -> None:
     app = TableApp()
     async with app.run_test(size=(80, 10)) as pilot:
-        table = app.query_one(KeyedTable)
-        table.apply({"a": ("a", "[red]x[/]", "cannot open [/data/x]")}, ["a"])
+        table = app.query_one(LineTable)
+        table.apply({"a": ("a", "[b]x[/]", "cannot open [/data/x]")}, ["a"])
         await pilot.pause()
-        table.apply({"a": ("a", "[b]y", "[/]")}, ["a"])  # updated cells too
-        await pilot.pause()
-        assert [str(c) for c in table.get_row("a")] == ["a", "[b]y", "[/]"]
-        assert all(isinstance(c, Text) for c in table.get_row("a")[1:])  # not left to be read as markup
+        assert line(table, 1).split() == ["a", "[b]x[/]", "cannot", "open", "[/data/x]"]
 
 
-async def test_columns_grow_for_longer_values_and_fixed_ones_stay() -> None:
+async def test_columns_grow_for_longer_values_and_fixed_ones_cut() -> None:
     app = TableApp()
     async with app.run_test(size=(100, 10)) as pilot:
-        table = app.query_one(KeyedTable)
+        table = app.query_one(LineTable)
         table.apply({"a": ("a", "ok", "short")}, ["a"])
         await pilot.pause()
         table.apply({"a": ("a", "a much longer state", "a much longer note")}, ["a"])
         await pilot.pause()
-        widths = {str(k.value): c.get_render_width(table) for k, c in table.columns.items()}
-        assert widths["state"] == 8 + 2  # fixed: 8 plus cell padding
-        assert widths["note"] >= len("a much longer note")
+        assert table.widths[1] == 8 and table.widths[2] == len("a much longer note")
+        shown = line(table, 1)
+        assert "a much …" in shown and "a much longer note" in shown  # the fixed column cut, with an ellipsis
+        table.apply({"a": ("a", "ok", "x")}, ["a"])
+        assert table.widths[2] == len("a much longer note")  # never shrinks on its own

@@ -1,0 +1,278 @@
+"""A table of keyed rows drawn through Textual's line API: `KeyedTable`'s interface, for the views with many rows.
+
+`apply(rows, order)` takes every row that should be shown (by key) and their order, as `KeyedTable.apply` does;
+the cursor stays on its row, at the same height on the screen. Unlike a DataTable, which renders every visible
+cell again after any change (and works out the height of all 10,000 rows), a line is drawn only when it comes
+into view or its row, the cursor or a column's width changed: its cells are turned into segments directly, each
+cut or padded to its column. A column grows when a value needs more room and never shrinks on its own.
+The header stays at the top; `left`/`right` scroll sideways when the columns are wider than the view.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from rich.cells import cell_len, set_cell_size
+from rich.segment import Segment
+from rich.style import Style
+from rich.text import Text
+from textual import events
+from textual.binding import Binding, BindingType
+from textual.geometry import Size
+from textual.message import Message
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+
+from ftconsole.tui.rows import Column, Row
+
+GAP = 2  # columns between two columns (a DataTable's cell padding, one each side)
+
+
+class RowKey:
+    """What `RowSelected.row_key` holds, as a DataTable's: the row's key in `value`."""
+
+    def __init__(self, value: str) -> None:
+        self.value = value
+
+
+class LineTable(ScrollView, can_focus=True):
+    COMPONENT_CLASSES: ClassVar[set[str]] = {
+        "line-table--header", "line-table--cursor", "line-table--even-row",
+    }  # fmt: skip
+    DEFAULT_CSS = """
+    LineTable {
+        height: 1fr;
+        background: $surface;
+        color: $foreground;
+        &:focus {
+            background-tint: $foreground 5%;
+            & > .line-table--cursor {
+                background: $block-cursor-background;
+                color: $block-cursor-foreground;
+                text-style: $block-cursor-text-style;
+            }
+            & > .line-table--header { background-tint: $foreground 5%; }
+        }
+        &:dark > .line-table--even-row { background: $surface-darken-1 40%; }
+        & > .line-table--header { text-style: bold; background: $panel; color: $foreground; }
+        &:ansi > .line-table--header { background: ansi_bright_blue; color: ansi_default; }
+        & > .line-table--even-row { background: $surface-lighten-1 50%; }
+        & > .line-table--cursor {
+            background: $block-cursor-blurred-background;
+            color: $block-cursor-blurred-foreground;
+            text-style: $block-cursor-blurred-text-style;
+        }
+    }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("enter", "select_cursor", "Select", show=False),
+        Binding("up", "cursor_up", "Cursor up", show=False),
+        Binding("down", "cursor_down", "Cursor down", show=False),
+        Binding("left", "scroll_left", "Scroll left", show=False),
+        Binding("right", "scroll_right", "Scroll right", show=False),
+        Binding("home", "cursor_first", "First", show=False),
+        Binding("end", "cursor_last", "Last", show=False),
+        Binding("pageup", "page(-1)", "Page up", show=False),
+        Binding("pagedown", "page(1)", "Page down", show=False),
+    ]
+
+    class RowSelected(Message):
+        """`enter` (or a click on the row under the cursor) on a row."""
+
+        def __init__(self, table: LineTable, key: str) -> None:
+            super().__init__()
+            self.table = table
+            self.row_key = RowKey(key)
+
+        @property
+        def control(self) -> LineTable:
+            return self.table
+
+    def __init__(self, columns: Sequence[Column], *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.spec = tuple(columns)
+        self.columns: dict[Any, Any] = {}  # a DataTable's, which the views read to set least widths: none here
+        self.widths = [c.width if c.width is not None else max(cell_len(c.label), c.min_width) for c in self.spec]
+        self._auto = [i for i, c in enumerate(self.spec) if c.width is None]
+        self._shown: dict[str, Row] = {}
+        self._order: list[str] = []
+        self._index: dict[str, int] = {}
+        self.cursor_row = 0
+        self._strips: dict[int, tuple[Any, Strip]] = {}  # line -> (what it was drawn of, the strip)
+        self._styles: tuple[Any, ...] = ()
+        self._header: tuple[Any, Strip] | None = None
+
+    # -- reading -------------------------------------------------------------------------------------------
+
+    @property
+    def keys(self) -> list[str]:
+        return list(self._order)
+
+    @property
+    def row_count(self) -> int:
+        return len(self._order)
+
+    def selected_key(self) -> str | None:
+        return self._order[self.cursor_row] if self._order else None
+
+    def shown(self, key: str) -> Row | None:
+        return self._shown.get(key)
+
+    def get_row_index(self, key: str) -> int:
+        return self._index[key]
+
+    def to_rows(self) -> dict[str, Any]:  # for tests: what the table holds now, in order, as plain text
+        return {k: tuple(c.plain if isinstance(c, Text) else c for c in self._shown[k]) for k in self._order}
+
+    # -- writing -------------------------------------------------------------------------------------------
+
+    def select_key(self, key: str) -> bool:
+        if key not in self._index:
+            return False
+        self._move(self._index[key])
+        return True
+
+    def apply(self, rows: Mapping[str, Row], order: Sequence[str]) -> None:
+        selected = self.selected_key()
+        screen_offset = self.cursor_row - round(self.scroll_y)
+        grew = False
+        for key, cells in rows.items():
+            old = self._shown.get(key)
+            if old is not cells:  # rows rebuilt from unchanged data are the same object (see views)
+                grew |= self._grow(cells)
+        self._shown = dict(rows)
+        if list(order) != self._order:
+            self._order = list(order)
+            self._index = {key: i for i, key in enumerate(self._order)}
+        if grew:
+            self._strips.clear()
+            self._header = None
+        self.virtual_size = Size(self._total_width(), len(self._order) + 1)
+        if selected is not None and selected in self._index:
+            self.cursor_row = self._index[selected]
+            if round(self.scroll_y) != max(0, self.cursor_row - screen_offset):
+                self.scroll_to(y=max(0, self.cursor_row - screen_offset), animate=False, immediate=True)
+        else:
+            self.cursor_row = max(0, min(self.cursor_row, len(self._order) - 1))
+        self.refresh()
+
+    def _grow(self, cells: Row) -> bool:
+        grew = False
+        widths = self.widths
+        for i in self._auto:  # the columns sized to their content
+            cell = cells[i]
+            width = (len(cell) if cell.isascii() else cell_len(cell)) if isinstance(cell, str) else cell.cell_len
+            if width > widths[i]:
+                widths[i] = width
+                grew = True
+        return grew
+
+    def _total_width(self) -> int:
+        return sum(self.widths) + GAP * len(self.widths)
+
+    # -- drawing -------------------------------------------------------------------------------------------
+
+    def render_line(self, y: int) -> Strip:
+        styles = (
+            self.rich_style,
+            self.get_component_rich_style("line-table--header"),
+            self.get_component_rich_style("line-table--cursor"),
+            self.get_component_rich_style("line-table--even-row"),
+        )
+        if styles != self._styles:  # the theme or the focus changed
+            self._styles = styles
+            self._strips.clear()
+            self._header = None
+        base, header, cursor, even = styles
+        width = self.size.width
+        scroll_x = round(self.scroll_x)
+        if y == 0:
+            if self._header is None or self._header[0] != (scroll_x, width):
+                labels = self._line(tuple(Text(c.label) for c in self.spec), base + header)
+                self._header = ((scroll_x, width), labels.crop_extend(scroll_x, scroll_x + width, base + header))
+            return self._header[1]
+        index = round(self.scroll_y) + y - 1
+        if index >= len(self._order):
+            return Strip.blank(width, base)
+        key = self._order[index]
+        cells = self._shown[key]
+        selected = index == self.cursor_row
+        style = base + cursor if selected else base + even if index % 2 else base
+        what = (cells, selected, index % 2, scroll_x, width)
+        kept = self._strips.get(index)
+        if kept is not None and kept[0] == what:
+            return kept[1]
+        strip = self._line(cells, style).crop_extend(scroll_x, scroll_x + width, style)
+        self._strips[index] = (what, strip)
+        return strip
+
+    def _line(self, cells: Row, style: Style) -> Strip:
+        segments: list[Segment] = []
+        pad = Segment(" ", style)
+        for cell, width in zip(cells, self.widths, strict=True):
+            segments.append(pad)
+            if isinstance(cell, Text):
+                text = cell.copy()
+                text.truncate(width, overflow="ellipsis", pad=True)
+                segments += [
+                    Segment(s.text, style + s.style if s.style else style) for s in text.render(self.app.console)
+                ]
+            else:
+                size = cell_len(cell)
+                shown = cell if size == width else set_cell_size(cell, width) if size < width else ""
+                if size > width:  # cut, as a Text is: the last column shows that there is more
+                    shown = set_cell_size(cell, width - 1) + "…" if width > 0 else ""
+                segments.append(Segment(shown, style))
+            segments.append(pad)
+        return Strip(segments)
+
+    # -- the cursor ----------------------------------------------------------------------------------------
+
+    def _move(self, row: int) -> None:
+        if not self._order:
+            return
+        row = max(0, min(len(self._order) - 1, row))
+        if row != self.cursor_row:
+            self.cursor_row = row
+            self.refresh()
+        top = round(self.scroll_y)
+        rows = max(1, self.size.height - 1)  # under the header
+        if row < top:
+            self.scroll_to(y=row, animate=False, immediate=True)
+        elif row >= top + rows:
+            self.scroll_to(y=row - rows + 1, animate=False, immediate=True)
+
+    def move_cursor(self, *, row: int, animate: bool = False) -> None:
+        self._move(row)
+
+    def action_cursor_up(self) -> None:
+        self._move(self.cursor_row - 1)
+
+    def action_cursor_down(self) -> None:
+        self._move(self.cursor_row + 1)
+
+    def action_cursor_first(self) -> None:
+        self._move(0)
+
+    def action_cursor_last(self) -> None:
+        self._move(len(self._order) - 1)
+
+    def action_page(self, direction: int) -> None:
+        self._move(self.cursor_row + direction * max(1, self.size.height - 2))
+
+    def action_select_cursor(self) -> None:
+        key = self.selected_key()
+        if key is not None:
+            self.post_message(self.RowSelected(self, key))
+
+    def on_click(self, event: events.Click) -> None:
+        offset = event.get_content_offset(self)
+        if offset is None or offset.y == 0:
+            return
+        row = round(self.scroll_y) + offset.y - 1
+        if 0 <= row < len(self._order):
+            again = row == self.cursor_row
+            self._move(row)
+            if again or event.chain >= 2:
+                self.action_select_cursor()
