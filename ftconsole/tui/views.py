@@ -126,6 +126,7 @@ class JobsView(View):
         self._cache: dict[int, _Cached] = {}
         self._layout: tuple[dict[str, tuple[Any, ...]], dict[str, list[str]]] = ({}, {})
         self._order: list[str] = []
+        self._states: Counter[str] = Counter()  # the jobs by the status word they show, as `build` counted them
         self.arrays: dict[int, list[Mapping[str, Any]]] = {}  # array id -> its tasks, as `build` last saw them
         self.expanded: set[int] = set()  # the arrays whose tasks have a row each
 
@@ -141,16 +142,19 @@ class JobsView(View):
         arrays: dict[int, list[Mapping[str, Any]]] = {}
         cache = self._cache
         fresh: dict[int, _Cached] = {}
+        states: Counter[str] = Counter()
         found = R.job_alert_marks(feed.alerts.values())  # the alerts are read on every refresh, whatever the view
         for job_id, job in feed.jobs.items():
             array_id = job.get("array_id")
             if array_id is not None:
                 arrays.setdefault(array_id, []).append(job)
                 if array_id not in self.expanded:
+                    states[R.job_state(job, now)] += 1
                     continue
             key = str(job_id)
             marked = key in self.marked
             clock = R.job_clock(job, now)
+            states[clock[0] if job["status"] == "running" else job["status"]] += 1  # job_state's, for the title
             marks = found.get(job_id, ())
             util = feed.job_util.get(job_id, ())
             hit = cache.get(job_id)
@@ -169,6 +173,7 @@ class JobsView(View):
             if array_id is None:
                 top[key] = hit[5]
         self._cache = fresh
+        self._states = states
         self.arrays = arrays
         inner: dict[str, list[str]] = {}  # an expanded array's row key -> its tasks' row keys, most pressing first
         for array_id, tasks in arrays.items():
@@ -184,7 +189,7 @@ class JobsView(View):
         return rows, self._order
 
     def summary(self, feed: Feed, now: float) -> Text:
-        counts = Counter(R.job_state(j, now) for j in feed.jobs.values())
+        counts = self._states  # counted by `build`, which just ran (an array's tasks with the rest)
         shown = ("stalled", "error", "running", "stopping", "queued")
         return Text.assemble(*_counts(counts, shown, R.STATUS_STYLE), f"{len(feed.jobs)} jobs")
 
