@@ -27,7 +27,7 @@ from tests.docker_lab import docker_lab_fixture  # noqa: F401  (the fixture)
 from tests.integration.test_containers_sshd import image_job, lab_config
 from tests.integration.test_scheduler_sshd import log_of, running
 from tests.peers.nodessh import ssh_bin
-from tests.peers.test_launchers import MARK, OMPI_LAB, finished, records
+from tests.peers.test_launchers import MARK, finished, ompi_lab, records
 from tests.podman_lab import PodmanLab, podman_lab_fixture  # noqa: F401  (the fixture)
 from tests.sshd_cluster import SshdCluster
 
@@ -53,7 +53,7 @@ def mpi_job(name: str, mode: str, lab: Any, cluster: SshdCluster, root: Path, sl
         "PATH": ":".join(path),
         "PEER_RESULTS": str(results),
         "PEER_MARK": MARK,  # quotes, $, backquotes: passed by name into every container
-        **OMPI_LAB,
+        **ompi_lab(),
         "HYDRA_IFACE": "lo",
         **env,
     }

@@ -12,9 +12,12 @@ All traffic is on loopback: the nodes are 127.0.0.11 and 127.0.0.12, gloo and th
 from __future__ import annotations
 
 import asyncio
+import atexit
 import json
 import re
+import shutil
 import socket
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -35,6 +38,13 @@ RANK = str(HERE / "rank_allreduce.py")
 TF_WORKER = str(HERE / "tf_worker.py")
 JOB_WAIT = 180.0  # a job's whole life; torch, DeepSpeed and TensorFlow start slowly on 2 cores
 MARK = 'it\'s "quoted" $HOME `id` a;b|c & 2 spaces'  # the job's own env value that must reach every rank
+# OpenMPI's session folders (/tmp/ompi.HOST.UID/jf.N/...; N a 16-bit hash of mpirun's pid): the lab's nodes share
+# one /tmp and one host name, and the orted of a stopped job leaves its folder behind, so a later mpirun whose pid
+# hashes alike failed ("File exists", once in a clean clone's run). Real nodes each have their own /tmp. Each of
+# the suite's OpenMPI jobs keeps them in a folder of its own (`ompi_lab`), in one of this run, removed at its end.
+OMPI_SESSIONS = Path(tempfile.mkdtemp(prefix="ompi-", dir="/tmp"))
+OMPI_SESSIONS.chmod(0o1777)
+atexit.register(shutil.rmtree, OMPI_SESSIONS, True)
 # Open MPI on the lab: its daemons talk over loopback; and no topology shared through a hole mmapped at a fixed
 # address (rtc_hwloc_vmhole none): Open MPI 4.1's orted segfaults in hwloc_shmem_topology_write now and then here
 # (a CI run of 2026-11-26), an Open MPI fault that mpirun's users meet as "ORTE was unable to start daemons"
@@ -43,6 +53,12 @@ OMPI_LAB = {
     "OMPI_MCA_btl_tcp_if_include": "lo",
     "OMPI_MCA_rtc_hwloc_vmhole": "none",
 }
+
+
+def ompi_lab() -> dict[str, str]:
+    """OMPI_LAB, with a session folder for this job alone (mpirun passes it on to the orted it starts)."""
+    return {**OMPI_LAB, "OMPI_MCA_orte_tmpdir_base": tempfile.mkdtemp(prefix="j", dir=OMPI_SESSIONS)}
+
 
 if not (PEERS / "bin" / "deepspeed").exists():
     pytest.exit(f"no peer environment at {PEERS}: run `make test-peers`, which installs it", returncode=2)
@@ -204,7 +220,7 @@ async def test_deepspeed_runner_over_pdsh_on_gpus_0_1_and_on_gpus_2_3(peers: Pee
 async def test_horovod_mode_mpirun_prefix_with_openmpi(peers: Peers) -> None:
     """The generated mpirun prefix (OpenMPI's mpirun on PATH); rank 2 exits 5, which mpirun passes on."""
     results = peers.root / "results"
-    env = peers.env(results, PEER_EXIT="2:5", **OMPI_LAB)
+    env = peers.env(results, PEER_EXIT="2:5", **ompi_lab())
     async with running(peers.loaded) as (_, client):
         job = await client.call("submit", spec=peers.spec("ompi", "horovod", f"python {RANK}", env))
         shown = await finished(client, job["id"])
