@@ -176,12 +176,11 @@ def test_the_map_of_1000_nodes_in_a_real_terminal(tmp_path: Path) -> None:
         tmux("kill-server")
 
 
-def test_the_timeline_of_10000_jobs_in_a_real_terminal(tmp_path: Path) -> None:
-    """The console bench's cluster (1,000 nodes, 10,000 jobs, its synthetic forecast: 500 expected, the rest
-    past the queue depth) in a real 200x50 terminal: pools with their rows, the cursor sent to the last row (and
-    the count of the jobs past the queue depth after it), and a zoom out."""
+def bench_console(tmp_path: Path, view: str) -> Tmux:
+    """The console on the console bench's synthetic cluster (1,000 nodes, 10,000 jobs), on `view`, in a real
+    200x50 terminal."""
     root = Path(__file__).resolve().parents[2]
-    script = tmp_path / "timeline.py"
+    script = tmp_path / f"{view}.py"
     script.write_text(
         "import sys\n"
         f"sys.path.insert(0, {str(root)!r})\n"
@@ -191,11 +190,19 @@ def test_the_timeline_of_10000_jobs_in_a_real_terminal(tmp_path: Path) -> None:
         "from tests.console_data import fixed_config\n"
         "source = SyntheticCluster(1000, 10000, 1)\n"
         f"app = ConsoleApp(fixed_config(Path({str(tmp_path)!r})), client=source, clock=lambda: source.now,\n"
-        "                 refresh_s=3600, view='timeline')\n"
+        f"                 refresh_s=3600, view={view!r})\n"
         "app.run()\n"
     )
     tmux = Tmux(tmp_path / "tmux.sock")
     tmux.start(f"'{sys.executable}' '{script}'", 200, 50)
+    return tmux
+
+
+def test_the_timeline_of_10000_jobs_in_a_real_terminal(tmp_path: Path) -> None:
+    """The console bench's cluster (1,000 nodes, 10,000 jobs, its synthetic forecast: 500 expected, the rest
+    past the queue depth) in a real 200x50 terminal: pools with their rows, the cursor sent to the last row (and
+    the count of the jobs past the queue depth after it), and a zoom out."""
+    tmux = bench_console(tmp_path, "timeline")
     try:
         screen = tmux.wait("Timeline", " running · 500 expected · ", "pool infer", "┊", timeout=90)
         assert "█" in screen and "▒" in screen
@@ -219,22 +226,7 @@ def test_the_timeline_of_10000_jobs_in_a_real_terminal(tmp_path: Path) -> None:
 def test_the_shares_of_10000_jobs_in_a_real_terminal(tmp_path: Path) -> None:
     """The console bench's cluster (1,000 nodes, 10,000 jobs of 40 users in 6 projects, its synthetic shares) in
     a real 200x50 terminal: every project and user, the bars of use against due."""
-    root = Path(__file__).resolve().parents[2]
-    script = tmp_path / "shares.py"
-    script.write_text(
-        "import sys\n"
-        f"sys.path.insert(0, {str(root)!r})\n"
-        "from pathlib import Path\n"
-        "from bench.console import SyntheticCluster\n"
-        "from ftconsole.tui.app import ConsoleApp\n"
-        "from tests.console_data import fixed_config\n"
-        "source = SyntheticCluster(1000, 10000, 1)\n"
-        f"app = ConsoleApp(fixed_config(Path({str(tmp_path)!r})), client=source, clock=lambda: source.now,\n"
-        "                 refresh_s=3600, view='shares')\n"
-        "app.run()\n"
-    )
-    tmux = Tmux(tmp_path / "tmux.sock")
-    tmux.start(f"'{sys.executable}' '{script}'", 200, 50)
+    tmux = bench_console(tmp_path, "shares")
     try:
         screen = tmux.wait("Shares", "fair share per project, then user", "projects", "  llm", "  vision", timeout=90)
         assert "│" in screen and "x " in screen  # the bars, with their ratios
