@@ -24,7 +24,7 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from ftconsole.tui.rows import Column, Row
+from ftconsole.tui.rows import Cell, Column, Lazy, Row
 
 GAP = 2  # columns between two columns (a DataTable's cell padding, one each side)
 
@@ -95,7 +95,7 @@ class LineTable(ScrollView, can_focus=True):
         self.columns: dict[Any, Any] = {}  # a DataTable's, which the views read to set least widths: none here
         self.widths = [c.width if c.width is not None else max(cell_len(c.label), c.min_width) for c in self.spec]
         self._auto = [i for i, c in enumerate(self.spec) if c.width is None]
-        self._shown: dict[str, Row] = {}
+        self._shown: dict[str, Row | Lazy] = {}
         self._order: list[str] = []
         self._index: dict[str, int] = {}
         self.cursor_row = 0
@@ -117,13 +117,14 @@ class LineTable(ScrollView, can_focus=True):
         return self._order[self.cursor_row] if self._order else None
 
     def shown(self, key: str) -> Row | None:
-        return self._shown.get(key)
+        row = self._shown.get(key)
+        return None if row is None else self._cells(row)
 
     def get_row_index(self, key: str) -> int:
         return self._index[key]
 
     def to_rows(self) -> dict[str, Any]:  # for tests: what the table holds now, in order, as plain text
-        return {k: tuple(c.plain if isinstance(c, Text) else c for c in self._shown[k]) for k in self._order}
+        return {k: tuple(map(_plain, self._cells(self._shown[k]))) for k in self._order}
 
     # -- writing -------------------------------------------------------------------------------------------
 
@@ -133,13 +134,13 @@ class LineTable(ScrollView, can_focus=True):
         self._move(self._index[key])
         return True
 
-    def apply(self, rows: Mapping[str, Row], order: Sequence[str]) -> None:
+    def apply(self, rows: Mapping[str, Row | Lazy], order: Sequence[str]) -> None:
         selected = self.selected_key()
         screen_offset = self.cursor_row - round(self.scroll_y)
         grew = False
         for key, cells in rows.items():
             old = self._shown.get(key)
-            if old is not cells:  # rows rebuilt from unchanged data are the same object (see views)
+            if old is not cells and not isinstance(cells, Lazy):  # unchanged data: the same object (see views)
                 grew |= self._grow(cells)
         self._shown = dict(rows)
         if list(order) != self._order:
@@ -156,6 +157,18 @@ class LineTable(ScrollView, can_focus=True):
         else:
             self.cursor_row = max(0, min(self.cursor_row, len(self._order) - 1))
         self.refresh()
+
+    def _cells(self, row: Row | Lazy) -> Row:
+        """A row's cells; a lazy row's built now, and its columns grown for them (drawn again where they grew)."""
+        if not isinstance(row, Lazy):
+            return row
+        made = row.cells()
+        if self._grow(made):
+            self._strips.clear()
+            self._header = None
+            self.virtual_size = Size(self._total_width(), len(self._order) + 1)
+            self.refresh()
+        return made
 
     def _grow(self, cells: Row) -> bool:
         grew = False
@@ -196,7 +209,7 @@ class LineTable(ScrollView, can_focus=True):
         if index >= len(self._order):
             return Strip.blank(width, base)
         key = self._order[index]
-        cells = self._shown[key]
+        cells = self._cells(self._shown[key])
         selected = index == self.cursor_row
         style = base + cursor if selected else base + even if index % 2 else base
         what = (cells, selected, index % 2, scroll_x, width)
@@ -276,3 +289,7 @@ class LineTable(ScrollView, can_focus=True):
             self._move(row)
             if again or event.chain >= 2:
                 self.action_select_cursor()
+
+
+def _plain(cell: Cell) -> str:
+    return cell.plain if isinstance(cell, Text) else cell

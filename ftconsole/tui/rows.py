@@ -14,7 +14,7 @@ import functools
 import re
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +24,30 @@ from ftconsole.format import age, node_count, node_doing
 
 Cell = str | Text
 Row = tuple[Cell, ...]
+
+
+class Lazy:
+    """A row whose cells are built when first needed (drawn, filtered or read), then kept: of 10,000 jobs, the
+    Jobs view's running ones change every second, and only those on screen need their cells."""
+
+    __slots__ = ("_args", "_build", "_cells")
+
+    def __init__(self, build: Callable[..., Row], *args: Any) -> None:
+        self._build: Callable[..., Row] | None = build
+        self._args = args
+        self._cells: Row | None = None
+
+    def cells(self) -> Row:
+        if self._cells is None:
+            assert self._build is not None
+            self._cells = self._build(*self._args)
+            self._build, self._args = None, ()
+        return self._cells
+
+
+def cells_of(row: Row | Lazy) -> Row:
+    return row.cells() if isinstance(row, Lazy) else row
+
 
 STALL_AFTER_S = 600.0  # a running job without new output for this long is shown as stalled
 FAILED_RECENT_S = 6 * 3600.0  # a job that failed this recently stays among the jobs that need attention
@@ -548,5 +572,5 @@ def compile_filter(text: str) -> re.Pattern[str] | None:
         raise ValueError(f"not a regular expression: {text!r}: {exc}") from None
 
 
-def row_text(row: Row) -> str:
-    return " ".join(c.plain if isinstance(c, Text) else c for c in row)
+def row_text(row: Row | Lazy) -> str:
+    return " ".join(c.plain if isinstance(c, Text) else c for c in cells_of(row))

@@ -59,7 +59,7 @@ class View(Vertical):
 
     # -- what subclasses provide ---------------------------------------------------------------------------
 
-    def build(self, feed: Feed, now: float) -> tuple[dict[str, R.Row], list[str]]:
+    def build(self, feed: Feed, now: float) -> tuple[Mapping[str, R.Row | R.Lazy], list[str]]:
         raise NotImplementedError
 
     def summary(self, feed: Feed, now: float) -> Text:
@@ -110,7 +110,7 @@ class View(Vertical):
 
 
 # a job row as last built: job dict, marked, clock, detector marks, cells, order key, its GPUs' utilisation
-_Cached = tuple[Mapping[str, Any], bool, tuple[str, ...], tuple[str, ...], R.Row, tuple[Any, ...], tuple[Any, ...]]
+_Cached = tuple[Mapping[str, Any], bool, tuple[str, ...], tuple[str, ...], R.Lazy, tuple[Any, ...], tuple[Any, ...]]
 
 
 class JobsView(View):
@@ -136,8 +136,8 @@ class JobsView(View):
     def toggle_array(self, array_id: int) -> None:
         self.expanded ^= {array_id}
 
-    def build(self, feed: Feed, now: float) -> tuple[dict[str, R.Row], list[str]]:
-        rows: dict[str, R.Row] = {}
+    def build(self, feed: Feed, now: float) -> tuple[dict[str, R.Row | R.Lazy], list[str]]:
+        rows: dict[str, R.Row | R.Lazy] = {}
         top: dict[str, tuple[Any, ...]] = {}  # row key -> order key: the jobs that are no array's, and the arrays
         arrays: dict[int, list[Mapping[str, Any]]] = {}
         cache = self._cache
@@ -166,7 +166,7 @@ class JobsView(View):
                 or hit[3] != marks
                 or hit[6] != util
             ):
-                cells = R.job_cells(job, now, marked, marks, util)
+                cells = R.Lazy(R.job_cells, job, now, marked, marks, util)  # built once drawn (or filtered)
                 hit = (job, marked, clock, marks, cells, R.job_order(job, now), util)
             fresh[job_id] = hit
             rows[key] = hit[4]

@@ -36,8 +36,8 @@ def job(**over: Any) -> dict[str, Any]:
     return base | over
 
 
-def plain(row: R.Row) -> list[str]:
-    return [c.plain if isinstance(c, Text) else c for c in row]
+def plain(row: R.Row | R.Lazy) -> list[str]:
+    return [c.plain if isinstance(c, Text) else c for c in R.cells_of(row)]
 
 
 @pytest.mark.parametrize(

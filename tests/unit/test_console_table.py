@@ -7,7 +7,7 @@ from rich.text import Text
 from textual.app import App, ComposeResult
 
 from ftconsole.tui.linetable import LineTable
-from ftconsole.tui.rows import Column
+from ftconsole.tui.rows import Column, Lazy
 
 COLUMNS = (Column("id", "ID"), Column("state", "STATE", 8), Column("note", "NOTE"))
 
@@ -133,3 +133,24 @@ async def test_columns_grow_for_longer_values_and_fixed_ones_cut() -> None:
         assert "a much …" in shown and "a much longer note" in shown  # the fixed column cut, with an ellipsis
         table.apply({"a": ("a", "ok", "x")}, ["a"])
         assert table.widths[2] == len("a much longer note")  # never shrinks on its own
+
+
+async def test_lazy_rows_are_built_only_once_drawn_or_read() -> None:
+    app = TableApp()
+    built: list[int] = []
+
+    def make(i: int) -> tuple[str, ...]:
+        built.append(i)
+        return (f"r{i:05}", "ok", "a longer note" if i == 990 else "")
+
+    async with app.run_test(size=(60, 20)) as pilot:
+        table = app.query_one(LineTable)
+        rows = {f"r{i:05}": Lazy(make, i) for i in range(1000)}
+        table.apply(rows, sorted(rows))
+        await pilot.pause()
+        assert sorted(built) == list(range(19))  # the rows on screen, under the header
+        assert table.widths[2] == len("NOTE")
+        table.move_cursor(row=990)
+        await pilot.pause()
+        assert 990 in built and table.widths[2] == len("a longer note")  # its column grew once it was drawn
+        assert len(table.to_rows()) == 1000 and sorted(built) == list(range(1000))  # read: all built, once each
