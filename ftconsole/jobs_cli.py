@@ -27,6 +27,7 @@ from ftconsole.scheduler.serve.api import WRITE_OPS
 from ftconsole.scheduler.serve.client import Client, connect, local_client, scheduler_here
 from ftconsole.scheduler.spec import config
 from ftconsole.scheduler.spec.config import DEFAULT_CONFIG_PATHS, LoadedConfig, format_duration, load_config
+from ftconsole.scheduler.spec.jobspec import JobSpec
 
 T = TypeVar("T")
 
@@ -147,6 +148,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from ftconsole.scheduler.spec.jobspec import load_jobspec
 
     spec = load_jobspec(Path(args.job))  # ConfigError: every problem with its line, exit 2
+    if args.begin is not None:
+        spec = with_begin(spec, args.begin)
     loaded = loaded_config(args)
 
     async def submit(client: Client) -> tuple[dict[str, Any], dict[str, Any] | None]:
@@ -210,6 +213,16 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if final is None:
         return 0
     return 0 if final["status"] == "succeeded" else 1
+
+
+def with_begin(spec: JobSpec, when: str) -> JobSpec:
+    """The spec with `begin:` from `--begin WHEN` (over the file's); UsageError (exit 2) naming what is wrong."""
+    from ftconsole.scheduler.spec.begin import from_command_line
+
+    try:
+        return JobSpec.from_json({**spec.to_json(), "begin": from_command_line(when, time.time())})
+    except ValueError as exc:
+        raise UsageError(f"--begin {when!r}: {exc}") from None
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
@@ -411,47 +424,6 @@ def cmd_job_events(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_alerts(args: argparse.Namespace) -> int:
-    if args.action is None:  # (ids without an action are refused by argparse: "invalid choice")
-        return _list_alerts(args)
-    if not args.ids:
-        raise UsageError(f"alerts {args.action} needs at least one alert id")
-    op = args.action  # the API ops have the same names
-    alerts = _with_client(args, op, lambda c: c.call(op, alerts=args.ids))
-    if args.json:
-        print_json(alerts)
-        return 0
-    for a in alerts:
-        by = a["acked_by"] if a["state"] == "acknowledged" else a["resolved_by"]
-        print(f"alert {a['id']} {a['kind']} ({_alert_object(a)}): {a['state']}" + (f" by {by}" if by else ""))
-    return 0
-
-
-def _alert_object(alert: dict[str, Any]) -> str:
-    return f"job {alert['job']}" if alert["job"] is not None else alert["node"] or "-"
-
-
-def _list_alerts(args: argparse.Namespace) -> int:
-    alerts = _with_client(args, "alerts", lambda c: c.call("alerts", all=args.all))
-    if args.json:
-        print_json(alerts)
-        return 0
-    rows = [
-        [
-            a["id"],
-            _when(a["time"]),
-            a["severity"],
-            a["kind"],
-            _alert_object(a),
-            a["state"] + (f" ({a['acked_by']})" if a["state"] == "acknowledged" else ""),
-            a["message"],
-        ]
-        for a in alerts
-    ]
-    print_table(["ID", "TIME", "SEVERITY", "KIND", "OBJECT", "STATE", "MESSAGE"], rows)
-    return 0
-
-
 def cmd_cluster(args: argparse.Namespace) -> int:
     view = _with_client(args, "cluster", lambda c: c.call("cluster"))
     if args.json:
@@ -500,6 +472,8 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
 
 def add_parsers(sub: Any, common: argparse.ArgumentParser, listing: argparse.ArgumentParser) -> None:
+    from ftconsole.alerts_cli import cmd_alerts
+
     parents = [common, listing]
     p = sub.add_parser("serve", parents=[common], help="run the scheduler without a UI (for systemd)")
     p.set_defaults(func=cmd_serve)
@@ -508,6 +482,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser, listing: argparse.Arg
     p.add_argument("job", metavar="JOB.yaml", help="job spec file")
     p.add_argument("--wait", action="store_true", help="wait for the job to end; exit 0 only if it succeeded")
     p.add_argument("--local", action="store_true", help=_LOCAL_SUBMIT_HELP)
+    p.add_argument("--begin", metavar="WHEN", help="not before this time: +2h, 16:00, 2026-11-28T16:00 (its begin:)")
     p.set_defaults(func=cmd_submit)
 
     p = sub.add_parser("predict", parents=parents, help="would a job start now, or its queue position and why")

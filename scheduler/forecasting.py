@@ -51,7 +51,7 @@ class Forecaster:
         running = await s.store.jobs(statuses=[JobStatus.RUNNING])
         now = s.clock()
         ready, waiting, never = await placer.by_dependencies(queued, (version, len(queued)))
-        taken = await placer.take(ready, (version, len(queued)))
+        taken = await placer.take(ready, (version, len(queued), len(ready)))  # as a pass counts them (Placer.place)
         state, requests, by_id, unplaceable = await placer.placement_inputs(taken.taken)
         found = await asyncio.to_thread(
             forecasting.forecast, state, requests, now,

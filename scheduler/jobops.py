@@ -35,7 +35,7 @@ from ftconsole.scheduler.rankreads import RankReads
 from ftconsole.scheduler.redaction import redact, redact_decision, redact_json, redact_outcome
 from ftconsole.scheduler.reserving import Reserving
 from ftconsole.scheduler.rules import Caller, Rules
-from ftconsole.scheduler.spec import arrayspec
+from ftconsole.scheduler.spec import arrayspec, begin
 from ftconsole.scheduler.spec.config import format_duration
 from ftconsole.scheduler.spec.jobspec import Access, JobSpec
 from ftconsole.scheduler.stopping import Stopping
@@ -483,6 +483,9 @@ class Scheduler(RankReads, Reserving, Stopping):
         self.rules.admissible(caller, spec, spec.priority.value)
         waits = await self._dependency(caller, spec)
         await self.rules.within_cap(caller.user, spec.project, spec.priority.value)
+        early = None if spec.begin is None else begin.waits_for(spec.begin, self.clock(), self.clock())
+        if early is not None:
+            return placement.Wait("(this job)", early, 0, cause=placement.WaitCause.BEGIN)
         if waits is not None:
             return placement.Wait("(this job)", waits.reason, 0, cause=placement.WaitCause.DEPENDENCY)
         queued, _, _ = await self.loop.placer.by_dependencies(await self.store.jobs(statuses=[JobStatus.QUEUED]))

@@ -37,7 +37,7 @@ from ftconsole.scheduler.failpoints import afailpoint
 from ftconsole.scheduler.nodeops import ClusterService
 from ftconsole.scheduler.placing_shares import SharingWeights
 from ftconsole.scheduler.preempting import Preempter
-from ftconsole.scheduler.spec import arrayspec
+from ftconsole.scheduler.spec import arrayspec, begin
 from ftconsole.scheduler.spec.jobspec import JobSpec
 from ftconsole.scheduler.store.jobtx import Conflict
 
@@ -209,7 +209,9 @@ class Placer(SharingWeights):
         now = self.clock()
         version += (len(queued),)
         queued, waiting = await self._dependencies(queued, version)
-        taken = await self.take(queued, version)  # the first queue_depth; the held ones wait, holding no one
+        # the first queue_depth; the held ones wait, holding no one. Those ready are counted in the version: a job
+        # whose begin: time comes is ready at a later pass of the same jobs (what `take` keeps is of those ready)
+        taken = await self.take(queued, (*version, len(queued)))
         state, requests, by_id, unplaceable = await self.placement_inputs(taken.taken)
         notes = waiting + [(job, why) for job, why in unplaceable if why]
         notes += [(job, f"waiting: {why}") for job, why in taken.held]
@@ -313,13 +315,18 @@ class Placer(SharingWeights):
         """The queued jobs split by their `after:`: those that may be placed, those that wait for another job
         (not placed, so that they hold nothing back: backfill goes around them), those that never can; with why."""
         if version is None or self._after is None or self._after[0] != version:  # `version`: of the queue's read
-            self._after = (version, any(j.spec.after is not None for j in queued))
+            self._after = (version, any(j.spec.after is not None or j.spec.begin is not None for j in queued))
         if not self._after[1]:
             return queued, [], []
+        now = self.clock()
         statuses = await self.statuses({i for j in queued if j.spec.after for ids in j.spec.after.as_map().values()
                                         for i in ids})  # fmt: skip
         ready, waiting, never = [], [], []
         for job in queued:
+            early = None if job.spec.begin is None else begin.waits_for(job.spec.begin, job.submitted, now)
+            if early is not None:  # its begin: time has not come: it waits, holding no one back
+                waiting.append((job, early))
+                continue
             after = job.spec.after
             found = None if after is None else dependencies.state(after.as_map(), statuses)
             if isinstance(found, dependencies.Never):

@@ -132,6 +132,7 @@ class WaitCause(StrEnum):
     DEPENDENCY = "dependency"  # waits for another job to end (its `after:`)
     QUOTA = "quota"  # its project or user is at a quota (decide/quotas.py)
     RESERVATION = "reservation"  # the reservation it names has not begun (decide/reservations.py)
+    BEGIN = "begin"  # its `begin:` time has not come (spec/begin.py)
 
 
 NodeGpus = tuple[str, tuple[int, ...]]

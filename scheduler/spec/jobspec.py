@@ -36,6 +36,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo, mod
 
 from ftconsole.scheduler.errors import ConfigError, JobSpecError, Problem
 from ftconsole.scheduler.spec import arrayspec, yamlfile
+from ftconsole.scheduler.spec.begin import parse_begin
 from ftconsole.scheduler.spec.command import check_command
 from ftconsole.scheduler.spec.config import OutputLimit, PositiveDuration
 from ftconsole.scheduler.spec.containers import Image, Mounts
@@ -376,6 +377,8 @@ class JobSpec(_Strict):
     array: ArrayText | None = None
     # the reservation it runs in: only on its nodes, within its window (docs/jobs.md, "Reservations")
     reservation: Name | None = None
+    # not placed before this time: a date and time, or + a duration after the submit (Slurm's --begin)
+    begin: Annotated[str, BeforeValidator(parse_begin)] | None = None
 
     @model_validator(mode="before")
     @classmethod

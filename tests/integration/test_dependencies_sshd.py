@@ -8,6 +8,7 @@ import os
 import pytest
 
 from ftconsole.scheduler.errors import NotFound, UsageError
+from tests.integration.test_forecast_sshd import cli
 from tests.integration.test_scheduler_sshd import as_nobody, finished, job, running, until, write_config
 from tests.sshd_cluster import SshdCluster
 
@@ -83,3 +84,29 @@ async def test_another_user_cannot_wait_on_a_job_they_cannot_see(sshd_cluster, t
         assert unknown["error"]["message"] == "job theirs: after.ok: no job 99999"
         await client.call("stop", jobs=[private["id"]])
         await finished(client, private["id"])
+
+
+async def test_a_job_with_begin_waits_for_its_time_and_holds_no_one_back(sshd_cluster, tmp_path, sock_dir) -> None:
+    """`begin:` (Slurm's --begin): not placed before its time, saying until when; a job after it in the queue
+    starts meanwhile; predict says the same."""
+    cluster: SshdCluster = sshd_cluster(1, gpus=1)
+    loaded = write_config(cluster, tmp_path, sock_dir)
+    async with running(loaded) as (_, client):
+        later = await client.call("submit", spec=job("later", "true", begin="+4s"))
+        told = await until(client, later["id"], lambda j: "not before" in (j["message"] or ""), "its note")
+        assert told["status"] == "queued" and told["message"].endswith("(its begin:)")
+        now = await client.call("submit", spec=job("now", "true"))
+        assert (await finished(client, now["id"]))["status"] == "succeeded"  # the GPU was free: it went first
+        assert (await client.call("show", job=later["id"]))["status"] == "queued"
+        predicted = await client.call("predict", spec=job("asked", "true", begin="+1h"))
+        assert predicted["starts_now"] is False and predicted["cause"] == "begin", predicted
+        done = await finished(client, later["id"])
+        assert done["status"] == "succeeded" and started(done) >= later["submitted"] + 4
+
+        spec = tmp_path / "job.yaml"  # `submit --begin` over the file's
+        spec.write_text("name: from-cli\ncommand: 'true'\nbegin: +1d\n")
+        code, out, err = await cli(loaded.file, "submit", str(spec), "--begin", "+2s")
+        assert code == 0, err
+        shown = await client.call("show", job=int(out.split()[-1]))
+        assert shown["spec"]["begin"] == "+2s"
+        assert (await finished(client, shown["id"]))["status"] == "succeeded"
