@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ftconsole.scheduler.decide import forecast as forecasting
 from ftconsole.scheduler.decide import queuedepth
 from ftconsole.scheduler.decide.jobs import JobStatus
+from ftconsole.scheduler.spec import begin
 
 if TYPE_CHECKING:
     from ftconsole.scheduler.jobops import Scheduler
@@ -52,10 +53,17 @@ class Forecaster:
         now = s.clock()
         ready, waiting, never = await placer.by_dependencies(queued, (version, len(queued)))
         taken = await placer.take(ready, (version, len(queued), len(ready)))  # as a pass counts them (Placer.place)
-        state, requests, by_id, unplaceable = await placer.placement_inputs(taken.taken)
+        # those that wait only for their begin: time join the forecast then
+        coming = {job.id: begin.begin_at(job.spec.begin, job.submitted) for job, _ in waiting
+                  if job.spec.begin is not None and job.spec.after is None}  # fmt: skip
+        waiting = [(job, why) for job, why in waiting if job.id not in coming]
+        state, requests, by_id, unplaceable = await placer.placement_inputs(
+            [*taken.taken, *(job for job in queued if job.id in coming)]
+        )
         found = await asyncio.to_thread(
             forecasting.forecast, state, requests, now,
             urgent_cap=s.settings.urgent_cap, allow_degraded=placer.degraded_ok,
+            arrivals={str(i): t for i, t in coming.items()},
         )  # fmt: skip
         planned = [
             {"id": by_id[e.job_id][0].id, **e.to_json(), "message": e.reason or by_id[e.job_id][0].message}

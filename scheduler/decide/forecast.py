@@ -7,6 +7,8 @@ allocation ends: a running job's, a debug hold's, a node test's, or one of a job
 forecast. What a pass places starts then and ends `max_runtime` later. So the forecast is what the scheduler
 itself would do, not a second model of it that could disagree.
 
+A job that waits for its `begin:` time joins the queue then (`arrivals`): a pass is made at that time too.
+
 A job without `max_runtime` never ends: a queued job that needs its GPUs has no expected start (`None`, as
 Slurm's N/A), and neither has a job that can never fit the usable nodes or stays past the urgent cap.
 
@@ -63,9 +65,14 @@ def forecast(
     horizon: float = HORIZON_S,
     passes: int = PASSES,
     resolution: float = RESOLUTION_S,
+    arrivals: Mapping[str, float] | None = None,
 ) -> Forecast:
-    waiting = list(queue)
-    requests = {job.id: job for job in waiting}
+    """`arrivals`: the jobs of `queue` that join it later (their `begin:` time), by id: planned from then on."""
+    queue = list(queue)
+    requests = {job.id: job for job in queue}
+    later = {i: t for i, t in (arrivals or {}).items() if t > now and i in requests}
+    waiting = [job for job in queue if job.id not in later]
+    pending = sorted(later, key=lambda i: (later[i], i))  # by when they join
     # one past its time limit is being stopped: it ends now, after the first pass (the scheduler's own)
     allocations = [a if a.ends_at is None or a.ends_at > now else replace(a, ends_at=now) for a in state.allocations]
     found: dict[str, Expected] = {}
@@ -74,12 +81,14 @@ def forecast(
     when = now
     complete = False
     for count in range(passes):
+        while pending and later[pending[0]] <= when:
+            waiting.append(requests[pending.pop(0)])
         live = tuple(a for a in allocations if a.ends_at is None or a.ends_at > when or count == 0)
         decisions = plan(
             ClusterState(state.nodes, live), waiting, when, urgent_cap=urgent_cap, allow_degraded=allow_degraded
         )
         if count == 0:
-            order = [d.job_id for d in decisions]
+            order = [d.job_id for d in decisions] + pending
         for decision in decisions:
             if not isinstance(decision, Place):
                 reasons[decision.job_id] = decision.reason
@@ -91,8 +100,9 @@ def forecast(
                 Allocation(job.id, name, gpus, end, job.project, job.priority) for name, gpus in decision.nodes
             )
         waiting = [job for job in waiting if job.id not in found]
-        ends = sorted({a.ends_at for a in allocations if a.ends_at is not None and (a.ends_at > when or count == 0)})
-        if not waiting or not ends:
+        ends = sorted({a.ends_at for a in allocations if a.ends_at is not None and (a.ends_at > when or count == 0)}
+                      | {later[i] for i in pending})  # fmt: skip
+        if (not waiting and not pending) or not ends:
             complete = True
             break
         # ends close together are one pass: within `resolution`, or a twentieth of how far ahead they are

@@ -67,7 +67,20 @@ async def test_expected_starts_follow_the_time_limits(sshd_cluster: Any, tmp_pat
         code, out, _ = await cli(loaded.file, "jobs", "--start", "--json")
         assert code == 0 and [e["id"] for e in json.loads(out)["queued"]] == [both["id"], endless["id"]]
 
+        # a job that waits for its begin: time joins the forecast then; short enough to go before the head's start
+        soon = await client.call(
+            "submit", spec=job("soon", "sleep 300", gpus_per_node=2, max_runtime="10m", begin="+30m")
+        )
+        found = await poll(
+            lambda: client.call("forecast"),
+            lambda d: any(e["id"] == soon["id"] and e["start"] for e in d["queued"]),
+            "the job with begin: in the forecast",
+        )
+        mine = next(e for e in found["queued"] if e["id"] == soon["id"])
+        assert mine["start"] == pytest.approx(soon["submitted"] + 1800, abs=61) and mine["nodes"] == ["node02"]
+        assert [e["start"] for e in found["queued"][:2]] == [head["start"], after["start"]]  # the others as before
+
         # another user sees none of these private jobs (access: none, the default), nor their times
         theirs = (await as_nobody(loaded.socket_path, "forecast"))["result"]
         assert theirs["queued"] == [] and theirs["running"] == []
-        await client.call("stop", jobs=[first["id"], both["id"], endless["id"]])
+        await client.call("stop", jobs=[first["id"], both["id"], endless["id"], soon["id"]])

@@ -131,3 +131,16 @@ def test_the_first_pass_is_the_scheduler_s_and_no_gpu_is_promised_twice(shapes, 
                 if e.start is not None and e.start <= moment < (e.end or 1e18) and name in e.nodes:
                     used += max(c.gpus_per_node for c in by_id[e.job_id].candidates)
             assert used <= 8, (moment, name, found)
+
+
+def test_a_job_waiting_for_its_begin_time_joins_the_forecast_then():
+    free = ClusterState((node("n1"),))
+    found = forecast(free, [job("later", 8, runtime=60)], NOW, arrivals={"later": NOW + 100}, resolution=0.0)
+    assert [(e.job_id, e.start) for e in found.jobs] == [("later", NOW + 100)]
+    busy = ClusterState((node("n1"),), (run("r", "n1", 8, NOW + 300),))
+    queue = [job("later", 8, runtime=60, t=1), job("now", 4, runtime=600, t=2)]
+    found = forecast(busy, queue, NOW, arrivals={"later": NOW + 100}, resolution=0.0)
+    starts_at = {e.job_id: e.start for e in found.jobs}
+    assert [e.job_id for e in found.jobs] == ["now", "later"]  # those queued now first, then those to come
+    assert starts_at == {"later": NOW + 300, "now": NOW + 360}  # once both wait, in queue order (later's is first)
+    assert found.complete
