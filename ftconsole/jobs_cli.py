@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ftconsole import starts_cli
 from ftconsole.format import age, node_count, print_json, print_table, printable
@@ -27,7 +27,9 @@ from ftconsole.scheduler.serve.api import WRITE_OPS
 from ftconsole.scheduler.serve.client import Client, connect, local_client, scheduler_here
 from ftconsole.scheduler.spec import config
 from ftconsole.scheduler.spec.config import DEFAULT_CONFIG_PATHS, LoadedConfig, format_duration, load_config
-from ftconsole.scheduler.spec.jobspec import JobSpec
+
+if TYPE_CHECKING:  # the command line starts without the scheduler's spec models (test_import_hygiene)
+    from ftconsole.scheduler.spec.jobspec import JobSpec
 
 T = TypeVar("T")
 
@@ -218,6 +220,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 def with_begin(spec: JobSpec, when: str) -> JobSpec:
     """The spec with `begin:` from `--begin WHEN` (over the file's); UsageError (exit 2) naming what is wrong."""
     from ftconsole.scheduler.spec.begin import from_command_line
+    from ftconsole.scheduler.spec.jobspec import JobSpec
 
     try:
         return JobSpec.from_json({**spec.to_json(), "begin": from_command_line(when, time.time())})
