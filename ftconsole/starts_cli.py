@@ -35,8 +35,9 @@ def print_starts(args: argparse.Namespace, jobs: list[dict[str, Any]], found: di
     now = found["now"]
     listed = {e["id"] for e in found["queued"]}
     beyond = found.get("beyond") or {"message": "not worked out"}
-    # the jobs past the queue depth last, as the queue has them: no pass looks at them, nor does the forecast
-    past = [{"id": j["id"], "start": None, "end": None, "nodes": [], "message": beyond["message"]}
+    # the jobs the forecast counts but does not list last (past the queue depth: no pass looks at them), each
+    # with its own message, which the pass wrote
+    past = [{"id": j["id"], "start": None, "end": None, "nodes": [], "message": j["message"] or beyond["message"]}
             for j in jobs if j["id"] not in listed]  # fmt: skip
     for e in [*found["queued"], *past]:
         j = by_id.get(e["id"])

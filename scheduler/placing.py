@@ -212,7 +212,7 @@ class Placer(SharingWeights):
         # the first queue_depth; the held ones wait, holding no one. Those ready are counted in the version: a job
         # whose begin: time comes is ready at a later pass of the same jobs (what `take` keeps is of those ready)
         taken = await self.take(queued, (*version, len(queued)))
-        state, requests, by_id, unplaceable = await self.placement_inputs(taken.taken)
+        state, requests, by_id, unplaceable = await self.placement_inputs(taken.taken, record=True)
         notes = waiting + [(job, why) for job, why in unplaceable if why]
         notes += [(job, f"waiting: {why}") for job, why in taken.held]
         later = queuedepth.beyond(self.settings.queue_depth)
@@ -252,12 +252,15 @@ class Placer(SharingWeights):
         self._beyond_noted = (ordered, len(beyond), later) if ordered is not None and not pending else None
         return pending
 
-    async def take(self, queued: Sequence[Job], version: tuple[int, ...]) -> queuedepth.Walk:
+    async def take(self, queued: Sequence[Job], version: tuple[int, ...], *, fold: bool = True) -> queuedepth.Walk:
         """The queued jobs (whose dependencies are met) this pass plans: the first `scheduler.queue_depth` in
-        queue order that no quota or array limit holds back; with the held ones and the rest (decide/queuedepth)."""
+        queue order that no quota or array limit holds back; with the held ones and the rest (decide/queuedepth).
+        `fold`: fold the ended runs into the usage ledger first, a write (the pass's; not a reader's, such as the
+        forecast, which a standby answers too)."""
         if self._accounts is None or self._accounts[0] != version:
             self._accounts = (version, list({(j.project, j.owner) for j in queued}))
-        await self.refresh_usage()
+        if fold:
+            await self.refresh_usage()
         fair = await self.fair_factors(self._accounts[1])
         values = {account: f.value for account, f in fair.items()}
         if self._order is None or self._order[0] != (*version, values):
@@ -366,7 +369,7 @@ class Placer(SharingWeights):
         return [name for name, pool in self.config.pools.items() if pool.schedule_degraded]
 
     async def placement_inputs(
-        self, queued: Sequence[Job], also: Sequence[tuple[str, str]] = ()
+        self, queued: Sequence[Job], also: Sequence[tuple[str, str]] = (), *, record: bool = False
     ) -> tuple[
         placement.ClusterState,
         list[placement.JobRequest],
@@ -411,7 +414,9 @@ class Placer(SharingWeights):
         fair = await self.fair_factors([(j.project, j.owner) for j in queued] + list(also))
         kept = await self.store.reservations()
         now = self.clock()
-        self._kept_off = {}  # of the jobs queued now only
+        kept_off: dict[int, str] = {}  # of the jobs queued now only
+        if record:  # the pass's, whose notes say it (`_why`); not another reader's (predict, the forecast)
+            self._kept_off = kept_off
         avoided: dict[str, set[str]] = {}
         for job in queued:
             where = reservations.allowed(job.spec.reservation, job.owner, job.project, job.max_runtime, kept, now,
@@ -422,7 +427,7 @@ class Placer(SharingWeights):
             if isinstance(where, reservations.Never):
                 unplaceable.append((dataclasses.replace(job, message=f"it can never start: {where.reason}"), ""))
                 continue
-            self._kept_off[job.id] = where.note
+            kept_off[job.id] = where.note
             try:
                 request = job_request(job.spec, self.config, job_id=str(job.id), now=job.submitted)
                 request = dataclasses.replace(

@@ -73,6 +73,7 @@ def forecast(
     later = {i: t for i, t in (arrivals or {}).items() if t > now and i in requests}
     waiting = [job for job in queue if job.id not in later]
     pending = sorted(later, key=lambda i: (later[i], i))  # by when they join
+    joined = 0  # of `pending`
     # one past its time limit is being stopped: it ends now, after the first pass (the scheduler's own)
     allocations = [a if a.ends_at is None or a.ends_at > now else replace(a, ends_at=now) for a in state.allocations]
     found: dict[str, Expected] = {}
@@ -81,8 +82,9 @@ def forecast(
     when = now
     complete = False
     for count in range(passes):
-        while pending and later[pending[0]] <= when:
-            waiting.append(requests[pending.pop(0)])
+        while joined < len(pending) and later[pending[joined]] <= when:
+            waiting.append(requests[pending[joined]])
+            joined += 1
         live = tuple(a for a in allocations if a.ends_at is None or a.ends_at > when or count == 0)
         decisions = plan(
             ClusterState(state.nodes, live), waiting, when, urgent_cap=urgent_cap, allow_degraded=allow_degraded
@@ -101,8 +103,8 @@ def forecast(
             )
         waiting = [job for job in waiting if job.id not in found]
         ends = sorted({a.ends_at for a in allocations if a.ends_at is not None and (a.ends_at > when or count == 0)}
-                      | {later[i] for i in pending})  # fmt: skip
-        if (not waiting and not pending) or not ends:
+                      | {later[i] for i in pending[joined:]})  # fmt: skip
+        if (not waiting and joined == len(pending)) or not ends:
             complete = True
             break
         # ends close together are one pass: within `resolution`, or a twentieth of how far ahead they are

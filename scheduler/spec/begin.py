@@ -8,6 +8,7 @@ midnight at its start. The spec keeps the text as given; `begin_at` reads it aga
 from __future__ import annotations
 
 import datetime
+import functools
 import time
 from typing import Any
 
@@ -37,8 +38,10 @@ def parse_begin(value: Any) -> str:
     return text
 
 
+@functools.lru_cache(maxsize=4096)
 def begin_at(text: str, submitted: float) -> float:
-    """When a job whose spec says `begin: text`, submitted at `submitted`, may be placed (seconds since the epoch)."""
+    """When a job whose spec says `begin: text`, submitted at `submitted`, may be placed (seconds since the epoch).
+    Kept: each pass asks it of every queued job with a `begin:` (an array's tasks share both arguments)."""
     if text.startswith("+"):
         return submitted + parse_duration(text[1:])
     return datetime.datetime.fromisoformat(text).timestamp()  # no offset: this machine's local time
@@ -47,8 +50,11 @@ def begin_at(text: str, submitted: float) -> float:
 def waits_for(text: str, submitted: float, now: float) -> str | None:
     """Why the job waits for its begin time (None: it has come)."""
     at = begin_at(text, submitted)
-    if at <= now:
-        return None
+    return None if at <= now else _note(at)
+
+
+@functools.lru_cache(maxsize=4096)
+def _note(at: float) -> str:
     return f"waiting: not before {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(at))} (its begin:)"
 
 

@@ -13,10 +13,16 @@ from typing import Any
 
 import pytest
 
+from ftconsole.scheduler import forecasting
+from ftconsole.scheduler.jobops import Scheduler
+from ftconsole.scheduler.nodeops import ClusterService
+from ftconsole.scheduler.rules import Caller
+from ftconsole.scheduler.serve.daemon import Operations
 from tests.integration.test_scheduler_sshd import as_nobody, job, poll, running, until, write_config
 from tests.sshd_cluster import SshdCluster
 
 pytestmark = pytest.mark.sshd
+ROOT = Caller(uid=0, gid=0, pid=os.getpid(), user="root")
 
 
 async def cli(config: Path, *args: str) -> tuple[int, str, str]:
@@ -84,3 +90,28 @@ async def test_expected_starts_follow_the_time_limits(sshd_cluster: Any, tmp_pat
         theirs = (await as_nobody(loaded.socket_path, "forecast"))["result"]
         assert theirs["queued"] == [] and theirs["running"] == []
         await client.call("stop", jobs=[first["id"], both["id"], endless["id"], soon["id"]])
+
+
+async def test_asking_for_expected_starts_writes_nothing(
+    sshd_cluster: Any, tmp_path: Path, sock_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The forecast is a read, which a standby answers too: it takes the queue as a pass does, but folds no usage
+    into the ledger (a pass's write) and leaves the pass's notes of reserved nodes alone. Of the jobs that wait for
+    something else, it lists at most LISTED and counts the rest."""
+    cluster: SshdCluster = sshd_cluster(1, gpus=1)
+    fair = {"fairshare": {"half_life": "1h", "every": "0.1s"}}
+    loaded = write_config(cluster, tmp_path, sock_dir, scheduler=fair)
+    async with ClusterService.open(loaded) as service:
+        scheduler = Scheduler(service)
+        ops = Operations(scheduler)
+        await scheduler.submit(ROOT, job("waits", "true", gpus_per_node=1))
+        scheduler.loop.placer._kept_off = {999: "the pass's"}
+        assert await service.store.read_ledger() is None
+        for name in ("after-1", "after-2"):
+            await scheduler.submit(ROOT, job(name, "true", gpus_per_node=1, after={"ok": [1]}))
+        monkeypatch.setattr(forecasting, "LISTED", 1)
+        found = await ops(ROOT, "forecast", {})
+        assert [e["id"] for e in found["queued"]] == [1, 2]  # planned, then one of the two waiting for job 1
+        assert found["beyond"] == {"count": 1, "message": forecasting.UNLISTED}
+        assert await service.store.read_ledger() is None
+        assert scheduler.loop.placer._kept_off == {999: "the pass's"}
