@@ -9,6 +9,7 @@ executor starts them on the next tick. Elastic jobs scaled to a new size get the
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import secrets
@@ -216,7 +217,7 @@ class Placer(SharingWeights):
         notes = waiting + [(job, why) for job, why in unplaceable if why]
         notes += [(job, f"waiting: {why}") for job, why in taken.held]
         later = queuedepth.beyond(self.settings.queue_depth)
-        notes += self._beyond_notes(taken.beyond, later)
+        notes += await asyncio.to_thread(self._beyond_notes, taken.beyond, later)  # 100,000 jobs: off the loop
         for job, why in unplaceable:
             if not why:  # not a config change: the job itself cannot be planned
                 await self._fail(job, job.message)
@@ -258,13 +259,15 @@ class Placer(SharingWeights):
         `fold`: fold the ended runs into the usage ledger first, a write (the pass's; not a reader's, such as the
         forecast, which a standby answers too)."""
         if self._accounts is None or self._accounts[0] != version:
-            self._accounts = (version, list({(j.project, j.owner) for j in queued}))
+            self._accounts = (version, await asyncio.to_thread(_accounts, queued))  # a deep queue: off the loop
         if fold:
             await self.refresh_usage()
         fair = await self.fair_factors(self._accounts[1])
         values = {account: f.value for account, f in fair.items()}
         if self._order is None or self._order[0] != (*version, values):
-            self._order = ((*version, values), queuedepth.order(queued, values))
+            # a sort of the whole queue (100,000 jobs: 0.1 to 0.7 s) in a worker thread: the requests that come
+            # meanwhile are answered between its turns, not after it
+            self._order = ((*version, values), await asyncio.to_thread(queuedepth.order, queued, values))
         ordered = self._order[1]
         quota = quotas.Gate(self.quota_limits, await self.quota_use()) if await self.quotas_on() else None
         sizes: dict[tuple[int, int], int | None] = {}  # (its spec, its size) -> its GPUs; None: no request
@@ -318,7 +321,7 @@ class Placer(SharingWeights):
         """The queued jobs split by their `after:`: those that may be placed, those that wait for another job
         (not placed, so that they hold nothing back: backfill goes around them), those that never can; with why."""
         if version is None or self._after is None or self._after[0] != version:  # `version`: of the queue's read
-            self._after = (version, any(j.spec.after is not None or j.spec.begin is not None for j in queued))
+            self._after = (version, await asyncio.to_thread(_any_waits, queued))  # a deep queue: off the loop
         if not self._after[1]:
             return queued, [], []
         now = self.clock()
@@ -478,7 +481,7 @@ class Placer(SharingWeights):
     async def notes(self, notes: Sequence[tuple[Job, str]], *, status: JobStatus = JobStatus.QUEUED) -> None:
         """Why jobs wait (their message): queued ones to start, running ones to be resized; in one transaction,
         only the ones that changed."""
-        changed = [(job, text) for job, text in notes if job.message != text]
+        changed = await asyncio.to_thread(_changed, notes)  # a deep queue's 100,000 notes: off the loop
         if not changed:
             return
         async with self.store.jobs_tx("note why jobs wait") as tx:
@@ -550,6 +553,21 @@ class Placer(SharingWeights):
         )
         launching = {r.rank for r in planned.launching}
         return attempt, [dataclasses.replace(r, launch=r.rank in launching) for r in runs]
+
+
+def _changed(notes: Sequence[tuple[Job, str]]) -> list[tuple[Job, str]]:
+    """The notes that are not their job's message already."""
+    return [(job, text) for job, text in notes if job.message != text]
+
+
+def _any_waits(queued: Sequence[Job]) -> bool:
+    """Whether any of the jobs waits for another job (`after:`) or for a time (`begin:`)."""
+    return any(j.spec.after is not None or j.spec.begin is not None for j in queued)
+
+
+def _accounts(queued: Sequence[Job]) -> list[tuple[str, str]]:
+    """The (project, user) accounts of the jobs, each once."""
+    return list({(j.project, j.owner) for j in queued})
 
 
 def _rank(run: Run) -> int:

@@ -5,11 +5,12 @@ limits of each project and user, what each uses now) and the fair-share factor o
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ftconsole.scheduler.decide import fairshare, placement, quotas
-from ftconsole.scheduler.decide.jobs import JobStatus
+from ftconsole.scheduler.decide.jobs import Job, JobStatus, Run
 from ftconsole.scheduler.decide.ledger import MIN_SLOT_S, Ledger, slot_length
 from ftconsole.scheduler.spec.config import ClusterConfig, QuotaSettings, SchedulerSettings
 from ftconsole.scheduler.store.db import Store
@@ -43,9 +44,8 @@ class SharingWeights:
     async def quota_use(self) -> dict[quotas.Key, quotas.InUse]:
         """What each project and user uses now: GPUs held by its running jobs, running and queued jobs, and the
         GPU-hours of the last `quotas.period` (read again every minute)."""
-        out: dict[quotas.Key, quotas.InUse] = {}
         if not await self.quotas_on():
-            return out
+            return {}
         version = self.store.version(("jobs", "runs"))
         if (
             self._use is not None
@@ -55,19 +55,9 @@ class SharingWeights:
             return self._use[1]
         period = self.config.quotas.period if self.config.quotas is not None else QuotaSettings().period
         active = await self.store.jobs(statuses=[JobStatus.QUEUED, JobStatus.RUNNING], deleted=True)
-        by_id = {j.id: j for j in active}
-        for job in active:
-            for key in (("project", job.project), ("user", job.owner)):
-                use = out.setdefault(key, quotas.InUse())
-                if job.status is JobStatus.RUNNING:
-                    use.running_jobs += 1
-                else:
-                    use.queued_jobs += 1
-        for r in await self.store.runs(held=True):
-            holder = by_id.get(r.job)
-            if holder is not None and holder.status is JobStatus.RUNNING:
-                for key in (("project", holder.project), ("user", holder.owner)):
-                    out.setdefault(key, quotas.InUse()).gpus += len(r.gpus)
+        held = await self.store.runs(held=True)
+        # a deep queue's 100,000 jobs counted in a worker thread: requests meanwhile are answered between its turns
+        out = await asyncio.to_thread(_in_use, active, held)
         now = self.clock()
         if now - self._hours_at >= QUOTA_HOURS_EVERY_S:
             ledger = await self._ledger_now()  # the period's ended runs as the ledger keeps them, not the history
@@ -172,3 +162,23 @@ class SharingWeights:
         """ "; fair share 0.21: project vision used 2.1x its share" of the last pass, or "" (fair share off)."""
         key, factor = self._fair(project, user)
         return f"; {factor.describe(*key)}" if factor is not None else ""
+
+
+def _in_use(active: Sequence[Job], held: Sequence[Run]) -> dict[quotas.Key, quotas.InUse]:
+    """What each project and user holds now: its running and queued jobs (`active`) and the GPUs of the `held`
+    runs of its running ones."""
+    out: dict[quotas.Key, quotas.InUse] = {}
+    by_id = {j.id: j for j in active}
+    for job in active:
+        for key in (("project", job.project), ("user", job.owner)):
+            use = out.setdefault(key, quotas.InUse())
+            if job.status is JobStatus.RUNNING:
+                use.running_jobs += 1
+            else:
+                use.queued_jobs += 1
+    for r in held:
+        holder = by_id.get(r.job)
+        if holder is not None and holder.status is JobStatus.RUNNING:
+            for key in (("project", holder.project), ("user", holder.owner)):
+                out.setdefault(key, quotas.InUse()).gpus += len(r.gpus)
+    return out
