@@ -354,9 +354,24 @@ def cmd_delete(args: argparse.Namespace) -> int:
     return _print_jobs(jobs, args, "deleted")
 
 
+def cmd_hold(args: argparse.Namespace) -> int:
+    jobs = _with_client(args, "hold", lambda c: c.call("hold", jobs=args.jobs))
+    if args.json:
+        print_json(jobs)
+    for j in [] if args.json else jobs:
+        held = f"held by {j['held']['by']}" if j["held"] else "not held"
+        print(f"job {j.get('ref') or j['id']} {j['name']}: {held}, {j['status']}")
+    return 0
+
+
 def cmd_release(args: argparse.Namespace) -> int:
     jobs = _with_client(args, "release", lambda c: c.call("release", jobs=args.jobs))
-    return _print_jobs(jobs, args, "GPUs held for debugging released")
+    if args.json:
+        print_json(jobs)
+    for j in [] if args.json else jobs:
+        what = "GPUs held for debugging released" if j["status"] != "queued" else "hold released"
+        print(f"job {j.get('ref') or j['id']} {j['name']}: {what}, {j['status']}")
+    return 0
 
 
 def cmd_clone(args: argparse.Namespace) -> int:
@@ -516,7 +531,8 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser, listing: argparse.Arg
     for name, func, text in (
         ("stop", cmd_stop, "stop jobs (SIGTERM to each run's process group, SIGKILL after the grace period)"),
         ("delete", cmd_delete, "delete jobs (stopping them first); their events stay in the timeline"),
-        ("release", cmd_release, "give up the GPUs failed jobs hold for debugging (debug.hold_nodes)"),
+        ("hold", cmd_hold, "keep queued jobs from being placed until released (an array: its queued tasks)"),
+        ("release", cmd_release, "release held jobs, or the GPUs failed jobs hold for debugging (debug.hold_nodes)"),
     ):
         p = sub.add_parser(name, parents=parents, help=text)
         p.add_argument("jobs", metavar="JOB", nargs="+", help="job ids")

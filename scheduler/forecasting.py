@@ -61,7 +61,7 @@ class Forecaster:
         # those that wait only for their begin: time join the forecast then: the first to come, as many as a pass
         # plans (`scheduler.queue_depth`), so that an array of 10,000 tasks with a begin: costs what 500 jobs do
         times = {job.id: begin.begin_at(job.spec.begin, job.submitted) for job, _ in waiting
-                 if job.spec.begin is not None and job.spec.after is None}  # fmt: skip
+                 if job.spec.begin is not None and job.spec.after is None and job.held_by is None}  # fmt: skip
         coming = dict(sorted(times.items(), key=lambda item: (item[1], item[0]))[: s.settings.queue_depth])
         waiting = [(job, why) for job, why in waiting if job.id not in coming]
         state, requests, by_id, unplaceable = await placer.placement_inputs(

@@ -29,6 +29,7 @@ from ftconsole.scheduler.decide.jobs import (
 )
 from ftconsole.scheduler.decide.requests import job_request, urgent_scope
 from ftconsole.scheduler.errors import NotFound, PermissionDenied, UsageError
+from ftconsole.scheduler.holding import Holding
 from ftconsole.scheduler.loop import Loop
 from ftconsole.scheduler.nodeops import ClusterService, NodeView, ProbeOutcome
 from ftconsole.scheduler.rankreads import RankReads
@@ -48,7 +49,7 @@ log = logging.getLogger("ftconsole.scheduler")
 MIN_TICK_GAP_S = 0.2
 
 
-class Scheduler(RankReads, Reserving, Stopping):
+class Scheduler(RankReads, Reserving, Holding, Stopping):
     def __init__(self, service: ClusterService, *, clock: Callable[[], float] = time.time) -> None:
         self.service = service
         self.store = service.store

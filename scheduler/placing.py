@@ -318,8 +318,9 @@ class Placer(SharingWeights):
     async def by_dependencies(
         self, queued: list[Job], version: tuple[int, ...] | None = None
     ) -> tuple[list[Job], list[tuple[Job, str]], list[tuple[Job, str]]]:
-        """The queued jobs split by their `after:`: those that may be placed, those that wait for another job
-        (not placed, so that they hold nothing back: backfill goes around them), those that never can; with why."""
+        """The queued jobs split by their `after:`: those that may be placed, those that wait for another job, for
+        their `begin:` time or for their release from a hold (not placed, so that they hold nothing back: backfill
+        goes around them), those that never can; with why."""
         if version is None or self._after is None or self._after[0] != version:  # `version`: of the queue's read
             self._after = (version, await asyncio.to_thread(_any_waits, queued))  # a deep queue: off the loop
         if not self._after[1]:
@@ -329,6 +330,9 @@ class Placer(SharingWeights):
                                         for i in ids})  # fmt: skip
         ready, waiting, never = [], [], []
         for job in queued:
+            if (held := job.held_note()) is not None:  # held: it waits for its release, holding no one back
+                waiting.append((job, held))
+                continue
             early = None if job.spec.begin is None else begin.waits_for(job.spec.begin, job.submitted, now)
             if early is not None:  # its begin: time has not come: it waits, holding no one back
                 waiting.append((job, early))
@@ -561,8 +565,8 @@ def _changed(notes: Sequence[tuple[Job, str]]) -> list[tuple[Job, str]]:
 
 
 def _any_waits(queued: Sequence[Job]) -> bool:
-    """Whether any of the jobs waits for another job (`after:`) or for a time (`begin:`)."""
-    return any(j.spec.after is not None or j.spec.begin is not None for j in queued)
+    """Whether any of the jobs waits for another job (`after:`), for a time (`begin:`) or for its release."""
+    return any(j.spec.after is not None or j.spec.begin is not None or j.held_by is not None for j in queued)
 
 
 def _accounts(queued: Sequence[Job]) -> list[tuple[str, str]]:

@@ -124,21 +124,46 @@ class Stopping:
         return await self._stop_all(caller, jobs, StopReason.STOPPED, delete=True)
 
     async def release(self, caller: Caller, job_ids: Iterable[int | str]) -> list[Job]:
-        """Give up the GPUs failed jobs hold for debugging (`debug.hold_nodes`) before their time is over; the
-        run folders stay for the rest of the retention."""
-        jobs = [await self._job(caller, j, "release", write=True) for j in job_ids]
+        """Release what the jobs named hold: a queued job's hold (`hold`: it may be placed again), or the GPUs a
+        failed job holds for debugging (`debug.hold_nodes`) before their time is over, its run folders staying for
+        the rest of the retention. An array's id: each of its tasks that holds either. Refused, with nothing
+        released, when one job named on its own holds neither."""
+        refs = list(job_ids)
+        jobs = await self.targets_of(caller, refs, "release")
         now = self.clock()
-        for job in jobs:
-            until = debugenv.held_until(job, self.config.debug)
-            if until is None or until <= now:
-                why = "holds no GPUs for debugging" if until is None else "held its GPUs until " + _clock(until)
-                raise UsageError(f"job {job.id} is {job.status.value} and {why}: nothing to release")
-        async with self.store.jobs_tx("release a job's held GPUs") as tx:
-            for job in jobs:
-                await tx.update_job(job.id, expect=[JobStatus.ERROR], debug_released=now)
-                await tx.event(now, "Released", f"GPUs held for debugging released by {caller.user}", job=job.id)
-        self._poke()
+        held = [job for job in jobs if job.status is JobStatus.QUEUED and job.held_by is not None]
+        debugging = [job for job in jobs if _debug_until(job, self.config, now) is not None]
+        arrays = {job.array_id for job in jobs if job.array_id is not None}
+        whole = {int(text) for text in (str(r).strip() for r in refs) if text.isdigit() and int(text) in arrays}
+        holding = {job.id for job in held} | {job.id for job in debugging}
+        for job in jobs:  # one named on its own (not as one of an array's tasks) that holds nothing is refused
+            if job.array_id not in whole and job.id not in holding:
+                raise UsageError(f"job {job.ref} is {job.status.value} and {_holds_nothing(job, self.config)}: "
+                                 "nothing to release")  # fmt: skip
+        if not held and not debugging:
+            raise UsageError("none of the jobs named holds anything: nothing to release")
+        await self.release_holds(caller, held)
+        if debugging:
+            async with self.store.jobs_tx("release a job's held GPUs") as tx:
+                for job in debugging:
+                    await tx.update_job(job.id, expect=[JobStatus.ERROR], debug_released=now)
+                    await tx.event(now, "Released", f"GPUs held for debugging released by {caller.user}", job=job.id)
+            self._poke()
         return [await self._fresh(job.id) for job in jobs]
+
+    async def release_holds(self, caller: Caller, jobs: Sequence[Job]) -> None:
+        raise NotImplementedError  # Scheduler's (holding.py)
+
+
+def _debug_until(job: Job, config: ClusterConfig, now: float) -> float | None:
+    """Until when a failed job holds its GPUs for debugging; None: it holds none now."""
+    until = debugenv.held_until(job, config.debug)
+    return until if until is not None and until > now else None
+
+
+def _holds_nothing(job: Job, config: ClusterConfig) -> str:
+    until = debugenv.held_until(job, config.debug)
+    return "holds no GPUs for debugging" if until is None else "held its GPUs until " + _clock(until)
 
 
 def _clock(when: float) -> str:

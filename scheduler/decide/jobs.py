@@ -104,6 +104,9 @@ class Job:
     excluded: tuple[str, ...] = ()  # nodes it is not placed on again (rescheduled as slow without them)
     array_id: int | None = None  # a task of an array: the id of its first task, which names the array
     array_index: int | None = None  # its index in the array (FT_ARRAY_INDEX)
+    held_by: str | None = None  # a queued job held (`hold`): who held it; not placed until released
+    held_at: float | None = None
+    held_admin: bool = False  # held by an admin: only an admin releases it
 
     @property
     def size(self) -> int:
@@ -125,6 +128,16 @@ class Job:
     def ref(self) -> str:
         """How users name it: `12`, or a task of an array `12[7]`."""
         return str(self.id) if self.array_id is None else f"{self.array_id}[{self.array_index}]"
+
+    def held_note(self) -> str | None:
+        """Why a held job is not placed (None: it is not held)."""
+        if self.held_by is None:
+            return None
+        by = f"{self.held_by}, an admin" if self.held_admin else self.held_by
+        return f"held by {by}: not placed until released (ftconsole release {self.ref})"
+
+    def held_json(self) -> dict[str, Any] | None:
+        return None if self.held_by is None else {"by": self.held_by, "at": self.held_at, "admin": self.held_admin}
 
     def to_json(self, now: float) -> dict[str, Any]:
         runtime = None
@@ -164,6 +177,7 @@ class Job:
             "cloned_from": self.cloned_from,
             "excluded": list(self.excluded),
             "deleted": self.deleted,
+            "held": self.held_json(),
         }
 
 

@@ -52,7 +52,20 @@ from ftconsole.scheduler.errors import AlreadyRunning, ConfigError, FtError, Not
 # ops that change something (the CLI refuses them when no scheduler runs to act on them, unless --local)
 # (ack, resolve, drain and resume take effect at once, scheduler or not)
 WRITE_OPS = frozenset(
-    {"submit", "stop", "delete", "clone", "priority", "extend", "scale", "release", "quota", "reserve", "unreserve"}
+    {
+        "submit",
+        "stop",
+        "delete",
+        "clone",
+        "priority",
+        "extend",
+        "scale",
+        "hold",
+        "release",
+        "quota",
+        "reserve",
+        "unreserve",
+    }
 )
 
 log = logging.getLogger("ftconsole.api")

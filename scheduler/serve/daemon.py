@@ -75,6 +75,7 @@ class Operations:
             "priority": self._priority,
             "extend": self._extend,
             "scale": self._scale,
+            "hold": self._hold,
             "release": self._release,
             "logs": self._logs,
             "debug": self._debug,
@@ -224,6 +225,9 @@ class Operations:
 
     async def _delete(self, caller: Caller, args: dict[str, Any]) -> Any:
         return await self._json(await self.scheduler.delete(caller, _ids(args)))
+
+    async def _hold(self, caller: Caller, args: dict[str, Any]) -> Any:
+        return await self._json(await self.scheduler.hold(caller, _ids(args)))
 
     async def _release(self, caller: Caller, args: dict[str, Any]) -> Any:
         return await self._json(await self.scheduler.release(caller, _ids(args)))

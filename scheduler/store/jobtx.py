@@ -45,6 +45,9 @@ _JOB_COLUMNS = frozenset(
         "debug_released",
         "excluded",
         "array_id",
+        "held_by",
+        "held_at",
+        "held_admin",
     }
 )
 _ATTEMPT_COLUMNS = frozenset({"started", "ended", "result", "message", "master_port"})

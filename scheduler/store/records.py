@@ -124,6 +124,7 @@ def _job_from_row(row: Row, spec: JobSpec) -> Job:
         stop_reason=StopReason(row["stop_reason"]) if row["stop_reason"] else None,
         deleted=bool(row["deleted"]),
         excluded=tuple(json.loads(row["excluded"])),
+        held_admin=bool(row["held_admin"]),
     )
 
 

@@ -315,6 +315,13 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE jobs ADD COLUMN rolled INTEGER NOT NULL DEFAULT 0;
     CREATE INDEX jobs_unrolled ON jobs (status, ended) WHERE rolled = 0;
     """,
+    # 19: holds (`ftconsole hold`): a queued job held is not placed until released; who held it, when, and whether
+    #     as an admin (then only an admin releases it)
+    """
+    ALTER TABLE jobs ADD COLUMN held_by TEXT;
+    ALTER TABLE jobs ADD COLUMN held_at REAL;
+    ALTER TABLE jobs ADD COLUMN held_admin INTEGER NOT NULL DEFAULT 0;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -326,6 +333,7 @@ RELEASE_OF_SCHEMA: dict[int, str] = {
     16: "0.2.0",  # history retention
     17: "0.2.0",  # the usage ledger
     18: "0.2.0",  # usage rolled up per day
+    19: "0.2.0",  # holds
 }
 
 

@@ -256,6 +256,7 @@ async def test_a_private_job_reads_as_no_job_to_others_whatever_they_ask(sshd_cl
                 "clone": {"job": ref},
                 "stop": {"jobs": [ref]},
                 "delete": {"jobs": [ref]},
+                "hold": {"jobs": [ref]},
                 "release": {"jobs": [ref]},
                 "priority": {"job": ref, "level": "urgent"},
                 "extend": {"job": ref, "duration": "10m"},
