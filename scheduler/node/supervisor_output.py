@@ -8,8 +8,13 @@ header line at its start, copies the newest quarter of the limit (from a line's 
 the file there. The rank's next writes land at the new end, since its descriptor appends. So output.log stays
 under the limit while the cutter keeps up (it looks at least every CHECK_MAX_S, and often enough that at the
 rate the file grows it passes at most an eighth of the limit between two looks), and the last cut leaves a
-quarter of it. As with logrotate's copytruncate, a write that begins in the instant between the copy's last look
-at the size and the truncation is lost; a rank that writes faster than the copy goes may pass the limit.
+quarter of it. As with logrotate's copytruncate, a write that lands between the copy's last look at the size and
+the truncation is lost (the cutter may be descheduled there on a busy node); a rank that writes faster than the
+copy goes may pass the limit. A loss is said, not silent: the ranks' writes go through the open file they share
+with the supervisor (their stdout is its descriptor), and each append moves its offset to the file's end, so an
+offset past what the cut copied, right after the truncation, is the end of a write it took away. The cutter then
+appends a line at once, where that write's bytes would have been:
+`== ftconsole: output lost: 5050 bytes written while output.log was cut ==` (`output_lost_line`).
 
 The header says how many bytes of output were dropped before what follows it, in all:
 `== ftconsole: earlier output dropped: output_limit 64 KiB (the first 4980736 bytes) ==`. Readers count in
@@ -189,14 +194,31 @@ def _output_copy(fd, src, to, end):
     return src, to
 
 
-def output_cut(path, limit):
+def output_lost_line(lost):
+    """The line a cut appends where a write it took away would have been (see the module's docstring)."""
+    return ("== ftconsole: output lost: %d bytes written while output.log was cut ==\n" % lost).encode()
+
+
+def output_lost(writers, before, copied, fd, to):
+    """Bytes of the ranks' last write that the truncation to `to` took away: the offset of the open file they share
+    (`writers`; `before`: it at the cut's start) past `copied`, the end of what the cut copied. 0 when no write
+    went through it during the cut, or one came after the truncation (the offset is that write's then)."""
+    after = os.lseek(writers, 0, os.SEEK_CUR)
+    if after == before or os.fstat(fd).st_size != to:
+        return 0
+    return max(0, after - copied)
+
+
+def output_cut(path, limit, writers=None):
     """Cut output.log at `path` to its newest bytes when it is over its share of `limit` (see the module's
     docstring): the bytes of output dropped in all once cut, None when nothing was (not due, or locked by a
-    reader for over a second)."""
+    reader for over a second). `writers`: the descriptor the ranks write through (O_APPEND), whose offset tells
+    a write the truncation took away; a line then says so (`output_lost_line`)."""
     fd = os.open(path, os.O_RDWR)  # the path of the file the ranks write to (/proc/self/fd/N: not O_NOFOLLOW)
     try:
         if not output_lock(fd, fcntl.LOCK_EX, 1.0):
             return None
+        before = None if writers is None else os.lseek(writers, 0, os.SEEK_CUR)
         size = os.fstat(fd).st_size
         if not output_cut_due(size, limit):
             return None
@@ -214,6 +236,10 @@ def output_cut(path, limit):
                 break
             src, to = _output_copy(fd, src, to, end)
         os.ftruncate(fd, to)
+        lost = 0 if writers is None else output_lost(writers, before, src, fd, to)
+        if lost:  # an append: after the kept tail (ended first where the write cut short a line), or a write since
+            cut_short = to > 0 and os.pread(fd, 1, to - 1) != b"\n"
+            os.write(writers, b"\n" * cut_short + output_lost_line(lost))
         return dropped
     finally:
         os.close(fd)
@@ -242,7 +268,7 @@ class OutputWatch(object):
         size = self._size()
         if output_cut_due(size, self.limit):
             try:
-                output_cut("/proc/self/fd/%d" % self.fd, self.limit)
+                output_cut("/proc/self/fd/%d" % self.fd, self.limit, writers=self.fd)
             except OSError:
                 return size
             size = self._size()

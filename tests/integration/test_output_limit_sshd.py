@@ -40,19 +40,24 @@ def line(number: int) -> str:
     return f"line {number:06d} {'x' * 88}\n"
 
 
+DROPPED = "== ftconsole: earlier output dropped"
+LOST = "== ftconsole: output lost"  # a write a cut took away (the copytruncate race), said where it would have been
+
+
 def numbers(text: str) -> tuple[list[int], int]:
     """The numbers of the numbered lines of `text`, and how many lines said output was dropped. Fails on any other
-    line (garbage, a part of a line but for the start of one whose rest a cut dropped, right before the line that
-    says so), on a line twice or out of order, and on lines missing where no line says that output was dropped
-    there."""
+    line (garbage, a part of a line but for the start of one whose rest a cut dropped or lost, right before the
+    line that says so), on a line twice or out of order, and on lines missing where no line says that output was
+    dropped or lost there (a loss is said right after the kept tail, or after a write that came in between: within
+    the next few lines)."""
     found: list[int] = []
     dropped, said = 0, False
     rows = text.splitlines()
     for at, row in enumerate(rows):
-        if row.startswith("== ftconsole: earlier output dropped"):
-            dropped, said = dropped + 1, True
+        if row.startswith((DROPPED, LOST)):
+            dropped, said = dropped + row.startswith(DROPPED), True
             continue
-        cut_short = at + 1 < len(rows) and rows[at + 1].startswith("== ftconsole: earlier output dropped")
+        cut_short = at + 1 < len(rows) and rows[at + 1].startswith((DROPPED, LOST))
         if cut_short and not LINE.match(row):
             assert row and line(0).startswith(re.sub(r"\d", "0", row)), f"garbage: {row!r}"
             continue  # a line shown as far as it was written when a cut dropped the rest
@@ -60,7 +65,10 @@ def numbers(text: str) -> tuple[list[int], int]:
         assert match is not None, f"not a line the job wrote: {row[:200]!r}"
         number = int(match.group(1))
         expected = found[-1] + 1 if found else 0
-        assert number == expected or (said and number > expected), f"line {number} after {found[-1:]}, unsaid"
+        lost_soon = any(r.startswith(LOST) for r in rows[at + 1 : at + 4])
+        assert number == expected or (number > expected and (said or lost_soon)), (
+            f"line {number} after {found[-1:]}, unsaid"
+        )
         found.append(number)
         said = False
     return found, dropped
@@ -113,7 +121,7 @@ async def test_a_chatty_rank_keeps_under_its_output_limit_and_logs_show_the_tail
         whole = await log_of(client, job_id)
         assert whole == data
         found, markers = numbers(whole)
-        assert markers == 1 and found == list(range(found[0], LINES))
+        assert markers == 1 and found[-1] == LINES - 1  # in order, and any line missing said so (numbers)
         assert "".join([c async for c in client.stream("logs", job=job_id, tail=2)]) == line(LINES - 2) + line(
             LINES - 1
         )

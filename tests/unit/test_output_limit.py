@@ -260,7 +260,7 @@ def test_a_cut_keeps_the_newest_lines_and_every_offset_stays_good(tmp_path: Path
             os.write(fd, numbered(i, 50))
             written += 50 * 101
             if out.output_cut_due(os.fstat(fd).st_size, limit):
-                out.output_cut(str(path), limit)
+                out.output_cut(str(path), limit, writers=fd)
             assert path.stat().st_size <= limit
     finally:
         os.close(fd)
@@ -282,6 +282,47 @@ def test_a_cut_keeps_the_newest_lines_and_every_offset_stays_good(tmp_path: Path
     assert (start, chunk) == (dropped - length, data)
     start, chunk, _ = out._output_chunk(str(path), 50, 1 << 20, last=303) or (0, b"", 0)  # a scan's read
     assert (start, chunk) == (written - 303, numbered(4997, 3))
+
+
+@pytest.mark.parametrize("late", [0, 1, 2])
+def test_a_write_the_truncation_takes_away_is_said_where_it_would_have_been(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, late: int
+) -> None:
+    """The race of copytruncate, made to happen: the rank writes between the cut's last look at the size and its
+    truncation (late=1: one write, late=2: two). The write is lost, and a line right after the kept tail says how
+    many bytes; with no such write (late=0) there is no such line. A reader's offsets stay good."""
+    path = tmp_path / "output.log"
+    limit = 64 * KiB
+    writers = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)  # the ranks' stdout
+    truncate = os.ftruncate
+
+    def racing(fd: int, size: int) -> None:
+        for i in range(late):
+            os.write(writers, numbered(400 + 50 * i, 50))  # lands past what the cut copied
+        truncate(fd, size)
+
+    try:
+        os.write(writers, numbered(0, 400))
+        monkeypatch.setattr(out.os, "ftruncate", racing)
+        dropped = out.output_cut(str(path), limit, writers=writers)
+        monkeypatch.setattr(out.os, "ftruncate", truncate)
+        os.write(writers, numbered(400 + 50 * late, 1))  # the rank goes on
+    finally:
+        os.close(writers)
+    assert dropped is not None
+    data = path.read_bytes()
+    _, length = out.output_header_of(data)
+    kept = data[length:]
+    said = out.output_lost_line(50 * 101 * late)
+    if late:
+        assert kept.endswith(numbered(399, 1) + said + numbered(400 + 50 * late, 1)), kept[-400:]
+    else:
+        assert b"output lost" not in kept and kept.endswith(numbered(399, 1) + numbered(400, 1))
+    # a reader that had read the kept tail up to line 399 goes on with the line that says so, then line 400+
+    start, chunk, _ = out._output_chunk(str(path), dropped + len(kept) - len(said) * bool(late) - 101, 1 << 20) or (
+        0, b"", 0)  # fmt: skip
+    assert chunk == (said if late else b"") + numbered(400 + 50 * late, 1)
+    assert start == dropped + len(kept) - len(chunk)
 
 
 def test_a_file_never_cut_reads_as_it_is(tmp_path: Path) -> None:
@@ -329,7 +370,7 @@ def test_the_channel_follows_a_file_across_its_cuts(tmp_path: Path) -> None:
             fh.write(numbered(i, 30))
             fh.flush()
             if out.output_cut_due(path.stat().st_size, limit):
-                out.output_cut(str(path), limit)
+                out.output_cut(str(path), limit, writers=fh.fileno())
             pushed()
         pushed()
     text = b"".join(data for _, data in got)
