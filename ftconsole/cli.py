@@ -23,7 +23,17 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import ftconsole
-from ftconsole import check_cli, completion, debug_cli, jobs_cli, reservation_cli, shell_cli, state_cli, usage_cli
+from ftconsole import (
+    alloc_cli,
+    check_cli,
+    completion,
+    debug_cli,
+    jobs_cli,
+    reservation_cli,
+    shell_cli,
+    state_cli,
+    usage_cli,
+)
 from ftconsole.format import (
     error_document,
     error_text,
@@ -423,6 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
     jobs_cli.add_parsers(sub, common, listing)
     check_cli.add_parser(sub, [common, listing])
     shell_cli.add_parser(sub, common)
+    alloc_cli.add_parser(sub, common)
     debug_cli.add_parser(sub, [common, listing])
     usage_cli.add_parser(sub, [common, listing])
     reservation_cli.add_parser(sub, [common, listing])

@@ -1,0 +1,82 @@
+"""`ftconsole alloc` (Slurm's `salloc`) end to end on real sshd nodes: an allocation is queued as a job, its command
+(the shell's stand-in) runs on its first node as the user, in the run folder, with the allocation's GPUs and
+hostfile, and leaving it ends the allocation: its ranks' processes gone on every node; `--keep` keeps it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.test_forecast_sshd import cli
+from tests.integration.test_scheduler_sshd import finished, job, poll, running, until, write_config
+from tests.sshd_cluster import SshdCluster
+
+pytestmark = pytest.mark.sshd
+
+
+def alive(pid: int) -> bool:
+    """Whether a process of the nodes runs (the test's nodes are sshd servers on this machine)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def test_an_allocation_over_two_nodes_runs_its_command_there_and_ends_with_it(
+    sshd_cluster: Any, tmp_path: Path, sock_dir: Path
+) -> None:
+    cluster: SshdCluster = sshd_cluster(2, gpus=2)
+    loaded = write_config(cluster, tmp_path, sock_dir)
+    async with running(loaded) as (_, client):
+        blocker = await client.call(
+            "submit", spec=job("blocker", "sleep 300", gpus_per_node=2, nodes=2, mode="pytorch")
+        )
+        await until(client, blocker["id"], lambda j: j["status"] == "running", "the blocker to run")
+        command = 'echo "gpus=$CUDA_VISIBLE_DEVICES"; cat "$FT_HOSTFILE"; pwd; id -un'
+        alloc = asyncio.create_task(
+            cli(loaded.file, "alloc", "--nodes", "2", "--gpus-per-node", "1", "--time", "1h", "--command", command)
+        )
+        try:
+            (waiting,) = await poll(
+                lambda: client.call("jobs", name="alloc"), lambda js: bool(js and js[0]["message"]), "it to wait"
+            )
+            assert waiting["status"] == "queued"
+            await client.call("stop", jobs=[blocker["id"]])
+            code, out, err = await asyncio.wait_for(alloc, 120)
+        finally:
+            alloc.cancel()
+        assert code == 0, err
+        shown = await finished(client, waiting["id"])
+    assert f"allocation {shown['id']} queued" in err and f"allocation {shown['id']} ended" in err
+    assert f"allocation {shown['id']} running on " in err
+    lines = out.splitlines()
+    assert lines[0] in ("gpus=0", "gpus=1")  # one GPU of the node, as placed
+    runs = shown["attempts"][0]["runs"]
+    assert [len(r["gpus"]) for r in runs] == [1, 1] and lines[0] == f"gpus={runs[0]['gpus'][0]}"
+    assert len([x for x in lines if "slots=1" in x]) == 2  # the hostfile: both nodes
+    assert runs[0]["run_dir"] in lines  # the shell's folder: the first rank's run folder
+    assert shown["status"] == "stopped" and shown["spec"]["hang_detect"] == 0  # off: a shell is quiet
+    assert shown["max_runtime_s"] == 3600
+    assert not any(alive(r["pid"]) for r in runs if r["pid"])  # what held the GPUs is gone on both nodes
+
+
+async def test_keep_leaves_it_running_and_an_exit_status_is_the_command_s(
+    sshd_cluster: Any, tmp_path: Path, sock_dir: Path
+) -> None:
+    cluster: SshdCluster = sshd_cluster(1, gpus=1)
+    loaded = write_config(cluster, tmp_path, sock_dir)
+    async with running(loaded) as (_, client):
+        code, _, err = await cli(loaded.file, "alloc", "--keep", "--command", "exit 3")
+        assert code == 3, err
+        kept = await client.call("jobs", status=["running"])
+        assert [j["name"] for j in kept] == ["alloc"]
+        assert f"ftconsole stop {kept[0]['id']} to end it" in err
+        await client.call("stop", jobs=[kept[0]["id"]])
+        assert (await finished(client, kept[0]["id"]))["status"] == "stopped"
+        code, _, err = await cli(loaded.file, "alloc", "--nodes", "0")
+        assert code == 2 and "--nodes must be at least 1" in err
