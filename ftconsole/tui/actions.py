@@ -62,6 +62,18 @@ class Actions(App[int]):
             self._confirmed(f"Delete {what}?", "Running ones are stopped first; gone from the queue.",
                             lambda: self.act(f"deleted {what}", "delete", jobs=self._refs(ids)))  # fmt: skip
 
+    def action_hold(self) -> None:
+        """Hold the jobs selected (their queued ones: `hold`), or release them where each is held already."""
+        ids = self._targets("job")
+        if not ids:
+            return
+        what = self._what(ids)
+        held = [self._job(a if (a := R.array_of_key(key)) is not None else int(key)).get("held") for key in ids]
+        if all(held):
+            self.act(f"released {what}", "release", jobs=self._refs(ids))
+        else:
+            self.act(f"held {what}", "hold", jobs=self._refs(ids))
+
     def action_clone(self) -> None:
         if (job := self._one("job")) is not None:
             self.act(f"cloned {self._what([job])}", "clone", job=self._refs([job])[0])

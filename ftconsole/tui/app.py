@@ -68,6 +68,7 @@ WRITES = frozenset(
         "priority",
         "extend",
         "scale",
+        "hold",
         "drain",
         "resume",
         "probe",
@@ -86,6 +87,7 @@ ROW_KINDS = {
     "priority": JOB,
     "extend": JOB,
     "scale": JOB,
+    "hold": JOB,
     "logs": JOB,
     "debug": JOB | ALERT,  # on an alert: its job's
     "shell": JOB | NODE | ALERT,  # on an alert: the rank its evidence names, or its node
@@ -146,6 +148,7 @@ class ConsoleApp(Actions):
         Binding("plus", "priority", "Priority"),
         Binding("e", "extend", "Extend"),
         Binding("S", "scale", "Scale"),  # shift+s: `s` is the shell
+        Binding("h", "hold", "Hold/release", show=False),
         Binding("d", "drain", "Drain"),
         Binding("r", "resume", "Resume"),
         Binding("p", "probe", "Probe"),

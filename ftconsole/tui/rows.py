@@ -82,6 +82,7 @@ def style(role: str | None) -> str:
 STATUS_STYLE = {
     "running": "ok",
     "queued": "warn",
+    "held": "muted",
     "succeeded": "ok_dim",
     "error": "bad",
     "stopped": "muted",
@@ -143,8 +144,11 @@ JOB_COLUMNS = (
 
 
 def job_state(job: Mapping[str, Any], now: float) -> str:
-    """The status word a job shows: its status, or `stopping` / `stalled` for running jobs that are."""
+    """The status word a job shows: its status, `held` for a queued job held (`hold`), or `stopping` / `stalled`
+    for running jobs that are."""
     status = str(job["status"])
+    if status == "queued" and job.get("held"):
+        return "held"
     if status != "running":
         return status
     if job.get("stop_requested"):
@@ -233,8 +237,8 @@ def job_cells(
 # -- arrays of jobs: one row each, its tasks' rows under it when expanded -----------------------------------------
 
 # A task's state -> its mark in the STATUS of its array's row ("8▶ 80○ 12✓"), those that need attention first.
-ARRAY_MARKS = {"stalled": "!", "error": "✗", "running": "▶", "stopping": "▷", "queued": "○", "succeeded": "✓",
-               "stopped": "■", "expired": "⊘"}  # fmt: skip
+ARRAY_MARKS = {"stalled": "!", "error": "✗", "running": "▶", "stopping": "▷", "queued": "○", "held": "‖",
+               "succeeded": "✓", "stopped": "■", "expired": "⊘"}  # fmt: skip
 FOLDED, UNFOLDED = "▸", "▾"  # in the mark column of an array's row: its tasks hidden, shown
 
 

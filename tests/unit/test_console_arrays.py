@@ -44,7 +44,7 @@ class ArraysClient(D.FixedClient):
             job = next(t for t in TASKS if t["id"] == int(args["job"]))
             return job | {"spec": {"name": "sweep", "command": "python sweep.py", "array": "0-4%2"},
                           "attempts": [], "conditions": [], "events": [], "tasks": []}  # fmt: skip
-        if op in ("stop", "delete", "priority"):
+        if op in ("stop", "delete", "priority", "hold", "release"):
             self.calls.append((op, args))
             return []
         return await super().call(op, **args)
@@ -142,3 +142,36 @@ async def test_one_job_actions_on_an_array_row(tmp_path: Path) -> None:
         await pilot.pause()
         assert isinstance(app.screen, JobScreen) and app.screen.job_id == 201
         assert any("task 200[1]" in m for m in app.said)  # type: ignore[attr-defined]
+
+
+def status(view: JobsView, key: str) -> str:
+    row = dict(zip([c.key for c in R.JOB_COLUMNS], view.table.to_rows()[key], strict=True))
+    return str(row["status"])
+
+
+async def test_h_holds_a_queued_task_and_releases_one_held(tmp_path: Path) -> None:
+    """`h` on a task's row holds it (`hold` of 200[3]); on a task that is held already it releases it, and the
+    row says `held` where it said `queued`."""
+    held = {"by": "cy", "at": D.NOW - 60, "admin": False}
+    TASKS[4] = _task(4, "queued", message=WAITS, held=held)
+    try:
+        app = console(tmp_path)
+        async with app.run_test(size=SIZE) as pilot:
+            view = await loaded(pilot)
+            client = app.client
+            assert isinstance(client, ArraysClient)
+            assert status(view, "array:200") == "2▶ 1○ 1‖ 1✓"
+            view.table.select_key("array:200")
+            await pilot.press("t")
+            await pilot.pause()
+            assert status(view, "204") == "held" and status(view, "203") == "queued"
+            view.table.select_key("203")
+            await pilot.press("h")
+            await called(pilot, client, 1)
+            assert client.calls[-1] == ("hold", {"jobs": ["200[3]"]})
+            view.table.select_key("204")
+            await pilot.press("h")
+            await called(pilot, client, 2)
+            assert client.calls[-1] == ("release", {"jobs": ["200[4]"]})
+    finally:
+        TASKS[4] = _task(4, "queued", message=WAITS)
