@@ -31,6 +31,7 @@ from textual.screen import Screen
 from textual.widgets import ContentSwitcher, DataTable, Footer, Header, Input
 from textual.worker import Worker, WorkerCancelled, WorkerFailed, WorkerState
 
+from ftconsole.scheduler import gctune
 from ftconsole.scheduler.errors import AlreadyRunning, FtError, NotRunning
 from ftconsole.scheduler.serve.api import ApiClient
 from ftconsole.scheduler.serve.client import LocalClient, SocketClient, this_process
@@ -190,6 +191,7 @@ class ConsoleApp(Actions):
         self._connected = asyncio.Event()
         self._arrays_shown = False  # whether the Jobs view had an array at its last update (`t` applies)
         self._frozen = False  # gc.freeze() after the first read (`_freeze`)
+        self._thresholds = gc.get_threshold()  # the collector's before `_freeze` tuned them
         self.sub_title = str(loaded.file) + (" · read-only" if readonly else "")
 
     # -- layout --------------------------------------------------------------------------------------------
@@ -232,10 +234,12 @@ class ConsoleApp(Actions):
             self._frozen = True
             gc.collect()
             gc.freeze()
+            self._thresholds = gctune.tune()  # and what each update builds is mostly freed before a collection
 
     async def on_unmount(self) -> None:
         if self._frozen:
             gc.unfreeze()
+            gc.set_threshold(*self._thresholds)
         self._stop.set()
         with contextlib.suppress(WorkerCancelled, WorkerFailed):  # Textual may have cancelled them already
             await self.workers.wait_for_complete()

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, cast
 
-from ftconsole.scheduler import debugenv, failpoints
+from ftconsole.scheduler import debugenv, failpoints, gctune
 from ftconsole.scheduler.decide import placement
 from ftconsole.scheduler.decide.clusterview import cluster_view
 from ftconsole.scheduler.decide.jobs import Job, JobStatus
@@ -40,11 +39,6 @@ from ftconsole.scheduler.store.db import ALERT_STATES, Store
 from ftconsole.scheduler.store.records import JobActivity
 
 log = logging.getLogger("ftconsole.daemon")
-# The collector's young generation is collected every 50,000 allocations, not Python's 700: a deep queue keeps
-# 100,000 jobs in memory, and at 700 the transient objects of each pass lived long enough to be promoted, which
-# brought a full collection of the whole heap (0.1 to 0.25 s, with the event loop waiting) every 1 to 4 s; now
-# one in the 90 s of bench/deepqueue.py at 100,000 queued (docs/benchmarks.md)
-GC_THRESHOLDS = (50_000, 20, 10)
 
 # what a standby refuses (several schedulers on one PostgreSQL store: only the leader changes anything, and only
 # the leader acts on the nodes: `debug` runs py-spy on them as the SSH account)
@@ -533,7 +527,7 @@ async def serve_until_signalled(loaded: LoadedConfig) -> None:
     config file as it is now (`systemctl reload`), as `ftconsole config reload` does, and logs what changed."""
     import signal
 
-    gc.set_threshold(*GC_THRESHOLDS)
+    gctune.tune()  # a deep queue's heap: full collections far less often (gctune.py)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     answering: list[Operations] = []
