@@ -155,7 +155,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     loaded = loaded_config(args)
 
     async def submit(client: Client) -> tuple[dict[str, Any], dict[str, Any] | None]:
-        job = await client.call("submit", spec=spec.to_json())
+        job = await client.call("submit", spec=spec.to_json(), **({"hold": True} if args.hold else {}))
         if not args.wait:
             return job, None
         if not args.json:
@@ -501,6 +501,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser, listing: argparse.Arg
     p.add_argument("--wait", action="store_true", help="wait for the job to end; exit 0 only if it succeeded")
     p.add_argument("--local", action="store_true", help=_LOCAL_SUBMIT_HELP)
     p.add_argument("--begin", metavar="WHEN", help="not before this time: +2h, 16:00, 2026-11-28T16:00 (its begin:)")
+    p.add_argument("--hold", action="store_true", help="held from the start: not placed until `release` (sbatch -H)")
     p.set_defaults(func=cmd_submit)
 
     p = sub.add_parser("predict", parents=parents, help="would a job start now, or its queue position and why")

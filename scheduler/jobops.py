@@ -119,7 +119,10 @@ class Scheduler(RankReads, Reserving, Holding, Stopping):
 
     # ============================================================ operations
 
-    async def submit(self, caller: Caller, spec: JobSpec | dict[str, Any], *, cloned_from: int | None = None) -> Job:
+    async def submit(
+        self, caller: Caller, spec: JobSpec | dict[str, Any], *, cloned_from: int | None = None, hold: bool = False
+    ) -> Job:
+        """Queue a job (an array: its tasks); with `hold`, held from the start (holding.py), as `sbatch -H` does."""
         spec = _spec(spec)
         now = self.clock()
         self.rules.admissible(caller, spec, spec.priority.value)
@@ -139,6 +142,9 @@ class Scheduler(RankReads, Reserving, Holding, Stopping):
             access=spec.access.value,
             submitted=now,
             cloned_from=cloned_from,
+            held_by=caller.user if hold else None,
+            held_at=now if hold else None,
+            held_admin=hold and self.is_admin(caller),
         )
         how = f"cloned from job {cloned_from}" if cloned_from else "submitted"
 
@@ -153,7 +159,8 @@ class Scheduler(RankReads, Reserving, Holding, Stopping):
                     first = job_id
                     await tx.update_job(job_id, array_id=job_id)
                 task = "" if index is None else f" (task {index} of array {first})"
-                await tx.event(now, Condition.PENDING, f"{how} by {caller.user}{task}", job=job_id)
+                held = ", held: not placed until released" if hold else ""
+                await tx.event(now, Condition.PENDING, f"{how} by {caller.user}{task}{held}", job=job_id)
             return job_id, first
 
         job_id, first = await self.submits.write(write)  # with the submits that arrive meanwhile (group commit)

@@ -141,7 +141,8 @@ class Operations:
         return {} if self.leadership is None else {"leadership": self.leadership.to_json()}
 
     async def _submit(self, caller: Caller, args: dict[str, Any]) -> Any:
-        return {**(await self.scheduler.submit(caller, args["spec"])).to_json(self.now), **JobActivity().to_json()}
+        job = await self.scheduler.submit(caller, args["spec"], hold=bool(args.get("hold")))
+        return {**job.to_json(self.now), **JobActivity().to_json()}
 
     async def _predict(self, caller: Caller, args: dict[str, Any]) -> Any:
         return decision_json(await self.scheduler.predict(caller, args["spec"]))

@@ -115,7 +115,8 @@ class JobTx:
     async def add_job(self, job: Job) -> int:
         job_id = await self._db.insert(
             "INSERT INTO jobs (name, owner, uid, spec, status, priority, project, access, submitted, cloned_from, "
-            "array_id, array_index, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "array_id, array_index, held_by, held_at, held_admin, updated) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 job.name,
                 job.owner,
@@ -129,6 +130,9 @@ class JobTx:
                 job.cloned_from,
                 job.array_id,
                 job.array_index,
+                job.held_by,
+                job.held_at,
+                int(job.held_admin),
                 self.stamp,
             ),
         )

@@ -101,3 +101,26 @@ async def test_an_admins_hold_is_released_by_an_admin_only(sshd_cluster: Any, tm
         assert (await client.call("show", job=by_admin["id"]))["status"] == "queued"
         await client.call("release", jobs=[by_admin["id"]])
         assert (await finished(client, by_admin["id"]))["status"] == "succeeded"
+
+
+async def test_a_job_submitted_held_waits_on_free_gpus_until_released(
+    sshd_cluster: Any, tmp_path: Path, sock_dir: Path
+) -> None:
+    """`submit --hold` (sbatch -H): held from the start, so even on an idle node no pass places it."""
+    cluster: SshdCluster = sshd_cluster(1, gpus=1)
+    loaded = write_config(cluster, tmp_path, sock_dir)
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: later\ncommand: 'true'\n")
+    async with running(loaded) as (_, client):
+        code, out, err = await cli(loaded.file, "submit", "--hold", str(spec))
+        assert code == 0, err
+        job_id = int(out.strip())
+        held = await until(client, job_id, lambda j: note(j).startswith("held by"), "the hold's note")
+        assert held["held"]["by"] == "root" and not held["attempts"]
+        assert held["events"][0]["message"] == "submitted by root, held: not placed until released"
+        # a job submitted after it runs on the idle node, while it waits
+        other = await client.call("submit", spec=job("other", "true"))
+        assert (await finished(client, other["id"]))["status"] == "succeeded"
+        assert (await client.call("show", job=job_id))["status"] == "queued"
+        await client.call("release", jobs=[job_id])
+        assert (await finished(client, job_id))["status"] == "succeeded"
