@@ -27,9 +27,19 @@ from ftconsole.scheduler.node.supervisor_container import (  # bundled
     image_pull_argv,
     image_pulled,
 )
+from ftconsole.scheduler.node.supervisor_evidence import end_leftovers  # bundled
 from ftconsole.scheduler.node.supervisor_files import STATUS, _expand, _read_json, _tilde, _write_json  # bundled
 from ftconsole.scheduler.node.supervisor_output import output_watch  # bundled
 from ftconsole.scheduler.node.supervisor_scan import _last_line  # bundled
+
+
+def _ours(steps):
+    """{FT_JOB_ID, FT_ATTEMPT} of the run, as its command's env gives them (None where it has no such env)."""
+    for step in reversed(steps):
+        env = step.get("env") or {}
+        if env.get("FT_JOB_ID") and env.get("FT_ATTEMPT"):
+            return {"FT_JOB_ID": str(env["FT_JOB_ID"]), "FT_ATTEMPT": str(env["FT_ATTEMPT"])}
+    return None
 
 
 def _child_env(step):
@@ -89,7 +99,8 @@ def _how(code):
 
 
 def _supervise(run_dir, params):
-    """Runs in the detached grandchild: run the steps in turn, record their life in status.json."""
+    """Runs in the detached grandchild: run the steps in turn, record their life in status.json; at the end, stop
+    what the run left running (`end_leftovers`)."""
     status_path = os.path.join(run_dir, STATUS)
     status = _read_json(status_path) or {}
     grace = float(params.get("grace") or 30)
@@ -206,6 +217,10 @@ def _supervise(run_dir, params):
         if step["kind"] not in ("data", "pull", "before") or code != 0:
             outcome = (code, error)
         failed = code != 0
+    left = end_leftovers(_ours(steps))
+    if left:
+        log.write(("ftconsole: %d process(es) started over SSH in this run's environment (a shell, or what it left "
+                   "running) stopped as the run ended\n" % left).encode())  # fmt: skip
     if watch is not None:
         watch.stop()
     log.close()

@@ -5,7 +5,6 @@ hostfile, and leaving it ends the allocation: its ranks' processes gone on every
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +18,13 @@ pytestmark = pytest.mark.sshd
 
 
 def alive(pid: int) -> bool:
-    """Whether a process of the nodes runs (the test's nodes are sshd servers on this machine)."""
+    """Whether a process of the nodes runs (the test's nodes are sshd servers on this machine); a zombie, ended and
+    not yet reaped by whoever it was left to, does not."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
         return False
-    return True
+    return stat.rpartition(")")[2].split()[0] != "Z"
 
 
 async def test_an_allocation_over_two_nodes_runs_its_command_there_and_ends_with_it(
@@ -65,18 +65,27 @@ async def test_an_allocation_over_two_nodes_runs_its_command_there_and_ends_with
     assert not any(alive(r["pid"]) for r in runs if r["pid"])  # what held the GPUs is gone on both nodes
 
 
-async def test_keep_leaves_it_running_and_an_exit_status_is_the_command_s(
+async def test_keep_leaves_it_running_and_what_it_left_running_ends_with_it(
     sshd_cluster: Any, tmp_path: Path, sock_dir: Path
 ) -> None:
+    """--keep: the allocation runs on after its command, whose exit status is alloc's. A program the command left
+    running on the node (started over SSH, outside the run's processes) is stopped when the allocation ends: it
+    would hold the GPUs past it otherwise."""
     cluster: SshdCluster = sshd_cluster(1, gpus=1)
     loaded = write_config(cluster, tmp_path, sock_dir)
     async with running(loaded) as (_, client):
-        code, _, err = await cli(loaded.file, "alloc", "--keep", "--command", "exit 3")
+        left = "nohup sleep 1000 </dev/null >/dev/null 2>&1 & echo $! > left.pid; exit 3"
+        code, _, err = await cli(loaded.file, "alloc", "--keep", "--command", left)
         assert code == 3, err
-        kept = await client.call("jobs", status=["running"])
-        assert [j["name"] for j in kept] == ["alloc"]
-        assert f"ftconsole stop {kept[0]['id']} to end it" in err
-        await client.call("stop", jobs=[kept[0]["id"]])
-        assert (await finished(client, kept[0]["id"]))["status"] == "stopped"
+        (kept,) = await client.call("jobs", status=["running"])
+        assert kept["name"] == "alloc" and f"ftconsole stop {kept['id']} to end it" in err
+        run = (await client.call("show", job=kept["id"]))["attempts"][0]["runs"][0]
+        pid = int((Path(run["run_dir"]) / "left.pid").read_text())
+        assert alive(pid)
+        await client.call("stop", jobs=[kept["id"]])
+        assert (await finished(client, kept["id"]))["status"] == "stopped"
+        assert not alive(pid)  # stopped before the run's end was written
+        log = (Path(run["run_dir"]) / "output.log").read_text()
+        assert "1 process(es) started over SSH in this run's environment" in log
         code, _, err = await cli(loaded.file, "alloc", "--nodes", "0")
         assert code == 2 and "--nodes must be at least 1" in err
