@@ -371,6 +371,7 @@ class Loop:
             if outcome is Outcome.WAIT:  # decided on a later tick: the runs are stored as read
                 return mine
             if outcome is Outcome.DONE:  # requeued or restarted, the runs written with it
+                self.executor.clear_leftovers(job, runs)
                 return []
             decision = outcome
         if decision is None:
@@ -383,6 +384,8 @@ class Loop:
         except Conflict:
             return []
         await afailpoint("observe.after_record")
+        if isinstance(decision, Finish):
+            self.executor.clear_leftovers(job, runs)
         if isinstance(decision, StopOthers):
             self.recoverer.dump(job, runs)
         self._poke()

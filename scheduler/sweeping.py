@@ -1,26 +1,36 @@
 """What is left on the nodes, for the executor (`Executor`, which this is part of): the sweep that fences runs the
 store no longer counts as current (a node back after it was given up, runs left by a crash between a start and its
-record, runs started after the backup a store was restored from: `stray_runs`), and run retention (old ended
-attempts' folders removed, for the users with runs on a node and for the others who ran jobs lately). Each user's
-folders are read and acted on as that user.
+record, runs started after the backup a store was restored from: `stray_runs`), run retention (old ended
+attempts' folders removed, for the users with runs on a node and for the others who ran jobs lately), and what an
+ended attempt left running on the nodes where a launcher on another node started its ranks (`clear_leftovers`).
+Each user's folders and processes are read and acted on as that user.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Hashable, Sequence
 from typing import Any
 
 from ftconsole.scheduler import debugenv
-from ftconsole.scheduler.decide.jobs import Run
+from ftconsole.scheduler.decide.jobs import Job, Run
 from ftconsole.scheduler.decide.reconcile import READ_STATES
 from ftconsole.scheduler.decide.runstatus import NodeRun
 from ftconsole.scheduler.decide.steps import user_root
 from ftconsole.scheduler.errors import FtError
 from ftconsole.scheduler.node.supervisor import MAX_PRUNED
 from ftconsole.scheduler.spec.config import ClusterConfig, Node, SchedulerSettings
-from ftconsole.scheduler.ssh.runs import CannotSwitch, NoAccount, Prune, node_runs, prune_runs, stop_runs
+from ftconsole.scheduler.ssh.runs import (
+    CannotSwitch,
+    NoAccount,
+    Prune,
+    node_runs,
+    prune_runs,
+    signal_leftovers,
+    stop_runs,
+)
 from ftconsole.scheduler.ssh.transport import Transport
 from ftconsole.scheduler.store.db import Store
 
@@ -38,6 +48,7 @@ class Sweeping:
     _unswept: set[str]
     _given_up: set[str]
     _pruned_at: dict[str, float]
+    nodes: dict[str, Node]
     _poke: Callable[[], None]
 
     @property
@@ -54,6 +65,41 @@ class Sweeping:
 
     async def _ask(self, node: Node, work: Coroutine[Any, Any, Any], *, heartbeat: bool = True) -> Any:
         raise NotImplementedError  # Executor's
+
+    def _spawn(self, key: Hashable, work: Coroutine[Any, Any, None]) -> None:
+        raise NotImplementedError  # Executor's
+
+    def run_user(self, job: Job) -> str | None:
+        raise NotImplementedError  # Executor's
+
+    # -- what an attempt left on its nodes -----------------------------------------------------------------
+
+    def clear_leftovers(self, job: Job, runs: Sequence[Run]) -> None:
+        """Once an attempt has ended: what it left on the nodes where a launcher on another node started its ranks
+        (its runs that launch nothing: DeepSpeed's runner over pdsh, mpirun's orted; a launching run's own node is
+        cleared by its supervisor), in the background: SIGTERM, SIGKILL after the stop's grace period. A node that
+        cannot be reached keeps what it has: its processes are its own trouble, as its runs are."""
+        for run in runs:
+            if not run.launch and run.node in self.nodes:
+                self._spawn(("leftovers", run.job, run.attempt, run.node), self._clear(job, run))
+
+    async def _clear(self, job: Job, run: Run) -> None:
+        node = self.nodes[run.node]
+        for sig, then in (("SIGTERM", self.settings.stop_grace), ("SIGKILL", 0.0)):
+            asked = signal_leftovers(self.transport, node, run.job, run.attempt, sig, user=self.run_user(job),
+                                     python=self._python, timeout=self._timeout)  # fmt: skip
+            try:
+                found = await self._ask(node, asked)
+            except FtError as exc:
+                log.warning("cannot stop what job %s left on %s: %s", run.job, run.node, exc)
+                return
+            if not found:
+                return
+            if sig == "SIGTERM":
+                async with self.store.jobs_tx("record what an attempt left") as tx:
+                    text = f"{found} process(es) attempt {run.attempt} left on {run.node} stopped (SIGTERM)"
+                    await tx.event(self.clock(), "Leftovers", text, job=run.job, node=run.node)
+            await asyncio.sleep(then)
 
     async def _prune_others(self, node: Node, prune: Prune, pruned: list[str], users: set[str | None]) -> None:
         """Retention for users without a run on the node now; one who has no account there has no folders."""

@@ -195,9 +195,10 @@ def _shares(spec: JobSpec, base: LaunchInput, run_dir: str) -> list[str]:
 
 
 def _main_step(tasks: Sequence[Task], index: int, rank: RankLaunch) -> Step:
+    runner = bool(rank.argv) and posixpath.basename(rank.argv[0]) == "deepspeed"  # DeepSpeed's runner: Step.leader_kill
     if not tasks:
-        return Step(StepKind.COMMAND, "command", rank.argv, rank.env)
-    return Step(StepKind.TASK, tasks[index].name, rank.argv, rank.env, index, len(tasks))
+        return Step(StepKind.COMMAND, "command", rank.argv, rank.env, leader_kill=runner)
+    return Step(StepKind.TASK, tasks[index].name, rank.argv, rank.env, index, len(tasks), leader_kill=runner)
 
 
 def _task_plan(base: LaunchInput, task: Task, index: int) -> LaunchPlan:

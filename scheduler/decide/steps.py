@@ -36,9 +36,15 @@ class Step:
     index: int | None = None
     count: int | None = None
     container: dict[str, Any] | None = None  # runs in this container (scheduler.containers.container_step)
+    # a stop SIGKILLs its process (the group's leader) and SIGTERMs the rest of its group: DeepSpeed's runner, whose
+    # SIGTERM handler runs `pkill -f` of every DeepSpeed launcher of the user on the job's nodes, other jobs' too;
+    # its ranks end otherwise (the node's leftovers, `end_leftovers`)
+    leader_kill: bool = False
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"kind": self.kind.value, "name": self.name, "argv": list(self.argv), "env": self.env}
         if self.container is not None:
             doc["container"] = self.container
+        if self.leader_kill:
+            doc["leader_kill"] = True
         return doc if self.index is None else {**doc, "index": self.index, "count": self.count}

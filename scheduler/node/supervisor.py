@@ -44,6 +44,11 @@ processes {groups, sample, stacks, py_spy?}
 files   {run_dir}
         argv.json, env.json and hostfile of a run folder as text (None when missing); {"absent": true} when
         there is no such folder.
+leftovers {env, signal}
+        The signal (SIGTERM, or SIGKILL) to what an attempt left on this node: the processes of the user with its
+        FT_JOB_ID and FT_ATTEMPT (`env`) that came in through this node's SSH server, and their descendants (ranks
+        a launcher on another node started here, a shell): asked once the attempt ended. A run's supervisor does
+        the same for its own node as the run ends (supervisor_evidence.py, `end_leftovers`).
 stop    {run_dirs, tokens?, force?}
         Ask each run's supervisor to stop: it sends SIGTERM to the current step's process group (not to the
         after hook's), runs no further step but the after hook, and once the grace period (counted from the
@@ -138,7 +143,7 @@ from typing import Any, Dict, List, Optional  # noqa: F401  (used in type commen
 from ftconsole.scheduler.node.channel import serve  # bundled
 from ftconsole.scheduler.node.proc import _alive, _stat, boot_id, start_time  # bundled
 from ftconsole.scheduler.node.supervisor_container import container_remove  # bundled
-from ftconsole.scheduler.node.supervisor_evidence import processes  # bundled
+from ftconsole.scheduler.node.supervisor_evidence import processes, stop_leftovers  # bundled
 from ftconsole.scheduler.node.supervisor_files import (  # bundled
     CLAIM,
     STATUS,
@@ -555,6 +560,7 @@ ACTIONS = {
     "files": files,
     "signal": send_signal,
     "processes": processes,
+    "leftovers": stop_leftovers,
 }
 
 

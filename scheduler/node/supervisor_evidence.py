@@ -560,17 +560,16 @@ def _server(connection):
     return " ".join(parts[2:4]) if len(parts) == 4 else None
 
 
-def end_leftovers(want, grace=LEFTOVER_GRACE_S):
-    """When a run ends: stop the processes of this account that carry each of `want`'s values in their environment
-    (the run's FT_JOB_ID and FT_ATTEMPT: a shell opened in the run's env and what it left running, ranks a
-    launcher started here over SSH, what the run's own processes left behind) and came in through this node's SSH
-    server (SSH_CONNECTION, which a process keeps when it is left to init), and their descendants; SIGTERM, then
-    SIGKILL what is left after `grace` seconds. How many there were. Nothing where this process does not know the
-    node's SSH server (no SSH_CONNECTION: sudo's reset environment): where nodes share a kernel (the lab), another
-    node's processes are never touched."""
+def leftovers(want):
+    """The processes of this account that carry each of `want`'s values in their environment (a run's FT_JOB_ID and
+    FT_ATTEMPT: a shell opened in the run's env and what it left running, ranks a launcher started here over SSH,
+    what the run's own processes left behind) and came in through this node's SSH server (SSH_CONNECTION, which a
+    process keeps when it is left to init; in the lab, the node's name too), with their descendants: {pid: start}.
+    None where this process does not know the node's SSH server (no SSH_CONNECTION: sudo's reset environment):
+    where nodes share a kernel (the lab), another node's processes are never among them."""
     here = _server(os.environ.get("SSH_CONNECTION"))
     if not want or here is None:
-        return 0
+        return None
     wanted = dict(want)
     if os.environ.get(LAB_NODE):
         wanted[LAB_NODE] = os.environ[LAB_NODE]
@@ -587,18 +586,40 @@ def end_leftovers(want, grace=LEFTOVER_GRACE_S):
             if child not in found and child != me and _owned_by(child, uid):
                 found.add(child)
                 todo.append(child)
-    victims = {pid: table[pid]["start"] for pid in found}
+    return {pid: table[pid]["start"] for pid in found}
+
+
+def signal_leftovers(victims, sig):
+    """Send `sig` to each of `victims` ({pid: start}) that is still the same process (not a pid reused since)."""
+    for pid, start in victims.items():
+        if _lives(pid, start):
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)
+
+
+def end_leftovers(want, grace=LEFTOVER_GRACE_S):
+    """When a run ends (its supervisor): SIGTERM to its `leftovers`, SIGKILL to what is left of them after `grace`
+    seconds. How many there were."""
+    victims = leftovers(want) or {}
+    signal_leftovers(victims, signal.SIGTERM)
     deadline = time.monotonic() + grace
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid, start in victims.items():
-            if _lives(pid, start):  # the same process, not a pid reused since
-                with contextlib.suppress(OSError):
-                    os.kill(pid, sig)
-        while sig == signal.SIGTERM and time.monotonic() < deadline:
-            if not any(_lives(p, s) for p, s in victims.items()):
-                return len(victims)
-            time.sleep(0.05)
+    while any(_lives(p, s) for p, s in victims.items()):
+        if time.monotonic() >= deadline:
+            signal_leftovers(victims, signal.SIGKILL)
+            break
+        time.sleep(0.05)
     return len(victims)
+
+
+def stop_leftovers(params):
+    """Action `leftovers` {env, signal}: `signal` (SIGTERM, or SIGKILL once the stop's grace period is over) to the
+    `leftovers` of an attempt (env: its FT_JOB_ID and FT_ATTEMPT) on this node, at once: {"found": how many, or
+    None where this node's SSH server is not known}. The scheduler asks it on the nodes where a launcher on
+    another node started the attempt's ranks, once the attempt has ended."""
+    victims = leftovers(params.get("env") or {})
+    if victims is not None:
+        signal_leftovers(victims, signal.SIGKILL if params.get("signal") == "SIGKILL" else signal.SIGTERM)
+    return {"found": None if victims is None else len(victims)}
 
 
 def _server_in(env):

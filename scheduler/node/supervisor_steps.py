@@ -27,7 +27,7 @@ from ftconsole.scheduler.node.supervisor_container import (  # bundled
     image_pull_argv,
     image_pulled,
 )
-from ftconsole.scheduler.node.supervisor_evidence import end_leftovers  # bundled
+from ftconsole.scheduler.node.supervisor_evidence import LEFTOVER_GRACE_S, end_leftovers  # bundled
 from ftconsole.scheduler.node.supervisor_files import STATUS, _expand, _read_json, _tilde, _write_json  # bundled
 from ftconsole.scheduler.node.supervisor_output import output_watch  # bundled
 from ftconsole.scheduler.node.supervisor_scan import _last_line  # bundled
@@ -111,13 +111,22 @@ def _supervise(run_dir, params):
     else:
         notice = None
     steps = _steps(params)
-    state = {"child": None, "kind": None, "container": None, "stopping": False, "killed": False}  # type: Dict[str, Any]
+    state = {"child": None, "kind": None, "container": None, "stopping": False, "killed": False, "leader_kill": False}  # type: Dict[str, Any]
 
     def signal_child(sig):
         child = state["child"]
         if child is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(child.pid, sig)
+
+    def terminate():
+        """A stop's signal to the step: SIGTERM to its group, its own process SIGKILLed first where the step says
+        (`leader_kill`: DeepSpeed's runner, whose SIGTERM handler would pkill other jobs' launchers)."""
+        child = state["child"]
+        if child is not None and state["leader_kill"]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signal.SIGKILL)
+        signal_child(signal.SIGTERM)
 
     def on_stop(signum, frame):
         if state["stopping"]:
@@ -126,7 +135,7 @@ def _supervise(run_dir, params):
         status["stop_requested"] = time.time()
         _write_json(status_path, status)
         if state["kind"] != "after":  # the after hook is not interrupted: the grace period bounds it
-            signal_child(signal.SIGTERM)
+            terminate()
         signal.signal(signal.SIGALRM, on_grace_over)
         signal.setitimer(signal.ITIMER_REAL, grace)
 
@@ -138,7 +147,7 @@ def _supervise(run_dir, params):
 
     def run(step):
         """(returncode, None) once the step ended, or (None, error) when it could not start."""
-        state["kind"] = step["kind"]
+        state["kind"], state["leader_kill"] = step["kind"], bool(step.get("leader_kill"))
         argv = [_tilde(a) for a in step["argv"]]
         if step["kind"] == "data" and sys.executable:
             argv[0] = sys.executable  # the interpreter the scheduler runs node-side programs with (ssh.python)
@@ -174,7 +183,7 @@ def _supervise(run_dir, params):
         status.setdefault("started", time.time())
         _write_json(status_path, status)
         if state["stopping"] and step["kind"] != "after":  # the stop came while it was being started
-            signal_child(signal.SIGTERM)
+            terminate()
         code = child.wait()
         state["child"] = None
         # the process group may outlive its leader: finish it off so nothing of the step is left behind
@@ -217,7 +226,10 @@ def _supervise(run_dir, params):
         if step["kind"] not in ("data", "pull", "before") or code != 0:
             outcome = (code, error)
         failed = code != 0
-    left = end_leftovers(_ours(steps))
+    # a stopped run's leftovers get what is left of its grace period (ranks DeepSpeed's runner started here, which
+    # its SIGKILL spared: Step.leader_kill), a run that ended by itself the short one: what is left then is a shell's
+    rest = (status.get("stop_requested") or 0) + grace - time.time() if state["stopping"] else LEFTOVER_GRACE_S
+    left = end_leftovers(_ours(steps), max(1.0, rest))
     if left:
         log.write(("ftconsole: %d process(es) started over SSH in this run's environment (a shell, or what it left "
                    "running) stopped as the run ended\n" % left).encode())  # fmt: skip

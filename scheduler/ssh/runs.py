@@ -495,6 +495,24 @@ async def signal_runs(
     return count
 
 
+async def signal_leftovers(
+    transport: Transport,
+    node: Node,
+    job: int,
+    attempt: int,
+    signal: str,
+    *,
+    user: str | None = None,
+    python: str = "python3",
+    timeout: float = 30.0,
+) -> int | None:
+    """`signal` (SIGTERM or SIGKILL) to what attempt `attempt` of job `job` left on the node (supervisor.py
+    "leftovers"), as `user`: how many processes, None where the node cannot tell."""
+    params = {"action": "leftovers", "env": {"FT_JOB_ID": str(job), "FT_ATTEMPT": str(attempt)}, "signal": signal}
+    found = (await _call(transport, node, python, params, timeout, user, opens=False)).get("found")
+    return None if found is None else int(found)
+
+
 async def process_evidence(
     transport: Transport,
     node: Node,

@@ -4,7 +4,8 @@ Started by the real launcher under test (torch.distributed.run, torchrun, DeepSp
 run with the peer environment's Python (.venv-peers). Its rank and world size come from whichever launcher
 started it. It all-reduces (1, rank, node number) with gloo, so the sum proves the world size, that every
 rank took part once, and on which nodes they ran (see `lab_node`). Then it writes
-``$PEER_RESULTS/<rank>.json`` and exits with ``$PEER_EXIT`` (``RANK:CODE``) if it names this rank.
+``$PEER_RESULTS/<rank>.json``, sleeps ``$PEER_SLEEP`` seconds where that is set, and exits with ``$PEER_EXIT``
+(``RANK:CODE``) if it names this rank.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from datetime import timedelta
 
 import torch
@@ -46,6 +48,7 @@ def main() -> int:
         json.dump(record, fh)
     os.replace(path + ".tmp", path)
     print(f"rank {rank}/{world} on {node}: sum {record['sum']}", flush=True)
+    time.sleep(float(os.environ.get("PEER_SLEEP") or 0))  # a job that runs on after its all-reduce (to stop)
     exit_rank, _, code = os.environ.get("PEER_EXIT", "").partition(":")
     return int(code) if exit_rank == str(rank) else 0
 

@@ -87,6 +87,7 @@ class Peers:
         self.cluster = cluster
         self.root = root
         self.loaded = write_config(cluster, root, sock_dir)
+        self.sock_dir = sock_dir
         self.ssh = ssh_bin(cluster, root / "ssh-bin")
         self.hosts = {n.name: n.address for n in cluster}
 
@@ -212,6 +213,55 @@ async def test_deepspeed_runner_over_pdsh_on_gpus_0_1_and_on_gpus_2_3(peers: Pee
     assert "== ftconsole: ssh check ==" in log and "ftconsole: ssh check: node0" in log
     assert {r["env"]["CUDA_VISIBLE_DEVICES"] for r in got_low} == {"0,1"}
     assert {r["env"]["CUDA_VISIBLE_DEVICES"] for r in got_high} == {"2,3"}  # set per node by deepspeed's launch
+
+
+def job_processes(job_id: int) -> list[int]:
+    """The processes on this machine (every node of the lab shares it) whose environment names job `job_id`."""
+    mine = f"FT_JOB_ID={job_id}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if mine in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+async def test_a_stopped_deepspeed_job_ends_alone_and_leaves_nothing_on_either_node(peers: Peers) -> None:
+    """DeepSpeed's runner, on SIGTERM, pkills every DeepSpeed launcher of its user on the job's nodes: a stop of one
+    job ended the user's other DeepSpeed jobs there. The runner now gets SIGKILL, and the stopped job's ranks on
+    each node end as what it left there: the other job succeeds, and nothing of the stopped one is left."""
+    low, high = peers.root / "low", peers.root / "high"
+    # the runner's handler takes a second or two: with the suite's 2 s grace period it was SIGKILLed before its pkill
+    loaded = write_config(peers.cluster, peers.root / "grace", peers.sock_dir, scheduler={"tick": "0.3s",
+                          "stop_grace": "20s"})  # fmt: skip
+    async with running(loaded) as (_, client):
+        first = await client.call(
+            "submit", spec=peers.spec("ds01", "pytorch-deepspeed", f"deepspeed {RANK}",
+                                      peers.env(low, DS_ACCELERATOR="cpu", PEER_SLEEP="25")),
+        )  # fmt: skip
+        second = await client.call(
+            "submit", spec=peers.spec("ds23", "pytorch-deepspeed", f"deepspeed {RANK}",
+                                      peers.env(high, DS_ACCELERATOR="cpu", PEER_SLEEP="600")),
+        )  # fmt: skip
+        deadline = time.monotonic() + JOB_WAIT
+        while len(list(high.glob("*.json"))) < 4 or len(list(low.glob("*.json"))) < 4:  # both all-reduced
+            assert time.monotonic() < deadline, (list(low.iterdir()), list(high.iterdir()))
+            await asyncio.sleep(0.5)
+        assert job_processes(second["id"]), "the second job runs on the nodes"
+        await client.call("stop", jobs=[second["id"]])
+        shown_high = await finished(client, second["id"])
+        shown_low = await finished(client, first["id"])
+        assert shown_high["status"] == "stopped", shown_high["message"]
+        await check_job(client, shown_low, low)  # its ranks were not killed with the other's
+        deadline = time.monotonic() + 60  # the other node's: SIGTERM, SIGKILL after the stop's grace period
+        while (left := job_processes(second["id"])) and time.monotonic() < deadline:
+            await asyncio.sleep(0.5)
+        assert not left, f"processes of the stopped job still run: {left}"
+        events = [e["kind"] for e in (await client.call("show", job=second["id"]))["events"]]
+    assert "Leftovers" in events  # the second node's ranks, which its launcher started there
 
 
 # -- horovod (OpenMPI) --------------------------------------------------------------------------------------------

@@ -101,6 +101,7 @@ def test_the_bundle_defines_every_name_the_actions_use() -> None:
         "files",
         "signal",
         "processes",
+        "leftovers",
         "channel",
     }
     seen: set[str] = set()
