@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Sequence
 from ftconsole.scheduler import debugenv
 from ftconsole.scheduler.decide.jobs import Condition, Job, JobStatus, StopReason
 from ftconsole.scheduler.errors import UsageError
+from ftconsole.scheduler.holding import as_now
 from ftconsole.scheduler.loop import request_stop
 from ftconsole.scheduler.rules import Caller
 from ftconsole.scheduler.spec.config import ClusterConfig, SchedulerSettings, format_duration
@@ -34,9 +35,6 @@ class Stopping:
         raise NotImplementedError  # Scheduler's (sharing.py)
 
     async def _job(self, caller: Caller, job_id: int | str, verb: str, *, write: bool) -> Job:
-        raise NotImplementedError  # Scheduler's
-
-    async def _fresh(self, job_id: int) -> Job:
         raise NotImplementedError  # Scheduler's
 
     async def stop(self, caller: Caller, job_ids: Iterable[int | str]) -> list[Job]:
@@ -149,7 +147,7 @@ class Stopping:
                     await tx.update_job(job.id, expect=[JobStatus.ERROR], debug_released=now)
                     await tx.event(now, "Released", f"GPUs held for debugging released by {caller.user}", job=job.id)
             self._poke()
-        return [await self._fresh(job.id) for job in jobs]
+        return await as_now(self.store, jobs)
 
     async def release_holds(self, caller: Caller, jobs: Sequence[Job]) -> None:
         raise NotImplementedError  # Scheduler's (holding.py)

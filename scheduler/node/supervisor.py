@@ -48,7 +48,7 @@ leftovers {env, signal}
         The signal (SIGTERM, or SIGKILL) to what an attempt left on this node: the processes of the user with its
         FT_JOB_ID and FT_ATTEMPT (`env`) that came in through this node's SSH server, and their descendants (ranks
         a launcher on another node started here, a shell): asked once the attempt ended. A run's supervisor does
-        the same for its own node as the run ends (supervisor_evidence.py, `end_leftovers`).
+        the same for its own node as the run ends (supervisor_leftovers.py, `end_leftovers`).
 stop    {run_dirs, tokens?, force?}
         Ask each run's supervisor to stop: it sends SIGTERM to the current step's process group (not to the
         after hook's), runs no further step but the after hook, and once the grace period (counted from the
@@ -143,7 +143,7 @@ from typing import Any, Dict, List, Optional  # noqa: F401  (used in type commen
 from ftconsole.scheduler.node.channel import serve  # bundled
 from ftconsole.scheduler.node.proc import _alive, _stat, boot_id, start_time  # bundled
 from ftconsole.scheduler.node.supervisor_container import container_remove  # bundled
-from ftconsole.scheduler.node.supervisor_evidence import processes, stop_leftovers  # bundled
+from ftconsole.scheduler.node.supervisor_evidence import processes  # bundled
 from ftconsole.scheduler.node.supervisor_files import (  # bundled
     CLAIM,
     STATUS,
@@ -156,6 +156,7 @@ from ftconsole.scheduler.node.supervisor_files import (  # bundled
     _write_file,
     _write_json,
 )
+from ftconsole.scheduler.node.supervisor_leftovers import stop_leftovers  # bundled
 from ftconsole.scheduler.node.supervisor_liveness import _group, _observe, _process_groups  # bundled
 from ftconsole.scheduler.node.supervisor_output import _output_chunk  # bundled
 from ftconsole.scheduler.node.supervisor_retention import MAX_PRUNED as MAX_PRUNED  # bundled

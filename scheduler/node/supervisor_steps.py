@@ -27,8 +27,8 @@ from ftconsole.scheduler.node.supervisor_container import (  # bundled
     image_pull_argv,
     image_pulled,
 )
-from ftconsole.scheduler.node.supervisor_evidence import LEFTOVER_GRACE_S, end_leftovers  # bundled
 from ftconsole.scheduler.node.supervisor_files import STATUS, _expand, _read_json, _tilde, _write_json  # bundled
+from ftconsole.scheduler.node.supervisor_leftovers import LEFTOVER_GRACE_S, end_leftovers  # bundled
 from ftconsole.scheduler.node.supervisor_output import output_watch  # bundled
 from ftconsole.scheduler.node.supervisor_scan import _last_line  # bundled
 
