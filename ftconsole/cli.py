@@ -30,6 +30,7 @@ from ftconsole import (
     debug_cli,
     jobs_cli,
     reservation_cli,
+    run_cli,
     shell_cli,
     state_cli,
     usage_cli,
@@ -434,6 +435,7 @@ def build_parser() -> argparse.ArgumentParser:
     check_cli.add_parser(sub, [common, listing])
     shell_cli.add_parser(sub, common)
     alloc_cli.add_parser(sub, common)
+    run_cli.add_parser(sub, common)
     debug_cli.add_parser(sub, [common, listing])
     usage_cli.add_parser(sub, [common, listing])
     reservation_cli.add_parser(sub, [common, listing])

@@ -39,6 +39,7 @@ from ftconsole.scheduler.rules import Caller, Rules
 from ftconsole.scheduler.spec import arrayspec, begin
 from ftconsole.scheduler.spec.config import format_duration
 from ftconsole.scheduler.spec.jobspec import Access, JobSpec
+from ftconsole.scheduler.stepping import StepBook, Stepping
 from ftconsole.scheduler.stopping import Stopping
 from ftconsole.scheduler.store.jobtx import Conflict, JobTx
 from ftconsole.scheduler.store.records import JobActivity, StoredAlert, StoredEvent
@@ -49,7 +50,7 @@ log = logging.getLogger("ftconsole.scheduler")
 MIN_TICK_GAP_S = 0.2
 
 
-class Scheduler(RankReads, Reserving, Holding, Stopping):
+class Scheduler(RankReads, Reserving, Holding, Stopping, Stepping):
     def __init__(self, service: ClusterService, *, clock: Callable[[], float] = time.time) -> None:
         self.service = service
         self.store = service.store
@@ -63,6 +64,7 @@ class Scheduler(RankReads, Reserving, Holding, Stopping):
         self._changed = asyncio.Event()
         self._nodes = {n.name: n for n in service.all_nodes}
         self._gathers = {}
+        self.steps_book = StepBook()  # stepping.py; a reload's new scheduler takes it over
 
     # ============================================================ permissions
 
@@ -251,6 +253,7 @@ class Scheduler(RankReads, Reserving, Holding, Stopping):
             "tasks": await self._tasks(job),
             "goodput": await self._goodput(job, attempts, runs, now),
             "env_until": debugenv.env_until(job, self.config.debug, self.settings),
+            "steps": [s.to_json() for s in await self.store.steps(job.id)],
         }
 
     async def _goodput(self, job: Job, attempts: Sequence[Attempt], runs: Sequence[Run], now: float) -> Any:
@@ -529,8 +532,14 @@ class Scheduler(RankReads, Reserving, Holding, Stopping):
         return self.loop.looping
 
     async def run(self, stop: asyncio.Event, *, probe: bool = True) -> None:
-        """Drive the control loop (`scheduler.loop`) until `stop` is set."""
-        await self.loop.run(stop, probe=probe)
+        """Drive the control loop (`scheduler.loop`) until `stop` is set; and the steps no client follows."""
+        steps = asyncio.create_task(self.keep_steps(stop))
+        try:
+            await self.loop.run(stop, probe=probe)
+        finally:
+            steps.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await steps
 
     async def tick(self) -> None:
         await self.loop.tick()

@@ -18,6 +18,7 @@ from ftconsole.scheduler import debugenv
 from ftconsole.scheduler.decide.jobs import Job, Run
 from ftconsole.scheduler.decide.reconcile import READ_STATES
 from ftconsole.scheduler.decide.runstatus import NodeRun
+from ftconsole.scheduler.decide.stepplan import JobStep
 from ftconsole.scheduler.decide.steps import user_root
 from ftconsole.scheduler.errors import FtError
 from ftconsole.scheduler.node.supervisor import MAX_PRUNED
@@ -26,6 +27,7 @@ from ftconsole.scheduler.ssh.runs import (
     CannotSwitch,
     NoAccount,
     Prune,
+    free_port,
     node_runs,
     prune_runs,
     signal_leftovers,
@@ -81,24 +83,37 @@ class Sweeping:
         cannot be reached keeps what it has: its processes are its own trouble, as its runs are."""
         for run in runs:
             if not run.launch and run.node in self.nodes:
-                self._spawn(("leftovers", run.job, run.attempt, run.node), self._clear(job, run))
+                self._spawn(("leftovers", run.job, run.attempt, run.node), self._clear(job, run.node, run.attempt))
 
-    async def _clear(self, job: Job, run: Run) -> None:
-        node = self.nodes[run.node]
+    async def free_port_on(self, node: Node) -> int:
+        """A TCP port free on the node now (a step's MASTER_PORT)."""
+        return int(await self._ask(node, free_port(self.transport, node, python=self._python, timeout=self._timeout)))
+
+    def clear_step(self, job: Job, step: JobStep) -> None:
+        """What a step (`ftconsole run`) left running on its nodes, once it is cancelled or lost: its processes
+        (FT_STEP in their environment) end as an attempt's leftovers do, in the background."""
+        for node, _ in step.ranks:
+            if node in self.nodes:
+                work = self._clear(job, node, step.attempt, step=step.number)
+                self._spawn(("leftovers", job.id, step.attempt, node, step.number), work)
+
+    async def _clear(self, job: Job, name: str, attempt: int, *, step: int | None = None) -> None:
+        node = self.nodes[name]
         for sig, then in (("SIGTERM", self.settings.stop_grace), ("SIGKILL", 0.0)):
-            asked = signal_leftovers(self.transport, node, run.job, run.attempt, sig, user=self.run_user(job),
-                                     python=self._python, timeout=self._timeout)  # fmt: skip
+            asked = signal_leftovers(self.transport, node, job.id, attempt, sig, user=self.run_user(job),
+                                     python=self._python, timeout=self._timeout, step=step)  # fmt: skip
             try:
                 found = await self._ask(node, asked)
             except FtError as exc:
-                log.warning("cannot stop what job %s left on %s: %s", run.job, run.node, exc)
+                log.warning("cannot stop what job %s left on %s: %s", job.id, name, exc)
                 return
             if not found:
                 return
             if sig == "SIGTERM":
                 async with self.store.jobs_tx("record what an attempt left") as tx:
-                    text = f"{found} process(es) attempt {run.attempt} left on {run.node} stopped (SIGTERM)"
-                    await tx.event(self.clock(), "Leftovers", text, job=run.job, node=run.node)
+                    what = f"attempt {attempt}" if step is None else f"step {step}"
+                    text = f"{found} process(es) {what} left on {name} stopped (SIGTERM)"
+                    await tx.event(self.clock(), "Leftovers", text, job=job.id, node=name)
             await asyncio.sleep(then)
 
     async def _prune_others(self, node: Node, prune: Prune, pruned: list[str], users: set[str | None]) -> None:

@@ -62,6 +62,8 @@ WRITE_OPS = frozenset(
         "scale",
         "hold",
         "release",
+        "step",
+        "step_end",
         "quota",
         "reserve",
         "unreserve",

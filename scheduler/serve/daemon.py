@@ -23,6 +23,7 @@ from ftconsole.scheduler import debugenv, failpoints, gctune
 from ftconsole.scheduler.decide import placement
 from ftconsole.scheduler.decide.clusterview import cluster_view
 from ftconsole.scheduler.decide.jobs import Job, JobStatus
+from ftconsole.scheduler.decide.stepplan import StepAsk
 from ftconsole.scheduler.errors import NotLeader, PermissionDenied, UsageError
 from ftconsole.scheduler.jobops import Scheduler
 from ftconsole.scheduler.nodeops import ClusterService
@@ -71,6 +72,8 @@ class Operations:
             "scale": self._scale,
             "hold": self._hold,
             "release": self._release,
+            "step": self._step,
+            "step_end": self._step_end,
             "logs": self._logs,
             "debug": self._debug,
             "wait": self._wait,
@@ -258,6 +261,25 @@ class Operations:
         return await self.scheduler.launch_files(
             caller, args["job"], rank=int(args.get("rank") or 0), attempt=args.get("attempt")
         )
+
+    async def _step(self, caller: Caller, args: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """A step in a running job (`ftconsole run`): a stream, which the step lasts (see scheduler/stepping.py)."""
+        attach = args.get("attach")
+        ask = StepAsk(
+            argv=tuple(str(a) for a in args.get("argv") or ()),
+            mode=str(args.get("mode") or "single"),
+            nodes=None if args.get("nodes") is None else int(args["nodes"]),
+            gpus_per_node=None if args.get("gpus_per_node") is None else int(args["gpus_per_node"]),
+            overlap=bool(args.get("overlap")),
+        )
+        stream = self.scheduler.step(caller, args["job"], ask, attach=None if attach is None else int(attach))
+        return await _primed(stream)
+
+    async def _step_end(self, caller: Caller, args: dict[str, Any]) -> Any:
+        codes = args["codes"]
+        if not isinstance(codes, list):
+            raise UsageError(f"step_end's codes is a list of exit codes, not {codes!r}")
+        return await self.scheduler.step_end(caller, args["job"], int(args["step"]), codes)
 
     async def _wait(self, caller: Caller, args: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         return await _primed(self.scheduler.wait(caller, args["job"]))
@@ -514,6 +536,8 @@ async def serve(
                         scheduler, stop, probe=probe, leadership=leadership, restart_outward=restart_outward
                     )
 
+            # the API closes after this: the steps its streams follow go on, for the next scheduler (stepping.py)
+            stack.callback(lambda: setattr(ops.scheduler.steps_book, "stopping", True))
             if loaded.cluster.state is None:  # SQLite: one scheduler per state_dir, its lock says so
                 await lead(scheduler, stop)
                 return

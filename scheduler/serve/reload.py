@@ -251,7 +251,7 @@ class Reloader:
         one where its loop ran or the config changed since it was made (with two head nodes, `leadership.serve`
         makes each term's from the service it started with); it answers the API from now on."""
         if scheduler.service is not self.service or scheduler.loop.ran:
-            scheduler = self._make(self.service)
+            scheduler = self._successor(scheduler)
         if leadership is not None:
             scheduler.loop.executor.may_act = leadership.leading
         self.ops.scheduler = scheduler
@@ -373,7 +373,13 @@ class Reloader:
             for name in (*change.nodes_removed, *change.moved):
                 forget(name)
         self.loaded, self.service = loaded, self.service.reconfigured(loaded)
-        self.ops.scheduler = self._make(self.service)
+        self.ops.scheduler = self._successor(self.ops.scheduler)
+
+    def _successor(self, old: Scheduler) -> Scheduler:
+        """A new scheduler on the service in use, which takes over what outlives a term (the steps followed now)."""
+        new = self._make(self.service)
+        new.steps_book = old.steps_book
+        return new
 
     def _refuse_asked(self, why: str) -> None:
         asked, self._asked = self._asked, None

@@ -505,10 +505,13 @@ async def signal_leftovers(
     user: str | None = None,
     python: str = "python3",
     timeout: float = 30.0,
+    step: int | None = None,
 ) -> int | None:
     """`signal` (SIGTERM or SIGKILL) to what attempt `attempt` of job `job` left on the node (supervisor.py
-    "leftovers"), as `user`: how many processes, None where the node cannot tell."""
-    params = {"action": "leftovers", "env": {"FT_JOB_ID": str(job), "FT_ATTEMPT": str(attempt)}, "signal": signal}
+    "leftovers"), as `user`: how many processes, None where the node cannot tell. With `step`: only that step's
+    (`ftconsole run`: FT_STEP in their environment)."""
+    env = {"FT_JOB_ID": str(job), "FT_ATTEMPT": str(attempt)} | ({} if step is None else {"FT_STEP": str(step)})
+    params = {"action": "leftovers", "env": env, "signal": signal}
     found = (await _call(transport, node, python, params, timeout, user, opens=False)).get("found")
     return None if found is None else int(found)
 

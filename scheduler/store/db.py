@@ -54,6 +54,7 @@ from ftconsole.scheduler.store.records import (
 from ftconsole.scheduler.store.schema import MIGRATIONS as MIGRATIONS  # SQLite's: part of its API (tests)
 from ftconsole.scheduler.store.schema import SCHEMA_VERSION, newer_store_refusal
 from ftconsole.scheduler.store.sharingreads import SharingReads
+from ftconsole.scheduler.store.stepreads import StepReads
 
 PROBE_HISTORY_PER_NODE = 50
 RECENT_S = 7 * 86400.0  # the jobs a client following the job list starts with: active, or ended this recently
@@ -68,7 +69,7 @@ _RUNS = frozenset({"runs", "attempts"})
 _CHECKPOINTS = frozenset({"checkpoint_signals"})
 
 
-class Store(SharingReads, AlertReads, HistoryStore, LedgerStore, ActiveJobs):
+class Store(SharingReads, StepReads, AlertReads, HistoryStore, LedgerStore, ActiveJobs):
     def __init__(self, db: Engine, path: Path | str) -> None:
         self._db = db
         self.path = path  # the SQLite file, or the PostgreSQL URL (`where` names it in messages)

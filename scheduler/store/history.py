@@ -190,7 +190,7 @@ class HistoryStore:
             if a.result in RESTART_RESULTS:
                 restarts[f"restarts:{a.result}"] = restarts.get(f"restarts:{a.result}", 0) + 1
         async with self._transaction("prune ended jobs"):
-            for table in ("checkpoint_signals", "evidence", "runs", "attempts", "alerts"):
+            for table in ("checkpoint_signals", "evidence", "steps", "runs", "attempts", "alerts"):
                 await self._db.execute(f"DELETE FROM {table} WHERE job IN {inside}", ids)
             await self._db.execute(f"DELETE FROM events WHERE job IN {inside}", [str(i) for i in ids])
             gone = await self._db.execute(f"DELETE FROM jobs WHERE id IN {inside}", ids)

@@ -13,6 +13,7 @@ from typing import Any
 
 from ftconsole.scheduler.decide.jobs import Attempt, Job, JobStatus, Run, StopReason
 from ftconsole.scheduler.decide.reservations import Reservation
+from ftconsole.scheduler.decide.stepplan import JobStep
 from ftconsole.scheduler.errors import StoreError
 from ftconsole.scheduler.store.engine import Engine
 from ftconsole.scheduler.store.records import AutoResolve, NewAlert, StoredAlert, _alert_from_row
@@ -218,6 +219,33 @@ class JobTx:
             sql + " WHERE job = ? AND attempt = ? AND rank = ?", (*args, run.job, run.attempt, run.rank)
         )
         await self._touch(run.job)
+
+    async def steps_of(self, job_id: int) -> list[JobStep]:
+        """The steps of a job, read in this transaction (what a new step's GPUs are chosen against)."""
+        rows = await self._db.fetchall("SELECT * FROM steps WHERE job = ? ORDER BY number", (job_id,))
+        return [JobStep.from_row(r) for r in rows]
+
+    async def add_step(self, step: JobStep) -> None:
+        await self._db.execute(
+            "INSERT INTO steps (job, number, attempt, argv, mode, ranks, run_by, started, state, overlap) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (step.job, step.number, step.attempt, json.dumps(list(step.argv)), step.mode,
+             json.dumps([{"node": n, "gpus": list(g)} for n, g in step.ranks]), step.run_by, step.started,
+             step.state, int(step.overlap)),
+        )  # fmt: skip
+        await self._touch(step.job)
+
+    async def end_step(self, job_id: int, number: int, state: str, ended: float, *, exit_code: int | None = None,
+                       message: str = "") -> bool:  # fmt: skip
+        """End a running step (once: a step ended already stays as it ended); whether this ended it."""
+        changed = await self._db.execute(
+            "UPDATE steps SET state = ?, ended = ?, exit_code = ?, message = ? WHERE job = ? AND number = ? AND "
+            "state = 'running'",
+            (state, ended, exit_code, message, job_id, number),
+        )
+        if changed:
+            await self._touch(job_id)
+        return bool(changed)
 
     async def release_runs(self, job_id: int, *, attempt: int | None = None) -> None:
         """Free the GPUs of a job's runs: every attempt's, or one attempt's (an elastic job's resized one)."""

@@ -86,6 +86,7 @@ MIGRATIONS: tuple[str, ...] = (
         ended       REAL,
         result      TEXT,
         message     TEXT NOT NULL DEFAULT '',
+        overlap     INTEGER NOT NULL DEFAULT 0, -- shares GPUs with the other steps (srun --overlap)
         PRIMARY KEY (job, number)
     );
     CREATE TABLE runs (
@@ -322,6 +323,26 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE jobs ADD COLUMN held_at REAL;
     ALTER TABLE jobs ADD COLUMN held_admin INTEGER NOT NULL DEFAULT 0;
     """,
+    # 20: steps (`ftconsole run JOB -- CMD`, Slurm's srun inside an allocation): what ran in a running job, on which
+    #     of its nodes and GPUs, who ran it, and how it ended
+    """
+    CREATE TABLE steps (
+        job         INTEGER NOT NULL REFERENCES jobs (id),
+        number      INTEGER NOT NULL,       -- 1, 2... within the job
+        attempt     INTEGER NOT NULL,       -- the job's attempt it ran in
+        argv        TEXT NOT NULL,          -- JSON list, as given
+        mode        TEXT NOT NULL,          -- launch mode: single | pytorch | ...
+        ranks       TEXT NOT NULL,          -- JSON list of {"node", "gpus"}, in rank order
+        run_by      TEXT NOT NULL,
+        started     REAL NOT NULL,
+        ended       REAL,
+        state       TEXT NOT NULL,          -- running | succeeded | failed | cancelled | lost
+        exit_code   INTEGER,
+        message     TEXT NOT NULL DEFAULT '',
+        overlap     INTEGER NOT NULL DEFAULT 0, -- shares GPUs with the other steps (srun --overlap)
+        PRIMARY KEY (job, number)
+    );
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -334,6 +355,7 @@ RELEASE_OF_SCHEMA: dict[int, str] = {
     17: "0.2.0",  # the usage ledger
     18: "0.2.0",  # usage rolled up per day
     19: "0.2.0",  # holds
+    20: "0.2.0",  # steps
 }
 
 

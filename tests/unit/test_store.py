@@ -120,7 +120,7 @@ async def test_a_version_2_store_is_migrated_with_its_history(tmp_path: Path) ->
             "VALUES (5.0, 'job_failed', 'error', 1, 'failed', 'acknowledged', 'bob', 6.0)"
         )
     async with await Store.open(path) as store:
-        assert await store.schema_version() == SCHEMA_VERSION == 19
+        assert await store.schema_version() == SCHEMA_VERSION == 20
         assert len(store.cluster_id) == 12  # made by the migration: run folders are keyed by it
         (job,) = await store.jobs()
         assert (job.name, job.status.value) == ("old", "error")
