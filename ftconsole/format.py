@@ -120,3 +120,15 @@ def node_doing(view: Mapping[str, Any]) -> list[str]:
     climb = view.get("repair")
     repairing = [f"repair: {climb['step']} (by {climb['by']})"] if isinstance(climb, Mapping) else []
     return repairing + (["node tests running"] if view.get("testing") else [])
+
+
+def step_line(step: Mapping[str, Any]) -> str:
+    """One step of a job (`ftconsole run`): number, how it is, mode, nodes and GPUs, when, who, the command."""
+    how = step["state"] + (f" (exit {step['exit_code']})" if step.get("exit_code") is not None else "")
+    where = " ".join(f"{r['node']}:{','.join(map(str, r['gpus'])) or '-'}" for r in step["ranks"])
+    when = time.strftime("%H:%M:%S", time.localtime(step["started"]))
+    if step.get("ended"):
+        when += time.strftime("-%H:%M:%S", time.localtime(step["ended"]))
+    command = " ".join(str(a) for a in step["argv"])
+    why = f" ({step['message']})" if step.get("message") else ""
+    return f"{step['number']}  {how}{why}  {step['mode']}  {where}  {when}  by {step['run_by']}  {printable(command)}"

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ftconsole import starts_cli
-from ftconsole.format import age, node_count, print_json, print_table, printable
+from ftconsole.format import age, node_count, print_json, print_table, printable, step_line
 from ftconsole.scheduler.decide.arrays import summary
 from ftconsole.scheduler.decide.usertext import clean_json
 from ftconsole.scheduler.errors import ConfigError, NotRunning, Problem, UsageError
@@ -325,6 +325,8 @@ def cmd_show(args: argparse.Namespace) -> int:
                 how += f" ({run['signal']})" if run["signal"] else f" (code {run['exit_code']})"
             gpus = ",".join(map(str, run["gpus"]))
             print(f"    rank {run['rank']}  {run['node']}  GPUs {gpus or '-'}  {how}  {run['run_dir']}")
+    for step in job.get("steps") or ():
+        print(f"  step {step_line(step)}")
     print("  conditions:")
     for c in job["conditions"]:
         print(f"    {_when(c['time'])}  {c['type']:<10} {c['message']}")

@@ -145,6 +145,8 @@ class JobScreen(DetailScreen):
                 yield Static("", id="spec")
             with TabPane("Attempts", id="attempts"), Vertical():
                 yield DataTable(id="runs", cursor_type="row")
+                yield Label("Steps (ftconsole run)", classes="section", id="steps-title")
+                yield DataTable(id="steps", cursor_type="row")
             with TabPane("Curves", id="curves"), VerticalScroll():
                 yield Static("", id="curves-text")
             with TabPane("Launch", id="launch"), VerticalScroll():
@@ -160,6 +162,9 @@ class JobScreen(DetailScreen):
         self.query_one("#conditions", DataTable).add_columns("TIME", "CONDITION", "MESSAGE")
         self.query_one("#runs", DataTable).add_columns(
             "TRY", "RANK", "NODE", "GPUS", "STATE", "PID", "EXIT", "STARTED", "ENDED", "RUN FOLDER", "ERROR"
+        )
+        self.query_one("#steps", DataTable).add_columns(
+            "STEP", "STATE", "EXIT", "MODE", "NODES:GPUS", "STARTED", "ENDED", "BY", "COMMAND", "MESSAGE"
         )
         self.query_one("#evidence", Static).display = self.alert is not None
         super().on_mount()
@@ -232,6 +237,24 @@ class JobScreen(DetailScreen):
                     )
                 )
         fill(self.query_one("#runs", DataTable), runs)
+        steps = [
+            (
+                str(step["number"]),
+                step["state"],
+                "-" if step["exit_code"] is None else str(step["exit_code"]),
+                step["mode"],
+                " ".join(f"{r['node']}:{','.join(map(str, r['gpus'])) or '-'}" for r in step["ranks"]),
+                _when(step["started"]),
+                _when(step["ended"]),
+                step["run_by"],
+                " ".join(step["argv"]),
+                step["message"],
+            )
+            for step in reversed(job.get("steps") or [])
+        ]
+        for part in ("#steps", "#steps-title"):
+            self.query_one(part).display = bool(steps)
+        fill(self.query_one("#steps", DataTable), steps)
         active = self.query_one(TabbedContent).active
         if active == "logs":
             self._ensure_log()
