@@ -14,9 +14,12 @@ from __future__ import annotations
 import asyncio
 import atexit
 import json
+import os
 import re
 import shutil
+import signal
 import socket
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -182,6 +185,65 @@ async def test_pytorch_users_own_torchrun_with_c10d_is_left_alone(peers: Peers) 
         runs = shown["attempts"][0]["runs"]
         assert all(r["launch"] for r in runs)
         await check_job(client, shown, results, status="error", exit_code=1)
+
+
+async def test_pytorch_step_in_a_kept_allocation_runs_torch_distributed_run_on_both_nodes(peers: Peers) -> None:
+    """`ftconsole run ALLOC --mode pytorch -- python rank_allreduce.py` in a kept allocation (the job `ftconsole
+    alloc --keep --nodes 2` submits, with the peers' env: a step's env is the allocation's env.json and its own):
+    torch.distributed.run on each node starts one process per slot, all of them all-reduce together."""
+    results = peers.root / "results"
+    # alloc_cli.allocation_spec's job (the alloc command has no env: option; a step's env comes from the job's)
+    spec = peers.spec("alloc", "pytorch", "sleep infinity", peers.env(results), hang_detect="off")
+    argv = [str(PEERS / "bin" / "python"), RANK]
+    async with running(peers.loaded) as (_, client):
+        alloc = int((await client.call("submit", spec=spec))["id"])
+        try:
+            deadline = time.monotonic() + JOB_WAIT
+            while True:  # as `alloc` waits: the job runs and so does every rank it launches
+                shown = await client.call("show", job=alloc)
+                runs = [r for a in shown["attempts"] if a["number"] == shown["attempt"] for r in a["runs"]]
+                if shown["status"] == "running" and runs and all(r["state"] == "running" for r in runs if r["launch"]):
+                    break
+                assert shown["status"] in ("queued", "running"), shown["message"]
+                assert time.monotonic() < deadline, f"allocation {alloc} {shown['status']}: {shown['message']}"
+                await asyncio.sleep(0.5)
+            step = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "ftconsole.cli", "run", str(alloc), "--mode", "pytorch", "--label", "--", *argv,
+                env={**os.environ, "FTCONSOLE_CONFIG": str(peers.loaded.file)},
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            try:
+                out, err = await asyncio.wait_for(step.communicate(), JOB_WAIT)
+            finally:
+                if step.returncode is None:  # timed out: Ctrl-C, which cancels the step and stops its processes
+                    step.send_signal(signal.SIGINT)
+                    await asyncio.wait_for(step.wait(), 30)
+            said = f"{out.decode()[-4000:]}\n{err.decode()[-4000:]}"
+            assert step.returncode == 0, said
+            steps = (await client.call("show", job=alloc))["steps"]
+        finally:
+            await client.call("stop", jobs=[alloc])
+            stopped = await finished(client, alloc)
+    assert stopped["status"] == "stopped", stopped["message"]
+    slots = {r["node"]: len(r["gpus"]) for r in runs}  # the allocation's GPUs on each node: torchrun's SLOTS
+    world = sum(slots.values())
+    assert world == 2 * spec["gpus_per_node"] and len(slots) == 2, runs
+    got = records(results)
+    assert [r["rank"] for r in got] == list(range(world)), said
+    nodes = Counter(r["node"] for r in got)
+    assert nodes == Counter(slots) and set(nodes) == {"node01", "node02"}, nodes  # one process per slot, each node
+    node_sum = sum(int(r["node"].removeprefix("node")) for r in got)
+    gpus = {r["node"]: ",".join(str(g) for g in r["gpus"]) for r in runs}
+    for r in got:
+        assert r["world"] == world
+        assert r["sum"] == [world, sum(range(world)), node_sum]
+        assert r["env"]["PEER_MARK"] == MARK, r  # the allocation's env: reached every rank of the step
+        assert r["env"]["FT_JOB_ID"] == str(alloc), r
+        assert r["env"]["FT_HOSTFILE"].endswith("/steps/1/hostfile"), r  # the step's own
+        assert r["env"]["CUDA_VISIBLE_DEVICES"] == gpus[r["node"]], r  # the step took all the allocation's GPUs
+    (only,) = steps
+    assert (only["number"], only["state"], only["mode"], only["exit_code"]) == (1, "succeeded", "pytorch", 0), only
+    assert only["argv"] == argv and sorted(r["node"] for r in only["ranks"]) == ["node01", "node02"], only
 
 
 # -- pytorch-deepspeed --------------------------------------------------------------------------------------------
