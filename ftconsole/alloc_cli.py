@@ -17,7 +17,7 @@ from typing import Any
 from ftconsole.format import printable
 from ftconsole.scheduler.errors import FtError, UsageError
 from ftconsole.scheduler.serve.client import SocketClient, connect
-from ftconsole.scheduler.spec.config import LoadedConfig, find_config, load_config
+from ftconsole.scheduler.spec.config import LoadedConfig, find_config, format_duration, load_config
 
 HOLDER = "sleep infinity"  # what each rank of an allocation runs: it holds the GPUs until the allocation ends
 POLL_S = 0.5
@@ -42,7 +42,7 @@ def allocation_spec(args: argparse.Namespace) -> dict[str, Any]:
         spec["spec"] = args.spec
     if args.gpus_per_node is not None:
         spec["gpus_per_node"] = args.gpus_per_node
-    for key in ("time", "pool", "reservation"):
+    for key in ("time", "pool", "reservation", "idle_timeout"):
         if getattr(args, key) is not None:
             spec["max_runtime" if key == "time" else key] = getattr(args, key)
     return spec
@@ -91,9 +91,11 @@ def cmd_alloc(args: argparse.Namespace) -> int:
     async def start() -> tuple[int, list[str]]:
         client = await _client(loaded)
         try:
-            job = await client.call("submit", spec=allocation_spec(args))
+            job = await client.call("submit", spec=allocation_spec(args), allocation=True)
             job_id = int(job["id"])
-            print(f"allocation {job_id} queued", file=sys.stderr, flush=True)
+            idle = (await client.call("show", job=job_id))["spec"].get("idle_timeout")
+            ends = f" (it ends once idle {format_duration(idle)})" if idle and idle > 0 else ""
+            print(f"allocation {job_id} queued{ends}", file=sys.stderr, flush=True)
             try:
                 shown = await _wait_running(client, job_id)
             except (KeyboardInterrupt, asyncio.CancelledError):
@@ -145,6 +147,12 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--priority", default="normal", choices=["normal", "urgent", "very-urgent"])
     p.add_argument("--pool", help="only nodes of this pool")
     p.add_argument("--reservation", help="inside this reservation")
+    p.add_argument(
+        "--idle-timeout",
+        metavar="DURATION",
+        help="end it once idle this long: no step, no typing in its shells, its GPUs unused (default: the "
+        "cluster's scheduler.idle_timeout); off: never",
+    )
     p.add_argument("--keep", action="store_true", help="keep the allocation when the shell ends")
     p.add_argument("--command", metavar="CMD", help="run CMD there with sh -c instead of a shell; its status is ours")
     p.set_defaults(func=cmd_alloc)

@@ -122,10 +122,19 @@ class Scheduler(RankReads, Reserving, Holding, Stopping, Stepping):
     # ============================================================ operations
 
     async def submit(
-        self, caller: Caller, spec: JobSpec | dict[str, Any], *, cloned_from: int | None = None, hold: bool = False
+        self,
+        caller: Caller,
+        spec: JobSpec | dict[str, Any],
+        *,
+        cloned_from: int | None = None,
+        hold: bool = False,
+        allocation: bool = False,
     ) -> Job:
-        """Queue a job (an array: its tasks); with `hold`, held from the start (holding.py), as `sbatch -H` does."""
+        """Queue a job (an array: its tasks); with `hold`, held from the start (holding.py), as `sbatch -H` does;
+        `allocation` (`ftconsole alloc`): with the cluster's idle rules (`Rules.allocation`)."""
         spec = _spec(spec)
+        if allocation:
+            spec = self.rules.allocation(spec)
         now = self.clock()
         self.rules.admissible(caller, spec, spec.priority.value)
         await self._dependency(caller, spec)

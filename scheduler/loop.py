@@ -50,6 +50,7 @@ from ftconsole.scheduler.decide.runstatus import missing
 from ftconsole.scheduler.errors import Fenced, FtError, silence_text
 from ftconsole.scheduler.executor import Executor
 from ftconsole.scheduler.failpoints import FailpointError, afailpoint
+from ftconsole.scheduler.idling import IdleReclaim
 from ftconsole.scheduler.nodeops import ClusterService
 from ftconsole.scheduler.placing import Placer
 from ftconsole.scheduler.recovery import Outcome, Recoverer
@@ -83,6 +84,7 @@ class Loop:
         self.wake = asyncio.Event()
         self._nodes = {n.name: n for n in service.all_nodes}
         self.executor = Executor(service, clock=clock, poke=poke, fail=self._fail)
+        self.idle = IdleReclaim(service.store, service, self.executor, clock)
         self.placer = Placer(
             service,
             clock=clock,
@@ -536,8 +538,10 @@ class Loop:
         await self.recoverer.expire_requeued(self._fail)
         await self.recoverer.watch()
         await self.watchdog.check()
+        running = await self.store.jobs(statuses=[JobStatus.RUNNING], deleted=True)
+        await self.idle.check(running, await self.store.runs(held=True))
         now = self.clock()
-        for job in await self.store.jobs(statuses=[JobStatus.RUNNING], deleted=True):
+        for job in running:
             if not expired(job, now):
                 continue
             limit = format_duration(job.max_runtime or 0)

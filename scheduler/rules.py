@@ -64,6 +64,7 @@ class Rules:
         check(lambda: self._hang_window_seen(spec))
         check(lambda: self._debug_allowed(spec))
         check(lambda: self._output_limit_allowed(caller, spec))
+        check(lambda: self._idle_allowed(spec))
         check(lambda: dataprep.check_admissible(spec, self.config.data_prep, run_root=self.settings.run_root,
                                                 user=caller.user))  # fmt: skip
         check(lambda: self._mounts_allowed(spec))
@@ -116,6 +117,26 @@ class Rules:
             f"job {spec.name}: output_limit {said} is over this cluster's scheduler.output_limit "
             f"({format_size(cluster)}): ask for at most that (or leave it out), or ask an admin"
         )
+
+    def _idle_allowed(self, spec: JobSpec) -> None:
+        """A job's `idle_timeout` within the cluster's `scheduler.max_idle_timeout`, where it has one."""
+        bound, asked = self.settings.max_idle_timeout, spec.idle_window
+        if bound and asked is not None and asked > bound:
+            raise UsageError(
+                f"job {spec.name}: idle_timeout {format_duration(asked)} is over this cluster's "
+                f"scheduler.max_idle_timeout ({format_duration(bound)}): ask for at most that"
+            )
+
+    def allocation(self, spec: JobSpec) -> JobSpec:
+        """An allocation's spec (`ftconsole alloc`) with the cluster's idle rules: without an idle_timeout of its own,
+        `scheduler.idle_timeout`, else `max_idle_timeout`; off where the cluster bounds it, refused."""
+        bound, default = self.settings.max_idle_timeout, self.settings.idle_timeout
+        if spec.idle_timeout is None:
+            return spec.model_copy(update={"idle_timeout": default or bound or None})
+        if bound and spec.idle_window is None:
+            raise UsageError(f"allocation {spec.name}: idle_timeout off, and this cluster ends idle allocations "
+                             f"after at most {format_duration(bound)} (scheduler.max_idle_timeout)")  # fmt: skip
+        return spec
 
     def _hang_window_seen(self, spec: JobSpec) -> None:
         """A hang window the job asks for under 3 probe intervals would never flag anything: the GPU utilisation is

@@ -30,6 +30,7 @@ from ftconsole.scheduler.ssh.runs import (
     free_port,
     node_runs,
     prune_runs,
+    shell_ttys,
     signal_leftovers,
     stop_runs,
 )
@@ -84,6 +85,15 @@ class Sweeping:
         for run in runs:
             if not run.launch and run.node in self.nodes:
                 self._spawn(("leftovers", run.job, run.attempt, run.node), self._clear(job, run.node, run.attempt))
+
+    async def shells_on(self, job: Job, name: str, *, warn: str | None = None) -> dict[str, float] | None:
+        """The terminals of the job's shells on a node and when each was last typed at, `warn` written on them first
+        (idle reclaim, idling.py); None where the node cannot tell."""
+        node = self.nodes[name]
+        asked = shell_ttys(self.transport, node, job.id, job.attempt, warn=warn, user=self.run_user(job),
+                           python=self._python, timeout=self._timeout)  # fmt: skip
+        found: dict[str, float] | None = await self._ask(node, asked)
+        return found
 
     async def free_port_on(self, node: Node) -> int:
         """A TCP port free on the node now (a step's MASTER_PORT)."""

@@ -64,9 +64,14 @@ class StopReason(StrEnum):
     RESCHEDULE = "reschedule"  # a hardware fault under a running checkpoint_resume job: checkpoint, stop, requeue
     HUNG = "hung"  # suspected hung, with hang_action restart: stopped, then restarted by its policy
     PREEMPTED = "preempted"  # for a waiting job of a higher level: checkpoint, stop, requeue (no retry spent)
+    IDLE = "idle"  # idle past its idle_timeout (an allocation: idling.py); ends stopped
 
 
-FINAL_STATUS = {StopReason.STOPPED: JobStatus.STOPPED, StopReason.EXPIRED: JobStatus.EXPIRED}
+FINAL_STATUS = {
+    StopReason.STOPPED: JobStatus.STOPPED,
+    StopReason.EXPIRED: JobStatus.EXPIRED,
+    StopReason.IDLE: JobStatus.STOPPED,
+}
 FINAL_CONDITION = {
     JobStatus.SUCCEEDED: Condition.SUCCEEDED,
     JobStatus.ERROR: Condition.FAILED,
@@ -342,7 +347,9 @@ def settle(job: Job, runs: Sequence[Run], *, was_running: bool) -> Settlement:
     if job.stop_reason in (StopReason.ERROR, StopReason.RESCHEDULE, StopReason.HUNG, StopReason.PREEMPTED):
         return Finish(JobStatus.ERROR, job.message or _failure_message(failed), _exit_code(failed))
     if job.stop_reason is not None:
-        reason = "max_runtime reached" if job.stop_reason is StopReason.EXPIRED else f"stopped by {job.stop_by}"
+        reason = {StopReason.EXPIRED: "max_runtime reached", StopReason.IDLE: f"ended as idle: {job.message}"}.get(
+            job.stop_reason, f"stopped by {job.stop_by}"
+        )
         return Finish(FINAL_STATUS[job.stop_reason], reason, _exit_code(failed))
     if failed:
         return Finish(JobStatus.ERROR, _failure_message(failed), _exit_code(failed))

@@ -44,11 +44,10 @@ processes {groups, sample, stacks, py_spy?}
 files   {run_dir}
         argv.json, env.json and hostfile of a run folder as text (None when missing); {"absent": true} when
         there is no such folder.
-leftovers {env, signal}
-        The signal (SIGTERM, or SIGKILL) to what an attempt left on this node: the processes of the user with its
-        FT_JOB_ID and FT_ATTEMPT (`env`) that came in through this node's SSH server, and their descendants (ranks
-        a launcher on another node started here, a shell): asked once the attempt ended. A run's supervisor does
-        the same for its own node as the run ends (supervisor_leftovers.py, `end_leftovers`).
+leftovers {env, signal} / shells {env, warn}
+        The signal to what an attempt (or a step) left on this node, once it ended: the user's processes with its
+        FT_JOB_ID and FT_ATTEMPT (`env`) that came in through this node's SSH server, and their descendants. `shells`:
+        their terminals and when each was last typed at, `warn` written on them first (supervisor_leftovers.py).
 stop    {run_dirs, tokens?, force?}
         Ask each run's supervisor to stop: it sends SIGTERM to the current step's process group (not to the
         after hook's), runs no further step but the after hook, and once the grace period (counted from the
@@ -156,7 +155,7 @@ from ftconsole.scheduler.node.supervisor_files import (  # bundled
     _write_file,
     _write_json,
 )
-from ftconsole.scheduler.node.supervisor_leftovers import stop_leftovers  # bundled
+from ftconsole.scheduler.node.supervisor_leftovers import shell_ttys, stop_leftovers  # bundled
 from ftconsole.scheduler.node.supervisor_liveness import _group, _observe, _process_groups  # bundled
 from ftconsole.scheduler.node.supervisor_output import _output_chunk  # bundled
 from ftconsole.scheduler.node.supervisor_retention import MAX_PRUNED as MAX_PRUNED  # bundled
@@ -562,6 +561,7 @@ ACTIONS = {
     "signal": send_signal,
     "processes": processes,
     "leftovers": stop_leftovers,
+    "shells": shell_ttys,
 }
 
 

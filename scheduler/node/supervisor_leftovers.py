@@ -91,6 +91,36 @@ def stop_leftovers(params):
     return {"found": None if victims is None else len(victims)}
 
 
+def shell_ttys(params):
+    """Action `shells` {env, warn}: the terminals of this account's processes in a run's environment that came in over
+    this node's SSH server (an allocation's shells, `leftovers`), each with when it was last typed at (its atime, as
+    `w` reads idle times): {"ttys": {path: atime}}, None where this node's SSH server is not known. With `warn`, that
+    line is written on each of them first (the idle allocation's warning). Only this account's own terminals."""
+    victims = leftovers(params.get("env") or {})
+    if victims is None:
+        return {"ttys": None}
+    ttys = {}  # type: Dict[str, None]
+    for pid in victims:
+        for fd in (0, 1, 2):
+            with contextlib.suppress(OSError):
+                path = os.readlink("/proc/%d/fd/%d" % (pid, fd))
+                if path.startswith("/dev/pts/") or path.startswith("/dev/tty"):
+                    ttys[path] = None
+    uid, warn, out = os.getuid(), params.get("warn"), {}
+    for path in sorted(ttys):
+        with contextlib.suppress(OSError):
+            if os.stat(path).st_uid != uid:
+                continue
+            if warn:
+                fd = os.open(path, os.O_WRONLY | os.O_NOCTTY | os.O_NONBLOCK)
+                try:
+                    os.write(fd, ("\r\nftconsole: %s\r\n" % warn).encode("utf-8", "replace"))
+                finally:
+                    os.close(fd)
+            out[path] = os.stat(path).st_atime
+    return {"ttys": out}
+
+
 def _server_in(env):
     """`_server` of the SSH_CONNECTION in a process's environment (a set of NAME=value), or None."""
     for entry in env:

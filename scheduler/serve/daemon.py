@@ -144,7 +144,9 @@ class Operations:
         return {} if self.leadership is None else {"leadership": self.leadership.to_json()}
 
     async def _submit(self, caller: Caller, args: dict[str, Any]) -> Any:
-        job = await self.scheduler.submit(caller, args["spec"], hold=bool(args.get("hold")))
+        job = await self.scheduler.submit(
+            caller, args["spec"], hold=bool(args.get("hold")), allocation=bool(args.get("allocation"))
+        )
         return {**job.to_json(self.now), **JobActivity().to_json()}
 
     async def _predict(self, caller: Caller, args: dict[str, Any]) -> Any:

@@ -151,6 +151,24 @@ class SchedulerSettings(_Strict):
     # the most each rank's output.log keeps on its node (its oldest output is dropped past it), for jobs that do not
     # set their own output_limit; a job may ask for less, only an admin's for more; 0 or off: no limit (docs/jobs.md)
     output_limit: OutputLimit = 1 << 30
+    # allocations (`ftconsole alloc`) end once idle this long, unless they ask for their own: no step running, no
+    # typing in a shell of theirs, their GPUs under idle_util_pct (docs/jobs.md, "Idle allocations"); 0 or off: never
+    idle_timeout: RetentionDuration = 0.0
+    # the longest idle_timeout a job may ask for (an allocation without one gets it where idle_timeout is off), and
+    # allocations may not turn it off; 0 or off: no bound
+    max_idle_timeout: RetentionDuration = 0.0
+    idle_util_pct: float = Field(10.0, ge=0, le=100)  # a GPU at or over this utilisation is at work
+    # how long before an idle allocation ends its user is warned (a line in its shells, an alert, an event)
+    idle_warning: Duration = 5 * 60.0
+
+    @model_validator(mode="after")
+    def _idle_within_max(self) -> SchedulerSettings:
+        if self.max_idle_timeout and self.idle_timeout > self.max_idle_timeout:
+            raise ValueError(
+                f"idle_timeout ({format_duration(self.idle_timeout)}) is over max_idle_timeout "
+                f"({format_duration(self.max_idle_timeout)})"
+            )
+        return self
 
 
 class DebugSettings(_Strict):

@@ -355,6 +355,9 @@ class JobSpec(_Strict):
     # the hang window (seed 001): default HANG_WINDOW_S, or MA_HANG_DETECT_TIME (minutes) in env; `off`: none
     hang_detect: Annotated[float, BeforeValidator(hang_detect_value)] | None = None
     hang_action: HangAction = HangAction.ALERT  # what a suspected hang leads to
+    # it ends once idle this long: no step running, no typing in a shell in its env, its GPUs under the cluster's
+    # scheduler.idle_util_pct (docs/jobs.md, "Idle allocations"); `off`: never (an allocation's default: the cluster's)
+    idle_timeout: Annotated[float, BeforeValidator(hang_detect_value)] | None = None
     notify: bool = False  # job alerts go to the config's notify targets (seed 003's "notify me")
     progress: Annotated[Progress, BeforeValidator(progress_off)] = Progress()  # stragglers (seed 001)
     performance: Performance | None = None  # slow iterations (seed 003)
@@ -412,6 +415,11 @@ class JobSpec(_Strict):
         """Whether the ranks keep and serve torch's flight recorder trace (`debug.torch_trace`)."""
         on = self.mode.value in TRACE_MODES and (self.image is None or self.mode.value == "pytorch")
         return on and self.debug.torch_trace is not False
+
+    @property
+    def idle_window(self) -> float | None:
+        """How long idle before it ends (None: never): `idle_timeout`, unless off."""
+        return None if self.idle_timeout is None or self.idle_timeout == HANG_OFF else self.idle_timeout
 
     @property
     def hang_window(self) -> float | None:

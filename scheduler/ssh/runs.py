@@ -516,6 +516,16 @@ async def signal_leftovers(
     return None if found is None else int(found)
 
 
+async def shell_ttys(transport: Transport, node: Node, job: int, attempt: int, *, warn: str | None = None,
+                     user: str | None = None, python: str = "python3",
+                     timeout: float = 30.0) -> dict[str, float] | None:  # fmt: skip
+    """The terminals of a run's shells on the node (supervisor.py "shells") and when each was last typed at, `warn`
+    written on them first; None where the node cannot tell."""
+    params = {"action": "shells", "env": {"FT_JOB_ID": str(job), "FT_ATTEMPT": str(attempt)}, "warn": warn}
+    ttys = (await _call(transport, node, python, params, timeout, user, opens=False)).get("ttys")
+    return None if ttys is None else {str(k): float(v) for k, v in ttys.items()}
+
+
 async def process_evidence(
     transport: Transport,
     node: Node,

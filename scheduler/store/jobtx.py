@@ -263,7 +263,7 @@ class JobTx:
         request of the scheduler's own cleared. Raises Conflict when the job is no longer running, or when a
         user's stop (or max_runtime) asks it to end: that wins."""
         row = await self._db.fetchone("SELECT stop_reason FROM jobs WHERE id = ?", (job_id,))
-        if row is not None and row[0] in (StopReason.STOPPED, StopReason.EXPIRED):
+        if row is not None and row[0] in (StopReason.STOPPED, StopReason.EXPIRED, StopReason.IDLE):
             raise Conflict(f"job {job_id} is being stopped ({row[0]}): not queued again")
         for r in runs:
             if r.attempt == attempt and r.state == "intent":

@@ -63,3 +63,30 @@ def test_nothing_is_looked_for_where_the_node_s_ssh_server_is_not_known(monkeypa
     monkeypatch.delenv(leftovers.LAB_NODE, raising=False)
     assert leftovers.leftovers({"FT_JOB_ID": "7", "FT_ATTEMPT": "2"}) is None
     assert leftovers.stop_leftovers({"env": {"FT_JOB_ID": "7", "FT_ATTEMPT": "2"}}) == {"found": None}
+
+
+def test_a_runs_shells_are_their_terminals_and_the_warning_is_written_on_them(here: None) -> None:
+    """`shells`: the terminal of a shell in the run's env (a real pseudo-terminal), when it was last typed at, and
+    the idle warning written on it; a process of the run without a terminal and another attempt's shell are not."""
+    import pty
+
+    master, slave = pty.openpty()
+    name = os.ttyname(slave)
+    env = dict(os.environ, FT_JOB_ID="7", FT_ATTEMPT="2", SSH_CONNECTION=f"127.0.0.1 40000 {HERE}")
+    env.pop(leftovers.LAB_NODE, None)
+    shell = subprocess.Popen(["sleep", "60"], stdin=slave, stdout=slave, stderr=slave, env=env)
+    quiet = started("2", HERE)  # the run's, without a terminal
+    other = subprocess.Popen(["sleep", "60"], stdin=slave, stdout=slave, env=dict(env, FT_ATTEMPT="1"))
+    try:
+        os.close(slave)
+        found = leftovers.shell_ttys({"env": {"FT_JOB_ID": "7", "FT_ATTEMPT": "2"}})["ttys"]
+        assert list(found) == [name] and found[name] == os.stat(name).st_atime
+        leftovers.shell_ttys({"env": {"FT_JOB_ID": "7", "FT_ATTEMPT": "2"}, "warn": "job 7 has been idle"})
+        os.set_blocking(master, False)
+        assert b"ftconsole: job 7 has been idle" in os.read(master, 4096)
+        assert leftovers.shell_ttys({"env": {"FT_JOB_ID": "7", "FT_ATTEMPT": "3"}})["ttys"] == {}
+    finally:
+        for p in (shell, quiet, other):
+            p.kill()
+            p.wait()
+        os.close(master)
