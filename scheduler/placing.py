@@ -33,6 +33,7 @@ from ftconsole.scheduler.decide.jobs import Attempt, Condition, Job, JobStatus, 
 from ftconsole.scheduler.decide.ledger import Ledger
 from ftconsole.scheduler.decide.requests import job_request, node_slot, urgent_scope
 from ftconsole.scheduler.decide.steps import user_root
+from ftconsole.scheduler.decide.topology import Fabric, placed_note
 from ftconsole.scheduler.errors import FtError, SSHError, StoreError, UsageError
 from ftconsole.scheduler.failpoints import afailpoint
 from ftconsole.scheduler.nodeops import ClusterService
@@ -68,6 +69,8 @@ class Placer(SharingWeights):
         self._run_root = run_root
         self._avoided = avoided  # user -> the nodes where that user has no account or home, and which it lacks
         self._nodes = {n.name: n for n in service.all_nodes}
+        tree = self.config.topology  # the switches the nodes hang under: multi-node jobs under the fewest
+        self.fabric = None if tree is None else Fabric.of(tree.leaves(), tree.parents())
         self._used: dict[tuple[str, str], float] = {}  # fair share: fairshare.account -> decayed GPU-seconds
         self._used_at = float("-inf")  # when that was computed (again every fairshare.every)
         self._factors: dict[tuple[str, str], fairshare.Factor] = {}  # of the last pass's queued jobs' accounts
@@ -416,7 +419,7 @@ class Placer(SharingWeights):
         for name, until in self.service.tester.holds().items():  # a node under test: its GPUs are the test's
             gpus = tuple(range(sizes.get(name, 0)))
             allocations.append(placement.Allocation(job_id=f"node test of {name}", node=name, gpus=gpus, ends_at=until))
-        state = placement.ClusterState(nodes=slots, allocations=tuple(allocations))
+        state = placement.ClusterState(nodes=slots, allocations=tuple(allocations), fabric=self.fabric)
         requests, by_id, unplaceable = [], {}, []
         fair = await self.fair_factors([(j.project, j.owner) for j in queued] + list(also))
         kept = await self.store.reservations()
@@ -510,6 +513,7 @@ class Placer(SharingWeights):
                     Condition.CREATING,
                     f"attempt {number} placed on {where}"
                     + (f" (spec {candidate.spec_name})" if candidate.spec_name else "")
+                    + placed_note(self.fabric, job.spec.topology, [n for n, _ in decision.nodes])
                     + elastic.placed_small(job, len(decision.nodes)),
                     job=job.id,
                     data={"nodes": _nodes_json(decision.nodes)},

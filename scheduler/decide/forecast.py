@@ -87,7 +87,11 @@ def forecast(
             joined += 1
         live = tuple(a for a in allocations if a.ends_at is None or a.ends_at > when or count == 0)
         decisions = plan(
-            ClusterState(state.nodes, live), waiting, when, urgent_cap=urgent_cap, allow_degraded=allow_degraded
+            ClusterState(state.nodes, live, state.fabric),
+            waiting,
+            when,
+            urgent_cap=urgent_cap,
+            allow_degraded=allow_degraded,
         )
         if count == 0:
             order = [d.job_id for d in decisions] + pending

@@ -63,6 +63,7 @@ looking at nodes. A pass over 1000 nodes and 10,000 queued jobs takes a fraction
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import groupby
@@ -80,6 +81,7 @@ from ftconsole.scheduler.decide.placement_inputs import Place as Place
 from ftconsole.scheduler.decide.placement_inputs import Priority as Priority
 from ftconsole.scheduler.decide.placement_inputs import Wait as Wait
 from ftconsole.scheduler.decide.placement_inputs import WaitCause as WaitCause
+from ftconsole.scheduler.decide.topology import Fabric
 
 # --------------------------------------------------------------------------------------------- public API
 
@@ -174,7 +176,8 @@ def _reserve(
             _release(name, gpus, free, catalog, job.candidates, eligible, fitting)
         for index, cand in enumerate(job.candidates):
             if fitting[index] >= job.nodes:
-                return _Reservation(job.id, when, _choose_future(eligible[index], free, job.nodes, cand))
+                chosen = _choose_future(eligible[index], free, job.nodes, cand, catalog.fabric)
+                return _Reservation(job.id, when, chosen)
     everything = {name: frozenset(range(catalog.nodes[name].gpus_total)) for name in nodes}
     return _Reservation(job.id, None, everything)
 
@@ -198,11 +201,12 @@ def _release(
 
 
 def _choose_future(
-    eligible: Iterable[str], free: Mapping[str, set[int]], n: int, cand: Candidate
+    eligible: Iterable[str], free: Mapping[str, set[int]], n: int, cand: Candidate, fabric: Fabric | None = None
 ) -> dict[str, frozenset[int]]:
     g = cand.gpus_per_node
     names = sorted((name for name in eligible if len(free[name]) >= g), key=lambda name: (len(free[name]), name))
-    return {name: frozenset(sorted(free[name])[:g]) for name in names[:n]}
+    chosen = names[:n] if fabric is None or n == 1 else fabric.choose(names, n) or names[:n]
+    return {name: frozenset(sorted(free[name])[:g]) for name in chosen}
 
 
 # --------------------------------------------------------------------------------------------- urgent cap
@@ -238,6 +242,10 @@ class _UrgentCaps:
 
 
 # --------------------------------------------------------------------------------------------- reasons
+
+
+def _clock(t: float) -> str:
+    return time.strftime("%H:%M", time.localtime(t))
 
 
 def _plural(count: int, word: str) -> str:
@@ -281,7 +289,7 @@ class _Pass:
     def __init__(self, state: ClusterState, now: float, caps: _UrgentCaps, allow_degraded: Collection[str]) -> None:
         self.now = now
         self.caps = caps
-        self.catalog = Catalog(state.nodes, allow_degraded)
+        self.catalog = Catalog(state.nodes, allow_degraded, state.fabric)
         self.view = FreeView.current(self.catalog, state.allocations)
         self.running = list(state.allocations)
         self.reservation: _Reservation | None = None
@@ -289,6 +297,8 @@ class _Pass:
         self.waiting = 0
 
     def decide(self, job: JobRequest) -> Decision:
+        if job.max_switches is not None and job.switches_until is not None and self.now >= job.switches_until:
+            job = replace(job, max_switches=None)  # it waited its `topology.wait`: what is free now
         refusal = self.caps.refuse(job)
         if refusal is not None:
             return self._wait(job, refusal, WaitCause.URGENT_CAP)
@@ -342,7 +352,12 @@ class _Pass:
 
     def _needs(self, job: JobRequest) -> str:
         parts = [f"{_shape(job, c)}; {available(job, c, self.catalog, self.view)} available" for c in job.candidates]
-        return "needs " + ", or ".join(parts)
+        text = "needs " + ", or ".join(parts)
+        if job.max_switches is not None and self.catalog.fabric is not None:
+            switches = _plural(job.max_switches, "leaf switch").replace("switchs", "switches")
+            text += f", under at most {switches} (topology.max_switches"
+            text += ")" if job.switches_until is None else f", waited for until {_clock(job.switches_until)})"
+        return text
 
     def _too_few_nodes(self, job: JobRequest) -> str:
         parts = [

@@ -10,6 +10,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from itertools import islice
 
 from ftconsole.scheduler.decide.placement_inputs import Allocation, Candidate, JobRequest, NodeGpus, NodeSlot
+from ftconsole.scheduler.decide.topology import Fabric
 
 # --------------------------------------------------------------------------------------------- the catalog
 
@@ -26,7 +27,10 @@ def _usable(node: NodeSlot, allow_degraded: Collection[str]) -> bool:
 class Catalog:
     """The usable nodes, grouped by (pool, model, driver, labels); fixed for a pass."""
 
-    def __init__(self, nodes: Iterable[NodeSlot], allow_degraded: Collection[str]) -> None:
+    def __init__(
+        self, nodes: Iterable[NodeSlot], allow_degraded: Collection[str], fabric: Fabric | None = None
+    ) -> None:
+        self.fabric = fabric
         usable = {n.name: n for n in nodes if _usable(n, allow_degraded) and n.gpus_total > 0}
         self.nodes: dict[str, NodeSlot] = dict(sorted(usable.items()))
         self.keys: list[_GroupKey] = sorted(
@@ -147,9 +151,14 @@ class FreeView:
         return sum(1 for name in names if len(self.free[name]) >= g)
 
     def best_fit(self, groups: Sequence[int], n: int, g: int) -> list[str] | None:
-        """n nodes with at least g free GPUs, fewest free first, then by name; None when fewer exist."""
+        """n nodes with at least g free GPUs, fewest free first, then by name; None when fewer exist. With a fabric,
+        several nodes go under the fewest switches (`Fabric.choose`), best fit within."""
         if self.available(groups, g) < n:
             return None
+        if self.catalog.fabric is not None and n > 1:
+            fitting = [name for k in range(g, self.catalog.max_gpus + 1)
+                       for name in heapq.merge(*(self.buckets[group][k] for group in groups))]  # fmt: skip
+            return self.catalog.fabric.choose(fitting, n)
         picked: list[str] = []
         for k in range(g, self.catalog.max_gpus + 1):
             need = n - len(picked)
@@ -165,7 +174,8 @@ class FreeView:
         fitting = [name for name in names if len(self.free[name]) >= g]
         if len(fitting) < n:
             return None
-        return sorted(fitting, key=lambda name: (len(self.free[name]), name))[:n]
+        fitting.sort(key=lambda name: (len(self.free[name]), name))
+        return fitting[:n] if self.catalog.fabric is None or n == 1 else self.catalog.fabric.choose(fitting, n)
 
     def take(self, name: str, gpus: Collection[int]) -> None:
         """Mark these GPUs of the node used (those that are free in this view)."""
@@ -198,8 +208,13 @@ class FreeView:
 
 def pick_nodes(job: JobRequest, cand: Candidate, catalog: Catalog, view: FreeView) -> list[str] | None:
     if job.node_names is not None:
-        return view.best_fit_among(catalog.named(job, cand), job.nodes, cand.gpus_per_node)
-    return view.best_fit(catalog.groups(job, cand), job.nodes, cand.gpus_per_node)
+        names = view.best_fit_among(catalog.named(job, cand), job.nodes, cand.gpus_per_node)
+    else:
+        names = view.best_fit(catalog.groups(job, cand), job.nodes, cand.gpus_per_node)
+    fabric = catalog.fabric  # the fewest switches it can have now, more than it waits for: not now
+    if names is not None and job.max_switches is not None and fabric is not None:
+        return None if len(fabric.leaves(names)) > job.max_switches else names
+    return names
 
 
 def fit_job(job: JobRequest, catalog: Catalog, view: FreeView) -> tuple[int, tuple[NodeGpus, ...]] | None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import IntEnum, StrEnum
 
+from ftconsole.scheduler.decide.topology import Fabric
+
 
 class Priority(IntEnum):
     """Job priority levels; a higher value runs first."""
@@ -68,6 +70,7 @@ class ClusterState:
 
     nodes: tuple[NodeSlot, ...]
     allocations: tuple[Allocation, ...] = ()
+    fabric: Fabric | None = None  # the switches the nodes hang under (`topology:`); None: placement is blind to it
 
     def free_gpus(self) -> dict[str, frozenset[int]]:
         """GPU indexes free now, per node (usable or not)."""
@@ -109,6 +112,10 @@ class JobRequest:
     min_nodes: int | None = None  # elastic: may start on fewer nodes, down to this many
     image: bool = False  # runs in a container image: only on nodes with `images`
     fairshare: float = 1.0  # its fair-share factor (decide/fairshare.py): higher goes first within a level
+    # its `topology:` (Slurm's --switches=N@TIME): its nodes under at most this many leaf switches, waited for until
+    # `switches_until` (None: for ever); then anywhere
+    max_switches: int | None = None
+    switches_until: float | None = None
 
     def __post_init__(self) -> None:
         if self.nodes < 1:

@@ -53,6 +53,8 @@ def job_request(spec: JobSpec, config: ClusterConfig, *, job_id: str, now: float
         max_runtime=spec.max_runtime,
         min_nodes=None if spec.elastic_range is None else spec.elastic_range[0],
         image=spec.image is not None,
+        max_switches=None if spec.topology is None else spec.topology.max_switches,
+        switches_until=None if spec.topology is None or spec.topology.wait is None else now + spec.topology.wait,
     )
 
 

@@ -41,6 +41,7 @@ from ftconsole.scheduler.spec.statespec import StateSettings as StateSettings
 from ftconsole.scheduler.spec.thresholds import WARN_FAIL, warn_fail_problem
 from ftconsole.scheduler.spec.thresholds import PartialThresholds as PartialThresholds
 from ftconsole.scheduler.spec.thresholds import Thresholds as Thresholds
+from ftconsole.scheduler.spec.topologyspec import TopologySettings, tree_problems
 from ftconsole.scheduler.spec.values import Duration as Duration
 from ftconsole.scheduler.spec.values import OutputLimit as OutputLimit
 from ftconsole.scheduler.spec.values import PositiveDuration as PositiveDuration
@@ -164,10 +165,8 @@ class SchedulerSettings(_Strict):
     @model_validator(mode="after")
     def _idle_within_max(self) -> SchedulerSettings:
         if self.max_idle_timeout and self.idle_timeout > self.max_idle_timeout:
-            raise ValueError(
-                f"idle_timeout ({format_duration(self.idle_timeout)}) is over max_idle_timeout "
-                f"({format_duration(self.max_idle_timeout)})"
-            )
+            idle, most = format_duration(self.idle_timeout), format_duration(self.max_idle_timeout)
+            raise ValueError(f"idle_timeout ({idle}) is over max_idle_timeout ({most})")
         return self
 
 
@@ -317,6 +316,7 @@ class ClusterConfig(_Strict):
     containers: ContainerSettings = ContainerSettings()  # the runtime jobs with `image` run in (issue 17)
     node_tests: NodeTests = NodeTests()  # what a node passes under load before it returns to service (issue 42)
     repair: RepairSettings = RepairSettings()  # how an isolated node is brought back: reset, reboot, test
+    topology: TopologySettings | None = None  # the switches the nodes hang under; placement uses the fewest
 
     def cross_problems(self, groups: Sequence[tuple[int, NodeGroup]] | None = None) -> list[tuple[Loc, str]]:
         """Problems that span several keys, as (key path, message); pydantic checks each key alone. `groups`: the
@@ -344,7 +344,7 @@ class ClusterConfig(_Strict):
                 out.append((("admins",), f"invalid user name {admin!r}"))
         return (
             out + self._threshold_problems() + self._project_problems() + self._run_as_problems()
-            + self._history_problems() + self._node_test_problems()
+            + self._history_problems() + self._node_test_problems() + tree_problems(self.topology, seen)
         )  # fmt: skip
 
     def _node_test_problems(self) -> list[tuple[Loc, str]]:

@@ -67,6 +67,7 @@ from ftconsole.scheduler.spec.specbase import Strict as _Strict
 from ftconsole.scheduler.spec.specbase import Text
 from ftconsole.scheduler.spec.specbase import not_blank as _not_blank
 from ftconsole.scheduler.spec.specbase import unique as _unique
+from ftconsole.scheduler.spec.topologyspec import TopologyRequest
 
 _STORED = "stored"  # validation context key: the spec is read back from the store (see `JobSpec.from_stored`)
 
@@ -380,6 +381,9 @@ class JobSpec(_Strict):
     array: ArrayText | None = None
     # the reservation it runs in: only on its nodes, within its window (docs/jobs.md, "Reservations")
     reservation: Name | None = None
+    # its nodes under at most max_switches leaf switches of the cluster's topology, waited for at most `wait` (Slurm's
+    # --switches=N@TIME; docs/jobs.md, "Topology")
+    topology: TopologyRequest | None = None
     # not placed before this time: a date and time, or + a duration after the submit (Slurm's --begin)
     begin: Annotated[str, BeforeValidator(parse_begin)] | None = None
 

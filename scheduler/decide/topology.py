@@ -1,0 +1,104 @@
+"""The fabric as placement sees it (pure): each node's leaf switch and the switches above, from the config's
+`topology:` (scheduler/spec/topologyspec.py), and the choice of a multi-node job's nodes under the fewest switches.
+
+The rule, as Slurm's tree plugin: a job whose nodes fit under one leaf switch goes under one, the leaf with the
+fewest fitting nodes that still holds it (best fit: big leaves stay whole for big jobs); otherwise under the lowest
+switch whose leaves hold it, using as few of its leaves as it can (the fullest first); otherwise across the whole
+fabric, the fullest leaves first. Ties, and the nodes within a leaf, keep the order they came in: placement's best
+fit (fewest free GPUs, then name). A node under no leaf counts as a leaf of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Fabric:
+    leaf_of: Mapping[str, str]  # node -> its leaf switch
+    parent: Mapping[str, str]  # switch -> the switch above it
+    # switch -> the leaves under it (itself for a leaf), and its height (leaves 0); filled in from the two above
+    under: dict[str, frozenset[str]] = field(default_factory=dict, compare=False)
+    height: dict[str, int] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        for leaf in set(self.leaf_of.values()):
+            self.under[leaf] = frozenset({leaf})
+            self.height[leaf] = 0
+            at, steps, seen = self.parent.get(leaf), 1, {leaf}
+            while at is not None and at not in seen:  # a cycle is the config check's to refuse
+                seen.add(at)
+                self.under[at] = self.under.get(at, frozenset()) | {leaf}
+                self.height[at] = max(self.height.get(at, 0), steps)
+                at, steps = self.parent.get(at), steps + 1
+
+    @classmethod
+    def of(cls, leaves: Mapping[str, Iterable[str]], parents: Mapping[str, str]) -> Fabric:
+        return cls({node: leaf for leaf, nodes in leaves.items() for node in nodes}, dict(parents))
+
+    def leaf(self, node: str) -> str:
+        return self.leaf_of.get(node, f"({node})")
+
+    def leaves(self, nodes: Iterable[str]) -> list[str]:
+        """The leaf switches under `nodes`, in name order."""
+        return sorted({self.leaf(n) for n in nodes})
+
+    def choose(self, fitting: Sequence[str], n: int) -> list[str] | None:
+        """`n` of the `fitting` nodes (in placement's order of preference) under the fewest leaf switches."""
+        if len(fitting) < n:
+            return None
+        by_leaf: dict[str, list[str]] = {}  # in the order of their first node in `fitting`: ties go to it
+        for node in fitting:
+            by_leaf.setdefault(self.leaf(node), []).append(node)
+        first = {leaf: i for i, leaf in enumerate(by_leaf)}
+        whole = [(len(nodes), first[leaf], leaf) for leaf, nodes in by_leaf.items() if len(nodes) >= n]
+        if whole:
+            return by_leaf[min(whole)[2]][:n]
+        best: tuple[int, int, int, str] | None = None  # (height, leaves used, nodes there, switch)
+        for switch, leaves in self.under.items():
+            if self.height[switch] == 0:
+                continue
+            sizes = sorted((len(by_leaf.get(leaf, ())) for leaf in leaves), reverse=True)
+            if sum(sizes) < n:
+                continue
+            used = next(i for i in range(1, len(sizes) + 1) if sum(sizes[:i]) >= n)
+            key = (self.height[switch], used, sum(sizes), switch)
+            best = key if best is None or key < best else best
+        pool = by_leaf if best is None else {leaf: by_leaf.get(leaf, []) for leaf in self.under[best[3]]}
+        picked: list[str] = []
+        for leaf in sorted(pool, key=lambda leaf: (-len(pool[leaf]), first.get(leaf, len(first)), leaf)):
+            picked += pool[leaf][: n - len(picked)]
+            if len(picked) == n:
+                return picked
+        raise AssertionError("unreachable: the leaves counted held the nodes")
+
+    def top(self, nodes: Iterable[str]) -> str | None:
+        """The lowest switch above all of `nodes` (None: none holds them all)."""
+        leaves = set(self.leaves(nodes))
+        holding = [(self.height[s], s) for s, under in self.under.items() if leaves <= under]
+        return min(holding)[1] if holding else None
+
+    def describe(self, nodes: Iterable[str]) -> str:
+        """'under leaf1' or 'under 2 leaf switches (leaf1, leaf2) below spine'."""
+        names = list(nodes)
+        leaves = self.leaves(names)
+        if len(leaves) == 1:
+            return f"under {leaves[0]}"
+        top = self.top(names)
+        below = f" below {top}" if top is not None else " (no one switch above them)"
+        return f"under {len(leaves)} leaf switches ({', '.join(leaves)}){below}"
+
+
+def placed_note(fabric: Fabric | None, want: Any, nodes: Sequence[str]) -> str:
+    """Where a multi-node job went in the fabric, and why (its placement event): ', under leaf1 (within its
+    max_switches 1)'; `want`: its spec's `topology` (a TopologyRequest) or None."""
+    if fabric is None or len(nodes) < 2:
+        return ""
+    why = "the fewest switches free"
+    if want is not None and len(fabric.leaves(nodes)) > want.max_switches:
+        why = f"more than its max_switches {want.max_switches}: its topology.wait is over"
+    elif want is not None:
+        why = f"within its max_switches {want.max_switches}"
+    return f", {fabric.describe(nodes)} ({why})"

@@ -1,0 +1,103 @@
+"""The `topology:` section of the cluster config: the switches the nodes hang under, as Slurm's topology.yaml (tree)
+declares them, and a job's `topology:` key (Slurm's `--switches=N@TIME`). Validation only; placement reads the tree
+through `scheduler.decide.topology.Fabric`.
+
+    topology:
+      switches:
+        leaf1: {nodes: "gpu[01-16]"}      # a leaf switch: the nodes under it
+        leaf2: {nodes: "gpu[17-32]"}
+        spine: {switches: [leaf1, leaf2]}  # a switch above others
+
+A leaf names nodes, an upper switch names switches; each switch is under at most one other, each node under at most
+one leaf, and the tree has no cycle. A node under no leaf is placed as if alone under a switch of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ftconsole.scheduler.spec.nodesets import expand_nodeset
+from ftconsole.scheduler.spec.values import PositiveDuration
+
+Loc = tuple[str | int, ...]
+SwitchName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SwitchSettings(_Strict):
+    """One switch: a leaf's nodes (a node set, as `gpu[01-16]`), or the switches under an upper one."""
+
+    nodes: str | None = None
+    switches: list[SwitchName] | None = None
+
+    @model_validator(mode="after")
+    def _one_of(self) -> SwitchSettings:
+        if (self.nodes is None) == (self.switches is None):
+            raise ValueError("give either nodes (a leaf switch) or switches (a switch above others)")
+        if self.switches is not None and not self.switches:
+            raise ValueError("switches is empty: name the switches under it")
+        return self
+
+
+class TopologySettings(_Strict):
+    switches: dict[SwitchName, SwitchSettings] = {}
+
+    def leaves(self) -> dict[str, list[str]]:
+        """leaf switch -> its nodes (expanded)."""
+        return {name: expand_nodeset(s.nodes) for name, s in self.switches.items() if s.nodes is not None}
+
+    def parents(self) -> dict[str, str]:
+        """switch -> the switch above it (those under none are left out)."""
+        return {child: name for name, s in self.switches.items() for child in s.switches or ()}
+
+    def problems(self, known_nodes: Collection[str]) -> list[tuple[Loc, str]]:
+        """Problems spanning switches: unknown switches and nodes, a switch or a node under two, a cycle."""
+        out: list[tuple[Loc, str]] = []
+        above: dict[str, str] = {}
+        for name, switch in self.switches.items():
+            for child in switch.switches or ():
+                where: Loc = ("topology", "switches", name, "switches")
+                if child not in self.switches:
+                    out.append((where, f"switch {child!r} is not defined under topology.switches"))
+                elif child in above:
+                    out.append((where, f"switch {child!r} is already under {above[child]!r}: a switch has one parent"))
+                else:
+                    above[child] = name
+        placed: dict[str, str] = {}
+        for name, nodes in self.leaves().items():
+            where = ("topology", "switches", name, "nodes")
+            unknown = [n for n in nodes if n not in known_nodes]
+            if unknown:
+                out.append((where, f"node(s) {', '.join(unknown[:4])}{'...' if len(unknown) > 4 else ''} not in nodes"))
+            for node in nodes:
+                if node in placed:
+                    out.append((where, f"node {node} is already under leaf {placed[node]!r}: a node has one leaf"))
+                else:
+                    placed[node] = name
+        for name in self.switches:
+            seen, at = {name}, above.get(name)
+            while at is not None and at not in seen:
+                seen.add(at)
+                at = above.get(at)
+            if at is not None:
+                out.append((("topology", "switches", name), f"switch {name!r} is under itself: the tree has a cycle"))
+                break
+        return out
+
+
+class TopologyRequest(_Strict):
+    """A job's `topology:` (Slurm's `--switches=N@TIME`): at most `max_switches` leaf switches under its nodes,
+    waited for at most `wait` after its submit; then it takes what is free."""
+
+    max_switches: int = Field(ge=1)
+    wait: PositiveDuration | None = None  # None: it waits as long as it takes
+
+
+def tree_problems(topology: TopologySettings | None, nodes: Mapping[str, object]) -> list[tuple[Loc, str]]:
+    return [] if topology is None else topology.problems(nodes)
