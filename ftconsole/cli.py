@@ -33,6 +33,7 @@ from ftconsole import (
     run_cli,
     shell_cli,
     state_cli,
+    topology_cli,
     usage_cli,
 )
 from ftconsole.format import (
@@ -440,6 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
     usage_cli.add_parser(sub, [common, listing])
     reservation_cli.add_parser(sub, [common, listing])
     state_cli.add_parser(sub, [common, listing])
+    topology_cli.add_parser(sub, [common, listing])
     completion.add_parser(sub, parser)
 
     lab_parser = sub.add_parser("lab", help="the local lab cluster (SSH servers on 127.0.0.1)")

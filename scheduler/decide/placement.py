@@ -177,7 +177,8 @@ def _reserve(
         for index, cand in enumerate(job.candidates):
             if fitting[index] >= job.nodes:
                 chosen = _choose_future(eligible[index], free, job.nodes, cand, catalog.fabric)
-                return _Reservation(job.id, when, chosen)
+                if _within_switches(job, chosen, catalog.fabric):
+                    return _Reservation(job.id, when, chosen)
     everything = {name: frozenset(range(catalog.nodes[name].gpus_total)) for name in nodes}
     return _Reservation(job.id, None, everything)
 
@@ -198,6 +199,11 @@ def _release(
     for index, cand in enumerate(candidates):
         if before < cand.gpus_per_node <= after and name in eligible[index]:
             fitting[index] += 1
+
+
+def _within_switches(job: JobRequest, nodes: Iterable[str], fabric: Fabric | None) -> bool:
+    """Whether these nodes are under no more leaf switches than the job waits for (`topology.max_switches`)."""
+    return job.max_switches is None or fabric is None or len(fabric.leaves(nodes)) <= job.max_switches
 
 
 def _choose_future(

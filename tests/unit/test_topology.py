@@ -88,6 +88,13 @@ def test_the_heads_reservation_is_under_one_switch_too() -> None:
     cand = job("head", 8, 2).candidates[0]
     assert sorted(_choose_future(free, free, 2, cand)) == ["n01", "n03"]
     assert sorted(_choose_future(free, free, 2, cand, TREE)) == ["n03", "n04"]
+    # a head that waits for one switch is kept the nodes of the first leaf that frees whole, not the first two nodes
+    ends = {"n01": 10.0, "n03": 20.0, "n02": 30.0, "n04": 40.0, "n05": 40.0, "n06": 40.0}
+    running = tuple(alloc(f"r{name}", name, range(8), when) for name, when in ends.items())
+    head = job("head", 8, 2, t=1)
+    assert outcomes(plan(ClusterState(SIX, running, TREE), [head], 0.0))["head"] == "capacity@20"
+    strict = dataclasses.replace(head, max_switches=1)
+    assert outcomes(plan(ClusterState(SIX, running, TREE), [strict], 0.0))["head"] == "capacity@30"
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,85 @@
+"""`ftconsole topology`: the switches of the cluster config's `topology:`, as a tree, each leaf with its nodes, their
+state and their free GPUs (from the scheduler's view when one serves, else the store's), and the nodes under no
+leaf. What placement sees of the fabric (docs/configuration.md, "Topology")."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any
+
+from ftconsole.format import print_json
+from ftconsole.jobs_cli import loaded_config
+from ftconsole.scheduler.errors import UsageError
+from ftconsole.scheduler.serve.client import open_client
+from ftconsole.scheduler.spec.config import LoadedConfig
+
+
+def topology_view(loaded: LoadedConfig, cluster: dict[str, Any]) -> dict[str, Any]:
+    """{"switches": [{name, parent, height, leaf, switches, nodes: [{name, state, gpus_total, free_gpus}]}] in tree
+    order (each switch before those under it), "unplaced": nodes under no leaf}, from the config and `cluster`."""
+    tree = loaded.cluster.topology
+    if tree is None:
+        raise UsageError(f"{loaded.file} declares no topology: add a topology: section (docs/configuration.md)")
+    seen = {n["name"]: n for n in cluster.get("nodes") or []}
+    leaves, parents = tree.leaves(), tree.parents()
+    children: dict[str | None, list[str]] = {}
+    for name in tree.switches:
+        children.setdefault(parents.get(name), []).append(name)
+
+    def node(name: str) -> dict[str, Any]:
+        view = seen.get(name) or {}
+        total = int(view.get("gpus_total") or 0)
+        return {"name": name, "state": view.get("state", "unknown"), "gpus_total": total,
+                "free_gpus": max(0, total - int(view.get("gpus_used") or 0))}  # fmt: skip
+
+    out: list[dict[str, Any]] = []
+
+    def walk(name: str, depth: int) -> None:
+        out.append({"name": name, "parent": parents.get(name), "depth": depth, "leaf": name in leaves,
+                    "switches": children.get(name, []), "nodes": [node(n) for n in leaves.get(name, [])]})  # fmt: skip
+        for child in children.get(name, []):
+            walk(child, depth + 1)
+
+    for root in children.get(None, []):
+        walk(root, 0)
+    placed = {n for nodes in leaves.values() for n in nodes}
+    unplaced = [node(n.name) for n in loaded.cluster.node_list() if n.name not in placed]
+    return {"switches": out, "unplaced": unplaced}
+
+
+def cmd_topology(args: argparse.Namespace) -> int:
+    loaded = loaded_config(args)
+
+    async def go() -> dict[str, Any]:
+        async with open_client(loaded) as client:
+            return dict(await client.call("cluster"))
+
+    view = topology_view(loaded, asyncio.run(go()))
+    if args.json:
+        print_json(view)
+        return 0
+    for switch in view["switches"]:
+        indent = "  " * switch["depth"]
+        nodes = switch["nodes"]
+        if not switch["leaf"]:
+            print(f"{indent}{switch['name']}")
+            continue
+        free = sum(1 for n in nodes if n["state"] == "healthy" and n["free_gpus"] == n["gpus_total"] > 0)
+        print(f"{indent}{switch['name']}  ({len(nodes)} nodes, {free} whole and healthy)")
+        for n in nodes:
+            print(f"{indent}  {n['name']:<16} {n['state']:<10} {n['free_gpus']}/{n['gpus_total']} GPUs free")
+    if view["unplaced"]:
+        print("under no switch: " + ", ".join(n["name"] for n in view["unplaced"]))
+    return 0
+
+
+def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "topology",
+        parents=parents,
+        help="the switches the nodes hang under (topology:), each leaf's nodes and free GPUs",
+        description="Show the cluster config's topology: each switch, the leaves' nodes with their state and free "
+        "GPUs, and the nodes under no leaf. Placement puts a multi-node job under the fewest leaf switches.",
+    )
+    p.set_defaults(func=cmd_topology)

@@ -1,0 +1,69 @@
+"""Placement that knows the fabric on real sshd nodes: a declared topology of 3 leaf switches puts each 2-node job
+under one switch while one exists, and says so; a job that asks for one switch waits within its `wait`, saying why,
+then takes what is free and says that too; `ftconsole topology` shows the tree with each node's state."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.test_forecast_sshd import cli
+from tests.integration.test_scheduler_sshd import job, poll, running, until, write_config
+from tests.sshd_cluster import SshdCluster
+
+pytestmark = pytest.mark.sshd
+
+TOPOLOGY = {
+    "switches": {
+        "leaf1": {"nodes": "node[01-02]"},
+        "leaf2": {"nodes": "node[03-04]"},
+        "leaf3": {"nodes": "node[05-06]"},
+        "spine": {"switches": ["leaf1", "leaf2", "leaf3"]},
+    }
+}
+
+
+def placed(shown: dict[str, Any]) -> str:
+    return next(e["message"] for e in shown["events"] if " placed on " in e["message"])
+
+
+async def test_two_node_jobs_go_under_one_switch_and_one_that_asks_waits_within_its_wait(
+    sshd_cluster: Any, tmp_path: Path, sock_dir: Path
+) -> None:
+    cluster: SshdCluster = sshd_cluster(6, gpus=1)
+    loaded = write_config(cluster, tmp_path, sock_dir, topology=TOPOLOGY)
+    async with running(loaded) as (_, client):
+        for name in ("node01", "node03"):  # one node taken under leaf1 and under leaf2
+            taken = await client.call("submit", spec=job(f"on-{name}", "sleep 300", node_names=name))
+            await until(client, taken["id"], lambda j: j["status"] == "running", f"the job on {name}")
+        pair = await client.call("submit", spec=job("pair", "sleep 300", nodes=2, mode="pytorch"))
+        pair = await until(client, pair["id"], lambda j: j["status"] == "running", "the pair")
+        assert sorted(pair["node_names"]) == ["node05", "node06"]  # best fit alone: node02 and node04
+        assert "under leaf3 (the fewest switches free)" in placed(await client.call("show", job=pair["id"]))
+        # one switch asked for, none has two nodes free: it waits, saying so, until its wait is over
+        strict = job("strict", "sleep 300", nodes=2, mode="pytorch", topology={"max_switches": 1, "wait": "6s"})
+        strict = await client.call("submit", spec=strict)
+        waiting = await poll(lambda: client.call("show", job=strict["id"]),
+                             lambda j: "under at most 1 leaf switch" in j["message"] or j["status"] != "queued",
+                             "the strict job's reason")  # fmt: skip
+        assert waiting["status"] == "queued", waiting["message"]
+        assert "topology.max_switches, waited for until" in waiting["message"]
+        shown = await until(client, strict["id"], lambda j: j["status"] == "running", "the strict job, its wait over")
+        assert sorted(shown["node_names"]) == ["node02", "node04"]
+        shown = await client.call("show", job=strict["id"])
+        assert shown["started"] - shown["submitted"] >= 6 - 0.5
+        said = placed(shown)
+        assert "under 2 leaf switches (leaf1, leaf2) below spine" in said
+        assert "more than its max_switches 1: its topology.wait is over" in said
+        code, out, err = await cli(loaded.file, "topology", "--json")
+        assert code == 0, err
+        tree = json.loads(out)
+        assert [s["name"] for s in tree["switches"]] == ["spine", "leaf1", "leaf2", "leaf3"]
+        leaf3 = next(s for s in tree["switches"] if s["name"] == "leaf3")
+        assert [n["name"] for n in leaf3["nodes"]] == ["node05", "node06"] and leaf3["parent"] == "spine"
+        assert all(n["free_gpus"] == 0 for n in leaf3["nodes"])
+        code, out, err = await cli(loaded.file, "topology")
+        assert code == 0 and "spine" in out and "  leaf3" in out and "node05" in out, err
