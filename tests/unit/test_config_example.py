@@ -189,7 +189,14 @@ def test_per_pool_thresholds_take_the_keys_of_probes_thresholds() -> None:
 
 def test_the_example_has_commented_out_sections_to_read() -> None:
     # the reader of commented-out sections finds them (else the tests above would pass on nothing)
-    assert [key for key, _ in commented_sections()] == ["state", "projects", "quotas", "alertmanager", "metrics", "topology"]
+    assert [key for key, _ in commented_sections()] == [
+        "state",
+        "projects",
+        "quotas",
+        "alertmanager",
+        "metrics",
+        "topology",
+    ]
 
 
 @pytest.mark.parametrize(
