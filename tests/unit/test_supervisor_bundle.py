@@ -102,6 +102,7 @@ def test_the_bundle_defines_every_name_the_actions_use() -> None:
         "signal",
         "processes",
         "leftovers",
+        "shells",
         "channel",
     }
     seen: set[str] = set()
