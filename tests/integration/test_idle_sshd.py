@@ -58,13 +58,13 @@ async def test_an_idle_allocation_is_warned_in_its_shell_then_ends(
     sshd_cluster: Any, tmp_path: Path, sock_dir: Path
 ) -> None:
     cluster: SshdCluster = sshd_cluster(1, gpus=1)
-    idle = {"idle_timeout": "16s", "idle_warning": "8s"}
+    idle = {"idle_timeout": "10s", "idle_warning": "5s"}
     loaded = write_config(cluster, tmp_path, sock_dir, scheduler=idle, probes={"interval": "2s"})
     async with running(loaded) as (_, client):
         alloc = await allocation(loaded.file)
-        assert (await client.call("show", job=alloc))["spec"]["idle_timeout"] == 16  # the cluster's default
+        assert (await client.call("show", job=alloc))["spec"]["idle_timeout"] == 10  # the cluster's default
         # a step at work past the idle_timeout: the allocation goes on
-        code, _, err = await cli(loaded.file, "run", str(alloc), "--", "sleep", "20")
+        code, _, err = await cli(loaded.file, "run", str(alloc), "--", "sleep", "13")
         assert code == 0, err
         shown = await client.call("show", job=alloc)
         assert shown["status"] == "running" and not shown["stop_reason"]
@@ -77,7 +77,7 @@ async def test_an_idle_allocation_is_warned_in_its_shell_then_ends(
             assert any(a["kind"] == "job_idle" and a["job"] == alloc for a in alerts)
             ended = await finished(client, alloc)
             assert ended["status"] == "stopped" and "idle for" in ended["message"], ended["message"]
-            assert "past its idle_timeout 16s" in ended["message"]
+            assert "past its idle_timeout 10s" in ended["message"]
             kinds = [e["kind"] for e in ended["events"]]
             assert "IdleWarning" in kinds
             await poll(lambda: asyncio.sleep(0, terminal.ended()), bool, "the shell to end with the allocation")
