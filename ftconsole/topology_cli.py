@@ -55,6 +55,8 @@ def cmd_topology(args: argparse.Namespace) -> int:
         async with open_client(loaded) as client:
             return dict(await client.call("cluster"))
 
+    if args.discover:
+        return _discovered(loaded, args)
     view = topology_view(loaded, asyncio.run(go()))
     if args.json:
         print_json(view)
@@ -74,6 +76,30 @@ def cmd_topology(args: argparse.Namespace) -> int:
     return 0
 
 
+def _discovered(loaded: LoadedConfig, args: argparse.Namespace) -> int:
+    """--discover: what the nodes' tools say of the fabric, and where it differs from topology: (exit 1 then)."""
+
+    async def go() -> dict[str, Any]:
+        async with open_client(loaded) as client:
+            return dict(await client.call("topology_discover"))
+
+    found = asyncio.run(go())
+    if args.json:
+        print_json(found)
+    else:
+        for leaf, nodes in found["found"]["leaves"].items():
+            print(f"switch {leaf}: {', '.join(nodes)}")
+        for domain, nodes in found["found"]["nvlink_domains"].items():
+            print(f"NVLink domain {domain}: {', '.join(nodes)}")
+        if not found["found"]["leaves"] and not found["found"]["nvlink_domains"]:
+            print("the nodes' tools (ibnetdiscover, lldpctl, nvidia-smi) told nothing of the fabric")
+        for text in found["mismatches"]:
+            print(f"mismatch: {text}")
+        for node, why in sorted(found["errors"].items()):
+            print(f"{node}: not asked: {why}")
+    return 1 if found["mismatches"] else 0
+
+
 def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "topology",
@@ -81,5 +107,11 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         help="the switches the nodes hang under (topology:), each leaf's nodes and free GPUs",
         description="Show the cluster config's topology: each switch, the leaves' nodes with their state and free "
         "GPUs, and the nodes under no leaf. Placement puts a multi-node job under the fewest leaf switches.",
+    )
+    p.add_argument(
+        "--discover",
+        action="store_true",
+        help="ask the nodes' tools (ibnetdiscover, lldpctl, nvidia-smi) what the fabric is, and compare it with "
+        "topology: (exit 1 on a mismatch, each an event)",
     )
     p.set_defaults(func=cmd_topology)

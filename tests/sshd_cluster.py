@@ -12,6 +12,7 @@ Every SSH session on a node gets, through ``SetEnv`` in that node's sshd_config:
     FTCONSOLE_SIM_GPUS=<root>/nodes/nodeNN/gpus.json
     FTCONSOLE_LAB_NODE=nodeNN
     FTCONSOLE_LAB_ROOT=<root>
+    PATH=<root>/nodes/nodeNN/bin:<the usual PATH>   (the node's own tools: a test writes them there)
 
 (``SetEnv`` is applied after sshd sets HOME from the password database, so it overrides it; the session's
 working directory is still the account's real home, as sshd ``chdir``s to ``pw_dir`` -- use ``$HOME``.)
@@ -106,6 +107,10 @@ def gpu_data(count: int, *, driver_version: str = DRIVER_VERSION, **fields: Any)
         gpu.update(fields)
         gpus.append(gpu)
     return {"driver_version": driver_version, "gpus": gpus}
+
+
+# sshd's own PATH for a session (Debian's, root's), after the node's bin folder
+SESSION_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def current_user() -> str:
@@ -309,6 +314,11 @@ class SshdNode:
         return self.home / "cache"
 
     @property
+    def bin_dir(self) -> Path:
+        """First on the PATH of the node's sessions (empty: a test puts the node's own tools there)."""
+        return self.dir / "bin"
+
+    @property
     def gpus_file(self) -> Path:
         return self.dir / "gpus.json"
 
@@ -469,6 +479,7 @@ class SshdCluster:
                     ("FTCONSOLE_SIM_GPUS", node.gpus_file),
                     ("FTCONSOLE_LAB_NODE", node.name),
                     ("FTCONSOLE_LAB_ROOT", self.root),
+                    ("PATH", f"{node.bin_dir}:{SESSION_PATH}"),
                 )
             ),
         ]

@@ -24,6 +24,7 @@ from ftconsole.scheduler.decide import placement
 from ftconsole.scheduler.decide.clusterview import cluster_view
 from ftconsole.scheduler.decide.jobs import Job, JobStatus
 from ftconsole.scheduler.decide.stepplan import StepAsk
+from ftconsole.scheduler.discovery import discover
 from ftconsole.scheduler.errors import NotLeader, PermissionDenied, UsageError
 from ftconsole.scheduler.jobops import Scheduler
 from ftconsole.scheduler.nodeops import ClusterService
@@ -43,7 +44,7 @@ log = logging.getLogger("ftconsole.daemon")
 
 # what a standby refuses (several schedulers on one PostgreSQL store: only the leader changes anything, and only
 # the leader acts on the nodes: `debug` runs py-spy on them as the SSH account)
-LEADER_OPS = WRITE_OPS | {"ack", "resolve", "probe", "drain", "resume", "repair", "debug"}
+LEADER_OPS = WRITE_OPS | {"ack", "resolve", "probe", "drain", "resume", "repair", "debug", "topology_discover"}
 # The most rows one `events` or `alerts` request returns (issue 26): a larger `limit` is refused, not read.
 MAX_LIMIT = 10_000
 
@@ -89,6 +90,7 @@ class Operations:
             "resume": self._resume,
             "repair": self._repair,
             "cluster": self._cluster,
+            "topology_discover": self._topology_discover,
             "usage": self._usage,
             "quota": self._quota,
             "reservations": self._reservations,
@@ -346,6 +348,10 @@ class Operations:
                 if gpu.get("job") in hidden:
                     gpu.update(job=None, private=True)
         return {**view, "goodput": await s.cluster_goodput(), **self._leadership()}  # sums only: no job is named
+
+    async def _topology_discover(self, caller: Caller, args: dict[str, Any]) -> Any:
+        """What the nodes' tools say of the fabric, compared with `topology:` (scheduler/discovery.py)."""
+        return await discover(self.scheduler.service, self.scheduler.clock)
 
     async def _hidden(self, caller: Caller) -> frozenset[int]:
         """The jobs this caller may not see (`Scheduler.may_see`): left out of listings, events and alerts; the

@@ -67,3 +67,50 @@ async def test_two_node_jobs_go_under_one_switch_and_one_that_asks_waits_within_
         assert all(n["free_gpus"] == 0 for n in leaf3["nodes"])
         code, out, err = await cli(loaded.file, "topology")
         assert code == 0 and "spine" in out and "  leaf3" in out and "node05" in out, err
+
+
+LLDP = '{"lldp": {"interface": {"eth0": {"via": "LLDP", "chassis": {"%s": {"id": {"type": "mac", "value": "x"}}}}}}}'
+
+
+async def test_discovery_reads_the_nodes_tools_and_says_where_they_differ_from_the_config(
+    sshd_cluster: Any, tmp_path: Path, sock_dir: Path
+) -> None:
+    """Each node's lldpctl (a script on its PATH that prints what lldpd prints) names its switch: node05 and node06
+    say sw-a, where node01 and node02 are, and the config puts them under leaf3 alone. node01 and node02 have an
+    nvidia-smi that prints an NVLink fabric section (the recorded one)."""
+    cluster: SshdCluster = sshd_cluster(6, gpus=1)
+    switch = {
+        "node01": "sw-a",
+        "node02": "sw-a",
+        "node03": "sw-b",
+        "node04": "sw-b",
+        "node05": "sw-a",
+        "node06": "sw-a",
+    }
+    nvsmi = (Path(__file__).parent.parent / "unit" / "golden" / "topology" / "nvidia-smi-q-nvl72.txt").read_text()
+    for node in cluster.nodes:
+        node.bin_dir.mkdir(exist_ok=True)
+        lldpctl = node.bin_dir / "lldpctl"
+        lldpctl.write_text(f"#!/bin/sh\ncat <<'END'\n{LLDP % switch[node.name]}\nEND\n")
+        lldpctl.chmod(0o755)
+        if node.name in ("node01", "node02"):
+            tool = node.bin_dir / "nvidia-smi"
+            tool.write_text(f"#!/bin/sh\ncat <<'END'\n{nvsmi}\nEND\n")
+            tool.chmod(0o755)
+    loaded = write_config(cluster, tmp_path, sock_dir, topology=TOPOLOGY)
+    async with running(loaded) as (_, client):
+        code, out, err = await cli(loaded.file, "topology", "--discover", "--json")
+        assert code == 1, err  # mismatches
+        found = json.loads(out)
+        assert found["found"]["leaves"] == {"sw-a": ["node01", "node02", "node05", "node06"],
+                                            "sw-b": ["node03", "node04"]}  # fmt: skip
+        assert found["found"]["nvlink_domains"] == {"8c4a3f02-6b1e-4e0a-9d55-0f2b7e13a0c4/32766": ["node01", "node02"]}
+        assert found["tools"]["node01"] == ["lldpctl", "nvidia-smi"] and found["tools"]["node03"] == ["lldpctl"]
+        assert found["errors"] == {}
+        said = found["mismatches"]
+        assert any(m.startswith("node05 is declared under leaf3 but found under switch sw-a (lldp)") for m in said)
+        assert not any(m.startswith("node03") for m in said)  # leaf2 is what sw-b is: another name, same nodes
+        events = await client.call("events", node="node05")
+        assert any(e["kind"] == "TopologyMismatch" for e in events)
+        code, out, err = await cli(loaded.file, "topology", "--discover")
+        assert code == 1 and "switch sw-b: node03, node04" in out and "mismatch: node05 is declared" in out, err

@@ -1,0 +1,91 @@
+"""Finding the fabric (`ftconsole topology --discover`, API op `topology_discover`): each node is asked, over SSH as
+the SSH account, what its tools say: `lldpctl -f json` (its Ethernet neighbours, for RoCE), `nvidia-smi -q` (its
+NVLink domain), and `ibnetdiscover` (the InfiniBand fabric, read from the first node that has it). Each tool runs
+only where installed, under a time bound. What they say is read (`decide.fabricfind`) and compared with the config's
+`topology:`; each mismatch is a `TopologyMismatch` event of its node. Nothing is changed: the config stays the truth
+until an operator edits it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from ftconsole.scheduler.decide.fabricfind import (
+    compare,
+    found_fabric,
+    read_ibnetdiscover,
+    read_lldp,
+    read_nvlink_domain,
+)
+from ftconsole.scheduler.errors import FtError
+from ftconsole.scheduler.ssh.transport import run_on_all
+
+log = logging.getLogger("ftconsole.scheduler")
+
+MARK = "== ftconsole: "  # starts the line before each tool's output
+# POSIX sh, no value from anyone: each tool where installed, bounded by `timeout` (coreutils) where that exists
+SCRIPT = """\
+bound() { if command -v timeout >/dev/null 2>&1; then timeout "$@"; else shift; "$@"; fi; }
+for tool in lldpctl nvidia-smi ibnetdiscover; do
+  echo "== ftconsole: $tool"
+  command -v "$tool" >/dev/null 2>&1 || continue
+  case $tool in
+    lldpctl) bound 10 lldpctl -f json 2>/dev/null ;;
+    nvidia-smi) bound 30 nvidia-smi -q 2>/dev/null ;;
+    ibnetdiscover) bound 60 ibnetdiscover 2>/dev/null ;;
+  esac
+done
+exit 0
+"""
+TIMEOUT_S = 120.0
+
+
+def sections(text: str) -> dict[str, str]:
+    """tool -> what it printed (a tool not installed: absent)."""
+    out: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        if line.startswith(MARK):
+            current = out.setdefault(line[len(MARK) :].strip(), [])
+        elif current is not None:
+            current.append(line)
+    return {tool: "\n".join(lines) for tool, lines in out.items() if any(x.strip() for x in lines)}
+
+
+async def discover(service: Any, clock: Callable[[], float]) -> dict[str, Any]:
+    """Ask every node, read what they say, compare it with the config; the mismatches as events."""
+    nodes = list(service.all_nodes)
+    results = await run_on_all(nodes, lambda node: service.transport.run(node, ["sh", "-c", SCRIPT], timeout=TIMEOUT_S))
+    said: dict[str, dict[str, str]] = {}
+    errors: dict[str, str] = {}
+    for node in nodes:
+        result = results[node.name]
+        if isinstance(result, FtError):
+            errors[node.name] = str(result)
+        elif not result.ok:
+            errors[node.name] = result.describe_failure()
+        else:
+            said[node.name] = sections(result.stdout)
+    ib_text = next((s["ibnetdiscover"] for s in said.values() if "ibnetdiscover" in s), None)
+    ib = None if ib_text is None else read_ibnetdiscover(ib_text)
+    lldp = {name: read_lldp(s["lldpctl"]) for name, s in said.items() if "lldpctl" in s}
+    nvlink = {name: d for name, s in said.items() if "nvidia-smi" in s and (d := read_nvlink_domain(s["nvidia-smi"]))}
+    found = found_fabric({n.name: n.host for n in nodes}, ib, lldp, nvlink)
+    tree = service.config.topology
+    declared = {} if tree is None else {node: leaf for leaf, names in tree.leaves().items() for node in names}
+    mismatches = compare(declared, found, [n.name for n in nodes])
+    if mismatches:
+        now = clock()
+        async with service.store.jobs_tx("record what the fabric discovery found") as tx:
+            for text in mismatches:
+                await tx.event(now, "TopologyMismatch", text, node=text.split()[0])
+        for text in mismatches:
+            log.warning("topology: %s", text)
+    return {
+        "found": found.to_json(),
+        "mismatches": mismatches,
+        "errors": errors,
+        "tools": {name: sorted(s) for name, s in said.items()},
+    }
