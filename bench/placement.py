@@ -1,17 +1,23 @@
 """Benchmark: one full placement pass over a large cluster and a long queue.
 
     .venv/bin/python bench/placement.py [--nodes 1000] [--jobs 10000] [--repeat 5] [--seed 1] [--profile]
-                                        [--fairshare] [--quotas] [--preemption]
+                                        [--fairshare] [--quotas] [--preemption] [--leaf 16] [--spine 8]
 
 Builds N nodes of 8 GPUs (four pools, three GPU models, two drivers, a few unhealthy; about 40% of the nodes
 partly or fully used by running jobs, most with an end time, some without; then the same cluster idle) and a
 queue of mixed jobs (1, 2, 4 or 8 GPUs per node on 1..16 nodes, mostly small; normal, urgent and very-urgent;
 some requeued, some with two candidate specs, pool, model or driver constraints, most with a max_runtime).
-It times `plan` (median of `--repeat` passes; each pass starts from the same state) and prints:
+It times `plan` (median of `--repeat` passes; each pass starts from the same state), for each cluster with the
+topology off (`ClusterState.fabric` None: placement is blind to the switches) and on (a fabric of leaf switches of
+`--leaf` nodes in name order, `--spine` leaves under each spine switch, one core switch above the spines: with 1000
+nodes, 63 leaves and 8 spines; multi-node jobs go under the fewest leaf switches), the same state and queue, and
+prints:
 
 - pass s: the median wall time of one pass;
 - placed: jobs the pass starts now; waiting: the others (with a reason each);
 - placed/s: jobs placed per second of pass time; decided/s: jobs decided (placed or waiting) per second;
+- multi: the multi-node jobs placed; leaves/job: the mean number of leaf switches their nodes hang under (counted
+  on the same fabric with the topology off too);
 With `--fairshare`, each pass first computes the fair-share factor of every queued job's project and user (20
 projects, 60 users, some projects with much usage, two with more shares), as the scheduler does, and the queue is
 ordered by it within each priority level; the time includes it. With `--quotas`, each pass first holds back
@@ -34,6 +40,7 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -46,6 +53,7 @@ from ftconsole.scheduler.decide.placement import (  # noqa: E402
     Allocation,
     Candidate,
     ClusterState,
+    Decision,
     JobRequest,
     NodeSlot,
     Place,
@@ -55,6 +63,7 @@ from ftconsole.scheduler.decide.placement import (  # noqa: E402
 )
 from ftconsole.scheduler.decide.preemption import Running, choose  # noqa: E402
 from ftconsole.scheduler.decide.quotas import Limits, Queued, hold_back  # noqa: E402
+from ftconsole.scheduler.decide.topology import Fabric  # noqa: E402
 
 POOLS = ("train", "train", "research", "infer", "dev")
 MODELS = ("H100", "H100", "A100", "H200")
@@ -83,6 +92,23 @@ def build_cluster(count: int, rng: random.Random, busy: float = 0.4) -> ClusterS
             priority = Priority.URGENT if rng.random() < 0.05 else Priority.NORMAL
             allocations.append(Allocation(f"run{i}", name, tuple(range(used)), ends, f"proj{i % 20}", priority))
     return ClusterState(tuple(nodes), tuple(allocations))
+
+
+def build_fabric(count: int, leaf: int = 16, spine: int = 8) -> Fabric:
+    """Leaf switches of `leaf` nodes each (build_cluster's names, in order), `spine` leaves under each spine switch,
+    and one core switch above the spines."""
+    names = [f"gpu{i:04d}" for i in range(count)]
+    leaves = {f"leaf{i // leaf:03d}": names[i : i + leaf] for i in range(0, count, leaf)}
+    parents = {name: f"spine{i // spine:02d}" for i, name in enumerate(leaves)}
+    parents |= {spine_name: "core" for spine_name in set(parents.values())}
+    return Fabric.of(leaves, parents)
+
+
+def leaves_per_job(decisions: Sequence[Decision], fabric: Fabric) -> tuple[int, float]:
+    """The multi-node jobs placed, and the mean number of leaf switches each one's nodes hang under."""
+    counts = [len(fabric.leaves(name for name, _ in d.nodes)) for d in decisions
+              if isinstance(d, Place) and len(d.nodes) > 1]  # fmt: skip
+    return len(counts), statistics.fmean(counts) if counts else 0.0
 
 
 def build_queue(count: int, rng: random.Random) -> list[JobRequest]:
@@ -142,9 +168,10 @@ def time_pass(
     fair: tuple[dict[tuple[str, str], float], list[str]] | None,
     quota_owners: list[str] | None = None,
     running: dict[str, Running] | None = None,
-) -> tuple[float, int, int, int]:
+) -> tuple[float, int, int, int, list[Decision]]:
     times = []
     placed = decided = preempted = 0
+    decisions: list[Decision] = []
     for _ in range(repeat):
         start = time.perf_counter()
         if fair is not None:  # as the scheduler does each pass: the factors of the queue's (project, user)s, set
@@ -170,7 +197,7 @@ def time_pass(
         times.append(time.perf_counter() - start)
         placed = sum(1 for d in decisions if isinstance(d, Place))
         decided = len(decisions) + len(held)  # the jobs a quota holds back wait too
-    return statistics.median(times), placed, decided, preempted
+    return statistics.median(times), placed, decided, preempted, decisions
 
 
 def main() -> int:
@@ -183,8 +210,11 @@ def main() -> int:
     parser.add_argument("--fairshare", action="store_true", help="fair share on: each pass computes the factors")
     parser.add_argument("--quotas", action="store_true", help="quotas on: each pass holds back the jobs past one")
     parser.add_argument("--preemption", action="store_true", help="preemptible jobs: each pass chooses victims")
+    parser.add_argument("--leaf", type=int, default=16, help="nodes per leaf switch (topology on)")
+    parser.add_argument("--spine", type=int, default=8, help="leaf switches per spine switch (topology on)")
     args = parser.parse_args()
 
+    fabric = build_fabric(args.nodes, args.leaf, args.spine)
     rows = []
     for label, busy in (("40% busy", 0.4), ("idle", 0.0)):
         rng = random.Random(args.seed)
@@ -197,29 +227,38 @@ def main() -> int:
         flags = (("fair share", args.fairshare), ("quotas", args.quotas), ("preemption", args.preemption))
         on = [name for name, flag in flags if flag]
         label += f" ({', '.join(on)})" if on else ""
-        if args.profile:
-            print(f"--- {label}")
-            profiler = cProfile.Profile()
-            profiler.runcall(plan, state, queue, NOW, urgent_cap=3)
-            pstats.Stats(profiler).sort_stats("cumulative").print_stats(15)
-        seconds, placed, decided, preempted = time_pass(state, queue, args.repeat, fair, quota_owners, running)
-        rows.append(
-            [
-                label,
-                args.nodes,
-                8 * args.nodes,
-                args.jobs,
-                f"{seconds:.3f}",
-                placed,
-                decided - placed,
-                f"{placed / seconds:,.0f}",
-                f"{decided / seconds:,.0f}",
-                preempted if running is not None else "-",
-                SLURM_JOBS_PER_S,
-            ]
-        )
+        for topology in ("off", "on"):
+            placing = replace(state, fabric=fabric if topology == "on" else None)
+            if args.profile:
+                print(f"--- {label}, topology {topology}")
+                profiler = cProfile.Profile()
+                profiler.runcall(plan, placing, queue, NOW, urgent_cap=3)
+                pstats.Stats(profiler).sort_stats("cumulative").print_stats(15)
+            seconds, placed, decided, preempted, decisions = time_pass(
+                placing, queue, args.repeat, fair, quota_owners, running
+            )
+            multi, leaves = leaves_per_job(decisions, fabric)
+            rows.append(
+                [
+                    label,
+                    topology,
+                    args.nodes,
+                    8 * args.nodes,
+                    args.jobs,
+                    f"{seconds:.3f}",
+                    placed,
+                    decided - placed,
+                    f"{placed / seconds:,.0f}",
+                    f"{decided / seconds:,.0f}",
+                    multi,
+                    f"{leaves:.2f}",
+                    preempted if running is not None else "-",
+                    SLURM_JOBS_PER_S,
+                ]
+            )
     headers = [
         "cluster",
+        "topology",
         "nodes",
         "gpus",
         "jobs",
@@ -228,6 +267,8 @@ def main() -> int:
         "waiting",
         "placed/s",
         "decided/s",
+        "multi",
+        "leaves/job",
         "preempted",
         "slurm ref/s",
     ]

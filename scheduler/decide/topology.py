@@ -39,7 +39,7 @@ class Fabric:
         return cls({node: leaf for leaf, nodes in leaves.items() for node in nodes}, dict(parents))
 
     def leaf(self, node: str) -> str:
-        return self.leaf_of.get(node, f"({node})")
+        return self.leaf_of.get(node) or f"({node})"
 
     def leaves(self, nodes: Iterable[str]) -> list[str]:
         """The leaf switches under `nodes`, in name order."""
