@@ -16,11 +16,13 @@ from ftconsole.scheduler.spec.config import LoadedConfig
 
 
 def topology_view(loaded: LoadedConfig, cluster: dict[str, Any]) -> dict[str, Any]:
-    """{"switches": [{name, parent, height, leaf, switches, nodes: [{name, state, gpus_total, free_gpus}]}] in tree
-    order (each switch before those under it), "unplaced": nodes under no leaf}, from the config and `cluster`."""
+    """{"switches": [{name, parent, depth, leaf, switches, nodes: [{name, state, gpus_total, free_gpus}]}] in tree
+    order (each switch before those under it), "unplaced": nodes under no leaf, "blocks": {name: nodes}}, from the
+    config and `cluster`."""
     tree = loaded.cluster.topology
     if tree is None:
-        raise UsageError(f"{loaded.file} declares no topology: add a topology: section (docs/configuration.md)")
+        raise UsageError(f"{loaded.file} declares no topology: add a topology: section (docs/configuration.md); "
+                         "ftconsole topology --discover asks the nodes")  # fmt: skip
     seen = {n["name"]: n for n in cluster.get("nodes") or []}
     leaves, parents = tree.leaves(), tree.parents()
     children: dict[str | None, list[str]] = {}
@@ -45,7 +47,7 @@ def topology_view(loaded: LoadedConfig, cluster: dict[str, Any]) -> dict[str, An
         walk(root, 0)
     placed = {n for nodes in leaves.values() for n in nodes}
     unplaced = [node(n.name) for n in loaded.cluster.node_list() if n.name not in placed]
-    return {"switches": out, "unplaced": unplaced}
+    return {"switches": out, "unplaced": unplaced, "blocks": tree.block_nodes()}
 
 
 def cmd_topology(args: argparse.Namespace) -> int:
@@ -73,6 +75,8 @@ def cmd_topology(args: argparse.Namespace) -> int:
             print(f"{indent}  {n['name']:<16} {n['state']:<10} {n['free_gpus']}/{n['gpus_total']} GPUs free")
     if view["unplaced"]:
         print("under no switch: " + ", ".join(n["name"] for n in view["unplaced"]))
+    for name, nodes in view["blocks"].items():
+        print(f"block {name}: {', '.join(nodes)}")
     return 0
 
 

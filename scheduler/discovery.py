@@ -75,7 +75,8 @@ async def discover(service: Any, clock: Callable[[], float]) -> dict[str, Any]:
     found = found_fabric({n.name: n.host for n in nodes}, ib, lldp, nvlink)
     tree = service.config.topology
     declared = {} if tree is None else {node: leaf for leaf, names in tree.leaves().items() for node in names}
-    mismatches = compare(declared, found, [n.name for n in nodes])
+    blocks = {} if tree is None else {node: block for block, names in tree.block_nodes().items() for node in names}
+    mismatches = compare(declared, found, [n.name for n in nodes], blocks)
     if mismatches:
         now = clock()
         async with service.store.jobs_tx("record what the fabric discovery found") as tx:

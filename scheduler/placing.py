@@ -70,7 +70,7 @@ class Placer(SharingWeights):
         self._avoided = avoided  # user -> the nodes where that user has no account or home, and which it lacks
         self._nodes = {n.name: n for n in service.all_nodes}
         tree = self.config.topology  # the switches the nodes hang under: multi-node jobs under the fewest
-        self.fabric = None if tree is None else Fabric.of(tree.leaves(), tree.parents())
+        self.fabric = None if tree is None else Fabric.of(tree.leaves(), tree.parents(), tree.block_nodes())
         self._used: dict[tuple[str, str], float] = {}  # fair share: fairshare.account -> decayed GPU-seconds
         self._used_at = float("-inf")  # when that was computed (again every fairshare.every)
         self._factors: dict[tuple[str, str], fairshare.Factor] = {}  # of the last pass's queued jobs' accounts

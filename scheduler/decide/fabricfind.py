@@ -177,32 +177,48 @@ def found_fabric(
     return Found(leaf_of, dict(nvlink), dict(ib.uplinks) if ib is not None else {}, source)
 
 
-def compare(declared: Mapping[str, str], found: Found, nodes: list[str]) -> list[str]:
+def compare(
+    declared: Mapping[str, str], found: Found, nodes: list[str], blocks: Mapping[str, str] | None = None
+) -> list[str]:
     """What the nodes told that the config does not say: a node found under another leaf than declared (leaves are
-    compared by the nodes they hold, so names may differ), a node found under a leaf and declared under none."""
+    compared by the nodes they hold, so names may differ), or under a leaf where none is declared; the same for
+    NVLink domains and the declared `blocks` (node -> block)."""
+    sources = {node: f"{how}" for node, how in found.source.items()}
+    out = _grouping(declared, found.leaf_of, nodes, sources, "under", "switch", "leaf")
+    nvidia = dict.fromkeys(found.nvlink, "nvidia-smi")
+    return out + _grouping(blocks or {}, found.nvlink, nodes, nvidia, "in", "NVLink domain", "block")
+
+
+def _grouping(
+    declared: Mapping[str, str],
+    seen: Mapping[str, str],
+    nodes: list[str],
+    source: Mapping[str, str],
+    word: str,
+    kind: str,
+    key: str,
+) -> list[str]:
     out: list[str] = []
     groups_declared: dict[str, set[str]] = {}
-    for node, leaf in declared.items():
-        groups_declared.setdefault(leaf, set()).add(node)
+    for node, group in declared.items():
+        groups_declared.setdefault(group, set()).add(node)
     groups_found: dict[str, set[str]] = {}
-    for node, leaf in found.leaf_of.items():
-        groups_found.setdefault(leaf, set()).add(node)
+    for node, group in seen.items():
+        groups_found.setdefault(group, set()).add(node)
     for node in nodes:
-        seen = found.leaf_of.get(node)
-        if seen is None:
+        found = seen.get(node)
+        if found is None:
             continue
         said = declared.get(node)
         if said is None:
-            out.append(f"{node} is under switch {seen} ({found.source[node]}) and under no leaf in topology:")
+            out.append(f"{node} is {word} {kind} {found} ({source[node]}) and {word} no {key} in topology:")
             continue
-        mates_found = groups_found[seen] & set(nodes)
+        mates_found = groups_found[found] & set(nodes)
         mates_declared = groups_declared[said] & set(nodes)
         if mates_found != mates_declared:
             extra = sorted(mates_found - mates_declared)
             missing = sorted(mates_declared - mates_found)
             detail = "; ".join(x for x in (f"with {', '.join(extra)}" if extra else "",
                                            f"not with {', '.join(missing)}" if missing else "") if x)  # fmt: skip
-            out.append(
-                f"{node} is declared under {said} but found under switch {seen} ({found.source[node]}): {detail}"
-            )
+            out.append(f"{node} is declared {word} {said} but found {word} {kind} {found} ({source[node]}): {detail}")
     return out

@@ -19,6 +19,7 @@ from typing import Any
 class Fabric:
     leaf_of: Mapping[str, str]  # node -> its leaf switch
     parent: Mapping[str, str]  # switch -> the switch above it
+    block_of: Mapping[str, str] = field(default_factory=dict)  # node -> its block (an NVLink domain)
     # switch -> the leaves under it (itself for a leaf), and its height (leaves 0); filled in from the two above
     under: dict[str, frozenset[str]] = field(default_factory=dict, compare=False)
     height: dict[str, int] = field(default_factory=dict, compare=False)
@@ -35,8 +36,14 @@ class Fabric:
                 at, steps = self.parent.get(at), steps + 1
 
     @classmethod
-    def of(cls, leaves: Mapping[str, Iterable[str]], parents: Mapping[str, str]) -> Fabric:
-        return cls({node: leaf for leaf, nodes in leaves.items() for node in nodes}, dict(parents))
+    def of(
+        cls,
+        leaves: Mapping[str, Iterable[str]],
+        parents: Mapping[str, str],
+        blocks: Mapping[str, Iterable[str]] | None = None,
+    ) -> Fabric:
+        block_of = {node: block for block, nodes in (blocks or {}).items() for node in nodes}
+        return cls({node: leaf for leaf, nodes in leaves.items() for node in nodes}, dict(parents), block_of)
 
     def leaf(self, node: str) -> str:
         return self.leaf_of.get(node) or f"({node})"
@@ -46,9 +53,19 @@ class Fabric:
         return sorted({self.leaf(n) for n in nodes})
 
     def choose(self, fitting: Sequence[str], n: int) -> list[str] | None:
-        """`n` of the `fitting` nodes (in placement's order of preference) under the fewest leaf switches."""
+        """`n` of the `fitting` nodes (in placement's order of preference) under the fewest leaf switches; inside
+        one block (an NVLink domain) where one holds them: the one with the fewest fitting nodes."""
         if len(fitting) < n:
             return None
+        if self.block_of:
+            by_block: dict[str, list[str]] = {}
+            for node in fitting:
+                if node in self.block_of:
+                    by_block.setdefault(self.block_of[node], []).append(node)
+            order = {block: i for i, block in enumerate(by_block)}
+            holding = [(len(nodes), order[b], b) for b, nodes in by_block.items() if len(nodes) >= n]
+            if holding:
+                fitting = by_block[min(holding)[2]]
         by_leaf: dict[str, list[str]] = {}  # in the order of their first node in `fitting`: ties go to it
         for node in fitting:
             by_leaf.setdefault(self.leaf(node), []).append(node)
@@ -81,14 +98,17 @@ class Fabric:
         return min(holding)[1] if holding else None
 
     def describe(self, nodes: Iterable[str]) -> str:
-        """'under leaf1' or 'under 2 leaf switches (leaf1, leaf2) below spine'."""
+        """'under leaf1' or 'under 2 leaf switches (leaf1, leaf2) below spine', and 'in block nvl1' where one
+        holds them all."""
         names = list(nodes)
+        blocks = {self.block_of.get(n) for n in names}
+        inside = f" in block {blocks.pop()}" if len(blocks) == 1 and None not in blocks else ""
         leaves = self.leaves(names)
         if len(leaves) == 1:
-            return f"under {leaves[0]}"
+            return f"under {leaves[0]}{inside}"
         top = self.top(names)
         below = f" below {top}" if top is not None else " (no one switch above them)"
-        return f"under {len(leaves)} leaf switches ({', '.join(leaves)}){below}"
+        return f"under {len(leaves)} leaf switches ({', '.join(leaves)}){below}{inside}"
 
 
 def placed_note(fabric: Fabric | None, want: Any, nodes: Sequence[str]) -> str:

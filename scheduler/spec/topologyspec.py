@@ -7,6 +7,8 @@ through `scheduler.decide.topology.Fabric`.
         leaf1: {nodes: "gpu[01-16]"}      # a leaf switch: the nodes under it
         leaf2: {nodes: "gpu[17-32]"}
         spine: {switches: [leaf1, leaf2]}  # a switch above others
+      blocks:
+        nvl1: {nodes: "gpu[01-18]"}       # an NVLink domain: a job that fits one stays inside one
 
 A leaf names nodes, an upper switch names switches; each switch is under at most one other, each node under at most
 one leaf, and the tree has no cycle. A node under no leaf is placed as if alone under a switch of its own.
@@ -45,8 +47,20 @@ class SwitchSettings(_Strict):
         return self
 
 
+class BlockSettings(_Strict):
+    """A block of nodes a job should stay inside when it fits: an NVLink domain (an NVL72 rack), as Slurm's
+    topology/block."""
+
+    nodes: str
+
+
 class TopologySettings(_Strict):
     switches: dict[SwitchName, SwitchSettings] = {}
+    blocks: dict[SwitchName, BlockSettings] = {}
+
+    def block_nodes(self) -> dict[str, list[str]]:
+        """block -> its nodes (expanded)."""
+        return {name: expand_nodeset(b.nodes) for name, b in self.blocks.items()}
 
     def leaves(self) -> dict[str, list[str]]:
         """leaf switch -> its nodes (expanded)."""
@@ -80,6 +94,17 @@ class TopologySettings(_Strict):
                     out.append((where, f"node {node} is already under leaf {placed[node]!r}: a node has one leaf"))
                 else:
                     placed[node] = name
+        in_block: dict[str, str] = {}
+        for name, nodes in self.block_nodes().items():
+            where = ("topology", "blocks", name, "nodes")
+            unknown = [n for n in nodes if n not in known_nodes]
+            if unknown:
+                out.append((where, f"node(s) {', '.join(unknown[:4])}{'...' if len(unknown) > 4 else ''} not in nodes"))
+            for node in nodes:
+                if node in in_block:
+                    out.append((where, f"node {node} is already in block {in_block[node]!r}: a node is in one block"))
+                else:
+                    in_block[node] = name
         for name in self.switches:
             seen, at = {name}, above.get(name)
             while at is not None and at not in seen:

@@ -51,9 +51,16 @@ def test_what_is_found_is_compared_with_what_is_declared() -> None:
     assert found.to_json()["nvlink_domains"] == {"u/1": ["gpu01", "gpu02"]}
     nodes = sorted(hosts)
     same = {"gpu01": "a", "gpu02": "a", "gpu03": "b", "gpu04": "b", "gpu05": "c"}  # other names, same groups
-    assert compare(same, found, nodes) == []
+    rack = {"gpu01": "nvl1", "gpu02": "nvl1"}  # the NVLink domain, declared as a block
+    assert compare(same, found, nodes, rack) == []
+    assert compare(same, found, nodes) == [
+        "gpu01 is in NVLink domain u/1 (nvidia-smi) and in no block in topology:",
+        "gpu02 is in NVLink domain u/1 (nvidia-smi) and in no block in topology:",
+    ]
+    split = compare(same, found, nodes, {"gpu01": "nvl1", "gpu02": "nvl2"})
+    assert split[0] == "gpu01 is declared in nvl1 but found in NVLink domain u/1 (nvidia-smi): with gpu02"
     wrong = {"gpu01": "a", "gpu02": "b", "gpu03": "b", "gpu04": "b"}
-    said = compare(wrong, found, nodes)
+    said = compare(wrong, found, nodes, rack)
     assert (
         "gpu02 is declared under b but found under switch leaf01 (ibnetdiscover): with gpu01; not with gpu03, gpu04"
         in said

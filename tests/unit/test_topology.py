@@ -116,3 +116,24 @@ def test_a_switch_has_nodes_or_switches() -> None:
     for bad in ({}, {"nodes": "n01", "switches": ["x"]}, {"switches": []}):
         with pytest.raises(ValueError, match=r"either nodes|switches is empty"):
             TopologySettings.model_validate({"switches": {"s": bad}})
+
+
+def test_a_job_that_fits_one_block_stays_inside_one() -> None:
+    """Blocks (NVLink domains) first, then the fewest leaves inside: leaf1 holds 2 fitting nodes of two blocks;
+    the block nvl-b holds 2 under two leaves; it wins, as NVLink beats the switch."""
+    fabric = Fabric.of(
+        {"leaf1": ["n01", "n02", "n03"], "leaf2": ["n04", "n05", "n06"]},
+        {"leaf1": "spine", "leaf2": "spine"},
+        {"nvl-a": ["n01"], "nvl-b": ["n02", "n04", "n05"]},
+    )
+    assert fabric.choose(["n01", "n02", "n04", "n05"], 2) == ["n04", "n05"]  # inside nvl-b, under one leaf
+    assert fabric.choose(["n01", "n02", "n04"], 2) == ["n02", "n04"]  # nvl-b, across the leaves
+    assert fabric.choose(["n01", "n02", "n04"], 3) == ["n01", "n02", "n04"]  # no block holds it: leaves rule
+    assert fabric.describe(["n04", "n05"]) == "under leaf2 in block nvl-b"
+    found = TopologySettings.model_validate(
+        {"blocks": {"a": {"nodes": "n[01-02]"}, "b": {"nodes": "n[02-03]"}}}
+    ).problems({"n01", "n02"})
+    assert [m for _, m in found] == [
+        "node(s) n03 not in nodes",
+        "node n02 is already in block 'a': a node is in one block",
+    ]
