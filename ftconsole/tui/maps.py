@@ -148,16 +148,18 @@ class Group:
     pool: str
     model: str
     gpus: int  # per node
+    switch: str  # its nodes' leaf switch (the config's topology:), or ""
     nodes: tuple[str, ...]
 
     @property
     def title(self) -> str:
-        return f"{self.pool} · {self.gpus}x {self.model}"
+        return f"{self.pool} · {self.gpus}x {self.model}" + (f" · {self.switch}" if self.switch else "")
 
 
-def groups(nodes: Sequence[Mapping[str, Any]]) -> list[Group]:
-    """The nodes by pool and GPU make-up (model and count: what a spec asks for), nodes in natural order. A node
-    with no GPU data joins its pool's most common make-up, so a dead node keeps its place among its peers."""
+def groups(nodes: Sequence[Mapping[str, Any]], leaf_of: Mapping[str, str] | None = None) -> list[Group]:
+    """The nodes by pool and GPU make-up (model and count: what a spec asks for), then by leaf switch where the
+    config declares them (`leaf_of`), nodes in natural order. A node with no GPU data joins its pool's most common
+    make-up, so a dead node keeps its place among its peers."""
     known: dict[str, tuple[str, int]] = {}
     common: dict[str, Counter[tuple[str, int]]] = {}
     for n in nodes:
@@ -166,12 +168,13 @@ def groups(nodes: Sequence[Mapping[str, Any]]) -> list[Group]:
             pool = str(n.get("pool") or "-")
             known[str(n["name"])] = (model, len(n.get("gpus") or ()))
             common.setdefault(pool, Counter())[known[str(n["name"])]] += 1
-    by: dict[tuple[str, str, int], list[str]] = {}
+    by: dict[tuple[str, str, int, str], list[str]] = {}
     for n in nodes:
         name, pool = str(n["name"]), str(n.get("pool") or "-")
         make = known.get(name) or (common[pool].most_common(1)[0][0] if pool in common else ("no GPU data", 1))
-        by.setdefault((pool, *make), []).append(name)
-    return [Group(*make, tuple(sorted(names, key=natural))) for make, names in sorted(by.items())]
+        by.setdefault((pool, *make, (leaf_of or {}).get(name, "")), []).append(name)
+    ordered = sorted(by.items(), key=lambda item: (*item[0][:3], natural(item[0][3])))
+    return [Group(*make, tuple(sorted(names, key=natural))) for make, names in ordered]
 
 
 @dataclass

@@ -375,6 +375,11 @@ class MapView(View):
         self._legend_palette: tuple[str, ...] = ()  # the colours the legend was drawn in
         self._groups: list[M.Group] = []
 
+    def _leaf_of(self) -> dict[str, str]:
+        """node -> its leaf switch, where the config declares the fabric (`topology:`): the map groups by it."""
+        tree = getattr(getattr(getattr(self.app, "loaded", None), "cluster", None), "topology", None)
+        return {} if tree is None else {node: leaf for leaf, names in tree.leaves().items() for node in names}
+
     @property
     def map(self) -> ClusterMap:
         assert isinstance(self.table, ClusterMap)
@@ -393,7 +398,7 @@ class MapView(View):
         self._reserved = reserved = M.active_reservations(feed.reservations)
         make_up = M.make_up(nodes)
         if make_up != self._make_up:
-            self._make_up, self._groups = make_up, M.groups(nodes)
+            self._make_up, self._groups = make_up, M.groups(nodes, self._leaf_of())
         groups = self._groups
         preemptible = M.preemptible_jobs(feed.jobs)
         cells: dict[str, tuple[M.Gpu, ...]] = {}

@@ -72,6 +72,14 @@ def test_nodes_group_by_pool_and_make_up_in_natural_order_and_a_dead_node_keeps_
     ]
 
 
+def test_where_the_config_declares_switches_the_nodes_group_by_leaf_too() -> None:
+    nodes = [node(f"n{i}") for i in (1, 2, 10, 11, 3)]
+    leaf_of = {"n1": "leaf2", "n2": "leaf2", "n10": "leaf10", "n11": "leaf10"}  # n3 under none
+    groups = M.groups(nodes, leaf_of)
+    assert [(g.switch, g.nodes) for g in groups] == [("", ("n3",)), ("leaf2", ("n1", "n2")), ("leaf10", ("n10", "n11"))]
+    assert groups[1].title == "h100 · 8x H100 80GB HBM3 · leaf2"
+
+
 def test_the_roomiest_layout_that_fits() -> None:
     small = M.groups([node(f"gpu{i:02d}") for i in range(1, 6)])
     named = M.fit(small, 120, 20, color=True)
