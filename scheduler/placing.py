@@ -33,7 +33,7 @@ from ftconsole.scheduler.decide.jobs import Attempt, Condition, Job, JobStatus, 
 from ftconsole.scheduler.decide.ledger import Ledger
 from ftconsole.scheduler.decide.requests import job_request, node_slot, urgent_scope
 from ftconsole.scheduler.decide.steps import user_root
-from ftconsole.scheduler.decide.topology import Fabric, placed_note
+from ftconsole.scheduler.decide.topology import fabric_of, placed_note
 from ftconsole.scheduler.errors import FtError, SSHError, StoreError, UsageError
 from ftconsole.scheduler.failpoints import afailpoint
 from ftconsole.scheduler.nodeops import ClusterService
@@ -69,8 +69,8 @@ class Placer(SharingWeights):
         self._run_root = run_root
         self._avoided = avoided  # user -> the nodes where that user has no account or home, and which it lacks
         self._nodes = {n.name: n for n in service.all_nodes}
-        tree = self.config.topology  # the switches the nodes hang under: multi-node jobs under the fewest
-        self.fabric = None if tree is None else Fabric.of(tree.leaves(), tree.parents(), tree.block_nodes())
+        # the switches the nodes hang under (topology:): a multi-node job goes under the fewest
+        self.fabric = fabric_of(self.config.topology)
         self._used: dict[tuple[str, str], float] = {}  # fair share: fairshare.account -> decayed GPU-seconds
         self._used_at = float("-inf")  # when that was computed (again every fairshare.every)
         self._factors: dict[tuple[str, str], fairshare.Factor] = {}  # of the last pass's queued jobs' accounts

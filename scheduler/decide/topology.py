@@ -122,3 +122,17 @@ def placed_note(fabric: Fabric | None, want: Any, nodes: Sequence[str]) -> str:
     elif want is not None:
         why = f"within its max_switches {want.max_switches}"
     return f", {fabric.describe(nodes)} ({why})"
+
+
+def fabric_of(tree: Any) -> Fabric | None:
+    """The fabric of a config's `topology:` (a TopologySettings, or None: none declared)."""
+    return None if tree is None else Fabric.of(tree.leaves(), tree.parents(), tree.block_nodes())
+
+
+def by_switch(names: Sequence[str], fabric: Fabric | None, first: str | None = None) -> list[str]:
+    """`names` grouped by leaf switch (stable within a leaf): a fabric test's ring then crosses the fewest switches,
+    so a node is judged on its own link more than on the spine's. With `first`: the nodes under its leaf first."""
+    if fabric is None:
+        return list(names)
+    mine = None if first is None else fabric.leaf(first)
+    return sorted(names, key=lambda n: (fabric.leaf(n) != mine, fabric.leaf(n)))

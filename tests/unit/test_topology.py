@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from ftconsole.scheduler.decide.placement import ClusterState, Place, Wait, _choose_future, plan
-from ftconsole.scheduler.decide.topology import Fabric, placed_note
+from ftconsole.scheduler.decide.topology import Fabric, by_switch, fabric_of, placed_note
 from ftconsole.scheduler.spec.topologyspec import TopologyRequest, TopologySettings
 from tests.unit.test_placement import alloc, job, node, outcomes
 
@@ -137,3 +137,11 @@ def test_a_job_that_fits_one_block_stays_inside_one() -> None:
         "node(s) n03 not in nodes",
         "node n02 is already in block 'a': a node is in one block",
     ]
+
+
+def test_a_fabric_tests_nodes_go_by_switch_its_own_leaf_first() -> None:
+    names = ["n05", "n01", "n09", "n02", "x1", "n06"]
+    assert by_switch(names, FABRIC) == ["x1", "n01", "n02", "n05", "n06", "n09"]  # "(x1)" sorts first: its own
+    assert by_switch(names, FABRIC, first="n06") == ["n05", "n06", "x1", "n01", "n02", "n09"]
+    assert by_switch(names, None) == names
+    assert fabric_of(None) is None
