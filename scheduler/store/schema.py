@@ -86,7 +86,6 @@ MIGRATIONS: tuple[str, ...] = (
         ended       REAL,
         result      TEXT,
         message     TEXT NOT NULL DEFAULT '',
-        overlap     INTEGER NOT NULL DEFAULT 0, -- shares GPUs with the other steps (srun --overlap)
         PRIMARY KEY (job, number)
     );
     CREATE TABLE runs (

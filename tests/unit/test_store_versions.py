@@ -277,3 +277,23 @@ def test_the_refusal_names_the_release_to_install_where_known(
 ) -> None:
     monkeypatch.setattr(schema, "RELEASE_OF_SCHEMA", {**RELEASE_OF_SCHEMA, **table})
     assert newer_store_refusal("/s/state.db", 99) == message.format(known=SCHEMA_VERSION)
+
+
+# sha256 (first 16 hex digits) of each migration script as it was first written: a store of every version on record
+# was made by these very scripts, so one edited afterwards makes new stores differ from upgraded ones. A new script
+# adds its line here; none changes.
+WRITTEN = {
+    1: "6bd6148e29f444a6", 2: "ec54e9d3c0302d2c", 3: "34620b278aa96abc", 4: "7e66934bd520d2ed",
+    5: "b2187514fca103d3", 6: "fdf575a905989501", 7: "29487f58db8385ce", 8: "2c3ca9bf886f96b7",
+    9: "9e046e37265e6010", 10: "e3491ec43b8037b0", 11: "8c786e2063f1c348", 12: "c606263c872cdc5b",
+    13: "9a3e963b38dbfa1a", 14: "60a88ce27d89eb65", 15: "6f6079a600407ad5", 16: "1afc43ed5f3aec9a",
+    17: "25aee7acd14f90af", 18: "4ff117e28a124da5", 19: "2b2bd7b92dd41be0", 20: "f59b023e775c9d27",
+}  # fmt: skip
+
+
+def test_no_migration_script_changes_once_written() -> None:
+    import hashlib
+
+    found = {i + 1: hashlib.sha256(text.encode()).hexdigest()[:16] for i, text in enumerate(MIGRATIONS)}
+    assert {v: found[v] for v in WRITTEN} == WRITTEN, "a migration script was edited: add a new one instead"
+    assert set(found) == set(WRITTEN), "a new migration script: add its line to WRITTEN"
