@@ -22,7 +22,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import IO, Any
 
-from ftconsole.scheduler.errors import FtError, UsageError
+from ftconsole.scheduler.errors import FtError, NotFound, PermissionDenied, UsageError
 from ftconsole.scheduler.serve.client import SocketClient, connect
 from ftconsole.scheduler.spec.config import LoadedConfig, find_config, load_config
 
@@ -187,7 +187,12 @@ class StepRun:
                     why = step.get("message") or step["state"]
                     self.say(f"step {self.job}.{self.number} {step['state']}: {why}")
                     return int(step["exit_code"]) if step.get("exit_code") else 1
-                self.say(f"the scheduler went away ({ended.exception()}): following the step again once it is back")
+                lost = ended.exception()
+                if isinstance(lost, (UsageError, NotFound, PermissionDenied)):  # the step is over, or not ours
+                    self.say(f"step {self.job}.{self.number}: {lost}")
+                    return 1
+                self.say(f"the scheduler went away ({lost}): following the step again once it is back")
+                await asyncio.sleep(1.0)
                 ended = asyncio.ensure_future(self._attach_again())
         finally:
             for task in (ranks, ended, stop):

@@ -42,7 +42,9 @@ class IdleReclaim:
         self.executor = executor
         self.clock = clock
         self.settings = service.config.scheduler
-        self._typed: dict[tuple[int, int], tuple[float, float]] = {}  # (job, attempt) -> (asked at, last typed)
+        # (job, attempt) -> (asked at, last typed; None: a node could not tell, and then it is not reclaimed)
+        self._typed: dict[tuple[int, int], tuple[float, float | None]] = {}
+        self._blind: set[tuple[int, int]] = set()
         self._warned: set[tuple[int, int]] = set()
 
     async def check(self, jobs: list[Job], runs: list[Run]) -> None:
@@ -54,6 +56,7 @@ class IdleReclaim:
             await self._clear(key[0], "the job ended")
         for key in [k for k in self._typed if k not in live]:
             del self._typed[key]
+        self._blind &= live
         if not watched:
             return
         now = self.clock()
@@ -92,9 +95,13 @@ class IdleReclaim:
         asked, typed = self._typed.get(key, (float("-inf"), 0.0))
         if now - asked >= SHELL_CHECK_S:
             found = await self._shells(job, runs)
-            if found is not None:
-                typed = max(found, default=0.0)
-                self._typed[key] = (now, typed)
+            typed = None if found is None else max(found, default=0.0)
+            self._typed[key] = (now, typed)
+            if typed is None and key not in self._blind:  # said once: never reclaimed on half the evidence
+                self._blind.add(key)
+                await self._say_blind(job, now)
+        if typed is None:
+            return
         last = max(last, typed)
         idle = now - last
         if idle < warn_at:
@@ -119,6 +126,15 @@ class IdleReclaim:
                 return None
             out += ttys.values()
         return out
+
+    async def _say_blind(self, job: Job, now: float) -> None:
+        text = (
+            "idle reclaim cannot see whether anyone types in its shells (a node did not answer, or does not know its "
+            "SSH server: an SSH account that reaches users through sudo); it is not reclaimed while that lasts"
+        )
+        async with self.store.jobs_tx("say idle reclaim is blind") as tx:
+            await tx.event(now, "IdleWarning", text, job=job.id)
+        log.warning("job %s: %s", job.id, text)
 
     async def _active(self, job: Job) -> None:
         if (job.id, job.attempt) in self._warned:

@@ -92,32 +92,38 @@ class Stepping:
         `{"step", "attached"}`, then `{"ended": the step}` once it has ended. The step is the stream's: closing it
         before the step has ended cancels the step."""
         job = await self._step_job(caller, ref)
-        if attach is None:
-            said = None
-            while True:
-                began = await self._begin_step(caller, job, ask)
-                if not isinstance(began, str):
-                    break
-                if began != said:
-                    yield {"waiting": began}
-                    said = began
-                await self.steps_book.wait(STEP_CHECK_S)
-                job = await self._step_job(caller, ref)
-            step, ranks = began
-            yield {"step": step.number, "attempt": step.attempt, "owner": job.owner,
-                   "ranks": [r.to_json() for r in ranks]}  # fmt: skip
-        else:
-            step = await self._attach(job, attach)
-            yield {"step": step.number, "attempt": step.attempt, "attached": True}
-        key = (job.id, step.number)
+        step: JobStep | None = None
+        gone = True  # the stream ends with its client gone (a cancellation, a close), not by an error of ours
         try:
+            if attach is None:
+                said = None
+                while True:
+                    began = await self._begin_step(caller, job, ask)
+                    if not isinstance(began, str):
+                        break
+                    if began != said:
+                        yield {"waiting": began}
+                        said = began
+                    await self.steps_book.wait(STEP_CHECK_S)
+                    job = await self._step_job(caller, ref)
+                step, ranks = began
+                yield {"step": step.number, "attempt": step.attempt, "owner": job.owner,
+                       "ranks": [r.to_json() for r in ranks]}  # fmt: skip
+            else:
+                step = await self._attach(job, attach)
+                yield {"step": step.number, "attempt": step.attempt, "attached": True}
             while (ended := await self._step_over(job, step)) is None:
                 await self.steps_book.wait(STEP_CHECK_S)
             yield {"ended": ended.to_json()}
+        except Exception:
+            gone = False  # a store error, say: the step goes on, and its `ftconsole run` follows it again (attach)
+            raise
         finally:
-            self.steps_book.attached.discard(key)
-            if not self.steps_book.stopping:  # the scheduler's own stop leaves the step to the next one (`attach`)
-                self._in_background(self._cancel_step(job, step.number, "its ftconsole run went away (interrupted)"))
+            if step is not None:
+                self.steps_book.attached.discard((job.id, step.number))
+                if gone and not self.steps_book.stopping:  # the scheduler's own stop leaves it to the next one
+                    why = "its ftconsole run went away (interrupted)"
+                    self._in_background(self._cancel_step(job, step.number, why))
 
     async def _begin_step(self, caller: Caller, job: Job, ask: StepAsk) -> tuple[JobStep, tuple[StepRank, ...]] | str:
         """Record a new step and plan it, or why it waits."""

@@ -46,6 +46,7 @@ class Fakes:
 
     def __init__(self, util: list[tuple[float, float]], typed: list[float], steps: Sequence[JobStep] = ()) -> None:
         self.util, self.typed, self.step_list = util, typed, list(steps)
+        self.blind = False
         self.said: list[tuple[str, Any]] = []
         self.warned: list[str | None] = []
         self.config = types.SimpleNamespace(scheduler=SchedulerSettings(idle_warning=20.0))
@@ -64,8 +65,10 @@ class Fakes:
     async def steps(self, job: int) -> list[JobStep]:
         return self.step_list
 
-    async def shells_on(self, job: Job, node: str, *, warn: str | None = None) -> dict[str, float]:
+    async def shells_on(self, job: Job, node: str, *, warn: str | None = None) -> dict[str, float] | None:
         self.warned.append(warn)
+        if self.blind:
+            return None
         return {f"/dev/pts/{i}": t for i, t in enumerate(self.typed)}
 
     def kinds(self) -> list[str]:
@@ -88,6 +91,15 @@ async def test_idle_but_for_the_warning_window_it_is_warned_in_its_shells() -> N
     assert fakes.warned[0] is None and fakes.warned[1] is not None and "has been idle since" in fakes.warned[1]
     assert fakes.kinds() == ["event", "alert"]
     assert fakes.said[1][1][0][1] == IDLE_ALERT
+
+
+async def test_a_node_that_cannot_tell_its_shells_keeps_it_and_says_so_once() -> None:
+    fakes = Fakes(util=[(NOW - 500, 80.0)], typed=[])
+    fakes.blind = True
+    idle = IdleReclaim(fakes, fakes, fakes, lambda: NOW)  # type: ignore[arg-type]
+    await idle.check([job()], [RUN])
+    await idle.check([job()], [RUN])
+    assert fakes.kinds() == ["event"] and "cannot see whether anyone types" in fakes.said[0][1][0][2]
 
 
 async def test_typing_in_a_shell_keeps_it() -> None:
