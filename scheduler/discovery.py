@@ -68,10 +68,20 @@ async def discover(service: Any, clock: Callable[[], float]) -> dict[str, Any]:
             errors[node.name] = result.describe_failure()
         else:
             said[node.name] = sections(result.stdout)
-    ib_text = next((s["ibnetdiscover"] for s in said.values() if "ibnetdiscover" in s), None)
-    ib = None if ib_text is None else read_ibnetdiscover(ib_text)
-    lldp = {name: read_lldp(s["lldpctl"]) for name, s in said.items() if "lldpctl" in s}
-    nvlink = {name: d for name, s in said.items() if "nvidia-smi" in s and (d := read_nvlink_domain(s["nvidia-smi"]))}
+    ib = None
+    lldp: dict[str, dict[str, str]] = {}
+    nvlink: dict[str, str] = {}
+    for name, told in said.items():
+        try:  # what one node's tools print is that node's: a shape nobody foresaw is its error alone
+            if ib is None and "ibnetdiscover" in told:
+                ib = read_ibnetdiscover(told["ibnetdiscover"])
+            if "lldpctl" in told:
+                lldp[name] = read_lldp(told["lldpctl"])
+            if "nvidia-smi" in told and (domain := read_nvlink_domain(told["nvidia-smi"])):
+                nvlink[name] = domain
+        except Exception as exc:
+            log.warning("topology: cannot read what %s's tools said: %s: %s", name, type(exc).__name__, exc)
+            errors[name] = f"cannot read what its tools said: {type(exc).__name__}: {exc}"
     found = found_fabric({n.name: n.host for n in nodes}, ib, lldp, nvlink)
     tree = service.config.topology
     declared = {} if tree is None else {node: leaf for leaf, names in tree.leaves().items() for node in names}

@@ -186,8 +186,8 @@ class Placer(SharingWeights):
         """Where the `count` nodes a scale out adds would go now, or why they wait (placement's `predict`)."""
         rank0 = min(current, key=_rank).node
         deadline = job.deadline
-        request = elastic.grow_request(
-            job_request(job.spec, self.config, job_id=str(job.id), now=now),
+        request = elastic.grow_request(  # a growing job takes what is free: its topology.wait was its start's
+            dataclasses.replace(job_request(job.spec, self.config, job_id=str(job.id), now=now), max_switches=None),
             count=count,
             spec_name=attempt.spec_name,
             gpus_per_node=attempt.gpus_per_node,

@@ -76,10 +76,13 @@ def read_ibnetdiscover(text: str) -> IbFabric:
                 leaf_of.setdefault(host, current)
         else:
             links.append((current, guid))
+    # a name two switches share (unnamed switches all say "Quantum Mellanox Technologies") gets each one's GUID
+    shared = {name for name in names.values() if list(names.values()).count(name) > 1}
+    named = {guid: f"{name} ({guid})" if name in shared else name for guid, name in names.items()}
     for host, guid in leaf_of.items():
-        leaf_of[host] = names.get(guid, guid)
+        leaf_of[host] = named.get(guid, guid)
     for a, b in links:
-        uplinks.setdefault(names.get(a, a), set()).add(names.get(b, b))
+        uplinks.setdefault(named.get(a, a), set()).add(named.get(b, b))
     return IbFabric(leaf_of, uplinks)
 
 
@@ -90,7 +93,8 @@ def read_lldp(text: str) -> dict[str, str]:
         doc = json.loads(text)
     except ValueError:
         return {}
-    interfaces = ((doc or {}).get("lldp") or {}).get("interface") or {}
+    lldp = doc.get("lldp") if isinstance(doc, dict) else None
+    interfaces = (lldp.get("interface") if isinstance(lldp, dict) else None) or {}
     items: list[tuple[str, Any]] = []
     if isinstance(interfaces, list):
         for entry in interfaces:

@@ -179,6 +179,8 @@ def _reserve(
                 chosen = _choose_future(eligible[index], free, job.nodes, cand, catalog.fabric)
                 if _within_switches(job, chosen, catalog.fabric):
                     return _Reservation(job.id, when, chosen)
+    if job.max_switches is not None and catalog.fabric is not None:  # no known time gives it its switches: it
+        return _Reservation(job.id, None, {})  # holds no one back (it starts when a pass finds them free)
     everything = {name: frozenset(range(catalog.nodes[name].gpus_total)) for name in nodes}
     return _Reservation(job.id, None, everything)
 
@@ -311,6 +313,8 @@ class _Pass:
         least = job.min_nodes or job.nodes
         if not any(self.catalog.can_ever_fit(job, c) >= least for c in job.candidates):
             return self._wait(job, self._too_few_nodes(job), WaitCause.TOO_FEW_NODES)
+        if (never := self._never_within_switches(job, least)) is not None:
+            return self._wait(job, never, WaitCause.TOO_FEW_NODES)
         view = self._view_for(job)
         fit = fit_job(job, self.catalog, view)
         for smaller in range(job.nodes - 1, least - 1, -1):  # elastic: the most nodes it can have now
@@ -324,6 +328,19 @@ class _Pass:
         if self._fits_now(job):
             return self._wait(job, f"blocked behind job {self.reservation.job_id} (head of queue)", WaitCause.BLOCKED)
         return self._wait(job, self._needs(job), WaitCause.CAPACITY)
+
+    def _never_within_switches(self, job: JobRequest, least: int) -> str | None:
+        """Why no placement could ever meet the job's `topology.max_switches` (the fullest leaves of the nodes that
+        could hold it, even empty, hold too few), or None."""
+        fabric, most = self.catalog.fabric, job.max_switches
+        if fabric is None or most is None:
+            return None
+        if any(fabric.fullest(self.catalog.eligible(job, c), least, most) is not None for c in job.candidates):
+            return None
+        switches = _plural(most, "leaf switch").replace("switchs", "switches")
+        until = "" if job.switches_until is None else f", until {_clock(job.switches_until)}"
+        return (f"needs {_plural(least, 'node')} under at most {switches} (topology.max_switches{until}), and no "
+                f"{switches} of the fabric hold that many nodes that could hold it")  # fmt: skip
 
     def _view_for(self, job: JobRequest) -> FreeView:
         """All free GPUs, or those outside the reservation for a job that would still run at its start."""

@@ -52,9 +52,11 @@ class Fabric:
         """The leaf switches under `nodes`, in name order."""
         return sorted({self.leaf(n) for n in nodes})
 
-    def choose(self, fitting: Sequence[str], n: int) -> list[str] | None:
+    def choose(self, fitting: Sequence[str], n: int, max_leaves: int | None = None) -> list[str] | None:
         """`n` of the `fitting` nodes (in placement's order of preference) under the fewest leaf switches; inside
-        one block (an NVLink domain) where one holds them: the one with the fewest fitting nodes."""
+        one block (an NVLink domain) where one holds them: the one with the fewest fitting nodes. With `max_leaves`
+        (a job's `topology.max_switches`): under at most that many leaves where any choice allows it, the lowest
+        switch and the block giving way to it; else the usual choice (which the caller then refuses)."""
         if len(fitting) < n:
             return None
         if self.block_of:
@@ -65,10 +67,32 @@ class Fabric:
             order = {block: i for i, block in enumerate(by_block)}
             holding = [(len(nodes), order[b], b) for b, nodes in by_block.items() if len(nodes) >= n]
             if holding:
-                fitting = by_block[min(holding)[2]]
-        by_leaf: dict[str, list[str]] = {}  # in the order of their first node in `fitting`: ties go to it
+                inside = self._under_fewest(by_block[min(holding)[2]], n)
+                if max_leaves is None or len(self.leaves(inside)) <= max_leaves:
+                    return inside
+        picked = self._under_fewest(fitting, n)
+        if max_leaves is not None and len(self.leaves(picked)) > max_leaves:
+            return self.fullest(fitting, n, max_leaves) or picked
+        return picked
+
+    def fullest(self, fitting: Sequence[str], n: int, max_leaves: int) -> list[str] | None:
+        """`n` of the `fitting` nodes from the fullest `max_leaves` leaves, wherever they are; None: they cannot
+        hold it."""
+        by_leaf = self._by_leaf(fitting)
+        first = {leaf: i for i, leaf in enumerate(by_leaf)}
+        leaves = sorted(by_leaf, key=lambda leaf: (-len(by_leaf[leaf]), first[leaf]))[:max_leaves]
+        picked = [node for leaf in leaves for node in by_leaf[leaf]][:n]
+        return picked if len(picked) == n else None
+
+    def _by_leaf(self, fitting: Sequence[str]) -> dict[str, list[str]]:
+        """The nodes by leaf, in the order of each leaf's first node in `fitting` (ties go to it)."""
+        by_leaf: dict[str, list[str]] = {}
         for node in fitting:
             by_leaf.setdefault(self.leaf(node), []).append(node)
+        return by_leaf
+
+    def _under_fewest(self, fitting: Sequence[str], n: int) -> list[str]:
+        by_leaf = self._by_leaf(fitting)
         first = {leaf: i for i, leaf in enumerate(by_leaf)}
         whole = [(len(nodes), first[leaf], leaf) for leaf, nodes in by_leaf.items() if len(nodes) >= n]
         if whole:

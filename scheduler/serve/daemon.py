@@ -350,7 +350,12 @@ class Operations:
         return {**view, "goodput": await s.cluster_goodput(), **self._leadership()}  # sums only: no job is named
 
     async def _topology_discover(self, caller: Caller, args: dict[str, Any]) -> Any:
-        """What the nodes' tools say of the fabric, compared with `topology:` (scheduler/discovery.py)."""
+        """What the nodes' tools say of the fabric, compared with `topology:` (scheduler/discovery.py): admins only,
+        as it runs ibnetdiscover and nvidia-smi on every node and records events."""
+        if not self.scheduler.is_admin(caller):
+            raise PermissionDenied(
+                f"{caller.user} may not run the fabric's discovery on every node: that is for admins"
+            )
         return await discover(self.scheduler.service, self.scheduler.clock)
 
     async def _hidden(self, caller: Caller) -> frozenset[int]:

@@ -67,3 +67,15 @@ def test_what_is_found_is_compared_with_what_is_declared() -> None:
     )
     assert "gpu05 is under switch roce-leaf-07 (lldp) and under no leaf in topology:" in said
     assert len(said) == 5  # gpu01 (its leaf lacks gpu02), gpu02, gpu03 and gpu04 (theirs has gpu02), gpu05
+
+
+def test_switches_that_share_a_description_stay_apart_and_odd_shapes_read_as_nothing() -> None:
+    """(review) Unnamed switches all describe themselves alike: each keeps its GUID. lldpctl output in a shape
+    nobody foresaw reads as no neighbour, never an error."""
+    text = golden("ibnetdiscover.txt").replace("MF0;leaf01:MQM9700/U1", "Quantum Mellanox Technologies")
+    text = text.replace("MF0;leaf02:MQM9700/U1", "Quantum Mellanox Technologies")
+    ib = read_ibnetdiscover(text)
+    assert ib.leaf_of["gpu01"] == ib.leaf_of["gpu02"] != ib.leaf_of["gpu03"] == ib.leaf_of["gpu04"]
+    assert ib.leaf_of["gpu01"] == "Quantum Mellanox Technologies (b83fd20300e41b00)"
+    for odd in ('{"lldp": []}', "[1, 2]", '"text"', '{"lldp": {"interface": [1, "x"]}}', "null"):
+        assert read_lldp(odd) == {}, odd

@@ -145,3 +145,34 @@ def test_a_fabric_tests_nodes_go_by_switch_its_own_leaf_first() -> None:
     assert by_switch(names, FABRIC, first="n06") == ["n05", "n06", "x1", "n01", "n02", "n09"]
     assert by_switch(names, None) == names
     assert fabric_of(None) is None
+
+
+def test_max_switches_takes_the_fewest_leaves_over_the_lowest_switch_and_the_block() -> None:
+    """(review) A low switch needing many leaves, or a block spanning leaves, gives way to a placement under the
+    leaves asked for, where one exists."""
+    fabric = Fabric.of(
+        {"a": ["a1"], "b": ["b1", "b2"], "c": ["c1", "c2"], "d": ["d1"]},
+        {"a": "spine1", "d": "spine1", "b": "spine2", "c": "spine2", "spine1": "core", "spine2": "core"},
+    )
+    fitting = ["a1", "d1", "b1", "b2", "c1", "c2"]
+    assert len(fabric.leaves(fabric.choose(fitting, 4) or [])) == 2  # spine2: b and c
+    blocked = Fabric.of({"L1": ["a1", "a2", "a3"], "L2": ["b1"]}, {}, {"nvl": ["a1", "b1"]})
+    assert blocked.choose(["a1", "b1", "a2", "a3"], 2) == ["a1", "b1"]  # the block holds it: NVLink first
+    assert blocked.choose(["a1", "b1", "a2", "a3"], 2, max_leaves=1) == ["a1", "a2"]  # one leaf asked for
+    assert blocked.fullest(["a1", "b1"], 2, 1) is None
+
+
+def test_a_head_whose_switches_can_never_be_met_waits_alone_and_holds_no_one() -> None:
+    """(review) Three leaves of one node: 2 nodes under 1 switch can never be; the job says so and blocks nothing."""
+    three = Fabric.of({"l1": ["n01"], "l2": ["n02"], "l3": ["n03"]}, {})
+    nodes = tuple(node(f"n{i:02d}") for i in range(1, 4))
+    head = dataclasses.replace(job("head", 8, 2, t=1), max_switches=1)
+    small = job("small", 8, 1, t=2)
+    decisions = {d.job_id: d for d in plan(ClusterState(nodes, (), three), [head, small], 0.0)}
+    assert isinstance(decisions["head"], Wait) and "no 1 leaf switch of the fabric hold" in decisions["head"].reason
+    assert isinstance(decisions["small"], Place)
+    # feasible later but at no known time (what runs has no end): it holds no one back either
+    tree = Fabric.of({"l1": ["n01", "n02"], "l2": ["n03"]}, {})
+    running = (alloc("r", "n01", range(8)),)
+    decisions = {d.job_id: d for d in plan(ClusterState(nodes, running, tree), [head, small], 0.0)}
+    assert isinstance(decisions["head"], Wait) and isinstance(decisions["small"], Place)
