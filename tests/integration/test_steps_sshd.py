@@ -176,3 +176,30 @@ async def test_a_step_outlives_a_restart_of_the_scheduler(sshd_cluster: Any, tmp
         assert only["state"] == "succeeded"
         await client.call("stop", jobs=[alloc])
         await finished(client, alloc)
+
+
+async def test_a_dead_node_ends_its_allocation_with_a_reason_and_its_step_with_it(
+    sshd_cluster: Any, tmp_path: Path, sock_dir: Path
+) -> None:
+    """No silent half-allocation: one of an allocation's two nodes dies (its sshd and everything it started are
+    killed); the allocation ends `error` naming the node, its step running on both nodes ends with it, and the
+    process on the living node is stopped."""
+    cluster: SshdCluster = sshd_cluster(2, gpus=1)
+    loaded = write_config(cluster, tmp_path, sock_dir)
+    config = loaded.file
+    async with running(loaded) as (_, client):
+        alloc = await allocation(config, "--nodes", "2")
+        step = await started(config, str(alloc), "--mode", "pytorch", "--label", "--", "sh", "-c",
+                             'echo "$$"; exec sleep 1000')  # fmt: skip
+        pids = dict([(await line(step)).split(": "), (await line(step)).split(": ")])  # rank -> pid
+        assert all(alive(int(p)) for p in pids.values())
+        runs = (await client.call("show", job=alloc))["attempts"][0]["runs"]
+        dead = runs[1]["node"]
+        cluster.down(dead)
+        over = await finished(client, alloc)
+        assert over["status"] == "error" and dead in over["message"], over["message"]
+        code, _, err = await ended(step)
+        assert code != 0 and "cancelled" in err, err
+        await poll(lambda: asyncio.sleep(0, not alive(int(pids["0"]))), bool, "the living node's step process to end")
+        (only,) = (await client.call("show", job=alloc))["steps"]
+        assert only["state"] == "cancelled" and "the step ended with it" in only["message"], only
