@@ -112,12 +112,33 @@ def read_sim_gpus(path, variable="FTCONSOLE_SIM_GPUS"):
     return GpuReading("sim", gpus, doc.get("driver_version"), boot_id=doc.get("boot_id"))
 
 
+_SIM_IDLE_SHELLS = (b"bash", b"sh", b"dash", b"zsh", b"ksh", b"fish")
+
+
+def _sim_idle(pid):
+    """Whether a process holds its GPUs without loading them, in the lab: an allocation's holder (``sleep
+    infinity``), or a shell on a terminal (an allocation's shell at its prompt); a program run from that shell
+    loads them as any."""
+    try:
+        with open("/proc/%s/cmdline" % pid, "rb") as f:
+            if f.read() == b"sleep\0infinity\0":
+                return True
+        with open("/proc/%s/stat" % pid, "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    comm = stat[stat.find(b"(") + 1 : stat.rfind(b")")]
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return len(fields) > 4 and fields[4] != b"0" and comm in _SIM_IDLE_SHELLS  # fields[4]: tty_nr
+
+
 def _sim_load(mark, gpus, now):
     """The lab's GPUs under its jobs (a simulated file with ``"load": "jobs"``): a GPU that a process of this
     simulated node holds (started under its SSH server, which sets the file's variable; its CUDA_VISIBLE_DEVICES
-    names the GPU) reads a utilisation that moves with the time and 60 % of its memory in use; the others as
-    the file says. `mark`: the variable's item (``FTCONSOLE_SIM_GPUS=<file>``). Only the processes the agent may
-    read count (its own user's, or all as root)."""
+    names the GPU) reads a utilisation that moves with the time and 60 % of its memory in use, unless the process
+    only holds it (`_sim_idle`: an allocation idles as on a real node); the others as the file says. `mark`: the
+    variable's item (``FTCONSOLE_SIM_GPUS=<file>``). Only the processes the agent may read count (its own user's,
+    or all as root)."""
     held = set()  # type: set
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -127,7 +148,7 @@ def _sim_load(mark, gpus, now):
                 env = f.read().split(b"\0")
         except OSError:
             continue
-        if mark not in env:
+        if mark not in env or _sim_idle(pid):
             continue
         for item in env:
             if item.startswith(b"CUDA_VISIBLE_DEVICES="):

@@ -911,3 +911,21 @@ def test_nvlink_errors_are_a_rate_since_the_node_s_last_probe(tmp_path: Path) ->
     rebooted = probe(3, boot="b2")  # counting again from the driver's load: no rate
     assert statuses(rebooted) == {"nvlink": CheckStatus.PASS} and rebooted.gpus[1].nvlink_error_rate is None
     assert oct(kept.stat().st_mode & 0o777) == "0o600"
+
+
+def test_the_labs_load_skips_what_only_holds_its_gpus(tmp_path: Path) -> None:
+    """The lab's simulated load (`"load": "jobs"`): a process of the node that names a GPU loads it, unless it only
+    holds it, as an allocation's holder (`sleep infinity`) does: an idle allocation reads idle, as on a real node."""
+    idle = [gpu(0, utilization=0), gpu(1, utilization=0)]
+    path = write_sim(tmp_path, {"driver_version": "550.54.15", "load": "jobs", "gpus": idle})
+    env = agent_env(FTCONSOLE_SIM_GPUS=str(path))
+    holder = subprocess.Popen(["sleep", "infinity"], env={**env, "CUDA_VISIBLE_DEVICES": "0"})
+    worker = subprocess.Popen(["sleep", "60"], env={**env, "CUDA_VISIBLE_DEVICES": "1"})
+    try:
+        _, doc = run_agent({"checks": ["gpu-check"]}, env=env)
+        util = {g["index"]: g["utilization"] for g in doc["gpus"]}
+        assert util[0] == 0 and util[1] >= 48, util
+    finally:
+        for p in (holder, worker):
+            p.kill()
+            p.wait()
