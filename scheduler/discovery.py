@@ -1,5 +1,6 @@
 """Finding the fabric (`ftconsole topology --discover`, API op `topology_discover`): each node is asked, over SSH as
-the SSH account, what its tools say: `lldpctl -f json` (its Ethernet neighbours, for RoCE), `nvidia-smi -q` (its
+the SSH account, what its tools say: `lldpctl -f json` (its Ethernet neighbours, for RoCE: on the interfaces that
+carry RDMA, /sys/class/infiniband/*/device/net, where there are some), `nvidia-smi -q` (its
 NVLink domain), and `ibnetdiscover` (the InfiniBand fabric, read from the first node that has it). Each tool runs
 only where installed, under a time bound. What they say is read (`decide.fabricfind`) and compared with the config's
 `topology:`; each mismatch is a `TopologyMismatch` event of its node. Nothing is changed: the config stays the truth
@@ -28,6 +29,8 @@ MARK = "== ftconsole: "  # starts the line before each tool's output
 # POSIX sh, no value from anyone: each tool where installed, bounded by `timeout` (coreutils) where that exists
 SCRIPT = """\
 bound() { if command -v timeout >/dev/null 2>&1; then timeout "$@"; else shift; "$@"; fi; }
+echo "== ftconsole: rdma-netdevs"
+for netdev in /sys/class/infiniband/*/device/net/*; do [ -e "$netdev" ] && echo "${netdev##*/}"; done
 for tool in lldpctl nvidia-smi ibnetdiscover; do
   echo "== ftconsole: $tool"
   command -v "$tool" >/dev/null 2>&1 || continue
@@ -70,6 +73,7 @@ async def discover(service: Any, clock: Callable[[], float]) -> dict[str, Any]:
             said[node.name] = sections(result.stdout)
     ib = None
     lldp: dict[str, dict[str, str]] = {}
+    rdma: dict[str, list[str]] = {}  # node -> its network interfaces that carry RDMA (RoCE)
     nvlink: dict[str, str] = {}
     for name, told in said.items():
         try:  # what one node's tools print is that node's: a shape nobody foresaw is its error alone
@@ -77,12 +81,13 @@ async def discover(service: Any, clock: Callable[[], float]) -> dict[str, Any]:
                 ib = read_ibnetdiscover(told["ibnetdiscover"])
             if "lldpctl" in told:
                 lldp[name] = read_lldp(told["lldpctl"])
+                rdma[name] = told.get("rdma-netdevs", "").split()
             if "nvidia-smi" in told and (domain := read_nvlink_domain(told["nvidia-smi"])):
                 nvlink[name] = domain
         except Exception as exc:
             log.warning("topology: cannot read what %s's tools said: %s: %s", name, type(exc).__name__, exc)
             errors[name] = f"cannot read what its tools said: {type(exc).__name__}: {exc}"
-    found = found_fabric({n.name: n.host for n in nodes}, ib, lldp, nvlink)
+    found = found_fabric({n.name: n.host for n in nodes}, ib, lldp, nvlink, rdma)
     tree = service.config.topology
     declared = {} if tree is None else {node: leaf for leaf, names in tree.leaves().items() for node in names}
     blocks = {} if tree is None else {node: block for block, names in tree.block_nodes().items() for node in names}

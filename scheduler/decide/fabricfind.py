@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -162,10 +162,16 @@ class Found:
 
 
 def found_fabric(
-    hosts: Mapping[str, str], ib: IbFabric | None, lldp: Mapping[str, Mapping[str, str]], nvlink: Mapping[str, str]
+    hosts: Mapping[str, str],
+    ib: IbFabric | None,
+    lldp: Mapping[str, Mapping[str, str]],
+    nvlink: Mapping[str, str],
+    rdma: Mapping[str, Sequence[str]] | None = None,
 ) -> Found:
-    """Each node's leaf from InfiniBand (its host's, or its name's, adapter) or else from its first LLDP neighbour;
-    `hosts`: node -> the address it is reached at (adapters name hosts, which may be either)."""
+    """Each node's leaf from InfiniBand (its host's, or its name's, adapter) or else from LLDP: the neighbour of its
+    first interface that carries RDMA (`rdma`: node -> such interfaces; a RoCE fabric's, not the management
+    network's), else of its first interface in name order. `hosts`: node -> the address it is reached at (adapters
+    name hosts, which may be either)."""
     leaf_of: dict[str, str] = {}
     source: dict[str, str] = {}
     for node, host in hosts.items():
@@ -177,7 +183,8 @@ def found_fabric(
             continue
         neighbours = lldp.get(node) or {}
         if neighbours:
-            leaf_of[node], source[node] = neighbours[sorted(neighbours)[0]], "lldp"
+            roce = [i for i in (rdma or {}).get(node, ()) if i in neighbours]
+            leaf_of[node], source[node] = neighbours[(roce or sorted(neighbours))[0]], "lldp"
     return Found(leaf_of, dict(nvlink), dict(ib.uplinks) if ib is not None else {}, source)
 
 

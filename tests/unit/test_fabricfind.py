@@ -79,3 +79,13 @@ def test_switches_that_share_a_description_stay_apart_and_odd_shapes_read_as_not
     assert ib.leaf_of["gpu01"] == "Quantum Mellanox Technologies (b83fd20300e41b00)"
     for odd in ('{"lldp": []}', "[1, 2]", '"text"', '{"lldp": {"interface": [1, "x"]}}', "null"):
         assert read_lldp(odd) == {}, odd
+
+
+def test_lldp_takes_the_neighbour_of_an_interface_that_carries_rdma() -> None:
+    """(review) The management network's switch is not the fabric's: where the node says which interfaces carry
+    RDMA (RoCE), their neighbour names its leaf."""
+    two = read_lldp(golden("lldpctl-two.json"))  # ens1f0np0 -> roce-leaf-08, ens1f1np1 -> roce-leaf-09
+    plain = found_fabric({"n1": "10.0.0.1"}, None, {"n1": two}, {})
+    assert plain.leaf_of == {"n1": "roce-leaf-08"}  # the first interface in name order
+    roce = found_fabric({"n1": "10.0.0.1"}, None, {"n1": two}, {}, {"n1": ["mlx5_x", "ens1f1np1"]})
+    assert roce.leaf_of == {"n1": "roce-leaf-09"}
