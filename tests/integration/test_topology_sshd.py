@@ -44,7 +44,7 @@ async def test_two_node_jobs_go_under_one_switch_and_one_that_asks_waits_within_
         assert sorted(pair["node_names"]) == ["node05", "node06"]  # best fit alone: node02 and node04
         assert "under leaf3 (the fewest switches free)" in placed(await client.call("show", job=pair["id"]))
         # one switch asked for, none has two nodes free: it waits, saying so, until its wait is over
-        strict = job("strict", "sleep 300", nodes=2, mode="pytorch", topology={"max_switches": 1, "wait": "6s"})
+        strict = job("strict", "sleep 300", nodes=2, mode="pytorch", topology={"max_switches": 1, "wait": "15s"})
         strict = await client.call("submit", spec=strict)
         waiting = await poll(lambda: client.call("show", job=strict["id"]),
                              lambda j: "under at most 1 leaf switch" in j["message"] or j["status"] != "queued",
@@ -54,7 +54,7 @@ async def test_two_node_jobs_go_under_one_switch_and_one_that_asks_waits_within_
         shown = await until(client, strict["id"], lambda j: j["status"] == "running", "the strict job, its wait over")
         assert sorted(shown["node_names"]) == ["node02", "node04"]
         shown = await client.call("show", job=strict["id"])
-        assert shown["started"] - shown["submitted"] >= 6 - 0.5
+        assert shown["started"] - shown["submitted"] >= 15 - 0.5
         said = placed(shown)
         assert "under 2 leaf switches (leaf1, leaf2) below spine" in said
         assert "more than its max_switches 1: its topology.wait is over" in said
