@@ -62,7 +62,7 @@ class IdleReclaim:
         now = self.clock()
         samples = await self.service.gpu_samples()
         steps = {(s.job, s.attempt): s for s in await self.store.running_steps()}
-        ended = {}
+        ended = await self.store.step_ends([j.id for j in watched])
         for job in watched:
             if job.stop_requested is not None:
                 continue
@@ -72,9 +72,7 @@ class IdleReclaim:
             if (job.id, job.attempt) in steps:
                 await self._active(job)
                 continue
-            if job.id not in ended:
-                ended[job.id] = max((s.ended or 0.0 for s in await self.store.steps(job.id)), default=0.0)
-            await self._judge(job, current, now, samples, ended[job.id])
+            await self._judge(job, current, now, samples, ended.get(job.id, 0.0))
 
     async def _judge(self, job: Job, runs: list[Run], now: float, samples: Any, step_end: float) -> None:
         window = job.spec.idle_window
@@ -84,9 +82,9 @@ class IdleReclaim:
         last = max(started, step_end)
         for run in runs:
             for gpu in run.gpus:
-                busy = [t for t, util in samples.get(f"{run.node}:{gpu}", ()) if util >= threshold]
-                if busy:
-                    last = max(last, busy[-1])
+                busy = samples.last_at_least(run.node, gpu, threshold, last)  # back to `last` only
+                if busy is not None:
+                    last = max(last, busy)
         warn_at = window - min(self.settings.idle_warning, window / 2)
         if now - last < warn_at:
             await self._active(job)

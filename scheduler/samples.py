@@ -89,6 +89,19 @@ class NodeSamples:
                 out.append((self.times[slot], float(u)))
         return out
 
+    def last_at_least(self, index: int, threshold: float, since: float) -> float | None:
+        """When one GPU last read `threshold` % or more, looking back to `since` at most (None: not since then):
+        from the newest probe back, no list built (idle reclaim asks it of every watched GPU each tick)."""
+        for k in range(self.count - 1, -1, -1):
+            slot = (self.start + k) % self.capacity
+            when = self.times[slot]
+            if when < since:
+                return None
+            u = self.util[slot * self.gpus + index]
+            if u != _NONE and u >= threshold:
+                return when
+        return None
+
     def recent_util(self, index: int, count: int) -> list[float | None]:
         """One GPU's utilisation at the node's last `count` probes (fewer where fewer are kept), oldest first."""
         out: list[float | None] = []
@@ -156,6 +169,13 @@ class GpuSamples(Mapping[str, Sequence[tuple[float, float]]]):
         if kept is None or not index.isdecimal() or int(index) >= kept.gpus:
             raise KeyError(key)
         return kept.util_of(int(index))
+
+    def last_at_least(self, node: str, index: int, threshold: float, since: float) -> float | None:
+        """`NodeSamples.last_at_least` of one GPU of a node (None: no samples of it)."""
+        kept = self.nodes.get(node)
+        if kept is None or not 0 <= index < kept.gpus:
+            return None
+        return kept.last_at_least(index, threshold, since)
 
     def __iter__(self) -> Iterator[str]:
         return (f"{node}:{i}" for node, kept in self.nodes.items() for i in range(kept.gpus))

@@ -194,8 +194,7 @@ def compare(
     """What the nodes told that the config does not say: a node found under another leaf than declared (leaves are
     compared by the nodes they hold, so names may differ), or under a leaf where none is declared; the same for
     NVLink domains and the declared `blocks` (node -> block)."""
-    sources = {node: f"{how}" for node, how in found.source.items()}
-    out = _grouping(declared, found.leaf_of, nodes, sources, "under", "switch", "leaf")
+    out = _grouping(declared, found.leaf_of, nodes, found.source, "under", "switch", "leaf")
     nvidia = dict.fromkeys(found.nvlink, "nvidia-smi")
     return out + _grouping(blocks or {}, found.nvlink, nodes, nvidia, "in", "NVLink domain", "block")
 

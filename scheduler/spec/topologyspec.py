@@ -83,28 +83,8 @@ class TopologySettings(_Strict):
                     out.append((where, f"switch {child!r} is already under {above[child]!r}: a switch has one parent"))
                 else:
                     above[child] = name
-        placed: dict[str, str] = {}
-        for name, nodes in self.leaves().items():
-            where = ("topology", "switches", name, "nodes")
-            unknown = [n for n in nodes if n not in known_nodes]
-            if unknown:
-                out.append((where, f"node(s) {', '.join(unknown[:4])}{'...' if len(unknown) > 4 else ''} not in nodes"))
-            for node in nodes:
-                if node in placed:
-                    out.append((where, f"node {node} is already under leaf {placed[node]!r}: a node has one leaf"))
-                else:
-                    placed[node] = name
-        in_block: dict[str, str] = {}
-        for name, nodes in self.block_nodes().items():
-            where = ("topology", "blocks", name, "nodes")
-            unknown = [n for n in nodes if n not in known_nodes]
-            if unknown:
-                out.append((where, f"node(s) {', '.join(unknown[:4])}{'...' if len(unknown) > 4 else ''} not in nodes"))
-            for node in nodes:
-                if node in in_block:
-                    out.append((where, f"node {node} is already in block {in_block[node]!r}: a node is in one block"))
-                else:
-                    in_block[node] = name
+        out += _node_groups(self.leaves(), known_nodes, "switches", "under leaf", "a node has one leaf")
+        out += _node_groups(self.block_nodes(), known_nodes, "blocks", "in block", "a node is in one block")
         for name in self.switches:
             seen, at = {name}, above.get(name)
             while at is not None and at not in seen:
@@ -122,6 +102,25 @@ class TopologyRequest(_Strict):
 
     max_switches: int = Field(ge=1)
     wait: PositiveDuration | None = None  # None: it waits as long as it takes
+
+
+def _node_groups(
+    groups: Mapping[str, list[str]], known_nodes: Collection[str], key: str, where_: str, rule: str
+) -> list[tuple[Loc, str]]:
+    """A grouping's nodes (leaves' or blocks'): unknown ones, and one in two groups."""
+    out: list[tuple[Loc, str]] = []
+    seen: dict[str, str] = {}
+    for name, nodes in groups.items():
+        where: Loc = ("topology", key, name, "nodes")
+        unknown = [n for n in nodes if n not in known_nodes]
+        if unknown:
+            out.append((where, f"node(s) {', '.join(unknown[:4])}{'...' if len(unknown) > 4 else ''} not in nodes"))
+        for node in nodes:
+            if node in seen:
+                out.append((where, f"node {node} is already {where_} {seen[node]!r}: {rule}"))
+            else:
+                seen[node] = name
+    return out
 
 
 def tree_problems(topology: TopologySettings | None, nodes: Mapping[str, object]) -> list[tuple[Loc, str]]:

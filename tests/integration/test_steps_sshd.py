@@ -183,8 +183,8 @@ async def test_a_dead_node_ends_its_allocation_with_a_reason_and_its_step_with_i
 ) -> None:
     """No silent half-allocation: one of an allocation's two nodes dies (its sshd and everything it started are
     killed); the allocation ends `error` naming the node, its step running on both nodes ends with it, and the
-    process on the living node is stopped."""
-    cluster: SshdCluster = sshd_cluster(2, gpus=1)
+    process on the living node is stopped. The nodes share one home (NFS), where both ranks' step folders are."""
+    cluster: SshdCluster = sshd_cluster(2, gpus=1, shared_home=True)
     loaded = write_config(cluster, tmp_path, sock_dir)
     config = loaded.file
     async with running(loaded) as (_, client):

@@ -15,6 +15,7 @@ from ftconsole.scheduler.decide.stepplan import JobStep
 from ftconsole.scheduler.errors import UsageError
 from ftconsole.scheduler.idling import IDLE_ALERT, IdleReclaim
 from ftconsole.scheduler.rules import Rules
+from ftconsole.scheduler.samples import GpuSamples
 from ftconsole.scheduler.spec.config import SchedulerSettings
 from ftconsole.scheduler.spec.jobspec import JobSpec
 
@@ -56,14 +57,18 @@ class Fakes:
     async def jobs_tx(self, what: str) -> AsyncIterator[Tx]:
         yield Tx(self.said)
 
-    async def gpu_samples(self) -> dict[str, list[tuple[float, float]]]:
-        return {"n1:0": self.util}
+    async def gpu_samples(self) -> GpuSamples:
+        samples = GpuSamples()  # the probes' samples, as the scheduler keeps them
+        for when, util in self.util:
+            samples.add("n1", when, {"gpus": [{"index": 0, "utilization": util}]})
+        return samples
 
     async def running_steps(self) -> list[JobStep]:
         return [s for s in self.step_list if s.state == "running"]
 
-    async def steps(self, job: int) -> list[JobStep]:
-        return self.step_list
+    async def step_ends(self, jobs: list[int]) -> dict[int, float]:
+        ends = [s.ended for s in self.step_list if s.job in jobs and s.ended is not None]
+        return {5: max(ends)} if ends else {}
 
     async def shells_on(self, job: Job, node: str, *, warn: str | None = None) -> dict[str, float] | None:
         self.warned.append(warn)
@@ -108,7 +113,7 @@ async def test_typing_in_a_shell_keeps_it() -> None:
 
 
 async def test_idle_past_its_idle_timeout_it_is_stopped_as_idle() -> None:
-    fakes = await judged(Fakes(util=[(NOW - 61, 50.0), (NOW - 30, 9.9)], typed=[]))
+    fakes = await judged(Fakes(util=[(NOW - 61, 50.0), (NOW - 30, 9.0)], typed=[]))
     (update,) = [call for name, call in fakes.said if name == "update_job"]
     assert update[1]["stop_reason"] is StopReason.IDLE and "idle for 61s" in update[1]["message"]
 

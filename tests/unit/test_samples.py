@@ -152,3 +152,14 @@ async def test_the_node_and_job_screens_draw_their_curves(tmp_path) -> None:  # 
         text = str(console.screen.query_one("#curves-text", Static).render())
         assert "rank 0 on gpu01, GPUs 0,1,2,3,4,5,6,7" in text and "rank 1 on gpu02" in text
         assert "now 97%" in text and "epoch " in text and "now 21" in text
+
+
+def test_the_last_busy_sample_is_found_from_the_newest_back_to_a_bound() -> None:
+    """Idle reclaim's question of each GPU: when did it last read at least the threshold, since when it asks."""
+    samples = GpuSamples(capacity=4)  # a ring of 4: the oldest go
+    for when, util in ((10.0, 90), (20.0, 5), (30.0, 50), (40.0, 3), (50.0, None)):
+        samples.add("n1", when, {"gpus": [{"index": 0, "utilization": util}]})
+    assert samples.last_at_least("n1", 0, 10, since=0.0) == 30.0
+    assert samples.last_at_least("n1", 0, 60, since=0.0) is None  # 90 at 10.0 fell out of the ring
+    assert samples.last_at_least("n1", 0, 10, since=35.0) is None  # not looked for before the bound
+    assert samples.last_at_least("n1", 1, 10, since=0.0) is None and samples.last_at_least("x", 0, 1, 0.0) is None
