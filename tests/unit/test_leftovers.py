@@ -15,11 +15,14 @@ import pytest
 from ftconsole.scheduler.node import supervisor_leftovers as leftovers
 
 HERE = "127.0.0.11 22"  # this node's SSH server end
+# each test's own job id (and this process's): processes of the same user are looked for machine-wide, so two tests
+# running at once (pytest-xdist's workers) must never carry the same FT_JOB_ID
+JOB, SHELL_JOB = f"7{os.getpid()}", f"8{os.getpid()}"
 CHILD = "import subprocess, time; subprocess.Popen(['sleep', '60']); time.sleep(60)"  # a process and its child
 
 
 def started(attempt: str, server: str) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, FT_JOB_ID="7", FT_ATTEMPT=attempt, SSH_CONNECTION=f"127.0.0.1 40000 {server}")
+    env = dict(os.environ, FT_JOB_ID=JOB, FT_ATTEMPT=attempt, SSH_CONNECTION=f"127.0.0.1 40000 {server}")
     env.pop(leftovers.LAB_NODE, None)
     return subprocess.Popen([sys.executable, "-c", CHILD], env=env)
 
@@ -48,7 +51,7 @@ def test_the_run_s_own_leftovers_end_and_no_one_else_s(here: None) -> None:
         while not children(mine.pid) and time.monotonic() < deadline:
             time.sleep(0.05)
         (grandchild,) = children(mine.pid)
-        assert leftovers.end_leftovers({"FT_JOB_ID": "7", "FT_ATTEMPT": "2"}, grace=5.0) == 2  # it and its child
+        assert leftovers.end_leftovers({"FT_JOB_ID": JOB, "FT_ATTEMPT": "2"}, grace=5.0) == 2  # it and its child
         assert mine.wait(5) == -15
         assert not leftovers._lives(grandchild, (leftovers._proc(grandchild) or {}).get("start"))
         assert other_attempt.poll() is None and other_node.poll() is None
@@ -61,8 +64,8 @@ def test_the_run_s_own_leftovers_end_and_no_one_else_s(here: None) -> None:
 def test_nothing_is_looked_for_where_the_node_s_ssh_server_is_not_known(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SSH_CONNECTION", raising=False)
     monkeypatch.delenv(leftovers.LAB_NODE, raising=False)
-    assert leftovers.leftovers({"FT_JOB_ID": "7", "FT_ATTEMPT": "2"}) is None
-    assert leftovers.stop_leftovers({"env": {"FT_JOB_ID": "7", "FT_ATTEMPT": "2"}}) == {"found": None}
+    assert leftovers.leftovers({"FT_JOB_ID": JOB, "FT_ATTEMPT": "2"}) is None
+    assert leftovers.stop_leftovers({"env": {"FT_JOB_ID": JOB, "FT_ATTEMPT": "2"}}) == {"found": None}
 
 
 def test_a_runs_shells_are_their_terminals_and_the_warning_is_written_on_them(here: None) -> None:
@@ -72,19 +75,20 @@ def test_a_runs_shells_are_their_terminals_and_the_warning_is_written_on_them(he
 
     master, slave = pty.openpty()
     name = os.ttyname(slave)
-    env = dict(os.environ, FT_JOB_ID="7", FT_ATTEMPT="2", SSH_CONNECTION=f"127.0.0.1 40000 {HERE}")
+    env = dict(os.environ, FT_JOB_ID=SHELL_JOB, FT_ATTEMPT="2", SSH_CONNECTION=f"127.0.0.1 40000 {HERE}")
     env.pop(leftovers.LAB_NODE, None)
     shell = subprocess.Popen(["sleep", "60"], stdin=slave, stdout=slave, stderr=slave, env=env)
-    quiet = started("2", HERE)  # the run's, without a terminal
+    null = subprocess.DEVNULL
+    quiet = subprocess.Popen(["sleep", "60"], stdin=null, stdout=null, stderr=null, env=env)  # the run's, no terminal
     other = subprocess.Popen(["sleep", "60"], stdin=slave, stdout=slave, env=dict(env, FT_ATTEMPT="1"))
     try:
         os.close(slave)
-        found = leftovers.shell_ttys({"env": {"FT_JOB_ID": "7", "FT_ATTEMPT": "2"}})["ttys"]
+        found = leftovers.shell_ttys({"env": {"FT_JOB_ID": SHELL_JOB, "FT_ATTEMPT": "2"}})["ttys"]
         assert list(found) == [name] and found[name] == os.stat(name).st_atime
-        leftovers.shell_ttys({"env": {"FT_JOB_ID": "7", "FT_ATTEMPT": "2"}, "warn": "job 7 has been idle"})
+        leftovers.shell_ttys({"env": {"FT_JOB_ID": SHELL_JOB, "FT_ATTEMPT": "2"}, "warn": "job 7 has been idle"})
         os.set_blocking(master, False)
         assert b"ftconsole: job 7 has been idle" in os.read(master, 4096)
-        assert leftovers.shell_ttys({"env": {"FT_JOB_ID": "7", "FT_ATTEMPT": "3"}})["ttys"] == {}
+        assert leftovers.shell_ttys({"env": {"FT_JOB_ID": SHELL_JOB, "FT_ATTEMPT": "3"}})["ttys"] == {}
     finally:
         for p in (shell, quiet, other):
             p.kill()
