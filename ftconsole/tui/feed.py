@@ -23,6 +23,7 @@ STALE_AFTER_S = 15.0  # nodes data older than this (the scheduler is not answeri
 SOURCES = ("jobs", "nodes", "alerts", "events", "cluster", "reservations", "job_util", "forecast", "shares")
 # sources read less often than every refresh: the running jobs' utilisation moves once a probe at most, and the
 # expected starts are worked out again at most every 15 s (scheduler.forecasting.KEEP_S), the shares every 30 s
+JOB_LOG = 64  # the reads of the jobs whose changed ids are kept: a view that last looked further back reads them all
 READ_EVERY_S = {"job_util": 5.0, "forecast": 10.0, "shares": 30.0}
 
 
@@ -47,6 +48,8 @@ class Feed:
     util: dict[str, deque[float | None]] = field(default_factory=dict)
     sources: dict[str, Source] = field(default_factory=lambda: {s: Source() for s in SOURCES})
     events_limit: int = 500
+    jobs_read: int = 0  # how many reads of the jobs changed some (`jobs_changed_since`)
+    _job_log: deque[tuple[int, list[int]]] = field(default_factory=lambda: deque(maxlen=JOB_LOG))
     _cursor: float | None = None
     _probe_seen: dict[str, float | None] = field(default_factory=dict)
 
@@ -80,17 +83,30 @@ class Feed:
 
     # -- readers -------------------------------------------------------------------------------------------
 
+    def jobs_changed_since(self, read: int) -> set[int] | None:
+        """The ids of the jobs changed, added or gone since the `read`th read of them (`jobs_read`); None when
+        that is too far back to say (read them all)."""
+        if read == self.jobs_read:
+            return set()
+        if read > self.jobs_read or not self._job_log or self._job_log[0][0] > read + 1:
+            return None
+        return {job_id for number, ids in self._job_log if number > read for job_id in ids}
+
     async def _read_jobs(self, client: Client) -> bool:
         reply = await client.call("jobs_changed", since=self._cursor)
         self._cursor = reply["cursor"]
-        changed = False
+        changed: list[int] = []
         for job in reply["jobs"]:
             if job.get("deleted"):
-                changed |= self.jobs.pop(job["id"], None) is not None
+                if self.jobs.pop(job["id"], None) is not None:
+                    changed.append(job["id"])
             elif self.jobs.get(job["id"]) != job:
                 self.jobs[job["id"]] = job
-                changed = True
-        return changed
+                changed.append(job["id"])
+        if changed:
+            self.jobs_read += 1
+            self._job_log.append((self.jobs_read, changed))
+        return bool(changed)
 
     async def _read_nodes(self, client: Client) -> bool:
         nodes = {n["name"]: n for n in await client.call("nodes", brief=True)}

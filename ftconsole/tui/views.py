@@ -3,12 +3,14 @@
 A view is a title line (counts, the `/` filter, the age of its data) over a `LineTable`. `update_view` turns
 the feed into rows (`rows.py`), filters them and hands them to the table, which redraws only what changed.
 Rows that cannot change with the clock (a queued or ended job) are built once and reused until their data
-changes, so a tick over 10,000 jobs costs what the running ones cost. An array of jobs is one row (`array:12`),
-built again on each update; expanded, its tasks' rows (keyed by job id, as any job's) follow it.
+changes, and the Jobs view's update looks only at the jobs that can have changed, so an update over 10,000 jobs
+costs what the running ones and the changed ones cost. An array of jobs is one row (`array:12`), built again
+when one of its tasks changes or runs; expanded, its tasks' rows (keyed by job id, as any job's) follow it.
 """
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -111,9 +113,15 @@ class View(Vertical):
 
 # a job row as last built: job dict, marked, clock, detector marks, cells, order key, its GPUs' utilisation
 _Cached = tuple[Mapping[str, Any], bool, tuple[str, ...], tuple[str, ...], R.Lazy, tuple[Any, ...], tuple[Any, ...]]
+_CLOCKED = ("running", "error")  # the statuses whose row, state word or order can move with the clock alone
 
 
 class JobsView(View):
+    """Each update looks only at the jobs that can have changed since the last: those the feed read anew, the
+    running and failed ones (their clocks), and those whose alerts, GPU utilisation or mark changed; the rest keep
+    their rows, order keys and counts. Anything else (the first update, an array expanded or closed, a palette,
+    a feed read too far back) builds every row again, as `_build_all`."""
+
     title = "Jobs"
     columns = R.JOB_COLUMNS
     sources = ("jobs", "job_util")
@@ -124,69 +132,193 @@ class JobsView(View):
         # id -> (the job dict the cells came from, marked, what the clock shows of it, what the detectors found
         # (its alerts), cells, order key, its GPUs' utilisation): reused while all five hold still
         self._cache: dict[int, _Cached] = {}
-        self._layout: tuple[dict[str, tuple[Any, ...]], dict[str, list[str]]] = ({}, {})
+        self._rows: dict[str, R.Row | R.Lazy] = {}
+        self._top: dict[str, tuple[Any, ...]] = {}  # row key -> order key: the jobs that are no array's, the arrays
+        self._inner: dict[str, list[str]] = {}  # an expanded array's row key -> its tasks' row keys, in order
         self._order: list[str] = []
-        self._states: Counter[str] = Counter()  # the jobs by the status word they show, as `build` counted them
-        self.arrays: dict[int, list[Mapping[str, Any]]] = {}  # array id -> its tasks, as `build` last saw them
+        self._ordered = False  # whether `_order` follows `_top` and `_inner`
+        # the keys of `_top` sorted by their order keys (`_sorted`), and what changed since they were: key -> its
+        # order key then (None: it was not there)
+        self._sorted: tuple[list[tuple[Any, ...]], list[str]] = ([], [])
+        self._moved: dict[str, tuple[Any, ...] | None] = {}
+        self._states: Counter[str] = Counter()  # the jobs by the status word they show, for the title
+        self._state_of: dict[int, str] = {}  # each job's word in `_states`
+        self._clocked: set[int] = set()  # the jobs looked at on every update: `_CLOCKED`
+        self._array_of: dict[int, int] = {}  # a task's id -> its array's
+        self.arrays: dict[int, dict[int, Mapping[str, Any]]] = {}  # array id -> its tasks by id
         self.expanded: set[int] = set()  # the arrays whose tasks have a row each
+        # what the last update saw: the feed's read of the jobs (None: build all), the alerts' marks, the
+        # utilisation, the marked rows and the expanded arrays
+        self._seen: int | None = None
+        self._found: dict[int, tuple[str, ...]] = {}
+        self._util: Mapping[int, tuple[Any, ...]] = {}
+        self._marked_seen: set[str] = set()
+        self._expanded_seen: set[int] = set()
 
     def restyle(self) -> None:
         self._cache.clear()
+        self._seen = None
 
     def toggle_array(self, array_id: int) -> None:
         self.expanded ^= {array_id}
 
     def build(self, feed: Feed, now: float) -> tuple[dict[str, R.Row | R.Lazy], list[str]]:
-        rows: dict[str, R.Row | R.Lazy] = {}
-        top: dict[str, tuple[Any, ...]] = {}  # row key -> order key: the jobs that are no array's, and the arrays
-        arrays: dict[int, list[Mapping[str, Any]]] = {}
-        cache = self._cache
-        fresh: dict[int, _Cached] = {}
-        states: Counter[str] = Counter()
         found = R.job_alert_marks(feed.alerts.values())  # the alerts are read on every refresh, whatever the view
+        changed = None
+        if self._seen is not None and self.expanded == self._expanded_seen:
+            changed = feed.jobs_changed_since(self._seen)
+        if changed is None:
+            self._build_all(feed, now, found)
+        else:
+            ids = changed | self._clocked
+            ids.update(j for j in found.keys() | self._found.keys() if found.get(j) != self._found.get(j))
+            util = feed.job_util
+            if util is not self._util:
+                ids.update(j for j in util.keys() | self._util.keys() if util.get(j) != self._util.get(j))
+            arrays: set[int] = set()
+            for key in self.marked ^ self._marked_seen:
+                if (array_id := R.array_of_key(key)) is not None:
+                    arrays.add(array_id)
+                elif key.isdecimal():
+                    ids.add(int(key))
+            for job_id in ids:
+                self._job(job_id, feed.jobs.get(job_id), now, found, util, arrays)
+            for array_id in arrays:
+                self._array(array_id, now, found)
+        self._seen, self._found, self._util = feed.jobs_read, found, feed.job_util
+        self._marked_seen, self._expanded_seen = set(self.marked), set(self.expanded)
+        if not self._ordered:
+            self._order = self._ordering()
+            self._ordered = True
+        return self._rows, self._order
+
+    def _ordering(self) -> list[str]:
+        """The rows in order: each job that is no array's and each array by its order key, an expanded array's
+        tasks after it. A few keys moved (of 10,000 jobs, what changed in a second): each is taken out and put
+        back in its place; many, or none known: sorted again."""
+        top, inner = self._top, self._inner
+        orders, keys = self._sorted
+        if len(self._moved) > max(64, len(top) // 20) or len(keys) + self._growth() != len(top):
+            keys = sorted(top, key=top.__getitem__)
+            orders = [top[k] for k in keys]
+        else:
+            for was in self._moved.values():
+                if was is not None:
+                    at = bisect.bisect_left(orders, was)
+                    del orders[at], keys[at]
+            for key in self._moved:
+                if (now := top.get(key)) is not None:
+                    at = bisect.bisect_left(orders, now)
+                    orders.insert(at, now)
+                    keys.insert(at, key)
+        self._sorted, self._moved = (orders, keys), {}
+        return [k for key in keys for k in (key, *inner.get(key, ()))] if inner else list(keys)
+
+    def _growth(self) -> int:
+        """How many keys `_top` has gained since `_sorted` was made (less those it lost)."""
+        return sum((key in self._top) - (was is not None) for key, was in self._moved.items())
+
+    def _set_top(self, key: str, order: tuple[Any, ...] | None) -> None:
+        """A row's order key (None: it has none now); what moved is kept for `_ordering`."""
+        was = self._top.get(key)
+        if was == order:
+            return
+        if key not in self._moved:
+            self._moved[key] = was
+        if order is None:
+            del self._top[key]
+        else:
+            self._top[key] = order
+        self._ordered = False
+
+    def _build_all(self, feed: Feed, now: float, found: Mapping[int, tuple[str, ...]]) -> None:
+        self._rows, self._top, self._inner, self._ordered = {}, {}, {}, False
+        self._sorted, self._moved = ([], []), {}
+        self._states, self._state_of, self._clocked, self._array_of, self.arrays = Counter(), {}, set(), {}, {}
+        cache, self._cache = self._cache, {}
+        arrays: set[int] = set()
         for job_id, job in feed.jobs.items():
-            array_id = job.get("array_id")
-            if array_id is not None:
-                arrays.setdefault(array_id, []).append(job)
-                if array_id not in self.expanded:
-                    states[R.job_state(job, now)] += 1
-                    continue
-            key = str(job_id)
-            marked = key in self.marked
-            clock = R.job_clock(job, now)
-            states[clock[0] if job["status"] == "running" else job["status"]] += 1  # job_state's, for the title
-            marks = found.get(job_id, ())
-            util = feed.job_util.get(job_id, ())
-            hit = cache.get(job_id)
-            if (
-                hit is None
-                or hit[0] is not job
-                or hit[1] != marked
-                or hit[2] != clock
-                or hit[3] != marks
-                or hit[6] != util
-            ):
-                cells = R.Lazy(R.job_cells, job, now, marked, marks, util)  # built once drawn (or filtered)
-                hit = (job, marked, clock, marks, cells, R.job_order(job, now), util)
-            fresh[job_id] = hit
-            rows[key] = hit[4]
-            if array_id is None:
-                top[key] = hit[5]
-        self._cache = fresh
-        self._states = states
-        self.arrays = arrays
-        inner: dict[str, list[str]] = {}  # an expanded array's row key -> its tasks' row keys, most pressing first
-        for array_id, tasks in arrays.items():
-            key = R.array_key(array_id)
-            expanded = array_id in self.expanded
-            rows[key] = R.array_cells(tasks, now, key in self.marked, expanded, found)
-            top[key] = R.job_order(R.array_lead(tasks, now), now)
-            if expanded:
-                inner[key] = [str(t["id"]) for t in sorted(tasks, key=lambda t: fresh[t["id"]][5])]
-        if (top, inner) != self._layout:
-            self._order = [k for key in sorted(top, key=top.__getitem__) for k in (key, *inner.get(key, ()))]
-            self._layout = (top, inner)
-        return rows, self._order
+            self._job(job_id, job, now, found, feed.job_util, arrays, cache.get(job_id))
+        for array_id in arrays:
+            self._array(array_id, now, found)
+
+    def _job(
+        self,
+        job_id: int,
+        job: Mapping[str, Any] | None,
+        now: float,
+        found: Mapping[int, tuple[str, ...]],
+        utils: Mapping[int, tuple[Any, ...]],
+        arrays: set[int],
+        hit: _Cached | None = None,
+    ) -> None:
+        """Bring one job's row, order key, state count and array up to date (`job` None: it is gone); the arrays
+        whose rows must be built again are added to `arrays`."""
+        key = str(job_id)
+        if (word := self._state_of.pop(job_id, None)) is not None:
+            self._states[word] -= 1
+        if (array_id := self._array_of.pop(job_id, None)) is not None:
+            self.arrays[array_id].pop(job_id, None)
+            arrays.add(array_id)
+        if job is None or job["status"] not in _CLOCKED:
+            self._clocked.discard(job_id)
+        if job is None:
+            self._cache.pop(job_id, None)
+            self._rows.pop(key, None)
+            self._set_top(key, None)
+            return
+        if job["status"] in _CLOCKED:
+            self._clocked.add(job_id)
+        array_id = job.get("array_id")
+        if array_id is not None:
+            self.arrays.setdefault(array_id, {})[job_id] = job
+            self._array_of[job_id] = array_id
+            arrays.add(array_id)
+            if array_id not in self.expanded:
+                self._count(job_id, R.job_state(job, now))
+                self._cache.pop(job_id, None)
+                self._rows.pop(key, None)
+                return
+        marked = key in self.marked
+        clock = R.job_clock(job, now)
+        self._count(job_id, clock[0] if job["status"] == "running" else job["status"])  # job_state's, for the title
+        marks = found.get(job_id, ())
+        util = utils.get(job_id, ())
+        if hit is None:
+            hit = self._cache.get(job_id)
+        if hit is None or hit[0] is not job or hit[1] != marked or hit[2] != clock or hit[3] != marks or hit[6] != util:
+            cells = R.Lazy(R.job_cells, job, now, marked, marks, util)  # built once drawn (or filtered)
+            hit = (job, marked, clock, marks, cells, R.job_order(job, now), util)
+        self._cache[job_id] = hit
+        self._rows[key] = hit[4]
+        if array_id is None:
+            self._set_top(key, hit[5])
+
+    def _count(self, job_id: int, word: str) -> None:
+        self._state_of[job_id] = word
+        self._states[word] += 1
+
+    def _array(self, array_id: int, now: float, found: Mapping[int, tuple[str, ...]]) -> None:
+        """An array's row, order key and (expanded) its tasks' order, from its tasks as they are now."""
+        key = R.array_key(array_id)
+        tasks = list(self.arrays.get(array_id, {}).values())
+        if not tasks:
+            self.arrays.pop(array_id, None)
+            self._rows.pop(key, None)
+            self._inner.pop(key, None)
+            self._set_top(key, None)
+            return
+        expanded = array_id in self.expanded
+        self._rows[key] = R.array_cells(tasks, now, key in self.marked, expanded, found)
+        lead = R.job_order(R.array_lead(tasks, now), now)
+        inner = [str(t["id"]) for t in sorted(tasks, key=lambda t: self._cache[t["id"]][5])] if expanded else None
+        self._set_top(key, lead)
+        if self._inner.get(key) != inner:
+            if inner is None:
+                self._inner.pop(key, None)
+            else:
+                self._inner[key] = inner
+            self._ordered = False
 
     def summary(self, feed: Feed, now: float) -> Text:
         counts = self._states  # counted by `build`, which just ran (an array's tasks with the rest)
