@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import time
 from typing import Any
 
 from ftconsole.format import print_json
@@ -24,9 +25,18 @@ def topology_view(loaded: LoadedConfig, cluster: dict[str, Any]) -> dict[str, An
         raise UsageError(f"{loaded.file} declares no topology: add a topology: section (docs/configuration.md); "
                          "ftconsole topology --discover asks the nodes")  # fmt: skip
     seen = {n["name"]: n for n in cluster.get("nodes") or []}
-    leaves, parents = tree.leaves(), tree.parents()
+    leaves, parents, blocks = tree.leaves(), tree.parents(), tree.block_nodes()
+    names: list[str] = list(tree.switches)
+    fabric = cluster.get("fabric") or {}  # what the scheduler goes by: found where topology.discover asks
+    source = fabric.get("source") or {"switches": "declared" if tree.switches else "none",
+                                      "blocks": "declared" if tree.blocks else "none"}  # fmt: skip
+    if source.get("switches") == "found":
+        leaves, parents = fabric["leaves"], fabric["parents"]
+        names = sorted({*leaves, *parents.values()})
+    if source.get("blocks") == "found":
+        blocks = fabric["blocks"]
     children: dict[str | None, list[str]] = {}
-    for name in tree.switches:
+    for name in names:
         children.setdefault(parents.get(name), []).append(name)
 
     def node(name: str) -> dict[str, Any]:
@@ -47,7 +57,8 @@ def topology_view(loaded: LoadedConfig, cluster: dict[str, Any]) -> dict[str, An
         walk(root, 0)
     placed = {n for nodes in leaves.values() for n in nodes}
     unplaced = [node(n.name) for n in loaded.cluster.node_list() if n.name not in placed]
-    return {"switches": out, "unplaced": unplaced, "blocks": tree.block_nodes()}
+    return {"switches": out, "unplaced": unplaced, "blocks": blocks, "source": source,
+            "found_at": fabric.get("found_at")}  # fmt: skip
 
 
 def cmd_topology(args: argparse.Namespace) -> int:
@@ -63,6 +74,10 @@ def cmd_topology(args: argparse.Namespace) -> int:
     if args.json:
         print_json(view)
         return 0
+    found = [what for what, key in (("switches", "switches"), ("blocks", "blocks")) if view["source"][key] == "found"]
+    if found:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(view["found_at"]))
+        print(f"{' and '.join(found)} as the nodes told at {when} (topology.discover)")
     for switch in view["switches"]:
         indent = "  " * switch["depth"]
         nodes = switch["nodes"]

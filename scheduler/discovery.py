@@ -3,14 +3,24 @@ the SSH account, what its tools say: `lldpctl -f json` (its Ethernet neighbours,
 carry RDMA, /sys/class/infiniband/*/device/net, where there are some), `nvidia-smi -q` (its
 NVLink domain), and `ibnetdiscover` (the InfiniBand fabric, read from the first node that has it). Each tool runs
 only where installed, under a time bound. What they say is read (`decide.fabricfind`) and compared with the config's
-`topology:`; each mismatch is a `TopologyMismatch` event of its node. Nothing is changed: the config stays the truth
-until an operator edits it.
+`topology:`; each mismatch is a `TopologyMismatch` event of its node. What the config declares stays the truth until
+an operator edits it.
+
+Where `topology.discover` is set, the scheduler asks at its start (once the first probe sweep is done) and then every
+`discover`, and placement uses what the nodes told for what the config leaves out: the leaves where it declares no
+`switches`, the NVLink domains where it declares no `blocks` (`decide.topology.merged_fabric`); those are not
+mismatches. What was found is kept in the store, so a restart places by it at once; each change of the fabric
+placement uses is a `TopologyFound` event.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import dataclasses
+import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ftconsole.scheduler.decide.fabricfind import (
@@ -20,6 +30,7 @@ from ftconsole.scheduler.decide.fabricfind import (
     read_lldp,
     read_nvlink_domain,
 )
+from ftconsole.scheduler.decide.topology import merged_fabric
 from ftconsole.scheduler.errors import FtError
 from ftconsole.scheduler.ssh.transport import run_on_all
 
@@ -43,6 +54,7 @@ done
 exit 0
 """
 TIMEOUT_S = 120.0
+KEPT = "topology.found"  # the store's meta key of what was last found, and when
 
 
 def sections(text: str) -> dict[str, str]:
@@ -91,7 +103,14 @@ async def discover(service: Any, clock: Callable[[], float]) -> dict[str, Any]:
     tree = service.config.topology
     declared = {} if tree is None else {node: leaf for leaf, names in tree.leaves().items() for node in names}
     blocks = {} if tree is None else {node: block for block, names in tree.block_nodes().items() for node in names}
-    mismatches = compare(declared, found, [n.name for n in nodes], blocks)
+    compared = found
+    if tree is not None and tree.discover is not None:  # what the config leaves out is found, not a mismatch
+        await _adopt(service, found.to_json(), clock())
+        if not tree.switches:
+            compared = dataclasses.replace(compared, leaf_of={}, source={})
+        if not tree.blocks:
+            compared = dataclasses.replace(compared, nvlink={})
+    mismatches = compare(declared, compared, [n.name for n in nodes], blocks)
     if mismatches:
         now = clock()
         async with service.store.jobs_tx("record what the fabric discovery found") as tx:
@@ -105,3 +124,63 @@ async def discover(service: Any, clock: Callable[[], float]) -> dict[str, Any]:
         "errors": errors,
         "tools": {name: sorted(s) for name, s in said.items()},
     }
+
+
+async def _adopt(service: Any, found: dict[str, Any], now: float) -> None:
+    """Use what was found where the config leaves it out; a `TopologyFound` event when that changes what placement
+    goes by; kept in the store for the next start."""
+    tree = service.config.topology
+    before = merged_fabric(tree, None if service.found_fabric is None else service.found_fabric[0])
+    service.found_fabric = (found, now)
+    after = merged_fabric(tree, found)
+    await service.store.keep(KEPT, json.dumps({"found": found, "at": now}))
+    if before == after or "found" not in after["source"].values():
+        return
+    text = "placement goes by the fabric the nodes told: " + describe_found(after)
+    async with service.store.jobs_tx("record the fabric found") as tx:
+        await tx.event(now, "TopologyFound", text)
+    log.info("topology: %s", text)
+
+
+def describe_found(merged: dict[str, Any]) -> str:
+    """`3 leaf switches (sw-a: node01, node02; ...), 1 NVLink domain (...)`: what was found, of what placement uses."""
+    parts = []
+    for key, what in (("leaves", "leaf switch"), ("blocks", "NVLink domain")):
+        source = merged["source"]["switches" if key == "leaves" else "blocks"]
+        groups = merged[key]
+        if source == "found" and groups:
+            listed = "; ".join(f"{name}: {', '.join(nodes)}" for name, nodes in sorted(groups.items()))
+            plural = "es" if what.endswith("switch") else "s"
+            parts.append(f"{len(groups)} {what}{plural if len(groups) != 1 else ''} ({listed})")
+    return ", ".join(parts)
+
+
+async def recall(service: Any) -> None:
+    """What the last discovery found, from the store (a restart places by it before it asks again)."""
+    if service.found_fabric is not None:
+        return
+    kept = await service.store.kept(KEPT)
+    if kept is None:
+        return
+    with contextlib.suppress(ValueError, KeyError, TypeError):
+        value = json.loads(kept)
+        service.found_fabric = (dict(value["found"]), float(value["at"]))
+
+
+async def watch(service: Any, clock: Callable[[], float], stop: asyncio.Event, first: Awaitable[Any] | None) -> None:
+    """`topology.discover`: ask the nodes once the first probe sweep is done, then every `discover`."""
+    tree = service.config.topology
+    if tree is None or tree.discover is None:
+        return
+    await recall(service)
+    if first is not None:
+        await first
+    while not stop.is_set():
+        try:
+            await discover(service, clock)
+        except FtError as exc:
+            log.warning("topology: the discovery failed: %s", exc)
+        except Exception:
+            log.exception("topology: the discovery failed")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=tree.discover)

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ftconsole.scheduler import evidence, nodegate, repair
+from ftconsole.scheduler import discovery, evidence, nodegate, repair
 from ftconsole.scheduler.decide.jobplan import PULL_STEP
 from ftconsole.scheduler.decide.jobs import (
     FINAL_CONDITION,
@@ -128,6 +128,7 @@ class Loop:
         prober = asyncio.create_task(self._probe_loop(stop, first)) if probe else None
         self._first_probe = first if probe else None
         pruner = asyncio.create_task(self.pruner.run(stop))  # history retention, alongside (scheduler/retention.py)
+        finder = asyncio.create_task(discovery.watch(self.service, self.clock, stop, first if probe else None))
         try:
             while not stop.is_set():
                 self.wake.clear()  # before the tick: a poke made during it brings the next one forward
@@ -145,9 +146,10 @@ class Loop:
                         w.cancel()
         finally:
             self.looping = False
-            pruner.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await pruner
+            for task in (pruner, finder):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             if prober is not None:
                 prober.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

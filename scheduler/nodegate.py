@@ -20,7 +20,7 @@ from collections.abc import Sequence, Set
 
 from ftconsole.probes.health import NodeEvent, NodeHealth, NodeState, due_for_tests, resume_tested, set_admin
 from ftconsole.scheduler import debugenv
-from ftconsole.scheduler.decide.topology import by_switch, fabric_of
+from ftconsole.scheduler.decide.topology import by_switch
 from ftconsole.scheduler.errors import UsageError
 from ftconsole.scheduler.fabric import check
 from ftconsole.scheduler.nodealerts import isolation_alerts
@@ -177,7 +177,7 @@ async def fabric_test(service: ClusterService, node: Node, config: ClusterConfig
     ]  # fmt: skip
     held = await busy(service, {n.name for n in candidates})
     free = {n.name: n for n in candidates if n.name not in held and n.name not in tester.lent}
-    near = by_switch(list(free), fabric_of(config.topology), first=node.name)  # under its own leaf first
+    near = by_switch(list(free), service.fabric(), first=node.name)  # under its own leaf first
     partners = [free[name] for name in near][:FABRIC_PARTNERS]
     if not partners:
         why = f"no idle node of pool {node.pool} in service to test the fabric with"

@@ -29,6 +29,7 @@ from ftconsole.probes.health import (
 from ftconsole.probes.results import AGENT_PROTOCOL, ALL_CHECKS, ProbeReport, parse_document
 from ftconsole.scheduler import debugenv
 from ftconsole.scheduler.climbs import Climb, Repairs
+from ftconsole.scheduler.decide.topology import Fabric, fabric_of, merged_fabric
 from ftconsole.scheduler.errors import FtError, NotFound, UsageError
 from ftconsole.scheduler.fabric import Baselines
 from ftconsole.scheduler.nodealerts import flaky_alert, isolation_alerts, node_alerts
@@ -209,6 +210,25 @@ class ClusterService:
         self.baselines = Baselines(lambda key: self.store.kept(key), lambda key, value: self.store.keep(key, value))
         self.returns = Returns()  # nodes put back in service, by whom, and how long they were out
         self.repairs = Repairs()  # the repairs under way (repair.py)
+        # what the nodes last told of the fabric (discovery.py: `Found.to_json`, and when), used where `topology:`
+        # declares no leaves or no blocks and asks to `discover`
+        self.found_fabric: tuple[dict[str, Any], float] | None = None
+
+    def fabric(self) -> Fabric | None:
+        """The fabric placement and the fabric tests go by: `topology:`, and what was found where it asks."""
+        tree = self.config.topology
+        found = self.found_fabric if tree is not None and tree.discover is not None else None
+        return fabric_of(tree, None if found is None else found[0])
+
+    def fabric_view(self) -> dict[str, Any] | None:
+        """What `fabric` goes by (`merged_fabric`: leaves, parents, blocks and where each came from) and when the
+        nodes last told; None where `topology:` declares nothing."""
+        tree = self.config.topology
+        if tree is None:
+            return None
+        found = self.found_fabric if tree.discover is not None else None
+        merged = merged_fabric(tree, None if found is None else found[0])
+        return {**merged, "found_at": None if found is None else found[1]}
 
     async def _fabric_test(self, node: Node, config: ClusterConfig) -> TestResult:
         from ftconsole.scheduler import nodegate  # it imports this module
@@ -237,6 +257,7 @@ class ClusterService:
         other._util, other._util_seeded, other._sweeps = self._util, self._util_seeded, self._sweeps
         other._folding, other.tester = self._folding, self.tester
         other.returns, other.repairs, other.baselines = self.returns, self.repairs, self.baselines
+        other.found_fabric = self.found_fabric  # the fabric itself does not change with the config
         other.tester.fabric = other._fabric_test  # partners from the new config's nodes
         return other
 

@@ -33,7 +33,7 @@ from ftconsole.scheduler.decide.jobs import Attempt, Condition, Job, JobStatus, 
 from ftconsole.scheduler.decide.ledger import Ledger
 from ftconsole.scheduler.decide.requests import job_request, node_slot, urgent_scope
 from ftconsole.scheduler.decide.steps import user_root
-from ftconsole.scheduler.decide.topology import fabric_of, placed_note
+from ftconsole.scheduler.decide.topology import Fabric, placed_note
 from ftconsole.scheduler.errors import FtError, SSHError, StoreError, UsageError
 from ftconsole.scheduler.failpoints import afailpoint
 from ftconsole.scheduler.nodeops import ClusterService
@@ -69,8 +69,6 @@ class Placer(SharingWeights):
         self._run_root = run_root
         self._avoided = avoided  # user -> the nodes where that user has no account or home, and which it lacks
         self._nodes = {n.name: n for n in service.all_nodes}
-        # the switches the nodes hang under (topology:): a multi-node job goes under the fewest
-        self.fabric = fabric_of(self.config.topology)
         self._used: dict[tuple[str, str], float] = {}  # fair share: fairshare.account -> decayed GPU-seconds
         self._used_at = float("-inf")  # when that was computed (again every fairshare.every)
         self._factors: dict[tuple[str, str], fairshare.Factor] = {}  # of the last pass's queued jobs' accounts
@@ -90,6 +88,12 @@ class Placer(SharingWeights):
         self._use: tuple[tuple[int, float], dict[quotas.Key, quotas.InUse]] | None = None
         self._accounts: tuple[tuple[int, ...], list[tuple[str, str]]] | None = None  # the queue's (project, user)s
         self._after: tuple[tuple[int, ...] | None, bool] | None = None  # whether any queued job has an `after:`
+
+    @property
+    def fabric(self) -> Fabric | None:
+        """The switches the nodes hang under (`topology:`, or found by discovery): a multi-node job goes under the
+        fewest."""
+        return self.service.fabric()
 
     @property
     def run_root(self) -> str:

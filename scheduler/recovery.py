@@ -38,7 +38,7 @@ from ftconsole.scheduler.decide.reconcile import (
     recover,
 )
 from ftconsole.scheduler.decide.reconcile import dumps as reconcile_dumps
-from ftconsole.scheduler.decide.topology import by_switch, fabric_of
+from ftconsole.scheduler.decide.topology import by_switch
 from ftconsole.scheduler.errors import FtError
 from ftconsole.scheduler.fabric import FabricReport, check
 from ftconsole.scheduler.failpoints import afailpoint
@@ -168,7 +168,7 @@ class Recoverer:
         nodes with their line, and those of them another job (or a failed job kept for debugging) uses too: its
         traffic may be why, so such a node is left out of this job, not isolated. A node that could not take part
         is no evidence: its item says `error`, and the job goes on."""
-        nodes = self.service.select(by_switch(names, fabric_of(self.service.config.topology)))  # its ring crosses the
+        nodes = self.service.select(by_switch(names, self.service.fabric()))  # its ring crosses the
         pool = nodes[0].pool  # fewest switches
         settings = self.service.config.node_tests_for(pool).fabric or FabricTest()
         report = await check(self.service.transport, self.service.config.ssh.python, nodes, settings, pool,

@@ -148,9 +148,34 @@ def placed_note(fabric: Fabric | None, want: Any, nodes: Sequence[str]) -> str:
     return f", {fabric.describe(nodes)} ({why})"
 
 
-def fabric_of(tree: Any) -> Fabric | None:
-    """The fabric of a config's `topology:` (a TopologySettings, or None: none declared)."""
-    return None if tree is None else Fabric.of(tree.leaves(), tree.parents(), tree.block_nodes())
+def fabric_of(tree: Any, found: Mapping[str, Any] | None = None) -> Fabric | None:
+    """The fabric of a config's `topology:` (a TopologySettings, or None: none declared), and where it declares no
+    leaves, or no blocks, those of `found` (`merged_fabric`)."""
+    if tree is None:
+        return None
+    if found is None:
+        return Fabric.of(tree.leaves(), tree.parents(), tree.block_nodes())
+    merged = merged_fabric(tree, found)
+    return Fabric.of(merged["leaves"], merged["parents"], merged["blocks"])
+
+
+def merged_fabric(tree: Any, found: Mapping[str, Any] | None) -> dict[str, Any]:
+    """What placement uses: the declared switches, else the leaves the nodes told (`found`: what discovery found,
+    `Found.to_json`), each under the first switch it links up to (a leaf that links to several spines is under
+    all of them; the first, by name, stands for them); the declared blocks, else the NVLink domains told. With
+    `source` saying, for the leaves and the blocks, whether they are "declared", "found" or "none"."""
+    found = found or {}
+    leaves, parents, blocks = tree.leaves(), tree.parents(), tree.block_nodes()
+    source = {"switches": "declared" if tree.switches else "none", "blocks": "declared" if tree.blocks else "none"}
+    if not tree.switches and found.get("leaves"):
+        leaves = {leaf: list(nodes) for leaf, nodes in found["leaves"].items()}
+        uplinks = found.get("uplinks") or {}
+        parents = {leaf: min(uplinks[leaf]) for leaf in leaves if uplinks.get(leaf)}
+        source["switches"] = "found"
+    if not tree.blocks and found.get("nvlink_domains"):
+        blocks = {domain: list(nodes) for domain, nodes in found["nvlink_domains"].items()}
+        source["blocks"] = "found"
+    return {"leaves": leaves, "parents": parents, "blocks": blocks, "source": source}
 
 
 def by_switch(names: Sequence[str], fabric: Fabric | None, first: str | None = None) -> list[str]:

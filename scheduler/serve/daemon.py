@@ -347,7 +347,8 @@ class Operations:
             for gpu in node.get("gpus") or []:
                 if gpu.get("job") in hidden:
                     gpu.update(job=None, private=True)
-        return {**view, "goodput": await s.cluster_goodput(), **self._leadership()}  # sums only: no job is named
+        fabric = s.service.fabric_view()  # what placement goes by, declared or found (`ftconsole topology`)
+        return {**view, "goodput": await s.cluster_goodput(), "fabric": fabric, **self._leadership()}  # no job named
 
     async def _topology_discover(self, caller: Caller, args: dict[str, Any]) -> Any:
         """What the nodes' tools say of the fabric, compared with `topology:` (scheduler/discovery.py): admins only,

@@ -9,6 +9,7 @@ through `scheduler.decide.topology.Fabric`.
         spine: {switches: [leaf1, leaf2]}  # a switch above others
       blocks:
         nvl1: {nodes: "gpu[01-18]"}       # an NVLink domain: a job that fits one stays inside one
+      discover: 6h                        # ask the nodes (at start, then every 6 h); what is not declared is found
 
 A leaf names nodes, an upper switch names switches; each switch is under at most one other, each node under at most
 one leaf, and the tree has no cycle. A node under no leaf is placed as if alone under a switch of its own.
@@ -57,6 +58,10 @@ class BlockSettings(_Strict):
 class TopologySettings(_Strict):
     switches: dict[SwitchName, SwitchSettings] = {}
     blocks: dict[SwitchName, BlockSettings] = {}
+    # ask the nodes what the fabric is (as `ftconsole topology --discover`) when the scheduler starts, then this
+    # often; placement uses what they tell where `switches` (the leaves) or `blocks` (the NVLink domains) are not
+    # declared, and compares it with what is declared
+    discover: PositiveDuration | None = None
 
     def block_nodes(self) -> dict[str, list[str]]:
         """block -> its nodes (expanded)."""

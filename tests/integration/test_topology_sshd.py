@@ -114,3 +114,45 @@ async def test_discovery_reads_the_nodes_tools_and_says_where_they_differ_from_t
         assert any(e["kind"] == "TopologyMismatch" for e in events)
         code, out, err = await cli(loaded.file, "topology", "--discover")
         assert code == 1 and "switch sw-b: node03, node04" in out and "mismatch: node05 is declared" in out, err
+
+
+async def test_a_fabric_found_by_discovery_places_jobs_where_the_config_declares_no_switches(
+    sshd_cluster: Any, tmp_path: Path, sock_dir: Path
+) -> None:
+    """`topology: {discover: 1h}` and no switches: the scheduler asks the nodes' lldpctl at its start; each pair of
+    nodes says its own switch, and a 2-node job goes under the one switch with two nodes free, as with a declared
+    topology; nothing found is a mismatch, and `ftconsole topology` shows the switches found."""
+    cluster: SshdCluster = sshd_cluster(6, gpus=1)
+    switch = {"node01": "sw-a", "node02": "sw-a", "node03": "sw-b", "node04": "sw-b", "node05": "sw-c",
+              "node06": "sw-c"}  # fmt: skip
+    for node in cluster.nodes:
+        node.bin_dir.mkdir(exist_ok=True)
+        lldpctl = node.bin_dir / "lldpctl"
+        lldpctl.write_text(f"#!/bin/sh\ncat <<'END'\n{LLDP % switch[node.name]}\nEND\n")
+        lldpctl.chmod(0o755)
+    loaded = write_config(cluster, tmp_path, sock_dir, topology={"discover": "1h"})
+    async with running(loaded) as (_, client):
+
+        async def of_kind(kind: str) -> list[dict[str, Any]]:
+            return [e for e in await client.call("events", limit=1000) if e["kind"] == kind]
+
+        found = await poll(lambda: of_kind("TopologyFound"), bool, "the fabric found")
+        assert (
+            "3 leaf switches (sw-a: node01, node02; sw-b: node03, node04; sw-c: node05, node06)" in found[0]["message"]
+        )
+        for name in ("node01", "node03"):  # one node taken under sw-a and under sw-b
+            taken = await client.call("submit", spec=job(f"on-{name}", "sleep 300", node_names=name))
+            await until(client, taken["id"], lambda j: j["status"] == "running", f"the job on {name}")
+        pair = await client.call("submit", spec=job("pair", "sleep 300", nodes=2, mode="pytorch"))
+        pair = await until(client, pair["id"], lambda j: j["status"] == "running", "the pair")
+        assert sorted(pair["node_names"]) == ["node05", "node06"]  # blind to the fabric: node02 and node04
+        assert "under sw-c (the fewest switches free)" in placed(await client.call("show", job=pair["id"]))
+        assert not await of_kind("TopologyMismatch")
+        code, out, err = await cli(loaded.file, "topology", "--json")
+        assert code == 0, err
+        tree = json.loads(out)
+        assert tree["source"] == {"switches": "found", "blocks": "none"} and tree["found_at"] is not None
+        assert [(s["name"], [n["name"] for n in s["nodes"]]) for s in tree["switches"]] == [
+            ("sw-a", ["node01", "node02"]), ("sw-b", ["node03", "node04"]), ("sw-c", ["node05", "node06"])]  # fmt: skip
+        code, out, err = await cli(loaded.file, "topology")
+        assert code == 0 and "switches as the nodes told at" in out and "sw-c" in out, err

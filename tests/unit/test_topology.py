@@ -176,3 +176,24 @@ def test_a_head_whose_switches_can_never_be_met_waits_alone_and_holds_no_one() -
     running = (alloc("r", "n01", range(8)),)
     decisions = {d.job_id: d for d in plan(ClusterState(nodes, running, tree), [head, small], 0.0)}
     assert isinstance(decisions["head"], Wait) and isinstance(decisions["small"], Place)
+
+
+def test_what_placement_goes_by_is_the_declared_fabric_and_what_was_found_where_nothing_is_declared() -> None:
+    from ftconsole.scheduler.decide.topology import fabric_of, merged_fabric
+    from ftconsole.scheduler.spec.topologyspec import TopologySettings
+
+    found = {"leaves": {"sw-a": ["n1", "n2"], "sw-b": ["n3", "n4"]}, "uplinks": {"sw-a": ["spine2", "spine1"]},
+             "nvlink_domains": {"clique-1": ["n1", "n2"]}}  # fmt: skip
+    bare = TopologySettings.model_validate({"discover": "1h"})
+    merged = merged_fabric(bare, found)
+    assert merged["source"] == {"switches": "found", "blocks": "found"}
+    assert merged["leaves"] == found["leaves"] and merged["blocks"] == {"clique-1": ["n1", "n2"]}
+    assert merged["parents"] == {"sw-a": "spine1"}  # the first of its uplinks stands for them
+    fabric = fabric_of(bare, found)
+    assert fabric is not None and fabric.choose(["n1", "n3", "n4"], 2) == ["n3", "n4"]
+    declared = TopologySettings.model_validate({"switches": {"l1": {"nodes": "n[1-4]"}}, "discover": "1h"})
+    merged = merged_fabric(declared, found)
+    assert merged["source"] == {"switches": "declared", "blocks": "found"} and merged["leaves"] == {
+        "l1": ["n1", "n2", "n3", "n4"]
+    }
+    assert merged_fabric(bare, None)["source"] == {"switches": "none", "blocks": "none"}
