@@ -475,6 +475,8 @@ class SyntheticCluster:
             reply = [{"name": "maint-r00", "nodes": rack, "start": T0 - 600, "end": T0 + 7200, "user": None,
                       "project": None, "maintenance": True, "reason": "firmware", "by": "ops", "created": T0 - 900,
                       "state": "active"}]  # fmt: skip
+        elif op == "fabric":  # no topology: declared
+            reply = None
         else:
             raise UsageError(f"the synthetic cluster does not serve {op!r}")
         data = _json(reply)

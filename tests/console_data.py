@@ -145,6 +145,9 @@ CLUSTER = {
 }  # fmt: skip
 
 
+FABRIC = None  # no topology: declared (the `fabric` op)
+
+
 class FixedClient:
     """The console's read ops over the documents above; anything that would change the cluster is refused."""
 
@@ -164,7 +167,7 @@ class FixedClient:
         if op == "samples":
             return node_samples(args["node"]) if args.get("node") else job_samples(int(args["job"]))
         answers = {"nodes": NODES, "alerts": ALERTS, "events": EVENTS, "cluster": CLUSTER, "reservations": RESERVATIONS,
-                   "forecast": FORECAST, "shares": SHARES}  # fmt: skip
+                   "forecast": FORECAST, "shares": SHARES, "fabric": FABRIC}  # fmt: skip
         if op not in answers:
             raise UsageError(f"fixed data: {op} is not answered here")
         return answers[op]

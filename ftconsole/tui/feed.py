@@ -20,11 +20,13 @@ from ftconsole.scheduler.serve.client import Client
 
 UTIL_HISTORY = 12  # probes of GPU utilisation kept per node for the sparkline
 STALE_AFTER_S = 15.0  # nodes data older than this (the scheduler is not answering) reads `unknown`
-SOURCES = ("jobs", "nodes", "alerts", "events", "cluster", "reservations", "job_util", "forecast", "shares")
+SOURCES = (
+    "jobs", "nodes", "alerts", "events", "cluster", "reservations", "job_util", "forecast", "shares", "fabric"
+)  # fmt: skip
 # sources read less often than every refresh: the running jobs' utilisation moves once a probe at most, and the
 # expected starts are worked out again at most every 15 s (scheduler.forecasting.KEEP_S), the shares every 30 s
 JOB_LOG = 64  # the reads of the jobs whose changed ids are kept: a view that last looked further back reads them all
-READ_EVERY_S = {"job_util": 5.0, "forecast": 10.0, "shares": 30.0}
+READ_EVERY_S = {"job_util": 5.0, "forecast": 10.0, "shares": 30.0, "fabric": 30.0}
 
 
 @dataclass
@@ -45,6 +47,7 @@ class Feed:
     job_util: dict[int, tuple[float | None, ...]] = field(default_factory=dict)  # running job -> its GPUs' %
     forecast: dict[str, Any] | None = None  # the queue's expected starts (the `forecast` op)
     shares: dict[str, Any] | None = None  # fair share, use and quotas per project and user (the `shares` op)
+    fabric: dict[str, Any] | None = None  # the switches placement goes by, declared or found (the `fabric` op)
     util: dict[str, deque[float | None]] = field(default_factory=dict)
     sources: dict[str, Source] = field(default_factory=lambda: {s: Source() for s in SOURCES})
     events_limit: int = 500
@@ -166,6 +169,17 @@ class Feed:
         reply = await _newer_op(client, "shares", "shares")
         changed = reply != self.shares
         self.shares = reply
+        return changed
+
+    async def _read_fabric(self, client: Client) -> bool:
+        try:
+            reply = await client.call("fabric")
+        except FtError as exc:  # a scheduler from before the op: the config's switches, as before
+            if "unknown op" not in str(exc):
+                raise
+            reply = None
+        changed = reply != self.fabric
+        self.fabric = reply
         return changed
 
     # -- derived -------------------------------------------------------------------------------------------

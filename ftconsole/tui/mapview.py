@@ -356,7 +356,7 @@ class MapView(View):
     """The cluster as a picture: a title with the GPUs by kind, the legend, the map, the node under the cursor."""
 
     title = "Map"
-    sources = ("nodes", "jobs", "reservations")
+    sources = ("nodes", "jobs", "reservations", "fabric")
     kind = "node"
 
     DEFAULT_CSS = """
@@ -375,10 +375,15 @@ class MapView(View):
         self._legend_palette: tuple[str, ...] = ()  # the colours the legend was drawn in
         self._groups: list[M.Group] = []
 
-    def _leaf_of(self) -> dict[str, str]:
-        """node -> its leaf switch, where the config declares the fabric (`topology:`): the map groups by it."""
-        tree = getattr(getattr(getattr(self.app, "loaded", None), "cluster", None), "topology", None)
-        return {} if tree is None else {node: leaf for leaf, names in tree.leaves().items() for node in names}
+    def _leaf_of(self, feed: Feed) -> dict[str, str]:
+        """node -> its leaf switch, where the scheduler knows the fabric (declared in `topology:`, or found), else
+        where the config declares it: the map groups by it."""
+        if feed.fabric is not None:
+            leaves = feed.fabric.get("leaves") or {}
+        else:
+            tree = getattr(getattr(getattr(self.app, "loaded", None), "cluster", None), "topology", None)
+            leaves = {} if tree is None else tree.leaves()
+        return {node: leaf for leaf, names in leaves.items() for node in names}
 
     @property
     def map(self) -> ClusterMap:
@@ -396,9 +401,9 @@ class MapView(View):
         self._views = {str(n["name"]): n for n in nodes}
         self._jobs = feed.jobs
         self._reserved = reserved = M.active_reservations(feed.reservations)
-        make_up = M.make_up(nodes)
+        make_up = (M.make_up(nodes), feed.fabric)
         if make_up != self._make_up:
-            self._make_up, self._groups = make_up, M.groups(nodes, self._leaf_of())
+            self._make_up, self._groups = make_up, M.groups(nodes, self._leaf_of(feed))
         groups = self._groups
         preemptible = M.preemptible_jobs(feed.jobs)
         cells: dict[str, tuple[M.Gpu, ...]] = {}

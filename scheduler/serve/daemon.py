@@ -91,6 +91,7 @@ class Operations:
             "repair": self._repair,
             "cluster": self._cluster,
             "topology_discover": self._topology_discover,
+            "fabric": lambda caller, args: self._fabric(),
             "usage": self._usage,
             "quota": self._quota,
             "reservations": self._reservations,
@@ -349,6 +350,10 @@ class Operations:
                     gpu.update(job=None, private=True)
         fabric = s.service.fabric_view()  # what placement goes by, declared or found (`ftconsole topology`)
         return {**view, "goodput": await s.cluster_goodput(), "fabric": fabric, **self._leadership()}  # no job named
+
+    async def _fabric(self) -> Any:
+        """What placement goes by of the fabric (`ClusterService.fabric_view`; None: nothing declared)."""
+        return self.scheduler.service.fabric_view()
 
     async def _topology_discover(self, caller: Caller, args: dict[str, Any]) -> Any:
         """What the nodes' tools say of the fabric, compared with `topology:` (scheduler/discovery.py): admins only,

@@ -206,3 +206,25 @@ async def test_a_taller_terminal_gives_the_map_a_roomier_layout(
         await pilot.resize_terminal(150, 20)
         await pilot.pause()
         assert cluster_map.layout_.dense
+
+
+async def test_the_map_groups_by_the_switches_the_scheduler_goes_by_found_or_declared(tmp_path: Path) -> None:
+    """The `fabric` op names the leaves (found by discovery here: the config declares none): the map's groups
+    follow them."""
+
+    class FoundFabric(FixedClient):
+        async def call(self, op: str, **args: Any) -> Any:
+            if op == "fabric":
+                return {"leaves": {"sw-a": ["gpu01", "gpu02"], "sw-b": ["gpu03", "gpu04", "gpu05"]}, "parents": {},
+                        "blocks": {}, "source": {"switches": "found", "blocks": "none"}, "found_at": NOW}  # fmt: skip
+            return await super().call(op, **args)
+
+    console = ConsoleApp(fixed_config(tmp_path), client=FoundFabric(), clock=lambda: NOW, refresh_s=3600)
+    async with console.run_test(size=(120, 24)) as pilot:
+        await pilot.press("6")
+        await console.refresh_data("jobs", "nodes", "reservations", "fabric")
+        await pilot.pause()
+        lines = map_text(console.view.table)
+        titles = [line for line in lines if line.startswith("h100")]
+        make_up = "h100 · 8x H100 80GB HBM3"
+        assert [t.split("  ")[0] for t in titles] == [f"{make_up} · sw-a", f"{make_up} · sw-b"]
