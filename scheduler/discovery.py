@@ -20,7 +20,7 @@ import contextlib
 import dataclasses
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from ftconsole.scheduler.decide.fabricfind import (
@@ -55,6 +55,7 @@ exit 0
 """
 TIMEOUT_S = 120.0
 KEPT = "topology.found"  # the store's meta key of what was last found, and when
+GROUPS = ("leaves", "nvlink_domains")  # what was found groups the nodes by (`Found.to_json`)
 
 
 def sections(text: str) -> dict[str, str]:
@@ -105,7 +106,7 @@ async def discover(service: Any, clock: Callable[[], float]) -> dict[str, Any]:
     blocks = {} if tree is None else {node: block for block, names in tree.block_nodes().items() for node in names}
     compared = found
     if tree is not None and tree.discover is not None:  # what the config leaves out is found, not a mismatch
-        await _adopt(service, found.to_json(), clock())
+        await _adopt(service, kept_for(found.to_json(), service.found_fabric, errors), clock())
         if not tree.switches:
             compared = dataclasses.replace(compared, leaf_of={}, source={})
         if not tree.blocks:
@@ -124,6 +125,28 @@ async def discover(service: Any, clock: Callable[[], float]) -> dict[str, Any]:
         "errors": errors,
         "tools": {name: sorted(s) for name, s in said.items()},
     }
+
+
+def kept_for(
+    found: dict[str, Any], before: tuple[dict[str, Any], float] | None, unasked: Mapping[str, str]
+) -> dict[str, Any]:
+    """What was found, and for each node that could not be asked (`unasked`: node -> why) what was found of it
+    before: an SSH failure during a discovery does not take a node out of its leaf, while a node that was asked and
+    told nothing leaves it."""
+    if before is None:
+        return found
+    merged = {**found, **{key: {k: list(v) for k, v in found.get(key, {}).items()} for key in GROUPS}}
+    for key in GROUPS:
+        told = {node for nodes in merged[key].values() for node in nodes}
+        for group, nodes in before[0].get(key, {}).items():
+            kept = [node for node in nodes if node in unasked and node not in told]
+            if kept:
+                merged[key][group] = sorted({*merged[key].get(group, []), *kept})
+    uplinks = dict(found.get("uplinks") or {})
+    for leaf, above in (before[0].get("uplinks") or {}).items():
+        if leaf in merged["leaves"] and leaf not in uplinks:
+            uplinks[leaf] = above
+    return {**merged, "uplinks": uplinks}
 
 
 async def _adopt(service: Any, found: dict[str, Any], now: float) -> None:
