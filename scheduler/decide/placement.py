@@ -176,8 +176,8 @@ def _reserve(
             _release(name, gpus, free, catalog, job.candidates, eligible, fitting)
         for index, cand in enumerate(job.candidates):
             if fitting[index] >= job.nodes:
-                chosen = _choose_future(eligible[index], free, job.nodes, cand, catalog.fabric)
-                if _within_switches(job, chosen, catalog.fabric):
+                chosen = _choose_future(eligible[index], free, job.nodes, cand, catalog.fabric, job.segment)
+                if chosen and _within_switches(job, chosen, catalog.fabric):
                     return _Reservation(job.id, when, chosen)
     if job.max_switches is not None and catalog.fabric is not None:  # no known time gives it its switches: it
         return _Reservation(job.id, None, {})  # holds no one back (it starts when a pass finds them free)
@@ -209,11 +209,20 @@ def _within_switches(job: JobRequest, nodes: Iterable[str], fabric: Fabric | Non
 
 
 def _choose_future(
-    eligible: Iterable[str], free: Mapping[str, set[int]], n: int, cand: Candidate, fabric: Fabric | None = None
+    eligible: Iterable[str],
+    free: Mapping[str, set[int]],
+    n: int,
+    cand: Candidate,
+    fabric: Fabric | None = None,
+    segment: int | None = None,
 ) -> dict[str, frozenset[int]]:
+    """The nodes and GPUs the job would take from `free`; empty where its segments (`segment`) do not fit."""
     g = cand.gpus_per_node
     names = sorted((name for name in eligible if len(free[name]) >= g), key=lambda name: (len(free[name]), name))
-    chosen = names[:n] if fabric is None or n == 1 else fabric.choose(names, n) or names[:n]
+    if segment is not None:
+        chosen = [] if fabric is None else fabric.segments(names, n, segment) or []
+    else:
+        chosen = names[:n] if fabric is None or n == 1 else fabric.choose(names, n) or names[:n]
     return {name: frozenset(sorted(free[name])[:g]) for name in chosen}
 
 
@@ -313,7 +322,7 @@ class _Pass:
         least = job.min_nodes or job.nodes
         if not any(self.catalog.can_ever_fit(job, c) >= least for c in job.candidates):
             return self._wait(job, self._too_few_nodes(job), WaitCause.TOO_FEW_NODES)
-        if (never := self._never_within_switches(job, least)) is not None:
+        if (never := self._never_within_switches(job, least) or self._never_in_segments(job)) is not None:
             return self._wait(job, never, WaitCause.TOO_FEW_NODES)
         view = self._view_for(job)
         fit = fit_job(job, self.catalog, view)
@@ -341,6 +350,18 @@ class _Pass:
         until = "" if job.switches_until is None else f", until {_clock(job.switches_until)}"
         return (f"needs {_plural(least, 'node')} under at most {switches} (topology.max_switches{until}), and no "
                 f"{switches} of the fabric hold that many nodes that could hold it")  # fmt: skip
+
+    def _never_in_segments(self, job: JobRequest) -> str | None:
+        """Why the job's `topology.segment` could never be met (no blocks, or too few nodes in them even empty)."""
+        fabric, size = self.catalog.fabric, job.segment
+        if size is None:
+            return None
+        groups = f"{job.nodes // size} groups of {_plural(size, 'node')}, each inside one block (topology.segment)"
+        if fabric is None or not fabric.block_of:
+            return f"needs {groups}, and the cluster has no blocks (topology.blocks, or topology.discover)"
+        if any(fabric.segments(sorted(self.catalog.eligible(job, c)), job.nodes, size) for c in job.candidates):
+            return None
+        return f"needs {groups}, and the blocks do not hold that many nodes that could hold it"
 
     def _view_for(self, job: JobRequest) -> FreeView:
         """All free GPUs, or those outside the reservation for a job that would still run at its start."""
@@ -380,6 +401,8 @@ class _Pass:
             switches = _plural(job.max_switches, "leaf switch").replace("switchs", "switches")
             text += f", under at most {switches} (topology.max_switches"
             text += ")" if job.switches_until is None else f", waited for until {_clock(job.switches_until)})"
+        if job.segment is not None:
+            text += f", in groups of {_plural(job.segment, 'node')} each inside one block (topology.segment)"
         return text
 
     def _too_few_nodes(self, job: JobRequest) -> str:

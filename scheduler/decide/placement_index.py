@@ -150,15 +150,20 @@ class FreeView:
     def available_among(self, names: Iterable[str], g: int) -> int:
         return sum(1 for name in names if len(self.free[name]) >= g)
 
-    def best_fit(self, groups: Sequence[int], n: int, g: int, max_leaves: int | None = None) -> list[str] | None:
+    def best_fit(
+        self, groups: Sequence[int], n: int, g: int, max_leaves: int | None = None, segment: int | None = None
+    ) -> list[str] | None:
         """n nodes with at least g free GPUs, fewest free first, then by name; None when fewer exist. With a fabric,
-        several nodes go under the fewest switches (`Fabric.choose`), best fit within."""
+        several nodes go under the fewest switches (`Fabric.choose`), best fit within; with `segment`, in groups of
+        that many, each inside one block (`Fabric.segments`; no fabric: none)."""
         if self.available(groups, g) < n:
             return None
-        if self.catalog.fabric is not None and n > 1:
+        if self.catalog.fabric is not None and (n > 1 or segment is not None):
             fitting = [name for k in range(g, self.catalog.max_gpus + 1)
                        for name in heapq.merge(*(self.buckets[group][k] for group in groups))]  # fmt: skip
-            return self.catalog.fabric.choose(fitting, n, max_leaves)
+            return _chosen(self.catalog.fabric, fitting, n, max_leaves, segment)
+        if segment is not None:
+            return None
         picked: list[str] = []
         for k in range(g, self.catalog.max_gpus + 1):
             need = n - len(picked)
@@ -170,14 +175,18 @@ class FreeView:
                 return picked
         raise AssertionError("unreachable: the counts said the nodes exist")
 
-    def best_fit_among(self, names: Iterable[str], n: int, g: int, max_leaves: int | None = None) -> list[str] | None:
+    def best_fit_among(
+        self, names: Iterable[str], n: int, g: int, max_leaves: int | None = None, segment: int | None = None
+    ) -> list[str] | None:
         fitting = [name for name in names if len(self.free[name]) >= g]
         if len(fitting) < n:
             return None
         fitting.sort(key=lambda name: (len(self.free[name]), name))
-        if self.catalog.fabric is None or n == 1:
+        if self.catalog.fabric is None:
+            return None if segment is not None else fitting[:n]
+        if n == 1 and segment is None:
             return fitting[:n]
-        return self.catalog.fabric.choose(fitting, n, max_leaves)
+        return _chosen(self.catalog.fabric, fitting, n, max_leaves, segment)
 
     def take(self, name: str, gpus: Collection[int]) -> None:
         """Mark these GPUs of the node used (those that are free in this view)."""
@@ -208,11 +217,20 @@ class FreeView:
         self.free[name] = new
 
 
+def _chosen(
+    fabric: Fabric, fitting: Sequence[str], n: int, max_leaves: int | None, segment: int | None
+) -> list[str] | None:
+    if segment is None:
+        return fabric.choose(fitting, n, max_leaves)
+    return fabric.segments(fitting, n, segment)
+
+
 def pick_nodes(job: JobRequest, cand: Candidate, catalog: Catalog, view: FreeView) -> list[str] | None:
+    g, most, segment = cand.gpus_per_node, job.max_switches, job.segment
     if job.node_names is not None:
-        names = view.best_fit_among(catalog.named(job, cand), job.nodes, cand.gpus_per_node, job.max_switches)
+        names = view.best_fit_among(catalog.named(job, cand), job.nodes, g, most, segment)
     else:
-        names = view.best_fit(catalog.groups(job, cand), job.nodes, cand.gpus_per_node, job.max_switches)
+        names = view.best_fit(catalog.groups(job, cand), job.nodes, g, most, segment)
     fabric = catalog.fabric  # the fewest switches it can have now, more than it waits for: not now
     if names is not None and job.max_switches is not None and fabric is not None:
         return None if len(fabric.leaves(names)) > job.max_switches else names

@@ -116,6 +116,7 @@ class JobRequest:
     # `switches_until` (None: for ever); then anywhere
     max_switches: int | None = None
     switches_until: float | None = None
+    segment: int | None = None  # its nodes in groups of this many, each inside one block (`topology.segment`)
 
     def __post_init__(self) -> None:
         if self.nodes < 1:

@@ -55,6 +55,7 @@ def job_request(spec: JobSpec, config: ClusterConfig, *, job_id: str, now: float
         image=spec.image is not None,
         max_switches=None if spec.topology is None else spec.topology.max_switches,
         switches_until=None if spec.topology is None or spec.topology.wait is None else now + spec.topology.wait,
+        segment=None if spec.topology is None else spec.topology.segment,
     )
 
 

@@ -75,6 +75,30 @@ class Fabric:
             return self.fullest(fitting, n, max_leaves) or picked
         return picked
 
+    def segments(self, fitting: Sequence[str], n: int, size: int) -> list[str] | None:
+        """`n` of the `fitting` nodes in groups of `size`, each group inside one block (Slurm's `--segment`), the
+        groups one after the other (a job's ranks fill a group before the next); None: the blocks cannot hold them.
+        The fewest blocks: one that holds them all where one does (the one with the fewest fitting nodes), else the
+        blocks with the most groups free first; within a block, under the fewest leaf switches."""
+        if n % size or not self.block_of:
+            return None
+        by_block: dict[str, list[str]] = {}
+        for node in fitting:
+            if node in self.block_of:
+                by_block.setdefault(self.block_of[node], []).append(node)
+        order = {block: i for i, block in enumerate(by_block)}
+        holding = [(len(nodes), order[b], b) for b, nodes in by_block.items() if len(nodes) >= n]
+        if holding:
+            return self._under_fewest(by_block[min(holding)[2]], n)
+        picked: list[str] = []
+        for block in sorted(by_block, key=lambda b: (-(len(by_block[b]) // size), order[b])):
+            groups = min(len(by_block[block]) // size, (n - len(picked)) // size)
+            if groups:
+                picked += self._under_fewest(by_block[block], groups * size)
+            if len(picked) == n:
+                return picked
+        return None
+
     def fullest(self, fitting: Sequence[str], n: int, max_leaves: int) -> list[str] | None:
         """`n` of the `fitting` nodes from the fullest `max_leaves` leaves, wherever they are; None: they cannot
         hold it."""
@@ -127,6 +151,8 @@ class Fabric:
         names = list(nodes)
         blocks = {self.block_of.get(n) for n in names}
         inside = f" in block {blocks.pop()}" if len(blocks) == 1 and None not in blocks else ""
+        if len(blocks) > 1 and None not in blocks:
+            inside = f" in {len(blocks)} blocks ({', '.join(sorted(b for b in blocks if b is not None))})"
         leaves = self.leaves(names)
         if len(leaves) == 1:
             return f"under {leaves[0]}{inside}"
@@ -141,10 +167,13 @@ def placed_note(fabric: Fabric | None, want: Any, nodes: Sequence[str]) -> str:
     if fabric is None or len(nodes) < 2:
         return ""
     why = "the fewest switches free"
-    if want is not None and len(fabric.leaves(nodes)) > want.max_switches:
-        why = f"more than its max_switches {want.max_switches}: its topology.wait is over"
-    elif want is not None:
-        why = f"within its max_switches {want.max_switches}"
+    most = None if want is None else want.max_switches
+    if most is not None and len(fabric.leaves(nodes)) > most:
+        why = f"more than its max_switches {most}: its topology.wait is over"
+    elif most is not None:
+        why = f"within its max_switches {most}"
+    if want is not None and want.segment is not None:
+        why += f"; segments of {want.segment} nodes, each inside one block"
     return f", {fabric.describe(nodes)} ({why})"
 
 

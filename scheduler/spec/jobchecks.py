@@ -65,6 +65,21 @@ def _placement_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
     return out
 
 
+def _segment_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
+    """`topology.segment` groups the job's nodes: it divides their count, which is fixed."""
+    segment = _int(_mapping(data.get("topology")).get("segment"))
+    if segment is None:
+        return []
+    nodes = _int(data.get("nodes", 1))
+    where: Loc = ("topology", "segment")
+    if _given(_mapping(data.get("fault_tolerance")), "elastic"):
+        return [(where, "segment groups a fixed number of nodes: an elastic job's count changes")]
+    if nodes is not None and nodes % segment:
+        return [(where, f"segment {segment} does not divide nodes: {nodes} (groups of {segment} nodes, each inside "
+                        "one block)")]  # fmt: skip
+    return []
+
+
 def _mode_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
     mode = _mode(data)
     if mode is None:
@@ -227,6 +242,7 @@ def _torch_trace_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
 CROSS_CHECKS: tuple[Check, ...] = (
     _resource_problems,
     _placement_problems,
+    _segment_problems,
     _mode_problems,
     _type_problems,
     _env_problems,

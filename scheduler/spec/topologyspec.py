@@ -103,10 +103,21 @@ class TopologySettings(_Strict):
 
 class TopologyRequest(_Strict):
     """A job's `topology:` (Slurm's `--switches=N@TIME`): at most `max_switches` leaf switches under its nodes,
-    waited for at most `wait` after its submit; then it takes what is free."""
+    waited for at most `wait` after its submit; then it takes what is free. `segment` (Slurm's `--segment`): its
+    nodes in groups of that many, each group inside one block (an NVLink domain), always."""
 
-    max_switches: int = Field(ge=1)
+    max_switches: int | None = Field(default=None, ge=1)
     wait: PositiveDuration | None = None  # None: it waits as long as it takes
+    segment: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _something(self) -> TopologyRequest:
+        if self.max_switches is None and self.segment is None:
+            raise ValueError("give max_switches (at most that many leaf switches), segment (groups of that many "
+                             "nodes, each inside one block), or both")  # fmt: skip
+        if self.wait is not None and self.max_switches is None:
+            raise ValueError("wait is how long max_switches is waited for: give max_switches with it")
+        return self
 
 
 def _node_groups(

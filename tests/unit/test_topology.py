@@ -197,3 +197,63 @@ def test_what_placement_goes_by_is_the_declared_fabric_and_what_was_found_where_
         "l1": ["n1", "n2", "n3", "n4"]
     }
     assert merged_fabric(bare, None)["source"] == {"switches": "none", "blocks": "none"}
+
+
+def test_segments_fill_whole_groups_each_inside_one_block() -> None:
+    from ftconsole.scheduler.decide.topology import Fabric
+
+    fabric = Fabric.of({"l1": ["a1", "a2", "a3", "b1"], "l2": ["b2", "b3", "c1", "c2"]}, {},
+                       {"A": ["a1", "a2", "a3"], "B": ["b1", "b2", "b3"], "C": ["c1", "c2"]})  # fmt: skip
+    every = ["a1", "a2", "a3", "b1", "b2", "b3", "c1", "c2"]
+    assert fabric.segments(every, 3, 3) == ["a1", "a2", "a3"]  # one block holds it: the first of the fullest fit
+    picked = fabric.segments(every, 4, 2)
+    assert picked is not None and len(picked) == 4
+    for group in (picked[:2], picked[2:]):  # each group of 2 inside one block
+        assert len({fabric.block_of[n] for n in group}) == 1
+    six = fabric.segments(every, 6, 3)
+    assert six is not None and six[:3] == ["a1", "a2", "a3"] and sorted(six[3:]) == ["b1", "b2", "b3"]
+    assert fabric.segments(every, 8, 4) is None  # no block holds 4
+    assert fabric.segments(every, 5, 2) is None  # 2 does not divide 5
+    assert fabric.segments(["a1", "b1", "c1", "c2"], 2, 2) == ["c1", "c2"]  # a1 and b1 are in two blocks
+    assert Fabric.of({"l1": every}, {}).segments(every, 2, 2) is None  # no blocks
+
+
+def test_a_job_in_segments_is_placed_in_blocks_and_one_that_never_fits_says_why() -> None:
+    nodes = tuple(node(n) for n in ("n1", "n2", "n3", "n4", "n5", "n6"))  # n6 in no block
+    fabric = Fabric.of({}, {}, {"A": ["n1", "n2"], "B": ["n3", "n4", "n5"]})
+    pairs = dataclasses.replace(job("pairs", 8, 4), segment=2)
+    one = job("one", 8, 1)
+    triples = dataclasses.replace(job("triples", 8, 6), segment=3)
+    pairs, one = dataclasses.replace(pairs, submitted_at=-2.0), dataclasses.replace(one, submitted_at=-1.0)
+    first, second, third = plan(ClusterState(nodes, (), fabric), [pairs, one, triples], 0.0)  # in submit order
+    assert isinstance(first, Place) and first.job_id == "pairs"
+    placed = [n for n, _ in first.nodes]
+    assert [{fabric.block_of[n] for n in pair} for pair in (placed[:2], placed[2:])] == [{"A"}, {"B"}]
+    assert isinstance(second, Place) and second.nodes[0][0] == "n5"  # the first left, after the pairs
+    assert isinstance(third, Wait) and "2 groups of 3 nodes, each inside one block (topology.segment)" in third.reason
+    assert "the blocks do not hold that many nodes" in third.reason
+    (blind,) = plan(ClusterState(nodes, ()), [pairs], 0.0)  # no fabric: never
+    assert isinstance(blind, Wait) and "the cluster has no blocks" in blind.reason
+
+
+@pytest.mark.parametrize(
+    ("topology", "extra", "said"),
+    [
+        ({"segment": 3}, {}, "topology.segment: segment 3 does not divide nodes: 4"),
+        ({"segment": 2}, {"fault_tolerance": {"elastic": {"min_nodes": 2}}}, "an elastic job's count changes"),
+        ({}, {}, "give max_switches (at most that many leaf switches), segment"),
+        ({"segment": 2, "wait": "1m"}, {}, "wait is how long max_switches is waited for"),
+    ],
+)
+def test_a_segment_that_cannot_group_the_nodes_is_refused(
+    topology: dict[str, Any], extra: dict[str, Any], said: str
+) -> None:
+    from ftconsole.scheduler.spec.jobspec import JobSpec
+
+    with pytest.raises(ValueError) as caught:
+        JobSpec.model_validate(
+            {"name": "j", "command": "x", "nodes": 4, "mode": "pytorch", "topology": topology, **extra}
+        )
+    assert said in str(caught.value)
+    assert JobSpec.model_validate({"name": "j", "command": "x", "nodes": 4, "mode": "pytorch",
+                                   "topology": {"segment": 2}}).topology == TopologyRequest(segment=2)  # fmt: skip
