@@ -156,3 +156,27 @@ async def test_a_fabric_found_by_discovery_places_jobs_where_the_config_declares
             ("sw-a", ["node01", "node02"]), ("sw-b", ["node03", "node04"]), ("sw-c", ["node05", "node06"])]  # fmt: skip
         code, out, err = await cli(loaded.file, "topology")
         assert code == 0 and "switches as the nodes told at" in out and "sw-c" in out, err
+
+
+async def test_a_job_in_segments_has_each_group_of_ranks_inside_one_block(
+    sshd_cluster: Any, tmp_path: Path, sock_dir: Path
+) -> None:
+    """Blocks that interleave the nodes' names (node01 and node03 in one, node02 and node04 in the other): a 4-node
+    job in segments of 2 has ranks 0 and 1 in one block and ranks 2 and 3 in the other, where placement's usual order
+    (by name) would have put ranks 0 and 1 across both; the real ranks start there."""
+    cluster: SshdCluster = sshd_cluster(4, gpus=1)
+    blocks = {"blocks": {"nvl-a": {"nodes": "node[01,03]"}, "nvl-b": {"nodes": "node[02,04]"}}}
+    loaded = write_config(cluster, tmp_path, sock_dir, topology=blocks)
+    async with running(loaded) as (_, client):
+        spec = job("groups", "sleep 300", nodes=4, mode="pytorch", topology={"segment": 2})
+        shown = await client.call("submit", spec=spec)
+        shown = await until(client, shown["id"], lambda j: j["status"] == "running", "the job in segments")
+        ranks = shown["node_names"]  # in rank order
+        assert {frozenset(ranks[:2]), frozenset(ranks[2:])} == {frozenset({"node01", "node03"}),
+                                                                  frozenset({"node02", "node04"})}  # fmt: skip
+        said = placed(await client.call("show", job=shown["id"]))
+        assert "in 2 blocks (nvl-a, nvl-b)" in said and "segments of 2 nodes, each inside one block" in said
+        odd = await client.call("submit", spec=job("odd", "sleep 1", nodes=4, mode="pytorch", topology={"segment": 4}))
+        waiting = await poll(lambda: client.call("show", job=odd["id"]), lambda j: "topology.segment" in j["message"],
+                             "the job no block can hold")  # fmt: skip
+        assert "the blocks do not hold that many nodes" in waiting["message"] and waiting["status"] == "queued"
