@@ -191,6 +191,7 @@ class ConsoleApp(Actions):
         self._connected = asyncio.Event()
         self._arrays_shown = False  # whether the Jobs view had an array at its last update (`t` applies)
         self._frozen = False  # gc.freeze() after the first read (`_freeze`)
+        self._frozen_views: set[str] = set()  # the views frozen after their first update too
         self._thresholds = gc.get_threshold()  # the collector's before `_freeze` tuned them
         self.sub_title = str(loaded.file) + (" · read-only" if readonly else "")
 
@@ -307,6 +308,12 @@ class ConsoleApp(Actions):
     def apply_view(self) -> None:
         with self.batch_update():
             self.view.update_view(self.feed, self.clock())
+        if self._frozen and self.view.id not in self._frozen_views:
+            # what a view builds at its first update (a map's cells, a timeline's bands) is kept while it is
+            # shown: out of the collector's sight too, as the first read's is (`_freeze`): a full collection that
+            # walked it was the p99 of the Map view's updates
+            self._frozen_views.add(str(self.view.id))
+            gc.freeze()
             alerts = sum(1 for a in self.feed.alerts.values() if a["state"] == "open")
             self.title = f"ftconsole · {alerts} open alert{'s' * (alerts != 1)}" if alerts else "ftconsole"
         arrays = isinstance(self.view, JobsView) and bool(self.view.arrays)
