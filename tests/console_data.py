@@ -148,6 +148,24 @@ CLUSTER = {
 FABRIC = None  # no topology: declared (the `fabric` op)
 
 
+def node_jobs(node: str) -> dict[str, Any]:
+    """The runs that held a node's GPUs, the newest job first (the `node_jobs` op): job 101 on gpu01 now, job 102
+    before it, and a private job before that."""
+
+    def run(job: int | None, name: str | None, owner: str | None, state: str, start: float, end: float | None,
+            **over: Any) -> dict[str, Any]:  # fmt: skip
+        return {"job": job, "ref": job, "attempt": 1, "rank": 0, "gpus": list(range(8)), "state": state,
+                "exit_code": None, "signal": None, "started": start, "ended": end, "name": name, "owner": owner,
+                "status": state, "array_id": None, "array_index": None, **over}  # fmt: skip
+
+    runs = [
+        run(101, "llama-70b-pretrain", "ann", "running", NOW - 5400, None),
+        run(102, "bert-base", "bob", "exited", NOW - 9000, NOW - 7000, exit_code=0, gpus=[0, 1, 2, 3]),
+        run(None, None, None, "exited", NOW - 12000, NOW - 10000, exit_code=1, gpus=[4, 5], private=True),
+    ]
+    return {"node": node, "runs": runs if node == "gpu01" else []}
+
+
 class FixedClient:
     """The console's read ops over the documents above; anything that would change the cluster is refused."""
 
@@ -166,6 +184,8 @@ class FixedClient:
             return {"101": [80, 85, 90, 97, 97, 96, 98, 97, 99, 97, 96, 97], "104": [None, 40, 35, 20, 12, 6, 6, 6]}
         if op == "samples":
             return node_samples(args["node"]) if args.get("node") else job_samples(int(args["job"]))
+        if op == "node_jobs":
+            return node_jobs(args["node"])
         answers = {"nodes": NODES, "alerts": ALERTS, "events": EVENTS, "cluster": CLUSTER, "reservations": RESERVATIONS,
                    "forecast": FORECAST, "shares": SHARES, "fabric": FABRIC}  # fmt: skip
         if op not in answers:

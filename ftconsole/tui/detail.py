@@ -29,6 +29,7 @@ from ftconsole.debug_cli import evidence_text
 from ftconsole.format import age, node_doing, runtime_lines, test_line
 from ftconsole.probes.health import is_fault
 from ftconsole.scheduler.decide.arrays import summary
+from ftconsole.scheduler.decide.hangs import ranges
 from ftconsole.scheduler.errors import FtError
 from ftconsole.scheduler.serve.client import Client
 from ftconsole.scheduler.spec.config import format_duration
@@ -391,6 +392,7 @@ class NodeScreen(DetailScreen):
         self.node = name
         self.history: list[dict[str, Any]] = []
         self.samples: dict[str, Any] | None = None  # its GPUs over time (API `samples`)
+        self.jobs_on: list[dict[str, Any]] = []  # the runs that held its GPUs, the newest job first (`node_jobs`)
 
     def compose(self) -> ComposeResult:
         yield Static("", id="head")
@@ -402,6 +404,8 @@ class NodeScreen(DetailScreen):
             yield DataTable(id="gpus", cursor_type="row")
             yield Label("GPUs over the last hour", classes="section")
             yield Static("", id="curves-text")
+            yield Label("Jobs on its GPUs, the newest first", classes="section")
+            yield DataTable(id="node-jobs", cursor_type="row")
             yield Label("History: faults, drains and recoveries", classes="section")
             yield DataTable(id="history", cursor_type="row")
         yield Footer()
@@ -410,6 +414,9 @@ class NodeScreen(DetailScreen):
         self.query_one("#checks", DataTable).add_columns("CHECK", "STATUS", "VALUE", "THRESHOLD", "MESSAGE")
         self.query_one("#gpus", DataTable).add_columns("GPU", "NAME", "JOB", "MEM", "UTIL", "TEMP", "ECC", "HEALTHY")
         self.query_one("#history", DataTable).add_columns("TIME", "EVENT", "MESSAGE")
+        self.query_one("#node-jobs", DataTable).add_columns(
+            "JOB", "NAME", "USER", "RANK", "GPUS", "STARTED", "ENDED", "HOW"
+        )
         super().on_mount()
 
     async def fetch(self) -> dict[str, Any]:
@@ -417,6 +424,7 @@ class NodeScreen(DetailScreen):
         node = views[0]
         self.history = await self.client.call("events", node=self.node, limit=200)
         self.samples = await _samples(self.client, node=self.node)
+        self.jobs_on = await _node_jobs(self.client, self.node)
         return dict(node)
 
     def head(self) -> Text:
@@ -486,6 +494,7 @@ class NodeScreen(DetailScreen):
             [(_when(e["time"]), _history_kind(e), e["message"]) for e in reversed(self.history)],
         )
         self.query_one("#curves-text", Static).update(node_curves(self.samples, v.get("gpus") or [], self.clock()))
+        fill(self.query_one("#node-jobs", DataTable), [_node_job_row(r) for r in self.jobs_on])
 
 
 async def _samples(client: Client, **which: Any) -> dict[str, Any] | None:
@@ -494,6 +503,31 @@ async def _samples(client: Client, **which: Any) -> dict[str, Any] | None:
         return dict(await client.call("samples", **which))
     except FtError:
         return None
+
+
+async def _node_jobs(client: Client, node: str) -> list[dict[str, Any]]:
+    """The runs that held the node's GPUs (API `node_jobs`); none from a scheduler without the op."""
+    try:
+        return list((await client.call("node_jobs", node=node))["runs"])
+    except FtError:
+        return []
+
+
+def _node_job_row(run: dict[str, Any]) -> tuple[Any, ...]:
+    how = str(run["state"])
+    if how == "exited":
+        how += f" ({run['signal']})" if run.get("signal") else f" (code {run.get('exit_code')})"
+    private = run.get("private")
+    return (
+        "private job" if private else str(run.get("ref") or run["job"]),
+        "" if private else str(run.get("name") or ""),
+        "" if private else str(run.get("owner") or ""),
+        str(run["rank"]),
+        ranges(run.get("gpus") or []) or "-",
+        _when(run.get("started")),
+        _when(run.get("ended")) if run.get("ended") else ("running" if run["state"] == "running" else "-"),
+        how,
+    )
 
 
 def _fault_lines(v: dict[str, Any]) -> list[str]:

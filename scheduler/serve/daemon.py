@@ -99,6 +99,7 @@ class Operations:
             "unreserve": self._unreserve,
             "reload": self._reload,
             "samples": self.pictures.samples,
+            "node_jobs": self.pictures.node_jobs,
             "job_util": self.pictures.job_util,
             "forecast": self.pictures.forecast,
             "shares": self.pictures.shares,

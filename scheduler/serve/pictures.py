@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 SAMPLES_SPAN_S = 3600.0  # what `samples` answers unless asked for another span
 JOB_UTIL_PROBES = 12  # the probes `job_util` draws each running job's GPUs over
+NODE_JOBS = 200  # the runs `node_jobs` answers unless asked for another number
 SHARES_KEEP_S = 30.0  # `shares` reads a week of runs: its answer is kept this long
 
 
@@ -52,6 +53,22 @@ class PictureOps:
             for r in sorted(runs, key=lambda r: r.rank)
         ]  # fmt: skip
         return {"job": job.id, "attempt": job.attempt, "since": since, "ranks": ranks}
+
+    async def node_jobs(self, caller: Caller, args: dict[str, Any]) -> Any:
+        """The jobs that held GPUs of one node, the newest first (`limit`, default NODE_JOBS): each run's job, rank,
+        GPUs, state and times. A job the caller may not see shows as a private job, its GPUs and times only."""
+        s = self.scheduler
+        nodes = s.service.select(str(args.get("node") or ""))
+        if len(nodes) != 1:
+            raise UsageError(f"node_jobs: name one node, not {args.get('node')!r}")
+        limit = args.get("limit") or NODE_JOBS
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
+            raise UsageError(f"node_jobs: limit must be a whole number from 1 to 1,000, not {limit!r:.40}")
+        runs = await s.store.node_runs(nodes[0].name, limit)
+        hidden = await self.ops._hidden(caller)
+        private = {"job": None, "ref": None, "name": None, "owner": None, "array_id": None, "array_index": None}
+        return {"node": nodes[0].name,
+                "runs": [{**r, **private, "private": True} if r["job"] in hidden else r for r in runs]}  # fmt: skip
 
     async def job_util(self, caller: Caller, args: dict[str, Any]) -> Any:
         """Each running job's GPU utilisation at its nodes' last JOB_UTIL_PROBES probes (`jobs_util`), by job id

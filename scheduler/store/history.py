@@ -293,6 +293,25 @@ class HistoryStore:
             out += [(int(r[0]), str(r[1]), r[2]) for r in await self._db.fetchall(sql, chunk + chunk)]
         return out
 
+    async def node_runs(self, node: str, limit: int) -> list[dict[str, Any]]:
+        """The runs that held GPUs of `node`, the newest job first (at most `limit`), each with its job's name,
+        owner and status: which jobs had each GPU (the console's node screen). `released IN (0, 1)` lets the
+        index on (released, node) find them."""
+        sql = (
+            "SELECT r.job, r.attempt, r.rank, r.gpus, r.state, r.exit_code, r.signal, r.started, r.ended, "
+            "j.name, j.owner, j.status, j.array_id, j.array_index FROM runs r JOIN jobs j ON j.id = r.job "
+            "WHERE r.released IN (0, 1) AND r.node = ? ORDER BY r.job DESC, r.attempt DESC, r.rank LIMIT ?"
+        )
+        keys = ("job", "attempt", "rank", "gpus", "state", "exit_code", "signal", "started", "ended", "name", "owner",
+                "status", "array_id", "array_index")  # fmt: skip
+        out = []
+        for row in await self._db.fetchall(sql, (node, limit)):
+            run = dict(zip(keys, tuple(row), strict=True))
+            run["gpus"] = json.loads(run["gpus"])
+            run["ref"] = run["job"] if run["array_id"] is None else f"{run['array_id']}[{run['array_index']}]"
+            out.append(run)
+        return out
+
     async def array_members(self, array_id: int) -> list[tuple[int, int, str, bool]]:
         """(id, index, status, deleted) of each task of an array, by index: what `show` lists of a task's array,
         without reading each task's whole row (an array may hold 10,000 of them)."""

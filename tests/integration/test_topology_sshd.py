@@ -176,6 +176,8 @@ async def test_a_job_in_segments_has_each_group_of_ranks_inside_one_block(
                                                                   frozenset({"node02", "node04"})}  # fmt: skip
         said = placed(await client.call("show", job=shown["id"]))
         assert "in 2 blocks (nvl-a, nvl-b)" in said and "segments of 2 nodes, each inside one block" in said
+        on = await client.call("node_jobs", node=ranks[3])  # the node screen's jobs on its GPUs
+        assert [(r["job"], r["name"], r["rank"], r["gpus"]) for r in on["runs"]] == [(shown["id"], "groups", 3, [0])]
         odd = await client.call("submit", spec=job("odd", "sleep 1", nodes=4, mode="pytorch", topology={"segment": 4}))
         waiting = await poll(lambda: client.call("show", job=odd["id"]), lambda j: "topology.segment" in j["message"],
                              "the job no block can hold")  # fmt: skip
