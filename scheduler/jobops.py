@@ -230,15 +230,21 @@ class Scheduler(RankReads, Reserving, Holding, Stopping, Stepping):
     async def show(self, caller: Caller, job_id: int | str) -> dict[str, Any]:
         job = await self._job(caller, job_id, "see", write=False)
         now = self.clock()
-        attempts = await self.store.attempts(job.id)
-        runs = await self.store.runs(job=job.id)
-        events = await self.store.events(job=str(job.id), limit=1000)
-        activity = (await self.store.job_activity([job.id])).get(job.id, JobActivity())
+        # the reads asked for at once: they queue together for the store's one thread (or connection), instead of
+        # each waiting anew behind a placement pass's reads and writes (a deep queue right after a submit)
+        attempts, runs, events, active, hidden, (tasks, steps) = await asyncio.gather(
+            self.store.attempts(job.id),
+            self.store.runs(job=job.id),
+            self.store.events(job=str(job.id), limit=1000),
+            self.store.job_activity([job.id]),
+            self.hidden_jobs(caller),  # named in a message of this job ("blocked behind job N")
+            asyncio.gather(self._tasks(job), self.store.steps(job.id)),
+        )
+        activity = active.get(job.id, JobActivity())
         # the runs as read above, not as a second query found them a moment later: show agrees with itself
         outputs = [r.output_at for r in runs if r.attempt == job.attempt and r.output_at is not None]
         activity = dataclasses.replace(activity, last_output=max(outputs) if outputs else None)
         conditions = {c.value for c in Condition}
-        hidden = await self.hidden_jobs(caller)  # named in a message of this job ("blocked behind job N")
         job = self.redact_job(job, hidden)
         shown = [redact_json(e.to_json(), hidden) for e in events]
         return {
@@ -259,10 +265,10 @@ class Scheduler(RankReads, Reserving, Holding, Stopping, Stepping):
             ],
             "events": shown,
             "debug": debugenv.view(job, self.config.debug, self.settings, now),
-            "tasks": await self._tasks(job),
+            "tasks": tasks,
             "goodput": await self._goodput(job, attempts, runs, now),
             "env_until": debugenv.env_until(job, self.config.debug, self.settings),
-            "steps": [s.to_json() for s in await self.store.steps(job.id)],
+            "steps": [s.to_json() for s in steps],
         }
 
     async def _goodput(self, job: Job, attempts: Sequence[Attempt], runs: Sequence[Run], now: float) -> Any:
