@@ -308,14 +308,14 @@ class ConsoleApp(Actions):
     def apply_view(self) -> None:
         with self.batch_update():
             self.view.update_view(self.feed, self.clock())
+            alerts = sum(1 for a in self.feed.alerts.values() if a["state"] == "open")
+            self.title = f"ftconsole · {alerts} open alert{'s' * (alerts != 1)}" if alerts else "ftconsole"
         if self._frozen and self.view.id not in self._frozen_views:
             # what a view builds at its first update (a map's cells, a timeline's bands) is kept while it is
             # shown: out of the collector's sight too, as the first read's is (`_freeze`): a full collection that
             # walked it was the p99 of the Map view's updates
             self._frozen_views.add(str(self.view.id))
             gc.freeze()
-            alerts = sum(1 for a in self.feed.alerts.values() if a["state"] == "open")
-            self.title = f"ftconsole · {alerts} open alert{'s' * (alerts != 1)}" if alerts else "ftconsole"
         arrays = isinstance(self.view, JobsView) and bool(self.view.arrays)
         if arrays != self._arrays_shown:  # `t` comes and goes in the footer
             self._arrays_shown = arrays
