@@ -106,7 +106,10 @@ async def discover(service: Any, clock: Callable[[], float]) -> dict[str, Any]:
     blocks = {} if tree is None else {node: block for block, names in tree.block_nodes().items() for node in names}
     compared = found
     if tree is not None and tree.discover is not None:  # what the config leaves out is found, not a mismatch
-        await _adopt(service, kept_for(found.to_json(), service.found_fabric, errors), clock())
+        unasked = dict(errors)
+        if ib is None:  # no ibnetdiscover read this time: the leaves it gave before are not taken back
+            unasked.update(dict.fromkeys(nodes_told_by(service.found_fabric, "ibnetdiscover"), "no ibnetdiscover"))
+        await _adopt(service, kept_for(found.to_json(), service.found_fabric, unasked), clock())
         if not tree.switches:
             compared = dataclasses.replace(compared, leaf_of={}, source={})
         if not tree.blocks:
@@ -125,6 +128,11 @@ async def discover(service: Any, clock: Callable[[], float]) -> dict[str, Any]:
         "errors": errors,
         "tools": {name: sorted(s) for name, s in said.items()},
     }
+
+
+def nodes_told_by(found: tuple[dict[str, Any], float] | None, tool: str) -> list[str]:
+    """The nodes whose leaf `tool` gave, in what was found before."""
+    return [] if found is None else [node for node, source in (found[0].get("source") or {}).items() if source == tool]
 
 
 def kept_for(
@@ -146,7 +154,11 @@ def kept_for(
     for leaf, above in (before[0].get("uplinks") or {}).items():
         if leaf in merged["leaves"] and leaf not in uplinks:
             uplinks[leaf] = above
-    return {**merged, "uplinks": uplinks}
+    source = dict(found.get("source") or {})
+    for node, how in (before[0].get("source") or {}).items():
+        if node in unasked and node not in source:
+            source[node] = how
+    return {**merged, "uplinks": uplinks, "source": source}
 
 
 async def _adopt(service: Any, found: dict[str, Any], now: float) -> None:
@@ -157,9 +169,14 @@ async def _adopt(service: Any, found: dict[str, Any], now: float) -> None:
     service.found_fabric = (found, now)
     after = merged_fabric(tree, found)
     await service.store.keep(KEPT, json.dumps({"found": found, "at": now}))
-    if before == after or "found" not in after["source"].values():
+    if before == after:
         return
-    text = "placement goes by the fabric the nodes told: " + describe_found(after)
+    if "found" in after["source"].values():
+        text = "placement goes by the fabric the nodes told: " + describe_found(after)
+    elif "found" in before["source"].values():  # what they told before is gone: said, never silent
+        text = "the nodes tell no fabric now: placement goes by what topology: declares, and no more by what they told"
+    else:
+        return
     async with service.store.jobs_tx("record the fabric found") as tx:
         await tx.event(now, "TopologyFound", text)
     log.info("topology: %s", text)
@@ -187,7 +204,24 @@ async def recall(service: Any) -> None:
         return
     with contextlib.suppress(ValueError, KeyError, TypeError):
         value = json.loads(kept)
-        service.found_fabric = (dict(value["found"]), float(value["at"]))
+        found, at = value["found"], float(value["at"])
+        if well_formed(found):  # anything else (a store edited by hand, an older shape) is not used
+            service.found_fabric = (found, at)
+
+
+def well_formed(found: Any) -> bool:
+    """Whether `found` has the shape `Found.to_json` gives: groups of node names, each name a string."""
+
+    def groups(value: Any) -> bool:
+        return isinstance(value, dict) and all(
+            isinstance(k, str) and isinstance(v, list) and all(isinstance(n, str) for n in v) for k, v in value.items()
+        )
+
+    return (
+        isinstance(found, dict)
+        and all(groups(found.get(key, {})) for key in (*GROUPS, "uplinks"))
+        and isinstance(found.get("source", {}), dict)
+    )
 
 
 async def watch(service: Any, clock: Callable[[], float], stop: asyncio.Event, first: Awaitable[Any] | None) -> None:
@@ -195,7 +229,10 @@ async def watch(service: Any, clock: Callable[[], float], stop: asyncio.Event, f
     tree = service.config.topology
     if tree is None or tree.discover is None:
         return
-    await recall(service)
+    try:
+        await recall(service)
+    except Exception:  # a store not answering yet: the first discovery finds it all again
+        log.exception("topology: cannot read what the last discovery found")
     if first is not None:
         await first
     while not stop.is_set():

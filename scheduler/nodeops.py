@@ -213,12 +213,17 @@ class ClusterService:
         # what the nodes last told of the fabric (discovery.py: `Found.to_json`, and when), used where `topology:`
         # declares no leaves or no blocks and asks to `discover`
         self.found_fabric: tuple[dict[str, Any], float] | None = None
+        self._fabric: tuple[Any, Any, Fabric | None] | None = None  # (the tree, what was found, their fabric)
 
     def fabric(self) -> Fabric | None:
-        """The fabric placement and the fabric tests go by: `topology:`, and what was found where it asks."""
+        """The fabric placement and the fabric tests go by: `topology:`, and what was found where it asks; made
+        again only when either changes (a pass asks for it once per job it places)."""
         tree = self.config.topology
         found = self.found_fabric if tree is not None and tree.discover is not None else None
-        return fabric_of(tree, None if found is None else found[0])
+        kept = self._fabric
+        if kept is None or kept[0] is not tree or kept[1] is not found:
+            kept = self._fabric = (tree, found, fabric_of(tree, None if found is None else found[0]))
+        return kept[2]
 
     def fabric_view(self) -> dict[str, Any] | None:
         """What `fabric` goes by (`merged_fabric`: leaves, parents, blocks and where each came from) and when the

@@ -13,6 +13,7 @@ from ftconsole.scheduler.rules import Caller
 from ftconsole.scheduler.serve.args import time_arg
 
 if TYPE_CHECKING:
+    from ftconsole.scheduler.jobops import Scheduler
     from ftconsole.scheduler.serve.daemon import Operations
 
 SAMPLES_SPAN_S = 3600.0  # what `samples` answers unless asked for another span
@@ -24,8 +25,7 @@ SHARES_KEEP_S = 30.0  # `shares` reads a week of runs: its answer is kept this l
 class PictureOps:
     def __init__(self, ops: Operations) -> None:
         self.ops = ops
-        self.scheduler = ops.scheduler
-        self.forecaster = Forecaster(ops.scheduler)
+        self._forecaster = Forecaster(ops.scheduler)
         self._util_kept: tuple[Any, dict[int, list[float | None]]] = (None, {})
         self._shares_kept: tuple[float, dict[str, Any]] | None = None
 
@@ -54,6 +54,18 @@ class PictureOps:
         ]  # fmt: skip
         return {"job": job.id, "attempt": job.attempt, "since": since, "ranks": ranks}
 
+    @property
+    def scheduler(self) -> Scheduler:
+        """The scheduler serving now (a reload or a new term as leader makes another)."""
+        return self.ops.scheduler
+
+    @property
+    def forecaster(self) -> Forecaster:
+        """The expected starts of the scheduler serving now."""
+        if self._forecaster.scheduler is not self.ops.scheduler:
+            self._forecaster = Forecaster(self.ops.scheduler)
+        return self._forecaster
+
     async def node_jobs(self, caller: Caller, args: dict[str, Any]) -> Any:
         """The jobs that held GPUs of one node, the newest first (`limit`, default NODE_JOBS): each run's job, rank,
         GPUs, state and times. A job the caller may not see shows as a private job, its GPUs and times only."""
@@ -61,14 +73,13 @@ class PictureOps:
         nodes = s.service.select(str(args.get("node") or ""))
         if len(nodes) != 1:
             raise UsageError(f"node_jobs: name one node, not {args.get('node')!r}")
-        limit = args.get("limit") or NODE_JOBS
+        limit = NODE_JOBS if args.get("limit") is None else args["limit"]
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
             raise UsageError(f"node_jobs: limit must be a whole number from 1 to 1,000, not {limit!r:.40}")
         runs = await s.store.node_runs(nodes[0].name, limit)
         hidden = await self.ops._hidden(caller)
-        private = {"job": None, "ref": None, "name": None, "owner": None, "array_id": None, "array_index": None}
         return {"node": nodes[0].name,
-                "runs": [{**r, **private, "private": True} if r["job"] in hidden else r for r in runs]}  # fmt: skip
+                "runs": [_private(r) if r["job"] in hidden else r for r in runs]}  # fmt: skip
 
     async def job_util(self, caller: Caller, args: dict[str, Any]) -> Any:
         """Each running job's GPU utilisation at its nodes' last JOB_UTIL_PROBES probes (`jobs_util`), by job id
@@ -108,3 +119,11 @@ class PictureOps:
             "queued": [redact_json(e, hidden) for e in found["queued"] if e["id"] not in hidden],
             "running": [e for e in found["running"] if e["id"] not in hidden],
         }
+
+
+def _private(run: dict[str, Any]) -> dict[str, Any]:
+    """A run of a job the caller may not see: which GPUs, when, and that it was a private job; nothing else."""
+    return {key: run[key] if key in PRIVATE_KEEPS else None for key in run} | {"private": True}
+
+
+PRIVATE_KEEPS = frozenset({"rank", "gpus", "started", "ended"})

@@ -68,7 +68,7 @@ def _placement_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
 def _segment_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
     """`topology.segment` groups the job's nodes: it divides their count, which is fixed."""
     segment = _int(_mapping(data.get("topology")).get("segment"))
-    if segment is None:
+    if segment is None or segment < 1:  # the model refuses it
         return []
     nodes = _int(data.get("nodes", 1))
     where: Loc = ("topology", "segment")

@@ -51,3 +51,33 @@ def test_a_node_that_could_not_be_asked_keeps_its_leaf_and_one_that_told_nothing
     assert kept["leaves"] == {"sw-a": ["n1", "n2"], "sw-b": ["n3"]}  # n4 was asked and said nothing
     assert kept["uplinks"] == {"sw-a": ["sp"]}
     assert discovery.kept_for(now, None, {"n2": "refused"}) == now
+
+
+async def test_a_malformed_value_in_the_store_is_not_used(store_at: StoreAt) -> None:
+    config = Config(TopologySettings.model_validate({"discover": "1h"}))
+    async with await Store.open(store_at()) as store:
+        for bad in ('{"found": {"leaves": ["l1"]}, "at": 1}', '{"found": {"leaves": {"l1": [1]}}, "at": 1}',
+                    '{"found": {"nvlink_domains": {"d": null}}, "at": 1}', "not json", '{"at": 1}'):  # fmt: skip
+            await store.keep(discovery.KEPT, bad)
+            service = Service(config, store)
+            await discovery.recall(service)
+            assert service.found_fabric is None, bad
+
+
+def test_leaves_from_ibnetdiscover_stay_when_it_told_nothing_this_time() -> None:
+    before = {"leaves": {"ib-1": ["n1", "n2"]}, "nvlink_domains": {}, "uplinks": {},
+              "source": {"n1": "ibnetdiscover", "n2": "ibnetdiscover"}}  # fmt: skip
+    unasked = dict.fromkeys(discovery.nodes_told_by((before, 1.0), "ibnetdiscover"), "no ibnetdiscover")
+    now = {"leaves": {}, "nvlink_domains": {}, "uplinks": {}, "source": {}}
+    kept = discovery.kept_for(now, (before, 1.0), unasked)
+    assert kept["leaves"] == {"ib-1": ["n1", "n2"]} and kept["source"] == before["source"]
+
+
+async def test_a_fabric_that_is_gone_is_said(store_at: StoreAt) -> None:
+    config = Config(TopologySettings.model_validate({"discover": "1h"}))
+    async with await Store.open(store_at()) as store:
+        service = Service(config, store)
+        await discovery._adopt(service, FOUND, 1.0)
+        await discovery._adopt(service, {"leaves": {}, "nvlink_domains": {}, "uplinks": {}, "source": {}}, 2.0)
+        said = [e.message for e in await store.events(limit=100) if e.kind == "TopologyFound"]
+        assert len(said) == 2 and said[1].startswith("the nodes tell no fabric now")

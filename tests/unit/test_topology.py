@@ -257,3 +257,15 @@ def test_a_segment_that_cannot_group_the_nodes_is_refused(
     assert said in str(caught.value)
     assert JobSpec.model_validate({"name": "j", "command": "x", "nodes": 4, "mode": "pytorch",
                                    "topology": {"segment": 2}}).topology == TopologyRequest(segment=2)  # fmt: skip
+
+
+def test_a_segment_of_zero_is_refused_in_words(tmp_path: Any) -> None:
+    """From a file, as `submit` and `check` read it: the problem with its line, not a ZeroDivisionError."""
+    from ftconsole.scheduler.errors import ConfigError
+    from ftconsole.scheduler.spec.jobspec import load_jobspec
+
+    path = tmp_path / "job.yaml"
+    path.write_text("name: j\ncommand: x\nnodes: 4\nmode: pytorch\ntopology: {segment: 0}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_jobspec(path)
+    assert "job.yaml:5: topology.segment: must be at least 1, not 0" in str(caught.value)
