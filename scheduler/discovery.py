@@ -1,7 +1,8 @@
 """Finding the fabric (`ftconsole topology --discover`, API op `topology_discover`): each node is asked, over SSH as
 the SSH account, what its tools say: `lldpctl -f json` (its Ethernet neighbours, for RoCE: on the interfaces that
 carry RDMA, /sys/class/infiniband/*/device/net, where there are some), `nvidia-smi -q` (its
-NVLink domain), and `ibnetdiscover` (the InfiniBand fabric, read from the first node that has it). Each tool runs
+NVLink domain), and `ibnetdiscover` (the InfiniBand fabric, run on one node only: the first that has it, the next
+where that one fails). Each tool runs
 only where installed, under a time bound. What they say is read (`decide.fabricfind`) and compared with the config's
 `topology:`; each mismatch is a `TopologyMismatch` event of its node. What the config declares stays the truth until
 an operator edits it.
@@ -42,17 +43,23 @@ SCRIPT = """\
 bound() { if command -v timeout >/dev/null 2>&1; then timeout "$@"; else shift; "$@"; fi; }
 echo "== ftconsole: rdma-netdevs"
 for netdev in /sys/class/infiniband/*/device/net/*; do [ -e "$netdev" ] && echo "${netdev##*/}"; done
-for tool in lldpctl nvidia-smi ibnetdiscover; do
+for tool in lldpctl nvidia-smi; do
   echo "== ftconsole: $tool"
   command -v "$tool" >/dev/null 2>&1 || continue
   case $tool in
     lldpctl) bound 10 lldpctl -f json 2>/dev/null ;;
     nvidia-smi) bound 30 nvidia-smi -q 2>/dev/null ;;
-    ibnetdiscover) bound 60 ibnetdiscover 2>/dev/null ;;
   esac
 done
+echo "== ftconsole: has-ibnetdiscover"
+command -v ibnetdiscover >/dev/null 2>&1 && echo yes
 exit 0
 """
+# the whole InfiniBand fabric, from one node (every node sweeping it at once would be as many sweeps of the fabric)
+IB_SCRIPT = """\
+if command -v timeout >/dev/null 2>&1; then timeout 60 ibnetdiscover 2>/dev/null; else ibnetdiscover 2>/dev/null; fi
+"""
+IB_TRIES = 3  # the nodes that have ibnetdiscover asked in turn, until one answers
 TIMEOUT_S = 120.0
 KEPT = "topology.found"  # the store's meta key of what was last found, and when
 GROUPS = ("leaves", "nvlink_domains")  # what was found groups the nodes by (`Found.to_json`)
@@ -84,6 +91,7 @@ async def discover(service: Any, clock: Callable[[], float]) -> dict[str, Any]:
             errors[node.name] = result.describe_failure()
         else:
             said[node.name] = sections(result.stdout)
+    await _ask_ib(service, [n for n in nodes if said.get(n.name, {}).pop("has-ibnetdiscover", "") == "yes"], said)
     ib = None
     lldp: dict[str, dict[str, str]] = {}
     rdma: dict[str, list[str]] = {}  # node -> its network interfaces that carry RDMA (RoCE)
@@ -128,6 +136,20 @@ async def discover(service: Any, clock: Callable[[], float]) -> dict[str, Any]:
         "errors": errors,
         "tools": {name: sorted(s) for name, s in said.items()},
     }
+
+
+async def _ask_ib(service: Any, having: list[Any], said: dict[str, dict[str, str]]) -> None:
+    """ibnetdiscover on the first of `having` (the nodes that have it) that answers, at most IB_TRIES of them."""
+    for node in having[:IB_TRIES]:
+        try:
+            result = await service.transport.run(node, ["sh", "-c", IB_SCRIPT], timeout=TIMEOUT_S)
+        except FtError as exc:
+            log.warning("topology: ibnetdiscover on %s: %s", node.name, exc)
+            continue
+        if result.ok and result.stdout.strip():
+            said[node.name]["ibnetdiscover"] = result.stdout
+            return
+        log.warning("topology: ibnetdiscover on %s told nothing: %s", node.name, result.describe_failure())
 
 
 def nodes_told_by(found: tuple[dict[str, Any], float] | None, tool: str) -> list[str]:

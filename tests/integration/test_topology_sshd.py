@@ -182,3 +182,31 @@ async def test_a_job_in_segments_has_each_group_of_ranks_inside_one_block(
         waiting = await poll(lambda: client.call("show", job=odd["id"]), lambda j: "topology.segment" in j["message"],
                              "the job no block can hold")  # fmt: skip
         assert "the blocks do not hold that many nodes" in waiting["message"] and waiting["status"] == "queued"
+
+
+async def test_ibnetdiscover_runs_on_one_node_and_its_leaves_place_jobs(
+    sshd_cluster: Any, tmp_path: Path, sock_dir: Path
+) -> None:
+    """node02 and node03 have ibnetdiscover (the recorded output, with the lab's names): only node02 runs it (one
+    sweep of the fabric, not one per node), and its two leaves are what placement goes by."""
+    cluster: SshdCluster = sshd_cluster(4, gpus=1)
+    golden = Path(__file__).parent.parent / "unit" / "golden" / "topology" / "ibnetdiscover.txt"
+    recorded = golden.read_text().replace('"gpu0', '"node0')
+    ran = tmp_path / "ran"
+    ran.mkdir()
+    for node in cluster.nodes[1:3]:
+        node.bin_dir.mkdir(exist_ok=True)
+        tool = node.bin_dir / "ibnetdiscover"
+        tool.write_text(f"#!/bin/sh\ntouch {ran}/{node.name}\ncat <<'END'\n{recorded}\nEND\n")
+        tool.chmod(0o755)
+    loaded = write_config(cluster, tmp_path, sock_dir, topology={"discover": "1h"})
+    async with running(loaded) as (_, client):
+
+        async def found() -> list[dict[str, Any]]:
+            return [e for e in await client.call("events", limit=1000) if e["kind"] == "TopologyFound"]
+
+        (event,) = await poll(found, bool, "the fabric found")
+        assert "2 leaf switches (leaf01: node01, node02; leaf02: node03, node04)" in event["message"]
+        assert sorted(p.name for p in ran.iterdir()) == ["node02"]
+        fabric = await client.call("fabric")
+        assert fabric["parents"] == {"leaf01": "spine01", "leaf02": "spine01"}
