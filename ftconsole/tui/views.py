@@ -25,7 +25,7 @@ from textual.widgets.data_table import ColumnKey
 from ftconsole.format import age
 from ftconsole.tui import rows as R
 from ftconsole.tui.clusterrows import CLUSTER_NODE_COLUMNS, cluster_node_cells
-from ftconsole.tui.feed import Feed
+from ftconsole.tui.feed import READ_EVERY_S, Feed
 from ftconsole.tui.linetable import LineTable
 
 
@@ -88,7 +88,8 @@ class View(Vertical):
         errors = [feed.sources[s].error for s in self.sources if feed.sources[s].error]
         if errors:
             parts += ["  ", (str(errors[0]), R.style("bad"))]
-        ages = [feed.age(s) for s in self.sources]
+        # the age of what is read at every refresh: a source read less often (the fabric every 30 s) is not late
+        ages = [feed.age(s) for s in self.sources if s not in READ_EVERY_S] or [feed.age(s) for s in self.sources]
         known = [a for a in ages if a is not None]
         parts += ["  ", (f"data {age(max(known))} old" if len(known) == len(ages) else "loading…", "dim")]
         self.query_one(".view-title", Static).update(Text.assemble(*parts))

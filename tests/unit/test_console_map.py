@@ -228,3 +228,17 @@ async def test_the_map_groups_by_the_switches_the_scheduler_goes_by_found_or_dec
         titles = [line for line in lines if line.startswith("h100")]
         make_up = "h100 · 8x H100 80GB HBM3"
         assert [t.split("  ")[0] for t in titles] == [f"{make_up} · sw-a", f"{make_up} · sw-b"]
+
+
+async def test_the_map_title_gives_the_age_of_what_is_read_at_every_refresh(tmp_path: Path) -> None:
+    """The fabric is read every 30 s: 20 s after it, with the nodes just read, the data is not 20 s old."""
+    now = [NOW]
+    console = ConsoleApp(fixed_config(tmp_path), client=FixedClient(), clock=lambda: now[0], refresh_s=3600)
+    async with console.run_test(size=(120, 24)) as pilot:
+        await pilot.press("6")
+        await console.refresh_data()
+        now[0] += 20
+        await console.refresh_data()  # nodes, jobs and reservations again; the fabric not yet
+        await pilot.pause()
+        title = str(console.view.query_one(".view-title").render())
+        assert "data 0s old" in title, title
