@@ -68,7 +68,20 @@ class Rules:
         check(lambda: dataprep.check_admissible(spec, self.config.data_prep, run_root=self.settings.run_root,
                                                 user=caller.user))  # fmt: skip
         check(lambda: self._mounts_allowed(spec))
+        check(lambda: self._topology_known(spec))
         return out
+
+    def _topology_known(self, spec: JobSpec) -> None:
+        """A job's `topology:` asks for what the cluster's must be able to give: switches, or blocks for segments."""
+        want, tree = spec.topology, self.config.topology
+        if want is None:
+            return
+        if tree is None:
+            raise UsageError("topology: this cluster declares no topology (no topology: in its config), so neither "
+                             "max_switches nor segment could be met")  # fmt: skip
+        if want.segment is not None and not tree.blocks and tree.discover is None:
+            raise UsageError("topology.segment: this cluster declares no blocks (topology.blocks) and does not "
+                             "discover them (topology.discover): no group could be placed inside one")  # fmt: skip
 
     def _nodes_known(self, spec: JobSpec) -> None:
         unknown = [n for n in spec.node_list() if n not in self._nodes]

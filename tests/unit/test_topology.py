@@ -269,3 +269,29 @@ def test_a_segment_of_zero_is_refused_in_words(tmp_path: Any) -> None:
     with pytest.raises(ConfigError) as caught:
         load_jobspec(path)
     assert "job.yaml:5: topology.segment: must be at least 1, not 0" in str(caught.value)
+
+
+def test_a_topology_the_cluster_cannot_give_is_refused_at_submit() -> None:
+    import types
+
+    from ftconsole.scheduler.errors import UsageError
+    from ftconsole.scheduler.rules import Rules
+    from ftconsole.scheduler.spec.jobspec import JobSpec
+
+    def rules(topology: dict[str, Any] | None) -> Rules:
+        tree = None if topology is None else TopologySettings.model_validate(topology)
+        config = types.SimpleNamespace(topology=tree, scheduler=None, admins=[])
+        return Rules(types.SimpleNamespace(store=None, config=config, all_nodes=[]), placer=None)  # type: ignore[arg-type]
+
+    def spec(topology: dict[str, Any]) -> JobSpec:
+        return JobSpec.model_validate(
+            {"name": "j", "command": "x", "nodes": 2, "mode": "pytorch", "topology": topology}
+        )
+
+    with pytest.raises(UsageError, match="this cluster declares no topology"):
+        rules(None)._topology_known(spec({"max_switches": 1}))
+    with pytest.raises(UsageError, match=r"declares no blocks \(topology.blocks\) and does not discover them"):
+        rules({"switches": {"l1": {"nodes": "n1"}}})._topology_known(spec({"segment": 2}))
+    rules({"switches": {"l1": {"nodes": "n1"}}})._topology_known(spec({"max_switches": 1}))
+    rules({"discover": "1h"})._topology_known(spec({"segment": 2}))  # blocks may be found
+    rules({"blocks": {"b": {"nodes": "n1"}}})._topology_known(spec({"segment": 2}))
