@@ -230,10 +230,12 @@ class Scheduler(RankReads, Reserving, Holding, Stopping, Stepping):
     async def show(self, caller: Caller, job_id: int | str) -> dict[str, Any]:
         job = await self._job(caller, job_id, "see", write=False)
         now = self.clock()
-        # the reads asked for at once: they queue together for the store's one thread (or connection), instead of
-        # each waiting anew behind a placement pass's reads and writes (a deep queue right after a submit)
-        attempts, runs, events, active, hidden, (tasks, steps) = await asyncio.gather(
-            self.store.attempts(job.id),
+        # the attempts first, then the rest at once: they queue together for the store's one thread (or
+        # connection), instead of each waiting anew behind a placement pass's reads and writes (a deep queue right
+        # after a submit). The runs are read after the attempts, never before: a kept read of them from before an
+        # attempt was written would show that attempt without its runs
+        attempts = await self.store.attempts(job.id)
+        runs, events, active, hidden, (tasks, steps) = await asyncio.gather(
             self.store.runs(job=job.id),
             self.store.events(job=str(job.id), limit=1000),
             self.store.job_activity([job.id]),
