@@ -230,18 +230,20 @@ class Scheduler(RankReads, Reserving, Holding, Stopping, Stepping):
     async def show(self, caller: Caller, job_id: int | str) -> dict[str, Any]:
         job = await self._job(caller, job_id, "see", write=False)
         now = self.clock()
-        # the attempts first, then the rest at once: they queue together for the store's one thread (or
-        # connection), instead of each waiting anew behind a placement pass's reads and writes (a deep queue right
-        # after a submit). The runs are read after the attempts, never before: a kept read of them from before an
-        # attempt was written would show that attempt without its runs
-        attempts = await self.store.attempts(job.id)
-        runs, events, active, hidden, (tasks, steps) = await asyncio.gather(
+        # the reads asked for at once: they queue together for the store's one thread (or connection), instead of
+        # each waiting anew behind a placement pass's reads and writes (a deep queue right after a submit)
+        attempts, runs, events, active, hidden, (tasks, steps) = await asyncio.gather(
+            self.store.attempts(job.id),
             self.store.runs(job=job.id),
             self.store.events(job=str(job.id), limit=1000),
             self.store.job_activity([job.id]),
             self.hidden_jobs(caller),  # named in a message of this job ("blocked behind job N")
             asyncio.gather(self._tasks(job), self.store.steps(job.id)),
         )
+        if {a.number for a in attempts} - {r.attempt for r in runs}:
+            # an attempt is written with its runs: these came from a kept read made before it was, so they are read
+            # again, now that the attempts are
+            runs = await self.store.runs(job=job.id)
         activity = active.get(job.id, JobActivity())
         # the runs as read above, not as a second query found them a moment later: show agrees with itself
         outputs = [r.output_at for r in runs if r.attempt == job.attempt and r.output_at is not None]
