@@ -60,14 +60,9 @@ class Fabric:
         if len(fitting) < n:
             return None
         if self.block_of:
-            by_block: dict[str, list[str]] = {}
-            for node in fitting:
-                if node in self.block_of:
-                    by_block.setdefault(self.block_of[node], []).append(node)
-            order = {block: i for i, block in enumerate(by_block)}
-            holding = [(len(nodes), order[b], b) for b, nodes in by_block.items() if len(nodes) >= n]
-            if holding:
-                inside = self._under_fewest(by_block[min(holding)[2]], n)
+            by_block = self._by_block(fitting)
+            if (block := _fewest_holding(by_block, n)) is not None:
+                inside = self._under_fewest(by_block[block], n)
                 if max_leaves is None or len(self.leaves(inside)) <= max_leaves:
                     return inside
         picked = self._under_fewest(fitting, n)
@@ -82,14 +77,10 @@ class Fabric:
         blocks with the most groups free first; within a block, under the fewest leaf switches."""
         if n % size or not self.block_of:
             return None
-        by_block: dict[str, list[str]] = {}
-        for node in fitting:
-            if node in self.block_of:
-                by_block.setdefault(self.block_of[node], []).append(node)
+        by_block = self._by_block(fitting)
+        if (block := _fewest_holding(by_block, n)) is not None:
+            return self._under_fewest(by_block[block], n)
         order = {block: i for i, block in enumerate(by_block)}
-        holding = [(len(nodes), order[b], b) for b, nodes in by_block.items() if len(nodes) >= n]
-        if holding:
-            return self._under_fewest(by_block[min(holding)[2]], n)
         picked: list[str] = []
         for block in sorted(by_block, key=lambda b: (-(len(by_block[b]) // size), order[b])):
             groups = min(len(by_block[block]) // size, (n - len(picked)) // size)
@@ -98,6 +89,14 @@ class Fabric:
             if len(picked) == n:
                 return picked
         return None
+
+    def _by_block(self, fitting: Sequence[str]) -> dict[str, list[str]]:
+        """The nodes in a block by block, in the order of each block's first node in `fitting` (ties go to it)."""
+        by_block: dict[str, list[str]] = {}
+        for node in fitting:
+            if node in self.block_of:
+                by_block.setdefault(self.block_of[node], []).append(node)
+        return by_block
 
     def fullest(self, fitting: Sequence[str], n: int, max_leaves: int) -> list[str] | None:
         """`n` of the `fitting` nodes from the fullest `max_leaves` leaves, wherever they are; None: they cannot
@@ -118,9 +117,8 @@ class Fabric:
     def _under_fewest(self, fitting: Sequence[str], n: int) -> list[str]:
         by_leaf = self._by_leaf(fitting)
         first = {leaf: i for i, leaf in enumerate(by_leaf)}
-        whole = [(len(nodes), first[leaf], leaf) for leaf, nodes in by_leaf.items() if len(nodes) >= n]
-        if whole:
-            return by_leaf[min(whole)[2]][:n]
+        if (leaf := _fewest_holding(by_leaf, n)) is not None:
+            return by_leaf[leaf][:n]
         best: tuple[int, int, int, str] | None = None  # (height, leaves used, nodes there, switch)
         for switch, leaves in self.under.items():
             if self.height[switch] == 0:
@@ -159,6 +157,12 @@ class Fabric:
         top = self.top(names)
         below = f" below {top}" if top is not None else " (no one switch above them)"
         return f"under {len(leaves)} leaf switches ({', '.join(leaves)}){below}{inside}"
+
+
+def _fewest_holding(groups: Mapping[str, Sequence[str]], n: int) -> str | None:
+    """The group with the fewest nodes that still has `n` (best fit; ties: the first); None: none has."""
+    holding = [(len(nodes), i, name) for i, (name, nodes) in enumerate(groups.items()) if len(nodes) >= n]
+    return min(holding)[2] if holding else None
 
 
 def placed_note(fabric: Fabric | None, want: Any, nodes: Sequence[str]) -> str:
