@@ -26,6 +26,18 @@ TOPOLOGY = {
 }
 
 
+def tool_on(node: Any, name: str, prints: str, first: str = "") -> None:
+    """A tool on the node's PATH (its bin_dir, first there) that prints what the real one printed."""
+    node.bin_dir.mkdir(exist_ok=True)
+    tool = node.bin_dir / name
+    tool.write_text(f"#!/bin/sh\n{first}\ncat <<'END'\n{prints}\nEND\n")
+    tool.chmod(0o755)
+
+
+async def of_kind(client: Any, kind: str) -> list[dict[str, Any]]:
+    return [e for e in await client.call("events", limit=1000) if e["kind"] == kind]
+
+
 def placed(shown: dict[str, Any]) -> str:
     return next(e["message"] for e in shown["events"] if " placed on " in e["message"])
 
@@ -89,14 +101,9 @@ async def test_discovery_reads_the_nodes_tools_and_says_where_they_differ_from_t
     }
     nvsmi = (Path(__file__).parent.parent / "unit" / "golden" / "topology" / "nvidia-smi-q-nvl72.txt").read_text()
     for node in cluster.nodes:
-        node.bin_dir.mkdir(exist_ok=True)
-        lldpctl = node.bin_dir / "lldpctl"
-        lldpctl.write_text(f"#!/bin/sh\ncat <<'END'\n{LLDP % switch[node.name]}\nEND\n")
-        lldpctl.chmod(0o755)
+        tool_on(node, "lldpctl", LLDP % switch[node.name])
         if node.name in ("node01", "node02"):
-            tool = node.bin_dir / "nvidia-smi"
-            tool.write_text(f"#!/bin/sh\ncat <<'END'\n{nvsmi}\nEND\n")
-            tool.chmod(0o755)
+            tool_on(node, "nvidia-smi", nvsmi)
     loaded = write_config(cluster, tmp_path, sock_dir, topology=TOPOLOGY)
     async with running(loaded) as (_, client):
         code, out, err = await cli(loaded.file, "topology", "--discover", "--json")
@@ -126,17 +133,10 @@ async def test_a_fabric_found_by_discovery_places_jobs_where_the_config_declares
     switch = {"node01": "sw-a", "node02": "sw-a", "node03": "sw-b", "node04": "sw-b", "node05": "sw-c",
               "node06": "sw-c"}  # fmt: skip
     for node in cluster.nodes:
-        node.bin_dir.mkdir(exist_ok=True)
-        lldpctl = node.bin_dir / "lldpctl"
-        lldpctl.write_text(f"#!/bin/sh\ncat <<'END'\n{LLDP % switch[node.name]}\nEND\n")
-        lldpctl.chmod(0o755)
+        tool_on(node, "lldpctl", LLDP % switch[node.name])
     loaded = write_config(cluster, tmp_path, sock_dir, topology={"discover": "1h"})
     async with running(loaded) as (_, client):
-
-        async def of_kind(kind: str) -> list[dict[str, Any]]:
-            return [e for e in await client.call("events", limit=1000) if e["kind"] == kind]
-
-        found = await poll(lambda: of_kind("TopologyFound"), bool, "the fabric found")
+        found = await poll(lambda: of_kind(client, "TopologyFound"), bool, "the fabric found")
         assert (
             "3 leaf switches (sw-a: node01, node02; sw-b: node03, node04; sw-c: node05, node06)" in found[0]["message"]
         )
@@ -147,7 +147,7 @@ async def test_a_fabric_found_by_discovery_places_jobs_where_the_config_declares
         pair = await until(client, pair["id"], lambda j: j["status"] == "running", "the pair")
         assert sorted(pair["node_names"]) == ["node05", "node06"]  # blind to the fabric: node02 and node04
         assert "under sw-c (the fewest switches free)" in placed(await client.call("show", job=pair["id"]))
-        assert not await of_kind("TopologyMismatch")
+        assert not await of_kind(client, "TopologyMismatch")
         code, out, err = await cli(loaded.file, "topology", "--json")
         assert code == 0, err
         tree = json.loads(out)
@@ -195,17 +195,10 @@ async def test_ibnetdiscover_runs_on_one_node_and_its_leaves_place_jobs(
     ran = tmp_path / "ran"
     ran.mkdir()
     for node in cluster.nodes[1:3]:
-        node.bin_dir.mkdir(exist_ok=True)
-        tool = node.bin_dir / "ibnetdiscover"
-        tool.write_text(f"#!/bin/sh\ntouch {ran}/{node.name}\ncat <<'END'\n{recorded}\nEND\n")
-        tool.chmod(0o755)
+        tool_on(node, "ibnetdiscover", recorded, first=f"touch {ran}/{node.name}")
     loaded = write_config(cluster, tmp_path, sock_dir, topology={"discover": "1h"})
     async with running(loaded) as (_, client):
-
-        async def found() -> list[dict[str, Any]]:
-            return [e for e in await client.call("events", limit=1000) if e["kind"] == "TopologyFound"]
-
-        (event,) = await poll(found, bool, "the fabric found")
+        (event,) = await poll(lambda: of_kind(client, "TopologyFound"), bool, "the fabric found")
         assert "2 leaf switches (leaf01: node01, node02; leaf02: node03, node04)" in event["message"]
         assert sorted(p.name for p in ran.iterdir()) == ["node02"]
         fabric = await client.call("fabric")
