@@ -13,6 +13,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import functools
+import json
 import re
 import sqlite3
 from collections.abc import Callable, Iterator, Sequence
@@ -92,6 +93,11 @@ class Engine(abc.ABC):
     async def fetchone(self, sql: str, args: Sequence[Any] = ()) -> Row | None:
         rows = await self.fetchall(sql, args)
         return rows[0] if rows else None
+
+    async def fetch_plain(self, columns: Sequence[str], rest: str, args: Sequence[Any] = ()) -> list[list[Any]]:
+        """`SELECT <columns> <rest>` for many rows of plain values (numbers, text, NULL), in no particular order
+        (`rest` has no ORDER BY): SQLite's hands them over in one piece (`SqliteEngine.fetch_plain`)."""
+        return [list(r) for r in await self.fetchall(f"SELECT {', '.join(columns)} {rest}", args)]
 
     @abc.abstractmethod
     async def begin(self, *, read_only: bool = False) -> bool:
@@ -181,6 +187,14 @@ class SqliteEngine(Engine):
 
     async def fetchall(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
         return list(await self._db.execute_fetchall(sql, args))  # one trip to aiosqlite's thread
+
+    async def fetch_plain(self, columns: Sequence[str], rest: str, args: Sequence[Any] = ()) -> list[list[Any]]:
+        """The rows as one JSON text made inside SQLite: one step of the statement, where a row each is a step
+        each, and each step lets go of Python's GIL and may wait for another thread's switch interval (5 ms) to
+        get it back: 10,000 rows took 3.5 s beside one busy thread, against 6.5 ms alone."""
+        sql = f"SELECT json_group_array(json_array({', '.join(columns)})) {rest}"
+        row = await self.fetchone(sql, args)
+        return json.loads(row[0]) if row is not None and row[0] else []
 
     async def begin(self, *, read_only: bool = False) -> bool:
         await self._db.execute("BEGIN" if read_only else "BEGIN IMMEDIATE")

@@ -315,8 +315,9 @@ class HistoryStore:
     async def array_members(self, array_id: int) -> list[tuple[int, int, str, bool]]:
         """(id, index, status, deleted) of each task of an array, by index: what `show` lists of a task's array,
         without reading each task's whole row (an array may hold 10,000 of them)."""
-        sql = "SELECT id, array_index, status, deleted FROM jobs WHERE array_id = ? ORDER BY array_index"
-        return [(int(r[0]), int(r[1]), str(r[2]), bool(r[3])) for r in await self._db.fetchall(sql, (array_id,))]
+        columns = ("id", "array_index", "status", "deleted")
+        rows = await self._db.fetch_plain(columns, "FROM jobs WHERE array_id = ?", (array_id,))
+        return sorted(((int(r[0]), int(r[1]), str(r[2]), bool(r[3])) for r in rows), key=lambda r: r[1])
 
     async def status_counts(self) -> dict[str, int]:
         """How many jobs (not deleted) are in each status: every job counted from the status index, less the

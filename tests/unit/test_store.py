@@ -211,3 +211,36 @@ async def test_evidence_keeps_the_newest_documents_of_each_job(store_at: StoreAt
         kept = await raw_sql(store_at(), "SELECT job, data FROM evidence ORDER BY id")
         got = [(job, json.loads(data)["n"]) for job, data in kept]
         assert got == [(7, 2), (8, 12), (7, 3), (8, 13), (7, 4), (8, 14)]
+
+
+async def test_plain_rows_come_back_whole_in_one_piece_on_both_engines(store_at: StoreAt) -> None:
+    """`fetch_plain` (SQLite: one JSON text made in the database, not a step per row): numbers, text with quotes,
+    backslashes and non-ASCII, NULL; no row at all; the same on PostgreSQL (rows as they are)."""
+    async with await Store.open(store_at()) as store:
+        db = store._db
+        texts = ["plain", 'it\'s "quoted" \\ and\nnew', "ünïcødé ✓", ""]
+        await db.execute("CREATE TABLE plain_t (n INTEGER, x REAL, t TEXT)")
+        for i, text in enumerate(texts):
+            await db.execute("INSERT INTO plain_t (n, x, t) VALUES (?, ?, ?)", (i, i + 0.5, text))
+        await db.execute("INSERT INTO plain_t (n, x, t) VALUES (?, NULL, NULL)", (99,))
+        rows = await db.fetch_plain(("n", "x", "t"), "FROM plain_t WHERE n >= ?", (0,))
+        assert sorted(rows, key=lambda r: r[0]) == [[i, i + 0.5, t] for i, t in enumerate(texts)] + [[99, None, None]]
+        assert await db.fetch_plain(("n", "t"), "FROM plain_t WHERE n < ?", (0,)) == []
+
+
+async def test_an_arrays_members_are_listed_by_index(store_at: StoreAt) -> None:
+    from ftconsole.scheduler.decide.jobs import JobStatus
+    from tests.unit.test_jobs import make_job
+
+    async with await Store.open(store_at()) as store:
+        ids: list[int] = []
+        async with store.jobs_tx("submit") as tx:
+            for index in [5, 0, 11, 3, 1, 2, 4, 6, 7, 8, 9, 10]:  # written out of order
+                queued = make_job(status=JobStatus.QUEUED, started=None, attempt=0, array_index=index)
+                ids.append(await tx.add_job(queued if not ids else make_job(
+                    status=JobStatus.QUEUED, started=None, attempt=0, array_id=ids[0], array_index=index)))  # fmt: skip
+            await tx._db.execute("UPDATE jobs SET array_id = ? WHERE id = ?", (ids[0], ids[0]))
+        by_index = dict(zip([5, 0, 11, 3, 1, 2, 4, 6, 7, 8, 9, 10], ids, strict=True))
+        members = await store.array_members(ids[0])
+    assert [m[:2] for m in members] == [(by_index[i], i) for i in range(12)]
+    assert {(m[2], m[3]) for m in members} == {("queued", False)}
