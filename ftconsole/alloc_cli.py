@@ -103,7 +103,12 @@ def cmd_alloc(args: argparse.Namespace) -> int:
                 raise
             nodes = ", ".join(shown.get("node_names") or [])
             print(f"allocation {job_id} running on {nodes}", file=sys.stderr, flush=True)
-            target = await shell_target(client, loaded, str(job_id), command=args.command)
+            try:
+                target = await shell_target(client, loaded, str(job_id), command=args.command)
+            except BaseException:
+                if not args.keep:  # no shell, no allocation: nobody would use it
+                    await client.call("stop", jobs=[job_id])
+                raise
             return job_id, target.argv
         finally:
             await client.close()

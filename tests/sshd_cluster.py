@@ -380,6 +380,7 @@ class SshdCluster:
             raise ValueError(f"gpus lists {len(per_node)} node(s) but count is {count}")
         self.root = Path(root).resolve()
         self.user = current_user()
+        self.guests: list[str] = []  # other accounts let in with their own keys (`admit`)
         self.key = self.root / "client_key"
         self.authorized_keys = self.root / "authorized_keys"
         self.known_hosts = self.root / "known_hosts"
@@ -451,14 +452,15 @@ class SshdCluster:
             f"Port {node.port}",
             f"HostKey {_quote(node.host_key)}",
             f"PidFile {_quote(node.pid_file)}",
-            f"AuthorizedKeysFile {_quote(self.authorized_keys)}",
+            # a guest's own keys are in its home, as on a cluster's nodes (`admit`)
+            f"AuthorizedKeysFile {_quote(self.authorized_keys)}" + (" .ssh/authorized_keys" if self.guests else ""),
             "PasswordAuthentication no",
             "KbdInteractiveAuthentication no",
             "PubkeyAuthentication yes",
             "UsePAM no",
             "StrictModes no",
             "PermitRootLogin prohibit-password",
-            f"AllowUsers {self.user}",
+            f"AllowUsers {' '.join([self.user, *self.guests])}",
             "PermitUserRC no",
             "PermitUserEnvironment no",
             "PrintMotd no",
@@ -470,6 +472,9 @@ class SshdCluster:
             "MaxSessions 64",
             "LogLevel ERROR",
             "Subsystem sftp internal-sftp",
+            # the lab's own environment is the scheduler's account's: a guest's session is a plain login (its home,
+            # sshd's PATH)
+            *([f"Match User {self.user}"] if self.guests else []),
             # SetEnv is applied after sshd sets HOME, USER, PATH..., so it overrides them
             "SetEnv "
             + " ".join(
@@ -698,6 +703,16 @@ class SshdCluster:
         self._wait_port_closed(n)
         self._spawn(n)
         self._await_ready(n)
+
+    def admit(self, user: str) -> None:
+        """Let another account log in to every node with the keys of its own home's `.ssh/authorized_keys`, as
+        a cluster's users reach its nodes: its sessions are plain logins (its home, sshd's PATH), without the
+        lab's environment. Each node's sshd restarts (sessions already open go on)."""
+        if user not in self.guests:
+            self.guests.append(user)
+        for n in self.nodes:
+            self._write_sshd_config(n)
+            self.restart(n)
 
     def change_host_key(self, node: str | SshdNode) -> None:
         """A new host key for the node and a restart of its sshd; `known_hosts` keeps the old key."""

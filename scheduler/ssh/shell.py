@@ -196,6 +196,8 @@ class SshOptions:
     python: str = "python3"
     # whom ssh logs in as: None, the node's configured user; under run_as: submitter, the caller (see ssh_options)
     login: str | None = None
+    # the caller's own ssh config files (no -F): a caller who may not read the scheduler's (see ssh_options)
+    own_config: bool = False
 
 
 def ssh_options(loaded: LoadedConfig) -> SshOptions:
@@ -204,13 +206,17 @@ def ssh_options(loaded: LoadedConfig) -> SshOptions:
     Under `scheduler.run_as: submitter` a debug shell is the caller's own, as the job is: ssh logs in as the
     caller (the local user), with the config's identity file and known_hosts only when the caller may read
     them (the scheduler's own key is not theirs: their keys and agent then, and ssh's own known_hosts files,
-    host keys still verified)."""
+    host keys still verified); likewise its ssh config file, else their own (~/.ssh/config, /etc/ssh/ssh_config:
+    where their jump host is)."""
     s = loaded.cluster.ssh
     known, identity, config_file = ssh_files(loaded)
     login = None
+    own_config = False
     if loaded.cluster.scheduler.run_as == "submitter":
         login = _local_user()
         identity = identity if identity is not None and os.access(identity, os.R_OK) else None
+        if config_file is not None and not os.access(config_file, os.R_OK):
+            config_file, own_config = None, True
     return SshOptions(
         known_hosts=known,
         host_key_policy=s.host_key_policy,
@@ -220,6 +226,7 @@ def ssh_options(loaded: LoadedConfig) -> SshOptions:
         keepalive_interval=s.keepalive_interval,
         python=s.python,
         login=login,
+        own_config=own_config,
     )
 
 
@@ -243,11 +250,11 @@ def ssh_argv(options: SshOptions, node: Node, remote_command: str, *, tty: bool)
     known: list[str] = []  # the scheduler's known_hosts; a caller who may not read it: ssh's own files
     if options.login is None or os.access(options.known_hosts, os.R_OK):
         known = ["-o", f"UserKnownHostsFile={ssh_path(options.known_hosts)}", "-o", "GlobalKnownHostsFile=/dev/null"]
+    config = ssh_path(options.config_file) if options.config_file is not None else "none"
     argv = [
         "ssh",
         "-t" if tty else "-T",
-        "-F",
-        ssh_path(options.config_file) if options.config_file is not None else "none",
+        *(() if options.own_config else ("-F", config)),
         "-o",
         "StrictHostKeyChecking=" + ("accept-new" if options.host_key_policy == "accept-new" else "yes"),
         *known,

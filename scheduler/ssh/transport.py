@@ -101,8 +101,11 @@ def ssh_files(loaded: LoadedConfig) -> tuple[Path, Path | None, Path | None]:
     known = loaded.resolve(s.known_hosts)
     assert known is not None
     config_file = loaded.resolve(s.config_file)
-    if config_file is not None and not config_file.exists():
-        config_file = None
+    try:
+        if config_file is not None and not config_file.exists():
+            config_file = None
+    except OSError:  # in a folder the caller may not enter (a user's `ftconsole shell`): there, not theirs to read
+        pass
     return known, loaded.resolve(s.identity_file), config_file
 
 

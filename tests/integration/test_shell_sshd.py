@@ -31,11 +31,15 @@ VALUE = 'it\'s a "value" with $(touch PWNED) and `id`'
 
 
 class Cli(CliBase):
-    def interactive(self, *args: str, keys: str, wait_for: str) -> str:
-        """Run the CLI under a pseudo-terminal (`script`); type `keys` once `wait_for` was printed; all output."""
+    def interactive(
+        self, *args: str, keys: str, wait_for: str, python: str = sys.executable, user: int | None = None
+    ) -> str:
+        """Run the CLI under a pseudo-terminal (`script`); type `keys` once `wait_for` was printed; all output.
+        `user`: as that uid (group 65534, and group 0, which may reach the tests' sockets), with `python`."""
         if shutil.which("script") is None:
             pytest.skip("no `script` (util-linux) to give the CLI a pseudo-terminal")
-        command = shlex.join([sys.executable, "-m", "ftconsole.cli", *args])
+        command = shlex.join([python, "-m", "ftconsole.cli", *args])
+        as_user: dict[str, Any] = {} if user is None else {"user": user, "group": 65534, "extra_groups": [0]}
         proc = subprocess.Popen(
             ["script", "-qefc", command, "/dev/null"],
             env=self.env,
@@ -43,6 +47,8 @@ class Cli(CliBase):
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            cwd=self.env.get("HOME") if user is not None else None,
+            **as_user,
         )
         assert proc.stdin is not None and proc.stdout is not None
         output = b""

@@ -204,6 +204,27 @@ def test_under_run_as_submitter_the_shell_is_the_callers_own(tmp_path: Path) -> 
     (tmp_path / "keys/known_hosts").write_text("")
     argv = ssh_argv(ssh_options(loaded(tmp_path)), node, "CMD", tty=False)
     assert f"UserKnownHostsFile={tmp_path}/keys/known_hosts" in argv
+    assert argv[2:4] == ["-F", "none"]  # no ssh config file in the config: none read, as the scheduler reads none
+
+
+def test_a_caller_who_may_not_read_the_ssh_config_file_gets_their_own(tmp_path: Path, monkeypatch) -> None:
+    """Under run_as: submitter, the scheduler's ssh config file where the caller may read it, else the caller's own
+    files (no -F: ~/.ssh/config, /etc/ssh/ssh_config): `-F` of a file they cannot read makes ssh fail outright."""
+    (tmp_path / "ssh_config").write_text("ServerAliveCountMax 3\n")
+    node = Node(name="cpu01", host="cpu01", port=None, user="ops", pool="default")
+    config = loaded(tmp_path, ssh={"config_file": "ssh_config"})
+    argv = ssh_argv(ssh_options(config), node, "CMD", tty=False)
+    assert argv[2:4] == ["-F", str(tmp_path / "ssh_config")]
+    private = str(tmp_path / "ssh_config")
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: str(path) != private and real_access(path, mode))
+    options = ssh_options(config)
+    assert options.own_config and options.config_file is None
+    argv = ssh_argv(options, node, "CMD", tty=False)
+    assert "-F" not in argv and argv[:2] == ["ssh", "-T"]
+    # the scheduler's own account (run_as: ssh_user) reads it, as the scheduler does
+    mine = loaded(tmp_path, ssh={"config_file": "ssh_config"}, scheduler={"run_as": "ssh_user"})
+    assert not ssh_options(mine).own_config and ssh_options(mine).config_file == tmp_path / "ssh_config"
 
 
 @pytest.mark.parametrize(
