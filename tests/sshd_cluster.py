@@ -472,22 +472,20 @@ class SshdCluster:
             "MaxSessions 64",
             "LogLevel ERROR",
             "Subsystem sftp internal-sftp",
-            # the lab's own environment is the scheduler's account's: a guest's session is a plain login (its home,
-            # sshd's PATH)
-            *([f"Match User {self.user}"] if self.guests else []),
-            # SetEnv is applied after sshd sets HOME, USER, PATH..., so it overrides them
-            "SetEnv "
-            + " ".join(
-                _quote(f"{k}={v}")
-                for k, v in (
-                    ("HOME", node.home),
-                    ("FTCONSOLE_SIM_GPUS", node.gpus_file),
-                    ("FTCONSOLE_LAB_NODE", node.name),
-                    ("FTCONSOLE_LAB_ROOT", self.root),
-                    ("PATH", f"{node.bin_dir}:{SESSION_PATH}"),
-                )
-            ),
         ]
+        lab = [
+            ("FTCONSOLE_SIM_GPUS", node.gpus_file),
+            ("FTCONSOLE_LAB_NODE", node.name),
+            ("FTCONSOLE_LAB_ROOT", self.root),
+        ]
+        # SetEnv is applied after sshd sets HOME, USER, PATH..., so it overrides them
+        ours = [("HOME", node.home), *lab, ("PATH", f"{node.bin_dir}:{SESSION_PATH}")]
+        mine = "SetEnv " + " ".join(_quote(f"{k}={v}") for k, v in ours)
+        if not self.guests:
+            lines.append(mine)
+        else:  # a guest's session is a plain login (its home, sshd's PATH), still told which node it is on
+            lines += [f"Match User {self.user}", mine, f"Match User {','.join(self.guests)}",
+                      "SetEnv " + " ".join(_quote(f"{k}={v}") for k, v in lab)]  # fmt: skip
         node.sshd_config.write_text("\n".join(lines) + "\n")
 
     # -- lookup --------------------------------------------------------------------------------------------

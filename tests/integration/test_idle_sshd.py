@@ -25,13 +25,27 @@ WAIT = 90.0
 
 
 class Terminal:
-    """`ftconsole shell JOB` on a pseudo-terminal of its own, as a user's terminal; what it shows, read as it comes."""
+    """`ftconsole shell JOB` on a pseudo-terminal of its own, as a user's terminal; what it shows, read as it comes.
+    `user`: as that uid (group 65534, and group 0, which may reach the tests' sockets), in `env`, with `python`."""
 
-    def __init__(self, config: Path, job: int) -> None:
-        env = {**os.environ, "FTCONSOLE_CONFIG": str(config), "TERM": "dumb"}
+    def __init__(
+        self,
+        config: Path,
+        job: int,
+        *,
+        python: str = sys.executable,
+        env: dict[str, str] | None = None,
+        user: int | None = None,
+    ) -> None:
+        env = env or {**os.environ, "FTCONSOLE_CONFIG": str(config), "TERM": "dumb"}
         self.pid, self.fd = pty.fork()
         if self.pid == 0:  # the child: the shell's client on the terminal
-            os.execvpe(sys.executable, [sys.executable, "-m", "ftconsole.cli", "shell", str(job)], env)
+            if user is not None:
+                os.setgroups([0])
+                os.setgid(65534)
+                os.setuid(user)
+                os.chdir(env.get("HOME", "/"))
+            os.execvpe(python, [python, "-m", "ftconsole.cli", "shell", str(job)], env)
         self.shown = b""
         os.set_blocking(self.fd, False)
         asyncio.get_running_loop().add_reader(self.fd, self._read)

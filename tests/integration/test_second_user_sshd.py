@@ -8,6 +8,7 @@ nothing runs as anyone but that account. What is checked is what the nodes did: 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import secrets
 import shutil
@@ -26,6 +27,7 @@ import yaml
 import ftconsole
 from tests.cli_runner import TIMEOUT
 from tests.integration.test_alloc_sshd import alive
+from tests.integration.test_idle_sshd import Terminal
 from tests.integration.test_run_as_sshd import write_config
 from tests.integration.test_scheduler_sshd import finished, poll, running
 from tests.integration.test_shell_sshd import Cli
@@ -148,7 +150,10 @@ async def test_a_second_account_allocates_shells_in_and_runs_steps_through_its_o
     # ssh config file is root's own too
     (tmp_path / "ssh_config").write_text("ServerAliveCountMax 3\n")
     ssh = {"python": "/usr/bin/python3", "config_file": str(tmp_path / "ssh_config")}
-    loaded = write_config(cluster, tmp_path, sock_dir, shared_run_root, ssh=ssh)
+    idle = {"idle_timeout": "15s", "idle_warning": "8s"}
+    loaded = write_config(
+        cluster, tmp_path, sock_dir, shared_run_root, ssh=ssh, scheduler=idle, probes={"interval": "2s"}
+    )
     guest_config(guest, loaded, cluster)
     # the scheduler's SSH account's key, known_hosts and config: not the guest's to use
     for private in (cluster.key, cluster.known_hosts, tmp_path / "ssh_config"):
@@ -177,10 +182,17 @@ async def test_a_second_account_allocates_shells_in_and_runs_steps_through_its_o
         expected = {f"{rank}/2 {r['gpus'][0]} {guest.uid} {address[r['node']]}" for rank, r in enumerate(runs)}
         assert set(out.splitlines()) == expected, out
 
-        # the account ends its own allocation; what held the GPUs is gone on both nodes
-        code, _, err = await guest.cli("stop", str(alloc))
-        assert code == 0, err
-        ended = await finished(client, alloc)
+        # a shell of the account's, and nobody types: the warning shows in it, then the allocation ends by itself,
+        # the shell with it; what held the GPUs is gone on both nodes
+        terminal = Terminal(guest.config, alloc, python=guest.python, env=guest.env(), user=guest.uid)
+        try:
+            await poll(lambda: asyncio.sleep(0, terminal.shown), lambda s: b"has been idle since" in s,
+                       "the warning in the shell")  # fmt: skip
+            ended = await finished(client, alloc)
+            await poll(lambda: asyncio.sleep(0, terminal.ended()), bool, "the shell to end with the allocation")
+        finally:
+            terminal.close()
+        assert ended["status"] == "stopped" and "past its idle_timeout 15s" in ended["message"], ended["message"]
         steps = {s["number"]: s["state"] for s in ended["steps"]}
         assert steps == {1: "succeeded", 2: "succeeded"}, ended["steps"]
         assert not any(alive(r["pid"]) for r in runs if r["pid"])
@@ -188,6 +200,18 @@ async def test_a_second_account_allocates_shells_in_and_runs_steps_through_its_o
         await poll(
             lambda: asyncio.to_thread(_processes_of, guest.uid), lambda pids: not pids, "the account's processes to end"
         )
+
+        # its own hold and release: a held job waits, released it runs
+        spec = guest.home / "job.yaml"
+        spec.write_text(yaml.safe_dump({"name": "later", "command": "true", "gpus_per_node": 1}))
+        code, out, err = await guest.cli("submit", str(spec), "--hold", "--json")
+        assert code == 0, err
+        held = int(json.loads(out)["id"])
+        shown = await poll(lambda: client.call("show", job=held), lambda j: bool(j["message"]), "the hold's note")
+        assert shown["status"] == "queued" and shown["held"]["by"] == guest.name and not shown["held"]["admin"]
+        code, _, err = await guest.cli("release", str(held))
+        assert code == 0, err
+        assert (await finished(client, held))["status"] == "succeeded"
 
 
 def _interactive(guest: Guest, args: list[str], keys: str, wait_for: str) -> str:
