@@ -1,7 +1,8 @@
 """Interactive work as a cluster's users meet it: a real second account, with a home, an SSH key of its own and the
-nodes' host keys in its known_hosts (as an admin's /etc/ssh/ssh_known_hosts gives them), runs the CLI itself.
-Its `alloc` opens an interactive shell on the allocation's first node, and its `run` steps go over both nodes,
-through its own SSH logins: nothing of the scheduler's SSH account (key, known_hosts) is readable to it, and
+nodes' host keys in its known_hosts (as an admin's /etc/ssh/ssh_known_hosts gives them), runs the CLI itself. Its
+`alloc` opens an interactive shell on the allocation's first node, its `run` steps go over both nodes, through its
+own SSH logins; its idle allocation is warned in its shell, then ends; its hold, release and `--begin` place its
+jobs as documented. Nothing of the scheduler's SSH account (key, known_hosts, ssh config) is readable to it, and
 nothing runs as anyone but that account. What is checked is what the nodes did: who ran, where, with which GPUs.
 """
 
@@ -212,6 +213,14 @@ async def test_a_second_account_allocates_shells_in_and_runs_steps_through_its_o
         code, _, err = await guest.cli("release", str(held))
         assert code == 0, err
         assert (await finished(client, held))["status"] == "succeeded"
+        # and --begin: not placed before then, on free GPUs
+        code, out, err = await guest.cli("submit", str(spec), "--begin", "+3s", "--json")
+        assert code == 0, err
+        later = json.loads(out)
+        waits = await poll(lambda: client.call("show", job=later["id"]), lambda j: bool(j["message"]), "its note")
+        assert waits["status"] == "queued" and "not before" in waits["message"], waits["message"]
+        done = await finished(client, later["id"])
+        assert done["status"] == "succeeded" and done["attempts"][0]["started"] >= waits["submitted"] + 3
 
 
 def _interactive(guest: Guest, args: list[str], keys: str, wait_for: str) -> str:
