@@ -94,14 +94,16 @@ def build_cluster(count: int, rng: random.Random, busy: float = 0.4) -> ClusterS
     return ClusterState(tuple(nodes), tuple(allocations))
 
 
-def build_fabric(count: int, leaf: int = 16, spine: int = 8) -> Fabric:
+def build_fabric(count: int, leaf: int = 16, spine: int = 8, block: int = 0, sizes: Sequence[int] = ()) -> Fabric:
     """Leaf switches of `leaf` nodes each (build_cluster's names, in order), `spine` leaves under each spine switch,
-    and one core switch above the spines."""
+    and one core switch above the spines; with `block`, blocks of that many nodes in order, and `sizes` their
+    block_sizes."""
     names = [f"gpu{i:04d}" for i in range(count)]
     leaves = {f"leaf{i // leaf:03d}": names[i : i + leaf] for i in range(0, count, leaf)}
     parents = {name: f"spine{i // spine:02d}" for i, name in enumerate(leaves)}
     parents |= {spine_name: "core" for spine_name in set(parents.values())}
-    return Fabric.of(leaves, parents)
+    blocks = {f"nvl{i // block:03d}": names[i : i + block] for i in range(0, count, block)} if block else None
+    return Fabric.of(leaves, parents, blocks, sizes)
 
 
 def leaves_per_job(decisions: Sequence[Decision], fabric: Fabric) -> tuple[int, float]:
@@ -212,9 +214,13 @@ def main() -> int:
     parser.add_argument("--preemption", action="store_true", help="preemptible jobs: each pass chooses victims")
     parser.add_argument("--leaf", type=int, default=16, help="nodes per leaf switch (topology on)")
     parser.add_argument("--spine", type=int, default=8, help="leaf switches per spine switch (topology on)")
+    parser.add_argument("--block", type=int, default=0, help="nodes per block: a third row, topology with blocks")
+    parser.add_argument("--block-sizes", default="", help="its block_sizes, as 16,32 (default: the block alone)")
     args = parser.parse_args()
 
     fabric = build_fabric(args.nodes, args.leaf, args.spine)
+    sizes = [int(s) for s in args.block_sizes.split(",") if s] or ([args.block] if args.block else [])
+    blocked = build_fabric(args.nodes, args.leaf, args.spine, args.block, sizes) if args.block else None
     rows = []
     for label, busy in (("40% busy", 0.4), ("idle", 0.0)):
         rng = random.Random(args.seed)
@@ -227,8 +233,8 @@ def main() -> int:
         flags = (("fair share", args.fairshare), ("quotas", args.quotas), ("preemption", args.preemption))
         on = [name for name, flag in flags if flag]
         label += f" ({', '.join(on)})" if on else ""
-        for topology in ("off", "on"):
-            placing = replace(state, fabric=fabric if topology == "on" else None)
+        for topology in ("off", "on", *(["blocks " + ",".join(map(str, sizes))] if blocked else [])):
+            placing = replace(state, fabric={"off": None, "on": fabric}.get(topology, blocked))
             if args.profile:
                 print(f"--- {label}, topology {topology}")
                 profiler = cProfile.Profile()

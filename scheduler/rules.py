@@ -72,8 +72,16 @@ class Rules:
         return out
 
     def _topology_known(self, spec: JobSpec) -> None:
-        """A job's `topology:` asks for what the cluster's must be able to give: switches, or blocks for segments."""
+        """A job's `topology:` asks for what the cluster's must be able to give: switches, or blocks for segments; and
+        its nodes fit in the largest group of blocks a job may span, where the cluster sets `block_sizes`."""
         want, tree = spec.topology, self.config.topology
+        sizes = tree.block_sizes if tree is not None else None
+        fewest = spec.elastic_range[0] if spec.elastic_range is not None else spec.nodes
+        if sizes and fewest > sizes[-1]:
+            raise UsageError(
+                f"nodes: {fewest}: a job of this cluster spans at most {sizes[-1]} nodes, a group of blocks "
+                f"(topology.block_sizes {sizes}, as Slurm's BlockSizes): ask for fewer nodes"
+            )
         if want is None:
             return
         if tree is None:

@@ -221,8 +221,11 @@ def _choose_future(
     names = sorted((name for name in eligible if len(free[name]) >= g), key=lambda name: (len(free[name]), name))
     if segment is not None:
         chosen = [] if fabric is None else fabric.segments(names, n, segment) or []
-    else:
-        chosen = names[:n] if fabric is None or n == 1 else fabric.choose(names, n) or names[:n]
+    elif fabric is None or n == 1:
+        chosen = names[:n]
+    else:  # within a group of blocks, where the fabric has block_sizes: else none
+        picked = fabric.choose(names, n)
+        chosen = picked if picked is not None else [] if fabric.block_sizes else names[:n]
     return {name: frozenset(sorted(free[name])[:g]) for name in chosen}
 
 
@@ -403,6 +406,9 @@ class _Pass:
             text += ")" if job.switches_until is None else f", waited for until {_clock(job.switches_until)})"
         if job.segment is not None:
             text += f", in groups of {_plural(job.segment, 'node')} each inside one block (topology.segment)"
+        fabric = self.catalog.fabric
+        if fabric is not None and fabric.block_sizes and job.nodes > 1:
+            text += f", inside one group of blocks of at most {fabric.block_sizes[-1]} nodes (topology.block_sizes)"
         return text
 
     def _too_few_nodes(self, job: JobRequest) -> str:

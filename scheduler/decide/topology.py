@@ -6,11 +6,18 @@ fewest fitting nodes that still holds it (best fit: big leaves stay whole for bi
 switch whose leaves hold it, using as few of its leaves as it can (the fullest first); otherwise across the whole
 fabric, the fullest leaves first. Ties, and the nodes within a leaf, keep the order they came in: placement's best
 fit (fewest free GPUs, then name). A node under no leaf counts as a leaf of its own.
+
+Blocks (NVLink domains) come first: a job that fits one block goes inside one. With `block_sizes` (Slurm's
+`BlockSizes`), a job of several nodes never spans more than a group of blocks: the blocks in their order, taken
+`size / base` at a time (the first size is the base), the smallest size that holds the job, best fit among the
+groups of that size; a job that no group holds waits.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import dataclasses
+import functools
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +27,9 @@ class Fabric:
     leaf_of: Mapping[str, str]  # node -> its leaf switch
     parent: Mapping[str, str]  # switch -> the switch above it
     block_of: Mapping[str, str] = field(default_factory=dict)  # node -> its block (an NVLink domain)
+    # the blocks in their order, and the node counts of the groups of blocks a job may span (the first: a block's)
+    block_order: tuple[str, ...] = ()
+    block_sizes: tuple[int, ...] = ()
     # switch -> the leaves under it (itself for a leaf), and its height (leaves 0); filled in from the two above
     under: dict[str, frozenset[str]] = field(default_factory=dict, compare=False)
     height: dict[str, int] = field(default_factory=dict, compare=False)
@@ -41,9 +51,27 @@ class Fabric:
         leaves: Mapping[str, Iterable[str]],
         parents: Mapping[str, str],
         blocks: Mapping[str, Iterable[str]] | None = None,
+        block_sizes: Sequence[int] = (),
     ) -> Fabric:
         block_of = {node: block for block, nodes in (blocks or {}).items() for node in nodes}
-        return cls({node: leaf for leaf, nodes in leaves.items() for node in nodes}, dict(parents), block_of)
+        leaf_of = {node: leaf for leaf, nodes in leaves.items() for node in nodes}
+        return cls(leaf_of, dict(parents), block_of, tuple(blocks or ()), tuple(block_sizes) if blocks else ())
+
+    @functools.cached_property
+    def _groups(self) -> list[tuple[int, list[tuple[str, ...]]]]:
+        return self.groups()
+
+    def groups(self) -> list[tuple[int, list[tuple[str, ...]]]]:
+        """Each of `block_sizes` with its groups of blocks: `size / base` consecutive blocks each, in block order
+        (the last group may have fewer)."""
+        if not self.block_sizes:
+            return []
+        base, order = self.block_sizes[0], self.block_order
+        out = []
+        for size in self.block_sizes:
+            k = max(1, size // base)
+            out.append((size, [order[i : i + k] for i in range(0, len(order), k)]))
+        return out
 
     def leaf(self, node: str) -> str:
         return self.leaf_of.get(node) or f"({node})"
@@ -59,6 +87,8 @@ class Fabric:
         switch and the block giving way to it; else the usual choice (which the caller then refuses)."""
         if len(fitting) < n:
             return None
+        if self.block_sizes and n > 1:
+            return self._in_a_group(fitting, n, lambda inside: self._unconfined.choose(inside, n, max_leaves))
         if self.block_of:
             by_block = self._by_block(fitting)
             if (block := _fewest_holding(by_block, n)) is not None:
@@ -77,6 +107,8 @@ class Fabric:
         blocks with the most groups free first; within a block, under the fewest leaf switches."""
         if n % size or not self.block_of:
             return None
+        if self.block_sizes:
+            return self._in_a_group(fitting, n, lambda inside: self._unconfined.segments(inside, n, size))
         by_block = self._by_block(fitting)
         if (block := _fewest_holding(by_block, n)) is not None:
             return self._under_fewest(by_block[block], n)
@@ -88,6 +120,37 @@ class Fabric:
                 picked += self._under_fewest(by_block[block], groups * size)
             if len(picked) == n:
                 return picked
+        return None
+
+    def group_size(self, nodes: Iterable[str]) -> int | None:
+        """The smallest of `block_sizes` with a group of blocks that holds all of `nodes`; None: no sizes, or none."""
+        blocks = {self.block_of.get(n) for n in nodes}
+        for size, groups in self._groups:
+            if any(blocks <= set(group) for group in groups):
+                return size
+        return None
+
+    @functools.cached_property
+    def _unconfined(self) -> Fabric:
+        """This fabric without `block_sizes`: the choice within one group of blocks."""
+        return dataclasses.replace(self, block_sizes=(), under={}, height={})
+
+    def _in_a_group(
+        self, fitting: Sequence[str], n: int, pick: Callable[[list[str]], list[str] | None]
+    ) -> list[str] | None:
+        """`pick` within one group of blocks (`block_sizes`): of the smallest size that holds `n`, the group with the
+        fewest fitting nodes first (best fit); None: no group can."""
+        by_block = self._by_block(fitting)
+        for size, groups in self._groups:
+            if n > size:
+                continue
+            counts = sorted((sum(len(by_block.get(b, ())) for b in group), i) for i, group in enumerate(groups))
+            for count, i in counts:
+                if count < n:
+                    continue
+                inside = set(groups[i])
+                if (picked := pick([node for node in fitting if self.block_of.get(node) in inside])) is not None:
+                    return picked
         return None
 
     def _by_block(self, fitting: Sequence[str]) -> dict[str, list[str]]:
@@ -178,6 +241,8 @@ def placed_note(fabric: Fabric | None, want: Any, nodes: Sequence[str]) -> str:
         why = f"within its max_switches {most}"
     if want is not None and want.segment is not None:
         why += f"; segments of {want.segment} nodes, each inside one block"
+    if (size := fabric.group_size(nodes)) is not None:
+        why += f"; inside one group of blocks of at most {size} nodes (topology.block_sizes)"
     return f", {fabric.describe(nodes)} ({why})"
 
 
@@ -186,10 +251,11 @@ def fabric_of(tree: Any, found: Mapping[str, Any] | None = None) -> Fabric | Non
     leaves, or no blocks, those of `found` (`merged_fabric`)."""
     if tree is None:
         return None
+    sizes = tree.block_sizes or ()
     if found is None:
-        return Fabric.of(tree.leaves(), tree.parents(), tree.block_nodes())
+        return Fabric.of(tree.leaves(), tree.parents(), tree.block_nodes(), sizes)
     merged = merged_fabric(tree, found)
-    return Fabric.of(merged["leaves"], merged["parents"], merged["blocks"])
+    return Fabric.of(merged["leaves"], merged["parents"], merged["blocks"], sizes)
 
 
 def merged_fabric(tree: Any, found: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -206,7 +272,7 @@ def merged_fabric(tree: Any, found: Mapping[str, Any] | None) -> dict[str, Any]:
         parents = {leaf: min(uplinks[leaf]) for leaf in leaves if uplinks.get(leaf)}
         source["switches"] = "found"
     if not tree.blocks and found.get("nvlink_domains"):
-        blocks = {domain: list(nodes) for domain, nodes in found["nvlink_domains"].items()}
+        blocks = {domain: list(nodes) for domain, nodes in sorted(found["nvlink_domains"].items())}  # by name
         source["blocks"] = "found"
     return {"leaves": leaves, "parents": parents, "blocks": blocks, "source": source}
 

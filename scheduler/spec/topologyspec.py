@@ -9,6 +9,8 @@ through `scheduler.decide.topology.Fabric`.
         spine: {switches: [leaf1, leaf2]}  # a switch above others
       blocks:
         nvl1: {nodes: "gpu[01-18]"}       # an NVLink domain: a job that fits one stays inside one
+        nvl2: {nodes: "gpu[19-36]"}
+      block_sizes: [16, 32]               # a job spans one block, or nvl1 and nvl2 together: never more (BlockSizes)
       discover: 6h                        # ask the nodes (at start, then every 6 h); what is not declared is found
 
 A leaf names nodes, an upper switch names switches; each switch is under at most one other, each node under at most
@@ -62,6 +64,27 @@ class TopologySettings(_Strict):
     # often; placement uses what they tell where `switches` (the leaves) or `blocks` (the NVLink domains) are not
     # declared, and compares it with what is declared
     discover: PositiveDuration | None = None
+    # Slurm's BlockSizes: the node counts of the groups of blocks a job of several nodes may span, the first a
+    # block's (the base); each next one a power-of-two multiple of it, a group being that many blocks in their order
+    block_sizes: list[Annotated[int, Field(ge=1)]] | None = None
+
+    @model_validator(mode="after")
+    def _sizes(self) -> TopologySettings:
+        sizes = self.block_sizes
+        if sizes is None:
+            return self
+        if not sizes:
+            raise ValueError("block_sizes is empty: give the node count of a block first, then of larger groups")
+        if sizes != sorted(set(sizes)):
+            raise ValueError(f"block_sizes {sizes}: give each size once, smallest (a block's) first")
+        base = sizes[0]
+        for size in sizes[1:]:
+            blocks = size // base
+            if size % base or blocks & (blocks - 1):
+                allowed = ", ".join(str(base << i) for i in range(1, 4))
+                raise ValueError(f"block_sizes: {size} is not a power-of-two multiple of the base size {base} "
+                                 f"(groups of 2, 4, 8... blocks: {allowed}...)")  # fmt: skip
+        return self
 
     def block_nodes(self) -> dict[str, list[str]]:
         """block -> its nodes (expanded)."""
@@ -90,6 +113,7 @@ class TopologySettings(_Strict):
                     above[child] = name
         out += _node_groups(self.leaves(), known_nodes, "switches", "under leaf", "a node has one leaf")
         out += _node_groups(self.block_nodes(), known_nodes, "blocks", "in block", "a node is in one block")
+        out += self._size_problems()
         for name in self.switches:
             seen, at = {name}, above.get(name)
             while at is not None and at not in seen:
@@ -99,6 +123,22 @@ class TopologySettings(_Strict):
                 out.append((("topology", "switches", name), f"switch {name!r} is under itself: the tree has a cycle"))
                 break
         return out
+
+    def _size_problems(self) -> list[tuple[Loc, str]]:
+        """`block_sizes` needs blocks, each holding at least the base size (a smaller one could never fill it)."""
+        if not self.block_sizes:
+            return []
+        where: Loc = ("topology", "block_sizes")
+        if not self.blocks and self.discover is None:
+            return [(where, "block_sizes groups blocks, and none are declared (topology.blocks) or discovered "
+                            "(topology.discover)")]  # fmt: skip
+        base = self.block_sizes[0]
+        small = [(name, len(nodes)) for name, nodes in self.block_nodes().items() if len(nodes) < base]
+        return [
+            (("topology", "blocks", name, "nodes"), f"block {name!r} has {count} node(s), fewer than the base size "
+             f"{base} (the first of topology.block_sizes)")
+            for name, count in small
+        ]  # fmt: skip
 
 
 class TopologyRequest(_Strict):
