@@ -11,6 +11,7 @@ from typing import Any
 
 from ftconsole.format import print_json
 from ftconsole.jobs_cli import loaded_config
+from ftconsole.scheduler.decide.topology import Fabric
 from ftconsole.scheduler.errors import UsageError
 from ftconsole.scheduler.serve.client import open_client
 from ftconsole.scheduler.spec.config import LoadedConfig
@@ -57,8 +58,11 @@ def topology_view(loaded: LoadedConfig, cluster: dict[str, Any]) -> dict[str, An
         walk(root, 0)
     placed = {n for nodes in leaves.values() for n in nodes}
     unplaced = [node(n.name) for n in loaded.cluster.node_list() if n.name not in placed]
+    # the groups of blocks a job may span (topology.block_sizes), as placement forms them
+    groups = Fabric.of({}, {}, blocks, tree.block_sizes or ()).groups()
     return {"switches": out, "unplaced": unplaced, "blocks": blocks, "source": source,
-            "found_at": fabric.get("found_at")}  # fmt: skip
+            "found_at": fabric.get("found_at"),
+            "block_groups": [{"size": size, "groups": [list(g) for g in gs]} for size, gs in groups]}  # fmt: skip
 
 
 def cmd_topology(args: argparse.Namespace) -> int:
@@ -92,6 +96,9 @@ def cmd_topology(args: argparse.Namespace) -> int:
         print("under no switch: " + ", ".join(n["name"] for n in view["unplaced"]))
     for name, nodes in view["blocks"].items():
         print(f"block {name}: {', '.join(nodes)}")
+    for level in view["block_groups"][1:]:  # the first size is a block's own
+        groups = "; ".join(" + ".join(group) for group in level["groups"])
+        print(f"groups of at most {level['size']} nodes a job may span (topology.block_sizes): {groups}")
     return 0
 
 

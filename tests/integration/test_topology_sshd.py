@@ -203,3 +203,39 @@ async def test_ibnetdiscover_runs_on_one_node_and_its_leaves_place_jobs(
         assert sorted(p.name for p in ran.iterdir()) == ["node02"]
         fabric = await client.call("fabric")
         assert fabric["parents"] == {"leaf01": "spine01", "leaf02": "spine01"}
+
+
+async def test_block_sizes_keep_a_job_inside_one_group_of_blocks(
+    sshd_cluster: Any, tmp_path: Path, sock_dir: Path
+) -> None:
+    """Four blocks of one node, grouped two by two (`block_sizes: [1, 2]`: (A, B) and (C, D)). With node02 and node03
+    busy, node01 and node04 are free but in two groups: a 2-node job waits, saying why, until node03 frees its group
+    whole; then it runs on node03 and node04 and says so. A job of 3 nodes is refused at submit."""
+    cluster: SshdCluster = sshd_cluster(4, gpus=1)
+    blocks = {f"nvl-{b}": {"nodes": f"node0{i}"} for i, b in enumerate("abcd", start=1)}
+    loaded = write_config(cluster, tmp_path, sock_dir, topology={"blocks": blocks, "block_sizes": [1, 2]})
+    async with running(loaded) as (_, client):
+        busy = {}
+        for name in ("node02", "node03"):
+            busy[name] = await client.call("submit", spec=job(f"on-{name}", "sleep 300", node_names=name))
+            await until(client, busy[name]["id"], lambda j: j["status"] == "running", f"the job on {name}")
+        pair = await client.call("submit", spec=job("pair", "sleep 300", nodes=2, mode="pytorch"))
+        waiting = await poll(
+            lambda: client.call("show", job=pair["id"]), lambda j: "block_sizes" in (j["message"] or ""), "its note"
+        )
+        assert waiting["status"] == "queued" and "2 available" in waiting["message"], waiting["message"]
+        assert "inside one group of blocks of at most 2 nodes (topology.block_sizes)" in waiting["message"]
+        await client.call("stop", jobs=[busy["node03"]["id"]])
+        shown = await until(client, pair["id"], lambda j: j["status"] == "running", "the pair to run")
+        assert sorted(shown["node_names"]) == ["node03", "node04"]
+        assert "inside one group of blocks of at most 2 nodes (topology.block_sizes)" in placed(shown)
+        code, out, err = await cli(loaded.file, "topology")
+        assert code == 0, err
+        assert "groups of at most 2 nodes a job may span (topology.block_sizes): nvl-a + nvl-b; nvl-c + nvl-d" in out
+        code, out, _ = await cli(loaded.file, "topology", "--json")
+        assert json.loads(out)["block_groups"][1] == {"size": 2, "groups": [["nvl-a", "nvl-b"], ["nvl-c", "nvl-d"]]}
+        spec = tmp_path / "three.yaml"
+        spec.write_text("name: three\ncommand: 'true'\nnodes: 3\nmode: pytorch\n")
+        code, _, err = await cli(loaded.file, "submit", str(spec))
+        assert code == 2 and "nodes: 3: a job of this cluster spans at most 2 nodes" in err, err
+        await client.call("stop", jobs=[pair["id"], busy["node02"]["id"]])
