@@ -87,8 +87,19 @@ def cmd_alloc(args: argparse.Namespace) -> int:
     from ftconsole.scheduler.ssh.shell import shell_target  # asyncssh: only for this command
 
     loaded = load_config(find_config(args.config))
+    said = "the allocation was stopped"  # what an interruption left (Ctrl-C's message)
+
+    async def give_up(client: SocketClient, job_id: int) -> None:
+        """Stop the allocation nobody will use; if that fails too, say so and how, and keep the first error."""
+        nonlocal said
+        try:
+            await client.call("stop", jobs=[job_id])
+        except Exception as exc:  # the connection that broke, often: the first error is the one to see
+            said = f"allocation {job_id} could not be stopped ({exc}): ftconsole stop {job_id}"
+            print(f"ftconsole: alloc: {said}", file=sys.stderr, flush=True)
 
     async def start() -> tuple[int, list[str]]:
+        nonlocal said
         client = await _client(loaded)
         try:
             job = await client.call("submit", spec=allocation_spec(args), allocation=True)
@@ -99,15 +110,17 @@ def cmd_alloc(args: argparse.Namespace) -> int:
             try:
                 shown = await _wait_running(client, job_id)
             except (KeyboardInterrupt, asyncio.CancelledError):
-                await client.call("stop", jobs=[job_id])  # never used: given up, as salloc's Ctrl-C does
+                await give_up(client, job_id)  # never used: given up, as salloc's Ctrl-C does
                 raise
             nodes = ", ".join(shown.get("node_names") or [])
             print(f"allocation {job_id} running on {nodes}", file=sys.stderr, flush=True)
             try:
                 target = await shell_target(client, loaded, str(job_id), command=args.command)
             except BaseException:
-                if not args.keep:  # no shell, no allocation: nobody would use it
-                    await client.call("stop", jobs=[job_id])
+                if args.keep:
+                    said = f"allocation {job_id} kept: ftconsole shell {job_id} to go back, ftconsole stop {job_id}"
+                else:  # no shell, no allocation: nobody would use it
+                    await give_up(client, job_id)
                 raise
             return job_id, target.argv
         finally:
@@ -116,7 +129,7 @@ def cmd_alloc(args: argparse.Namespace) -> int:
     try:
         job_id, argv = asyncio.run(start())
     except KeyboardInterrupt:
-        print("alloc: interrupted; the allocation was stopped", file=sys.stderr)
+        print(f"alloc: interrupted; {said}", file=sys.stderr)
         return 130
     try:
         code = subprocess.run(argv, check=False).returncode  # the terminal is ours and the shell's

@@ -202,6 +202,10 @@ class Placer(SharingWeights):
             now=now,
             remaining=None if deadline is None else deadline - now,
         )
+        group = None if state.fabric is None else state.fabric.group_nodes(r.node for r in current)
+        if group is not None:  # topology.block_sizes: it grows inside the largest group of blocks that holds it
+            allowed = request.node_names if request.node_names is not None else frozenset(self._nodes)
+            request = dataclasses.replace(request, node_names=frozenset(allowed & group))
         return placement.predict(state, requests, request, now, allow_degraded=self.degraded_ok)
 
     # ============================================================ place

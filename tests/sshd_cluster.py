@@ -452,8 +452,7 @@ class SshdCluster:
             f"Port {node.port}",
             f"HostKey {_quote(node.host_key)}",
             f"PidFile {_quote(node.pid_file)}",
-            # a guest's own keys are in its home, as on a cluster's nodes (`admit`)
-            f"AuthorizedKeysFile {_quote(self.authorized_keys)}" + (" .ssh/authorized_keys" if self.guests else ""),
+            f"AuthorizedKeysFile {_quote(self.authorized_keys)}",
             "PasswordAuthentication no",
             "KbdInteractiveAuthentication no",
             "PubkeyAuthentication yes",
@@ -484,7 +483,9 @@ class SshdCluster:
         if not self.guests:
             lines.append(mine)
         else:  # a guest's session is a plain login (its home, sshd's PATH), still told which node it is on
+            # (and its own keys are in its home, as on a cluster's nodes: `admit`)
             lines += [f"Match User {self.user}", mine, f"Match User {','.join(self.guests)}",
+                      "AuthorizedKeysFile .ssh/authorized_keys",
                       "SetEnv " + " ".join(_quote(f"{k}={v}") for k, v in lab)]  # fmt: skip
         node.sshd_config.write_text("\n".join(lines) + "\n")
 

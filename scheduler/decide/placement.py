@@ -160,6 +160,9 @@ def _reserve(
     job: JobRequest, catalog: Catalog, view: FreeView, running: Iterable[Allocation], now: float
 ) -> _Reservation:
     """Release allocations in `ends_at` order until a candidate of the job fits: its earliest start."""
+    fabric = catalog.fabric
+    if fabric is not None and fabric.block_sizes and job.nodes > fabric.block_sizes[-1]:
+        job = replace(job, nodes=max(fabric.block_sizes[-1], job.min_nodes or 1))  # an elastic job: what a group holds
     eligible = [frozenset(catalog.eligible(job, cand)) for cand in job.candidates]
     nodes: frozenset[str] = frozenset[str]().union(*eligible)
     free = {name: set(view.free[name]) for name in nodes}
@@ -325,7 +328,8 @@ class _Pass:
         least = job.min_nodes or job.nodes
         if not any(self.catalog.can_ever_fit(job, c) >= least for c in job.candidates):
             return self._wait(job, self._too_few_nodes(job), WaitCause.TOO_FEW_NODES)
-        if (never := self._never_within_switches(job, least) or self._never_in_segments(job)) is not None:
+        never = self._never_within_switches(job, least) or self._never_in_segments(job) or self._never_in_groups(job)
+        if never is not None:
             return self._wait(job, never, WaitCause.TOO_FEW_NODES)
         view = self._view_for(job)
         fit = fit_job(job, self.catalog, view)
@@ -365,6 +369,19 @@ class _Pass:
         if any(fabric.segments(sorted(self.catalog.eligible(job, c)), job.nodes, size) for c in job.candidates):
             return None
         return f"needs {groups}, and the blocks do not hold that many nodes that could hold it"
+
+    def _never_in_groups(self, job: JobRequest) -> str | None:
+        """Why no group of blocks could ever hold the job (`topology.block_sizes`): the nodes that could hold it,
+        even empty, are spread over the groups (nodes down, or of another spec), or no blocks are known yet."""
+        fabric, least = self.catalog.fabric, job.min_nodes or job.nodes
+        if fabric is None or not fabric.block_sizes or least < 2 or job.segment is not None:
+            return None  # segments: `_never_in_segments`, whose choice stays inside one group as well
+        if any(fabric.choose(sorted(self.catalog.eligible(job, c)), least) is not None for c in job.candidates):
+            return None
+        inside = f"inside one group of blocks of at most {fabric.block_sizes[-1]} nodes (topology.block_sizes)"
+        if not fabric.block_order:
+            return f"needs {_plural(least, 'node')} {inside}, and no blocks are known (yet: topology.discover)"
+        return f"needs {_plural(least, 'node')} {inside}, and no group holds that many nodes that could hold it"
 
     def _view_for(self, job: JobRequest) -> FreeView:
         """All free GPUs, or those outside the reservation for a job that would still run at its start."""

@@ -55,7 +55,7 @@ class Fabric:
     ) -> Fabric:
         block_of = {node: block for block, nodes in (blocks or {}).items() for node in nodes}
         leaf_of = {node: leaf for leaf, nodes in leaves.items() for node in nodes}
-        return cls(leaf_of, dict(parents), block_of, tuple(blocks or ()), tuple(block_sizes) if blocks else ())
+        return cls(leaf_of, dict(parents), block_of, tuple(blocks or ()), tuple(block_sizes))
 
     @functools.cached_property
     def _groups(self) -> list[tuple[int, list[tuple[str, ...]]]]:
@@ -88,7 +88,8 @@ class Fabric:
         if len(fitting) < n:
             return None
         if self.block_sizes and n > 1:
-            return self._in_a_group(fitting, n, lambda inside: self._unconfined.choose(inside, n, max_leaves))
+            within = None if max_leaves is None else (lambda picked: len(self.leaves(picked)) <= max_leaves)
+            return self._in_a_group(fitting, n, lambda inside: self._unconfined.choose(inside, n, max_leaves), within)
         if self.block_of:
             by_block = self._by_block(fitting)
             if (block := _fewest_holding(by_block, n)) is not None:
@@ -122,6 +123,18 @@ class Fabric:
                 return picked
         return None
 
+    def group_nodes(self, nodes: Iterable[str]) -> frozenset[str] | None:
+        """The nodes of the largest group of blocks that holds all of `nodes` (where a job of them may grow); None:
+        no `block_sizes`; empty: no group holds them."""
+        if not self.block_sizes:
+            return None
+        blocks = {self.block_of.get(n) for n in nodes}
+        for _, groups in reversed(self._groups):
+            for group in groups:
+                if blocks <= set(group):
+                    return frozenset(n for n, b in self.block_of.items() if b in group)
+        return frozenset()
+
     def group_size(self, nodes: Iterable[str]) -> int | None:
         """The smallest of `block_sizes` with a group of blocks that holds all of `nodes`; None: no sizes, or none."""
         blocks = {self.block_of.get(n) for n in nodes}
@@ -136,22 +149,31 @@ class Fabric:
         return dataclasses.replace(self, block_sizes=(), under={}, height={})
 
     def _in_a_group(
-        self, fitting: Sequence[str], n: int, pick: Callable[[list[str]], list[str] | None]
+        self,
+        fitting: Sequence[str],
+        n: int,
+        pick: Callable[[list[str]], list[str] | None],
+        within: Callable[[list[str]], bool] | None = None,
     ) -> list[str] | None:
-        """`pick` within one group of blocks (`block_sizes`): of the smallest size that holds `n`, the group with the
-        fewest fitting nodes first (best fit); None: no group can."""
+        """`pick` within one block where one holds `n`, else within one group of blocks (`block_sizes`): of the
+        smallest size that holds `n`, the group with the fewest fitting nodes first (best fit); the first pick that
+        is `within` (a job's max_switches) where one is, else the first pick; None: no group can."""
         by_block = self._by_block(fitting)
-        for size, groups in self._groups:
-            if n > size:
-                continue
+        levels: list[tuple[int, list[tuple[str, ...]]]] = [(s, groups) for s, groups in self._groups if n <= s]
+        if (block := _fewest_holding(by_block, n)) is not None:  # one block holds it: inside one, whatever the sizes
+            levels.insert(0, (n, [(block,)]))
+        first: list[str] | None = None
+        for _, groups in levels:
             counts = sorted((sum(len(by_block.get(b, ())) for b in group), i) for i, group in enumerate(groups))
             for count, i in counts:
                 if count < n:
                     continue
                 inside = set(groups[i])
-                if (picked := pick([node for node in fitting if self.block_of.get(node) in inside])) is not None:
+                picked = pick([node for node in fitting if self.block_of.get(node) in inside])
+                if picked is not None and (within is None or within(picked)):
                     return picked
-        return None
+                first = first or picked
+        return first
 
     def _by_block(self, fitting: Sequence[str]) -> dict[str, list[str]]:
         """The nodes in a block by block, in the order of each block's first node in `fitting` (ties go to it)."""

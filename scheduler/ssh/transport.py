@@ -101,12 +101,21 @@ def ssh_files(loaded: LoadedConfig) -> tuple[Path, Path | None, Path | None]:
     known = loaded.resolve(s.known_hosts)
     assert known is not None
     config_file = loaded.resolve(s.config_file)
-    try:
-        if config_file is not None and not config_file.exists():
-            config_file = None
-    except OSError:  # in a folder the caller may not enter (a user's `ftconsole shell`): there, not theirs to read
-        pass
+    if config_file is not None and not _there(config_file):
+        config_file = None
     return known, loaded.resolve(s.identity_file), config_file
+
+
+def _there(path: Path) -> bool:
+    """Whether a file is there; True where that cannot be told (in a folder the caller may not enter, as a user's
+    `ftconsole shell` meets root's: there, not theirs to read), where `Path.exists` says False from Python 3.14."""
+    try:
+        path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError:
+        return True
+    return True
 
 
 class SSHPool:

@@ -95,8 +95,9 @@ class Engine(abc.ABC):
         return rows[0] if rows else None
 
     async def fetch_plain(self, columns: Sequence[str], rest: str, args: Sequence[Any] = ()) -> list[list[Any]]:
-        """`SELECT <columns> <rest>` for many rows of plain values (numbers, text, NULL), in no particular order
-        (`rest` has no ORDER BY): SQLite's hands them over in one piece (`SqliteEngine.fetch_plain`)."""
+        """`SELECT <columns> <rest>` for many rows of integers, text and NULL, in no particular order (`rest` has no
+        ORDER BY): SQLite's hands them over in one piece (`SqliteEngine.fetch_plain`), where a REAL keeps only 15
+        significant digits and a BLOB is refused: not for those."""
         return [list(r) for r in await self.fetchall(f"SELECT {', '.join(columns)} {rest}", args)]
 
     @abc.abstractmethod

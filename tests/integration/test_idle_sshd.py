@@ -39,13 +39,16 @@ class Terminal:
     ) -> None:
         env = env or {**os.environ, "FTCONSOLE_CONFIG": str(config), "TERM": "dumb"}
         self.pid, self.fd = pty.fork()
-        if self.pid == 0:  # the child: the shell's client on the terminal
-            if user is not None:
-                os.setgroups([0])
-                os.setgid(65534)
-                os.setuid(user)
-                os.chdir(env.get("HOME", "/"))
-            os.execvpe(python, [python, "-m", "ftconsole.cli", "shell", str(job)], env)
+        if self.pid == 0:  # the child: the shell's client on the terminal, and never pytest again
+            try:
+                if user is not None:
+                    os.setgroups([0])
+                    os.setgid(65534)
+                    os.setuid(user)
+                    os.chdir(env.get("HOME", "/"))
+                os.execvpe(python, [python, "-m", "ftconsole.cli", "shell", str(job)], env)
+            finally:
+                os._exit(127)
         self.shown = b""
         os.set_blocking(self.fd, False)
         asyncio.get_running_loop().add_reader(self.fd, self._read)

@@ -9,6 +9,7 @@ nothing runs as anyone but that account. What is checked is what the nodes did: 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import secrets
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,13 +82,13 @@ def guest() -> Iterator[Guest]:
     if shutil.which("useradd") is None or shutil.which("ssh-keygen") is None:
         pytest.skip("useradd and ssh-keygen are needed to make a second account with a key")
     homes = Path(tempfile.mkdtemp(prefix="ftconsole-homes-", dir="/tmp"))
-    homes.chmod(0o755)
     name = f"ftg{secrets.token_hex(4)}"
     home = homes / name
-    # password '*': none, but not a locked account ('!'), which sshd refuses even a key without PAM
-    subprocess.run(["useradd", "--system", "--password", "*", "--create-home", "--home-dir", str(home),
-                    "--no-user-group", "--gid", "65534", "--shell", "/bin/sh", name], check=True)  # fmt: skip
     try:
+        homes.chmod(0o755)
+        # password '*': none, but not a locked account ('!'), which sshd refuses even a key without PAM
+        subprocess.run(["useradd", "--system", "--password", "*", "--create-home", "--home-dir", str(home),
+                        "--no-user-group", "--gid", "65534", "--shell", "/bin/sh", name], check=True)  # fmt: skip
         uid = int(subprocess.run(["id", "-u", name], capture_output=True, text=True, check=True).stdout)
         ssh = home / ".ssh"
         ssh.mkdir(mode=0o700)
@@ -98,9 +100,22 @@ def guest() -> Iterator[Guest]:
         python = _python_for(uid, Guest(name, uid, home, ""))
         yield Guest(name, uid, home, python)
     finally:
-        subprocess.run(["pkill", "-KILL", "-u", name], check=False)
-        subprocess.run(["userdel", name], check=False, capture_output=True)
+        _remove(name)
         shutil.rmtree(homes, ignore_errors=True)
+
+
+def _remove(name: str) -> None:
+    """The account and its processes gone (SIGKILL, then waited for, a bounded time, before userdel)."""
+    found = subprocess.run(["id", "-u", name], capture_output=True, text=True)
+    if found.returncode != 0:
+        return  # never made
+    uid, deadline = int(found.stdout), time.monotonic() + 30
+    while _live_of(uid):  # a zombie is no process: whoever it was left to reaps it
+        subprocess.run(["pkill", "-KILL", "-u", name], check=False)
+        assert time.monotonic() < deadline, f"processes of {name} outlive SIGKILL: {_live_of(uid)}"
+        time.sleep(0.1)
+    done = subprocess.run(["userdel", "--force", name], capture_output=True, text=True)  # even with a zombie left
+    assert done.returncode == 0, f"userdel {name}: {done.stderr}"
 
 
 def _python_for(uid: int, guest: Guest) -> str:
@@ -196,7 +211,8 @@ async def test_a_second_account_allocates_shells_in_and_runs_steps_through_its_o
         assert ended["status"] == "stopped" and "past its idle_timeout 15s" in ended["message"], ended["message"]
         steps = {s["number"]: s["state"] for s in ended["steps"]}
         assert steps == {1: "succeeded", 2: "succeeded"}, ended["steps"]
-        assert not any(alive(r["pid"]) for r in runs if r["pid"])
+        held = [r["pid"] for r in ended["attempts"][0]["runs"]]
+        assert len(held) == 2 and all(held) and not any(alive(pid) for pid in held)
         # nothing of the shell, the steps or the allocation runs on as the account
         await poll(
             lambda: asyncio.to_thread(_processes_of, guest.uid), lambda pids: not pids, "the account's processes to end"
@@ -228,6 +244,16 @@ def _interactive(guest: Guest, args: list[str], keys: str, wait_for: str) -> str
     cli = Cli(guest.config)
     cli.env = guest.env()
     return cli.interactive(*args, keys=keys, wait_for=wait_for, python=guest.python, user=guest.uid)
+
+
+def _live_of(uid: int) -> list[int]:
+    """The live processes of `uid` (zombies left out)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if entry.name.isdigit() and entry.stat().st_uid == uid and alive(int(entry.name)):
+                out.append(int(entry.name))
+    return out
 
 
 def _processes_of(uid: int) -> dict[int, bytes]:

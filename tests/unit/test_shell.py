@@ -223,6 +223,20 @@ def test_a_caller_who_may_not_read_the_ssh_config_file_gets_their_own(tmp_path: 
     argv = ssh_argv(options, node, "CMD", tty=False)
     assert "-F" not in argv and argv[:2] == ["ssh", "-T"]
     # the scheduler's own account (run_as: ssh_user) reads it, as the scheduler does
+    # in a folder the caller may not enter: there, not theirs to read (Path.exists raised, or from 3.14 says False)
+    real_stat = Path.stat
+    monkeypatch.setattr(os, "access", real_access)
+
+    def stat(path: Path, **kwargs: Any) -> os.stat_result:
+        if str(path) == private:
+            raise PermissionError(13, "Permission denied", private)
+        return real_stat(path, **kwargs)
+
+    monkeypatch.setattr(Path, "stat", stat)
+    monkeypatch.setattr(os, "access", lambda path, mode: str(path) != private and real_access(path, mode))
+    options = ssh_options(config)
+    assert options.own_config and "-F" not in ssh_argv(options, node, "CMD", tty=False)
+    monkeypatch.undo()
     mine = loaded(tmp_path, ssh={"config_file": "ssh_config"}, scheduler={"run_as": "ssh_user"})
     assert not ssh_options(mine).own_config and ssh_options(mine).config_file == tmp_path / "ssh_config"
 

@@ -4,6 +4,7 @@ two groups (and its reservation's future), and the checks of the config and of a
 
 from __future__ import annotations
 
+import dataclasses
 import types
 from typing import Any
 
@@ -38,6 +39,27 @@ SIZED = Fabric.of({}, {}, BLOCKS, (4, 8))
 )
 def test_a_job_spans_one_group_of_blocks_at_most(fitting: list[str], n: int, chosen: list[str] | None) -> None:
     assert SIZED.choose(fitting, n) == chosen
+
+
+def test_a_job_that_fits_one_block_goes_inside_one_whatever_the_sizes() -> None:
+    """Blocks of 18 nodes, sizes [16, 32]: a 17-node job is larger than the base, but nvl3 holds it whole: it goes
+    there, not across nvl1 and nvl2 (10 free each)."""
+    blocks = {f"nvl{b}": [f"n{b}-{i:02d}" for i in range(1, 19)] for b in (1, 2, 3, 4)}
+    fabric = Fabric.of({}, {}, blocks, (16, 32))
+    fitting = blocks["nvl1"][:10] + blocks["nvl2"][:10] + blocks["nvl3"]
+    picked = fabric.choose(fitting, 17)
+    assert picked is not None and {fabric.block_of[n] for n in picked} == {"nvl3"}
+
+
+def test_max_switches_picks_the_group_that_meets_it() -> None:
+    """(A, B) holds 4 fitting nodes under two leaves, (C, D) 4 under one: with max_switches 1, (C, D), though the
+    other group comes first."""
+    leaves = {"l1": ["a1", "a2"], "l2": ["b1", "b2"], "l3": ["c1", "c2", "d1", "d2"]}
+    fabric = Fabric.of(leaves, {}, BLOCKS, (4, 8))
+    fitting = ["a1", "a2", "b1", "b2", "c1", "c2", "d1", "d2"]
+    assert fabric.choose(fitting, 4) == ["a1", "a2", "b1", "b2"]
+    assert fabric.choose(fitting, 4, max_leaves=1) == ["c1", "c2", "d1", "d2"]
+    assert fabric.choose(fitting[:4], 4, max_leaves=1) == ["a1", "a2", "b1", "b2"]  # none meets it: the usual choice
 
 
 def test_without_block_sizes_the_same_job_spans_any_blocks() -> None:
@@ -132,3 +154,29 @@ def test_a_job_larger_than_the_largest_group_is_refused_at_submit() -> None:
     sized._topology_known(spec(12, **elastic))  # it may run on 6 to 8
     with pytest.raises(UsageError, match="nodes: 9"):
         sized._topology_known(spec(12, fault_tolerance={"elastic": {"min_nodes": 9}}))
+
+
+def test_a_head_no_group_can_ever_hold_waits_alone_and_holds_no_one() -> None:
+    """The nodes 3 and 4 of every block are down: 8 healthy nodes, 4 in each group of 8, so a 6-node job can never
+    run. It waits, saying why, and the 1-node job behind it runs on the idle cluster."""
+    nodes = tuple(node(n, ok=not n.endswith(("3", "4"))) for n in EVERY)
+    big, small = job("big", 8, 6, t=-2.0), job("small", 8, 1, t=-1.0)
+    first, second = plan(ClusterState(nodes, (), SIZED), [big, small], 0.0)
+    assert isinstance(first, Wait) and "no group holds that many nodes that could hold it" in first.reason
+    assert "inside one group of blocks of at most 8 nodes (topology.block_sizes)" in first.reason
+    assert isinstance(second, Place), second
+    unknown = Fabric.of({}, {}, {}, (4, 8))  # topology.discover has found no blocks yet
+    (waits,) = plan(ClusterState(nodes, (), unknown), [job("pair", 8, 2)], 0.0)
+    assert isinstance(waits, Wait) and "no blocks are known (yet: topology.discover)" in waits.reason
+
+
+def test_an_elastic_head_reserves_what_one_group_holds_and_jobs_run_behind_it() -> None:
+    """An elastic job of up to 12 nodes (at least 6) at the head, every node busy until t=100: its reservation is
+    one group's 8 nodes at t=100, not every node for ever, so a 10 s job behind it runs on a node it does not need."""
+    nodes = tuple(node(n) for n in EVERY)
+    busy = (*(alloc(f"x{n}", n, range(8), ends=100.0) for n in EVERY[:12]), alloc("xd4", "d4", range(8)))
+    head = dataclasses.replace(job("elastic", 8, 12, t=-2.0), min_nodes=6)
+    short = dataclasses.replace(job("short", 8, 1, t=-1.0), max_runtime=10.0)
+    first, second = plan(ClusterState(nodes, busy, SIZED), [head, short], 0.0)
+    assert isinstance(first, Wait) and first.earliest_start == 100.0, first
+    assert isinstance(second, Place), second
