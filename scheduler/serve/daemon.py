@@ -572,7 +572,7 @@ async def serve_until_signalled(loaded: LoadedConfig) -> None:
     config file as it is now (`systemctl reload`), as `ftconsole config reload` does, and logs what changed."""
     import signal
 
-    gctune.tune()  # a deep queue's heap: full collections far less often (gctune.py)
+    gctune.serving()  # a deep queue's heap: full collections far less often; requests answered between threads
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     answering: list[Operations] = []
