@@ -328,8 +328,7 @@ class _Pass:
         least = job.min_nodes or job.nodes
         if not any(self.catalog.can_ever_fit(job, c) >= least for c in job.candidates):
             return self._wait(job, self._too_few_nodes(job), WaitCause.TOO_FEW_NODES)
-        never = self._never_within_switches(job, least) or self._never_in_segments(job) or self._never_in_groups(job)
-        if never is not None:
+        if (never := self._never_within_switches(job, least) or self._never_in_segments(job)) is not None:
             return self._wait(job, never, WaitCause.TOO_FEW_NODES)
         view = self._view_for(job)
         fit = fit_job(job, self.catalog, view)
@@ -406,6 +405,10 @@ class _Pass:
         return Place(job.id, index, nodes)
 
     def _block_head(self, job: JobRequest) -> Wait:
+        # asked of the head alone (once a pass, not of every job of the queue): a head no group of blocks could ever
+        # hold waits alone, holding no one back
+        if (never := self._never_in_groups(job)) is not None:
+            return self._wait(job, never, WaitCause.TOO_FEW_NODES)
         self.reservation = _reserve(job, self.catalog, self.view, self.running, self.now)
         self.outside = self.view.without(self.reservation.gpus)
         return self._wait(job, self._needs(job), WaitCause.CAPACITY, self.reservation.start)
