@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from tests.accounts import remove_account
 from tests.integration.test_run_as_sshd import write_config
 from tests.integration.test_scheduler_sshd import as_uid, finished, job, log_of, poll, running, until
 from tests.sshd_cluster import SshdCluster
@@ -45,8 +46,7 @@ def account() -> Iterator[tuple[str, int]]:
         uid = int(subprocess.run(["id", "-u", name], capture_output=True, text=True, check=True).stdout)
         yield name, uid
     finally:
-        subprocess.run(["pkill", "-KILL", "-u", name], check=False)
-        subprocess.run(["userdel", name], check=False, capture_output=True)
+        remove_account(name)
 
 
 def in_service(nodes: list[dict[str, Any]]) -> dict[str, str]:

@@ -9,7 +9,6 @@ nothing runs as anyone but that account. What is checked is what the nodes did: 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import secrets
@@ -18,7 +17,6 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +26,7 @@ import pytest
 import yaml
 
 import ftconsole
+from tests.accounts import remove_account
 from tests.cli_runner import TIMEOUT
 from tests.integration.test_alloc_sshd import alive
 from tests.integration.test_idle_sshd import Terminal
@@ -100,22 +99,8 @@ def guest() -> Iterator[Guest]:
         python = _python_for(uid, Guest(name, uid, home, ""))
         yield Guest(name, uid, home, python)
     finally:
-        _remove(name)
+        remove_account(name)
         shutil.rmtree(homes, ignore_errors=True)
-
-
-def _remove(name: str) -> None:
-    """The account and its processes gone (SIGKILL, then waited for, a bounded time, before userdel)."""
-    found = subprocess.run(["id", "-u", name], capture_output=True, text=True)
-    if found.returncode != 0:
-        return  # never made
-    uid, deadline = int(found.stdout), time.monotonic() + 30
-    while _live_of(uid):  # a zombie is no process: whoever it was left to reaps it
-        subprocess.run(["pkill", "-KILL", "-u", name], check=False)
-        assert time.monotonic() < deadline, f"processes of {name} outlive SIGKILL: {_live_of(uid)}"
-        time.sleep(0.1)
-    done = subprocess.run(["userdel", "--force", name], capture_output=True, text=True)  # even with a zombie left
-    assert done.returncode == 0, f"userdel {name}: {done.stderr}"
 
 
 def _python_for(uid: int, guest: Guest) -> str:
@@ -244,16 +229,6 @@ def _interactive(guest: Guest, args: list[str], keys: str, wait_for: str) -> str
     cli = Cli(guest.config)
     cli.env = guest.env()
     return cli.interactive(*args, keys=keys, wait_for=wait_for, python=guest.python, user=guest.uid)
-
-
-def _live_of(uid: int) -> list[int]:
-    """The live processes of `uid` (zombies left out)."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        with contextlib.suppress(OSError):
-            if entry.name.isdigit() and entry.stat().st_uid == uid and alive(int(entry.name)):
-                out.append(int(entry.name))
-    return out
 
 
 def _processes_of(uid: int) -> dict[int, bytes]:
