@@ -59,7 +59,7 @@ def topology_view(loaded: LoadedConfig, cluster: dict[str, Any]) -> dict[str, An
     placed = {n for nodes in leaves.values() for n in nodes}
     unplaced = [node(n.name) for n in loaded.cluster.node_list() if n.name not in placed]
     # the groups of blocks a job may span (topology.block_sizes), as placement forms them
-    groups = Fabric.of({}, {}, blocks, tree.block_sizes or ()).groups()
+    groups = Fabric.of({}, {}, blocks, tree.block_sizes or ()).groups
     return {"switches": out, "unplaced": unplaced, "blocks": blocks, "source": source,
             "found_at": fabric.get("found_at"),
             "block_groups": [{"size": size, "groups": [list(g) for g in gs]} for size, gs in groups]}  # fmt: skip

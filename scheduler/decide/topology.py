@@ -58,9 +58,6 @@ class Fabric:
         return cls(leaf_of, dict(parents), block_of, tuple(blocks or ()), tuple(block_sizes))
 
     @functools.cached_property
-    def _groups(self) -> list[tuple[int, list[tuple[str, ...]]]]:
-        return self.groups()
-
     def groups(self) -> list[tuple[int, list[tuple[str, ...]]]]:
         """Each of `block_sizes` with its groups of blocks: `size / base` consecutive blocks each, in block order
         (the last group may have fewer)."""
@@ -129,7 +126,7 @@ class Fabric:
         if not self.block_sizes:
             return None
         blocks = {self.block_of.get(n) for n in nodes}
-        for _, groups in reversed(self._groups):
+        for _, groups in reversed(self.groups):
             for group in groups:
                 if blocks <= set(group):
                     return frozenset(n for n, b in self.block_of.items() if b in group)
@@ -138,7 +135,7 @@ class Fabric:
     def group_size(self, nodes: Iterable[str]) -> int | None:
         """The smallest of `block_sizes` with a group of blocks that holds all of `nodes`; None: no sizes, or none."""
         blocks = {self.block_of.get(n) for n in nodes}
-        for size, groups in self._groups:
+        for size, groups in self.groups:
             if any(blocks <= set(group) for group in groups):
                 return size
         return None
@@ -159,7 +156,7 @@ class Fabric:
         smallest size that holds `n`, the group with the fewest fitting nodes first (best fit); the first pick that
         is `within` (a job's max_switches) where one is, else the first pick; None: no group can."""
         by_block = self._by_block(fitting)
-        levels: list[tuple[int, list[tuple[str, ...]]]] = [(s, groups) for s, groups in self._groups if n <= s]
+        levels: list[tuple[int, list[tuple[str, ...]]]] = [(s, groups) for s, groups in self.groups if n <= s]
         if (block := _fewest_holding(by_block, n)) is not None:  # one block holds it: inside one, whatever the sizes
             levels.insert(0, (n, [(block,)]))
         first: list[str] | None = None

@@ -9,6 +9,7 @@ nothing runs as anyone but that account. What is checked is what the nodes did: 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import secrets
@@ -26,7 +27,7 @@ import pytest
 import yaml
 
 import ftconsole
-from tests.accounts import remove_account
+from tests.accounts import live_of, remove_account
 from tests.cli_runner import TIMEOUT
 from tests.integration.test_alloc_sshd import alive
 from tests.integration.test_idle_sshd import Terminal
@@ -235,11 +236,7 @@ def _processes_of(uid: int) -> dict[int, bytes]:
     """The live processes of `uid` (pid -> command line), but for the scheduler's own channel to the nodes as that
     user (it reads the user's run folders as the user, and closes once idle a minute)."""
     found = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if entry.stat().st_uid == uid and alive(int(entry.name)):
-                    found[int(entry.name)] = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
+    for pid in live_of(uid):
+        with contextlib.suppress(OSError):  # gone since
+            found[pid] = Path(f"/proc/{pid}/cmdline").read_bytes()
     return {pid: line for pid, line in found.items() if b"ftconsole-channel" not in line}

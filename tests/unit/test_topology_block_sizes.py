@@ -76,13 +76,13 @@ def test_segments_stay_inside_one_group_too() -> None:
 
 
 def test_groups_and_what_is_said_of_a_placement() -> None:
-    assert SIZED.groups() == [(4, [("A",), ("B",), ("C",), ("D",)]), (8, [("A", "B"), ("C", "D")])]
+    assert SIZED.groups == [(4, [("A",), ("B",), ("C",), ("D",)]), (8, [("A", "B"), ("C", "D")])]
     assert SIZED.group_size(["a1", "a2"]) == 4 and SIZED.group_size(["a1", "b1"]) == 8
     assert SIZED.group_size(["b1", "c1"]) is None  # two groups: never chosen
     note = placed_note(SIZED, None, ["a1", "b1"])
     assert note.endswith("inside one group of blocks of at most 8 nodes (topology.block_sizes))"), note
     odd = Fabric.of({}, {}, {"A": ["a1"], "B": ["b1"], "C": ["c1"]}, (1, 2))
-    assert odd.groups()[1] == (2, [("A", "B"), ("C",)])  # the last group has fewer blocks
+    assert odd.groups[1] == (2, [("A", "B"), ("C",)])  # the last group has fewer blocks
 
 
 def test_a_pass_waits_rather_than_span_two_groups_and_its_future_agrees() -> None:
