@@ -21,14 +21,14 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.geometry import Size
 from textual.message import Message
-from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widgets import Static
 
 from ftconsole.tui import maps as M
 from ftconsole.tui import rows as R
 from ftconsole.tui.feed import Feed
-from ftconsole.tui.views import View
+from ftconsole.tui.linetable import LineView
+from ftconsole.tui.views import View, set_line
 
 # half-block colours, two GPUs a cell (dense); busy runs from dim to bright green with the utilisation
 DENSE = {
@@ -45,7 +45,7 @@ BUSY_RAMP = {
 }
 
 
-class ClusterMap(ScrollView, can_focus=True):
+class ClusterMap(LineView, can_focus=True):
     """The map itself. `show` hands it the nodes' cells; it keeps the cursor on the same node."""
 
     DEFAULT_CSS = """
@@ -173,7 +173,7 @@ class ClusterMap(ScrollView, can_focus=True):
     def render_line(self, y: int) -> Strip:
         index = round(self.scroll_y) + y
         width = self.size.width
-        base = self.rich_style  # the widget's colours under every cell (they change with the theme)
+        base = self.frame_styles()[0]  # the widget's colours under every cell (they change with the theme)
         if base != self._base:
             self._base = base
             self._strips.clear()
@@ -445,9 +445,9 @@ class MapView(View):
     def _status(self, node: str | None) -> None:
         status = self.query_one(".map-status", Static)
         if node is None or node not in self._views:
-            status.update("no nodes" if not self._views else "")
+            set_line(status, "no nodes" if not self._views else "")
             return
-        status.update(M.node_line(self._views[node], self.map.cells.get(node, ()), self._jobs, self._reserved))
+        set_line(status, M.node_line(self._views[node], self.map.cells.get(node, ()), self._jobs, self._reserved))
 
 
 def _node_text(node: Mapping[str, Any]) -> str:

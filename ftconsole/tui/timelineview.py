@@ -21,17 +21,17 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.geometry import Size
 from textual.message import Message
-from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widgets import Static
 
 from ftconsole.tui import rows as R
 from ftconsole.tui import timeline as T
 from ftconsole.tui.feed import Feed
-from ftconsole.tui.views import View
+from ftconsole.tui.linetable import LineView
+from ftconsole.tui.views import View, set_line
 
 
-class TimelineChart(ScrollView, can_focus=True):
+class TimelineChart(LineView, can_focus=True):
     """The rows and their bars; `show` hands it the groups, and it keeps the cursor on the same row."""
 
     DEFAULT_CSS = """
@@ -147,7 +147,7 @@ class TimelineChart(ScrollView, can_focus=True):
     def render_line(self, y: int) -> Strip:
         index = round(self.scroll_y) + y
         width = self.size.width
-        base = self.rich_style
+        base = self.frame_styles()[0]
         if base != self._base:
             self._base = base
             self._strips.clear()
@@ -331,8 +331,8 @@ class TimelineView(View):
 
     def _axis(self) -> None:
         axis = T.axis(self.chart.window, self.chart.now)
-        self.query_one(".timeline-axis", Static).update(Text(" " * (T.LABEL_COLUMNS + 1) + axis, style="dim"))
+        set_line(self.query_one(".timeline-axis", Static), Text(" " * (T.LABEL_COLUMNS + 1) + axis, style="dim"))
 
     def _status(self, key: str | None) -> None:
         status = self.query_one(".timeline-status", Static)
-        status.update(self._notes.get(key, "") if key is not None else "nothing running or queued")
+        set_line(status, self._notes.get(key, "") if key is not None else "nothing running or queued")

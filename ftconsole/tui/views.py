@@ -92,7 +92,7 @@ class View(Vertical):
         ages = [feed.age(s) for s in self.sources if s not in READ_EVERY_S] or [feed.age(s) for s in self.sources]
         known = [a for a in ages if a is not None]
         parts += ["  ", (f"data {age(max(known))} old" if len(known) == len(ages) else "loading…", "dim")]
-        self.query_one(".view-title", Static).update(Text.assemble(*parts))
+        set_line(self.query_one(".view-title", Static), Text.assemble(*parts))
 
     def restyle(self) -> None:
         """The palette changed: cells kept from earlier updates must be built again."""
@@ -110,6 +110,14 @@ class View(Vertical):
             return [k for k in self.table.keys if k in self.marked]
         key = self.table.selected_key()
         return [key] if key is not None else []
+
+
+def set_line(line: Static, content: str | Text) -> None:
+    """A line whose height the CSS fixes (a title, a status line) shows `content`: nothing to do when it already
+    does, and no layout when it changes (a `Static.update` lays the whole screen out again, which redraws every
+    widget: that was most of a frame's 20 ms at each update)."""
+    if line.content != content:
+        line.update(content, layout=False)
 
 
 # a job row as last built: job dict, marked, clock, detector marks, cells, order key, its GPUs' utilisation
