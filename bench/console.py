@@ -1,18 +1,20 @@
 """Benchmark: the console on a big cluster: 1000 nodes, 10,000 jobs, updates once a second.
 
     .venv/bin/python bench/console.py [--nodes 1000] [--jobs 10000] [--updates 60] [--seed 1]
-                                      [--profile] [--tracemalloc]
+                                      [--probe-every 60] [--profile] [--tracemalloc]
 
 The data source is SYNTHETIC and IN-PROCESS: `SyntheticCluster` serves the console's client protocol
-(`call(op, **args)`: jobs_changed, nodes, alerts, events, cluster; `stream` refuses) from data generated with a
+(`call(op, **args)`: jobs_changed, nodes_changed, alerts, events, cluster; `stream` refuses) from data generated with a
 seeded random (about 20% of the jobs running, 60% queued, 20% ended; a few dozen alerts; 8 GPUs per node),
 in the shapes of the scheduler's JSON (`Job.to_json` plus its activity and `updated`; `NodeView.to_json`
 with the probe report's facts, GPUs and checks). Each simulated second it changes what a live cluster
 changes: about 1% of the jobs (new output of running jobs, queued jobs starting, running jobs ending, a few
-submitted, deleted, stopping or re-prioritised), and every node gets a new probe (time, GPU utilisation,
-memory, temperature; now and then a node changes state). `jobs_changed` returns only the jobs changed since
-the cursor. Each reply is encoded to JSON (the scheduler's side: not counted) and decoded (the console's
-side: counted), as over the API socket.
+submitted, deleted, stopping or re-prioritised), and one node in `--probe-every` (60: the default
+`probes.interval`) gets a new probe (time, GPU utilisation, memory, temperature; now and then a node changes
+state); `--probe-every 1` probes every node every second, the worst case. `jobs_changed` returns only the jobs
+changed since the cursor, and `nodes_changed` (the scheduler's own code) only the nodes. Each reply is
+encoded to JSON (the scheduler's side: not counted) and decoded (the console's side: counted), as over the API
+socket.
 
 So this measures the console's own cost, not the scheduler's (bench/submit.py measures that side): the feed,
 the rows, the table diff and Textual's render, in the real `ConsoleApp` run headless (`App.run_test`, 200x50)
@@ -59,7 +61,7 @@ from textual.widgets import ContentSwitcher  # noqa: E402
 
 from ftconsole.format import print_table  # noqa: E402
 from ftconsole.scheduler.errors import UsageError  # noqa: E402
-from ftconsole.scheduler.serve.daemon import brief_node  # noqa: E402
+from ftconsole.scheduler.serve.nodelist import NodeChanges  # noqa: E402
 from ftconsole.scheduler.spec.config import load_config  # noqa: E402
 from ftconsole.tui.app import ConsoleApp  # noqa: E402
 from ftconsole.tui.mapview import ClusterMap  # noqa: E402
@@ -89,8 +91,11 @@ class SyntheticCluster:
 
     embedded = False
 
-    def __init__(self, nodes: int, jobs: int, seed: int) -> None:
+    def __init__(self, nodes: int, jobs: int, seed: int, probe_every: int = 60) -> None:
         self.rng = random.Random(seed)
+        self.probe_every = probe_every  # simulated seconds between two probes of a node
+        self.seconds = 0
+        self.node_changes = NodeChanges()  # the scheduler's own `nodes_changed`
         self.now = T0
         self.server_s = 0.0  # CPU time spent building and encoding replies (the scheduler's side)
         self.bytes = 0  # JSON sent
@@ -364,7 +369,7 @@ class SyntheticCluster:
         del self.events[:-1000]
 
     def tick(self) -> None:
-        """One simulated second: about 1% of the jobs change, and every node is probed."""
+        """One simulated second: about 1% of the jobs change, and one node in `probe_every` is probed."""
         rng = self.rng
         self.now += 1.0
         total = max(1, len(self.jobs))
@@ -407,9 +412,11 @@ class SyntheticCluster:
             if alert["job"] in self.activity:
                 self.activity[alert["job"]]["open_alerts"] -= 1
                 self._touch(alert["job"])
+        self.seconds += 1
         self._probe_all()
 
     def _probe_all(self) -> None:
+        """A node's probe every `probe_every` seconds, each at its own second (as `probes.interval` spreads them)."""
         rng = self.rng
         if rng.random() < 0.2:  # now and then a node goes bad or comes back
             node = self.nodes[rng.choice(list(self.nodes))]
@@ -420,8 +427,8 @@ class SyntheticCluster:
                     self.free[node["name"]] = []
             elif node["state"] in ("degraded", "unhealthy"):
                 node.update(state="healthy", health="healthy", reasons=[], since=self.now)
-        for name, node in self.nodes.items():
-            if node["state"] == "unreachable":
+        for i, (name, node) in enumerate(self.nodes.items()):
+            if node["state"] == "unreachable" or i % self.probe_every != self.seconds % self.probe_every:
                 continue
             node["last_probe"] = self.now - rng.uniform(0, 1)
             node["last_probe_age_s"] = round(self.now - node["last_probe"], 1)
@@ -451,8 +458,8 @@ class SyntheticCluster:
             else:
                 ids = sorted(j for j, stamp in self.updated.items() if stamp >= since)
             reply: Any = {"cursor": self.now + 1e-6, "jobs": [self._job_json(j) for j in ids]}
-        elif op == "nodes":  # brief, as the scheduler answers the console's list (scheduler.daemon.brief_node)
-            reply = [brief_node(n) for n in self.nodes.values()] if args.get("brief") else list(self.nodes.values())
+        elif op == "nodes_changed":  # as the scheduler answers the console's list (scheduler.serve.nodelist)
+            reply = self.node_changes.changed(None, self.nodes.values(), args.get("since"))
         elif op == "alerts":
             reply = sorted(self.alerts.values(), key=lambda a: a["id"])
         elif op == "events":
@@ -672,7 +679,7 @@ async def first_frame(
 
 
 async def run(args: argparse.Namespace, profiler: cProfile.Profile | None) -> dict[str, Any]:
-    source = SyntheticCluster(args.nodes, args.jobs, args.seed)
+    source = SyntheticCluster(args.nodes, args.jobs, args.seed, args.probe_every)
     results: dict[str, Any] = {"jobs": len(source.jobs), "nodes": len(source.nodes)}
     gc.collect()
     results["source_objects"] = len(gc.get_objects())
@@ -763,6 +770,11 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--updates", type=int, default=60, help="simulated seconds per view (default 60)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--probe-every", type=int, default=60, metavar="S",
+        help="seconds between two probes of a node (default 60: probes.interval's default); 1: every node's "
+        "data changes every second, the worst case",
+    )  # fmt: skip
     parser.add_argument("--profile", action="store_true", help="print a cProfile of the update loops")
     parser.add_argument(
         "--tracemalloc", action="store_true", help="trace allocations up to the first frame (slows that phase down)"

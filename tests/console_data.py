@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ftconsole.scheduler.errors import UsageError
+from ftconsole.scheduler.serve.nodelist import NodeChanges
 from ftconsole.scheduler.spec.config import LoadedConfig, load_config
 
 NOW = 1_800_000_000.0
@@ -180,6 +181,9 @@ class FixedClient:
                           "conditions": [], "events": []}  # fmt: skip
         if op == "nodes" and args.get("nodeset"):
             return [n for n in NODES if n["name"] == args["nodeset"]]
+        if op == "nodes_changed":  # the scheduler's own answer, over the nodes this client has
+            changes = self.__dict__.setdefault("node_changes", NodeChanges())
+            return changes.changed(None, await self.call("nodes"), args.get("since"))
         if op == "job_util":  # running jobs: their GPUs at the last 12 probes
             return {"101": [80, 85, 90, 97, 97, 96, 98, 97, 99, 97, 96, 97], "104": [None, 40, 35, 20, 12, 6, 6, 6]}
         if op == "samples":

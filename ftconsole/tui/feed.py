@@ -36,6 +36,28 @@ class Source:
 
 
 @dataclass
+class ChangeLog:
+    """The keys (job ids, node names) each read changed, for the last JOB_LOG reads that changed some: a view
+    that remembers `reads` at its update asks `since` for what changed after it."""
+
+    reads: int = 0  # how many reads changed some
+    _log: deque[tuple[int, list[Any]]] = field(default_factory=lambda: deque(maxlen=JOB_LOG))
+
+    def note(self, keys: list[Any]) -> None:
+        if keys:
+            self.reads += 1
+            self._log.append((self.reads, keys))
+
+    def since(self, read: int) -> set[Any] | None:
+        """The keys changed, added or gone since the `read`th read; None when that is too far back to say."""
+        if read == self.reads:
+            return set()
+        if read > self.reads or not self._log or self._log[0][0] > read + 1:
+            return None
+        return {key for number, keys in self._log if number > read for key in keys}
+
+
+@dataclass
 class Feed:
     clock: Callable[[], float] = time.time
     jobs: dict[int, dict[str, Any]] = field(default_factory=dict)
@@ -51,10 +73,11 @@ class Feed:
     util: dict[str, deque[float | None]] = field(default_factory=dict)
     sources: dict[str, Source] = field(default_factory=lambda: {s: Source() for s in SOURCES})
     events_limit: int = 500
-    jobs_read: int = 0  # how many reads of the jobs changed some (`jobs_changed_since`)
-    _job_log: deque[tuple[int, list[int]]] = field(default_factory=lambda: deque(maxlen=JOB_LOG))
+    job_changes: ChangeLog = field(default_factory=ChangeLog)
+    node_changes: ChangeLog = field(default_factory=ChangeLog)
     _cursor: float | None = None
-    _probe_seen: dict[str, float | None] = field(default_factory=dict)
+    _node_cursor: str | None = None
+    _nodes_whole: bool = False  # the scheduler is older than `nodes_changed`: every node at every read
 
     async def refresh(self, client: Client, wanted: Iterable[str]) -> set[str]:
         """Read the wanted sources; return those that changed. A failing source keeps its last data."""
@@ -86,14 +109,15 @@ class Feed:
 
     # -- readers -------------------------------------------------------------------------------------------
 
+    @property
+    def jobs_read(self) -> int:
+        """How many reads of the jobs changed some (`jobs_changed_since`)."""
+        return self.job_changes.reads
+
     def jobs_changed_since(self, read: int) -> set[int] | None:
         """The ids of the jobs changed, added or gone since the `read`th read of them (`jobs_read`); None when
         that is too far back to say (read them all)."""
-        if read == self.jobs_read:
-            return set()
-        if read > self.jobs_read or not self._job_log or self._job_log[0][0] > read + 1:
-            return None
-        return {job_id for number, ids in self._job_log if number > read for job_id in ids}
+        return self.job_changes.since(read)
 
     async def _read_jobs(self, client: Client) -> bool:
         reply = await client.call("jobs_changed", since=self._cursor)
@@ -106,22 +130,50 @@ class Feed:
             elif self.jobs.get(job["id"]) != job:
                 self.jobs[job["id"]] = job
                 changed.append(job["id"])
-        if changed:
-            self.jobs_read += 1
-            self._job_log.append((self.jobs_read, changed))
+        self.job_changes.note(changed)
         return bool(changed)
 
     async def _read_nodes(self, client: Client) -> bool:
-        nodes = {n["name"]: n for n in await client.call("nodes", brief=True)}
-        for name, node in nodes.items():
-            if self._probe_seen.get(name) != node.get("last_probe"):
-                self._probe_seen[name] = node.get("last_probe")
+        """The nodes whose view changed (`nodes_changed` with a cursor): a node's view moves at its probe, when
+        a job starts or ends on it, or when its state does; at 1,000 nodes, all of them were 1 MiB a second."""
+        if self._nodes_whole:
+            return self._take_nodes(await client.call("nodes", brief=True), None, whole=True)
+        try:
+            reply = await client.call("nodes_changed", since=self._node_cursor)
+        except FtError as exc:  # a scheduler from before the op: every node, every read
+            if "unknown op" not in str(exc):
+                raise
+            self._nodes_whole = True
+            return await self._read_nodes(client)
+        self._node_cursor = reply["cursor"]
+        return self._take_nodes(reply["nodes"], reply["names"], whole=False)
+
+    def _take_nodes(self, nodes: list[dict[str, Any]], names: list[str] | None, *, whole: bool) -> bool:
+        """Keep the nodes read (an unchanged one keeps its object, so views can tell by identity) and each new
+        probe's mean GPU utilisation; `names`, when given, are all the nodes there are now."""
+        changed: list[str] = []
+        kept = self.nodes
+        for node in nodes:
+            name = node["name"]
+            old = kept.get(name)
+            if old == node:
+                continue
+            if old is None or old.get("last_probe") != node.get("last_probe"):
                 history = self.util.setdefault(name, deque(maxlen=UTIL_HISTORY))
                 utils = [g["utilization"] for g in node.get("gpus") or [] if g.get("utilization") is not None]
                 history.append(sum(utils) / len(utils) if utils else None)
-        changed = nodes != self.nodes
-        self.nodes = nodes
-        return changed
+            kept[name] = node
+            changed.append(name)
+        if whole:
+            names = [n["name"] for n in nodes]
+        if names is not None and list(kept) != names:  # a node came or went: the scheduler's order, as listed
+            gone = kept.keys() - set(names)
+            self.nodes = {name: kept[name] for name in names if name in kept}
+            for name in gone:
+                self.util.pop(name, None)
+            changed += gone
+        self.node_changes.note(changed)
+        return bool(changed)
 
     async def _read_alerts(self, client: Client) -> bool:
         alerts = {a["id"]: a for a in await client.call("alerts")}

@@ -34,6 +34,7 @@ from ftconsole.scheduler.serve import alertmanager, metrics, notify
 from ftconsole.scheduler.serve.api import WRITE_OPS, ApiServer
 from ftconsole.scheduler.serve.args import time_arg as _time
 from ftconsole.scheduler.serve.lock import StateLock
+from ftconsole.scheduler.serve.nodelist import brief_node, mask_held
 from ftconsole.scheduler.serve.pictures import PictureOps
 from ftconsole.scheduler.serve.reload import Reloader
 from ftconsole.scheduler.spec.config import LoadedConfig, parse_duration
@@ -100,6 +101,7 @@ class Operations:
             "reload": self._reload,
             "samples": self.pictures.samples,
             "node_jobs": self.pictures.node_jobs,
+            "nodes_changed": self.pictures.nodes_changed,
             "job_util": self.pictures.job_util,
             "forecast": self.pictures.forecast,
             "shares": self.pictures.shares,
@@ -316,7 +318,7 @@ class Operations:
     async def _nodes(self, caller: Caller, args: dict[str, Any]) -> Any:
         hidden = await self._hidden(caller)
         views = [
-            redact_json(_mask_held(v.to_json(), hidden), hidden)  # an isolated node's reasons name the job
+            redact_json(mask_held(v.to_json(), hidden), hidden)  # an isolated node's reasons name the job
             for v in await self.scheduler.service.nodes(args.get("nodeset"))
         ]
         return [brief_node(v) for v in views] if args.get("brief") else views
@@ -399,28 +401,6 @@ async def _primed(stream: AsyncIterator[Any]) -> AsyncIterator[Any]:
 
 
 _EMPTY = object()
-
-
-# what a list of nodes needs (the console reads it every second): no checks or facts, three fields per GPU
-BRIEF_GPU_FIELDS = ("index", "name", "utilization")
-
-
-def _mask_held(view: dict[str, Any], hidden: frozenset[int]) -> dict[str, Any]:
-    """A node view whose GPUs held by hidden jobs (running, or held for debugging) say only that: held by a
-    private job."""
-    if not hidden:
-        return view
-    out = dict(view)
-    for key in ("held", "held_for_debug"):
-        if view.get(key):
-            out[key] = [{**h, "job": None, "private": True} if h["job"] in hidden else h for h in view[key]]
-    return out
-
-
-def brief_node(view: dict[str, Any]) -> dict[str, Any]:
-    out = {k: v for k, v in view.items() if k not in ("checks", "facts")}
-    out["gpus"] = [{k: g.get(k) for k in BRIEF_GPU_FIELDS} for g in view.get("gpus") or []]
-    return out
 
 
 def _limit(args: dict[str, Any], default: int) -> int:

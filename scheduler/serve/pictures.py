@@ -1,6 +1,6 @@
-"""The API ops the console's pictures read: a node's or a job's samples over time (its curves), each running
-job's recent GPU use (the Jobs view's sparkline), and the queue's expected starts (the timeline, `jobs --start`).
-What a caller may not see is left out, as in every listing."""
+"""The API ops the console's pictures read: the nodes by change (the node list and the map), a node's or a job's
+samples over time (its curves), each running job's recent GPU use (the Jobs view's sparkline), and the queue's
+expected starts (the timeline, `jobs --start`). What a caller may not see is left out, as in every listing."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from ftconsole.scheduler.forecasting import Forecaster
 from ftconsole.scheduler.redaction import redact_json
 from ftconsole.scheduler.rules import Caller
 from ftconsole.scheduler.serve.args import time_arg
+from ftconsole.scheduler.serve.nodelist import NodeChanges, mask_held
 
 if TYPE_CHECKING:
     from ftconsole.scheduler.jobops import Scheduler
@@ -28,6 +29,7 @@ class PictureOps:
         self._forecaster = Forecaster(ops.scheduler)
         self._util_kept: tuple[Any, dict[int, list[float | None]]] = (None, {})
         self._shares_kept: tuple[float, dict[str, Any]] | None = None
+        self._node_changes = NodeChanges()
 
     async def samples(self, caller: Caller, args: dict[str, Any]) -> Any:
         """A node's GPUs, or a job's ranks (its current attempt), over time since `since` (default: the last
@@ -65,6 +67,16 @@ class PictureOps:
         if self._forecaster.scheduler is not self.ops.scheduler:
             self._forecaster = Forecaster(self.ops.scheduler)
         return self._forecaster
+
+    async def nodes_changed(self, caller: Caller, args: dict[str, Any]) -> Any:
+        """{"cursor", "nodes", "names"}: the nodes in brief whose view changed since `since` (a cursor this
+        answered; none or an unknown one: every node), and every node's name when a node came or went since
+        (else null). Call again with `since` = the cursor. The console's node list and map (`nodelist.py`)."""
+        s = self.scheduler
+        hidden = await self.ops._hidden(caller)
+        views = [redact_json(mask_held(v.to_json(), hidden), hidden) for v in await s.service.nodes()]
+        who = None if s.is_admin(caller) else caller.uid  # every admin sees the same
+        return self._node_changes.changed(who, views, args.get("since"))
 
     async def node_jobs(self, caller: Caller, args: dict[str, Any]) -> Any:
         """The jobs that held GPUs of one node, the newest first (`limit`, default NODE_JOBS): each run's job, rank,

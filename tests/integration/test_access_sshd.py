@@ -55,6 +55,8 @@ async def test_a_private_job_is_in_no_listing_of_others(sshd_cluster, tmp_path, 
         assert len(held) == 2  # two GPUs are held: one by the shared job, one by a private job
         assert {h["job"] for h in held} == {shared["id"], None}
         assert next(h for h in held if h["job"] is None)["private"] is True
+        (brief,) = (await as_nobody(path, "nodes_changed", since=None))["result"]["nodes"]  # the console's list
+        assert sorted(brief["held"], key=lambda h: h["gpu"]) == held and "checks" not in brief
         gpus = (await as_nobody(path, "cluster"))["result"]["nodes"][0]["gpus"]
         assert {g["job"] for g in gpus if g.get("private")} == {None} and private["id"] not in {g["job"] for g in gpus}
 

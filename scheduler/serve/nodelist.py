@@ -1,0 +1,94 @@
+"""The console's list of nodes: each node in brief (no checks or facts, three fields per GPU), and by change
+(`nodes_changed`), as the jobs are (`jobs_changed`).
+
+The console reads the nodes every second. At 1,000 nodes the whole list is about 1 MiB of JSON, which took the
+console 15 to 20 ms a second to read, while a node's view changes at its probe (every `probes.interval`), when a
+job starts or ends on it, or when its state does. So the scheduler keeps, per caller, the last brief view it
+answered of each node, and a cursor: a call with the cursor answers only the nodes whose view differs since, and
+the names of all nodes only when a node came or went. What the caller may not see (other users' private jobs)
+is masked before the comparison, so a job that becomes hidden or visible changes its nodes' views too.
+"""
+
+from __future__ import annotations
+
+import collections
+import secrets
+from collections.abc import Iterable
+from typing import Any
+
+# what a list of nodes needs (the console reads it every second): no checks or facts, three fields per GPU
+BRIEF_GPU_FIELDS = ("index", "name", "utilization")
+# left out of a brief view: the probe's age moves with the clock alone (the console has the probe's time and a
+# clock of its own), and would change every node at every read
+BRIEF_LEFT_OUT = ("checks", "facts", "last_probe_age_s")
+KEEP_CALLERS = 64  # the callers (per uid; admins share one) whose last answer is kept; the longest unseen go first
+
+
+def mask_held(view: dict[str, Any], hidden: frozenset[int]) -> dict[str, Any]:
+    """A node view whose GPUs held by hidden jobs (running, or held for debugging) say only that: held by a
+    private job."""
+    if not hidden:
+        return view
+    out = dict(view)
+    for key in ("held", "held_for_debug"):
+        if view.get(key):
+            out[key] = [{**h, "job": None, "private": True} if h["job"] in hidden else h for h in view[key]]
+    return out
+
+
+def brief_node(view: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in view.items() if k not in BRIEF_LEFT_OUT}
+    out["gpus"] = [{k: g.get(k) for k in BRIEF_GPU_FIELDS} for g in view.get("gpus") or []]
+    return out
+
+
+class _Answered:
+    """What one caller was last answered: each node's brief view with the step it last changed at."""
+
+    def __init__(self) -> None:
+        self.token = secrets.token_hex(6)  # a cursor from another scheduler, or from a forgotten caller, is unknown
+        self.step = 0
+        self.nodes: dict[str, tuple[dict[str, Any], int]] = {}
+        self.names_step = 0  # the step a node last came or went at
+
+
+class NodeChanges:
+    """The nodes changed since a caller's cursor (`changed`). A cursor is `TOKEN:STEP`; an unknown, malformed or
+    missing one answers every node, with their names."""
+
+    def __init__(self, keep: int = KEEP_CALLERS) -> None:
+        self.keep = keep
+        self._callers: collections.OrderedDict[Any, _Answered] = collections.OrderedDict()
+
+    def changed(self, caller: Any, views: Iterable[dict[str, Any]], since: Any) -> dict[str, Any]:
+        """{"cursor", "nodes": the brief views changed since `since`, "names": every node's name, or null when
+        none came or went since}. `caller`: whose views these are (they differ by what each may see)."""
+        answered = self._callers.pop(caller, None) or _Answered()
+        self._callers[caller] = answered
+        while len(self._callers) > self.keep:
+            self._callers.popitem(last=False)
+        step = answered.step + 1
+        kept = answered.nodes
+        fresh: dict[str, tuple[dict[str, Any], int]] = {}
+        for view in views:
+            brief = brief_node(view)
+            old = kept.get(brief["name"])
+            fresh[brief["name"]] = old if old is not None and old[0] == brief else (brief, step)
+        if fresh.keys() != kept.keys():
+            answered.names_step = step
+        answered.nodes, answered.step = fresh, step
+        after = _step_of(since, answered.token)
+        if after is None or after > step:
+            after = -1  # everything, names too
+        return {
+            "cursor": f"{answered.token}:{step}",
+            "nodes": [brief for brief, at in fresh.values() if at > after],
+            "names": list(fresh) if answered.names_step > after else None,
+        }
+
+
+def _step_of(cursor: Any, token: str) -> int | None:
+    if not isinstance(cursor, str):
+        return None
+    mine, _, step = cursor.partition(":")
+    return int(step) if mine == token and step.isdecimal() and len(step) < 19 else None

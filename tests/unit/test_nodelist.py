@@ -1,0 +1,82 @@
+"""The console's node list by change (`nodes_changed`, scheduler/serve/nodelist.py): a caller with a cursor is
+answered only the nodes whose brief view changed since, and the names only when a node came or went."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ftconsole.scheduler.serve.nodelist import NodeChanges, brief_node
+
+
+def node(name: str, util: float = 0.0, **more: Any) -> dict[str, Any]:
+    return {"name": name, "state": "healthy", "last_probe": 100.0, "last_probe_age_s": 1.5, "held": [],
+            "checks": [{"name": "disk"}], "facts": {"load1": 1.0},
+            "gpus": [{"index": 0, "name": "H100", "utilization": util, "temperature": 40.0}], **more}  # fmt: skip
+
+
+def names(reply: dict[str, Any]) -> list[str]:
+    return [n["name"] for n in reply["nodes"]]
+
+
+def test_a_brief_view_has_no_checks_facts_or_probe_age_and_three_fields_per_gpu() -> None:
+    brief = brief_node(node("a", 50.0))
+    assert brief.keys() == {"name", "state", "last_probe", "held", "gpus"}
+    assert brief["gpus"] == [{"index": 0, "name": "H100", "utilization": 50.0}]
+
+
+def test_a_cursor_answers_only_what_changed_since() -> None:
+    changes = NodeChanges()
+    first = changes.changed(None, [node("a"), node("b"), node("c")], None)
+    assert names(first) == ["a", "b", "c"] and first["names"] == ["a", "b", "c"]
+
+    # the probe's age moves with the clock alone: not a change
+    same = changes.changed(None, [node("a", last_probe_age_s=9.0), node("b"), node("c")], first["cursor"])
+    assert same["nodes"] == [] and same["names"] is None
+
+    moved = changes.changed(None, [node("a"), node("b", 80.0), node("c", state="drained")], same["cursor"])
+    assert names(moved) == ["b", "c"] and moved["names"] is None
+    assert moved["nodes"][0]["gpus"][0]["utilization"] == 80.0
+
+    # an older cursor still gets everything changed since it
+    again = changes.changed(None, [node("a"), node("b", 80.0), node("c", state="drained")], first["cursor"])
+    assert names(again) == ["b", "c"]
+
+
+def test_a_node_that_comes_or_goes_sends_the_names() -> None:
+    changes = NodeChanges()
+    cursor = changes.changed(None, [node("a"), node("b")], None)["cursor"]
+    gone = changes.changed(None, [node("a")], cursor)
+    assert gone["nodes"] == [] and gone["names"] == ["a"]
+    came = changes.changed(None, [node("a"), node("d")], gone["cursor"])
+    assert names(came) == ["d"] and came["names"] == ["a", "d"]
+
+
+def test_an_unknown_or_malformed_cursor_answers_everything() -> None:
+    changes, other = NodeChanges(), NodeChanges()
+    changes.changed(None, [node("a")], None)
+    foreign = other.changed(None, [node("a")], None)["cursor"]  # another scheduler's (a restart, a new leader)
+    for cursor in (foreign, "nonsense", "x:y", 12, None, foreign.split(":")[0] + ":99999"):
+        reply = changes.changed(None, [node("a")], cursor)
+        assert names(reply) == ["a"] and reply["names"] == ["a"], cursor
+
+
+def test_each_caller_has_its_own_cursor_and_views() -> None:
+    changes = NodeChanges()
+    root = changes.changed(None, [node("a", held=[{"gpu": 0, "job": 7}])], None)["cursor"]
+    ann = changes.changed(1000, [node("a", held=[{"gpu": 0, "job": None, "private": True}])], None)["cursor"]
+    # the job ends: both see the change, each from their own cursor, and then nothing more
+    ended = changes.changed(None, [node("a")], root)
+    assert ended["nodes"] == [brief_node(node("a"))]
+    later = changes.changed(1000, [node("a")], ann)
+    assert later["nodes"] == [brief_node(node("a"))]
+    assert changes.changed(None, [node("a")], ended["cursor"])["nodes"] == []
+    assert changes.changed(1000, [node("a")], later["cursor"])["nodes"] == []
+
+
+def test_the_longest_unseen_caller_is_forgotten_and_then_answered_everything() -> None:
+    changes = NodeChanges(keep=2)
+    first = changes.changed(1, [node("a")], None)["cursor"]
+    changes.changed(2, [node("a")], None)
+    changes.changed(3, [node("a")], None)  # caller 1 is forgotten
+    reply = changes.changed(1, [node("a")], first)
+    assert names(reply) == ["a"] and reply["names"] == ["a"]
