@@ -28,6 +28,7 @@ from ftconsole.tui import maps as M
 from ftconsole.tui import rows as R
 from ftconsole.tui.feed import Feed
 from ftconsole.tui.linetable import LineView
+from ftconsole.tui.mapcells import MapCells
 from ftconsole.tui.views import View, set_line
 
 # half-block colours, two GPUs a cell (dense); busy runs from dim to bright green with the utilisation
@@ -374,6 +375,9 @@ class MapView(View):
         self._make_up: tuple[Any, ...] = ()
         self._legend_palette: tuple[str, ...] = ()  # the colours the legend was drawn in
         self._groups: list[M.Group] = []
+        self._cells = MapCells()
+        self._preemptible: set[int] = set()
+        self._jobs_seen = -1  # the feed's jobs read when the preemptible jobs were last looked at (-1: never)
 
     def _leaf_of(self, feed: Feed) -> dict[str, str]:
         """node -> its leaf switch, where the scheduler knows the fabric (declared in `topology:`, or found), else
@@ -405,14 +409,11 @@ class MapView(View):
         if make_up != self._make_up:
             self._make_up, self._groups = make_up, M.groups(nodes, self._leaf_of(feed))
         groups = self._groups
-        preemptible = M.preemptible_jobs(feed.jobs)
-        cells: dict[str, tuple[M.Gpu, ...]] = {}
+        cells = self._cells.update(self._views, groups, self._preemptible_jobs(feed), reserved)
         headers = []
         tally: Counter[str] = Counter()
         for group in groups:
-            for name in group.nodes:
-                cells[name] = M.gpu_cells(self._views[name], group.gpus, preemptible, reserved)
-            counted = M.counts(c for name in group.nodes for c in cells[name])
+            counted = self._cells.tallies[group]
             tally.update(counted)
             count = len(group.nodes)
             headers.append(f"{group.title}  {count} node{'s' * (count != 1)} · {M.summary(counted)}")
@@ -431,6 +432,21 @@ class MapView(View):
             self.query_one(".map-legend", Static).update(_legend())
         shown = len(matches) if matches is not None else len(nodes)
         self._title(feed, now, shown, len(nodes))
+
+    def _preemptible_jobs(self, feed: Feed) -> set[int]:
+        """The ids of the preemptible jobs, looked at again only for the jobs the feed read anew."""
+        changed = feed.jobs_changed_since(self._jobs_seen)
+        if changed is None:
+            self._preemptible = M.preemptible_jobs(feed.jobs)
+        else:
+            for job_id in changed:
+                job = feed.jobs.get(job_id)
+                if job is not None and job.get("preemptible"):
+                    self._preemptible.add(job_id)
+                else:
+                    self._preemptible.discard(job_id)
+        self._jobs_seen = feed.jobs_read
+        return self._preemptible
 
     def summary(self, feed: Feed, now: float) -> Text:
         gpus = sum(self._tally.values())
