@@ -14,6 +14,11 @@ is at most half as fast as the other, else both. A stream is slow below `min_gbp
 else below `below` times the baseline learnt from the pool's earlier tests (the median of this test's streams on
 the first). A node that could not take part (its port taken, its SSH down) gets an `error`: a test that did not
 measure is no evidence.
+
+A node in service fails its own fabric test (burn-in's, which isolates it) only where at least two partners each saw
+it slow (`for_node_in_service`): with one partner, the slow stream may be that partner's fault, or stray traffic on
+its link, so the would-be fail is a `skip` and the node stays in service. A node out of service is kept out on one
+partner's word: that only keeps it where it is.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ import secrets
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from typing import Any
 
 from ftconsole.scheduler.errors import SSHError
@@ -39,6 +45,15 @@ from ftconsole.scheduler.ssh.transport import Transport
 LEARNT = 20  # the last medians kept of a pool's passing tests: its learnt baseline is their median
 # two nodes both slow on their way out: the slower is blamed alone when its rate is at most this share of the other's
 AMBIGUOUS = 0.5
+# partners that must each have seen a node in service slow before its fabric test may fail it (and so isolate it)
+WITNESSES = 2
+
+
+class Way(StrEnum):
+    """The way a node was slow: the streams it sent (out) or those it received (in)."""
+
+    IN = "in"
+    OUT = "out"
 
 
 @dataclass(frozen=True)
@@ -52,12 +67,21 @@ class Stream:
 
 
 @dataclass(frozen=True)
+class FabricResult(TestResult):
+    """One node's fabric result, with what a fail rests on: the way it was slow, and the partners that saw it
+    slow on that way (all its streams that way with them were slow). None and () where the judge did not fail it."""
+
+    way: Way | None = None
+    slow_with: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class FabricReport:
     nodes: tuple[str, ...]
     streams: tuple[Stream, ...]
     threshold: float | None  # Gbit/s under which a stream is slow (None: nothing measured to compare with)
     baseline: str  # where the threshold comes from, in words
-    results: Mapping[str, TestResult] = field(default_factory=dict)
+    results: Mapping[str, FabricResult] = field(default_factory=dict)
 
     @property
     def median(self) -> float | None:
@@ -105,7 +129,7 @@ def streams_of(names: Sequence[str], docs: Mapping[str, dict[str, Any] | str]) -
 
 
 def judge(names: Sequence[str], streams: Sequence[Stream], broken: Mapping[str, str], threshold: float | None,
-          baseline: str, took: float) -> dict[str, TestResult]:  # fmt: skip
+          baseline: str, took: float) -> dict[str, FabricResult]:  # fmt: skip
     """Each node's result: fail for a slow way out or in (see the module's words), error for a node that could
     not take part, else pass."""
     out_of: dict[str, list[Stream]] = collections.defaultdict(list)
@@ -124,7 +148,7 @@ def judge(names: Sequence[str], streams: Sequence[Stream], broken: Mapping[str, 
         if min(s.gbps or 0.0 for s in out_of[a]) <= AMBIGUOUS * min(s.gbps or 0.0 for s in out_of[b]):
             way_out = {a}
     way_in = {n for n in names if into[n] and all(slow(s) for s in into[n]) and not {s.src for s in into[n]} <= way_out}
-    results: dict[str, TestResult] = {}
+    results: dict[str, FabricResult] = {}
     for name in names:
         mine = [s for s in streams if name in (s.src, s.dst)]
         sends = ", ".join(f"{s.dst} {_rate(s.gbps)}" for s in out_of[name]) or "nothing measured"
@@ -133,8 +157,9 @@ def judge(names: Sequence[str], streams: Sequence[Stream], broken: Mapping[str, 
         if name in broken:
             results[name] = _result("error", f"could not take part: {broken[name]}", took)
         elif name in way_out or name in way_in:
-            where = "out" if name in way_out else "in"
-            results[name] = _result("fail", f"slow on its way {where}: {text}", took)
+            way = Way.OUT if name in way_out else Way.IN
+            partners = tuple(sorted({s.dst for s in out_of[name]} if way is Way.OUT else {s.src for s in into[name]}))
+            results[name] = _result("fail", f"slow on its way {way}: {text}", took, way, partners)
         elif not out_of[name] and not into[name]:
             why = next((s.why for s in mine if s.why), "no stream measured")
             results[name] = _result("error", f"no stream measured: {why}", took)
@@ -147,8 +172,20 @@ def _rate(gbps: float | None) -> str:
     return "-" if gbps is None else f"{gbps:.3g} Gbit/s"
 
 
-def _result(result: str, summary: str, took: float) -> TestResult:
-    return TestResult("fabric", result, summary[:300], tool="tcp", took_s=round(took, 2))
+def _result(result: str, summary: str, took: float, way: Way | None = None, slow_with: tuple[str, ...] = ()
+            ) -> FabricResult:  # fmt: skip
+    return FabricResult("fabric", result, summary[:300], tool="tcp", took_s=round(took, 2), way=way,
+                        slow_with=slow_with)  # fmt: skip
+
+
+def for_node_in_service(result: FabricResult) -> FabricResult:
+    """A node in service's result: a fail that fewer than WITNESSES partners back is a skip, saying why (a single
+    partner's own link, or stray traffic on it, may be what was slow); any other result as it is."""
+    if result.result != "fail" or len(result.slow_with) >= WITNESSES:
+        return result
+    saw = ", ".join(result.slow_with)
+    why = f"only {saw} saw it slow: one partner is not enough to take a node in service out ({result.summary})"
+    return replace(result, result="skip", summary=why[:300])
 
 
 class Baselines:

@@ -22,7 +22,7 @@ from ftconsole.probes.health import NodeEvent, NodeHealth, NodeState, due_for_te
 from ftconsole.scheduler import debugenv
 from ftconsole.scheduler.decide.topology import by_switch
 from ftconsole.scheduler.errors import UsageError
-from ftconsole.scheduler.fabric import check
+from ftconsole.scheduler.fabric import check, for_node_in_service
 from ftconsole.scheduler.nodealerts import isolation_alerts
 from ftconsole.scheduler.nodeops import ClusterService
 from ftconsole.scheduler.nodetests import NodeTestReport, TestResult
@@ -152,7 +152,8 @@ async def burn_in(service: ClusterService, queued: bool) -> list[str]:
 
 async def burned(service: ClusterService, report: NodeTestReport) -> None:
     """A burn-in's tests are done: a failure isolates the node (the scheduler's own evidence), with the failing
-    line; a pass, a skip or an error (no verdict) leaves it in service. Each test is an event either way."""
+    line; a pass, a skip or an error (no verdict) leaves it in service. Each test is an event either way. (A fabric
+    test's fail of a node in service already rests on two partners: `fabric_test`.)"""
     service.tester.count(report, "burn-in")
     async with service._folding:
         health = (await service.store.all_node_health()).get(report.node) or NodeHealth(report.node)
@@ -165,7 +166,10 @@ async def burned(service: ClusterService, report: NodeTestReport) -> None:
 async def fabric_test(service: ClusterService, node: Node, config: ClusterConfig) -> TestResult:
     """A node's fabric test: the node and up to FABRIC_PARTNERS idle nodes of its pool in service (healthy, no job
     and no debugging hold on them, not under test nor lent to another), borrowed for the test's time: placement
-    holds them too. Only the node's own result counts; with no partner free, it is a skip."""
+    holds them too. Only the node's own result counts; with no partner free, it is a skip. A node still in service
+    when it ends (burn-in) fails only where two partners each saw it slow (`for_node_in_service`): a failure would
+    take it out of service, and one partner's word is no evidence that the fault is its own. A node out of service
+    is kept out on one partner's word."""
     settings = config.node_tests_for(node.pool).fabric or FabricTest()
     tester = service.tester
     healths = await service.store.all_node_health()
@@ -190,6 +194,8 @@ async def fabric_test(service: ClusterService, node: Node, config: ClusterConfig
     finally:
         tester.give_back(names)
     result = report.results[node.name]
+    if ((await service.store.all_node_health()).get(node.name) or NodeHealth(node.name)).admin is None:
+        result = for_node_in_service(result)  # read at the verdict: a node drained meanwhile is out of service
     return dataclasses.replace(result, summary=f"{result.summary} (with {', '.join(names)})"[:300])
 
 

@@ -40,7 +40,7 @@ from ftconsole.scheduler.decide.reconcile import (
 from ftconsole.scheduler.decide.reconcile import dumps as reconcile_dumps
 from ftconsole.scheduler.decide.topology import by_switch
 from ftconsole.scheduler.errors import FtError
-from ftconsole.scheduler.fabric import FabricReport, check
+from ftconsole.scheduler.fabric import FabricReport, Way, check
 from ftconsole.scheduler.failpoints import afailpoint
 from ftconsole.scheduler.nodeops import ClusterService
 from ftconsole.scheduler.placing import Placer
@@ -469,7 +469,7 @@ def _data(job: Job, nodes: Sequence[str], strategy: str) -> dict[str, Any]:
 def _fabric_item(report: FabricReport, node: str) -> str:
     """`VALUE THRESHOLD` of a node's fabric item: its fastest stream on the way it failed (out, unless only its
     way in was slow), so that VALUE < THRESHOLD exactly when it failed; and the threshold."""
-    way_in = report.results[node].summary.startswith("slow on its way in")
+    way_in = report.results[node].way is Way.IN
     rates = [s.gbps for s in report.streams if (s.dst if way_in else s.src) == node and s.gbps is not None]
     value = max(rates) if rates else None
     shown = "-" if value is None else f"{value:.3g} Gbit/s"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import socket
 import subprocess
@@ -19,8 +20,18 @@ import pytest
 import yaml
 
 from ftconsole.scheduler.errors import JobSpecError
-from ftconsole.scheduler.fabric import Baselines, FabricReport, Stream, judge, shifts, streams_of
+from ftconsole.scheduler.fabric import (
+    Baselines,
+    FabricReport,
+    Stream,
+    Way,
+    for_node_in_service,
+    judge,
+    shifts,
+    streams_of,
+)
 from ftconsole.scheduler.node import fabric as node_fabric
+from ftconsole.scheduler.recovery import _fabric_item
 from ftconsole.scheduler.spec.jobspec import JobSpec, parse_jobspec
 
 NAMES = ["a", "b", "c"]
@@ -92,6 +103,52 @@ def test_streams_of_reads_only_streams_between_the_set_s_nodes() -> None:
 
 def test_shifts_send_to_two_others_from_three_nodes() -> None:
     assert shifts(2) == [1] and shifts(3) == [1, 2] and shifts(8) == [1, 2]
+
+
+def test_a_fail_names_its_way_and_the_partners_that_saw_it_slow() -> None:
+    out = judge(NAMES, ring({("a", "b"): 0.05, ("a", "c"): 0.05}), {}, 5.0, "", 1.0)
+    assert (out["a"].way, out["a"].slow_with) == (Way.OUT, ("b", "c"))
+    assert (out["b"].way, out["b"].slow_with) == (None, ())
+    into = judge(NAMES, ring({("a", "c"): 0.1, ("b", "c"): 0.1}), {}, 5.0, "", 1.0)
+    assert (into["c"].way, into["c"].slow_with) == (Way.IN, ("a", "b"))
+    # one partner could not take part: a's only measured stream out is slow, with b alone
+    lone = [Stream("a", "b", 0.05), Stream("a", "c", None, "refused"), Stream("b", "a", 9.0),
+            Stream("b", "c", None, "refused"), Stream("c", "a", None, "refused"), Stream("c", "b", None)]  # fmt: skip
+    alone = judge(NAMES, lone, {"c": "cannot run on c: refused"}, 5.0, "", 1.0)
+    assert (alone["a"].result, alone["a"].way, alone["a"].slow_with) == ("fail", Way.OUT, ("b",))
+
+
+@pytest.mark.parametrize(
+    ("names", "found", "result"),
+    [
+        (["a", "b"], streams({("a", "b"): 0.05, ("b", "a"): 9.0}), "skip"),  # one partner: its link may be why
+        (NAMES, ring({("a", "b"): 0.05, ("a", "c"): 0.05}), "fail"),  # two partners each saw it slow
+        (NAMES, ring({}), "pass"),
+    ],
+)
+def test_a_node_in_service_fails_only_on_two_partners_word(names: list[str], found: list[Stream], result: str) -> None:
+    judged = judge(names, found, {}, 5.0, "baseline 10 Gbit/s (min_gbps)", 1.0)["a"]
+    kept = for_node_in_service(judged)
+    assert kept.result == result
+    if result == "skip":
+        assert kept.summary == (
+            "only b saw it slow: one partner is not enough to take a node in service out (slow on its way out: "
+            "sends b 0.05 Gbit/s; receives b 9 Gbit/s; baseline 10 Gbit/s (min_gbps))"
+        )
+        assert kept.way is Way.OUT and kept.passed
+    else:
+        assert kept == judged
+
+
+def test_the_fabric_item_takes_the_way_from_the_result_not_its_words() -> None:
+    found = ring({("b", "c"): 0.1, ("a", "c"): 0.2})
+    judged = judge(NAMES, found, {}, 5.0, "", 1.0)
+    assert judged["c"].way is Way.IN
+    # the words reworded: the item still shows c's fastest stream in (0.2), not out (10)
+    reworded = {**judged, "c": dataclasses.replace(judged["c"], summary="slow coming in")}
+    shown = FabricReport(tuple(NAMES), tuple(found), 5.0, "", reworded)
+    assert _fabric_item(shown, "c") == "0.2 Gbit/s 5 Gbit/s"
+    assert _fabric_item(shown, "a") == "10 Gbit/s 5 Gbit/s"
 
 
 def report(found: list[Stream], threshold: float) -> FabricReport:
