@@ -109,6 +109,15 @@ class LineTable(LineView, can_focus=True):
         def control(self) -> LineTable:
             return self.table
 
+    class Scrolled(Message):
+        """Other rows came on screen (a scroll): a view that keeps only the rows on screen up to date with the
+        clock looks at them (`JobsView`)."""
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        if round(old_value) != round(new_value):
+            self.post_message(self.Scrolled())
+
     def __init__(self, columns: Sequence[Column], *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.spec = tuple(columns)
@@ -139,6 +148,11 @@ class LineTable(LineView, can_focus=True):
     def shown(self, key: str) -> Row | None:
         row = self._shown.get(key)
         return None if row is None else self._cells(row)
+
+    def visible_keys(self) -> list[str]:
+        """The keys of the rows on screen now (under the header)."""
+        top = round(self.scroll_y)
+        return self._order[top : top + max(0, self.size.height - 1)]
 
     def get_row_index(self, key: str) -> int:
         return self._index[key]
@@ -177,6 +191,19 @@ class LineTable(LineView, can_focus=True):
         else:
             self.cursor_row = max(0, min(self.cursor_row, len(self._order) - 1))
         self.refresh()
+
+    def replace(self, key: str, row: Row | Lazy) -> None:
+        """One row's new cells, in its place (the order stays): its line is drawn again."""
+        if key not in self._index:
+            return
+        self._shown[key] = row
+        if not isinstance(row, Lazy) and self._grow(row):
+            self._strips.clear()
+            self._header = None
+            self.virtual_size = Size(self._total_width(), len(self._order) + 1)
+            self.refresh()
+            return
+        self.refresh_line(self._index[key] + 1)  # the header is line 0
 
     def _cells(self, row: Row | Lazy) -> Row:
         """A row's cells; a lazy row's built now, and its columns grown for them (drawn again where they grew)."""

@@ -11,6 +11,7 @@ light terminals (`bold`, `reverse`, `dim` rather than a fixed background).
 from __future__ import annotations
 
 import functools
+import math
 import re
 import time
 from collections import Counter
@@ -192,6 +193,26 @@ def job_clock(job: Mapping[str, Any], now: float) -> tuple[str, ...]:
     if status == "error":
         return (str(job_needs_attention(job, now)),)
     return ()
+
+
+def order_holds(job: Mapping[str, Any], now: float) -> float:
+    """For how long, at least, the clock alone leaves a job's status word and order as they are now
+    (`job_state`, `job_order`): until a running job turns stalled, or a failed one stops counting as just
+    failed. Its ages (runtime, output) move every second; only the rows on screen show them."""
+    status = job["status"]
+    if status == "running":
+        since = job.get("last_output") or job.get("started")
+        if since is None or job.get("stop_requested"):
+            return math.inf
+        return _until(STALL_AFTER_S - (now - float(since)))
+    if status == "error" and job.get("ended") is not None:
+        return _until(FAILED_RECENT_S - (now - float(job["ended"])))
+    return math.inf
+
+
+def _until(left: float) -> float:
+    """A threshold `left` seconds ahead: crossed then (already crossed: it stays so)."""
+    return math.inf if left < 0 else left
 
 
 def job_cells(

@@ -11,9 +11,11 @@ when one of its tasks changes or runs; expanded, its tasks' rows (keyed by job i
 from __future__ import annotations
 
 import bisect
+import heapq
+import math
 import re
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from rich.text import Text
@@ -152,7 +154,11 @@ class JobsView(View):
         self._moved: dict[str, tuple[Any, ...] | None] = {}
         self._states: Counter[str] = Counter()  # the jobs by the status word they show, for the title
         self._state_of: dict[int, str] = {}  # each job's word in `_states`
-        self._clocked: set[int] = set()  # the jobs looked at on every update: `_CLOCKED`
+        # the jobs whose rows move with the clock alone (`_CLOCKED`), by when their status word or order may next
+        # change (`order_holds`): an update looks at those due, and at the rows on screen (their ages), not at
+        # every running job
+        self._due: dict[int, float] = {}
+        self._due_heap: list[tuple[float, int]] = []
         self._array_of: dict[int, int] = {}  # a task's id -> its array's
         self.arrays: dict[int, dict[int, Mapping[str, Any]]] = {}  # array id -> its tasks by id
         self.expanded: set[int] = set()  # the arrays whose tasks have a row each
@@ -163,6 +169,8 @@ class JobsView(View):
         self._util: Mapping[int, tuple[Any, ...]] = {}
         self._marked_seen: set[str] = set()
         self._expanded_seen: set[int] = set()
+        self._jobs: Mapping[int, Mapping[str, Any]] = {}  # the feed's jobs, and the time, at the last update
+        self._now = 0.0
 
     def restyle(self) -> None:
         self._cache.clear()
@@ -179,7 +187,7 @@ class JobsView(View):
         if changed is None:
             self._build_all(feed, now, found)
         else:
-            ids = changed | self._clocked
+            ids = changed | self._due_now(now)
             ids.update(j for j in found.keys() | self._found.keys() if found.get(j) != self._found.get(j))
             util = feed.job_util
             if util is not self._util:
@@ -195,6 +203,7 @@ class JobsView(View):
             for array_id in arrays:
                 self._array(array_id, now, found)
         self._seen, self._found, self._util = feed.jobs_read, found, feed.job_util
+        self._jobs, self._now = feed.jobs, now
         self._marked_seen, self._expanded_seen = set(self.marked), set(self.expanded)
         if not self._ordered:
             self._order = self._ordering()
@@ -243,7 +252,8 @@ class JobsView(View):
     def _build_all(self, feed: Feed, now: float, found: Mapping[int, tuple[str, ...]]) -> None:
         self._rows, self._top, self._inner, self._ordered = {}, {}, {}, False
         self._sorted, self._moved = ([], []), {}
-        self._states, self._state_of, self._clocked, self._array_of, self.arrays = Counter(), {}, set(), {}, {}
+        self._states, self._state_of, self._array_of, self.arrays = Counter(), {}, {}, {}
+        self._due, self._due_heap = {}, []
         cache, self._cache = self._cache, {}
         arrays: set[int] = set()
         for job_id, job in feed.jobs.items():
@@ -270,14 +280,14 @@ class JobsView(View):
             self.arrays[array_id].pop(job_id, None)
             arrays.add(array_id)
         if job is None or job["status"] not in _CLOCKED:
-            self._clocked.discard(job_id)
+            self._due.pop(job_id, None)
+        else:
+            self._look_again(job_id, now + R.order_holds(job, now))
         if job is None:
             self._cache.pop(job_id, None)
             self._rows.pop(key, None)
             self._set_top(key, None)
             return
-        if job["status"] in _CLOCKED:
-            self._clocked.add(job_id)
         array_id = job.get("array_id")
         if array_id is not None:
             self.arrays.setdefault(array_id, {})[job_id] = job
@@ -302,6 +312,60 @@ class JobsView(View):
         self._rows[key] = hit[4]
         if array_id is None:
             self._set_top(key, hit[5])
+
+    def update_view(self, feed: Feed, now: float) -> None:
+        super().update_view(feed, now)
+        self._on_screen()
+
+    def on_line_table_scrolled(self, message: LineTable.Scrolled) -> None:
+        message.stop()
+        self._on_screen()
+
+    def _on_screen(self) -> None:
+        """The rows on screen, with the running and failed jobs' ages as of the last update: a row that comes on
+        screen (a scroll, or the order moved) shows them as of then, not as of when it was last built."""
+        for key in self.freshen(self.table.visible_keys()):
+            self.table.replace(key, self._rows[key])
+
+    def freshen(self, keys: Iterable[str]) -> list[str]:
+        """Bring these rows' clocks (runtime, output's age) to the last update's time; the keys of the rows built
+        again. An update keeps the status words, the order and the counts right for every row (`order_holds`)."""
+        if self._seen is None:
+            return []
+        now, arrays, rows, again = self._now, set(), self._rows, []
+        for key in keys:
+            if (array_id := R.array_of_key(key)) is not None:
+                arrays.add(array_id)
+            elif key.isdecimal() and int(key) in self._due:
+                was = rows.get(key)
+                self._job(int(key), self._jobs.get(int(key)), now, self._found, self._util, arrays)
+                if key in rows and rows[key] is not was:
+                    again.append(key)
+        for array_id in arrays:
+            was = rows.get(key := R.array_key(array_id))
+            self._array(array_id, now, self._found)
+            if key in rows and rows[key] is not was:
+                again.append(key)
+        return again
+
+    def _look_again(self, job_id: int, when: float) -> None:
+        if self._due.get(job_id) != when:
+            self._due[job_id] = when
+            if when != math.inf:
+                heapq.heappush(self._due_heap, (when, job_id))
+
+    def _due_now(self, now: float) -> set[int]:
+        """The jobs whose clocks may show something else by `now` (each is looked at, and its next time kept)."""
+        heap, due, out = self._due_heap, self._due, set()
+        while heap and heap[0][0] <= now:
+            when, job_id = heapq.heappop(heap)
+            if due.get(job_id) == when:  # else the job was looked at since, or is gone: a stale entry
+                del due[job_id]  # `_job` keeps its next time
+                out.add(job_id)
+        if len(heap) > 4 * len(due) + 64:  # stale entries pile up as jobs change: keep the heap to the live ones
+            self._due_heap = [(when, job_id) for job_id, when in due.items() if when != math.inf]
+            heapq.heapify(self._due_heap)
+        return out
 
     def _count(self, job_id: int, word: str) -> None:
         self._state_of[job_id] = word

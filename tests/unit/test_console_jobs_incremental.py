@@ -5,13 +5,16 @@ counts are those a view built from nothing makes of the same feed."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ftconsole.tui import rows as R
+from ftconsole.tui.app import ConsoleApp
 from ftconsole.tui.feed import JOB_LOG, Feed
 from ftconsole.tui.views import JobsView
+from tests.console_data import fixed_config
 
 T0 = 1_750_000_000.0
 STATUSES = ("queued", "queued", "running", "running", "succeeded", "error", "stopped")
@@ -108,8 +111,11 @@ class Changing:
 
 def _seen(view: JobsView, feed: Feed, now: float) -> tuple[list[str], list[Any], str]:
     rows, order = view.build(feed, now)
+    order, summary = list(order), str(view.summary(feed, now))  # right for every row, on screen or not
+    view.freshen(order)  # every row on screen: the running and failed ones' ages as of now too
+    assert view.build(feed, now)[1] == order  # looking at a row's clock moves no row
     assert set(rows) == set(order)
-    return order, [R.row_text(rows[k]) for k in order], str(view.summary(feed, now))
+    return order, [R.row_text(rows[k]) for k in order], summary
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -147,3 +153,43 @@ async def test_a_view_further_back_than_the_feed_keeps_builds_everything_again()
     assert feed.jobs_changed_since(feed.jobs_read - 1) == {job["id"]}
     fresh = JobsView(id="fresh")
     assert _seen(view, feed, source.now) == _seen(fresh, feed, source.now)
+
+
+class Running:
+    """200 jobs running since T0 - 30 s, then nothing changes but the clock."""
+
+    embedded = True
+
+    def __init__(self) -> None:
+        self.now = T0
+        source = Changing(random.Random(1))
+        self.jobs = []
+        for i in range(1, 201):
+            job = dict(next(iter(source.jobs.values())), id=i, name=f"run{i}", priority="normal", held=None)
+            job |= {"status": "running", "started": T0 - 30, "last_output": T0 - 5, "ended": None}
+            job.pop("array_id", None)
+            self.jobs.append(job)
+
+    async def call(self, op: str, **args: Any) -> Any:
+        if op == "jobs_changed":
+            return {"cursor": self.now, "jobs": [] if args.get("since") is not None else self.jobs}
+        return [] if op == "alerts" else {}
+
+
+async def test_rows_that_come_on_screen_show_their_ages_as_of_the_last_update(tmp_path: Path) -> None:
+    """An update brings only the rows on screen to the clock; a scroll brings the rows it shows."""
+    source = Running()
+    app = ConsoleApp(fixed_config(tmp_path), client=source, clock=lambda: source.now, refresh_s=3600)
+    async with app.run_test(size=(160, 30)) as pilot:
+        await app.refresh_data()
+        source.now += 200  # then nothing changes but the clock: every runtime reads 4m (230 s) now
+        await app.refresh_data()
+        await pilot.pause()
+        table = app.view.table
+        first = table.visible_keys()
+        assert first and all("4m" in R.row_text(table.shown(k)) for k in first)
+        await pilot.press("end")
+        await pilot.pause()
+        shown = table.visible_keys()
+        assert shown and not set(shown) & set(first)
+        assert all("4m" in R.row_text(table.shown(k)) and "30s" not in R.row_text(table.shown(k)) for k in shown)
