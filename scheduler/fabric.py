@@ -18,7 +18,8 @@ measure is no evidence.
 A node in service fails its own fabric test (burn-in's, which isolates it) only where at least two partners each saw
 it slow (`for_node_in_service`): with one partner, the slow stream may be that partner's fault, or stray traffic on
 its link, so the would-be fail is a `skip` and the node stays in service. A node out of service is kept out on one
-partner's word: that only keeps it where it is.
+partner's word: that only keeps it where it is. The same holds for a job's bandwidth check (`recovery`): a node in
+service that only one partner saw slow is left out of that job, not isolated.
 """
 
 from __future__ import annotations
@@ -178,14 +179,22 @@ def _result(result: str, summary: str, took: float, way: Way | None = None, slow
                         slow_with=slow_with)  # fmt: skip
 
 
-def for_node_in_service(result: FabricResult) -> FabricResult:
-    """A node in service's result: a fail that fewer than WITNESSES partners back is a skip, saying why (a single
-    partner's own link, or stray traffic on it, may be what was slow); any other result as it is."""
+def too_few_witnesses(result: FabricResult) -> str | None:
+    """Why a fail may not take a node in service out of service (fewer than WITNESSES partners saw it slow: a
+    single partner's own link, or stray traffic on it, may be what was slow), in words; None where it may, or
+    where the result is no fail. The one place of the rule: burn-in and a job's bandwidth check both ask it."""
     if result.result != "fail" or len(result.slow_with) >= WITNESSES:
+        return None
+    return f"only {', '.join(result.slow_with)} saw it slow: one partner is not enough to take a node in service out"
+
+
+def for_node_in_service(result: FabricResult) -> FabricResult:
+    """A node in service's result: a fail that fewer than WITNESSES partners back is a skip, saying why; any other
+    result as it is."""
+    why = too_few_witnesses(result)
+    if why is None:
         return result
-    saw = ", ".join(result.slow_with)
-    why = f"only {saw} saw it slow: one partner is not enough to take a node in service out ({result.summary})"
-    return replace(result, result="skip", summary=why[:300])
+    return replace(result, result="skip", summary=f"{why} ({result.summary})"[:300])
 
 
 class Baselines:

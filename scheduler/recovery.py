@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from enum import Enum
 from typing import Any
 
@@ -40,7 +40,7 @@ from ftconsole.scheduler.decide.reconcile import (
 from ftconsole.scheduler.decide.reconcile import dumps as reconcile_dumps
 from ftconsole.scheduler.decide.topology import by_switch
 from ftconsole.scheduler.errors import FtError
-from ftconsole.scheduler.fabric import FabricReport, Way, check
+from ftconsole.scheduler.fabric import FabricReport, Way, check, too_few_witnesses
 from ftconsole.scheduler.failpoints import afailpoint
 from ftconsole.scheduler.nodeops import ClusterService
 from ftconsole.scheduler.placing import Placer
@@ -50,6 +50,7 @@ from ftconsole.scheduler.spec.nodetestspec import FabricTest
 from ftconsole.scheduler.store.jobtx import Conflict
 
 log = logging.getLogger("ftconsole.scheduler")
+SHARED = "another job uses it: its traffic may be why"  # a slow node of the bandwidth check left out, not isolated
 
 
 class Outcome(Enum):
@@ -113,7 +114,8 @@ class Recoverer:
         probe exactly its nodes and log each pre-flight item (`item NAME: pass|fail VALUE THRESHOLD`). True:
         go on. A failing node (an item fails, or the node reads unhealthy or unreachable; with
         `preflight.bandwidth`, its fabric is slow) is isolated and the job queued again at the front (scenarios 1
-        and 2), or, with its retries used up, fails."""
+        and 2), or, with its retries used up, fails. A slow node that is no evidence of a fault (`_bandwidth`) is
+        not isolated: the job is queued again without it."""
         if not job.spec.fault_tolerance.retries or (job.id, attempt.number) in self._checked:
             return True
         mine = [r for r in await self.store.runs(job=job.id) if r.attempt == attempt.number]
@@ -144,30 +146,32 @@ class Recoverer:
                             failing.setdefault(name, []).append(text)
                     if name not in failing and o.health.state.value in FAULTY:
                         failing[name] = [f"{o.health.state.value}: {'; '.join(o.health.reasons)}"]
-        shared: set[str] = set()  # slow nodes another job uses too: slow for this job, no evidence of a fault
+        spared: dict[str, str] = {}  # slow nodes for this job, no evidence of a fault: why they stay in service
         if not failing and job.spec.preflight.bandwidth and len(nodes) >= 2:
-            failing, shared = await self._bandwidth(job, nodes)
+            failing, spared = await self._bandwidth(job, nodes)
         if not failing:
             self._checked.add((job.id, attempt.number))
             return True
         cause = "pre-flight failed: " + "; ".join(f"{n} {', '.join(why)}" for n, why in sorted(failing.items()))
         ft = job.spec.fault_tolerance
         resubmits = sum(a.result == REQUEUED for a in await self.store.attempts(job.id))
-        faulty = tuple(sorted(set(failing) - shared))
+        faulty = tuple(sorted(set(failing) - set(spared)))
         if resubmits >= ft.retries:
             if faulty:
                 await self.service.isolate(list(faulty), reason=f"job {job.id} attempt {attempt.number}: {cause}",
                                            by="scheduler")  # fmt: skip
             await fail(job, f"error,exiting: {cause} (resubmitted {resubmits} of {ft.retries} times)")
             return False
-        await self._requeue(job, mine, [], Requeue(faulty, cause, resubmits + 1, ft.retries), now, without=shared)
+        await self._requeue(job, mine, [], Requeue(faulty, cause, resubmits + 1, ft.retries), now, without=spared)
         return False
 
-    async def _bandwidth(self, job: Job, names: Sequence[str]) -> tuple[dict[str, list[str]], set[str]]:
+    async def _bandwidth(self, job: Job, names: Sequence[str]) -> tuple[dict[str, list[str]], dict[str, str]]:
         """The fabric between the job's nodes (`preflight.bandwidth`): an item per node, as the probe's; the slow
-        nodes with their line, and those of them another job (or a failed job kept for debugging) uses too: its
-        traffic may be why, so such a node is left out of this job, not isolated. A node that could not take part
-        is no evidence: its item says `error`, and the job goes on."""
+        nodes with their line, and those of them that are no evidence of a fault, with why: another job (or a
+        failed job kept for debugging) uses it too (its traffic may be why), or it is in service and fewer than
+        two partners saw it slow (`too_few_witnesses`: that partner's own link, or a user's traffic aimed at it,
+        may be why). Such a node is left out of this job, not isolated; the second kind says so in an event of
+        its own. A node that could not take part is no evidence: its item says `error`, and the job goes on."""
         nodes = self.service.select(by_switch(names, self.service.fabric()))  # its ring crosses the
         pool = nodes[0].pool  # fewest switches
         settings = self.service.config.node_tests_for(pool).fabric or FabricTest()
@@ -175,18 +179,27 @@ class Recoverer:
                              self.service.baselines)  # fmt: skip
         now = self.clock()
         self.service.tester.counts.update(("fabric", r.result, "preflight") for r in report.results.values())
-        failing: dict[str, list[str]] = {}
-        with contextlib.suppress(Conflict):
-            async with self.store.jobs_tx(f"record the bandwidth check of job {job.id}") as tx:
-                for name, result in sorted(report.results.items()):
-                    text = f"item fabric: {result.result} {_fabric_item(report, name)} ({result.summary})"
-                    await tx.event(now, "Preflight", text, job=job.id, node=name)
-                    if result.result == "fail":
-                        failing[name] = [text]
+        results = report.results
+        items = {n: f"item fabric: {r.result} {_fabric_item(report, n)} ({r.summary})" for n, r in results.items()}
+        failing = {n: [text] for n, text in items.items() if results[n].result == "fail"}
         others = {r.node for r in await self.store.runs(held=True) if r.job != job.id and r.node in failing}
         holds = await debugenv.holds(self.store, self.service.config.debug, now)
         others |= {h.run.node for h in holds if h.run.job != job.id and h.run.node in failing}
-        return failing, others
+        spared = dict.fromkeys(others, SHARED)
+        healths = await self.store.all_node_health()
+        for name in sorted(set(failing) - others):
+            why = too_few_witnesses(results[name])
+            if why is not None and (name not in healths or healths[name].admin is None):  # in service: witnesses
+                spared[name] = why
+        with contextlib.suppress(Conflict):
+            async with self.store.jobs_tx(f"record the bandwidth check of job {job.id}") as tx:
+                for name, text in sorted(items.items()):
+                    await tx.event(now, "Preflight", text, job=job.id, node=name)
+                for name, why in sorted(spared.items()):
+                    if why != SHARED:
+                        text = f"{name} stays in service, left out of this job only: {why}"
+                        await tx.event(now, "Preflight", text, job=job.id, node=name)
+        return failing, spared
 
     def _probe(self, nodes: tuple[str, ...]) -> None:
         """Probe the nodes now (once at a time): the decision waits for their word on the hardware."""
@@ -211,17 +224,18 @@ class Recoverer:
         changes: Sequence[tuple[Run, dict[str, Any]]],
         d: Requeue,
         now: float,
-        without: Collection[str] = (),
+        without: Mapping[str, str] | None = None,
     ) -> None:
         """Isolate `d.faulty` and queue the job again at the front; `without`: nodes it is not placed on again
-        (slow for it, but no evidence of a fault: not isolated)."""
+        (slow for it, but no evidence of a fault: not isolated), with why."""
+        without = without or {}
         where = ", ".join(d.faulty)
         if d.faulty:
             reason = f"job {job.id} attempt {job.attempt}: {d.cause}"
             await self.service.isolate(list(d.faulty), reason=reason, by="scheduler")
         isolated = f"isolated {where}; " if d.faulty else ""
-        if without:
-            isolated += f"not on {', '.join(sorted(without))} again (another job uses it: its traffic may be why); "
+        for why in dict.fromkeys(without[n] for n in sorted(without)):  # a phrase per reason, in the nodes' order
+            isolated += f"not on {', '.join(sorted(n for n, w in without.items() if w == why))} again ({why}); "
         text = (
             f"attempt {job.attempt} failed: {d.cause}; {isolated}queued again at the front "
             f"(resubmit {d.number} of {d.limit})"

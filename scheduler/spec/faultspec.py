@@ -58,7 +58,8 @@ class Elastic(Strict):
 class Preflight(Strict):
     """Checks right before an attempt's first start, on the nodes placed for it (with `fault_tolerance.retries`,
     the probe's items always run): `bandwidth` adds the fabric between them (the pool's `node_tests.fabric`). A
-    node that fails is isolated and swapped for a spare with a resubmit."""
+    node that fails is swapped for a spare with a resubmit: isolated where two partners saw it slow, else only left
+    out of the job (`Recoverer._bandwidth`)."""
 
     bandwidth: bool = False
 
