@@ -28,7 +28,7 @@ from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.screen import Screen
-from textual.widgets import ContentSwitcher, DataTable, Footer, Header, Input
+from textual.widgets import ContentSwitcher, DataTable, Footer, Input
 from textual.worker import Worker, WorkerCancelled, WorkerFailed, WorkerState
 
 from ftconsole.scheduler import gctune
@@ -41,6 +41,7 @@ from ftconsole.tui import rows as R
 from ftconsole.tui.actions import Actions
 from ftconsole.tui.detail import JobScreen, NodeScreen
 from ftconsole.tui.feed import Feed
+from ftconsole.tui.header import ConsoleHeader
 from ftconsole.tui.linetable import LineTable
 from ftconsole.tui.mapview import ClusterMap, MapView
 from ftconsole.tui.shares import SharesView
@@ -194,11 +195,12 @@ class ConsoleApp(Actions):
         self._frozen_views: set[str] = set()  # the views frozen after their first update too
         self._thresholds = gc.get_threshold()  # the collector's before `_freeze` tuned them
         self.sub_title = str(loaded.file) + (" · read-only" if readonly else "")
+        self._header = ConsoleHeader()
 
     # -- layout --------------------------------------------------------------------------------------------
 
     def compose(self) -> ComposeResult:
-        yield Header()
+        yield self._header
         with ContentSwitcher(initial=self.first_view, id="views"):
             yield JobsView(id="jobs")
             yield NodesView(id="nodes")
@@ -309,7 +311,10 @@ class ConsoleApp(Actions):
         with self.batch_update():
             self.view.update_view(self.feed, self.clock())
             alerts = sum(1 for a in self.feed.alerts.values() if a["state"] == "open")
-            self.title = f"ftconsole · {alerts} open alert{'s' * (alerts != 1)}" if alerts else "ftconsole"
+            title = f"ftconsole · {alerts} open alert{'s' * (alerts != 1)}" if alerts else "ftconsole"
+            if title != self.title:  # `title`'s watchers would repaint the whole screen: only the header changes
+                self.set_reactive(ConsoleApp.title, title)
+                self._header.show_title()
         if self._frozen and self.view.id not in self._frozen_views:
             # what a view builds at its first update (a map's cells, a timeline's bands) is kept while it is
             # shown: out of the collector's sight too, as the first read's is (`_freeze`): a full collection that

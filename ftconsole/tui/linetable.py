@@ -55,6 +55,21 @@ class LineView(ScrollView):
         self._frame_styles = None  # a new frame: the theme or the focus may have changed since the last
         return super().render_lines(crop)
 
+    def set_virtual_size(self, size: Size) -> None:
+        """The scrollable size. Setting `virtual_size` lays the whole screen out again, which draws every widget
+        (a frame of 10 to 15 ms at 200x50): needed where a scrollbar may come or go, not where a long list only
+        grew or shrank by a few rows under a scrollbar that stays (a second's jobs submitted or deleted). There,
+        only the scrollbar is brought up to date (textual is pinned: `_scroll_update` is its own way to)."""
+        old = self.virtual_size
+        if size == old:
+            return
+        height = self.size.height
+        if size.width != old.width or not self.show_vertical_scrollbar or min(size.height, old.height) <= height:
+            self.virtual_size = size
+            return
+        self.set_reactive(LineView.virtual_size, size)
+        self._scroll_update(size)
+
 
 class LineTable(LineView, can_focus=True):
     COMPONENT_CLASSES: ClassVar[set[str]] = {
@@ -183,7 +198,7 @@ class LineTable(LineView, can_focus=True):
         if grew:
             self._strips.clear()
             self._header = None
-        self.virtual_size = Size(self._total_width(), len(self._order) + 1)
+        self.set_virtual_size(Size(self._total_width(), len(self._order) + 1))
         if selected is not None and selected in self._index:
             self.cursor_row = self._index[selected]
             if round(self.scroll_y) != max(0, self.cursor_row - screen_offset):
@@ -200,7 +215,7 @@ class LineTable(LineView, can_focus=True):
         if not isinstance(row, Lazy) and self._grow(row):
             self._strips.clear()
             self._header = None
-            self.virtual_size = Size(self._total_width(), len(self._order) + 1)
+            self.set_virtual_size(Size(self._total_width(), len(self._order) + 1))
             self.refresh()
             return
         self.refresh_line(self._index[key] + 1)  # the header is line 0
@@ -213,7 +228,7 @@ class LineTable(LineView, can_focus=True):
         if self._grow(made):
             self._strips.clear()
             self._header = None
-            self.virtual_size = Size(self._total_width(), len(self._order) + 1)
+            self.set_virtual_size(Size(self._total_width(), len(self._order) + 1))
             self.refresh()
         return made
 

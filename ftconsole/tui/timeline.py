@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,6 +102,7 @@ class Rows:
 
     def __init__(self) -> None:
         self._kept: dict[int, tuple[Any, Bar]] = {}
+        self._running: dict[int, Mapping[str, Any]] = {}  # the running jobs, by id
 
     def groups(
         self,
@@ -109,17 +110,28 @@ class Rows:
         forecast: Mapping[str, Any] | None,
         reservations: Sequence[Mapping[str, Any]],
         now: float,
+        changed: Collection[int] | None = None,
     ) -> list[Group]:
         """The timeline's rows by pool (pools in name order; in each, reservations, then running jobs by their
         end, then queued ones in queue order), and last the queued jobs with no expected start (an array's that
-        wait alike as one row). The pools are the forecast's (`nodes`: each node's pool)."""
+        wait alike as one row). The pools are the forecast's (`nodes`: each node's pool). `changed`: the jobs
+        changed since the last call (None: look at every job), to find the running ones among them."""
+        if changed is None:
+            self._running = {i: j for i, j in jobs.items() if j.get("status") == "running"}
+        else:
+            for job_id in changed:
+                job = jobs.get(job_id)
+                if job is not None and job.get("status") == "running":
+                    self._running[job_id] = job
+                else:
+                    self._running.pop(job_id, None)
         forecast = forecast or {}
         pool_of: Mapping[str, str] = forecast.get("nodes") or {}
         by_pool: dict[str, list[Row]] = {pool: [] for pool in sorted(set(pool_of.values()))}
         ends = {e["id"]: e["end"] for e in forecast.get("running", ())}
         kept, self._kept = self._kept, {}
         day = int(now // 3600)  # what a row says of a time depends on how far ahead it is: built again each hour
-        running = [j for j in jobs.values() if j.get("status") == "running"]
+        running = list(self._running.values())
         running.sort(key=lambda j: (ends.get(j["id"], _limit(j)) or math.inf, j["id"]))
         for job in running:
             end = ends.get(job["id"], _limit(job))

@@ -123,7 +123,7 @@ class TimelineChart(LineView, can_focus=True):
         self._where = {line.key: i for i, line in enumerate(lines) if isinstance(line, T.Bar)}
         self._order = list(self._where)
         self._window()
-        self.virtual_size = Size(self.size.width or 80, len(lines))
+        self.set_virtual_size(Size(self.size.width or 80, len(lines)))
         if self.cursor not in self._where:
             self._move(self._order[0] if self._order else None, scroll=False)
         self.refresh()
@@ -268,6 +268,7 @@ class TimelineView(View):
         super().__init__(id=id)
         self.table = TimelineChart(id=f"{id}-chart")  # type: ignore[assignment]
         self.rows = T.Rows()
+        self._jobs_seen = -1  # the feed's jobs read at the last update (-1: none yet: look at every job)
         self._notes: dict[str, str] = {}
         self._counts = (0, 0, 0)
         self._legend_palette: tuple[str, ...] = ()
@@ -286,7 +287,9 @@ class TimelineView(View):
         yield Static("", classes="timeline-status")
 
     def update_view(self, feed: Feed, now: float) -> None:
-        groups = self.rows.groups(feed.jobs, feed.forecast, feed.reservations, now)
+        changed = feed.jobs_changed_since(self._jobs_seen)
+        self._jobs_seen = feed.jobs_read
+        groups = self.rows.groups(feed.jobs, feed.forecast, feed.reservations, now, changed)
         bars = [r for g in groups for r in g.rows if isinstance(r, T.Bar)]
         self._notes = {r.key: r.note for r in bars}
         self._counts = (

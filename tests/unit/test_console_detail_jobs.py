@@ -56,3 +56,5 @@ async def test_the_title_counts_the_open_alerts_at_every_update(tmp_path: Path) 
                 await pilot.pause()
                 opened = len(client.alerts) if state == "open" else 0
                 assert console.title == (f"ftconsole · {opened} open alerts" if opened else "ftconsole"), view
+                header = "".join(s.text for s in console.screen.query_one("HeaderTitle").render_line(0))
+                assert header.strip().startswith(console.title + " — "), header  # the header shows it, with the config
