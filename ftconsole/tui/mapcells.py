@@ -9,21 +9,24 @@ stopped being: the job's data can come a read after the node's). Each group's ta
 
 from __future__ import annotations
 
+import operator
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from ftconsole.tui import maps as M
 
+_kind = operator.attrgetter("kind")
 
-def _kind(cell: M.Gpu) -> str:
-    return "busy" if cell.kind == "flat" else cell.kind  # as `maps.counts` tallies them
+
+def _holders_of(view: Mapping[str, Any]) -> tuple[Any, Any]:
+    return view.get("held"), view.get("held_for_debug")
 
 
 class MapCells:
     def __init__(self) -> None:
         self.cells: dict[str, tuple[M.Gpu, ...]] = {}
-        self.tallies: dict[M.Group, Counter[str]] = {}  # each group's GPUs by kind (`maps.counts`)
+        self._tallies: dict[M.Group, Counter[str]] = {}  # each group's GPUs by kind (`flat` apart from `busy`)
         self.worked = 0  # nodes whose cells the last update worked out (for tests and the bench)
         self._from: dict[str, tuple[Mapping[str, Any], int, bool]] = {}  # name -> what its cells were worked from
         self._jobs: dict[str, tuple[int, ...]] = {}  # name -> the jobs holding its GPUs, as last worked out
@@ -41,36 +44,49 @@ class MapCells:
         flipped = self._preemptible.symmetric_difference(preemptible)
         self._preemptible = frozenset(preemptible)
         again = {name for job in flipped for name in self._holders.get(job, ())}
-        regrouped = list(self.tallies) != list(groups)
-        tallies = {group: Counter[str]() for group in groups} if regrouped else self.tallies
+        regrouped = list(self._tallies) != list(groups)
+        tallies = {group: Counter[str]() for group in groups} if regrouped else self._tallies
         cells: dict[str, tuple[M.Gpu, ...]] = {}
         self.worked = 0
         for group in groups:
-            tally = tallies[group]
+            gained: list[M.Gpu] = []  # the group's cells come and gone, tallied once (Counter counts in C)
+            lost: list[M.Gpu] = []
             for name in group.nodes:
                 view, held = views[name], name in reserved
                 old = self.cells.get(name)
                 was = self._from.get(name)
-                if old is not None and was is not None and name not in again and was == (view, group.gpus, held):
-                    cells[name] = old  # `==` on the view is `is` first: the feed's same object
+                same = was is not None and was[0] is view and was[1:] == (group.gpus, held)  # `is`: no deep compare
+                if old is not None and same and name not in again:
+                    cells[name] = old  # the feed's same object: the same cells
                     if regrouped:
-                        tally.update(map(_kind, old))
+                        gained += old
                     continue
                 new = cells[name] = M.gpu_cells(view, group.gpus, self._preemptible, reserved)
                 self.worked += 1
                 self._from[name] = (view, group.gpus, held)
-                self._hold(name, tuple(M.node_jobs(view)))
+                if was is None or _holders_of(was[0]) != _holders_of(view):
+                    self._hold(name, tuple(M.node_jobs(view)))
                 if not regrouped and old is not None:
-                    tally.subtract(map(_kind, old))
-                tally.update(map(_kind, new))
+                    lost += old
+                gained += new
+            tally = tallies[group]
+            tally.update(map(_kind, gained))
+            tally.subtract(map(_kind, lost))
         for name in self.cells.keys() - cells.keys():  # nodes gone
             self._from.pop(name, None)
             self._hold(name, ())
         for tally in tallies.values():
             for kind in [k for k, n in tally.items() if n <= 0]:
                 del tally[kind]
-        self.cells, self.tallies = cells, tallies
+        self.cells, self._tallies = cells, tallies
         return cells
+
+    def tally(self, group: M.Group) -> Counter[str]:
+        """The group's GPUs by kind, as `maps.counts` tallies them (busy and flat together as `busy`)."""
+        out = Counter(self._tallies[group])
+        if "flat" in out:
+            out["busy"] += out.pop("flat")
+        return out
 
     def _hold(self, name: str, jobs: tuple[int, ...]) -> None:
         for job in self._jobs.get(name, ()):

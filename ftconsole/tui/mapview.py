@@ -413,7 +413,7 @@ class MapView(View):
         headers = []
         tally: Counter[str] = Counter()
         for group in groups:
-            counted = self._cells.tallies[group]
+            counted = self._cells.tally(group)
             tally.update(counted)
             count = len(group.nodes)
             headers.append(f"{group.title}  {count} node{'s' * (count != 1)} · {M.summary(counted)}")

@@ -51,7 +51,7 @@ def test_kept_cells_equal_cells_worked_out_again() -> None:
         want = {n: M.gpu_cells(views[n], g.gpus, preemptible, reserved) for g in groups for n in g.nodes}
         assert got == want, step
         for group in groups:
-            assert cells.tallies[group] == M.counts(c for n in group.nodes for c in want[n]), step
+            assert cells.tally(group) == M.counts(c for n in group.nodes for c in want[n]), step
     assert sum(worked) < 0.3 * len(worked) * len(names)  # most nodes' cells were kept, update after update
 
 
