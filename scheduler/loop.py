@@ -124,6 +124,7 @@ class Loop:
         first probe sweep has said which nodes are healthy (or `probes.timeout` + 5 s have gone by)."""
         self.looping = self.ran = True
         self._started = time.monotonic()
+        await repair.pick_up(self.service)  # the repairs under way when the last scheduler stopped (before a probe)
         first: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         prober = asyncio.create_task(self._probe_loop(stop, first)) if probe else None
         self._first_probe = first if probe else None

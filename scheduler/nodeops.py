@@ -209,7 +209,7 @@ class ClusterService:
         # the fabric's learnt rates per pool (fabric.py), read from the store when first needed
         self.baselines = Baselines(lambda key: self.store.kept(key), lambda key, value: self.store.keep(key, value))
         self.returns = Returns()  # nodes put back in service, by whom, and how long they were out
-        self.repairs = Repairs()  # the repairs under way (repair.py)
+        self.repairs = Repairs(store)  # the repairs under way, kept in the store as they go (repair.py)
         # what the nodes last told of the fabric (discovery.py: `Found.to_json`, and when), used where `topology:`
         # declares no leaves or no blocks and asks to `discover`
         self.found_fabric: tuple[dict[str, Any], float] | None = None
@@ -250,7 +250,7 @@ class ClusterService:
         try:
             yield service
         finally:
-            await service.repairs.close()  # a repair under way ends with the service (its node stays out)
+            await service.repairs.close()  # a repair under way stops with the service (picked up by the next)
             await pool.close()
             await store.close()
 

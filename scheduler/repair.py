@@ -15,8 +15,9 @@ Who starts a climb: an operator (`ftconsole repair NODES`, an isolated or draine
 the scheduler with `repair.auto`, for each node it isolated itself, at most `max_per_day` times in 24 hours per
 node and never for a flaky node (one that waits for an operator). Every step is a `repair` event of its node,
 with who and why; `ftconsole nodes` shows the step a node is on, and `ftconsole_node_repairs_total{step,result}`
-counts them. A climb under way when the scheduler stops is dropped: the node stays isolated, and may be repaired
-again.
+counts them. Each climb is kept in the store as it goes (climbs.py): the next scheduler on the store (after a
+restart, a config reload, or on a standby that takes the lead) picks it up where it was (`pick_up`), and the
+automatic repairs of the last day are counted there too, so that `max_per_day` holds across restarts.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import logging
 import re
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from ftconsole.probes.health import NodeEvent, NodeHealth, NodeState, set_admin
@@ -71,16 +73,17 @@ async def repair(service: ClusterService, nodeset: str, *, by: str) -> list[Clim
     if refused:
         listed = "; ".join(f"{name}: {why}" for name, why in sorted(refused.items())[:10])
         raise UsageError(f"repair: nothing started: {listed}")
+    now = service.clock()
     for node in nodes:
         health = healths.get(node.name) or NodeHealth(node.name)
-        repairs.start(node.name, by=by, why=f"{health.state.value} by {health.admin_by}", now=service.clock(),
-                      work=functools.partial(_climb, service, node))  # fmt: skip
+        climb = Climb(node.name, by, f"{health.state.value} by {health.admin_by}", now, since=now)
+        repairs.start(climb, functools.partial(_climb, service, node))
     return [repairs.climbs[n.name] for n in nodes if n.name in repairs.climbs]
 
 
 async def start_auto(service: ClusterService) -> list[str]:
     """`repair.auto`: start the ladder on each node the scheduler isolated, not flaky, not repaired `max_per_day`
-    times in the last day, no climb or node test on it. Their names."""
+    times in the last day (counted in the store), no climb or node test on it. Their names."""
     settings = service.config.repair
     if not settings.auto:
         return []
@@ -94,67 +97,136 @@ async def start_auto(service: ClusterService) -> list[str]:
             or health.needs_operator or node.name in service.repairs.climbs or node.name in service.tester.testing
         ):  # fmt: skip
             continue
-        if not service.repairs.auto_room(node.name, now, settings.max_per_day):
+        if not await service.repairs.auto_room(node.name, now, settings.max_per_day):
             continue
-        service.repairs.start(node.name, by="scheduler (repair)", why=f"isolated by {health.admin_by}", now=now,
-                              work=functools.partial(_climb, service, node))  # fmt: skip
+        climb = Climb(node.name, "scheduler (repair)", f"isolated by {health.admin_by}", now, since=now)
+        service.repairs.start(climb, functools.partial(_climb, service, node))
         started.append(node.name)
     return started
 
 
+async def pick_up(service: ClusterService) -> list[str]:
+    """The climbs under way when the last scheduler on this store stopped (kept there: climbs.py), each picked up
+    where it was, by whom it was started and why: not counted again against `max_per_day`. One of a node no longer
+    in the config, or back in service meanwhile, is dropped (with a log line), as is a record that cannot be read.
+    Their names. Never raises: the loop starts all the same."""
+    repairs = service.repairs
+    try:
+        stored = await repairs.stored()
+        healths = await service.store.all_node_health() if stored else {}
+    except FtError as exc:
+        log.warning("repair: cannot read the repairs under way when the scheduler last stopped: %s", exc)
+        return []
+    nodes = {n.name: n for n in service.all_nodes}
+    picked = []
+    for name, climb in sorted(stored.items()):
+        node, health = nodes.get(name), healths.get(name)
+        if name in repairs.climbs:
+            continue  # climbing here already
+        if climb is None:
+            why = "its record in the store cannot be read"
+        elif node is None:
+            why = "the node is no longer in the config"
+        elif health is None or health.admin is None:
+            why = "the node was put back in service meanwhile"
+        else:
+            repairs.start(replace(climb, picked_up=True), functools.partial(_climb, service, node))
+            picked.append(name)
+            log.warning("%s: repair picked up after a restart, at %s (started by %s)", name, climb.step, climb.by)
+            continue
+        log.warning("%s: the repair under way when the scheduler stopped is dropped: %s", name, why)
+        await repairs.forget(name)
+    return picked
+
+
 async def _climb(service: ClusterService, node: Node) -> None:
+    """The whole climb of `node`, kept in the store as it goes; its record removed when it ends, not when the
+    scheduler stops it (cancelled: the next scheduler picks it up)."""
     repairs = service.repairs
     climb = repairs.climbs[node.name]
-    settings = service.config.repair
-    step = "waiting"
-    done: list[str] = []
+    ended = True
     try:
-        await _event(service, node, f"repair started by {climb.by} ({climb.why})", {"step": "start", "by": climb.by})
-        while await nodegate.busy(service, {node.name}):
-            await _still_out(service, node, step)  # put back meanwhile (an operator's resume): nothing to repair
-            await asyncio.sleep(POLL_S)
-        health = await _health(service, node)
-        gpus = sorted({int(g) for g in GPU_NAMED.findall(" ".join(health.all_reasons()))})
-        if settings.gpu_reset and gpus:
-            step = "gpu-reset"
-            await _still_out(service, node, step)
-            repairs.step(node.name, step, service.clock())
-            try:
-                await _reset(service, node, gpus)
-            except Failed as exc:  # a reset that fails is what a reboot is for
-                if settings.reboot is None:
-                    raise
-                await _failed(service, node, step, exc.message, going_on=True)
-            else:
-                done.append(f"GPU {', '.join(map(str, gpus))} reset")
-                repairs.counts[step, "done"] += 1
-                repairs.step(node.name, "tests", service.clock())
-                failing = await _failing(service, node, climb.by)
-                if failing is None:
-                    return await _resume(service, node, climb.by, done)
-                if settings.reboot is None:
-                    raise Failed("tests", f"after the GPU reset: {failing}")
-        if settings.reboot is not None:
-            step = "reboot"
-            await _still_out(service, node, step)
-            repairs.step(node.name, step, service.clock())
-            was = health.boot_id
-            await _reboot(service, node)
-            step = "boot"
-            repairs.step(node.name, step, service.clock())
-            await _new_boot(service, node, was)
-            done.append("rebooted")
-            repairs.counts["reboot", "done"] += 1
-        step = "tests"
-        repairs.step(node.name, step, service.clock())
-        failing = await _failing(service, node, climb.by)
-        if failing is not None:
-            raise Failed(step, failing)
-        await _resume(service, node, climb.by, done)
+        await repairs.save(node.name)
+        if climb.picked_up:
+            said = f"repair picked up after a restart, at {climb.step} (started by {climb.by}: {climb.why})"
+            await _event(service, node, said, {"step": "picked-up", "at": climb.step, "by": climb.by})
+        else:
+            said = f"repair started by {climb.by} ({climb.why})"
+            await _event(service, node, said, {"step": "start", "by": climb.by})
+        await _ladder(service, node, climb)
+    except asyncio.CancelledError:
+        ended = False  # the scheduler stops (or no longer leads): the record stays for the next to pick up
+        raise
     except Failed as exc:
         await _failed(service, node, exc.step, exc.message)
     except FtError as exc:
-        await _failed(service, node, step, str(exc))
+        await _failed(service, node, repairs.climbs[node.name].step, str(exc))
+    finally:
+        if ended:
+            await repairs.forget(node.name)
+
+
+async def _ladder(service: ClusterService, node: Node, climb: Climb) -> None:
+    """The steps, from the first, or from where a climb picked up after a restart was: waiting waits again; a GPU
+    reset under way goes on to the tests that follow a reset (it is not sent again: it may have been done); a reboot
+    or a boot goes on waiting for a boot id other than the one before the reboot, for what is left of `boot_timeout`
+    (the reboot is not asked again); tests run again."""
+    repairs = service.repairs
+    settings = service.config.repair
+    at = climb.step if climb.picked_up else "waiting"
+    done = list(climb.done)
+    if at == "waiting":
+        while await nodegate.busy(service, {node.name}):
+            await _still_out(service, node, at)  # put back meanwhile (an operator's resume): nothing to repair
+            await asyncio.sleep(POLL_S)
+    health = await _health(service, node)
+    gpus = sorted({int(g) for g in GPU_NAMED.findall(" ".join(health.all_reasons()))})
+    # the tests that follow a GPU reset: a pass ends the climb there, a failure goes on to the reboot
+    after_reset = at == "gpu-reset" or (at == "tests" and climb.reset and climb.boot_since is None)
+    if at == "waiting" and settings.gpu_reset and gpus:
+        await _step(service, node, "gpu-reset", reset=True)
+        try:
+            await _reset(service, node, gpus)
+        except Failed as exc:  # a reset that fails is what a reboot is for
+            if settings.reboot is None:
+                raise
+            await _failed(service, node, exc.step, exc.message, going_on=True)
+        else:
+            done.append(f"GPU {', '.join(map(str, gpus))} reset")
+            repairs.counts["gpu-reset", "done"] += 1
+            after_reset = True
+    if after_reset:
+        await repairs.step(node.name, "tests", service.clock(), done=tuple(done))
+        failing = await _failing(service, node, climb.by)
+        if failing is None:
+            return await _resume(service, node, climb, done)
+        if settings.reboot is None:
+            raise Failed("tests", f"after the GPU reset: {failing}")
+    if at in ("reboot", "boot") or (settings.reboot is not None and (at != "tests" or after_reset)):
+        if at in ("reboot", "boot"):  # asked before the restart: its new boot is waited for
+            was, since = climb.boot_id, climb.since if climb.boot_since is None else climb.boot_since
+            await repairs.step(node.name, "boot", service.clock())
+        else:
+            was, since = (await _health(service, node)).boot_id, service.clock()
+            await _step(service, node, "reboot", boot_id=was, boot_since=since)  # kept before it is asked
+            await _reboot(service, node)
+            since = service.clock()
+            await repairs.step(node.name, "boot", since, boot_since=since)
+        await _new_boot(service, node, was, since)
+        done.append("rebooted")
+        repairs.counts["reboot", "done"] += 1
+    await repairs.step(node.name, "tests", service.clock(), done=tuple(done))
+    failing = await _failing(service, node, climb.by)
+    if failing is not None:
+        raise Failed("tests", failing)
+    await _resume(service, node, climb, done)
+
+
+async def _step(service: ClusterService, node: Node, step: str, **changes: Any) -> None:
+    """On to a step that would meet a job (a reset, a reboot), kept in the store first: the node must still be out
+    of service."""
+    await service.repairs.step(node.name, step, service.clock(), **changes)
+    await _still_out(service, node, step)
 
 
 async def _reset(service: ClusterService, node: Node, gpus: Sequence[int]) -> None:
@@ -197,11 +269,13 @@ async def _reboot(service: ClusterService, node: Node) -> None:
         raise Failed("reboot", f"{argv[0]} exited {proc.returncode}" + (f": {tail}" if tail else ""))
 
 
-async def _new_boot(service: ClusterService, node: Node, was: str | None) -> None:
+async def _new_boot(service: ClusterService, node: Node, was: str | None, since: float) -> None:
     """Until a probe of the node reads a boot id other than `was` (its connections dropped first: the node's sshd
-    went with the old boot)."""
+    went with the old boot), within `boot_timeout` from `since` (by the service's clock, which a scheduler that picks
+    the climb up after a restart shares: what is left of it; none left, the step fails at once)."""
+    timeout = service.config.repair.boot_timeout
     forget = getattr(service.transport, "forget", None)
-    deadline = time.monotonic() + service.config.repair.boot_timeout
+    deadline = time.monotonic() + timeout - max(0.0, service.clock() - since)
     while time.monotonic() < deadline:
         await asyncio.sleep(POLL_S)
         if forget is not None:
@@ -210,7 +284,7 @@ async def _new_boot(service: ClusterService, node: Node, was: str | None) -> Non
         boot = outcome.report.facts.boot_id if outcome.report is not None else None
         if boot and boot != was:
             return
-    raise Failed("boot", f"no new boot id within boot_timeout ({service.config.repair.boot_timeout:g} s)")
+    raise Failed("boot", f"no new boot id within boot_timeout ({timeout:g} s)")
 
 
 async def _failing(service: ClusterService, node: Node, by: str) -> str | None:
@@ -232,11 +306,12 @@ async def _failing(service: ClusterService, node: Node, by: str) -> str | None:
     return failing
 
 
-async def _resume(service: ClusterService, node: Node, by: str, done: Sequence[str]) -> None:
-    what = ", ".join([*done, "tested" if service.config.node_tests_for(node.pool).any else "probed healthy"])
+async def _resume(service: ClusterService, node: Node, climb: Climb, done: Sequence[str]) -> None:
+    tested = "tested" if service.config.node_tests_for(node.pool).any else "probed healthy"
+    what = ", ".join([*done, tested, *(["picked up after a restart"] if climb.picked_up else [])])
     async with service._folding:
         health = await _health(service, node)
-        health, events = set_admin(health, None, "", f"{by} after a repair ({what})", service.clock())
+        health, events = set_admin(health, None, "", f"{climb.by} after a repair ({what})", service.clock())
         await nodegate.save_changes(service, [(health, events)])
     service.repairs.counts["resume", "done"] += 1
     log.warning("%s: repaired (%s) and back in service", node.name, what)

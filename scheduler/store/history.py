@@ -173,6 +173,19 @@ class HistoryStore:
                 (key, value),
             )
 
+    async def unkeep(self, key: str) -> None:
+        """A value kept in meta no longer kept (none there: nothing to do)."""
+        async with self._transaction(f"remove {key}"):
+            await self._db.execute("DELETE FROM meta WHERE key = ?", (key,))
+
+    async def kept_under(self, prefix: str) -> dict[str, str]:
+        """The values kept in meta under keys that start with `prefix` (a repair under way: `repair.climb.<node>`),
+        by key. LIKE with its wildcards escaped (`!`, not a backslash, which PostgreSQL's quoting may read), and the
+        prefix checked again here: SQLite's LIKE ignores the case of ASCII letters."""
+        pattern = prefix.replace("!", "!!").replace("%", "!%").replace("_", "!_") + "%"
+        rows = await self._db.fetchall("SELECT key, value FROM meta WHERE key LIKE ? ESCAPE '!'", (pattern,))
+        return {str(r[0]): str(r[1]) for r in rows if str(r[0]).startswith(prefix)}
+
     async def rolled_span(self) -> float:
         """The longest span, from start to end, of a job rolled into the day sums (0 before the first)."""
         row = await self._db.fetchone("SELECT value FROM meta WHERE key = 'rolled_span'")

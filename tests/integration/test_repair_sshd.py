@@ -17,6 +17,7 @@ import pytest
 
 from ftconsole.scheduler import repair
 from ftconsole.scheduler.caller import Caller
+from ftconsole.scheduler.climbs import CLIMB_KEY
 from ftconsole.scheduler.errors import PermissionDenied, UsageError
 from ftconsole.scheduler.nodeops import ClusterService
 from tests.cli_runner import Cli
@@ -164,3 +165,54 @@ async def test_repair_wait_follows_a_drained_node_through_the_running_scheduler(
             await scheduler.repair(Caller(uid=4242, gid=4242, pid=1, user="mallory"), "node01")
         again = await asyncio.to_thread(cli, "repair", "node01", check=2)  # in service now
         assert "node01: in service: drain or isolate it first" in again.stderr, again.stderr
+
+
+async def test_a_repair_stopped_in_the_middle_of_a_reboot_is_picked_up_by_the_next_scheduler(
+    sshd_cluster: Any, tmp_path: Path, sock_dir: Path
+) -> None:
+    """`serve` stops while the node it isolated reboots (the reboot asked, its new boot not seen yet); the node
+    reboots while no scheduler runs; the next `serve` on the same state picks the repair up where it was (not asking
+    for another reboot), sees the new boot, probes it healthy and resumes it with no operator. The daily cap is
+    counted across the restart: the node isolated again is not repaired a second time today."""
+    cluster: SshdCluster = sshd_cluster(1, gpus=2)
+    asked = tmp_path / "reboots"
+    loaded = write_config(cluster, tmp_path, sock_dir, repair={
+        "auto": True, "max_per_day": 1, "reboot": [sys.executable, "-c", ASK, str(asked), "{node}"],
+        "boot_timeout": "60s"})  # fmt: skip
+    async with running(loaded) as (scheduler, client):
+
+        async def boot() -> Any:
+            return ((await client.call("nodes", nodeset="node01"))[0].get("facts") or {}).get("boot_id")
+
+        old_boot = await poll(boot, bool, "a probe")
+        await scheduler.service.isolate(["node01"], reason="job 4: GPU 1: Xid 79 (fallen off the bus)", by="scheduler")
+        await repair.start_auto(scheduler.service)  # (or the loop's probe pass did, just before)
+
+        async def step() -> Any:
+            return (await client.call("nodes", nodeset="node01"))[0]["repair"]
+
+        await poll(step, lambda climb: climb is not None and climb["step"] == "boot", "the repair to wait for a boot")
+        assert asked.read_text().split() == ["node01"]
+    # no scheduler runs: the node reboots now (its BMC was asked)
+    async with rebooter(cluster, asked) as booted, running(loaded) as (scheduler, client):
+
+        async def view() -> Any:
+            return (await client.call("nodes", nodeset="node01"))[0]
+
+        done = await poll(view, lambda v: v["state"] == "healthy" and v["repair"] is None, "the repair to end")
+        assert len(booted) == 1 and done["facts"]["boot_id"] == booted[0] != old_boot
+        assert asked.read_text().split() == ["node01"]  # the reboot was not asked again
+        events = await client.call("events", node="node01")
+        steps = [(e["data"].get("step"), e["data"].get("result") or e["data"].get("at")) for e in events
+                 if e["kind"] == "repair"]  # fmt: skip
+        assert steps == [("start", None), ("gpu-reset", "fail"), ("picked-up", "boot")], steps
+        resumed = [e["message"] for e in events if e["kind"] == "resumed"]
+        assert len(resumed) == 1 and "after a repair (rebooted, probed healthy, picked up after a restart)" in \
+            resumed[0], resumed  # fmt: skip
+        store = scheduler.service.store
+        assert await store.kept_under(CLIMB_KEY) == {}  # the climb ended: its record is gone
+        assert (await store.all_node_health())["node01"].admin is None
+
+        await scheduler.service.isolate(["node01"], reason="job 5: GPU 0: Xid 79", by="scheduler")
+        assert await repair.start_auto(scheduler.service) == []  # max_per_day 1: counted before the restart
+        assert (await view())["repair"] is None

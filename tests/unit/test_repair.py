@@ -1,7 +1,7 @@
 """The repair ladder's pieces that need no node (scheduler/repair.py, climbs.py, spec/repairspec.py): the config's
-reboot command and what it may name, the daily cap of automatic repairs, what `nodes` says of a node being
-repaired, and which GPUs an isolation names. The ladder itself climbs on real sshd nodes
-(tests/integration/test_repair_sshd.py)."""
+reboot command and what it may name, what `nodes` says of a node being repaired, how a climb is kept in the store,
+and which GPUs an isolation names. The ladder itself climbs on real sshd nodes (tests/integration/test_repair_sshd.py);
+a climb picked up after a restart, and the daily cap of automatic repairs, are tests/unit/test_repair_pickup.py."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from ftconsole.format import node_doing
-from ftconsole.scheduler.climbs import DAY_S, Repairs
+from ftconsole.scheduler.climbs import Climb
 from ftconsole.scheduler.repair import GPU_NAMED
 from ftconsole.scheduler.spec.repairspec import RepairSettings
 
@@ -31,14 +31,6 @@ def test_a_reboot_command_names_only_the_nodes_fields_and_no_shell_reads_it() ->
         RepairSettings(max_per_day=0)
 
 
-def test_the_scheduler_repairs_a_node_at_most_max_per_day_times_in_24_hours() -> None:
-    repairs = Repairs()
-    assert [repairs.auto_room("n1", t, 2) for t in (0.0, 10.0, 20.0)] == [True, True, False]
-    assert repairs.auto_room("n2", 20.0, 2)  # each node its own
-    assert not repairs.auto_room("n1", DAY_S - 1, 2)
-    assert repairs.auto_room("n1", DAY_S + 1, 2)  # the first has aged out of the day
-
-
 def test_nodes_says_the_step_of_a_repair_before_the_reasons() -> None:
     view = {"repair": {"step": "boot", "by": "ann", "since": 1.0}, "testing": True}
     assert node_doing(view) == ["repair: boot (by ann)", "node tests running"]
@@ -48,3 +40,24 @@ def test_nodes_says_the_step_of_a_repair_before_the_reasons() -> None:
 def test_the_gpus_an_isolation_names() -> None:
     found = GPU_NAMED.findall("job 4: GPU 3: Xid 79 (fallen off the bus); gpu1 hot; gpus 4 of 8; GPU 12: ecc")
     assert sorted({int(g) for g in found}) == [1, 3, 12]
+
+
+@pytest.mark.parametrize(
+    "climb",
+    [
+        Climb("n1", "ann", "drained by ann", 1.0),
+        Climb(
+            "n1", "scheduler (repair)", "isolated by scheduler", 1.0, "boot", 2.5, True, "b1", 2.0, ("rebooted",), True
+        ),
+    ],
+)
+def test_a_climb_is_kept_in_the_store_as_it_is(climb: Climb) -> None:
+    assert Climb.from_record("n1", climb.to_record()) == climb
+
+
+NAN_START = '{"by": "a", "why": "w", "started": "NaN", "step": "tests", "since": 1}'
+
+
+@pytest.mark.parametrize("record", ["{not json", "[]", '{"by": "ann"}', NAN_START])
+def test_a_climb_record_that_cannot_be_read_is_none(record: str) -> None:
+    assert Climb.from_record("n1", record) is None
