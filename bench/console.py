@@ -28,7 +28,9 @@ does not count; the wall time of `refresh_data` is printed too. It prints:
   read (the reply's decode and the feed), apply (the view's `update_view`: rows and table diff),
   `refresh_data` (both), render (the next frame: `pilot.pause()`), one update (all of it), and how much of
   it the cyclic GC took; at one update a second, the mean of one update is the share of a core it needs; for
-  the Map view also an arrow key pressed after each update, to its frame;
+  the Map and Timeline views also an arrow key pressed after each update, to its frame; and the collector's
+  work the app does after each update's frame, between two updates (`ConsoleApp.between_updates`: nobody waits
+  for it, but it is a share of a core too, and a key pressed meanwhile waits for it);
 - memory: RSS before the app (imports and the data source), after the first frame, after the Nodes view,
   the peak; with `--tracemalloc`, the peak of traced allocations up to the first frame (slows that phase).
 
@@ -61,7 +63,7 @@ from textual.widgets import ContentSwitcher  # noqa: E402
 
 from ftconsole.format import print_table  # noqa: E402
 from ftconsole.scheduler.errors import UsageError  # noqa: E402
-from ftconsole.scheduler.serve.nodelist import NodeChanges  # noqa: E402
+from ftconsole.scheduler.serve.nodelist import NodeChanges, brief_node  # noqa: E402
 from ftconsole.scheduler.spec.config import load_config  # noqa: E402
 from ftconsole.tui.app import ConsoleApp  # noqa: E402
 from ftconsole.tui.mapview import ClusterMap  # noqa: E402
@@ -460,6 +462,8 @@ class SyntheticCluster:
             reply: Any = {"cursor": self.now + 1e-6, "jobs": [self._job_json(j) for j in ids]}
         elif op == "nodes_changed":  # as the scheduler answers the console's list (scheduler.serve.nodelist)
             reply = self.node_changes.changed(None, self.nodes.values(), args.get("since"))
+        elif op == "nodes" and args.get("brief"):  # every node, as read by a console from before nodes_changed
+            reply = [brief_node(n) for n in self.nodes.values()]
         elif op == "alerts":
             reply = sorted(self.alerts.values(), key=lambda a: a["id"])
         elif op == "events":
@@ -626,7 +630,7 @@ async def updates(
     view = app.view
     timed = Timed(view.update_view)
     view.update_view = timed  # type: ignore[method-assign]
-    parts = ("refresh", "read", "apply", "render", "total", "gc", "wall", "bytes", "key")
+    parts = ("refresh", "read", "apply", "render", "total", "gc", "wall", "bytes", "key", "between")
     out: dict[str, list[float]] = {p: [] for p in parts}
     try:
         for _ in range(count):
@@ -652,6 +656,9 @@ async def updates(
                 cpu = time.thread_time()
                 await pilot.press(keys[len(out["key"]) % len(keys)])  # handled, then a frame
                 out["key"].append(time.thread_time() - cpu)
+            cpu = time.thread_time()  # what the app's poll does after an update's frame (ConsoleApp.poll)
+            app.between_updates()
+            out["between"].append(time.thread_time() - cpu)
     finally:
         del view.update_view
     return out
@@ -816,6 +823,7 @@ def main() -> int:
         "total": "one update (refresh + render)",
         "gc": "of which cyclic GC",
         "wall": "refresh_data, wall clock",
+        "between": "collector, after the frame",
     }
     rows = []
     for view, key in (("jobs", "jobs_view"), ("nodes", "nodes_view"), ("map", "map_view"),
@@ -823,7 +831,7 @@ def main() -> int:
         t = r[key]
         for part, label in {**labels, **({"key": "key press to its frame"} if t["key"] else {})}.items():
             median, p99 = median_p99(t[part])
-            share = f"{statistics.fmean(t[part]) * 100:.1f}%" if part in ("total", "gc") else ""
+            share = f"{statistics.fmean(t[part]) * 100:.1f}%" if part in ("total", "gc", "between") else ""
             rows.append([view, label, f"{median * 1000:.1f}", f"{p99 * 1000:.1f}", share])
         rows.append([view, "reply JSON read per update", f"{statistics.median(t['bytes']) / 1024:.0f} KiB", "", ""])
     print_table(["VIEW", "PER UPDATE", "MEDIAN MS", "P99 MS", "CORE AT 1 HZ (MEAN)"], rows)

@@ -49,6 +49,7 @@ from ftconsole.tui.timelineview import TimelineChart, TimelineView
 from ftconsole.tui.views import AlertsView, ClusterView, EventsView, JobsView, NodesView, View
 
 REFRESH_S = 1.0
+COLLECT_AFTER_S = 0.25  # after an update, the collector's work waits this long: its frame is drawn by then
 VIEWS = (
     ("jobs", "1"),
     ("nodes", "2"),
@@ -192,6 +193,7 @@ class ConsoleApp(Actions):
         self._connected = asyncio.Event()
         self._arrays_shown = False  # whether the Jobs view had an array at its last update (`t` applies)
         self._frozen = False  # gc.freeze() after the first read (`_freeze`)
+        self.between_updates = gctune.BetweenUpdates()  # the cyclic collector's work, after an update's frame
         self._frozen_views: set[str] = set()  # the views frozen after their first update too
         self._thresholds = gc.get_threshold()  # the collector's before `_freeze` tuned them
         self.sub_title = str(loaded.file) + (" · read-only" if readonly else "")
@@ -237,7 +239,8 @@ class ConsoleApp(Actions):
             self._frozen = True
             gc.collect()
             gc.freeze()
-            self._thresholds = gctune.tune()  # and what each update builds is mostly freed before a collection
+            # and the collections come between updates (`between_updates`), where nobody waits for them
+            self._thresholds = gctune.tune(gctune.BETWEEN_UPDATES)
 
     async def on_unmount(self) -> None:
         if self._frozen:
@@ -296,8 +299,15 @@ class ConsoleApp(Actions):
             if first:
                 first = False
                 self._freeze()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), self.refresh_s)
+            if await self._stopped_within(min(COLLECT_AFTER_S, self.refresh_s)):  # the update's frame is drawn
+                break
+            self.between_updates()
+            await self._stopped_within(max(0.0, self.refresh_s - COLLECT_AFTER_S))
+
+    async def _stopped_within(self, seconds: float) -> bool:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), seconds)
+        return self._stop.is_set()
 
     async def refresh_data(self, *sources: str) -> None:
         if self.client is None:
