@@ -164,10 +164,13 @@ class ClusterMap(LineView, can_focus=True):
                         (self.cells.get(n, ()), n == cursor, n in marked, matches is None or n in matches) for n in line
                     )
                 )
-        changed = len(lines) != len(self._lines) or any(a != b for a, b in zip(lines, self._lines, strict=False))
-        self._lines = lines
-        if changed:
+        before, self._lines = self._lines, lines
+        if len(lines) != len(before):
             self.refresh()
+            return
+        for index, (now, was) in enumerate(zip(lines, before, strict=True)):
+            if now != was:  # a line whose nodes' cells, cursor, marks or match changed: drawn again alone
+                self.refresh_line(index)
 
     # -- drawing -------------------------------------------------------------------------------------------
 
