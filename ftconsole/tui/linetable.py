@@ -217,9 +217,11 @@ class LineTable(LineView, can_focus=True):
     def _refresh_changed(self) -> None:
         """Draw again the lines on screen whose row, place or cursor changed since they were drawn: a frame
         costs what changed, not the whole table (the compositor's work is about 0.2 ms a line)."""
-        top = round(self.scroll_y)
+        top, height = round(self.scroll_y), max(0, self.size.height - 1)
         order, shown, drawn = self._order, self._shown, self._drawn
-        for index in range(top, top + max(0, self.size.height - 1)):
+        if len(drawn) > 4 * height + 64:  # the lines drawn once and scrolled away: their rows let go
+            self._drawn = drawn = {i: d for i, d in drawn.items() if top <= i < top + height}
+        for index in range(top, top + height):
             key = order[index] if index < len(order) else None
             now = None if key is None else (key, shown[key], index == self.cursor_row)
             if drawn.get(index, _NEVER) != now:

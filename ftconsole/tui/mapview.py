@@ -148,6 +148,7 @@ class ClusterMap(LineView, can_focus=True):
         self.layout_ = M.fit(self.groups, width, height, self.color)
         self._order = [n for g in self.groups for n in g.nodes]
         self._strips.clear()
+        self._lines = []  # every line drawn again: a line may hold other nodes now, with cells that compare equal
         self.virtual_size = Size(width, len(self.layout_.lines))
 
     def _update_lines(self) -> None:

@@ -204,6 +204,8 @@ class JobsView(View):
                 self._array(array_id, now, found)
         self._seen, self._found, self._util = feed.jobs_read, found, feed.job_util
         self._jobs, self._now = feed.jobs, now
+        if self.pattern is not None:  # the filter reads every row, their ages too: all of them as of now
+            self.freshen([str(job_id) for job_id in self._due])
         self._marked_seen, self._expanded_seen = set(self.marked), set(self.expanded)
         if not self._ordered:
             self._order = self._ordering()

@@ -193,3 +193,16 @@ async def test_rows_that_come_on_screen_show_their_ages_as_of_the_last_update(tm
         shown = table.visible_keys()
         assert shown and not set(shown) & set(first)
         assert all("4m" in R.row_text(table.shown(k)) and "30s" not in R.row_text(table.shown(k)) for k in shown)
+
+
+async def test_a_filter_reads_every_row_s_ages_as_of_the_update(tmp_path: Path) -> None:
+    """A `/` filter matches every row's text, off screen too: their ages as of the update, not of their last build."""
+    source = Running()
+    app = ConsoleApp(fixed_config(tmp_path), client=source, clock=lambda: source.now, refresh_s=3600)
+    async with app.run_test(size=(160, 30)) as pilot:
+        await app.refresh_data()
+        app.view.set_filter("4m")
+        source.now += 200  # every runtime reads 4m (230 s) now: every row matches
+        await app.refresh_data()
+        await pilot.pause()
+        assert app.view.table.row_count == len(source.jobs) == 200

@@ -242,3 +242,33 @@ async def test_the_map_title_gives_the_age_of_what_is_read_at_every_refresh(tmp_
         await pilot.pause()
         title = str(console.view.query_one(".view-title").render())
         assert "data 0s old" in title, title
+
+
+async def test_a_node_gone_redraws_the_lines_whose_nodes_moved(tmp_path: Path) -> None:
+    """Eight idle nodes (equal cells); one goes: the line it was on holds other nodes now, with cells that compare
+    equal to what it showed. The screen shows the nodes as they are, not as they were."""
+
+    def idle(i: int) -> dict[str, Any]:
+        gpus = [{"index": g, "name": "H100", "utilization": 0.0} for g in range(8)]
+        return {"name": f"node{i:04d}", "pool": "train", "state": "healthy", "reasons": [], "held": [],
+                "held_for_debug": [], "gpus": gpus}  # fmt: skip
+
+    class Idle(FixedClient):
+        def __init__(self) -> None:
+            self.nodes = [idle(i) for i in range(8)]
+
+        async def call(self, op: str, **args: Any) -> Any:
+            return list(self.nodes) if op == "nodes" and not args.get("nodeset") else await super().call(op, **args)
+
+    client = Idle()
+    console = ConsoleApp(fixed_config(tmp_path), client=client, clock=lambda: NOW, refresh_s=3600)
+    async with console.run_test(size=(120, 24)) as pilot:
+        await pilot.press("6")
+        await console.refresh_data()
+        await pilot.pause()
+        assert "node0002" in console.export_screenshot()
+        client.nodes = [n for n in client.nodes if n["name"] != "node0002"]
+        await console.refresh_data()
+        await pilot.pause()
+        screen = console.export_screenshot()
+        assert "node0002" not in screen and all(f"node{i:04d}" in screen for i in (0, 1, 3, 4, 5, 6, 7))

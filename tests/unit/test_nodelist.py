@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ftconsole.scheduler.serve.nodelist import NodeChanges, brief_node
+from ftconsole.scheduler.serve.nodelist import FORGET_AFTER_S, NodeChanges, brief_node
 
 
 def node(name: str, util: float = 0.0, **more: Any) -> dict[str, Any]:
@@ -78,5 +78,16 @@ def test_the_longest_unseen_caller_is_forgotten_and_then_answered_everything() -
     first = changes.changed(1, [node("a")], None)["cursor"]
     changes.changed(2, [node("a")], None)
     changes.changed(3, [node("a")], None)  # caller 1 is forgotten
+    reply = changes.changed(1, [node("a")], first)
+    assert names(reply) == ["a"] and reply["names"] == ["a"]
+
+
+def test_a_caller_unseen_for_minutes_is_forgotten() -> None:
+    now = [0.0]
+    changes = NodeChanges(clock=lambda: now[0])
+    first = changes.changed(1, [node("a")], None)["cursor"]
+    now[0] += FORGET_AFTER_S + 1
+    changes.changed(2, [node("a")], None)  # caller 1's copy of every node is let go
+    assert len(changes._callers) == 1
     reply = changes.changed(1, [node("a")], first)
     assert names(reply) == ["a"] and reply["names"] == ["a"]
