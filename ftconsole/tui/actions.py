@@ -20,6 +20,7 @@ from textual.app import App
 from ftconsole.scheduler.errors import FtError
 from ftconsole.scheduler.spec.config import LoadedConfig, parse_duration
 from ftconsole.scheduler.ssh.shell import ShellTarget, is_job_id, job_shell, node_shell
+from ftconsole.tui import alertevidence as E
 from ftconsole.tui import rows as R
 from ftconsole.tui.detail import JobScreen, NodeScreen
 from ftconsole.tui.dialogs import ChoiceDialog, ConfirmDialog, PromptDialog, SubmitDialog
@@ -297,7 +298,7 @@ class Actions(App[int]):
             return node_shell(self.loaded, target)
         job = await self.client.call("show", job=int(target))
         if alert is not None:
-            evidence = R.alert_evidence(alert, job.get("events") or [])
+            evidence = E.alert_evidence(alert, job.get("events") or [])
             rank, attempt = evidence.rank, evidence.attempt
         return job_shell(self.loaded, job, rank=rank, attempt=attempt)
 

@@ -33,6 +33,7 @@ from ftconsole.scheduler.decide.hangs import ranges
 from ftconsole.scheduler.errors import FtError
 from ftconsole.scheduler.serve.client import Client
 from ftconsole.scheduler.spec.config import format_duration
+from ftconsole.tui import alertevidence as E
 from ftconsole.tui import rows as R
 from ftconsole.tui.curves import job_curves, node_curves
 
@@ -128,7 +129,7 @@ class JobScreen(DetailScreen):
         self.job_id = job_id
         self.rank = 0
         self.alert = alert  # opened from this alert: its evidence on top, the rank that stands out chosen
-        self.evidence: R.Evidence | None = None
+        self.evidence: E.Evidence | None = None
         self.focus_attempt: int | None = None  # the evidence's attempt while its rank is the one shown
         self._focused = False
         self._streaming: tuple[int, int] | None = None  # (attempt, rank) of the log tail shown
@@ -265,8 +266,8 @@ class JobScreen(DetailScreen):
     def _show_evidence(self, job: dict[str, Any]) -> None:
         """The alert's evidence on top; the first time, its rank becomes the screen's (for `s`, `l`)."""
         assert self.alert is not None
-        self.evidence = ev = R.alert_evidence(self.alert, job.get("events") or [])
-        self.query_one("#evidence", Static).update(R.evidence_text(ev))
+        self.evidence = ev = E.alert_evidence(self.alert, job.get("events") or [])
+        self.query_one("#evidence", Static).update(E.evidence_text(ev))
         if not self._focused and ev.event is not None:
             self._focused = True
             if ev.rank is not None:

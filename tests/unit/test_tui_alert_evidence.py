@@ -15,6 +15,7 @@ import pytest
 from rich.text import Text
 
 from ftconsole.scheduler.ssh.shell import ShellTarget
+from ftconsole.tui import alertevidence as E
 from ftconsole.tui import rows as R
 from ftconsole.tui.app import ConsoleApp
 from ftconsole.tui.detail import JobScreen
@@ -144,24 +145,24 @@ def test_evidence_is_the_latest_event_the_detector_wrote_for_the_alert() -> None
     cleared = event(13, "SuspectedHung", "attempt 2 no longer suspected hung: I/O resumed", D.NOW - 10)
     hung = event(9, "SuspectedHung", "attempt 2 suspected hung: no I/O ...", D.NOW - 60, attempt=2, alert="job_hung",
                  rank=0, node="gpu03")  # fmt: skip
-    ev = R.alert_evidence(alert(1, "job_hung", 104), [hung, cleared, *EVENTS_104])
+    ev = E.alert_evidence(alert(1, "job_hung", 104), [hung, cleared, *EVENTS_104])
     assert ev.event is hung and (ev.rank, ev.node, ev.attempt) == (0, "gpu03", 2)  # not the clearing event
 
-    ev = R.alert_evidence(STRAGGLER, EVENTS_104)
+    ev = E.alert_evidence(STRAGGLER, EVENTS_104)
     assert ev.event is EVENTS_104[2] and (ev.rank, ev.node, ev.attempt) == (1, "gpu02", 2)  # the latest attempt
 
     failed = event(14, "Failed", "rank 1 on gpu02: exit code 1", D.NOW - 5)
-    ev = R.alert_evidence(alert(2, "job_failed", 104, severity="error"), [*EVENTS_104, failed])
+    ev = E.alert_evidence(alert(2, "job_failed", 104, severity="error"), [*EVENTS_104, failed])
     assert ev.event is failed and ev.rank is None  # by its kind; no rank named: the shell's default, rank 0
 
     unknown = event(15, "Slow", "slow: ...", D.NOW, attempt=2, alert="job_slow")  # the rank not known
-    ev = R.alert_evidence(alert(3, "job_slow", 104), [unknown])
+    ev = E.alert_evidence(alert(3, "job_slow", 104), [unknown])
     assert (ev.rank, ev.node, ev.attempt) == (None, None, 2)
-    text = R.evidence_text(ev).plain
+    text = E.evidence_text(ev).plain
     assert "slow: ..." in text and "stands out" not in text
 
-    ev = R.alert_evidence(alert(4, "job_hung", 104), [])
-    assert ev.event is None and "job 104: job_hung" in R.evidence_text(ev).plain  # the alert's own words
+    ev = E.alert_evidence(alert(4, "job_hung", 104), [])
+    assert ev.event is None and "job 104: job_hung" in E.evidence_text(ev).plain  # the alert's own words
 
 
 # -- the app: three keys from the alert to the shell ---------------------------------------------------------
