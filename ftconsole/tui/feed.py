@@ -37,7 +37,7 @@ class Source:
 
 @dataclass
 class ChangeLog:
-    """The keys (job ids, node names) each read changed, for the last JOB_LOG reads that changed some: a view
+    """The job ids each read changed, for the last JOB_LOG reads that changed some: a view
     that remembers `reads` at its update asks `since` for what changed after it."""
 
     reads: int = 0  # how many reads changed some
@@ -74,7 +74,6 @@ class Feed:
     sources: dict[str, Source] = field(default_factory=lambda: {s: Source() for s in SOURCES})
     events_limit: int = 500
     job_changes: ChangeLog = field(default_factory=ChangeLog)
-    node_changes: ChangeLog = field(default_factory=ChangeLog)
     _cursor: float | None = None
     _node_cursor: str | None = None
     _nodes_whole: bool = False  # the scheduler is older than `nodes_changed`: every node at every read
@@ -172,7 +171,6 @@ class Feed:
             for name in gone:
                 self.util.pop(name, None)
             changed += gone
-        self.node_changes.note(changed)
         return bool(changed)
 
     async def _read_alerts(self, client: Client) -> bool:
