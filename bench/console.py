@@ -1,7 +1,7 @@
 """Benchmark: the console on a big cluster: 1000 nodes, 10,000 jobs, updates once a second.
 
     .venv/bin/python bench/console.py [--nodes 1000] [--jobs 10000] [--updates 60] [--seed 1]
-                                      [--probe-every 60] [--profile] [--tracemalloc]
+                                      [--probe-every 60] [--profile [VIEW]] [--tracemalloc]
 
 The data source is SYNTHETIC and IN-PROCESS: `SyntheticCluster` serves the console's client protocol
 (`call(op, **args)`: jobs_changed, nodes_changed, alerts, events, cluster; `stream` refuses) from data generated with a
@@ -34,7 +34,7 @@ does not count; the wall time of `refresh_data` is printed too. It prints:
 - memory: RSS before the app (imports and the data source), after the first frame, after the Nodes view,
   the peak; with `--tracemalloc`, the peak of traced allocations up to the first frame (slows that phase).
 
-`--profile` prints a cProfile of the update loops (both views).
+`--profile` prints a cProfile of the update loops (of every view; `--profile map`: of the Map's alone).
 """
 
 from __future__ import annotations
@@ -461,7 +461,7 @@ class SyntheticCluster:
                 ids = sorted(j for j, stamp in self.updated.items() if stamp >= since)
             reply: Any = {"cursor": self.now + 1e-6, "jobs": [self._job_json(j) for j in ids]}
         elif op == "nodes_changed":  # as the scheduler answers the console's list (scheduler.serve.nodelist)
-            reply = self.node_changes.changed(None, self.nodes.values(), args.get("since"))
+            reply = self.node_changes.changed(None, self.nodes.values(), args.get("since"), args.get("patches", False))
         elif op == "nodes" and args.get("brief"):  # every node, as read by a console from before nodes_changed
             reply = [brief_node(n) for n in self.nodes.values()]
         elif op == "alerts":
@@ -692,7 +692,7 @@ async def run(args: argparse.Namespace, profiler: cProfile.Profile | None) -> di
     results["source_objects"] = len(gc.get_objects())
 
     async def measure(app: ConsoleApp, pilot: Any) -> None:
-        if profiler:
+        if profiler and args.profile in ("all", "jobs"):
             profiler.enable()
         results["jobs_view"] = await updates(app, pilot, source, args.updates)
         if profiler:
@@ -710,7 +710,7 @@ async def run(args: argparse.Namespace, profiler: cProfile.Profile | None) -> di
         results["nodes_first_wall"] = time.perf_counter() - wall - (source.server_s - server)
         results["nodes_first_cpu"] = time.thread_time() - cpu - (source.server_s - server)
         assert app.view.table.row_count == len(source.nodes)
-        if profiler:
+        if profiler and args.profile in ("all", "nodes"):
             profiler.enable()
         results["nodes_view"] = await updates(app, pilot, source, args.updates)
         if profiler:
@@ -729,7 +729,7 @@ async def run(args: argparse.Namespace, profiler: cProfile.Profile | None) -> di
         assert isinstance(cluster_map, ClusterMap) and cluster_map.layout_ is not None
         results["map_fit"] = (len(cluster_map.layout_.lines), cluster_map.size.height, cluster_map.layout_.dense)
         assert len(cluster_map.layout_.where) == len(source.nodes), "the map lost nodes"
-        if profiler:
+        if profiler and args.profile in ("all", "map"):
             profiler.enable()
         results["map_view"] = await updates(app, pilot, source, args.updates, keys=("right", "down", "left", "up"))
         if profiler:
@@ -746,7 +746,7 @@ async def run(args: argparse.Namespace, profiler: cProfile.Profile | None) -> di
         results["timeline_first_cpu"] = time.thread_time() - cpu - (source.server_s - server)
         chart = app.view.table
         assert isinstance(chart, TimelineChart) and len(chart.keys) > 500, "the timeline lost jobs"
-        if profiler:
+        if profiler and args.profile in ("all", "timeline"):
             profiler.enable()
         keys = ("down", "left_square_bracket", "up", "right_square_bracket")  # the cursor, and zoom out and in
         results["timeline_view"] = await updates(app, pilot, source, args.updates, keys=keys)
@@ -782,7 +782,10 @@ def main() -> int:
         help="seconds between two probes of a node (default 60: probes.interval's default); 1: every node's "
         "data changes every second, the worst case",
     )  # fmt: skip
-    parser.add_argument("--profile", action="store_true", help="print a cProfile of the update loops")
+    parser.add_argument(
+        "--profile", nargs="?", const="all", choices=("all", "jobs", "nodes", "map", "timeline"),
+        help="print a cProfile of the update loops (of all views, or of the one named)",
+    )  # fmt: skip
     parser.add_argument(
         "--tracemalloc", action="store_true", help="trace allocations up to the first frame (slows that phase down)"
     )

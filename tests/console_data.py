@@ -183,7 +183,7 @@ class FixedClient:
             return [n for n in NODES if n["name"] == args["nodeset"]]
         if op == "nodes_changed":  # the scheduler's own answer, over the nodes this client has
             changes = self.__dict__.setdefault("node_changes", NodeChanges())
-            return changes.changed(None, await self.call("nodes"), args.get("since"))
+            return changes.changed(None, await self.call("nodes"), args.get("since"), args.get("patches", False))
         if op == "job_util":  # running jobs: their GPUs at the last 12 probes
             return {"101": [80, 85, 90, 97, 97, 96, 98, 97, 99, 97, 96, 97], "104": [None, 40, 35, 20, 12, 6, 6, 6]}
         if op == "samples":

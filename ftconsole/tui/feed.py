@@ -138,24 +138,34 @@ class Feed:
         if self._nodes_whole:
             return self._take_nodes(await client.call("nodes", brief=True), None, whole=True)
         try:
-            reply = await client.call("nodes_changed", since=self._node_cursor)
+            reply = await client.call("nodes_changed", since=self._node_cursor, patches=True)
         except FtError as exc:  # a scheduler from before the op: every node, every read
             if "unknown op" not in str(exc):
                 raise
             self._nodes_whole = True
             return await self._read_nodes(client)
         self._node_cursor = reply["cursor"]
-        return self._take_nodes(reply["nodes"], reply["names"], whole=False)
+        nodes = reply["nodes"]
+        for patch in reply.get("patches") or ():  # the keys that changed of a node held
+            old = self.nodes.get(patch["name"])
+            if old is None:  # not held after all: read every node again next time
+                self._node_cursor = None
+                continue
+            nodes.append(old | patch)
+        return self._take_nodes(nodes, reply["names"], whole=False, compare=reply["names"] is not None)
 
-    def _take_nodes(self, nodes: list[dict[str, Any]], names: list[str] | None, *, whole: bool) -> bool:
+    def _take_nodes(
+        self, nodes: list[dict[str, Any]], names: list[str] | None, *, whole: bool, compare: bool = True
+    ) -> bool:
         """Keep the nodes read (an unchanged one keeps its object, so views can tell by identity) and each new
-        probe's mean GPU utilisation; `names`, when given, are all the nodes there are now."""
+        probe's mean GPU utilisation; `names`, when given, are all the nodes there are now. `compare`: whether
+        a node read may be the same as held (not when the scheduler answered only those changed)."""
         changed: list[str] = []
         kept = self.nodes
         for node in nodes:
             name = node["name"]
             old = kept.get(name)
-            if old == node:
+            if compare and old == node:
                 continue
             if old is None or old.get("last_probe") != node.get("last_probe"):
                 history = self.util.setdefault(name, deque(maxlen=UTIL_HISTORY))

@@ -71,12 +71,16 @@ class PictureOps:
     async def nodes_changed(self, caller: Caller, args: dict[str, Any]) -> Any:
         """{"cursor", "nodes", "names"}: the nodes in brief whose view changed since `since` (a cursor this
         answered; none or an unknown one: every node), and every node's name when a node came or went since
-        (else null). Call again with `since` = the cursor. The console's node list and map (`nodelist.py`)."""
+        (else null). Call again with `since` = the cursor. The console's node list and map (`nodelist.py`).
+        `patches: true`: the nodes the caller holds come in `patches`, only their keys that changed."""
         s = self.scheduler
         hidden = await self.ops._hidden(caller)
         views = [redact_json(mask_held(v.to_json(), hidden), hidden) for v in await s.service.nodes()]
         who = None if s.is_admin(caller) else caller.uid  # every admin sees the same
-        return self._node_changes.changed(who, views, args.get("since"))
+        patches = args.get("patches", False)
+        if not isinstance(patches, bool):
+            raise UsageError(f"nodes_changed: patches must be true or false, not {patches!r:.40}")
+        return self._node_changes.changed(who, views, args.get("since"), patches)
 
     async def node_jobs(self, caller: Caller, args: dict[str, Any]) -> Any:
         """The jobs that held GPUs of one node, the newest first (`limit`, default NODE_JOBS): each run's job, rank,

@@ -5,10 +5,12 @@ every time."""
 from __future__ import annotations
 
 import asyncio
+import json
+import random
 from typing import Any
 
 from ftconsole.scheduler.errors import UsageError
-from ftconsole.scheduler.serve.nodelist import NodeChanges
+from ftconsole.scheduler.serve.nodelist import NodeChanges, brief_node
 from ftconsole.tui.feed import Feed
 
 
@@ -29,7 +31,8 @@ class Nodes:
     async def call(self, op: str, **args: Any) -> Any:
         self.calls.append(op)
         if op == "nodes_changed" and not self.old:
-            return self.changes.changed(None, [dict(n) for n in self.nodes], args.get("since"))
+            nodes = [dict(n) for n in self.nodes]
+            return self.changes.changed(None, nodes, args.get("since"), args.get("patches", False))
         if op == "nodes" and args.get("brief"):
             return [{k: v for k, v in n.items() if k != "last_probe_age_s"} for n in self.nodes]
         raise UsageError(f"unknown op {op!r}")
@@ -75,3 +78,57 @@ def test_a_scheduler_from_before_the_op_is_read_whole() -> None:
     first = dict(feed.nodes)
     assert read(feed, client) == {"nodes"} and changed(feed, first) == {"c"}
     assert client.calls == ["nodes_changed", "nodes", "nodes"]  # asked once, then whole every time
+
+
+def test_patches_merged_by_the_console_make_the_schedulers_views() -> None:
+    """The console asks for patches: after each read, its nodes are the scheduler's brief views, key for key, over
+    random probes, state changes, held GPUs and nodes that come and go; a node not changed keeps its object."""
+    rng = random.Random(7)
+    client, feed = Nodes(), Feed(clock=lambda: 0.0)
+    client.nodes = [node(f"n{i}", 1.0) for i in range(12)]
+    sent: list[Any] = []
+    call = client.call
+
+    async def recording(op: str, **args: Any) -> Any:
+        reply = await call(op, **args)
+        sent.append(json.loads(json.dumps(reply)))  # as over the socket
+        return sent[-1]
+
+    client.call = recording  # type: ignore[method-assign]
+    patched = 0
+    for step in range(200):
+        for i, n in enumerate(client.nodes):
+            roll = rng.random()
+            if roll < 0.3:
+                client.nodes[i] = n | {
+                    "last_probe": 2.0 + step,
+                    "gpus": [n["gpus"][0] | {"utilization": rng.randint(0, 100)}],
+                }
+            elif roll < 0.35:
+                client.nodes[i] = n | {"state": rng.choice(["healthy", "drained", "degraded"])}
+            elif roll < 0.4:
+                client.nodes[i] = n | {"held": [{"gpu": 0, "job": rng.randint(1, 3)}] if not n["held"] else []}
+        if rng.random() < 0.05:
+            client.nodes.pop(rng.randrange(len(client.nodes)))
+        if rng.random() < 0.05:
+            client.nodes.append(node(f"m{step}", 2.0 + step))
+        before = dict(feed.nodes)
+        read(feed, client)
+        patched += len(sent[-1].get("patches") or ())
+        assert feed.nodes == {n["name"]: brief_node(n) for n in client.nodes}, step
+        assert list(feed.nodes) == [n["name"] for n in client.nodes]
+        moved = {n["name"] for n in sent[-1]["nodes"]} | {p["name"] for p in sent[-1].get("patches") or ()}
+        assert all(feed.nodes[k] is before[k] for k in before.keys() & feed.nodes.keys() - moved)
+    assert patched > 500  # most changes came as patches
+    assert all(set(p) < set(brief_node(client.nodes[0])) | {"name"} for r in sent for p in r.get("patches") or ())
+
+
+def test_a_patch_for_a_node_not_held_reads_everything_again() -> None:
+    client, feed = Nodes(), Feed(clock=lambda: 0.0)
+    read(feed, client)
+    del feed.nodes["b"]  # as if the console had lost it
+    client.nodes[1] = node("b", 2.0, util=90.0)
+    read(feed, client)
+    assert "b" not in feed.nodes and feed._node_cursor is None
+    read(feed, client)
+    assert feed.nodes["b"]["gpus"][0]["utilization"] == 90.0 and feed._node_cursor is not None

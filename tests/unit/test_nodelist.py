@@ -91,3 +91,31 @@ def test_a_caller_unseen_for_minutes_is_forgotten() -> None:
     assert len(changes._callers) == 1
     reply = changes.changed(1, [node("a")], first)
     assert names(reply) == ["a"] and reply["names"] == ["a"]
+
+
+def test_patches_are_the_keys_that_changed_and_only_at_the_newest_cursor() -> None:
+    changes = NodeChanges()
+    first = changes.changed(None, [node("a"), node("b")], None, patches=True)
+    assert names(first) == ["a", "b"] and first["patches"] == []  # nothing held yet: whole views
+
+    moved = changes.changed(None, [node("a", 80.0, last_probe=101.0), node("b")], first["cursor"], patches=True)
+    assert moved["nodes"] == []
+    assert moved["patches"] == [
+        {"name": "a", "last_probe": 101.0, "gpus": [{"index": 0, "name": "H100", "utilization": 80.0}]}
+    ]
+
+    # a view with another set of keys comes whole
+    grown = changes.changed(
+        None, [node("a", 80.0, last_probe=101.0), node("b", flaky=True)], moved["cursor"], patches=True
+    )
+    assert names(grown) == ["b"] and grown["patches"] == []
+
+    # an older cursor (a reply lost on the way) is not the caller's newest: whole views since it
+    again = changes.changed(
+        None, [node("a", 70.0, last_probe=102.0), node("b", flaky=True)], first["cursor"], patches=True
+    )
+    assert names(again) == ["a", "b"] and again["patches"] == []
+
+    # without `patches`, as before
+    plain = changes.changed(None, [node("a", 60.0, last_probe=103.0), node("b", flaky=True)], again["cursor"])
+    assert names(plain) == ["a"] and "patches" not in plain
