@@ -148,10 +148,15 @@ class Feed:
         nodes = reply["nodes"]
         for patch in reply.get("patches") or ():  # the keys that changed of a node held
             old = self.nodes.get(patch["name"])
-            if old is None:  # not held after all: read every node again next time
-                self._node_cursor = None
+            utilization = patch.get("gpus_utilization")
+            if old is None or (utilization is not None and len(utilization) != len(old.get("gpus") or ())):
+                self._node_cursor = None  # not as held after all: read every node again next time
                 continue
-            nodes.append(old | patch)
+            node = old | patch
+            if utilization is not None:  # a probe: the GPUs as held, each with its new utilisation
+                del node["gpus_utilization"]
+                node["gpus"] = [{**g, "utilization": u} for g, u in zip(old["gpus"], utilization, strict=True)]
+            nodes.append(node)
         return self._take_nodes(nodes, reply["names"], whole=False, compare=reply["names"] is not None)
 
     def _take_nodes(

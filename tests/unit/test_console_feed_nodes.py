@@ -119,8 +119,10 @@ def test_patches_merged_by_the_console_make_the_schedulers_views() -> None:
         assert list(feed.nodes) == [n["name"] for n in client.nodes]
         moved = {n["name"] for n in sent[-1]["nodes"]} | {p["name"] for p in sent[-1].get("patches") or ()}
         assert all(feed.nodes[k] is before[k] for k in before.keys() & feed.nodes.keys() - moved)
-    assert patched > 500  # most changes came as patches
-    assert all(set(p) < set(brief_node(client.nodes[0])) | {"name"} for r in sent for p in r.get("patches") or ())
+    assert patched > 500  # most changes came as patches, a probe's as its GPUs' utilisation
+    assert sum("gpus_utilization" in p for r in sent for p in r.get("patches") or ()) > 300
+    keys = set(brief_node(client.nodes[0])) | {"gpus_utilization"}
+    assert all(set(p) < keys for r in sent for p in r.get("patches") or ())  # never a whole view
 
 
 def test_a_patch_for_a_node_not_held_reads_everything_again() -> None:

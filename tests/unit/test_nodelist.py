@@ -100,13 +100,18 @@ def test_patches_are_the_keys_that_changed_and_only_at_the_newest_cursor() -> No
 
     moved = changes.changed(None, [node("a", 80.0, last_probe=101.0), node("b")], first["cursor"], patches=True)
     assert moved["nodes"] == []
-    assert moved["patches"] == [
-        {"name": "a", "last_probe": 101.0, "gpus": [{"index": 0, "name": "H100", "utilization": 80.0}]}
-    ]
+    assert moved["patches"] == [{"name": "a", "last_probe": 101.0, "gpus_utilization": [80.0]}]
+
+    # GPUs that differ by more than their utilisation come whole
+    other = node("a", 80.0, last_probe=101.0, gpus=[{"index": 0, "name": "H200", "utilization": 80.0}])
+    renamed = changes.changed(None, [other, node("b")], moved["cursor"], patches=True)
+    assert renamed["patches"] == [{"name": "a", "gpus": [{"index": 0, "name": "H200", "utilization": 80.0}]}]
+    back = changes.changed(None, [node("a", 80.0, last_probe=101.0), node("b")], renamed["cursor"], patches=True)
+    assert back["patches"] == [{"name": "a", "gpus": [{"index": 0, "name": "H100", "utilization": 80.0}]}]
 
     # a view with another set of keys comes whole
     grown = changes.changed(
-        None, [node("a", 80.0, last_probe=101.0), node("b", flaky=True)], moved["cursor"], patches=True
+        None, [node("a", 80.0, last_probe=101.0), node("b", flaky=True)], back["cursor"], patches=True
     )
     assert names(grown) == ["b"] and grown["patches"] == []
 
