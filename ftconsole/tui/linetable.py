@@ -58,18 +58,36 @@ class LineView(ScrollView):
 
     def set_virtual_size(self, size: Size) -> None:
         """The scrollable size. Setting `virtual_size` lays the whole screen out again, which draws every widget
-        (a frame of 10 to 15 ms at 200x50): needed where a scrollbar may come or go, not where a long list only
-        grew or shrank by a few rows under a scrollbar that stays (a second's jobs submitted or deleted). There,
-        only the scrollbar is brought up to date (textual is pinned: `_scroll_update` is its own way to)."""
-        old = self.virtual_size
-        if size == old:
+        (a frame of 10 to 15 ms at 200x50, 40 ms and more in the Jobs view): needed where a scrollbar may come or
+        go, not where a long list only grew or shrank by a few rows (a second's jobs submitted or deleted), or a
+        column grew, under scrollbars that stay as they are. There, only the scrollbars are brought up to date
+        (textual is pinned: `_scroll_update` is its own way to)."""
+        if size == self.virtual_size:
             return
-        height = self.size.height
-        if size.width != old.width or not self.show_vertical_scrollbar or min(size.height, old.height) <= height:
+        if not self._bars_stay(size):
             self.virtual_size = size
             return
         self.set_reactive(LineView.virtual_size, size)
         self._scroll_update(size)
+
+    def _bars_stay(self, size: Size) -> bool:
+        """Whether each scrollbar surely stays shown, or hidden, at the virtual size `size` (a scrollbar shown
+        takes room from the other: one hidden stays so only with that room to spare)."""
+        width, height = self.container_size
+        styles = self.styles
+        if not width or not height:
+            return False
+        across = _bar_stays(styles.overflow_x, self.show_horizontal_scrollbar, size.width, width,
+                            styles.scrollbar_size_vertical)  # fmt: skip
+        down = _bar_stays(styles.overflow_y, self.show_vertical_scrollbar, size.height, height,
+                          styles.scrollbar_size_horizontal)  # fmt: skip
+        return across and down
+
+
+def _bar_stays(overflow: str, shown: bool, needed: int, room: int, other_bar: int) -> bool:
+    if overflow != "auto":  # hidden or scroll: the size does not change it
+        return True
+    return needed > room if shown else needed <= room - other_bar
 
 
 class LineTable(LineView, can_focus=True):

@@ -154,3 +154,44 @@ async def test_lazy_rows_are_built_only_once_drawn_or_read() -> None:
         await pilot.pause()
         assert 990 in built and table.widths[2] == len("a longer note")  # its column grew once it was drawn
         assert len(table.to_rows()) == 1000 and sorted(built) == list(range(1000))  # read: all built, once each
+
+
+async def test_a_column_grows_without_laying_the_screen_out_where_the_scrollbars_stay() -> None:
+    """A layout draws every widget: it is needed where a scrollbar comes or goes, not where the columns grew under
+    scrollbars that stay as they are. Either way the lines show the new widths and a scroll reaches the end."""
+    app = TableApp()
+    async with app.run_test(size=(60, 10)) as pilot:
+        table = app.query_one(LineTable)
+        layouts: list[object] = []
+        screen = app.screen
+        refresh_layout = screen._refresh_layout
+
+        def counted(*args: object, **kwargs: object) -> None:
+            layouts.append(args)
+            refresh_layout(*args, **kwargs)  # type: ignore[arg-type]
+
+        screen._refresh_layout = counted  # type: ignore[method-assign]
+        data = rows(40)
+        table.apply(data, sorted(data))
+        await pilot.pause()
+        assert table.show_vertical_scrollbar and not table.show_horizontal_scrollbar
+
+        layouts.clear()  # a longer note, that still fits: no scrollbar comes
+        table.apply({**data, "r00001": ("r00001", "ok", "x" * 20)}, sorted(data))
+        await pilot.pause()
+        assert not layouts and not table.show_horizontal_scrollbar
+        assert table.widths[2] == 20 and line(table, 0).split() == ["ID", "STATE", "NOTE"]
+
+        # wider than the view: the horizontal scrollbar comes, which lays the screen out
+        table.apply({**data, "r00001": ("r00001", "ok", "y" * 80)}, sorted(data))
+        await pilot.pause()
+        assert layouts and table.show_horizontal_scrollbar
+
+        layouts.clear()  # wider still, under the scrollbar that stays
+        table.apply({**data, "r00001": ("r00001", "ok", "z" * 120 + "END")}, sorted(data))
+        await pilot.pause()
+        assert not layouts and table.show_horizontal_scrollbar and table.show_vertical_scrollbar
+        assert table.virtual_size.width == table._total_width()
+        table.scroll_to(x=table.max_scroll_x, animate=False, immediate=True)
+        await pilot.pause()
+        assert line(table, 2).rstrip().endswith("END")  # r00001, under the header and r00000
