@@ -71,7 +71,7 @@ class MapCells:
                 gained += new
             tally = tallies[group]
             tally.update(map(_kind, gained))
-            tally.subtract(map(_kind, lost))
+            tally.subtract(Counter(map(_kind, lost)))  # (`subtract` of cells would count them one by one in Python)
         for name in self.cells.keys() - cells.keys():  # nodes gone
             self._from.pop(name, None)
             self._hold(name, ())

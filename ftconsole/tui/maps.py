@@ -92,11 +92,20 @@ def gpu_cells(
     if state == "isolated":
         return (_ISOLATED,) * count
     rest = _CELLS["drained" if state == "drained" else "reserved" if node.get("name") in reserved else "idle", 0, False]
-    held = {h.get("gpu"): h.get("job") for h in node.get("held") or ()}
+    holders = node.get("held") or ()
     debug = {h.get("gpu") for h in node.get("held_for_debug") or ()}
-    if not held and not debug and not (named and state == "degraded"):
+    warned = named and state == "degraded"
+    if not holders and not debug and not warned:
         return (rest,) * count
     util: dict[Any, Any] = {g.get("index"): g.get("utilization") for g in node.get("gpus") or ()}
+    if not debug and not warned:  # the most common: GPUs held or not (at 1,000 nodes, each probe's every node)
+        cells = [rest] * count
+        for h in holders:
+            i = h.get("gpu")
+            if type(i) is int and 0 <= i < count:
+                cells[i] = _PREEMPT if h.get("job") in preemptible else _busy(util.get(i))
+        return tuple(cells)
+    held = {h.get("gpu"): h.get("job") for h in holders}
     out = []
     for i in range(count):
         if i in debug:
@@ -104,16 +113,17 @@ def gpu_cells(
         elif i in named and state == "degraded":
             out.append(_WARN)
         elif i in held:
-            job, u = held[i], util.get(i)
-            if job in preemptible:
-                out.append(_PREEMPT)
-            elif u is None:
-                out.append(_BUSY[7])
-            else:
-                out.append(_FLAT if u < FLAT_BELOW else _BUSY[min(7, max(0, int(u * 0.08)))])
+            out.append(_PREEMPT if held[i] in preemptible else _busy(util.get(i)))
         else:
             out.append(rest)
     return tuple(out)
+
+
+def _busy(utilization: Any) -> Gpu:
+    """A held GPU's cell by its utilisation: a bar of 8 levels, `flat` under FLAT_BELOW, full when unknown."""
+    if utilization is None:
+        return _BUSY[7]
+    return _FLAT if utilization < FLAT_BELOW else _BUSY[min(7, max(0, int(utilization * 0.08)))]
 
 
 _DOWN, _ISOLATED, _DEBUG, _WARN = (_CELLS[k, 0, False] for k in ("down", "isolated", "debug", "warn"))
