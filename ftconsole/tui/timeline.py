@@ -10,6 +10,7 @@ per column), `axis` the line of times above it. The symbols tell the kinds apart
 from __future__ import annotations
 
 import math
+import operator
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -131,10 +132,12 @@ class Rows:
         ends = {e["id"]: e["end"] for e in forecast.get("running", ())}
         kept, self._kept = self._kept, {}
         day = int(now // 3600)  # what a row says of a time depends on how far ahead it is: built again each hour
-        running = list(self._running.values())
-        running.sort(key=lambda j: (ends.get(j["id"], _limit(j)) or math.inf, j["id"]))
-        for job in running:
-            end = ends.get(job["id"], _limit(job))
+        running = []  # (when it ends, or inf; its id; the job; its end): each end worked out once
+        for job_id, job in self._running.items():
+            end = ends[job_id] if job_id in ends else _limit(job)
+            running.append((end or math.inf, job_id, job, end))
+        running.sort(key=_by_end)
+        for _, _, job, end in running:
             bar = self._bar(kept, job, (end, day), _running_bar, job, end, now)
             names = job.get("node_names") or []
             by_pool.setdefault(pool_of.get(names[0], "default") if names else "default", []).append(bar)
@@ -224,6 +227,9 @@ def _unknown_bar(job: Mapping[str, Any], why: str) -> Bar:
     ref = job.get("ref") or job["id"]
     label = _label(ref, job["name"], job["owner"], _shape(job), bool(job.get("preemptible")))
     return Bar(str(job["id"]), label, "none", note=f"job {ref} {job['name']} ({job['owner']}): {NOT_FORESEEN}: {why}")
+
+
+_by_end = operator.itemgetter(0, 1)
 
 
 def _limit(job: Mapping[str, Any]) -> float | None:
