@@ -356,13 +356,14 @@ class ConsoleApp(Actions):
             return
         self.query_one("#views", ContentSwitcher).current = name
         self.view.table.focus()
+        self._show_filter()
         self.apply_view()  # what we have now, at once; the poll reads the rest
         self.run_worker(self.refresh_data(), group="view-switch", exclusive=True, exit_on_error=False)
 
     def action_filter(self) -> None:
-        bar = self.query_one("#filter", Input)
-        bar.value = self.view.pattern.pattern if self.view.pattern else ""
-        self.set_focus(bar)  # now, not after a refresh: what is typed right after `/` goes to the filter
+        self._show_filter()
+        # now, not after a refresh: what is typed right after `/` goes to the filter
+        self.set_focus(self.query_one("#filter", Input))
 
     @on(Input.Submitted, "#filter")
     def filter_submitted(self, event: Input.Submitted) -> None:
@@ -380,16 +381,21 @@ class ConsoleApp(Actions):
     def _close_filter(self) -> None:
         self.set_focus(self.view.table)
 
+    def _show_filter(self) -> None:
+        """The filter bar shows the view's own filter (each view keeps its own), or its hint when it has none."""
+        self.query_one("#filter", Input).value = self.view.pattern.pattern if self.view.pattern else ""
+
     def action_escape(self) -> None:
         bar = self.query_one("#filter", Input)
         if bar.has_focus:
-            bar.value = self.view.pattern.pattern if self.view.pattern else ""
+            self._show_filter()
             self._close_filter()
         elif self.view.marked:
             self.view.marked.clear()
             self.apply_view()
         elif self.view.pattern is not None:
             self.view.pattern = None
+            self._show_filter()
             self.apply_view()
 
     def action_mark(self) -> None:
