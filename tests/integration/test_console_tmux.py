@@ -199,6 +199,30 @@ def bench_console(tmp_path: Path, view: str) -> Tmux:
     return tmux
 
 
+def test_the_jobs_and_nodes_of_the_bench_in_a_real_terminal(tmp_path: Path) -> None:
+    """The console bench's cluster (1,000 nodes, 10,000 jobs) in a real 200x50 terminal: the Jobs view's counts,
+    a filter that leaves only its matches on screen and goes with escape, then the Nodes view to its last node."""
+    tmux = bench_console(tmp_path, "jobs")
+    try:
+        tmux.wait("Jobs", "2000 running · 6000 queued · 10000 jobs", "RUNTIME/MAX", timeout=90)
+        tmux.keys("/")
+        time.sleep(0.5)
+        tmux.keys("speech-dpo", "Enter")
+        screen = tmux.wait("/speech-dpo/ ", " of 10000")
+        rows = [line for line in screen.splitlines()[3:] if line.strip()[:1].isdigit()]
+        assert rows and all("speech-dpo" in line for line in rows), rows
+        tmux.keys("Escape")  # the filter goes: from the title and from the bar
+        screen = tmux.wait("/ filters the view")
+        assert "/speech-dpo/" not in screen
+        tmux.keys("2")
+        tmux.wait("Nodes", "1000 nodes", "UTIL HISTORY")
+        tmux.keys("End")
+        tmux.wait("gpu1000 ")
+        tmux.quit()
+    finally:
+        tmux("kill-server")
+
+
 def test_the_timeline_of_10000_jobs_in_a_real_terminal(tmp_path: Path) -> None:
     """The console bench's cluster (1,000 nodes, 10,000 jobs, its synthetic forecast: 500 expected, the rest
     past the queue depth) in a real 200x50 terminal: pools with their rows, the cursor sent to the last row (and
