@@ -157,20 +157,18 @@ class Feed:
                 del node["gpus_utilization"]
                 node["gpus"] = [{**g, "utilization": u} for g, u in zip(old["gpus"], utilization, strict=True)]
             nodes.append(node)
-        return self._take_nodes(nodes, reply["names"], whole=False, compare=reply["names"] is not None)
+        return self._take_nodes(nodes, reply["names"], whole=False)
 
-    def _take_nodes(
-        self, nodes: list[dict[str, Any]], names: list[str] | None, *, whole: bool, compare: bool = True
-    ) -> bool:
+    def _take_nodes(self, nodes: list[dict[str, Any]], names: list[str] | None, *, whole: bool) -> bool:
         """Keep the nodes read (an unchanged one keeps its object, so views can tell by identity) and each new
-        probe's mean GPU utilisation; `names`, when given, are all the nodes there are now. `compare`: whether
-        a node read may be the same as held (not when the scheduler answered only those changed)."""
+        probe's mean GPU utilisation; `names`, when given, are all the nodes there are now. (A node patched
+        shares its unchanged values with the one held: telling them apart stops at the first key changed.)"""
         changed: list[str] = []
         kept = self.nodes
         for node in nodes:
             name = node["name"]
             old = kept.get(name)
-            if compare and old == node:
+            if old == node:
                 continue
             if old is None or old.get("last_probe") != node.get("last_probe"):
                 history = self.util.setdefault(name, deque(maxlen=UTIL_HISTORY))

@@ -102,9 +102,13 @@ def gpu_cells(
         cells = [rest] * count
         for h in holders:
             i = h.get("gpu")
-            if type(i) is int and 0 <= i < count:
-                cells[i] = _PREEMPT if h.get("job") in preemptible else _busy(util.get(i))
-        return tuple(cells)
+            if type(i) is int:
+                if 0 <= i < count:
+                    cells[i] = _PREEMPT if h.get("job") in preemptible else _busy(util.get(i))
+            elif i is not None:
+                break  # an index that is no int (1.0, True: equal to 1 as a key) is looked up as one below
+        else:
+            return tuple(cells)
     held = {h.get("gpu"): h.get("job") for h in holders}
     out = []
     for i in range(count):

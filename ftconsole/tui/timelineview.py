@@ -35,7 +35,7 @@ class TimelineChart(LineView, can_focus=True):
     """The rows and their bars; `show` hands it the groups, and it keeps the cursor on the same row."""
 
     DEFAULT_CSS = """
-    TimelineChart { height: 1fr; padding: 0 1; }
+    TimelineChart { height: 1fr; padding: 0 1; overflow-x: hidden; }  /* as wide as the view: zoom, no scroll */
     """
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("up", "cursor_up", "Up", show=False),

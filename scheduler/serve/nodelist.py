@@ -5,8 +5,10 @@ The console reads the nodes every second. At 1,000 nodes the whole list is about
 console 15 to 20 ms a second to read, while a node's view changes at its probe (every `probes.interval`), when a
 job starts or ends on it, or when its state does. So the scheduler keeps, per caller, the last brief view it
 answered of each node, and a cursor: a call with the cursor answers only the nodes whose view differs since, and
-the names of all nodes only when a node came or went. What the caller may not see (other users' private jobs)
-is masked before the comparison, so a job that becomes hidden or visible changes its nodes' views too.
+the names of all nodes only when a node came or went. Each console has its own chain of cursors, so two consoles of
+one user (or two admins) each get only what changed since their own read. What the caller may not see (other
+users' private jobs) is masked before the comparison, so a job that becomes hidden or visible changes its nodes'
+views too.
 
 Where every node changes at every read (a probe every second), the whole views were still about 1 MiB: a caller
 that asks for `patches` is answered, for a node it already holds, only the keys of its view that changed (its
@@ -28,7 +30,9 @@ BRIEF_GPU_FIELDS = ("index", "name", "utilization")
 # left out of a brief view: the probe's age moves with the clock alone (the console has the probe's time and a
 # clock of its own), and would change every node at every read
 BRIEF_LEFT_OUT = ("checks", "facts", "last_probe_age_s")
-KEEP_CALLERS = 64  # the callers (per uid; admins share one) whose last answer is kept; the longest unseen go first
+KEEP_CALLERS = 64  # the cursors' chains whose last answer is kept, all callers together; the longest unseen go first
+CHAINS_PER_CALLER = 4  # a caller's consoles (and scripts) following the nodes at once, each with its own cursor's
+# chain (a caller is a uid; admins, who see the same, are one): a fifth starts over the longest unseen of theirs
 FORGET_AFTER_S = 300.0  # a caller unseen this long is forgotten (its next call is answered everything): a copy of
 # every node's brief view is 2 to 3 MiB at 1,000 nodes
 
@@ -66,7 +70,8 @@ def patch(was: dict[str, Any], brief: dict[str, Any]) -> dict[str, Any]:
 
 
 class _Answered:
-    """What one caller was last answered: each node's brief view with the step it last changed at."""
+    """What one chain of a caller's cursors was last answered: each node's brief view with the step it last changed
+    at. A console's reads make one chain: a call with no cursor, or one unknown, starts another."""
 
     seen = 0.0  # when it last called (monotonic)
 
@@ -78,13 +83,13 @@ class _Answered:
 
 
 class NodeChanges:
-    """The nodes changed since a caller's cursor (`changed`). A cursor is `TOKEN:STEP`; an unknown, malformed or
-    missing one answers every node, with their names."""
+    """The nodes changed since a caller's cursor (`changed`). A cursor is `TOKEN:STEP`, the token naming its chain;
+    an unknown, malformed or missing one answers every node, with their names, and starts a chain."""
 
     def __init__(self, keep: int = KEEP_CALLERS, clock: Callable[[], float] = time.monotonic) -> None:
         self.keep = keep
         self.clock = clock
-        self._callers: collections.OrderedDict[Any, _Answered] = collections.OrderedDict()
+        self._callers: collections.OrderedDict[tuple[Any, str], _Answered] = collections.OrderedDict()
 
     def changed(
         self, caller: Any, views: Iterable[dict[str, Any]], since: Any, patches: bool = False
@@ -94,13 +99,19 @@ class NodeChanges:
         `patches`: a node the caller holds as of `since` comes in `patches` instead, as its name and the keys of
         its view that changed (when `since` is the caller's newest answer and the view has the same keys)."""
         now = self.clock()
-        answered = self._callers.pop(caller, None) or _Answered()
+        token = since.partition(":")[0] if isinstance(since, str) else None
+        answered = self._callers.pop((caller, token), None) if token else None
         while self._callers and (
             len(self._callers) >= self.keep or now - next(iter(self._callers.values())).seen > FORGET_AFTER_S
         ):
             self._callers.popitem(last=False)  # the longest unseen first
+        if answered is None:
+            answered = _Answered()
+            theirs = [key for key in self._callers if key[0] == caller]  # the longest unseen first
+            for key in theirs[: max(0, len(theirs) - CHAINS_PER_CALLER + 1)]:
+                del self._callers[key]
         answered.seen = now
-        self._callers[caller] = answered
+        self._callers[(caller, answered.token)] = answered
         newest, step = answered.step, answered.step + 1
         kept = answered.nodes
         fresh: dict[str, tuple[dict[str, Any], int]] = {}
@@ -108,7 +119,7 @@ class NodeChanges:
             brief = brief_node(view)
             old = kept.get(brief["name"])
             fresh[brief["name"]] = old if old is not None and old[0] == brief else (brief, step)
-        if fresh.keys() != kept.keys():
+        if list(fresh) != list(kept):  # a node came or went, or the order changed (a reload)
             answered.names_step = step
         answered.nodes, answered.step = fresh, step
         after = _step_of(since, answered.token)

@@ -77,7 +77,7 @@ class PictureOps:
         hidden = await self.ops._hidden(caller)
         views = [redact_json(mask_held(v.to_json(), hidden), hidden) for v in await s.service.nodes()]
         who = None if s.is_admin(caller) else caller.uid  # every admin sees the same
-        patches = args.get("patches", False)
+        patches = False if args.get("patches") is None else args["patches"]
         if not isinstance(patches, bool):
             raise UsageError(f"nodes_changed: patches must be true or false, not {patches!r:.40}")
         return self._node_changes.changed(who, views, args.get("since"), patches)

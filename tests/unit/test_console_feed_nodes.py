@@ -134,3 +134,16 @@ def test_a_patch_for_a_node_not_held_reads_everything_again() -> None:
     assert "b" not in feed.nodes and feed._node_cursor is None
     read(feed, client)
     assert feed.nodes["b"]["gpus"][0]["utilization"] == 90.0 and feed._node_cursor is not None
+
+
+def test_a_node_answered_whole_but_as_held_keeps_its_object() -> None:
+    """A reply lost on the way: the next read's cursor is not the newest, so the nodes changed since come whole,
+    and one that changed and changed back is the same as held: it keeps its object (views do nothing for it)."""
+    client, feed = Nodes(), Feed(clock=lambda: 0.0)
+    read(feed, client)
+    held, cursor = dict(feed.nodes), feed._node_cursor
+    client.nodes[1] = node("b", 2.0, util=90.0)
+    asyncio.run(client.call("nodes_changed", since=cursor, patches=True))  # answered, never received
+    client.nodes[1] = node("b", 1.0)  # and back
+    assert read(feed, client) == set()
+    assert all(feed.nodes[n] is held[n] for n in held)

@@ -272,3 +272,15 @@ async def test_a_node_gone_redraws_the_lines_whose_nodes_moved(tmp_path: Path) -
         await pilot.pause()
         screen = console.export_screenshot()
         assert "node0002" not in screen and all(f"node{i:04d}" in screen for i in (0, 1, 3, 4, 5, 6, 7))
+
+
+def test_a_held_gpus_index_is_looked_up_as_a_key_is() -> None:
+    """Indexes as JSON could bring them: 1.0 and true are the key 1; an index out of range, none or a word holds
+    no cell."""
+    view = {"name": "n", "state": "healthy",
+            "held": [{"gpu": 1.0, "job": 5}, {"gpu": 9, "job": 7}, {"gpu": None, "job": 8}, {"gpu": "x", "job": 9}],
+            "gpus": [{"index": 0, "utilization": 50.0}, {"index": 1, "utilization": 95.0}]}  # fmt: skip
+    assert [c.kind for c in M.gpu_cells(view, 4)] == ["idle", "busy", "idle", "idle"]
+    assert M.gpu_cells(view, 4)[1].level == 7
+    view["held"] = [{"gpu": True, "job": 6}, {"gpu": 3, "job": 6}]
+    assert [c.kind for c in M.gpu_cells(view, 4)] == ["idle", "busy", "idle", "busy"]

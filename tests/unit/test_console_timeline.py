@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from textual.app import App, ComposeResult
+from textual.geometry import Size
 
 from ftconsole.tui import timeline as T
 from ftconsole.tui.app import ConsoleApp
@@ -196,3 +198,32 @@ async def test_no_color_tells_running_from_expected_by_symbol(tmp_path: Path, mo
         queued = next(line for line in lines if "rlhf-ppo" in line)
         assert "█" in running and "▒" not in running and "▒" in queued and "█" not in queued
         assert isinstance(view.chart, TimelineChart)
+
+
+async def test_the_chart_grows_and_shrinks_without_a_sideways_scrollbar_or_a_layout() -> None:
+    """The chart is as wide as the view (a zoom, not a scroll, shows more time): its vertical scrollbar must not
+    bring a horizontal one, which hid its last row and laid the whole screen out at each change of its rows."""
+
+    class ChartApp(App[None]):
+        def compose(self) -> ComposeResult:
+            yield TimelineChart()
+
+    app = ChartApp()
+    async with app.run_test(size=(100, 30)) as pilot:
+        chart = app.query_one(TimelineChart)
+        await pilot.pause()
+        chart.set_virtual_size(Size(chart.size.width, 200))  # as `show` sizes it
+        await pilot.pause()
+        layouts: list[object] = []
+        refresh_layout = app.screen._refresh_layout
+
+        def counted(*args: object, **kwargs: object) -> None:
+            layouts.append(args)
+            refresh_layout(*args, **kwargs)  # type: ignore[arg-type]
+
+        app.screen._refresh_layout = counted  # type: ignore[method-assign]
+        for rows in range(201, 221):
+            chart.set_virtual_size(Size(chart.size.width, rows))
+            await pilot.pause()
+        assert not layouts
+        assert chart.show_vertical_scrollbar and not chart.show_horizontal_scrollbar

@@ -124,3 +124,34 @@ def test_patches_are_the_keys_that_changed_and_only_at_the_newest_cursor() -> No
     # without `patches`, as before
     plain = changes.changed(None, [node("a", 60.0, last_probe=103.0), node("b", flaky=True)], again["cursor"])
     assert names(plain) == ["a"] and "patches" not in plain
+
+
+def test_each_console_of_a_caller_has_its_own_chain_of_cursors() -> None:
+    """Two consoles of one caller (two admins, or a user's console and script) each get only what changed since
+    their own read, as patches; a fifth chain of one caller starts over the longest unseen of theirs, not another
+    caller's."""
+    changes = NodeChanges()
+    views = [node("a"), node("b")]
+    one = changes.changed(None, views, None, patches=True)["cursor"]
+    two = changes.changed(None, views, None, patches=True)["cursor"]
+    for probe in range(2, 6):
+        views = [node("a", 10.0 * probe, last_probe=100.0 + probe), node("b")]
+        first = changes.changed(None, views, one, patches=True)
+        second = changes.changed(None, views, two, patches=True)
+        for reply in (first, second):
+            assert reply["nodes"] == [] and [p["name"] for p in reply["patches"]] == ["a"]
+        one, two = first["cursor"], second["cursor"]
+    assert changes.changed(None, views, one, patches=True)["patches"] == []
+
+    other = changes.changed(7, views, None)["cursor"]
+    for _ in range(4):  # four more chains of the admins: theirs go, the longest unseen first
+        changes.changed(None, views, None)
+    assert names(changes.changed(None, views, one)) == ["a", "b"]  # forgotten: everything again
+    assert changes.changed(7, views, other)["nodes"] == []  # caller 7's chain is still there
+
+
+def test_a_change_of_the_nodes_order_sends_the_names() -> None:
+    changes = NodeChanges()
+    cursor = changes.changed(None, [node("a"), node("b"), node("c")], None)["cursor"]
+    reordered = changes.changed(None, [node("b"), node("c"), node("a")], cursor)  # a reload, or a node re-added
+    assert reordered["names"] == ["b", "c", "a"] and reordered["nodes"] == []
