@@ -3,12 +3,12 @@
 
 The console reads the nodes every second. At 1,000 nodes the whole list is about 1 MiB of JSON, which took the
 console 15 to 20 ms a second to read, while a node's view changes at its probe (every `probes.interval`), when a
-job starts or ends on it, or when its state does. So the scheduler keeps, per caller, the last brief view it
-answered of each node, and a cursor: a call with the cursor answers only the nodes whose view differs since, and
-the names of all nodes only when a node came or went. Each console has its own chain of cursors, so two consoles of
-one user (or two admins) each get only what changed since their own read. What the caller may not see (other
-users' private jobs) is masked before the comparison, so a job that becomes hidden or visible changes its nodes'
-views too.
+job starts or ends on it, or when its state does. So the scheduler keeps, per console (a chain of cursors, each
+caller's own), the last brief view it answered of each node: a call with the chain's cursor answers only the nodes
+whose view differs since, and the names of all nodes only when a node came or went or their order changed. Two
+consoles of one user each get only what changed since their own read. What the caller may not see (other users'
+private jobs) is masked before the comparison, so a job that becomes hidden or visible changes its nodes' views
+too.
 
 Where every node changes at every read (a probe every second), the whole views were still about 1 MiB: a caller
 that asks for `patches` is answered, for a node it already holds, only the keys of its view that changed (its
@@ -32,7 +32,7 @@ BRIEF_GPU_FIELDS = ("index", "name", "utilization")
 BRIEF_LEFT_OUT = ("checks", "facts", "last_probe_age_s")
 KEEP_CALLERS = 64  # the cursors' chains whose last answer is kept, all callers together; the longest unseen go first
 CHAINS_PER_CALLER = 4  # a caller's consoles (and scripts) following the nodes at once, each with its own cursor's
-# chain (a caller is a uid; admins, who see the same, are one): a fifth starts over the longest unseen of theirs
+# chain (a caller is a uid): a fifth starts over the longest unseen of theirs
 FORGET_AFTER_S = 300.0  # a caller unseen this long is forgotten (its next call is answered everything): a copy of
 # every node's brief view is 2 to 3 MiB at 1,000 nodes
 

@@ -76,11 +76,10 @@ class PictureOps:
         s = self.scheduler
         hidden = await self.ops._hidden(caller)
         views = [redact_json(mask_held(v.to_json(), hidden), hidden) for v in await s.service.nodes()]
-        who = None if s.is_admin(caller) else caller.uid  # every admin sees the same
         patches = False if args.get("patches") is None else args["patches"]
         if not isinstance(patches, bool):
             raise UsageError(f"nodes_changed: patches must be true or false, not {patches!r:.40}")
-        return self._node_changes.changed(who, views, args.get("since"), patches)
+        return self._node_changes.changed(caller.uid, views, args.get("since"), patches)
 
     async def node_jobs(self, caller: Caller, args: dict[str, Any]) -> Any:
         """The jobs that held GPUs of one node, the newest first (`limit`, default NODE_JOBS): each run's job, rank,
