@@ -317,11 +317,10 @@ class Operations:
 
     async def _nodes(self, caller: Caller, args: dict[str, Any]) -> Any:
         hidden = await self._hidden(caller)
-        views = [
-            redact_json(mask_held(v.to_json(), hidden), hidden)  # an isolated node's reasons name the job
-            for v in await self.scheduler.service.nodes(args.get("nodeset"))
-        ]
-        return [brief_node(v) for v in views] if args.get("brief") else views
+        views = [v.to_json() for v in await self.scheduler.service.nodes(args.get("nodeset"))]
+        if args.get("brief"):  # made brief first: masking walks every value, and checks and facts are most of them
+            views = [brief_node(v) for v in views]
+        return [redact_json(mask_held(v, hidden), hidden) for v in views]  # an isolated node's reasons name the job
 
     async def _probe(self, caller: Caller, args: dict[str, Any]) -> Any:
         checks = args.get("checks")

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from ftconsole.scheduler.errors import UsageError
 from ftconsole.scheduler.forecasting import Forecaster
-from ftconsole.scheduler.redaction import redact_json
+from ftconsole.scheduler.redaction import may_name_a_job, redact_json
 from ftconsole.scheduler.rules import Caller
 from ftconsole.scheduler.serve.args import time_arg
 from ftconsole.scheduler.serve.nodelist import NodeChanges, mask_held
@@ -75,11 +75,16 @@ class PictureOps:
         `patches: true`: the nodes the caller holds come in `patches`, only their keys that changed."""
         s = self.scheduler
         hidden = await self.ops._hidden(caller)
-        views = [redact_json(mask_held(v.to_json(), hidden), hidden) for v in await s.service.nodes()]
+        views = [v.to_json() for v in await s.service.nodes()]
         patches = False if args.get("patches") is None else args["patches"]
         if not isinstance(patches, bool):
             raise UsageError(f"nodes_changed: patches must be true or false, not {patches!r:.40}")
-        return self._node_changes.changed(caller.uid, views, args.get("since"), patches)
+
+        def shown(brief: dict[str, Any]) -> dict[str, Any]:  # (most node views name no job: nothing to walk)
+            brief = mask_held(brief, hidden)
+            return redact_json(brief, hidden) if may_name_a_job(brief) else brief
+
+        return self._node_changes.changed(caller.uid, views, args.get("since"), patches, shown if hidden else None)
 
     async def node_jobs(self, caller: Caller, args: dict[str, Any]) -> Any:
         """The jobs that held GPUs of one node, the newest first (`limit`, default NODE_JOBS): each run's job, rank,

@@ -94,3 +94,32 @@ def test_redact_json(value: Any, shown: Any) -> None:
 )  # fmt: skip
 def test_redact_decision(decision: Wait | Place, shown: Wait | Place | None) -> None:
     assert redact_decision(decision, HIDDEN) == (decision if shown is None else shown)
+
+
+def test_a_value_that_names_no_job_is_what_redact_json_leaves_alone() -> None:
+    """`may_name_a_job` False is sure: `redact_json` would change nothing (random values with and without
+    mentions of hidden jobs, and with the keys whose values are job ids)."""
+    import random
+
+    from ftconsole.scheduler.redaction import may_name_a_job
+
+    rng = random.Random(5)
+    words = ["job 7", "job #7", "job 8 attempt 1: fault", "jobs", "job", "a job", "gpu3 hot", "isolated: job 7",
+             "Job 7", "job7", "(was: job 7)", "", "x"]  # fmt: skip
+
+    def value(depth: int) -> Any:
+        roll = rng.random()
+        if depth > 2 or roll < 0.3:
+            return rng.choice([rng.choice(words), 7, 7.5, None, True])
+        if roll < 0.6:
+            return [value(depth + 1) for _ in range(rng.randrange(4))]
+        keys = ["reasons", "held", "preempted_by", "cloned_from", "job", "name"]
+        return {rng.choice(keys): value(depth + 1) for _ in range(rng.randrange(4))}
+
+    skipped = 0
+    for _ in range(5000):
+        v = value(0)
+        if not may_name_a_job(v):
+            skipped += 1
+            assert redact_json(v, {7, 8}) == v, v
+    assert skipped > 1000
