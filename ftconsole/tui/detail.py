@@ -114,12 +114,17 @@ def fill(table: DataTable[Any], rows: list[tuple[Any, ...]]) -> None:
         table.move_cursor(row=min(row, len(rows) - 1), animate=False)
 
 
+JOB_TABS = ("overview", "attempts", "curves", "launch", "logs", "debug")  # `1` to `6` in a job's screen
+
+
 class JobScreen(DetailScreen):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("l", "logs", "Logs"),
         Binding("D", "debug", "Debug"),
         Binding("left_square_bracket", "rank(-1)", "Rank -"),
         Binding("right_square_bracket", "rank(1)", "Rank +"),
+        # a tab by its place: the keyboard's way to Attempts, Curves and Launch (the focus need not be on the tabs)
+        *(Binding(str(i), f"tab({name!r})", f"{name.title()} tab", show=False) for i, name in enumerate(JOB_TABS, 1)),
     ]
 
     def __init__(
@@ -309,6 +314,9 @@ class JobScreen(DetailScreen):
     def action_logs(self) -> None:
         self.query_one(TabbedContent).active = "logs"
         self._ensure_log()
+
+    def action_tab(self, name: str) -> None:
+        self.query_one(TabbedContent).active = name  # (the Debug tab gathers nothing until `D`)
 
     def action_rank(self, step: int) -> None:
         ranks = self.ranks()

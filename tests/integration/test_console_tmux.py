@@ -125,6 +125,12 @@ def test_console_in_a_real_terminal(tmp_path: Path, lab_config: Path) -> None:
             tmux.keys("7")
             tmux.wait("Timeline", "1 running · 1 expected", "next-in-line", timeout=60)
             tmux.wait("first-in-line (", "running on lab01; its time limit ends it at")
+            tmux.keys("Enter")  # the running job's screen, then its Curves tab (`3`)
+            tmux.wait("first-in-line", "running", "Overview", "Curves")
+            tmux.keys("3")
+            tmux.wait("rank 0 on lab01, GPUs 0,1,2,3,4,5,6,7", "util", "mem")
+            tmux.keys("Escape")
+            tmux.wait("Timeline", "first-in-line (")
             tmux.keys("Down")
             tmux.wait("next-in-line (", "expected from", "on lab01")
             tmux.keys("Enter")  # the job's screen

@@ -147,8 +147,9 @@ async def test_the_node_and_job_screens_draw_their_curves(tmp_path) -> None:  # 
         await pilot.press("escape")
         console.open_job(101)
         await pilot.pause(0.3)
-        console.screen.query_one(TabbedContent).active = "curves"  # its samples are read once it is shown
+        await pilot.press("3")  # the Curves tab, by its place: its samples are read once it is shown
         await pilot.pause(0.5)
+        assert console.screen.query_one(TabbedContent).active == "curves"
         text = str(console.screen.query_one("#curves-text", Static).render())
         assert "rank 0 on gpu01, GPUs 0,1,2,3,4,5,6,7" in text and "rank 1 on gpu02" in text
         assert "now 97%" in text and "epoch " in text and "now 21" in text
