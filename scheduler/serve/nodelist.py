@@ -51,6 +51,8 @@ def mask_held(view: dict[str, Any], hidden: frozenset[int]) -> dict[str, Any]:
 
 def brief_node(view: dict[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in view.items() if k not in BRIEF_LEFT_OUT}
+    if isinstance(out.get("labels"), dict):  # the config's own dict: a brief view kept is a copy of its own
+        out["labels"] = dict(out["labels"])
     out["gpus"] = [{k: g.get(k) for k in BRIEF_GPU_FIELDS} for g in view.get("gpus") or []]
     return out
 
