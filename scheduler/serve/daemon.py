@@ -34,7 +34,7 @@ from ftconsole.scheduler.serve import alertmanager, metrics, notify
 from ftconsole.scheduler.serve.api import WRITE_OPS, ApiServer
 from ftconsole.scheduler.serve.args import time_arg as _time
 from ftconsole.scheduler.serve.lock import StateLock
-from ftconsole.scheduler.serve.nodelist import brief_node, mask_held
+from ftconsole.scheduler.serve.nodelist import brief_node, seen_by
 from ftconsole.scheduler.serve.pictures import PictureOps
 from ftconsole.scheduler.serve.reload import Reloader
 from ftconsole.scheduler.spec.config import LoadedConfig, parse_duration
@@ -320,7 +320,7 @@ class Operations:
         views = [v.to_json() for v in await self.scheduler.service.nodes(args.get("nodeset"))]
         if args.get("brief"):  # made brief first: masking walks every value, and checks and facts are most of them
             views = [brief_node(v) for v in views]
-        return [redact_json(mask_held(v, hidden), hidden) for v in views]  # an isolated node's reasons name the job
+        return [seen_by(v, hidden) for v in views]
 
     async def _probe(self, caller: Caller, args: dict[str, Any]) -> Any:
         checks = args.get("checks")

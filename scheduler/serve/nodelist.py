@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from ftconsole.scheduler.redaction import may_name_a_job, redact_json
+
 # what a list of nodes needs (the console reads it every second): no checks or facts, three fields per GPU
 BRIEF_GPU_FIELDS = ("index", "name", "utilization")
 # left out of a brief view: the probe's age moves with the clock alone (the console has the probe's time and a
@@ -33,7 +35,7 @@ BRIEF_LEFT_OUT = ("checks", "facts", "last_probe_age_s")
 KEEP_CALLERS = 64  # the cursors' chains whose last answer is kept, all callers together; the longest unseen go first
 CHAINS_PER_CALLER = 4  # a caller's consoles (and scripts) following the nodes at once, each with its own cursor's
 # chain (a caller is a uid): a fifth starts over the longest unseen of theirs
-FORGET_AFTER_S = 300.0  # a caller unseen this long is forgotten (its next call is answered everything): a copy of
+FORGET_AFTER_S = 300.0  # a chain unseen this long is forgotten (its next call is answered everything): a copy of
 # every node's brief view is 2 to 3 MiB at 1,000 nodes
 
 
@@ -47,6 +49,17 @@ def mask_held(view: dict[str, Any], hidden: frozenset[int]) -> dict[str, Any]:
         if view.get(key):
             out[key] = [{**h, "job": None, "private": True} if h["job"] in hidden else h for h in view[key]]
     return out
+
+
+def seen_by(view: dict[str, Any], hidden: frozenset[int]) -> dict[str, Any]:
+    """A node view as a caller who may not see the jobs in `hidden` reads it: their GPUs held by a private job
+    (`mask_held`), what its texts say of them gone (`redact_json`: an isolated node's reasons name the job). A
+    view that names no job is not walked (`may_name_a_job`): most are not, and walking every node's view for each
+    such caller's console every second was most of what `nodes_changed` cost the scheduler."""
+    if not hidden:
+        return view
+    view = mask_held(view, hidden)
+    return redact_json(view, hidden) if may_name_a_job(view) else view
 
 
 def brief_node(view: dict[str, Any]) -> dict[str, Any]:

@@ -4,14 +4,15 @@ expected starts (the timeline, `jobs --start`). What a caller may not see is lef
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 from ftconsole.scheduler.errors import UsageError
 from ftconsole.scheduler.forecasting import Forecaster
-from ftconsole.scheduler.redaction import may_name_a_job, redact_json
+from ftconsole.scheduler.redaction import redact_json
 from ftconsole.scheduler.rules import Caller
 from ftconsole.scheduler.serve.args import time_arg
-from ftconsole.scheduler.serve.nodelist import NodeChanges, mask_held
+from ftconsole.scheduler.serve.nodelist import NodeChanges, seen_by
 
 if TYPE_CHECKING:
     from ftconsole.scheduler.jobops import Scheduler
@@ -79,12 +80,8 @@ class PictureOps:
         patches = False if args.get("patches") is None else args["patches"]
         if not isinstance(patches, bool):
             raise UsageError(f"nodes_changed: patches must be true or false, not {patches!r:.40}")
-
-        def shown(brief: dict[str, Any]) -> dict[str, Any]:  # (most node views name no job: nothing to walk)
-            brief = mask_held(brief, hidden)
-            return redact_json(brief, hidden) if may_name_a_job(brief) else brief
-
-        return self._node_changes.changed(caller.uid, views, args.get("since"), patches, shown if hidden else None)
+        shown = functools.partial(seen_by, hidden=hidden) if hidden else None
+        return self._node_changes.changed(caller.uid, views, args.get("since"), patches, shown)
 
     async def node_jobs(self, caller: Caller, args: dict[str, Any]) -> Any:
         """The jobs that held GPUs of one node, the newest first (`limit`, default NODE_JOBS): each run's job, rank,

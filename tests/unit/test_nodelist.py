@@ -158,20 +158,21 @@ def test_a_change_of_the_nodes_order_sends_the_names() -> None:
 
 
 def test_what_a_caller_may_see_is_masked_in_the_brief_as_in_the_whole_view() -> None:
-    """`shown` masks the brief view (what the API does for a caller with hidden jobs): the same as masking the whole
-    view first, which walked its checks and facts too."""
+    """`shown` masks the brief view (what the API does for a caller with hidden jobs, `seen_by`): the same as
+    masking the whole view first, which walked its checks and facts too."""
     from ftconsole.scheduler.redaction import HIDDEN_JOB, redact_json
-    from ftconsole.scheduler.serve.nodelist import mask_held
+    from ftconsole.scheduler.serve.nodelist import mask_held, seen_by
 
     hidden = frozenset({7})
     view = node("a", 50.0, state="isolated", reasons=["isolated: job 7 attempt 1: hardware fault"],
                 held=[{"gpu": 0, "job": 7}], held_for_debug=[{"gpu": 1, "job": 8, "until": 5.0}])  # fmt: skip
 
     def shown(v: dict[str, Any]) -> dict[str, Any]:
-        return redact_json(mask_held(v, hidden), hidden)  # type: ignore[no-any-return]
+        return seen_by(v, hidden)
 
     (brief,) = NodeChanges().changed(1, [view], None, shown=shown)["nodes"]
-    assert brief == brief_node(shown(view))
+    assert brief == brief_node(redact_json(mask_held(view, hidden), hidden))
+    assert seen_by(view, hidden) == redact_json(mask_held(view, hidden), hidden)
     assert brief["reasons"] == [f"isolated: {HIDDEN_JOB}"] and brief["held"] == [
         {"gpu": 0, "job": None, "private": True}
     ]
