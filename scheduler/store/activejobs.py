@@ -91,6 +91,7 @@ class ActiveJobs:
         return kept[1]
 
     async def _all_active(self) -> list[Job]:
+        await self._db.turns.outside()  # what was read inside a transaction under way may not be committed yet
         written = self._wrote_at.get
         if self._active_at >= 0 and max(written(ANY_TABLE, 0), written("jobs", 0)) <= self._active_at:
             return self._active_list

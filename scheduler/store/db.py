@@ -88,7 +88,8 @@ class Store(SharingReads, StepReads, AlertReads, HistoryStore, LedgerStore, Acti
         self._wrote_at: dict[str, int] = {}  # table -> the generation of its last write (ANY_TABLE: of any table)
         self._kept: dict[tuple[Any, ...], tuple[int, frozenset[str], Any]] = {}
         self._kept_of: dict[str, set[tuple[Any, ...]]] = {}  # table -> the keys of the kept reads of it
-        self._under_way: dict[tuple[Any, ...], tuple[int, asyncio.Future[Any]]] = {}  # key -> reads begun, not done
+        # key -> a read begun and not done: (the generation then, its answer, the transaction it is part of or None)
+        self._under_way: dict[tuple[Any, ...], tuple[int, asyncio.Future[Any], object | None]] = {}
         self._init_active()
         db.on_write = self._wrote
 
@@ -212,9 +213,8 @@ class Store(SharingReads, StepReads, AlertReads, HistoryStore, LedgerStore, Acti
                 await db.commit()
             except BaseException as exc:
                 self.forget()  # what was read inside it saw writes that are gone
-                if db.in_transaction:
-                    with contextlib.suppress(*db.errors):  # a connection lost: the server rolled it back
-                        await db.rollback()
+                with contextlib.suppress(*db.errors):  # a connection lost: the server rolled it back
+                    await db.rollback()  # and the connection's turn given back, whatever ended the transaction
                 if isinstance(exc, db.errors):
                     raise StoreError(f"cannot {what} in {self.where}: {exc}") from exc
                 raise
@@ -249,14 +249,25 @@ class Store(SharingReads, StepReads, AlertReads, HistoryStore, LedgerStore, Acti
 
     async def _kept_read(self, key: tuple[Any, ...], tables: frozenset[str], read: Callable[[], Awaitable[Any]]) -> Any:
         """`read()`, or what it gave last for `key` when none of `tables` (those it reads) was written since. A
-        read under way when one of them is written is not kept: it may have read before or after the write."""
+        read under way when one of them is written is not kept: it may have read before or after the write.
+
+        Outside a transaction under way, this waits for its end as a statement does (`Turns`): what was read inside
+        it, and kept, may be what it wrote and has not committed. Inside one, a read under way outside it is not
+        joined: it waits for the transaction's end."""
+        turns = self._db.turns
+        await turns.outside()
         generation = self._generation
         kept = self._kept.get(key)
         if kept is not None and self._unwritten(kept[1], since=kept[0]):
             return kept[2]
         # the same read under way, begun after the last write to its tables: its answer is as fresh as a new one
         # (64 nodes' sweeps asking at once read once)
-        while (under_way := self._under_way.get(key)) is not None and self._unwritten(tables, since=under_way[0]):
+        mine = turns.whose()  # the transaction this read is part of (None: none)
+        while (
+            (under_way := self._under_way.get(key)) is not None
+            and self._unwritten(tables, since=under_way[0])
+            and under_way[2] is mine
+        ):
             try:
                 return await asyncio.shield(under_way[1])
             except asyncio.CancelledError:
@@ -265,7 +276,7 @@ class Store(SharingReads, StepReads, AlertReads, HistoryStore, LedgerStore, Acti
                     raise  # this caller was cancelled
                 # the read's own caller was (a client that went away): the first of those waiting reads again
         answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._under_way[key] = (generation, answer)
+        self._under_way[key] = (generation, answer, mine)
         try:
             value = await read()
         except Exception as exc:
@@ -278,7 +289,7 @@ class Store(SharingReads, StepReads, AlertReads, HistoryStore, LedgerStore, Acti
         else:
             answer.set_result(value)
         finally:
-            if self._under_way.get(key, (0, None))[1] is answer:
+            if (found := self._under_way.get(key)) is not None and found[1] is answer:
                 del self._under_way[key]
         if self._unwritten(tables, since=generation):
             self._kept[key] = (generation, tables, value)

@@ -11,19 +11,21 @@ name or index, give `keys()`, turn into a dict and unpack as a tuple, and the st
 from __future__ import annotations
 
 import abc
+import asyncio
 import contextlib
 import functools
 import json
 import re
 import sqlite3
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import aiosqlite
 
 from ftconsole.scheduler.errors import StoreError
 from ftconsole.scheduler.store.schema import MIGRATIONS
+from ftconsole.scheduler.store.turns import Turns
 
 Row = Any  # sqlite3.Row or asyncpg.Record (see the module docstring)
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
@@ -48,6 +50,28 @@ def written_table(sql: str) -> str | None:
     return ANY_TABLE
 
 
+E = TypeVar("E", bound="Engine")
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def in_turn(
+    method: Callable[Concatenate[E, P], Coroutine[Any, Any, R]],
+) -> Callable[Concatenate[E, P], Coroutine[Any, Any, R]]:
+    """A statement method of an engine: sent outside another context's transaction only (`Turns`)."""
+
+    @functools.wraps(method)
+    async def wrapper(self: E, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        counted = await self.turns.enter()
+        try:
+            return await method(self, *args, **kwargs)
+        finally:
+            if counted:
+                self.turns.leave()
+
+    return wrapper
+
+
 class Engine(abc.ABC):
     """One connection to the store's database, and what differs between SQLite and PostgreSQL."""
 
@@ -60,6 +84,7 @@ class Engine(abc.ABC):
     # told the table of each write statement, before it runs and once it has run (the store's kept reads of that
     # table go: `Store._kept_read`); `ANY_TABLE` for a statement that may change any
     on_write: Callable[[str], None] | None = None
+    turns: Turns  # whose turn it is on the connection: a transaction's context, or everyone else (each engine's own)
 
     @contextlib.contextmanager
     def _told(self, sql: str) -> Iterator[None]:
@@ -100,20 +125,46 @@ class Engine(abc.ABC):
         significant digits and a BLOB is refused: not for those."""
         return [list(r) for r in await self.fetchall(f"SELECT {', '.join(columns)} {rest}", args)]
 
-    @abc.abstractmethod
     async def begin(self, *, read_only: bool = False) -> bool:
-        """Begin a transaction. A writing one holds the store's write lock until it ends, whatever process
-        writes: the store's transactions read, decide and write as if alone. A read-only one reads one
-        snapshot and waits for nobody.
+        """Begin a transaction, this context's (`Turns`): the statements of other tasks on this connection wait
+        until it ends. A writing one holds the store's write lock until it ends, whatever process writes: the
+        store's transactions read, decide and write as if alone. A read-only one reads one snapshot and waits for
+        no other process.
 
         A writing one says, under the lock, whether another connection wrote since `changed_elsewhere` last
         asked or this connection last committed (the store's kept reads from before then go); read-only: False."""
+        await self.turns.take()
+        try:
+            return await self._begin(read_only=read_only)
+        except BaseException:
+            self.turns.give_back()
+            raise
+
+    async def commit(self) -> None:
+        """Commit; where the commit fails with the transaction still open, `rollback` must follow."""
+        try:
+            await self._commit()
+        finally:
+            if not self.in_transaction:
+                self.turns.give_back()
+
+    async def rollback(self) -> None:
+        """Roll back the transaction under way, if one is (the database may have ended it on an error), and give
+        the connection's turn back in any case."""
+        try:
+            if self.in_transaction:
+                await self._rollback()
+        finally:
+            self.turns.give_back()
 
     @abc.abstractmethod
-    async def commit(self) -> None: ...
+    async def _begin(self, *, read_only: bool) -> bool: ...
 
     @abc.abstractmethod
-    async def rollback(self) -> None: ...
+    async def _commit(self) -> None: ...
+
+    @abc.abstractmethod
+    async def _rollback(self) -> None: ...
 
     @property
     @abc.abstractmethod
@@ -147,6 +198,7 @@ class SqliteEngine(Engine):
         self._db = db
         self.where = str(path)
         self._data_version: int | None = None
+        self.turns = Turns()
 
     @classmethod
     async def connect(cls, path: Path, *, read_only: bool = False) -> SqliteEngine:
@@ -171,21 +223,25 @@ class SqliteEngine(Engine):
                 raise
         return engine
 
+    @in_turn
     async def execute(self, sql: str, args: Sequence[Any] = ()) -> int:
         with self._told(sql):
             cur = await self._db.execute(sql, args)
         return cur.rowcount
 
+    @in_turn
     async def insert(self, sql: str, args: Sequence[Any] = ()) -> int:
         with self._told(sql):
             cur = await self._db.execute(sql, args)
         assert cur.lastrowid is not None
         return cur.lastrowid
 
+    @in_turn
     async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         with self._told(sql):
             await self._db.executemany(sql, rows)
 
+    @in_turn
     async def fetchall(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
         return list(await self._db.execute_fetchall(sql, args))  # one trip to aiosqlite's thread
 
@@ -197,14 +253,28 @@ class SqliteEngine(Engine):
         row = await self.fetchone(sql, args)
         return json.loads(row[0]) if row is not None and row[0] else []
 
-    async def begin(self, *, read_only: bool = False) -> bool:
-        await self._db.execute("BEGIN" if read_only else "BEGIN IMMEDIATE")
-        return False if read_only else await self.changed_elsewhere()
+    async def _begin(self, *, read_only: bool) -> bool:
+        begun = asyncio.ensure_future(self._db.execute("BEGIN" if read_only else "BEGIN IMMEDIATE"))
+        try:
+            await asyncio.shield(begun)
+        except asyncio.CancelledError:
+            # the BEGIN runs in aiosqlite's thread all the same: awaited, and rolled back, so that no transaction
+            # is left open on the connection that nobody will end
+            with contextlib.suppress(Exception):
+                await begun
+            if self._db.in_transaction:
+                await self._db.execute("ROLLBACK")
+            raise
+        try:
+            return False if read_only else await self.changed_elsewhere()
+        except BaseException:
+            await self._db.execute("ROLLBACK")
+            raise
 
-    async def commit(self) -> None:
+    async def _commit(self) -> None:
         await self._db.execute("COMMIT")
 
-    async def rollback(self) -> None:
+    async def _rollback(self) -> None:
         await self._db.execute("ROLLBACK")
 
     @property

@@ -34,8 +34,9 @@ import asyncpg
 
 from ftconsole.scheduler.errors import NotLeader, StoreError
 from ftconsole.scheduler.spec.pgurl import redact
-from ftconsole.scheduler.store.engine import Engine, Row
+from ftconsole.scheduler.store.engine import Engine, Row, in_turn
 from ftconsole.scheduler.store.schema import MIGRATIONS
+from ftconsole.scheduler.store.turns import Turns
 
 CONNECT_TIMEOUT_S = 10.0
 COMMAND_TIMEOUT_S = 120.0  # a statement that takes longer (the server or the network gone) fails the write
@@ -144,8 +145,9 @@ class PostgresEngine(Engine):
         self._url = url
         self._read_only = read_only
         # one statement at a time: asyncpg refuses a second while one is under way, where aiosqlite queues them
-        # (the store's tasks share its one connection, reads during a transaction included, as on SQLite)
+        # (the store's tasks share its one connection; another task's statements wait for a transaction: `turns`)
         self._turn = asyncio.Lock()
+        self.turns = Turns()
         self.where = redact(url)
         self._open = False  # a transaction begun and not yet ended (by us: the connection may be lost meanwhile)
         self._writing = False  # in a write transaction (its commit bumps `writes`)
@@ -176,6 +178,7 @@ class PostgresEngine(Engine):
             self._conn = await _connect(self._url, read_only=self._read_only)
         return self._conn
 
+    @in_turn
     async def execute(self, sql: str, args: Sequence[Any] = ()) -> int:
         with self._told(sql):
             return await self._run(sql, args)
@@ -187,25 +190,29 @@ class PostgresEngine(Engine):
         count = status.rsplit(" ", 1)[-1]  # "UPDATE 3", "INSERT 0 1", "DELETE 0"
         return int(count) if count.isdigit() else -1
 
+    @in_turn
     async def insert(self, sql: str, args: Sequence[Any] = ()) -> int:
         with self._told(sql):
             async with self._turn:
                 return int(await (await self._live()).fetchval(numbered(sql) + " RETURNING id", *args))
 
+    @in_turn
     async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         with self._told(sql):
             async with self._turn:  # the rows' statements pipelined: one round trip
                 await (await self._live()).executemany(numbered(sql), rows)
 
+    @in_turn
     async def fetchall(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
         async with self._turn:
             return list(await (await self._live()).fetch(numbered(sql), *args))
 
+    @in_turn
     async def fetchone(self, sql: str, args: Sequence[Any] = ()) -> Row | None:
         async with self._turn:
             return await (await self._live()).fetchrow(numbered(sql), *args)
 
-    async def begin(self, *, read_only: bool = False) -> bool:
+    async def _begin(self, *, read_only: bool) -> bool:
         if read_only:  # the counts of one scrape, from one snapshot
             await self._run("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             self._open, self._writing = True, False
@@ -234,7 +241,7 @@ class PostgresEngine(Engine):
         except BaseException as exc:
             self._open = True  # begun, maybe: ended here, whatever failed
             with contextlib.suppress(*self.errors, OSError):
-                await self.rollback()
+                await self._rollback()
             state = getattr(exc, "sqlstate", None)
             if state == STALE_EPOCH:
                 raise NotLeader(
@@ -245,7 +252,7 @@ class PostgresEngine(Engine):
                 raise StaleWrites from None
             raise
 
-    async def commit(self) -> None:
+    async def _commit(self) -> None:
         if not self._writing:
             await self._run("COMMIT")
         elif (writes := self._writes) is not None:  # known, under the lock: bumped and committed in one round trip
@@ -257,7 +264,7 @@ class PostgresEngine(Engine):
             self._writes = None if row is None else row[0]
         self._open = self._writing = False
 
-    async def rollback(self) -> None:
+    async def _rollback(self) -> None:
         self._open = self._writing = False
         if self._conn.is_closed():  # lost: the server rolled it back
             return
