@@ -253,29 +253,36 @@ class SqliteEngine(Engine):
         row = await self.fetchone(sql, args)
         return json.loads(row[0]) if row is not None and row[0] else []
 
+    async def _to_the_end(self, sql: str) -> None:
+        """Run BEGIN, COMMIT or ROLLBACK to its end, however often the caller is cancelled meanwhile (then the
+        cancellation is raised once it has run): aiosqlite runs it in its thread all the same, and whether a
+        transaction is left open on the connection must be known before anyone goes on."""
+        sent = asyncio.ensure_future(self._db.execute(sql))
+        cancelled: asyncio.CancelledError | None = None
+        while not sent.done():
+            try:
+                await asyncio.shield(sent)
+            except asyncio.CancelledError as exc:
+                cancelled = exc
+        if cancelled is not None:
+            if sql.startswith("BEGIN") and self._db.in_transaction:
+                await self._to_the_end("ROLLBACK")  # begun for nobody: ended
+            raise cancelled
+        sent.result()
+
     async def _begin(self, *, read_only: bool) -> bool:
-        begun = asyncio.ensure_future(self._db.execute("BEGIN" if read_only else "BEGIN IMMEDIATE"))
-        try:
-            await asyncio.shield(begun)
-        except asyncio.CancelledError:
-            # the BEGIN runs in aiosqlite's thread all the same: awaited, and rolled back, so that no transaction
-            # is left open on the connection that nobody will end
-            with contextlib.suppress(Exception):
-                await begun
-            if self._db.in_transaction:
-                await self._db.execute("ROLLBACK")
-            raise
+        await self._to_the_end("BEGIN" if read_only else "BEGIN IMMEDIATE")
         try:
             return False if read_only else await self.changed_elsewhere()
         except BaseException:
-            await self._db.execute("ROLLBACK")
+            await self._to_the_end("ROLLBACK")
             raise
 
     async def _commit(self) -> None:
-        await self._db.execute("COMMIT")
+        await self._to_the_end("COMMIT")
 
     async def _rollback(self) -> None:
-        await self._db.execute("ROLLBACK")
+        await self._to_the_end("ROLLBACK")
 
     @property
     def in_transaction(self) -> bool:

@@ -8,8 +8,9 @@ went with its rollback.
 
 So a transaction is one context's (the task that began it, and the tasks it starts meanwhile: a context variable
 says so), and every other statement on the connection waits until it ends. A transaction in turn waits for the
-statements already sent to finish before it begins. Readers are not starved: those waiting are woken when a
-transaction ends, before the next one can begin.
+statements already sent to finish before it begins. Readers are not starved: those waiting when a transaction
+ends go before the next one begins, even one its own task begins at once (a placement pass starts its jobs one
+transaction each).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class Turns:
         self._ended = asyncio.Event()
         self._ended.set()
         self._running = 0  # statements sent from outside any transaction and not yet answered
+        self._waiting = 0  # contexts waiting for a transaction to end
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -47,7 +49,11 @@ class Turns:
     async def outside(self) -> None:
         """Until no transaction but this context's own is under way: at once when none is."""
         while self._held is not None and self._mine.get() is not self._held:
-            await self._ended.wait()
+            self._waiting += 1
+            try:
+                await self._ended.wait()
+            finally:
+                self._waiting -= 1
 
     async def enter(self) -> bool:
         """Before a statement: wait for another context's transaction to end. True: the statement is counted (it
@@ -68,9 +74,13 @@ class Turns:
     async def take(self) -> None:
         """Before BEGIN: the next transaction is this context's, once another's has ended and the statements sent
         before it are answered."""
-        await self.outside()
-        if self._held is not None:
-            raise RuntimeError("a transaction is already under way in this context: transactions do not nest")
+        while True:
+            await self.outside()
+            if self._held is not None:
+                raise RuntimeError("a transaction is already under way in this context: transactions do not nest")
+            if not self._waiting:
+                break
+            await asyncio.sleep(0)  # those woken by the last transaction's end go first: they are ready to run
         token = object()
         self._held = token
         self._ended.clear()

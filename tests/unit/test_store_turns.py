@@ -1,7 +1,8 @@
 """The store's one connection, shared by the scheduler's tasks (store/turns.py), on both engines: a task reading
 while another's transaction is half written sees all of it once it commits, or none of it when it is rolled back;
 a task's write made meanwhile is not taken back with the other's rollback; the tasks a transaction starts read
-inside it; a task cancelled while waiting for its turn leaves the connection to the others.
+inside it; a task cancelled while waiting for its turn, or while its BEGIN or COMMIT runs, leaves the connection to
+the others; readers waiting for a transaction go before the next one.
 
 Found by the suite on a busy machine: `show` of a two-node job read it running on one node, between the inserts of
 its two runs."""
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Coroutine
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
@@ -150,3 +152,78 @@ async def test_a_task_cancelled_while_waiting_for_its_turn_leaves_the_connection
             async with store.jobs_tx("another") as tx:
                 await tx.update_job(job_id, status=JobStatus.QUEUED)
             assert (await _what_a_client_reads(store, job_id))[0] == "queued"
+
+
+async def test_readers_waiting_for_a_transaction_go_before_the_next_one_of_the_same_task(store_at: StoreAt) -> None:
+    """A placement pass starts its jobs one transaction each, back to back: a read waits for one of them only."""
+    async with await Store.open(store_at()) as store:
+        db = store._db
+        first = asyncio.Event()
+        begun = 0
+
+        async def writer() -> None:
+            nonlocal begun
+            for i in range(20):
+                async with store._transaction(f"start job {i}"):
+                    begun += 1
+                    first.set()
+                    await db.execute("INSERT INTO meta (key, value) VALUES (?, 'v')", (f"k{i}",))
+                    await asyncio.sleep(0.005)
+
+        async def reader() -> int:
+            await first.wait()
+            await db.fetchall("SELECT * FROM meta")
+            return begun  # the transactions begun by the time it was answered
+
+        async with asyncio.timeout(30):
+            writing = asyncio.create_task(writer())
+            assert await reader() == 1
+            await writing
+
+
+# a read that keeps SQLite's one thread busy a while (100s of ms), sent as a read whose caller went away still runs
+# there: a statement queued behind it has not run when a cancellation comes
+SLOW = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 1000000) SELECT count(*) FROM c"
+
+
+async def test_a_write_cancelled_twice_while_it_begins_leaves_no_transaction_open(tmp_path: Path) -> None:
+    async with await Store.open(tmp_path / "state.db") as store:
+        db = store._db
+
+        async def write() -> None:
+            async with store._transaction("a write cancelled"):
+                await db.execute("INSERT INTO meta (key, value) VALUES ('cancelled', 'x')")
+
+        async with asyncio.timeout(60):
+            slow = asyncio.ensure_future(db._db.execute_fetchall(SLOW))  # type: ignore[attr-defined]
+            writing = asyncio.create_task(write())
+            await asyncio.sleep(0.02)  # its BEGIN sent, queued behind the slow read
+            writing.cancel()  # the loop stopping
+            await asyncio.sleep(0.02)
+            writing.cancel()  # and a timeout around the stop
+            assert not slow.done()  # the cancellations came before the BEGIN ran (else this tests nothing)
+            with pytest.raises(asyncio.CancelledError):
+                await writing
+            await slow
+            assert not db.in_transaction and not db.turns.held
+            await store.keep("after", "y")  # the next write
+        assert await store.kept("after") == "y" and await store.kept("cancelled") is None
+
+
+async def test_a_read_only_transaction_cancelled_while_it_commits_gives_its_turn_back(tmp_path: Path) -> None:
+    """As the metrics' scrape, cut short by its timeout, reads its counts from one snapshot."""
+    async with await Store.open(tmp_path / "state.db") as store:
+        db = store._db
+        async with asyncio.timeout(60):
+            await db.begin(read_only=True)
+            slow = asyncio.ensure_future(db._db.execute_fetchall(SLOW))  # type: ignore[attr-defined]
+            committing = asyncio.create_task(db.commit())
+            await asyncio.sleep(0.02)
+            committing.cancel()
+            assert not slow.done()  # the cancellation came before the COMMIT ran
+            with pytest.raises(asyncio.CancelledError):
+                await committing
+            await slow
+            assert not db.in_transaction and not db.turns.held
+            await store.keep("after", "y")  # a write transaction: its turn comes
+        assert await store.kept("after") == "y"
