@@ -163,16 +163,20 @@ class Scheduler(RankReads, Reserving, Holding, Stopping, Stepping):
             # checked and written at once; an array's tasks count one each
             await self.rules.within_cap(caller.user, spec.project, spec.priority.value, count=len(indexes))
             await self._within_quota(caller.user, spec, count=len(indexes))
-            first: int | None = None
-            for index in indexes:  # an array: its first task's id names it, and every task knows it
-                job_id = await tx.add_job(dataclasses.replace(job, array_id=first, array_index=index))
-                if index is not None and first is None:
-                    first = job_id
-                    await tx.update_job(job_id, array_id=job_id)
-                task = "" if index is None else f" (task {index} of array {first})"
-                held = ", held: not placed until released" if hold else ""
-                await tx.event(now, Condition.PENDING, f"{how} by {caller.user}{task}{held}", job=job_id)
-            return job_id, first
+            held = ", held: not placed until released" if hold else ""
+            if spec.array is None:
+                job_id = await tx.add_job(job)
+                await tx.event(now, Condition.PENDING, f"{how} by {caller.user}{held}", job=job_id)
+                return job_id, None
+            # an array: its first task's id names it, and every task knows it
+            tasks = [i for i in indexes if i is not None]
+            ids = await tx.add_tasks(job, tasks)
+            first = ids[tasks[0]]
+            await tx.events(
+                (now, Condition.PENDING, f"{how} by {caller.user} (task {index} of array {first}){held}", ids[index])
+                for index in tasks
+            )
+            return ids[tasks[-1]], first
 
         job_id, first = await self.submits.write(write)  # with the submits that arrive meanwhile (group commit)
         self._poke()

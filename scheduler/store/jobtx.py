@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
@@ -99,6 +99,12 @@ class CheckpointSignal:
         return (self.job, self.attempt, self.rank)
 
 
+_INSERT_JOB = (
+    "INSERT INTO jobs (name, owner, uid, spec, status, priority, project, access, submitted, cloned_from, array_id, "
+    "array_index, held_by, held_at, held_admin, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
 class JobTx:
     """The writes of one jobs transaction (see `Store.jobs_tx`). Each write that concerns a job (its row, its
     attempts, runs and alerts) sets the job's `updated` to `stamp`, so the job feed (`jobs_changed`) sees it."""
@@ -114,31 +120,29 @@ class JobTx:
             self._touched.add(job_id)
 
     async def add_job(self, job: Job) -> int:
-        job_id = await self._db.insert(
-            "INSERT INTO jobs (name, owner, uid, spec, status, priority, project, access, submitted, cloned_from, "
-            "array_id, array_index, held_by, held_at, held_admin, updated) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                job.name,
-                job.owner,
-                job.uid,
-                json.dumps(job.spec.to_json()),
-                job.status.value,
-                job.priority,
-                job.project,
-                job.access,
-                job.submitted,
-                job.cloned_from,
-                job.array_id,
-                job.array_index,
-                job.held_by,
-                job.held_at,
-                int(job.held_admin),
-                self.stamp,
-            ),
-        )
+        job_id = await self._db.insert(_INSERT_JOB, self._job_row(job, json.dumps(job.spec.to_json())))
         self._touched.add(job_id)
         return job_id
+
+    async def add_tasks(self, job: Job, indexes: Sequence[int]) -> dict[int, int]:
+        """An array's tasks (`job` with each index), in one statement but the first: its id names the array, in
+        each task's `array_id`. Their ids by index: a task each (10,000 tasks took 4 s, a statement each, every
+        other request on the store waiting for the transaction)."""
+        spec = json.dumps(job.spec.to_json())
+        first = await self._db.insert(_INSERT_JOB, self._job_row(replace(job, array_index=indexes[0]), spec))
+        await self._db.execute("UPDATE jobs SET array_id = ? WHERE id = ?", (first, first))
+        rest = [self._job_row(replace(job, array_id=first, array_index=index), spec) for index in indexes[1:]]
+        if rest:
+            await self._db.executemany(_INSERT_JOB, rest)
+        rows = await self._db.fetchall("SELECT array_index, id FROM jobs WHERE array_id = ?", (first,))
+        ids = {int(index): int(job_id) for index, job_id in rows}
+        self._touched.update(ids.values())
+        return ids
+
+    def _job_row(self, job: Job, spec: str) -> tuple[Any, ...]:
+        return (job.name, job.owner, job.uid, spec, job.status.value, job.priority, job.project, job.access,
+                job.submitted, job.cloned_from, job.array_id, job.array_index, job.held_by, job.held_at,
+                int(job.held_admin), self.stamp)  # fmt: skip
 
     async def update_job(
         self, job_id: int, *, expect: Iterable[JobStatus] | None = None, unstopped: bool = False, **fields: Any

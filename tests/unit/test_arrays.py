@@ -1,12 +1,16 @@
-"""Job arrays (spec/arrayspec.py, decide/arrays.py): the `array` key, task names, the throttle."""
+"""Job arrays (spec/arrayspec.py, decide/arrays.py): the `array` key, task names, the throttle, and how the
+store writes an array's tasks."""
 
 from __future__ import annotations
 
 import pytest
 
 from ftconsole.scheduler.decide.arrays import Task, hold_back, summary
+from ftconsole.scheduler.decide.jobs import Job, JobStatus
 from ftconsole.scheduler.spec.arrayspec import MAX_TASKS, Array, parse, ref
 from ftconsole.scheduler.spec.jobspec import JobSpec
+from ftconsole.scheduler.store.db import Store
+from tests.unit.conftest import StoreAt
 
 
 @pytest.mark.parametrize(
@@ -70,3 +74,21 @@ def test_the_throttle_lets_the_first_tasks_in_queue_order_run_up_to_the_limit() 
 
 def test_a_summary_counts_the_tasks_per_status_in_the_order_of_a_life() -> None:
     assert summary(["succeeded", "queued", "running", "queued", "error"]) == "queued 2, running 1, succeeded 1, error 1"
+
+
+async def test_an_arrays_tasks_are_written_at_once_each_naming_the_array_by_its_first(store_at: StoreAt) -> None:
+    """`JobTx.add_tasks`, on both engines: the indexes in the order given (not sorted), the first task's id names
+    the array in every task, each task stamped for the job feed."""
+    spec = JobSpec.from_json({"name": "sweep", "command": "true", "array": "5,1,3"})
+    job = Job(0, "sweep", "ann", 1000, spec, JobStatus.QUEUED, "normal", "default", "none", 0.0)
+    async with await Store.open(store_at()) as store:
+        async with store.jobs_tx("an earlier job") as tx:
+            earlier = await tx.add_job(job)
+        cursor, _, _ = await store.jobs_changed(None)
+        async with store.jobs_tx("submit an array") as tx:
+            ids = await tx.add_tasks(job, [5, 1, 3])
+        assert ids[5] < ids[1] < ids[3] and ids[5] > earlier  # written in the order given: the first names it
+        tasks = {j.id: j for j in await store.jobs() if j.id != earlier}
+        assert {j.array_index: (j.id, j.array_id) for j in tasks.values()} == {i: (ids[i], ids[5]) for i in ids}
+        _, changed, _ = await store.jobs_changed(cursor)
+        assert {j.id for j in changed} == set(ids.values())
