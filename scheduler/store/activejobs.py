@@ -46,6 +46,8 @@ class ActiveJobs:
         self._active_cursor: float | None = None  # read the jobs stamped at or after this next; None: read all
         self._active_at = -1  # the generation when it was last read
         self._active_whole_at = -1  # ... and when it was last read whole
+        # the read under way: done when it ends, and the transaction it is part of (None: none)
+        self._active_reading: tuple[asyncio.Future[None], object | None] | None = None
 
     @contextlib.contextmanager
     def _open_stamp(self, stamp: float) -> Iterator[None]:
@@ -91,10 +93,30 @@ class ActiveJobs:
         return kept[1]
 
     async def _all_active(self) -> list[Job]:
-        await self._db.turns.outside()  # what was read inside a transaction under way may not be committed yet
+        """The active jobs, read again where a job was written since: by one caller at a time, the others taking
+        what it read where no job was written meanwhile (once the wait notes of 80,000 new tasks were written,
+        the placement pass and a request read all 80,000 at once: 3 s each, and two copies in memory)."""
+        turns = self._db.turns
+        await turns.outside()  # what was read inside a transaction under way may not be committed yet
         written = self._wrote_at.get
-        if self._active_at >= 0 and max(written(ANY_TABLE, 0), written("jobs", 0)) <= self._active_at:
-            return self._active_list
+        while True:
+            if self._active_at >= 0 and max(written(ANY_TABLE, 0), written("jobs", 0)) <= self._active_at:
+                return self._active_list
+            reading = self._active_reading
+            if reading is None or reading[1] is not turns.whose():  # a transaction reads for itself
+                break
+            await asyncio.shield(reading[0])
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._active_reading = (done, turns.whose())
+        try:
+            return await self._read_active()
+        finally:
+            done.set_result(None)
+            if self._active_reading is not None and self._active_reading[0] is done:
+                self._active_reading = None
+
+    async def _read_active(self) -> list[Job]:
+        written = self._wrote_at.get
         self._active_views.clear()
         generation = self._generation
         whole = self._active_cursor is None or written(ANY_TABLE, 0) > self._active_whole_at

@@ -1,11 +1,13 @@
 """The store's active jobs read incrementally (store/activejobs.py), on both engines: after any mix of submits,
 status changes, deletions, transactions rolled back, a read in the middle of an open transaction and another
-process's writes, what it answers is what a whole read of the table answers."""
+process's writes, what it answers is what a whole read of the table answers; callers asking at once share one
+read."""
 
 from __future__ import annotations
 
 import asyncio
 import random
+from typing import Any
 
 import pytest
 
@@ -101,5 +103,33 @@ def test_another_process_writes_are_read_whole_at_the_next_refresh(store_at: Sto
                 second = await tx.add_job(_job())
             await ours.refresh()
             assert [j.id for j in await ours.jobs(statuses=ACTIVE)] == [second]
+
+    asyncio.run(main())
+
+
+def test_callers_asking_at_once_after_a_write_share_one_read(store_at: StoreAt) -> None:
+    """A placement pass and requests ask for the active jobs at the same time, right after a write to 1,000 jobs:
+    the table is read once, and each gets what it holds."""
+
+    async def main() -> None:
+        async with await Store.open(store_at()) as store:
+            async with store.jobs_tx("submit") as tx:
+                ids = [await tx.add_job(_job()) for _ in range(1000)]
+            await store.jobs(statuses=ACTIVE)
+            async with store.jobs_tx("start them") as tx:
+                await tx.update_jobs(ids, expect=[JobStatus.QUEUED], status=JobStatus.RUNNING)
+            reads: list[str] = []
+            fetchall = store._db.fetchall
+
+            async def counted(sql: str, args: Any = ()) -> list[Any]:
+                if sql.startswith("SELECT * FROM jobs WHERE"):
+                    reads.append(sql)
+                return await fetchall(sql, args)
+
+            store._db.fetchall = counted  # type: ignore[method-assign]
+            async with asyncio.timeout(30):
+                seen = await asyncio.gather(*(_seen(store) for _ in range(5)))
+            assert len(reads) == 1
+            assert seen == [await _whole(store)] * 5 and {s for _, s, _ in seen[0]} == {"running"}
 
     asyncio.run(main())
