@@ -95,11 +95,12 @@ class ActiveJobs:
     async def _all_active(self) -> list[Job]:
         """The active jobs, read again where a job was written since: by one caller at a time, the others taking
         what it read where no job was written meanwhile (once the wait notes of 80,000 new tasks were written,
-        the placement pass and a request read all 80,000 at once: 3 s each, and two copies in memory)."""
+        the placement pass and a request read all 80,000 rows at once, 3 s each)."""
         turns = self._db.turns
-        await turns.outside()  # what was read inside a transaction under way may not be committed yet
         written = self._wrote_at.get
         while True:
+            # what was read inside a transaction under way may not be committed yet: asked again after each wait
+            await turns.outside()
             if self._active_at >= 0 and max(written(ANY_TABLE, 0), written("jobs", 0)) <= self._active_at:
                 return self._active_list
             reading = self._active_reading

@@ -50,6 +50,10 @@ async def test_an_array_of_20_tasks_with_a_limit_of_3_never_runs_more_than_3(
         tenth = f"{array}[10]"
         note = await poll(lambda: client.call("show", job=tenth), lambda j: "at most" in j["message"], "a note")
         assert note["message"].startswith(f"waiting: array {array} runs at most 3 tasks at once ("), note["message"]
+        (submit_event,) = [e for e in note["events"] if e["message"].startswith("submitted by ")]
+        assert submit_event["message"].endswith(f" (task 10 of array {array})") and submit_event["job"] == str(
+            array + 10
+        ), submit_event
         listed = await asyncio.to_thread(cli, "jobs")
         (row,) = [line for line in listed.stdout.splitlines() if line.startswith(f"{array}[")]
         assert row.startswith(f"{array}[0-19%3]  sweep") and "stopped 1" in row, listed.stdout

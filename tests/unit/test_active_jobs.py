@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 from typing import Any
 
 import pytest
@@ -131,5 +132,60 @@ def test_callers_asking_at_once_after_a_write_share_one_read(store_at: StoreAt) 
                 seen = await asyncio.gather(*(_seen(store) for _ in range(5)))
             assert len(reads) == 1
             assert seen == [await _whole(store)] * 5 and {s for _, s, _ in seen[0]} == {"running"}
+
+    asyncio.run(main())
+
+
+def test_a_caller_waiting_for_a_read_that_is_cancelled_never_gets_what_a_transaction_read_inside_it(
+    store_at: StoreAt,
+) -> None:
+    """Read A (outside any transaction) is in its merge; caller C waits for it; transaction T writes a job and reads
+    the active jobs inside itself; A's client goes away. C gets the committed jobs, never T's job, which T then
+    rolls back. Found by a review: C was handed T's read."""
+
+    async def main() -> None:
+        async with await Store.open(store_at()) as store:
+            async with store.jobs_tx("submit") as tx:
+                committed = await tx.add_job(_job())
+            entered, go = threading.Event(), threading.Event()
+            merged = store._merged
+            calls = 0
+
+            def first_slow(rows: list[Any], found: dict[int, Job] | None) -> tuple[dict[int, Job], list[Job]]:
+                nonlocal calls
+                calls += 1
+                if calls == 1:  # read A, held in its worker thread
+                    entered.set()
+                    go.wait(10)
+                return merged(rows, found)
+
+            store._merged = first_slow  # type: ignore[method-assign]
+            inside, end = asyncio.Event(), asyncio.Event()
+            seen_inside: list[int] = []
+
+            async def transaction() -> None:
+                with pytest.raises(Boom):
+                    async with store.jobs_tx("written, read, rolled back") as tx:
+                        await tx.add_job(_job())
+                        seen_inside.extend(j.id for j in await store.active_jobs())
+                        inside.set()
+                        await end.wait()
+                        raise Boom
+
+            async with asyncio.timeout(30):
+                a = asyncio.create_task(store.active_jobs())
+                while not entered.is_set():
+                    await asyncio.sleep(0.001)
+                c = asyncio.create_task(store.active_jobs())
+                await asyncio.sleep(0.01)
+                t = asyncio.create_task(transaction())
+                await inside.wait()
+                a.cancel()
+                go.set()
+                await asyncio.sleep(0.2)  # C's turn to answer, were it allowed to before T ends
+                assert not c.done()
+                end.set()
+                await t
+                assert [j.id for j in await c] == [committed] and len(seen_inside) == 2
 
     asyncio.run(main())
