@@ -249,11 +249,9 @@ class Store(SharingReads, StepReads, AlertReads, HistoryStore, LedgerStore, Acti
 
     async def _kept_read(self, key: tuple[Any, ...], tables: frozenset[str], read: Callable[[], Awaitable[Any]]) -> Any:
         """`read()`, or what it gave last for `key` when none of `tables` (those it reads) was written since. A
-        read under way when one of them is written is not kept: it may have read before or after the write.
-
-        Outside a transaction under way, this waits for its end as a statement does (`Turns`): what was read inside
-        it, and kept, may be what it wrote and has not committed. Inside one, a read under way outside it is not
-        joined: it waits for the transaction's end."""
+        read under way when one of them is written is not kept: it may have read before or after the write. It waits
+        for another task's transaction to end (what was kept inside it may not be committed: `Turns`), and inside
+        a transaction it never joins a read under way outside it (that read waits for the transaction's end)."""
         turns = self._db.turns
         await turns.outside()
         generation = self._generation
@@ -263,11 +261,9 @@ class Store(SharingReads, StepReads, AlertReads, HistoryStore, LedgerStore, Acti
         # the same read under way, begun after the last write to its tables: its answer is as fresh as a new one
         # (64 nodes' sweeps asking at once read once)
         mine = turns.whose()  # the transaction this read is part of (None: none)
-        while (
-            (under_way := self._under_way.get(key)) is not None
-            and self._unwritten(tables, since=under_way[0])
-            and under_way[2] is mine
-        ):
+        while (under_way := self._under_way.get(key)) is not None and self._unwritten(tables, since=under_way[0]):
+            if under_way[2] is not mine:
+                break  # a read of another transaction, or of none
             try:
                 return await asyncio.shield(under_way[1])
             except asyncio.CancelledError:
