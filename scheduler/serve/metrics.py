@@ -171,7 +171,7 @@ class StoreCounts:
     async def counts(self) -> Counts:
         db = self._db
         try:
-            if db.in_transaction or db.turns.held:  # a scrape cancelled between BEGIN and COMMIT
+            if db.in_transaction:  # a scrape cancelled between BEGIN and COMMIT
                 await db.rollback()
             await db.begin(read_only=True)  # the counts of one scrape from one snapshot
             try:

@@ -33,10 +33,6 @@ class Turns:
         self._idle = asyncio.Event()
         self._idle.set()
 
-    def mine(self) -> bool:
-        """Whether a transaction is under way and it is this context's."""
-        return self._held is not None and self._mine.get() is self._held
-
     def whose(self) -> object | None:
         """The transaction under way (a token) where it is this context's; None: none is, or another's."""
         held = self._held
